@@ -1,0 +1,1296 @@
+"""Kafka record values (schemaless JSON objects) -> one Arrow table, in bulk.
+
+:func:`decode_json` turns a batch of record values into a :class:`pyarrow.Table` without building
+a Python dict per record. Every record ends in exactly one of two places: a row of
+``Converted.table`` (with its input position in ``Converted.indices``) or a :class:`Reject`
+saying why not. A bad record never fails the batch and is never silently nulled.
+
+How a batch is decoded
+----------------------
+1. **Wrap and join.** Each value is wrapped as ``{"v":<value>}`` and the batch joined with
+   newlines into one buffer (one C-level join). The wrapper makes every record exactly one row:
+   a value that is empty, ``null``, not an object or two objects back to back cannot shift the
+   rows of its neighbours. Values with a newline or CR inside (pretty-printed JSON) switch the
+   reader to ``newlines_in_values``. A UTF-8 BOM at the start of a value is dropped; invalid
+   UTF-8 (which pyarrow.json does not check) is found up front and rejected.
+2. **Parse in C++.** ``pyarrow.json.read_json`` parses the buffer against a *parse schema*
+   derived from the target schema: the JSON kind pyarrow should expect for each field (integers
+   as int64, timestamps and dates as strings, ...). Fields the target lacks are ignored.
+3. **Convert, vectorised.** pyarrow.compute turns each parsed column into its target type
+   (range checks, regex-validated string parsing, ISO-8601 timestamps with offsets, decimal
+   scale and precision checks). Each step also yields a mask of rows it cannot convert exactly.
+4. **Fall back per record, rarely.** Rows in such a mask, and records pyarrow refuses to parse,
+   go to the per-record reference path (``_Oracle``, plain Python ``json``), which converts the
+   record or returns the :class:`Reject`. The reference path defines the semantics; the bulk
+   path only accepts what it converts to the same value.
+
+When the bulk parse fails, the reader adapts instead of giving up: a column whose records carry
+numeric strings is parsed as strings; a column that mixes kinds (``42`` and ``"42"``) is made
+uniform by quoting its bare numbers and booleans in the raw bytes (harmless: every target type
+accepts the quoted form with the same value); integer columns holding ``1.0`` or ``1e3`` are
+parsed as wide decimals. A failure that adapting cannot cure and that names a row (bad syntax, a
+string where an object belongs) splits the batch there: the rows before it are parsed in bulk,
+the bad record goes to the reference path, and reading resumes after it. Failures without a row
+are isolated by bisection.
+
+Inference (``schema=None``) parses once with pyarrow's inference to find the schema, then decodes
+the batch against that schema as above. Conflicting kinds are resolved in Python by merging the
+types of the pieces a failing batch splits into.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal, InvalidOperation, localcontext
+from functools import reduce
+from typing import Final, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from icesink.errors import IcesinkError
+
+__all__ = ["Converted", "Reject", "UnsupportedTypeError", "decode_json", "infer_schema"]
+
+Mask: TypeAlias = npt.NDArray[np.bool_]
+Path: TypeAlias = tuple[str, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reject:
+    """A record that could not be converted. A data error: dead-letter it and keep going."""
+
+    index: int  # position of the record in the input ``values``
+    reason: str  # what was wrong, e.g. "cannot coerce 'abc' to long"
+    field: str | None  # dotted path of the field at fault ("customer.address.zip", "items[2].qty")
+
+
+@dataclass(frozen=True)
+class Converted:
+    """The outcome of one batch: the good records, in input order, and the rejects."""
+
+    table: pa.Table  # the good records, in input order
+    indices: pa.Array  # int64: for each row of ``table``, its index in the input ``values``
+    rejects: tuple[Reject, ...]  # sorted by index
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` when the parts do not fit together (a bug, not a data error)."""
+        if len(self.indices) != self.table.num_rows:
+            raise ValueError(
+                f"indices: expected one per table row ({self.table.num_rows}), found {len(self.indices)}"
+            )
+        if self.indices.type != pa.int64():
+            raise ValueError(f"indices: expected int64, found {self.indices.type}")
+        taken = set(self.indices.to_pylist())
+        for reject in self.rejects:
+            if reject.index in taken:
+                raise ValueError(f"record {reject.index}: expected a row or a reject, found both")
+
+
+class UnsupportedTypeError(IcesinkError):
+    """The target schema has a type that decode_json cannot fill from JSON. Fatal for the table."""
+
+    def __init__(self, field: str, type_: pa.DataType) -> None:
+        self.field = field
+        self.type = type_
+        super().__init__(
+            f"field {field!r}: decode_json cannot fill {type_} from JSON; expected one of "
+            "int8..int64, float32, float64, decimal128, string, large_string, bool, "
+            "timestamp (no time zone or UTC), date32, struct, list, large_list; "
+            "change the table schema or the record format"
+        )
+
+
+def decode_json(values: Sequence[bytes], schema: pa.Schema | None = None) -> Converted:
+    """Decode schemaless JSON objects into one table.
+
+    With ``schema`` (what ``schema_to_pyarrow`` gives for the target table) the table has exactly
+    that schema, metadata included. Without it the schema is inferred from ``values`` (see
+    :func:`infer_schema`). Raises :class:`UnsupportedTypeError` for a schema with a type this
+    module cannot fill (map, binary, uuid, time...); bad records never raise.
+    """
+    if schema is not None:
+        _check_supported(schema)
+    run, rejects = _prepare(values)
+    if schema is None:
+        schema = _infer(run, values)
+    decoder = _Decoder(values, schema, rejects)
+    if run is not None:
+        decoder.scan(run, 0, run.size, threaded=True)
+    return decoder.result()
+
+
+def infer_schema(values: Sequence[bytes]) -> pa.Schema:
+    """The schema ``decode_json(values)`` would produce (one parse, no conversion).
+
+    JSON strings -> string (timestamp-looking ones too, kept verbatim); true/false -> bool;
+    integers -> int64; other numbers, or integers mixed with them -> float64; objects -> struct;
+    arrays -> list; null-only -> string; conflicting kinds -> string holding each value's JSON
+    text. Every field is nullable; fields are in order of first appearance. Integers beyond
+    int64 infer float64 (as pyarrow does); an object that is always empty infers ``struct<>``.
+    """
+    run, _ = _prepare(values)
+    return _infer(run, values)
+
+
+# --------------------------------------------------------------------------------------------
+# Constants and small helpers
+# --------------------------------------------------------------------------------------------
+
+_PREFIX: Final = b'{"v":'
+_SEP: Final = b'}\n{"v":'
+_BOM: Final = b"\xef\xbb\xbf"
+_WRAP_OVERHEAD: Final = len(_PREFIX) + 1  # the closing "}"
+
+#: At most this many records go straight to the reference path instead of another bulk read
+#: (a pyarrow read costs ~60-300 us of fixed overhead; the reference path ~5-15 us a record).
+_SMALL_RUN: Final = 16
+#: After this many failures in a row within ``_DENSE_GAP`` records of each other, the next
+#: ``_DENSE_WINDOW`` records go to the reference path (pathological batches stay O(n)).
+_DENSE_LIMIT: Final = 3
+_DENSE_GAP: Final = 16
+_DENSE_WINDOW: Final = 256
+_MAX_SINGLE_BLOCK: Final = 2**31 - 2
+
+# Each grammar is written once: Python's ``re`` (per-record path) and RE2 (pyarrow.compute)
+# read the same text.
+#: JSON numbers and the numeric strings numeric columns accept ("42", "-3.5", "1e3", ".5").
+_NUM_TEXT: Final = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+_OFFSET_TEXT: Final = r"(Z|[+-][0-9]{2}(?::?[0-9]{2})?)"
+#: ISO-8601 timestamps: "T" or space, optional fraction (up to ns), optional offset.
+_TS_TEXT: Final = (
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2}):([0-9]{2})"
+    r"(?:\.([0-9]{1,9}))?" + _OFFSET_TEXT + "?"
+)
+_DATE_TEXT: Final = r"([0-9]{4})-([0-9]{2})-([0-9]{2})"
+_NUM_RE: Final = re.compile(_NUM_TEXT, re.ASCII)
+_TS_RE: Final = re.compile(_TS_TEXT, re.ASCII)
+_DATE_RE: Final = re.compile(_DATE_TEXT, re.ASCII)
+_NUM_PATTERN: Final = f"^{_NUM_TEXT}$"
+_TS_PATTERN: Final = f"^{_TS_TEXT}$"
+_DATE_PATTERN: Final = f"^{_DATE_TEXT}$"
+_OFFSET_PATTERN: Final = f"{_OFFSET_TEXT}$"
+#: Integers that always fit int64 and that Arrow's string->int cast reads exactly.
+_INT_PATTERN: Final = r"^-?[0-9]{1,18}$"
+_TS_FORMAT: Final = "an ISO-8601 timestamp 'YYYY-MM-DD[T ]HH:MM:SS[.fffffffff][Z|+HH:MM]'"
+_UNIT_DIGITS: Final = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+_UTC_NAMES: Final = frozenset({"UTC", "Etc/UTC", "+00:00", "Z"})
+_CONSTANTS: Final = frozenset({"NaN", "Infinity", "-Infinity"})
+_EPOCH_ORDINAL: Final = date(1970, 1, 1).toordinal()
+_MIN_DAYS: Final = date(1, 1, 1).toordinal() - _EPOCH_ORDINAL
+_MIN_SECONDS: Final = _MIN_DAYS * 86_400
+_INT64: Final = (-(2**63), 2**63 - 1)
+#: Wide decimal that integer columns fall back to when a value is not a plain integer token.
+_WIDE_INT: Final = pa.decimal128(38, 18)
+
+_KIND_ERROR: Final = re.compile(r"Column\((?P<path>.*)\) changed from (?P<old>\w+) to (?P<new>\w+)")
+_ROW: Final = re.compile(r" in row (\d+)\s*$")
+_NUMBER_OR_BOOL: Final = rb"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false)"
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
+
+
+def _is_null_mask(arr: pa.Array) -> Mask | None:
+    if arr.null_count == 0:
+        return None
+    return np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _false_mask(ok: pa.Array) -> Mask | None:
+    """Rows where a boolean check is False (null means 'no value', not a failure)."""
+    failed = pc.invert(ok).fill_null(False)
+    if not pc.any(failed).as_py():
+        return None
+    return np.asarray(failed.to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _or(a: Mask | None, b: Mask | None) -> Mask | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a | b
+
+
+def _null_where(arr: pa.Array, bad: Mask | None) -> pa.Array:
+    if bad is None:
+        return arr
+    return pc.if_else(pa.array(bad), pa.scalar(None, arr.type), arr)
+
+
+def _strict_cast(arr: pa.Array, to: pa.DataType) -> tuple[pa.Array, Mask | None]:
+    """Cast; values the cast refuses (Feb 30, hour 24...) become null and are flagged."""
+    try:
+        return pc.cast(arr, to), None
+    except pa.ArrowInvalid:
+        if len(arr) == 1:
+            return pa.nulls(1, to), np.ones(1, dtype=np.bool_)
+    mid = len(arr) // 2
+    left, left_bad = _strict_cast(arr.slice(0, mid), to)
+    right, right_bad = _strict_cast(arr.slice(mid), to)
+    bad = np.zeros(len(arr), dtype=np.bool_)
+    if left_bad is not None:
+        bad[:mid] = left_bad
+    if right_bad is not None:
+        bad[mid:] = right_bad
+    return pa.concat_arrays([left, right]), bad
+
+
+def _int_bounds(t: pa.DataType) -> tuple[int, int]:
+    bits = t.bit_width
+    if pa.types.is_signed_integer(t):
+        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return 0, 2**bits - 1
+
+
+def _type_name(t: pa.DataType) -> str:
+    """Iceberg-style name of a column type, for reject reasons."""
+    if pa.types.is_int32(t):
+        return "int"
+    if pa.types.is_int64(t):
+        return "long"
+    if pa.types.is_float32(t):
+        return "float"
+    if pa.types.is_float64(t):
+        return "double"
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision}, {t.scale})"
+    if _is_string(t):
+        return "string"
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_timestamp(t):
+        name = "timestamptz" if t.tz is not None else "timestamp"
+        return name if t.unit == "us" else f"{name}_{t.unit}"
+    if pa.types.is_date32(t):
+        return "date"
+    if pa.types.is_struct(t):
+        return "struct"
+    if _is_list(t):
+        return "list"
+    return str(t)
+
+
+def _check_supported(schema: pa.Schema) -> None:
+    def check(t: pa.DataType, path: str) -> None:
+        if pa.types.is_struct(t):
+            for child in t:
+                check(child.type, f"{path}.{child.name}")
+        elif _is_list(t):
+            check(t.value_type, f"{path}[]")
+        elif pa.types.is_timestamp(t):
+            if t.tz is not None and t.tz not in _UTC_NAMES:
+                raise UnsupportedTypeError(path, t)
+        elif not (
+            pa.types.is_integer(t)
+            or pa.types.is_float32(t)
+            or pa.types.is_float64(t)
+            or pa.types.is_decimal128(t)
+            or _is_string(t)
+            or pa.types.is_boolean(t)
+            or pa.types.is_date32(t)
+        ):
+            raise UnsupportedTypeError(path, t)
+
+    for f in schema:
+        check(f.type, f.name)
+
+
+# --------------------------------------------------------------------------------------------
+# Step 1: the wrapped buffer
+# --------------------------------------------------------------------------------------------
+
+
+def _wrap(parts: list[bytes]) -> bytes:
+    """``{"v":a}\\n{"v":b}...`` in one join (``parts`` is modified)."""
+    if len(parts) == 1:
+        return _PREFIX + parts[0] + b"}"
+    parts[0] = _PREFIX + parts[0]
+    parts[-1] = parts[-1] + b"}"
+    return _SEP.join(parts)
+
+
+def _utf8_ok(buf: bytes) -> bool:
+    offsets = np.array([0, len(buf)], dtype=np.int64)
+    arr = pa.Array.from_buffers(
+        pa.large_string(), 1, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(buf)]
+    )
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Records as one wrapped buffer: record ``k`` is ``buf[starts[k] : starts[k + 1] - 1]``."""
+
+    buf: bytes
+    starts: npt.NDArray[np.int64]  # len size + 1; starts[size] == len(buf) + 1
+    positions: npt.NDArray[np.int64]  # input index of each record
+    multiline: bool  # some value holds a newline or CR: the reader must not split on them
+    keys: frozenset[str] = frozenset()  # keys whose bare numbers and booleans are quoted
+
+    @property
+    def size(self) -> int:
+        return len(self.positions)
+
+    def view(self, lo: int, hi: int) -> pa.Buffer:
+        start = int(self.starts[lo])
+        return pa.py_buffer(self.buf).slice(start, int(self.starts[hi]) - 1 - start)
+
+    def quoted(self, lo: int, hi: int, keys: frozenset[str]) -> _Run:
+        """Records ``[lo, hi)`` with bare numbers and booleans of ``keys`` quoted as strings.
+
+        ``"k": 42`` becomes ``"k": "42"`` wherever key ``k`` appears. Only whole values followed
+        by ``,`` or ``}`` are touched, so valid JSON stays valid and means the same to every
+        target type (each accepts the quoted form with the same value).
+        """
+        names = b"|".join(re.escape(k.encode()) for k in sorted(keys))
+        pattern = re.compile(rb'("(?:' + names + rb')"\s*:\s*)' + _NUMBER_OR_BOOL + rb"(?=\s*[,}])")
+
+        def quote(text: bytes) -> bytes:
+            pieces = pattern.split(text)  # text, key, value, text, key, value, ..., text
+            pieces[2::3] = [b'"' + value + b'"' for value in pieces[2::3]]
+            return b"".join(pieces)
+
+        if not self.multiline:
+            buf = quote(self.view(lo, hi).to_pybytes())
+            newlines = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 0x0A)
+            starts = np.concatenate(([0], newlines + 1, [len(buf) + 1])).astype(np.int64)
+            return _Run(buf, starts, self.positions[lo:hi], False, keys)
+        whole = self.buf
+        parts = [
+            quote(whole[int(self.starts[k]) + len(_PREFIX) : int(self.starts[k + 1]) - 2])
+            for k in range(lo, hi)
+        ]
+        return _Run(_wrap(list(parts)), _starts(parts), self.positions[lo:hi], True, keys)
+
+
+def _starts(parts: list[bytes]) -> npt.NDArray[np.int64]:
+    """Where each wrapped part starts in ``_wrap(parts)`` (and one past the end)."""
+    lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    starts = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum(lengths + _WRAP_OVERHEAD + 1, out=starts[1:])
+    return starts
+
+
+def _prepare(values: Sequence[bytes]) -> tuple[_Run | None, list[Reject]]:
+    """The wrapped buffer of every value worth parsing, and the values rejected up front."""
+    parts = list(values)
+    rejects: list[Reject] = []
+    positions = np.arange(len(parts), dtype=np.int64)
+    if not parts:
+        return None, rejects
+    try:
+        buf = _wrap(list(parts))
+    except TypeError:  # None (a tombstone) or another non-bytes value
+        keep: list[int] = []
+        for i, value in enumerate(parts):
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                keep.append(i)
+            else:
+                found = "null (a tombstone)" if value is None else type(value).__name__
+                rejects.append(Reject(i, f"not a JSON object: the record value is {found}", None))
+        positions = np.array(keep, dtype=np.int64)
+        parts = [bytes(parts[i]) for i in keep]
+        if not parts:
+            return None, rejects
+        buf = _wrap(list(parts))
+    if _BOM[:1] in buf and _PREFIX + _BOM in buf:  # memchr first: most batches are ASCII
+        parts = [p[3:] if p[:3] == _BOM else p for p in parts]
+        buf = _wrap(list(parts))
+    if not _utf8_ok(buf):
+        keep_mask = np.ones(len(parts), dtype=np.bool_)
+        for k, part in enumerate(parts):
+            try:
+                part.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                keep_mask[k] = False
+                rejects.append(Reject(int(positions[k]), _utf8_reason(exc), None))
+        parts = [p for p, keep_it in zip(parts, keep_mask, strict=True) if keep_it]
+        positions = positions[keep_mask]
+        if not parts:
+            return None, rejects
+        buf = _wrap(list(parts))
+    newlines = int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8) == 0x0A))
+    multiline = newlines != len(parts) - 1 or b"\r" in buf
+    return _Run(buf, _starts(parts), positions, multiline), rejects
+
+
+def _read(data: pa.Buffer, schema: pa.Schema | None, multiline: bool, single: bool) -> pa.Table:
+    """One pyarrow.json read. ``single``: one block, no threads, so errors name the row."""
+    if schema is None:
+        parse = pj.ParseOptions(newlines_in_values=multiline)
+    else:
+        parse = pj.ParseOptions(
+            explicit_schema=schema, newlines_in_values=multiline, unexpected_field_behavior="ignore"
+        )
+    if single:
+        read = pj.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 16))
+    else:
+        read = pj.ReadOptions(use_threads=True)
+    return pj.read_json(pa.BufferReader(data), read_options=read, parse_options=parse)
+
+
+def _error_row(message: str) -> int | None:
+    match = _ROW.search(message)
+    return int(match.group(1)) if match else None
+
+
+class _Pacer:
+    """Notices failures that come thick and fast, so a scan can switch to per-record work."""
+
+    def __init__(self) -> None:
+        self.dense = 0
+
+    def failed_at(self, row: int) -> bool:
+        """Record a failure ``row`` records into the current read; True when it is time to stop."""
+        self.dense = self.dense + 1 if row < _DENSE_GAP else 0
+        if self.dense >= _DENSE_LIMIT:
+            self.dense = 0
+            return True
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# Step 2: parse schemas and how they adapt
+# --------------------------------------------------------------------------------------------
+
+
+def _default_parse_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_integer(t):
+        return pa.int64()
+    if pa.types.is_floating(t):
+        return pa.float64()
+    if pa.types.is_decimal(t):
+        # Wider than the column, so too many decimals or digits show up as a row mask later
+        # instead of failing the whole read.
+        scale = max(t.scale, min(18, 37 - (t.precision - t.scale)))
+        return pa.decimal128(38, scale)
+    if pa.types.is_large_string(t):
+        return pa.large_string()
+    if pa.types.is_boolean(t):
+        return pa.bool_()
+    return pa.string()  # string, timestamp, date
+
+
+def _leaves(t: pa.DataType, path: Path = ()) -> Iterator[tuple[Path, pa.DataType]]:
+    if pa.types.is_struct(t):
+        for child in t:
+            yield from _leaves(child.type, (*path, child.name))
+    elif _is_list(t):
+        yield from _leaves(t.value_type, (*path, "[]"))
+    else:
+        yield path, t
+
+
+def _leaf_at(t: pa.DataType, path: Path) -> pa.DataType | None:
+    for part in path:
+        if pa.types.is_struct(t):
+            index = t.get_field_index(part)
+            if index < 0:
+                return None
+            t = t.field(index).type
+        elif _is_list(t) and part == "[]":
+            t = t.value_type
+        else:
+            return None
+    if pa.types.is_struct(t) or _is_list(t):
+        return None
+    return t
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to parse: a JSON parse type per leaf (default or adapted), keys whose values are quoted."""
+
+    target: pa.StructType
+    overrides: tuple[tuple[Path, pa.DataType], ...] = ()
+    quoted: frozenset[str] = frozenset()
+
+    def parse_type(self, path: Path, leaf: pa.DataType) -> pa.DataType:
+        for p, t in self.overrides:
+            if p == path:
+                return t
+        return _default_parse_type(leaf)
+
+    def schema(self) -> pa.Schema:
+        def build(t: pa.DataType, path: Path) -> pa.DataType:
+            if pa.types.is_struct(t):
+                return pa.struct([pa.field(c.name, build(c.type, (*path, c.name))) for c in t])
+            if _is_list(t):
+                return pa.list_(build(t.value_type, (*path, "[]")))
+            return self.parse_type(path, t)
+
+        return pa.schema([pa.field("v", build(self.target, ()))])
+
+    def _with(self, changes: dict[Path, pa.DataType], quote: frozenset[str] = frozenset()) -> _Plan:
+        kept = tuple((p, t) for p, t in self.overrides if p not in changes)
+        return _Plan(self.target, kept + tuple(changes.items()), self.quoted | quote)
+
+    def adapt(self, message: str) -> _Plan | None:
+        """A plan that avoids the failure in ``message``, or None when none does."""
+        kind = _KIND_ERROR.search(message)
+        if kind is not None:
+            return self._adapt_kind(kind.group("path"), kind.group("new"))
+        if "Failed to convert JSON to int64" in message:
+            wide = {
+                p: _WIDE_INT
+                for p, t in _leaves(self.target)
+                if pa.types.is_integer(t) and self.parse_type(p, t) == pa.int64()
+            }
+            return self._with(wide) if wide else None
+        if "decimal" in message:
+            # A numeric column parsed as a decimal met a value the decimal cannot hold: parse
+            # those columns as (quoted) strings; the string path flags the rows instead.
+            paths = [p for p, t in _leaves(self.target) if pa.types.is_decimal(self.parse_type(p, t))]
+            if not paths:
+                return None
+            keys = frozenset(p[-1] for p in paths if p[-1] != "[]")
+            return self._with({p: pa.string() for p in paths}, keys)
+        return None
+
+    def _adapt_kind(self, arrow_path: str, found: str) -> _Plan | None:
+        parts = arrow_path.split("/")
+        if parts[:2] != ["", "v"] or len(parts) < 3:
+            return None
+        path = tuple(parts[2:])
+        leaf = _leaf_at(self.target, path)
+        if leaf is None:
+            return None
+        current = self.parse_type(path, leaf)
+        if found == "string" and not _is_string(current) and not pa.types.is_decimal(current):
+            if pa.types.is_integer(leaf) or pa.types.is_floating(leaf) or pa.types.is_boolean(leaf):
+                return self._with({path: pa.string()})
+            return None
+        if found in ("number", "boolean") and _is_string(current):
+            key = path[-1]
+            if key == "[]" or key in self.quoted:
+                return None
+            return self._with({}, frozenset({key}))
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Step 3: vectorised conversion of parsed columns
+# --------------------------------------------------------------------------------------------
+
+
+def _convert_children(arr: pa.StructArray, fields: Sequence[pa.Field]) -> tuple[list[pa.Array], Mask | None]:
+    """Children of a parsed struct converted to ``fields``; bad = rows to re-check per record."""
+    valid: Mask | None = None
+    if arr.null_count:
+        valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
+    out: list[pa.Array] = []
+    bad: Mask | None = None
+    for i, f in enumerate(fields):
+        child = pc.struct_field(arr, [i])  # applies the parent's nulls
+        converted, child_bad = _convert(child, f.type)
+        if not f.nullable:
+            missing = _is_null_mask(converted)
+            if missing is not None and valid is not None:
+                missing = missing & valid
+            child_bad = _or(child_bad, missing)
+        out.append(converted)
+        bad = _or(bad, child_bad)
+    return out, bad
+
+
+def _convert(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+    """One parsed column -> type ``t``. Rows that are not certainly right are flagged."""
+    if pa.types.is_struct(t):
+        children, bad = _convert_children(arr, list(t))
+        mask = arr.is_null() if arr.null_count else None
+        return pa.StructArray.from_arrays(children, fields=list(t), mask=mask), bad
+    if _is_list(t):
+        return _convert_list(arr, t)
+    if pa.types.is_integer(t):
+        return _to_integer(arr, t)
+    if pa.types.is_floating(t):
+        return _to_float(arr, t)
+    if pa.types.is_decimal(t):
+        return _to_decimal(arr, t)
+    if _is_string(t):
+        return pc.cast(arr, t), None
+    if pa.types.is_boolean(t):
+        return _to_bool(arr)
+    if pa.types.is_timestamp(t):
+        return _to_timestamp(arr, t)
+    if pa.types.is_date32(t):
+        return _to_date(arr)
+    raise UnsupportedTypeError("?", t)  # _check_supported rules this out
+
+
+def _convert_list(arr: pa.ListArray, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+    values = arr.flatten()  # values of non-null lists, honouring the array's offset
+    converted, value_bad = _convert(values, t.value_type)
+    if not t.value_field.nullable:
+        value_bad = _or(value_bad, _is_null_mask(converted))
+    lengths = np.asarray(pc.list_value_length(arr).fill_null(0).to_numpy(), dtype=np.int64)
+    offsets = np.zeros(len(arr) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    mask = arr.is_null() if arr.null_count else None
+    if pa.types.is_large_list(t):
+        out = pa.LargeListArray.from_arrays(pa.array(offsets), converted, type=t, mask=mask)
+    else:
+        out = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), converted, type=t, mask=mask)
+    bad: Mask | None = None
+    if value_bad is not None and value_bad.any():
+        parents = np.repeat(np.arange(len(arr)), lengths)
+        bad = np.zeros(len(arr), dtype=np.bool_)
+        bad[parents[value_bad]] = True
+    return out, bad
+
+
+def _to_integer(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+    lo, hi = _int_bounds(t)
+    bad: Mask | None = None
+    if _is_string(arr.type):  # numeric strings: plain integers here, the rest per record
+        ok = pc.match_substring_regex(arr, _INT_PATTERN)
+        bad = _false_mask(ok)
+        arr = pc.cast(_null_where(arr, bad), pa.int64())
+    elif pa.types.is_decimal(arr.type):  # 1.0, 1e3, numbers beyond int64
+        low = pa.scalar(Decimal(lo), arr.type)
+        high = pa.scalar(Decimal(hi), arr.type)
+        ok = pc.and_(
+            pc.equal(pc.round(arr, 0), arr),
+            pc.and_(pc.greater_equal(arr, low), pc.less_equal(arr, high)),
+        )
+        bad = _false_mask(ok)
+        return pc.cast(_null_where(arr, bad), t), bad
+    if not pa.types.is_int64(t):
+        ok = pc.and_(pc.greater_equal(arr, max(lo, _INT64[0])), pc.less_equal(arr, min(hi, _INT64[1])))
+        out_of_range = _false_mask(ok)
+        bad = _or(bad, out_of_range)
+        arr = pc.cast(_null_where(arr, out_of_range), t)
+    return arr, bad
+
+
+def _to_float(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+    bad: Mask | None = None
+    if _is_string(arr.type):
+        bad = _false_mask(pc.match_substring_regex(arr, _NUM_PATTERN))
+        arr = pc.cast(_null_where(arr, bad), pa.float64())
+    # An infinity is either an overflow ("1e400") or the literal Infinity: the record decides.
+    bad = _or(bad, _false_mask(pc.invert(pc.is_inf(arr))))
+    if pa.types.is_float32(t):
+        arr = pc.cast(arr, pa.float32(), safe=False)
+        bad = _or(bad, _false_mask(pc.invert(pc.is_inf(arr))))
+    return arr, bad
+
+
+def _to_decimal(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+    bad: Mask | None = None
+    wide = _default_parse_type(t)
+    if _is_string(arr.type):
+        bad = _false_mask(pc.match_substring_regex(arr, _NUM_PATTERN))
+        arr, cast_bad = _strict_cast(_null_where(arr, bad), wide)
+        bad = _or(bad, cast_bad)
+    if arr.type.scale > t.scale:
+        bad = _or(bad, _false_mask(pc.equal(pc.round(arr, t.scale), arr)))
+    if t.precision - t.scale < 38 - arr.type.scale:  # else every parsed value fits
+        limit = pa.scalar(Decimal(10) ** (t.precision - t.scale), arr.type)
+        bad = _or(bad, _false_mask(pc.less(pc.abs(arr), limit)))
+    return pc.cast(_null_where(arr, bad), t), bad
+
+
+def _to_bool(arr: pa.Array) -> tuple[pa.Array, Mask | None]:
+    if pa.types.is_boolean(arr.type):
+        return arr, None
+    true = pc.equal(arr, "true")
+    ok = pc.or_(true, pc.equal(arr, "false"))
+    return true, _false_mask(ok)
+
+
+def _to_timestamp(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+    bad = _false_mask(pc.match_substring_regex(arr, _TS_PATTERN))
+    text = _null_where(arr, bad)
+    digits = _UNIT_DIGITS[t.unit]
+    too_fine = rf"\.[0-9]{{{digits + 1},}}"  # more digits than the unit holds: truncate them
+    if digits < 9 and pc.any(pc.match_substring_regex(text, too_fine)).as_py():
+        if digits == 0:
+            text = pc.replace_substring_regex(text, r"\.[0-9]+", "")
+        else:
+            text = pc.replace_substring_regex(text, rf"(\.[0-9]{{{digits}}})[0-9]+", r"\1")
+    utc = pa.timestamp(t.unit, tz="UTC")
+    try:  # the common case: naive wall times, kept as they are (and taken as UTC for tz columns)
+        parsed, cast_bad = pc.cast(text, pa.timestamp(t.unit)).cast(utc), None
+    except pa.ArrowInvalid:  # offsets (or impossible dates): offsets honoured, converted to UTC
+        has_offset = pc.match_substring_regex(text, _OFFSET_PATTERN)
+        if not pc.all(has_offset).as_py():
+            text = pc.if_else(has_offset, text, pc.binary_join_element_wise(text, "Z", ""))
+        parsed, cast_bad = _strict_cast(text, utc)
+    bad = _or(bad, cast_bad)
+    if _MIN_SECONDS * 10**digits >= _INT64[0]:  # year 1 is representable in this unit
+        floor = pa.scalar(_MIN_SECONDS * 10**digits, pa.int64()).cast(utc)
+        bad = _or(bad, _false_mask(pc.greater_equal(parsed, floor)))
+    return parsed.cast(t), bad
+
+
+def _to_date(arr: pa.Array) -> tuple[pa.Array, Mask | None]:
+    bad = _false_mask(pc.match_substring_regex(arr, _DATE_PATTERN))
+    parsed, cast_bad = _strict_cast(_null_where(arr, bad), pa.date32())
+    bad = _or(bad, cast_bad)
+    floor = pa.scalar(_MIN_DAYS, pa.int32()).cast(pa.date32())
+    bad = _or(bad, _false_mask(pc.greater_equal(parsed, floor)))
+    return parsed, bad
+
+
+# --------------------------------------------------------------------------------------------
+# Step 4: the per-record reference path
+# --------------------------------------------------------------------------------------------
+
+
+class _Bad(Exception):
+    def __init__(self, reason: str, field: str | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.field = field
+
+
+class _Number:
+    """A JSON number token, kept as its text so every conversion is exact."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    @property
+    def is_int(self) -> bool:
+        return not any(c in self.text for c in ".eE") and self.text not in _CONSTANTS
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Bad(f"malformed JSON: duplicate key {key!r}", None)
+            seen.add(key)
+    return out
+
+
+def _utf8_reason(exc: UnicodeDecodeError) -> str:
+    return f"malformed JSON: invalid UTF-8 at byte {exc.start} ({exc.reason})"
+
+
+def _check_text(value: object) -> None:
+    """Strings must be encodable: JSON escapes can spell lone surrogates ("\\ud800")."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Bad("malformed JSON: a string holds an unpaired surrogate escape", None) from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _load(value: bytes | bytearray | memoryview) -> object:
+    """One record, parsed as the bulk reader would; raises _Bad for malformed JSON."""
+    try:
+        text = bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Bad(_utf8_reason(exc), None) from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if not text.strip(" \t\r\n"):
+        raise _Bad("malformed JSON: empty record", None)
+    try:
+        doc = json.loads(
+            text,
+            object_pairs_hook=_object,
+            parse_int=_Number,
+            parse_float=_Number,
+            parse_constant=_Number,
+        )
+    except json.JSONDecodeError as exc:
+        raise _Bad(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", None) from None
+    except RecursionError:
+        raise _Bad("malformed JSON: nested too deeply", None) from None
+    _check_text(doc)
+    return doc
+
+
+def _json_text(v: object) -> str:
+    """Compact JSON of a parsed value; numbers keep their original text."""
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, _Number):
+        return v.text
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list):
+        return "[" + ",".join(_json_text(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return (
+            "{"
+            + ",".join(json.dumps(k, ensure_ascii=False) + ":" + _json_text(x) for k, x in v.items())
+            + "}"
+        )
+    raise TypeError(f"not a parsed JSON value: {type(v).__name__}")
+
+
+def _show(v: object) -> str:
+    text = repr(v) if isinstance(v, str) else _json_text(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _kind(v: object) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, _Number):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    return "an object"
+
+
+def _numeric(v: object) -> Decimal | None:
+    """The exact value of a JSON number or numeric string (None for NaN, Infinity, others)."""
+    if isinstance(v, _Number):
+        return None if v.text in _CONSTANTS else Decimal(v.text)
+    if isinstance(v, str) and _NUM_RE.fullmatch(v):
+        return Decimal(v)
+    return None
+
+
+def _coerce(v: object, t: pa.DataType, nullable: bool, path: str) -> object:
+    """A parsed JSON value -> a Python value pyarrow stores as ``t``; raises _Bad."""
+    if v is None:
+        if not nullable:
+            raise _Bad("required field is null or missing", path)
+        return None
+    if pa.types.is_struct(t):
+        if not isinstance(v, dict):
+            raise _Bad(f"cannot coerce {_show(v)} to struct: expected a JSON object", path)
+        return {f.name: _coerce(v.get(f.name), f.type, f.nullable, f"{path}.{f.name}") for f in t}
+    if _is_list(t):
+        if not isinstance(v, list):
+            raise _Bad(f"cannot coerce {_show(v)} to list: expected a JSON array", path)
+        element = t.value_field
+        return [_coerce(x, element.type, element.nullable, f"{path}[{i}]") for i, x in enumerate(v)]
+    if _is_string(t):
+        return v if isinstance(v, str) else _json_text(v)
+    if pa.types.is_boolean(t):
+        if isinstance(v, bool):
+            return v
+        if v in ("true", "false"):
+            return v == "true"
+        raise _Bad(f"cannot coerce {_show(v)} to boolean", path)
+    if pa.types.is_integer(t):
+        return _coerce_integer(v, t, path)
+    if pa.types.is_floating(t):
+        return _coerce_float(v, t, path)
+    if pa.types.is_decimal(t):
+        return _coerce_decimal(v, t, path)
+    if pa.types.is_timestamp(t):
+        return _coerce_timestamp(v, t, path)
+    if pa.types.is_date32(t):
+        return _coerce_date(v, path)
+    raise UnsupportedTypeError(path, t)
+
+
+def _coerce_integer(v: object, t: pa.DataType, path: str) -> int:
+    name = _type_name(t)
+    number = None if isinstance(v, bool) else _numeric(v)
+    if number is None:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}", path)
+    lo, hi = _int_bounds(t)
+    if number.adjusted() > 40:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: out of range [{lo}, {hi}]", path)
+    if number != number.to_integral_value():
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: it has a fractional part", path)
+    value = int(number)
+    if not lo <= value <= hi:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: out of range [{lo}, {hi}]", path)
+    return value
+
+
+def _coerce_float(v: object, t: pa.DataType, path: str) -> float:
+    name = _type_name(t)
+    if isinstance(v, _Number):
+        value = float(v.text)
+        literal = v.text in _CONSTANTS
+    elif isinstance(v, str) and _NUM_RE.fullmatch(v):
+        value = float(v)
+        literal = False
+    else:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}", path)
+    overflow = value in (float("inf"), float("-inf")) and not literal
+    if not overflow and pa.types.is_float32(t):
+        try:
+            struct.pack("<f", value)
+        except OverflowError:
+            overflow = True
+    if overflow:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: out of range", path)
+    return value
+
+
+def _coerce_decimal(v: object, t: pa.DataType, path: str) -> Decimal:
+    name = _type_name(t)
+    number = None if isinstance(v, bool) else _numeric(v)
+    if number is None:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}", path)
+    digits = t.precision - t.scale
+    if number and number.adjusted() >= digits:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: more than {digits} integer digits", path)
+    with localcontext() as ctx:
+        ctx.prec = 80
+        try:
+            exact = number.quantize(Decimal(1).scaleb(-t.scale))
+        except InvalidOperation:
+            exact = None
+    if exact is None or exact != number:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: more than {t.scale} decimal places", path)
+    return exact
+
+
+def _coerce_timestamp(v: object, t: pa.DataType, path: str) -> int:
+    name = _type_name(t)
+    match = _TS_RE.fullmatch(v) if isinstance(v, str) else None
+    if match is None:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: expected {_TS_FORMAT}", path)
+    year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
+    fraction, offset = match.group(7) or "", match.group(8)
+    try:
+        days = date(year, month, day).toordinal() - _EPOCH_ORDINAL
+    except ValueError as exc:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: {exc}", path) from None
+    if hour > 23 or minute > 59 or second > 59:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: time of day out of range", path)
+    shift = 0
+    if offset and offset != "Z":
+        digits = offset[1:].replace(":", "")
+        off_hours, off_minutes = int(digits[:2]), int(digits[2:] or 0)
+        if off_hours > 23 or off_minutes > 59:
+            raise _Bad(f"cannot coerce {_show(v)} to {name}: offset out of range", path)
+        shift = (off_hours * 60 + off_minutes) * 60 * (1 if offset[0] == "+" else -1)
+    seconds = days * 86_400 + hour * 3600 + minute * 60 + second - shift
+    unit_digits: int = _UNIT_DIGITS[t.unit]
+    value: int = seconds * 10**unit_digits + int((fraction + "0" * 9)[:unit_digits] or 0)
+    if seconds < _MIN_SECONDS or not _INT64[0] <= value <= _INT64[1]:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: out of range", path)
+    return value
+
+
+def _coerce_date(v: object, path: str) -> int:
+    match = _DATE_RE.fullmatch(v) if isinstance(v, str) else None
+    if match is None:
+        if isinstance(v, str) and _TS_RE.fullmatch(v):
+            raise _Bad(
+                f"cannot coerce {_show(v)} to date: expected 'YYYY-MM-DD', found a timestamp "
+                "(timestamps are not truncated to dates)",
+                path,
+            )
+        raise _Bad(f"cannot coerce {_show(v)} to date: expected 'YYYY-MM-DD'", path)
+    try:
+        return date(*(int(g) for g in match.groups())).toordinal() - _EPOCH_ORDINAL
+    except ValueError as exc:
+        raise _Bad(f"cannot coerce {_show(v)} to date: {exc}", path) from None
+
+
+class _Oracle:
+    """The per-record reference conversion (slow, exact, authoritative)."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+
+    def row(self, value: bytes) -> dict[str, object]:
+        doc = _load(value)
+        if not isinstance(doc, dict):
+            raise _Bad(f"not a JSON object: found {_kind(doc)}", None)
+        return {f.name: _coerce(doc.get(f.name), f.type, f.nullable, f.name) for f in self.schema}
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding against a schema
+# --------------------------------------------------------------------------------------------
+
+
+class _Decoder:
+    """Collects converted pieces, reference-path rows and rejects for one batch."""
+
+    def __init__(self, values: Sequence[bytes], schema: pa.Schema, rejects: list[Reject]) -> None:
+        self.values = values
+        self.schema = schema
+        self.fields = list(schema)
+        self.oracle = _Oracle(schema)
+        self.plan = _Plan(pa.struct(self.fields))
+        self.batches: list[pa.RecordBatch] = []
+        self.batch_indices: list[npt.NDArray[np.int64]] = []
+        self.slow_rows: list[dict[str, object]] = []
+        self.slow_indices: list[int] = []
+        self.rejects = rejects
+
+    # -- per record --------------------------------------------------------------------------
+
+    def slow(self, index: int) -> None:
+        try:
+            row = self.oracle.row(self.values[index])
+        except _Bad as bad:
+            self.rejects.append(Reject(index, bad.reason, bad.field))
+            return
+        self.slow_rows.append(row)
+        self.slow_indices.append(index)
+
+    def slow_range(self, run: _Run, lo: int, hi: int) -> None:
+        for k in range(lo, hi):
+            self.slow(int(run.positions[k]))
+
+    # -- in bulk -----------------------------------------------------------------------------
+
+    def scan(self, run: _Run, lo: int, hi: int, threaded: bool) -> None:
+        """Decode records ``[lo, hi)`` of ``run``: each ends in a batch, a slow row or a reject."""
+        pacer = _Pacer()
+        while lo < hi:
+            if hi - lo <= _SMALL_RUN:
+                self.slow_range(run, lo, hi)
+                return
+            if not self.plan.quoted <= run.keys:
+                run, lo, hi = run.quoted(lo, hi, self.plan.quoted), 0, hi - lo
+            view = run.view(lo, hi)
+            single = not threaded and view.size <= _MAX_SINGLE_BLOCK
+            try:
+                table = _read(view, self.plan.schema(), run.multiline, single=single)
+            except pa.ArrowInvalid as exc:
+                message = str(exc)
+                adapted = self.plan.adapt(message)
+                if adapted is not None:
+                    self.plan = adapted
+                    continue
+                if threaded:  # read again as one block: the error then names the row
+                    threaded = False
+                    continue
+                row = _error_row(message) if single else None
+                if row is None or row >= hi - lo:
+                    self._bisect(run, lo, hi)
+                    return
+                if row:
+                    self.scan(run, lo, lo + row, threaded=False)
+                self.slow(int(run.positions[lo + row]))
+                lo += row + 1
+                if pacer.failed_at(row):
+                    window = min(_DENSE_WINDOW, hi - lo)
+                    self.slow_range(run, lo, lo + window)
+                    lo += window
+                continue
+            if table.num_rows != hi - lo:  # a value held two objects: find it
+                self._bisect(run, lo, hi)
+                return
+            self._accept(table, run, lo)
+            return
+
+    def _bisect(self, run: _Run, lo: int, hi: int) -> None:
+        mid = (lo + hi) // 2
+        self.scan(run, lo, mid, threaded=False)
+        self.scan(run, mid, hi, threaded=False)
+
+    def _accept(self, table: pa.Table, run: _Run, lo: int) -> None:
+        start = lo
+        for chunk in table.column(0).chunks:
+            n = len(chunk)
+            arrays, bad = _convert_children(chunk, self.fields)
+            bad = _or(bad, _is_null_mask(chunk))  # the value was JSON null
+            indices = run.positions[start : start + n]
+            if bad is not None and bad.any():
+                for k in np.flatnonzero(bad):
+                    self.slow(int(indices[k]))
+                keep = pa.array(~bad)
+                arrays = [a.filter(keep) for a in arrays]
+                indices = indices[~bad]
+            if len(indices):
+                self.batches.append(_batch(arrays, self.schema, len(indices)))
+                self.batch_indices.append(indices)
+            start += n
+
+    def result(self) -> Converted:
+        rejects = tuple(sorted(self.rejects, key=lambda r: r.index))
+        if not self.fields:  # Arrow drops the row count of column-less tables when combining
+            indices = np.sort(
+                np.concatenate([*self.batch_indices, np.array(self.slow_indices, dtype=np.int64)])
+            )
+            table = pa.Table.from_batches([_batch([], self.schema, len(indices))])
+            return Converted(table, pa.array(indices, type=pa.int64()), rejects)
+        parts: list[pa.Table] = []
+        if self.batches:
+            parts.append(pa.Table.from_batches(self.batches, schema=self.schema))
+        if self.slow_rows:  # rare: records the bulk path handed over
+            parts.append(pa.Table.from_pylist(self.slow_rows, schema=self.schema))
+        table = pa.concat_tables(parts) if parts else self.schema.empty_table()
+        indices = np.concatenate([*self.batch_indices, np.array(self.slow_indices, dtype=np.int64)])
+        if self.slow_rows:  # bulk pieces come in input order; slow rows go back between them
+            order = np.argsort(indices, kind="stable")
+            if not np.array_equal(order, np.arange(len(order))):
+                table = table.take(pa.array(order))
+                indices = indices[order]
+        return Converted(table, pa.array(indices, type=pa.int64()), rejects)
+
+
+def _batch(arrays: list[pa.Array], schema: pa.Schema, rows: int) -> pa.RecordBatch:
+    if arrays:
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    # No columns (an inferred schema of empty objects): keep the row count.
+    empty = pa.StructArray.from_buffers(pa.struct([]), rows, [None], children=[])
+    return pa.RecordBatch.from_struct_array(empty)
+
+
+# --------------------------------------------------------------------------------------------
+# Inference
+# --------------------------------------------------------------------------------------------
+
+
+def _merge(a: pa.DataType, b: pa.DataType) -> pa.DataType:
+    """The type holding values of both: int+float -> double; other conflicts -> string."""
+    if a.equals(b):
+        return a
+    if pa.types.is_null(a):
+        return b
+    if pa.types.is_null(b):
+        return a
+    if {a, b} == {pa.int64(), pa.float64()}:
+        return pa.float64()
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        merged = {f.name: f.type for f in a}
+        for f in b:
+            merged[f.name] = _merge(merged[f.name], f.type) if f.name in merged else f.type
+        return pa.struct([pa.field(name, t) for name, t in merged.items()])
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        return pa.list_(_merge(a.value_type, b.value_type))
+    return pa.string()
+
+
+def _as_inferred(t: pa.DataType) -> pa.DataType:
+    """pyarrow's inferred type in this module's terms: timestamps stay strings."""
+    if pa.types.is_timestamp(t):
+        return pa.string()
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _as_inferred(f.type)) for f in t])
+    if _is_list(t):
+        return pa.list_(_as_inferred(t.value_type))
+    return t
+
+
+def _finish(t: pa.DataType) -> pa.DataType:
+    """Null-only fields (and empty-list elements) become strings."""
+    if pa.types.is_null(t):
+        return pa.string()
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _finish(f.type)) for f in t])
+    if _is_list(t):
+        return pa.list_(_finish(t.value_type))
+    return t
+
+
+def _type_of(v: object) -> pa.DataType:
+    if v is None:
+        return pa.null()
+    if isinstance(v, bool):
+        return pa.bool_()
+    if isinstance(v, str):
+        return pa.string()
+    if isinstance(v, _Number):
+        if v.is_int and len(v.text) <= 20 and _INT64[0] <= int(v.text) <= _INT64[1]:
+            return pa.int64()
+        return pa.float64()
+    if isinstance(v, list):
+        return pa.list_(reduce(_merge, map(_type_of, v), pa.null()))
+    if isinstance(v, dict):
+        return pa.struct([pa.field(k, _type_of(x)) for k, x in v.items()])
+    raise TypeError(f"not a parsed JSON value: {type(v).__name__}")
+
+
+class _Inference:
+    def __init__(self, values: Sequence[bytes]) -> None:
+        self.values = values
+
+    def slow(self, run: _Run, lo: int, hi: int) -> pa.DataType:
+        out: pa.DataType = pa.null()
+        for k in range(lo, hi):
+            try:
+                doc = _load(self.values[int(run.positions[k])])
+            except _Bad:
+                continue  # rejected when the batch is decoded
+            if isinstance(doc, dict):
+                out = _merge(out, _type_of(doc))
+        return out
+
+    def scan(self, run: _Run, lo: int, hi: int, threaded: bool) -> pa.DataType:
+        out: pa.DataType = pa.null()
+        pacer = _Pacer()
+        while lo < hi:
+            if hi - lo <= _SMALL_RUN:
+                return _merge(out, self.slow(run, lo, hi))
+            view = run.view(lo, hi)
+            single = not threaded and view.size <= _MAX_SINGLE_BLOCK
+            try:
+                table = _read(view, None, run.multiline, single=single)
+            except pa.ArrowInvalid as exc:
+                if threaded:
+                    threaded = False
+                    continue
+                row = _error_row(str(exc)) if single else None
+                if row is None or row >= hi - lo:
+                    mid = (lo + hi) // 2
+                    out = _merge(out, self.scan(run, lo, mid, threaded=False))
+                    return _merge(out, self.scan(run, mid, hi, threaded=False))
+                if row:
+                    out = _merge(out, self.scan(run, lo, lo + row, threaded=False))
+                out = _merge(out, self.slow(run, lo + row, lo + row + 1))
+                lo += row + 1
+                if pacer.failed_at(row):
+                    window = min(_DENSE_WINDOW, hi - lo)
+                    out = _merge(out, self.slow(run, lo, lo + window))
+                    lo += window
+                continue
+            if table.num_rows != hi - lo:
+                mid = (lo + hi) // 2
+                out = _merge(out, self.scan(run, lo, mid, threaded=False))
+                return _merge(out, self.scan(run, mid, hi, threaded=False))
+            found = table.schema.field(0).type if table.num_columns else pa.null()
+            return _merge(out, _as_inferred(found) if pa.types.is_struct(found) else pa.null())
+        return out
+
+
+def _infer(run: _Run | None, values: Sequence[bytes]) -> pa.Schema:
+    if run is None:
+        return pa.schema([])
+    found = _finish(_Inference(values).scan(run, 0, run.size, threaded=True))
+    return pa.schema(list(found)) if pa.types.is_struct(found) else pa.schema([])

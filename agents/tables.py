@@ -1,0 +1,82 @@
+"""Target tables of a worker: load, or auto-create from the first records (blocking calls).
+
+When a table exists its schema is the truth and records are coerced to it. Auto-created
+tables take the schema inferred from the first batch and the configured partition spec.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.table import Table
+from pyiceberg.table.name_mapping import create_mapping_from_schema
+
+from icesink.config import Settings
+from icesink.errors import ConfigError
+from icesink.iceberg import split_name
+from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    table: Table
+    arrow_schema: pa.Schema  # what records are coerced to
+
+
+def target_of(name: str, table: Table) -> Target:
+    return Target(name, table, schema_to_pyarrow(table.schema()))
+
+
+def load_target(catalog: Catalog, name: str) -> Target | None:
+    try:
+        return target_of(name, catalog.load_table(name))
+    except NoSuchTableError:
+        return None
+
+
+def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.Schema) -> Target:
+    """Create ``name`` from an inferred Arrow schema; another replica may win the race."""
+    if not settings.auto_create:
+        raise ConfigError(
+            "iceberg.tables.auto-create-enabled", False,
+            f"true, or create table {name} before starting (it does not exist)",
+        )
+    namespace, _ = split_name(name)
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    schema = _iceberg_schema(inferred)
+    exprs = parse_partition_by(settings.partition_by(name) or "")
+    spec = build_partition_spec(exprs, schema) if exprs else UNPARTITIONED_PARTITION_SPEC
+    try:
+        table = catalog.create_table(name, schema=schema, partition_spec=spec)
+        log.info("created table %s with schema %s and partition spec %s", name, table.schema(), table.spec())
+    except TableAlreadyExistsError:
+        table = catalog.load_table(name)
+    # Readers map columns by name where a file lacks field ids (e.g. list elements).
+    if "schema.name-mapping.default" not in table.properties:
+        try:
+            with table.transaction() as tx:
+                tx.set_properties(
+                    {"schema.name-mapping.default": create_mapping_from_schema(table.schema()).model_dump_json()}
+                )
+        except Exception as exc:  # a concurrent creator set it first
+            log.debug("name mapping not set on %s: %s", name, exc)
+            table = catalog.load_table(name)
+    return target_of(name, catalog.load_table(name))
+
+
+def _iceberg_schema(arrow_schema: pa.Schema) -> Schema:
+    """Arrow schema without field ids -> Iceberg schema with ids 1..n (as create_table does)."""
+    return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow_schema))

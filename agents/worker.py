@@ -1,0 +1,538 @@
+"""A worker replica.
+
+A Faust agent consumes the source partitions this replica is assigned, converts values to
+Arrow in bulk and buffers them per partition. On each StartCommit the worker writes its
+buffers through Spark, reports the files (DataWritten) and the consumed ranges of every
+partition it owns (DataComplete). Source offsets are committed to the consumer group only
+after CommitComplete, i.e. never past data that is not in Iceberg. The replica that is the
+Faust leader also runs the coordinator (coordinator/service.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from typing import Any, Iterable, Sequence
+
+import faust
+import pyarrow as pa
+from faust.types import TP
+
+from agents.buffer import Buffers, Chunk, PartitionState
+from agents.convert import decode_json, infer_schema
+from agents.deadletter import DeadLetters
+from agents.tables import Target, create_target, load_target
+from coordinator.service import Coordinator
+from icesink.config import Settings
+from icesink.control import ControlProducer, ControlReader, ensure_control_topic
+from icesink.errors import FencedError, IcesinkError
+from icesink.events import (
+    Claim,
+    CommitComplete,
+    DataComplete,
+    DataWritten,
+    Resume,
+    Rewind,
+    StartCommit,
+    CommitRequest,
+    TopicPartition,
+)
+from icesink.iceberg import load_catalog, to_file_info
+from icesink.metrics import Metrics
+from icesink.offload import Offload
+from spark_bridge.writer import SparkFileWriter, SparkSettings
+
+log = logging.getLogger(__name__)
+
+CLAIM_RETRY_S = 15.0
+REQUEST_EVERY_S = 5.0
+
+
+def _tp(t: Any) -> TopicPartition:
+    return TopicPartition(t.topic, t.partition)
+
+
+class Worker:
+    def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.metrics = metrics
+        self.worker_id = settings.worker_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
+        self.offload = Offload()
+        self.buffers = Buffers(settings.buffer_max_bytes)
+        self.targets: dict[str, Target] = {}
+        self.deadletters = DeadLetters(settings.state_dir / "deadletter", metrics)
+        self.spark = SparkFileWriter(SparkSettings(
+            master=settings.spark_master,
+            remote=settings.spark_remote,
+            conf=dict(settings.spark_conf),
+            app_name=f"icesink-{self.worker_id}",
+        ))
+        self.generation = -1
+        self.status: dict[str, Any] = {"worker": self.worker_id, "phase": "starting"}
+        self._stop = asyncio.Event()
+        self._rebalanced = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._respond_lock = asyncio.Lock()
+        self._coordinator: Coordinator | None = None
+        self._coordinator_task: asyncio.Task[None] | None = None
+        self._claimed_at: dict[TopicPartition, float] = {}
+        self._backpressure = False
+        self._last_request = 0.0
+        self._seq = 0
+        self.app = self._make_app()
+
+    # Faust app -------------------------------------------------------------------------------
+
+    def _make_app(self) -> faust.App:
+        s = self.settings
+        datadir = (s.state_dir / "faust" / self.worker_id).resolve()
+        datadir.parent.mkdir(parents=True, exist_ok=True)
+        app = faust.App(
+            s.group_id,
+            broker=";".join(f"kafka://{b.strip()}" for b in self.bootstrap.split(",")),
+            broker_credentials=_faust_credentials(s),
+            value_serializer="raw",
+            key_serializer="raw",
+            store="memory://",
+            web_enabled=False,
+            datadir=str(datadir),
+            consumer_auto_offset_reset="earliest",
+            topic_partitions=1,
+            topic_replication_factor=1,
+            broker_session_timeout=s.session_timeout_ms / 1000,
+            broker_heartbeat_interval=max(0.5, s.session_timeout_ms / 10_000),
+            stream_buffer_maxsize=max(4096, s.consumer_max_batch * 2),
+            producer_acks=-1,
+            logging_config=None,
+        )
+        # acks=False: Faust never tracks or commits these offsets; icesink commits them only
+        # after CommitComplete.
+        source = app.topic(*s.topics, value_serializer="raw", key_serializer="raw", acks=False)
+        worker = self
+
+        @app.agent(source, name="icesink-ingest")
+        async def ingest(stream: faust.Stream) -> None:
+            async for batch in stream.take_events(s.consumer_max_batch, within=0.2):
+                try:
+                    await worker.on_events(batch)
+                except IcesinkError:
+                    raise
+                except Exception:
+                    log.exception("ingest failed on a batch of %d events", len(batch))
+                    raise
+
+        app.on_partitions_revoked.connect(self._on_revoked)
+        app.on_partitions_assigned.connect(self._on_assigned)
+        app.on_rebalance_complete.connect(self._on_rebalance_complete)
+        return app
+
+    def _install_fetch_stamp(self) -> None:
+        """Stamp every message with the monotonic time its fetch returned to the event loop.
+        A record fetched before a partition was (re)activated cannot be taken as a gap."""
+        consumer = self.app.consumer
+        wait, to_message = consumer._wait_next_records, consumer._to_message
+
+        async def stamped_wait(timeout: float) -> Any:
+            records, active = await wait(timeout)
+            if records:
+                now = time.monotonic()
+                for batch in records.values():
+                    for record in batch:
+                        record.icesink_fetched_at = now
+            return records, active
+
+        def stamped_message(tp: Any, record: Any) -> Any:
+            message = to_message(tp, record)
+            message.time_in = getattr(record, "icesink_fetched_at", 0.0)
+            return message
+
+        consumer._wait_next_records = stamped_wait
+        consumer._to_message = stamped_message
+
+    # Lifecycle -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Start everything, run until SIGTERM/SIGINT (or :meth:`request_stop`), stop within
+        ``shutdown.timeout-ms``."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        client = self.settings.kafka_client_kwargs()
+        await ensure_control_topic(self.bootstrap, self.settings.control_topic, client)
+        self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client)
+        self.reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id, client)
+        await self.producer.start()
+        await self.reader.start()
+        await self.reader.seek_to_end()
+        spark_started = self._spark_ready = asyncio.ensure_future(self.offload.run(self.spark.start))
+        self.catalog = await self.offload.run(load_catalog, self.settings)
+        for name in self.settings.tables:
+            target = await self.offload.run(load_target, self.catalog, name)
+            if target is not None:
+                self.targets[name] = target
+        self._tasks.append(asyncio.create_task(self._control_loop(), name="control"))
+        self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+        faust_worker = faust.Worker(
+            self.app, loop=loop, override_logging=False, quiet=True, redirect_stdouts=False, daemon=False,
+        )
+        self._install_fetch_stamp()
+        await faust_worker.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # Faust installed its own; ours only request a stop
+            loop.add_signal_handler(sig, self.request_stop)
+        await spark_started
+        self.status["phase"] = "running"
+        log.info("worker %s running (group %s, topics %s, tables %s)", self.worker_id,
+                 self.settings.group_id, ",".join(self.settings.topics), ",".join(self.settings.tables))
+        await self._stop.wait()
+        await self._shutdown(faust_worker)
+
+    def request_stop(self) -> None:
+        log.info("stop requested")
+        self._stop.set()
+
+    async def _shutdown(self, faust_worker: faust.Worker) -> None:
+        """Hand partitions back and stop, all within one deadline. Buffered data that is not
+        committed is not lost: the next owner re-reads it from the accepted position."""
+        self.status["phase"] = "stopping"
+        deadline = self.settings.shutdown_timeout_ms / 1000
+        started = time.monotonic()
+
+        def left() -> float:
+            return max(0.1, deadline - (time.monotonic() - started))
+
+        await self._stop_coordinator()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(faust_worker.stop(), left())
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.reader.stop(), left())
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.producer.stop(), left())
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.offload.run(self.spark.stop), left())
+        self.offload.close()
+        log.info("worker %s stopped in %.1fs", self.worker_id, time.monotonic() - started)
+
+    # Rebalances and ownership ------------------------------------------------------------
+
+    def _source(self, tps: Iterable[Any]) -> set[TopicPartition]:
+        topics = set(self.settings.topics)
+        return {_tp(t) for t in tps if t.topic in topics}
+
+    async def _on_revoked(self, sender: Any, revoked: set[Any], **_: Any) -> None:
+        self._rebalanced.clear()
+        for tp in self._source(revoked):
+            st = self.buffers.partitions.get(tp)
+            if st is not None:
+                st.active = False  # keep chunks: the same partition may come back to us
+
+    async def _on_assigned(self, sender: Any, assigned: set[Any], **_: Any) -> None:
+        self._rebalanced.clear()
+        self.generation = int(self.app.consumer_generation_id or 0)
+        mine = self._source(assigned)
+        for tp in list(self.buffers.partitions):
+            if tp not in mine:
+                self.buffers.release(tp)
+                self._claimed_at.pop(tp, None)
+        for tp in mine:
+            self.buffers.claim(tp, self.generation)
+        if mine:
+            asyncio.ensure_future(self._send_claim(sorted(mine)))
+
+    async def _send_claim(self, tps: Sequence[TopicPartition]) -> None:
+        now = time.monotonic()
+        for tp in tps:
+            self._claimed_at[tp] = now
+        try:
+            await self.producer.send(Claim(self.worker_id, self.generation, tuple(tps)))
+        except Exception as exc:
+            log.warning("claim for %s not sent (%s); retried", ",".join(map(str, tps)), exc)
+
+    async def _on_rebalance_complete(self, sender: Any, **_: Any) -> None:
+        # Faust resumed and seeked every assigned partition; keep unclaimed ones paused.
+        claiming = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if not st.active]
+        if claiming:
+            self.app.consumer.pause_partitions(claiming)
+        self._rebalanced.set()
+        await self._supervise_coordinator()
+
+    async def _on_resume(self, ev: Resume) -> None:
+        if ev.worker != self.worker_id or ev.generation != self.generation:
+            return
+        await self._rebalanced.wait()
+        if ev.generation != self.generation:
+            return
+        for pos in ev.positions:
+            st = self.buffers.partitions.get(pos.tp)
+            if st is None or st.active:
+                continue
+            # Active from here, but no gap is taken until the seek is done (activated_at).
+            seek_to = self.buffers.resume(pos.tp, pos.offset, now=float("inf"))
+            ftp = TP(pos.tp.topic, pos.tp.partition)
+            await self._seek(st, seek_to)
+            self._claimed_at.pop(pos.tp, None)
+            if not self._backpressure:
+                self.app.consumer.resume_partitions([ftp])
+            log.info("resumed %s at offset %d (generation %d)", pos.tp, seek_to, ev.generation)
+        self._update_paused()
+
+    async def _seek(self, st: PartitionState, offset: int) -> None:
+        """Seek in the consumer's own thread (seek_wait) and only then stamp the activation:
+        records fetched before this instant can no longer pass as a gap."""
+        st.activated_at = float("inf")
+        try:
+            await self.app.consumer.seek_wait({TP(st.tp.topic, st.tp.partition): offset})
+        finally:
+            st.seeks += 1
+            st.activated_at = time.monotonic()
+            st.reseeking = False
+
+    async def _on_rewind(self, ev: Rewind) -> None:
+        if ev.worker != self.worker_id:
+            return
+        log.warning("response rejected, rewinding %s: %s", ",".join(map(str, ev.partitions)), ev.reason)
+        mine = [tp for tp in ev.partitions if tp in self.buffers.partitions]
+        for tp in mine:
+            self.buffers.rewind(tp)
+        if mine:
+            self.app.consumer.pause_partitions([TP(t.topic, t.partition) for t in mine])
+            await self._send_claim(mine)
+
+    # Consuming -------------------------------------------------------------------------------
+
+    async def on_events(self, batch: Sequence[Any]) -> None:
+        """Take the records of active partitions in offset order, convert them in bulk."""
+        by_tp: dict[TopicPartition, list[Any]] = {}
+        for ev in batch:
+            m = ev.message
+            by_tp.setdefault(TopicPartition(m.topic, m.partition), []).append(m)
+        for tp, messages in by_tp.items():
+            self.metrics.records_consumed.labels(topic=tp.topic).inc(len(messages))
+            st = self.buffers.partitions.get(tp)
+            if st is None or not st.active:
+                continue
+            taken, suspect = st.select(messages)
+            if taken:
+                await self._buffer(st, taken)
+            if suspect is not None and not st.reseeking:
+                st.suspect_gap(suspect)
+                log.info("%s: fresh record at %d while expecting %d; seeking again", tp, suspect, st.next_offset)
+                st.reseeking = True
+                asyncio.ensure_future(self._seek(st, st.next_offset))
+        self._update_gauges()
+        if self.buffers.full:
+            await self._apply_backpressure()
+
+    async def _buffer(self, st: PartitionState, messages: list[Any]) -> None:
+        values = [m.value if m.value is not None else b"" for m in messages]
+        tables: dict[str, pa.Table] = {}
+        nbytes = 0
+        rows = 0
+        self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(sum(len(v) for v in values))
+        for name in self.settings.tables:
+            target = self.targets.get(name) or await self._create_target(name, values)
+            converted = decode_json(values, target.arrow_schema)
+            if converted.rejects:
+                self.deadletters.write(st.tp, messages, converted.rejects, table=name)
+            tables[name] = converted.table
+            nbytes += converted.table.nbytes
+            rows = max(rows, converted.table.num_rows)
+        self.metrics.records_converted.labels(topic=st.tp.topic).inc(rows)
+        last = messages[-1]
+        ts = int(last.timestamp * 1000) if last.timestamp else None
+        self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
+
+    async def _create_target(self, name: str, values: list[bytes]) -> Target:
+        inferred = infer_schema(values)
+        target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
+        self.targets[name] = target
+        return target
+
+    async def _apply_backpressure(self) -> None:
+        if not self._backpressure:
+            self._backpressure = True
+            active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active]
+            self.app.consumer.pause_partitions(active)
+            log.info("buffers full (%d bytes): pausing %d partitions until the next round", self.buffers.nbytes, len(active))
+            self._update_paused()
+        now = time.monotonic()
+        if now - self._last_request >= REQUEST_EVERY_S:
+            self._last_request = now
+            await self.producer.send(CommitRequest(self.worker_id, self.buffers.nbytes))
+
+    def _release_backpressure(self) -> None:
+        if self._backpressure and not self.buffers.full:
+            self._backpressure = False
+            active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active]
+            self.app.consumer.resume_partitions(active)
+            self._update_paused()
+
+    # Commit rounds ---------------------------------------------------------------------------
+
+    async def _control_loop(self) -> None:
+        while True:
+            for _offset, ev in await self.reader.read(1.0):
+                match ev:
+                    case Resume():
+                        asyncio.ensure_future(self._on_resume(ev))
+                    case StartCommit():
+                        asyncio.ensure_future(self._respond(ev.commit_id))
+                    case CommitComplete():
+                        await self._on_commit_complete(ev)
+                    case Rewind():
+                        await self._on_rewind(ev)
+                    case _:
+                        pass
+
+    async def _respond(self, commit_id: str) -> None:
+        async with self._respond_lock:
+            if self.generation < 0 or not self._rebalanced.is_set():
+                return
+            await self._spark_ready
+            snap = self.buffers.take(self.generation)
+            if not snap.ranges:
+                return
+            self._release_backpressure()
+            response_id = str(uuid.uuid4())
+            written: list[DataWritten] = []
+            started = time.monotonic()
+            try:
+                for name, data in snap.tables().items():
+                    self._seq += 1
+                    prefix = f"{commit_id[:8]}-{self.worker_id}-{self._seq}"
+                    files = await self.offload.run(
+                        self.spark.write, self.targets[name].table, data, file_prefix=prefix,
+                        target_file_size_bytes=self.settings.target_file_size_bytes,
+                    )
+                    spec_id = self.targets[name].table.spec().spec_id
+                    infos = tuple(to_file_info(f, spec_id) for f in files)
+                    self.metrics.files_written.labels(table=name).inc(len(infos))
+                    self.metrics.bytes_written.labels(table=name).inc(sum(f.size_bytes for f in infos))
+                    written.append(DataWritten(commit_id, response_id, self.worker_id, name, infos))
+            except Exception as exc:
+                self.metrics.write_failures.inc()
+                log.error("writing files for round %s failed, data kept for the next round: %s", commit_id, exc)
+                self.buffers.restore(snap)
+                return
+            self.metrics.write_duration.observe(time.monotonic() - started)
+            for ev in written:
+                await self.producer.send(ev)
+            await self.producer.send(DataComplete(
+                commit_id, response_id, self.worker_id, snap.generation, snap.ranges, len(written),
+                self._valid_through_ms(),
+            ))
+            self._update_gauges()
+            log.info("round %s: answered %d partitions, %d rows in %d files", commit_id, len(snap.ranges),
+                     snap.rows, sum(len(w.files) for w in written))
+
+    def _valid_through_ms(self) -> int | None:
+        """All records older than this are in the response or earlier ones: now, if every
+        owned partition is caught up, else the oldest last-record time of a lagging one."""
+        now_ms = int(time.time() * 1000)
+        out = now_ms
+        for tp, st in self.buffers.partitions.items():
+            if not st.active:
+                return None
+            hw = self.app.consumer.highwater(TP(tp.topic, tp.partition))
+            if hw is not None and st.next_offset < hw:
+                out = min(out, st.last_record_ms or 0)
+        return out
+
+    async def _on_commit_complete(self, ev: CommitComplete) -> None:
+        """Data up to these positions is in Iceberg: the consumer group may now say so."""
+        offsets = {}
+        for p in ev.positions:
+            st = self.buffers.partitions.get(p.tp)
+            if st is not None and st.active:
+                offsets[TP(p.tp.topic, p.tp.partition)] = p.offset
+        if offsets:
+            try:
+                await self.app.consumer._commit(offsets)
+            except Exception as exc:  # a hint only; the truth is in the snapshot summaries
+                log.warning("consumer group offset commit failed: %s", exc)
+        self.status.update(last_commit_id=ev.commit_id, valid_through_ms=ev.valid_through_ms)
+
+    # Coordinator supervision, housekeeping ------------------------------------------------
+
+    async def _supervise_coordinator(self) -> None:
+        leader = self.app.is_leader()
+        if leader and self._coordinator_task is None:
+            self._coordinator = Coordinator(self.settings, self.bootstrap, self.producer, self.catalog, self.offload, self.metrics)
+            self._coordinator_task = asyncio.create_task(self._run_coordinator(self._coordinator), name="coordinator")
+            log.info("this replica is the leader: coordinator started")
+        elif not leader and self._coordinator_task is not None:
+            log.info("leadership moved: coordinator stopped")
+            await self._stop_coordinator()
+
+    async def _run_coordinator(self, coordinator: Coordinator) -> None:
+        while True:
+            try:
+                await coordinator.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except FencedError as exc:
+                log.error("coordinator fenced, stopping it: %s", exc)
+                return
+            except Exception:
+                log.exception("coordinator failed; restarting it in 2s")
+                await asyncio.sleep(2)
+                coordinator = Coordinator(self.settings, self.bootstrap, self.producer, self.catalog, self.offload, self.metrics)
+                self._coordinator = coordinator
+
+    async def _stop_coordinator(self) -> None:
+        task, self._coordinator_task = self._coordinator_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(2.0)
+            now = time.monotonic()
+            stale = [tp for tp, at in self._claimed_at.items() if now - at > CLAIM_RETRY_S
+                     and tp in self.buffers.partitions and not self.buffers.partitions[tp].active]
+            if stale and self._rebalanced.is_set():
+                log.info("no Resume for %s yet; claiming again", ",".join(map(str, stale)))
+                await self._send_claim(stale)
+            self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self.metrics.buffered_rows.set(self.buffers.rows)
+        self.metrics.buffered_bytes.set(self.buffers.nbytes)
+        consumer = self.app.consumer
+        for tp, st in self.buffers.partitions.items():
+            if st.active:
+                hw = consumer.highwater(TP(tp.topic, tp.partition))
+                if hw is not None:
+                    self.metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, hw - st.next_offset))
+
+    def _update_paused(self) -> None:
+        paused = sum(1 for st in self.buffers.partitions.values() if not st.active)
+        if self._backpressure:
+            paused = len(self.buffers.partitions)
+        self.metrics.paused_partitions.set(paused)
+
+
+def _faust_credentials(s: Settings) -> Any:
+    if s.sasl_mechanism:
+        return faust.SASLCredentials(
+            username=s.sasl_username,
+            password=s.sasl_password.get_secret_value() if s.sasl_password else None,
+            mechanism=s.sasl_mechanism,
+            ssl_context=s.kafka_client_kwargs().get("ssl_context"),
+        )
+    if s.security_protocol == "SSL":
+        return faust.SSLCredentials(s.kafka_client_kwargs()["ssl_context"])
+    return None

@@ -1,0 +1,309 @@
+"""The coordinator: owns every Iceberg commit of a sink group. Runs on the Faust leader only.
+
+Loop: read control events in log order into :class:`CoordinatorState`; answer claims; start a
+round every commit interval (or early on request); close it when every owned partition has
+answered or on the commit timeout; commit each touched table once; send CommitToTable per
+table and CommitComplete (the checkpoint). See docs/commits.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+
+from coordinator.committer import TableCommit, commit_table
+from coordinator.state import Accepted, CoordinatorState, checkpoint_event
+from icesink.config import Settings
+from icesink.control import ControlProducer, ControlReader
+from icesink.errors import FencedError
+from icesink.events import (
+    Claim,
+    CommitComplete,
+    CommitToTable,
+    Position,
+    Resume,
+    Rewind,
+    StartCommit,
+    TopicPartition,
+)
+from icesink.iceberg import latest_sink_summary
+from icesink.metrics import Metrics
+from icesink.offload import Offload
+
+log = logging.getLogger(__name__)
+
+RETRY_BASE_S = 0.5
+RETRY_CAP_S = 30.0
+
+
+class Coordinator:
+    def __init__(
+        self,
+        settings: Settings,
+        bootstrap: str,
+        producer: ControlProducer,
+        catalog: Catalog,
+        offload: Offload,
+        metrics: Metrics,
+    ) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.producer = producer
+        self.catalog = catalog
+        self.offload = offload
+        self.metrics = metrics
+        self.group = settings.group_id
+        self.epoch = 0
+        self.state = CoordinatorState()
+        self.status: dict[str, Any] = {"role": "coordinator", "phase": "starting"}
+        self._reader = ControlReader(
+            bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
+            commit_group=f"{self.group}-coordinator",
+        )
+        self._commit_task: asyncio.Task[None] | None = None
+        self._round_deadline: float | None = None
+        self._round_sent: str | None = None
+        self._next_round_at = 0.0
+
+    # Lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self._reader.start()
+        try:
+            self.metrics.coordinator_active.set(1)
+            await self._recover()
+            await self._loop()
+        finally:
+            self.metrics.coordinator_active.set(0)
+            if self._commit_task is not None:
+                self._commit_task.cancel()
+                await asyncio.gather(self._commit_task, return_exceptions=True)
+            await self._reader.stop()
+
+    async def _recover(self) -> None:
+        """Rebuild state from the last checkpoint and the log after it; roll forward any
+        accepted responses not yet in every table; answer claims left unanswered."""
+        checkpoint_through = -1
+        committed = await self._reader.committed()
+        start: int | None = None
+        if committed is not None:
+            ev = await self._reader.read_one(committed)
+            if isinstance(ev, CommitComplete):
+                self.state = CoordinatorState.from_checkpoint(ev)
+                checkpoint_through = ev.through
+                start = ev.replay_from if ev.replay_from is not None else ev.through + 1
+            else:
+                log.warning("coordinator checkpoint at control offset %s is not a CommitComplete; replaying the whole log", committed)
+        if start is None:
+            start = await self._reader.seek_to_beginning()
+        await self._reader.seek(start)
+        end = await self._reader.end_offset()
+        replayed = 0
+        while True:
+            batch = await self._reader.read(0.5)
+            for offset, event in batch:
+                self.state.apply(offset, event, checkpoint_through=checkpoint_through)
+                replayed += 1
+            if not batch and await self._position() >= end:
+                break
+        epochs = [self.state.log_epoch]
+        for name in self.settings.tables:
+            summary = await self.offload.run(self._summary, name)
+            if summary is not None:
+                epochs.append(summary.epoch)
+        self.epoch = max(epochs) + 1
+        self.metrics.coordinator_epoch.set(self.epoch)
+        self.state.take_rejected()  # decided by the previous coordinator already
+        log.info(
+            "coordinator epoch %d recovered from control offset %d (%d events, %d accepted responses to roll forward)",
+            self.epoch, start, replayed, len(self.state.pending),
+        )
+        if self.state.pending:
+            await self._commit(f"recovery-{uuid.uuid4()}", partial=False)
+        for claim in list(self.state.unanswered.values()):
+            await self._answer(claim)
+        self._next_round_at = time.monotonic() + self.settings.commit_interval_ms / 1000
+        self.status["phase"] = "running"
+
+    async def _position(self) -> int:
+        return await self._reader._consumer.position(self._reader.tp)
+
+    def _summary(self, name: str):  # type: ignore[no-untyped-def]
+        try:
+            return latest_sink_summary(self.catalog.load_table(name), self.group)
+        except NoSuchTableError:
+            return None
+
+    async def _loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            wait = max(0.05, min(self._next_round_at - now, 0.5))
+            for offset, event in await self._reader.read(wait):
+                self.state.apply(offset, event)
+                if isinstance(event, Claim):
+                    await self._answer(event)
+            for rej in self.state.take_rejected():
+                await self._reject(rej)
+            await self._maybe_close_round()
+            await self._maybe_start_round()
+
+    # Claims and rejections -----------------------------------------------------------------
+
+    async def _answer(self, claim: Claim) -> None:
+        if self.state.owners and any(
+            self.state.owners.get(tp) != (claim.worker, claim.generation) for tp in claim.partitions
+        ):
+            # Superseded by a newer claim for some partition: answer only what it still owns.
+            parts = tuple(
+                tp for tp in claim.partitions
+                if self.state.owners.get(tp) == (claim.worker, claim.generation)
+            )
+            claim = Claim(claim.worker, claim.generation, parts)
+        known, unknown = self.state.resume_positions(claim)
+        if unknown:
+            known += await self._initial_positions(unknown)
+        await self.producer.send(Resume(self.epoch, claim.worker, claim.generation, tuple(known)))
+
+    async def _initial_positions(self, tps: list[TopicPartition]) -> list[Position]:
+        """Where a never-seen partition starts: the source group's committed offset (a hint
+        from an earlier deployment), else the earliest offset. Fixed in the Resume event."""
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, group_id=self.group, enable_auto_commit=False,
+            **self.settings.kafka_client_kwargs(),
+        )
+        await consumer.start()
+        try:
+            ktps = [KafkaTP(tp.topic, tp.partition) for tp in tps]
+            begin = await consumer.beginning_offsets(ktps)
+            out = []
+            for tp, ktp in zip(tps, ktps):
+                committed = await consumer.committed(ktp)
+                out.append(Position(tp, committed if committed is not None else int(begin[ktp])))
+            return out
+        finally:
+            await consumer.stop()
+
+    async def _reject(self, rej: Any) -> None:
+        self.metrics.responses_rejected.labels(reason=rej.reason.split(":")[0][:40]).inc()
+        log.warning("rejected response from %s: %s", rej.worker, rej.reason)
+        await self.producer.send(Rewind(self.epoch, rej.worker, rej.partitions, rej.reason))
+        for f in rej.files:
+            await self.offload.run(_delete_quietly, f.path)
+
+    # Rounds ----------------------------------------------------------------------------------
+
+    async def _maybe_start_round(self) -> None:
+        if self._round_sent is not None or self._commit_task is not None:
+            return
+        now = time.monotonic()
+        if now < self._next_round_at and not self.state.commit_requested:
+            return
+        commit_id = str(uuid.uuid4())
+        self._round_sent = commit_id
+        self._round_deadline = now + self.settings.commit_timeout_ms / 1000
+        self._next_round_at = now + self.settings.commit_interval_ms / 1000
+        self.metrics.rounds_started.inc()
+        await self.producer.send(StartCommit(self.epoch, commit_id))
+
+    async def _maybe_close_round(self) -> None:
+        if self._round_sent is None or self._commit_task is not None:
+            return
+        if self.state.round_id != self._round_sent:
+            return  # our StartCommit is not read back yet
+        answered = self.state.round_answered()
+        timed_out = self._round_deadline is not None and time.monotonic() >= self._round_deadline
+        if not (answered or timed_out):
+            return
+        commit_id = self._round_sent
+        self._round_sent = None
+        self._round_deadline = None
+        self._commit_task = asyncio.create_task(self._commit_then_clear(commit_id, partial=not answered))
+
+    async def _commit_then_clear(self, commit_id: str, partial: bool) -> None:
+        try:
+            await self._commit(commit_id, partial)
+        finally:
+            self._commit_task = None
+
+    async def _commit(self, commit_id: str, partial: bool) -> None:
+        batch, cp = self.state.take_pending()
+        if partial:
+            self.metrics.rounds_partial.inc()
+            log.info("round %s closed on the commit timeout; late responses join the next round", commit_id)
+        vts = [a.valid_through_ms for a in batch]
+        valid_through = None if (partial or not vts or None in vts) else min(v for v in vts if v is not None)
+        tables = sorted({t for a in batch for t in a.files})
+        for table in tables:
+            result = await self._commit_table_with_retry(table, batch, commit_id, cp.positions, valid_through)
+            if result.snapshot_id is not None:
+                await self.producer.send(CommitToTable(
+                    self.epoch, commit_id, table, result.snapshot_id, result.files, result.records,
+                    result.watermark,
+                ))
+        done = checkpoint_event(self.epoch, commit_id, cp, valid_through)
+        offset = await self.producer.send(done)
+        await self._reader.commit(offset)
+        self.metrics.rounds_committed.inc()
+        self.status.update(last_commit_id=commit_id, last_commit_at=time.time(), checkpoint=offset)
+
+    async def _commit_table_with_retry(
+        self,
+        table: str,
+        batch: list[Accepted],
+        commit_id: str,
+        positions: dict[TopicPartition, int],
+        valid_through: int | None,
+    ) -> TableCommit:
+        attempt = 0
+        started = time.monotonic()
+        while True:
+            try:
+                result = await self.offload.run(
+                    commit_table, self.catalog, table, batch, group=self.group, epoch=self.epoch,
+                    commit_id=commit_id, positions=positions, valid_through_ms=valid_through,
+                )
+            except FencedError:
+                self.status["phase"] = "fenced"
+                raise
+            except Exception as exc:  # conflict, catalog down: retry, never drop accepted files
+                attempt += 1
+                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10))
+                kind = "conflict" if isinstance(exc, CommitFailedException) else type(exc).__name__
+                self.metrics.commit_failures.labels(table=table).inc()
+                self.metrics.commit_retrying.labels(table=table).set(1)
+                self.status.update(phase="commit-retrying", table=table, error=f"{kind}: {exc}", attempt=attempt)
+                log.warning(
+                    "commit of round %s to %s failed (attempt %d, %s: %s); retrying in %.1fs",
+                    commit_id, table, attempt, kind, exc, delay,
+                )
+                await asyncio.sleep(delay)
+                continue
+            self.metrics.commit_retrying.labels(table=table).set(0)
+            self.status.update(phase="running", error=None)
+            self.metrics.commit_duration.labels(table=table).observe(time.monotonic() - started)
+            if result.snapshot_id is not None:
+                self.metrics.snapshots_committed.labels(table=table).inc()
+                self.metrics.rows_committed.labels(table=table).inc(result.records)
+                if valid_through is not None:
+                    self.metrics.valid_through.labels(table=table).set(valid_through / 1000)
+                log.info(
+                    "round %s committed to %s: snapshot %s, %d files, %d rows",
+                    commit_id, table, result.snapshot_id, result.files, result.records,
+                )
+            return result
+
+
+def _delete_quietly(path: str) -> None:
+    from icesink.iceberg import local_path
+
+    try:
+        local_path(path).unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("could not delete orphan file %s: %s", path, exc)

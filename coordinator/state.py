@@ -1,0 +1,233 @@
+"""The coordinator's state machine over the control log. Pure: no I/O, no clocks.
+
+Every decision that matters for exactly-once (who owns a partition, which response is
+accepted, where each partition's accepted data ends) is a function of the control-topic
+events in log order, so a new coordinator that replays the log from the last checkpoint
+reaches the same decisions as the one that crashed (docs/commits.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import assert_never
+
+from icesink.errors import PreconditionFailed
+from icesink.events import (
+    Claim,
+    CommitComplete,
+    CommitRequest,
+    CommitToTable,
+    DataComplete,
+    DataWritten,
+    Event,
+    FileInfo,
+    OffsetRange,
+    Owner,
+    Position,
+    Resume,
+    Rewind,
+    StartCommit,
+    TopicPartition,
+)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A complete, accepted worker response: bound to be committed."""
+
+    offset: int  # control offset of its DataComplete: the per-table watermark unit
+    commit_id: str
+    worker: str
+    ranges: tuple[OffsetRange, ...]
+    files: dict[str, tuple[FileInfo, ...]]  # table -> files
+    valid_through_ms: int | None
+
+
+@dataclass(frozen=True)
+class Rejected:
+    worker: str
+    partitions: tuple[TopicPartition, ...]
+    reason: str
+    files: tuple[FileInfo, ...]  # written but never to be committed: orphans to delete
+
+
+@dataclass
+class _Partial:
+    first_offset: int
+    worker: str
+    written: list[DataWritten] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a CommitComplete records: state as of control offset ``through``."""
+
+    through: int
+    positions: dict[TopicPartition, int]
+    owners: dict[TopicPartition, tuple[str, int]]
+    replay_from: int
+
+
+def check_range(
+    r: OffsetRange,
+    worker: str,
+    generation: int,
+    owners: dict[TopicPartition, tuple[str, int]],
+    accepted: dict[TopicPartition, int],
+) -> None:
+    """Commit precondition for one range: sender owns the partition, and the range starts
+    exactly where the accepted data ends (no gap, no overlap)."""
+    r.validate()
+    owner = owners.get(r.tp)
+    if owner != (worker, generation):
+        raise PreconditionFailed(f"owner of {r.tp}", owner, (worker, generation))
+    if r.tp not in accepted:
+        raise PreconditionFailed(f"accepted position of {r.tp}", "a resumed partition", None)
+    if r.start != accepted[r.tp]:
+        raise PreconditionFailed(f"range start of {r.tp}", accepted[r.tp], r.start)
+
+
+@dataclass
+class CoordinatorState:
+    owners: dict[TopicPartition, tuple[str, int]] = field(default_factory=dict)
+    accepted: dict[TopicPartition, int] = field(default_factory=dict)
+    pending: list[Accepted] = field(default_factory=list)
+    partial: dict[str, _Partial] = field(default_factory=dict)
+    unanswered: dict[tuple[str, int], Claim] = field(default_factory=dict)
+    log_epoch: int = 0  # highest coordinator epoch seen in the log so far
+    last_offset: int = -1
+    # Round bookkeeping (for closing rounds; not needed for correctness).
+    round_id: str | None = None
+    round_covered: set[TopicPartition] = field(default_factory=set)
+    commit_requested: bool = False
+    # Responses that must be rejected, collected for the service to act on.
+    rejected: list[Rejected] = field(default_factory=list)
+
+    @classmethod
+    def from_checkpoint(cls, cp: CommitComplete) -> "CoordinatorState":
+        return cls(
+            owners={o.tp: (o.worker, o.generation) for o in cp.owners},
+            accepted={p.tp: p.offset for p in cp.positions},
+            log_epoch=cp.epoch,
+            last_offset=cp.through,
+        )
+
+    # Applying events ---------------------------------------------------------------------
+
+    def apply(self, offset: int, event: Event, *, checkpoint_through: int = -1) -> None:
+        """Apply one control event read at ``offset``. Events at or below
+        ``checkpoint_through`` are already reflected in the state: only their DataWritten
+        are collected, so responses spanning the checkpoint stay complete."""
+        if offset <= checkpoint_through:
+            if isinstance(event, DataWritten):
+                self._collect(offset, event)
+            return
+        self.last_offset = offset
+        match event:
+            case Claim():
+                # The newest claim wins; a claim of an older generation is stale.
+                for tp in event.partitions:
+                    cur = self.owners.get(tp)
+                    if cur is None or cur[1] <= event.generation:
+                        self.owners[tp] = (event.worker, event.generation)
+                self.unanswered[(event.worker, event.generation)] = event
+            case Resume():
+                if event.epoch < self.log_epoch:
+                    return  # a stale coordinator's answer
+                self.log_epoch = event.epoch
+                self.unanswered.pop((event.worker, event.generation), None)
+                for p in event.positions:
+                    # First resolution of a partition's start fixes it; later resumes repeat it.
+                    self.accepted.setdefault(p.tp, p.offset)
+            case StartCommit():
+                if event.epoch < self.log_epoch:
+                    return
+                self.log_epoch = event.epoch
+                self.round_id = event.commit_id
+                self.round_covered = set()
+                self.commit_requested = False
+            case DataWritten():
+                self._collect(offset, event)
+            case DataComplete():
+                self._complete(offset, event)
+            case CommitToTable() | CommitComplete() | Rewind():
+                if event.epoch > self.log_epoch:
+                    self.log_epoch = event.epoch
+            case CommitRequest():
+                self.commit_requested = True
+            case _:
+                assert_never(event)
+
+    def _collect(self, offset: int, event: DataWritten) -> None:
+        part = self.partial.setdefault(event.response_id, _Partial(offset, event.worker))
+        part.written.append(event)
+
+    def _complete(self, offset: int, event: DataComplete) -> None:
+        part = self.partial.pop(event.response_id, None)
+        written = part.written if part else []
+        files = tuple(f for w in written for f in w.files)
+        if len(written) != event.events_sent:
+            self.rejected.append(Rejected(
+                event.worker, tuple(r.tp for r in event.ranges),
+                f"incomplete response: expected {event.events_sent} DataWritten, found {len(written)}",
+                files))
+            return
+        try:
+            for r in event.ranges:
+                check_range(r, event.worker, event.generation, self.owners, self.accepted)
+        except PreconditionFailed as exc:
+            self.rejected.append(Rejected(
+                event.worker, tuple(r.tp for r in event.ranges), str(exc), files))
+            return
+        for r in event.ranges:
+            self.accepted[r.tp] = r.end
+            if event.commit_id == self.round_id:
+                self.round_covered.add(r.tp)
+        by_table: dict[str, tuple[FileInfo, ...]] = {}
+        for w in written:
+            by_table[w.table] = by_table.get(w.table, ()) + w.files
+        self.pending.append(Accepted(
+            offset, event.commit_id, event.worker, event.ranges, by_table, event.valid_through_ms))
+
+    # Queries -----------------------------------------------------------------------------
+
+    def round_answered(self) -> bool:
+        """Every owned partition has answered the current round."""
+        return bool(self.owners) and set(self.owners) <= self.round_covered
+
+    def take_pending(self) -> tuple[list[Accepted], Checkpoint]:
+        """Hand every accepted response to a commit, with the checkpoint it will establish."""
+        batch, self.pending = self.pending, []
+        replay_from = min(
+            [p.first_offset for p in self.partial.values()] + [self.last_offset + 1]
+        )
+        return batch, Checkpoint(
+            through=self.last_offset,
+            positions=dict(self.accepted),
+            owners=dict(self.owners),
+            replay_from=replay_from,
+        )
+
+    def resume_positions(self, claim: Claim) -> tuple[list[Position], list[TopicPartition]]:
+        """Known positions for a claim, and the partitions whose start must be resolved."""
+        known = [Position(tp, self.accepted[tp]) for tp in claim.partitions if tp in self.accepted]
+        unknown = [tp for tp in claim.partitions if tp not in self.accepted]
+        return known, unknown
+
+    def take_rejected(self) -> list[Rejected]:
+        out, self.rejected = self.rejected, []
+        return out
+
+
+def checkpoint_event(
+    epoch: int, commit_id: str, cp: Checkpoint, valid_through_ms: int | None
+) -> CommitComplete:
+    return CommitComplete(
+        epoch=epoch,
+        commit_id=commit_id,
+        through=cp.through,
+        positions=tuple(Position(tp, off) for tp, off in sorted(cp.positions.items())),
+        owners=tuple(Owner(tp, w, g) for tp, (w, g) in sorted(cp.owners.items())),
+        valid_through_ms=valid_through_ms,
+        replay_from=cp.replay_from,
+    )

@@ -1,0 +1,1 @@
+"""icesink: stream Kafka topics into Apache Iceberg tables exactly once."""

@@ -1,0 +1,3 @@
+from icesink.cli import main
+
+main()

@@ -1,0 +1,169 @@
+"""The ``icesink`` command: ``worker``, ``demo``, ``control tail``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from icesink.errors import ConfigError
+
+log = logging.getLogger("icesink")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("aiokafka", "faust", "mode", "py4j", "pyiceberg"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError("--set", pair, "KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from icesink.config import load_settings
+
+    overrides = _overrides(args.set or [])
+    if getattr(args, "metrics_port", None) is not None:
+        overrides["metrics.port"] = args.metrics_port
+    return load_settings(args.config, os.environ, overrides)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server
+
+    from agents.worker import Worker
+    from icesink.metrics import Metrics
+    from icesink.stack import resolve_bootstrap
+
+    settings = _settings(args)
+    log.info("settings: %s", settings.masked())
+    bootstrap, broker = resolve_bootstrap(settings)
+    metrics = Metrics()
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr="0.0.0.0", registry=metrics.registry)
+        log.info("metrics on http://0.0.0.0:%d/metrics", settings.metrics_port)
+    try:
+        asyncio.run(Worker(settings, bootstrap, metrics).run())
+    finally:
+        if broker is not None:
+            broker.stop()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from icesink.demo import run_demo
+
+    return run_demo(
+        duration_s=args.duration, rate=args.rate, replicas=args.replicas,
+        interval_ms=args.interval_ms, state_dir=args.state_dir,
+    )
+
+
+def cmd_control_tail(args: argparse.Namespace) -> int:
+    from icesink.control import ControlReader
+    from icesink.events import describe
+
+    settings = _settings(args)
+    bootstrap = args.bootstrap or settings.bootstrap_servers
+    if bootstrap is None:
+        from icesink.stack import resolve_bootstrap
+
+        bootstrap, _ = resolve_bootstrap(settings)
+
+    async def tail() -> None:
+        reader = ControlReader(bootstrap, settings.control_topic, settings.group_id, settings.kafka_client_kwargs())
+        await reader.start()
+        try:
+            end = await reader.end_offset()
+            await reader.seek(max(0, end - args.last) if args.last else 0)
+            while True:
+                batch = await reader.read(1.0)
+                for offset, ev in batch:
+                    print(f"{offset:>8}  {describe(ev)}", flush=True)
+                if not batch and not args.follow and await reader._consumer.position(reader.tp) >= end:
+                    return
+        finally:
+            await reader.stop()
+
+    asyncio.run(tail())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="icesink",
+        description="Stream Kafka topics into Apache Iceberg tables exactly once.",
+    )
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", type=Path, help="settings file, JSON or TOML (reference-sink keys)")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override one setting, e.g. --set metrics.port=9401 (repeatable)")
+
+    w = sub.add_parser(
+        "worker", help="run one worker replica",
+        description="Run one worker replica. Replicas with the same group.id form one group: "
+        "they share the source partitions, and the Faust leader among them runs the coordinator. "
+        "Every setting can also come from ICESINK_<KEY> environment variables "
+        "(ICESINK_METRICS_PORT for metrics.port).",
+    )
+    common(w)
+    w.add_argument("--metrics-port", type=int, help="port of /metrics (0 disables); same as metrics.port")
+    w.set_defaults(fn=cmd_worker)
+
+    d = sub.add_parser(
+        "demo", help="run the pizza demo on the embedded stack",
+        description="Start an embedded broker and SQLite catalog, produce random pizza orders to "
+        "the 6-partition topic completed-pizzas, run worker replicas as separate processes, then "
+        "print the rows, the top stores and the snapshot history of rpc.pizzas, and stop everything.",
+    )
+    d.add_argument("--duration", type=float, default=45.0, help="seconds of producing (default 45)")
+    d.add_argument("--rate", type=float, default=1000.0, help="pizzas per second (default 1000)")
+    d.add_argument("--replicas", type=int, default=2, help="worker processes (default 2)")
+    d.add_argument("--interval-ms", type=int, default=10_000, help="commit interval (default 10000)")
+    d.add_argument("--state-dir", type=Path, default=None, help="where to keep demo state (default: a temp dir)")
+    d.set_defaults(fn=cmd_demo)
+
+    c = sub.add_parser("control", help="inspect the control topic (the commit log)",
+                       description="Inspect the control topic, the commit log of a sink group.")
+    csub = c.add_subparsers(dest="control_command", required=True)
+    t = csub.add_parser("tail", help="print control events, one readable line each",
+                        description="Print the group's control events with their offsets: rounds, tables, "
+                        "files, ranges and positions.")
+    common(t)
+    t.add_argument("--bootstrap", help="bootstrap servers (default: bootstrap.servers from the config)")
+    t.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    t.add_argument("--last", type=int, default=0, help="start this many events before the end (default: all)")
+    t.set_defaults(fn=cmd_control_tail)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        code = args.fn(args)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

@@ -1,0 +1,327 @@
+"""Settings: one frozen, typed object built once at start-up. Leaf module (no I/O but reading
+the config file handed to :func:`load_settings`).
+
+Sources, later ones win: the config file (JSON or TOML, flat dotted keys as in the Iceberg
+Kafka Connect sink, or nested TOML tables), then environment variables ``ICESINK_<KEY>``
+(``ICESINK_METRICS_PORT`` for ``metrics.port``), then ``--set key=value`` flags.
+
+Nothing else in icesink reads ``os.environ`` for settings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from icesink.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
+KEY_CONVERTERS = (
+    STRING_CONVERTER,
+    JSON_CONVERTER,
+    "org.apache.kafka.connect.converters.ByteArrayConverter",
+)
+VALUE_CONVERTERS = (JSON_CONVERTER,)
+
+# Reference-sink keys that are accepted and have no effect here (documented in docs/config.md).
+ACCEPTED_IGNORED = {
+    "connector.class": "icesink is not a Kafka Connect plugin; the key is ignored",
+    "tasks.max": "parallelism comes from worker replicas (processes), not tasks",
+    "name": "the sink group is named by group.id",
+    "iceberg.tables.evolve-schema-enabled": "schema evolution is not implemented yet; the table schema is the truth",
+    "iceberg.catalog.client.region": None,  # passed through as a catalog property
+}
+
+_PREFIX_CATALOG = "iceberg.catalog."
+_TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>partition-by)$")
+
+
+class Settings(BaseSettings):
+    """Every setting of a worker replica. Field aliases are the config keys."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    # What to read and where to write (reference keys).
+    topics: tuple[str, ...] = Field(alias="topics", min_length=1)
+    tables: tuple[str, ...] = Field(alias="iceberg.tables", min_length=1)
+    catalog_name: str = Field("icesink", alias="iceberg.catalog")
+    catalog_props: dict[str, str] = Field(default_factory=dict, alias="iceberg.catalog.*")
+    auto_create: bool = Field(False, alias="iceberg.tables.auto-create-enabled")
+    default_partition_by: str | None = Field(None, alias="iceberg.tables.default-partition-by")
+    table_partition_by: dict[str, str] = Field(
+        default_factory=dict, alias="iceberg.table.<table>.partition-by"
+    )
+    control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
+    group_id: str = Field("icesink", alias="group.id")
+    commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
+    commit_timeout_ms: int = Field(30_000, alias="iceberg.control.commit.timeout-ms", ge=100)
+    value_converter: str = Field(JSON_CONVERTER, alias="value.converter")
+    value_converter_schemas_enable: bool = Field(False, alias="value.converter.schemas.enable")
+    key_converter: str = Field(STRING_CONVERTER, alias="key.converter")
+
+    # Kafka clients (ours). Unset bootstrap.servers = the embedded broker.
+    bootstrap_servers: str | None = Field(None, alias="bootstrap.servers")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", alias="security.protocol"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, alias="sasl.mechanism"
+    )
+    sasl_username: str | None = Field(None, alias="sasl.username")
+    sasl_password: SecretStr | None = Field(None, alias="sasl.password")
+    ssl_cafile: str | None = Field(None, alias="ssl.cafile")
+    ssl_certfile: str | None = Field(None, alias="ssl.certfile")
+    ssl_keyfile: str | None = Field(None, alias="ssl.keyfile")
+    ssl_password: SecretStr | None = Field(None, alias="ssl.password")
+    consumer_max_batch: int = Field(10_000, alias="consumer.max-batch", ge=1)
+    # A member that stops heartbeating loses its partitions after this; Tansu also takes about
+    # half of it to complete a new group's first join.
+    session_timeout_ms: int = Field(10_000, alias="consumer.session-timeout-ms", ge=1000)
+
+    # Spark (ours). spark.remote wins over spark.master; other spark.* keys are Spark conf.
+    spark_master: str = Field("local[*]", alias="spark.master")
+    spark_remote: str | None = Field(None, alias="spark.remote")
+    spark_conf: dict[str, str] = Field(default_factory=dict, alias="spark.*")
+
+    # Buffers, files, metrics, local state (ours).
+    buffer_max_bytes: int = Field(256 * 1024 * 1024, alias="buffer.max-bytes", ge=1024)
+    target_file_size_bytes: int = Field(
+        128 * 1024 * 1024, alias="write.target-file-size-bytes", ge=1024
+    )
+    metrics_port: int = Field(9400, alias="metrics.port", ge=0, le=65535)
+    state_dir: Path = Field(Path("var"), alias="state.dir")
+    worker_id: str | None = Field(None, alias="worker.id")
+    shutdown_timeout_ms: int = Field(30_000, alias="shutdown.timeout-ms", ge=100)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, **_: Any):  # type: ignore[no-untyped-def]
+        # load_settings() merges file, environment and flags itself; nothing else is read.
+        return (init_settings,)
+
+    @field_validator("topics", "tables", mode="before")
+    @classmethod
+    def _split_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return tuple(x.strip() for x in v.split(",") if x.strip())
+        return v
+
+    @field_validator("spark_remote")
+    @classmethod
+    def _check_remote(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("sc://"):
+            raise ValueError("a Spark Connect URL sc://host:port")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.value_converter not in VALUE_CONVERTERS:
+            raise ConfigError("value.converter", self.value_converter, f"one of {VALUE_CONVERTERS}")
+        if self.value_converter_schemas_enable:
+            raise ConfigError(
+                "value.converter.schemas.enable", True,
+                "false (JSON with the Connect schema envelope is not supported yet)",
+            )
+        if self.key_converter not in KEY_CONVERTERS:
+            raise ConfigError("key.converter", self.key_converter, f"one of {KEY_CONVERTERS}")
+        if self.sasl_mechanism and not self.security_protocol.startswith("SASL"):
+            raise ConfigError(
+                "security.protocol", self.security_protocol,
+                "SASL_PLAINTEXT or SASL_SSL when sasl.mechanism is set",
+            )
+        for table in self.table_partition_by:
+            if table not in self.tables:
+                raise ConfigError(
+                    f"iceberg.table.{table}.partition-by", table,
+                    f"a table listed in iceberg.tables {list(self.tables)}",
+                )
+        for table in self.tables:
+            if "." not in table:
+                raise ConfigError("iceberg.tables", table, "namespace.table names, e.g. rpc.pizzas")
+        # Partition expressions are parsed here so a typo stops the start-up, not a commit.
+        from spark_bridge.partitioning import parse_partition_by  # pure parser, no Spark
+
+        if self.default_partition_by:
+            _reraise_as("iceberg.tables.default-partition-by", parse_partition_by, self.default_partition_by)
+        for table, spec in self.table_partition_by.items():
+            _reraise_as(f"iceberg.table.{table}.partition-by", parse_partition_by, spec)
+        return self
+
+    # Derived views -------------------------------------------------------------------------
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.bootstrap_servers is None
+
+    @property
+    def embedded_catalog(self) -> bool:
+        return "type" not in self.catalog_props and "uri" not in self.catalog_props
+
+    def partition_by(self, table: str) -> str | None:
+        return self.table_partition_by.get(table, self.default_partition_by)
+
+    def kafka_client_kwargs(self) -> dict[str, Any]:
+        """Security settings for aiokafka clients (producer, consumer, admin)."""
+        kw: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            kw["sasl_mechanism"] = self.sasl_mechanism
+            kw["sasl_plain_username"] = self.sasl_username
+            kw["sasl_plain_password"] = (
+                self.sasl_password.get_secret_value() if self.sasl_password else None
+            )
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            import ssl  # stdlib, no I/O at import
+
+            ctx = ssl.create_default_context(cafile=self.ssl_cafile)
+            if self.ssl_certfile:
+                ctx.load_cert_chain(
+                    self.ssl_certfile, self.ssl_keyfile,
+                    self.ssl_password.get_secret_value() if self.ssl_password else None,
+                )
+            kw["ssl_context"] = ctx
+        return kw
+
+    def masked(self) -> dict[str, Any]:
+        """Settings for logs and status output; secrets are masked by SecretStr."""
+        out = self.model_dump(by_alias=True)
+        for k, v in list(out["iceberg.catalog.*"].items()):
+            if any(s in k.lower() for s in ("secret", "password", "token", "credential")):
+                out["iceberg.catalog.*"][k] = "**********"
+        return {k: (str(v) if isinstance(v, SecretStr) else v) for k, v in out.items()}
+
+
+def _reraise_as(key: str, fn: Any, value: str) -> None:
+    try:
+        fn(value)
+    except ConfigError as exc:
+        raise ConfigError(key, value, exc.expected) from None
+
+
+# Loading -----------------------------------------------------------------------------------
+
+_FIELD_KEYS = {
+    f.alias: name for name, f in Settings.model_fields.items() if f.alias and "*" not in f.alias and "<" not in f.alias
+}
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        # Nested TOML tables flatten to dotted keys, except the values of known map keys.
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError("--config", str(path), f"a valid JSON or TOML file ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError("--config", str(path), "a JSON object or TOML document of settings")
+    return _flatten(raw)
+
+
+def _env_key_map() -> dict[str, str]:
+    return {re.sub(r"[.\-]", "_", alias).upper(): alias for alias in _FIELD_KEYS}
+
+
+def keys_from_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``ICESINK_<KEY>`` variables as config keys. Known keys map exactly; catalog properties
+    use ``ICESINK_ICEBERG_CATALOG_<PROP>`` with ``_`` read as ``.`` (s3.endpoint, client.region)."""
+    known = _env_key_map()
+    out: dict[str, str] = {}
+    for name, value in environ.items():
+        if not name.startswith("ICESINK_"):
+            continue
+        rest = name[len("ICESINK_"):]
+        if rest in known:
+            out[known[rest]] = value
+        elif rest.startswith("ICEBERG_CATALOG_"):
+            out[_PREFIX_CATALOG + rest[len("ICEBERG_CATALOG_"):].lower().replace("_", ".")] = value
+        elif rest.startswith("SPARK_"):
+            out["spark." + rest[len("SPARK_"):].lower().replace("_", ".")] = value
+        else:
+            log.warning("ignoring environment variable %s: no setting has that name", name)
+    return out
+
+
+def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
+    """Sort flat keys into fields and maps, warn on unknown keys, validate."""
+    fields: dict[str, Any] = {}
+    catalog: dict[str, str] = {}
+    spark: dict[str, str] = {}
+    partition_by: dict[str, str] = {}
+    unknown: list[str] = []
+    for key, value in raw.items():
+        if key in _FIELD_KEYS:
+            fields[key] = value
+        elif key in ACCEPTED_IGNORED and ACCEPTED_IGNORED[key] is not None:
+            log.info("setting %s accepted: %s", key, ACCEPTED_IGNORED[key])
+        elif key.startswith(_PREFIX_CATALOG):
+            catalog[key[len(_PREFIX_CATALOG):]] = str(value)
+        elif key.startswith("spark."):
+            spark[key] = str(value)
+        elif (m := _TABLE_KEY.match(key)) is not None:
+            partition_by[m["table"]] = str(value)
+        elif key.startswith(("key.converter.", "value.converter.")):
+            log.info("setting %s accepted; it has no effect for this converter", key)
+        else:
+            unknown.append(key)
+    if unknown and warn_unknown:
+        log.warning("unknown settings ignored: %s", ", ".join(sorted(unknown)))
+    fields["iceberg.catalog.*"] = catalog
+    fields["spark.*"] = spark
+    fields["iceberg.table.<table>.partition-by"] = partition_by
+    try:
+        return Settings(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = err["loc"][0] if err["loc"] else "?"
+        key = str(loc)
+        if key in Settings.model_fields:
+            key = Settings.model_fields[key].alias or key
+        found = err.get("input", fields.get(key))
+        if err["type"] == "missing":
+            raise ConfigError(key, None, "a value (the setting is required)") from None
+        raise ConfigError(key, found, err["msg"].removeprefix("Value error, ")) from None
+
+
+def load_settings(
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw.update(read_config_file(path))
+    if environ is not None:
+        raw.update(keys_from_env(environ))
+    if overrides:
+        raw.update(overrides)
+    return build(raw)
+
+
+def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
+    out = []
+    for key in raw:
+        if key in _FIELD_KEYS or key in ACCEPTED_IGNORED or key.startswith((_PREFIX_CATALOG, "spark.", "key.converter.", "value.converter.")):
+            continue
+        if _TABLE_KEY.match(key):
+            continue
+        out.append(key)
+    return sorted(out)

@@ -1,0 +1,84 @@
+"""One error root for icesink. Leaf module: imports nothing with I/O.
+
+Every subclass says whether retrying the same operation may succeed (``retriable``).
+A bad record is a :class:`DataError` (dead-letter or fail the record, keep going);
+a bad configuration is a :class:`ConfigError` (fatal at start-up).
+"""
+
+from __future__ import annotations
+
+
+class IcesinkError(Exception):
+    """Root of every error icesink raises on purpose."""
+
+    retriable: bool = False
+
+
+class ConfigError(IcesinkError):
+    """Invalid settings: names the key, the value found and what is valid. Fatal at start-up."""
+
+    def __init__(self, key: str, value: object, expected: str) -> None:
+        self.key = key
+        self.value = value
+        self.expected = expected
+        super().__init__(f"invalid setting {key!r}: expected {expected}, found {value!r}")
+
+
+class DataError(IcesinkError):
+    """A record that cannot be decoded or coerced. Names where it came from and which field."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.field = field
+        where = []
+        if topic is not None:
+            where.append(f"topic={topic}")
+        if partition is not None:
+            where.append(f"partition={partition}")
+        if offset is not None:
+            where.append(f"offset={offset}")
+        if field is not None:
+            where.append(f"field={field}")
+        suffix = f" ({', '.join(where)})" if where else ""
+        super().__init__(f"{reason}{suffix}")
+
+
+class ProtocolError(IcesinkError):
+    """A control-topic event that breaks the commit protocol (unknown type, newer version...)."""
+
+
+class PreconditionFailed(IcesinkError):
+    """A commit precondition did not hold: 'expected X, found Y'. The response is rejected."""
+
+    def __init__(self, what: str, expected: object, found: object) -> None:
+        self.what = what
+        self.expected = expected
+        self.found = found
+        super().__init__(f"{what}: expected {expected}, found {found}")
+
+
+class CommitFailed(IcesinkError):
+    """An Iceberg table commit failed (conflict, catalog unreachable). Retried with backoff."""
+
+    retriable = True
+
+
+class FencedError(IcesinkError):
+    """A newer coordinator epoch holds the table: this coordinator must stop committing."""
+
+
+class SparkWriteError(IcesinkError):
+    """Spark failed to write data files. The round's response is not sent; the data is retried."""
+
+    retriable = True

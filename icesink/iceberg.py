@@ -1,0 +1,174 @@
+"""pyiceberg glue shared by agents and coordinator: the catalog, data-file (de)serialisation
+for control events, and the icesink state kept in snapshot summaries.
+
+Blocking calls; callers run them off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyiceberg.catalog import Catalog, load_catalog as _load_catalog
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.table import Table
+from pyiceberg.typedef import Record
+
+from icesink.config import Settings
+from icesink.events import FileInfo, TopicPartition
+
+# Snapshot summary keys (design/exactly-once.md, "Durable state" item 2).
+COMMIT_ID = "icesink.commit-id"
+WATERMARK = "icesink.control-watermark"
+POSITIONS = "icesink.positions"
+EPOCH = "icesink.epoch"
+VALID_THROUGH = "icesink.valid-through-ms"
+GROUP = "icesink.group"
+
+
+def catalog_properties(settings: Settings) -> dict[str, str]:
+    if settings.embedded_catalog:
+        from icesink.embedded import sqlite_catalog_properties
+
+        directory = settings.state_dir.resolve() / "catalog"
+        directory.mkdir(parents=True, exist_ok=True)
+        return {**sqlite_catalog_properties(directory), **settings.catalog_props}
+    return dict(settings.catalog_props)
+
+
+def load_catalog(settings: Settings) -> Catalog:
+    return _load_catalog(settings.catalog_name, **catalog_properties(settings))
+
+
+def split_name(table: str) -> tuple[str, str]:
+    namespace, _, name = table.rpartition(".")
+    return namespace, name
+
+
+# Data files <-> control events ---------------------------------------------------------------
+
+
+def _json_value(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise TypeError(f"partition value {v!r} of type {type(v).__name__} is not supported yet")
+
+
+def to_file_info(df: DataFile, spec_id: int) -> FileInfo:
+    """``spec_id``: the spec the file was written for (DataFile.from_args does not keep it)."""
+    partition = tuple(_json_value(df.partition[i]) for i in range(len(df.partition)))
+    return FileInfo(
+        path=df.file_path,
+        record_count=df.record_count,
+        size_bytes=df.file_size_in_bytes,
+        spec_id=spec_id,
+        partition=partition,
+        column_sizes=tuple(sorted((df.column_sizes or {}).items())),
+        value_counts=tuple(sorted((df.value_counts or {}).items())),
+        null_value_counts=tuple(sorted((df.null_value_counts or {}).items())),
+        nan_value_counts=tuple(sorted((df.nan_value_counts or {}).items())),
+        lower_bounds=tuple(sorted((df.lower_bounds or {}).items())),
+        upper_bounds=tuple(sorted((df.upper_bounds or {}).items())),
+        split_offsets=tuple(df.split_offsets or ()),
+    )
+
+
+def to_data_file(fi: FileInfo, table: Table) -> DataFile:
+    df = DataFile.from_args(
+        _table_format_version=table.format_version,
+        content=DataFileContent.DATA,
+        file_path=fi.path,
+        file_format=FileFormat.PARQUET,
+        partition=Record(*fi.partition),
+        record_count=fi.record_count,
+        file_size_in_bytes=fi.size_bytes,
+        column_sizes=dict(fi.column_sizes),
+        value_counts=dict(fi.value_counts),
+        null_value_counts=dict(fi.null_value_counts),
+        nan_value_counts=dict(fi.nan_value_counts),
+        lower_bounds=dict(fi.lower_bounds),
+        upper_bounds=dict(fi.upper_bounds),
+        split_offsets=list(fi.split_offsets) or None,
+        sort_order_id=None,
+        equality_ids=None,
+        key_metadata=None,
+    )
+    df.spec_id = fi.spec_id
+    return df
+
+
+# Snapshot summaries -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SinkSummary:
+    """icesink's state in one snapshot summary."""
+
+    snapshot_id: int
+    commit_id: str
+    watermark: int
+    positions: dict[TopicPartition, int]
+    epoch: int
+    valid_through_ms: int | None
+
+    def properties(self, group: str) -> dict[str, str]:
+        return summary_properties(
+            group, self.commit_id, self.watermark, self.positions, self.epoch, self.valid_through_ms
+        )
+
+
+def summary_properties(
+    group: str,
+    commit_id: str,
+    watermark: int,
+    positions: dict[TopicPartition, int],
+    epoch: int,
+    valid_through_ms: int | None,
+) -> dict[str, str]:
+    nested: dict[str, dict[str, int]] = {}
+    for tp, off in sorted(positions.items()):
+        nested.setdefault(tp.topic, {})[str(tp.partition)] = off
+    props = {
+        GROUP: group,
+        COMMIT_ID: commit_id,
+        WATERMARK: str(watermark),
+        POSITIONS: json.dumps(nested, sort_keys=True, separators=(",", ":")),
+        EPOCH: str(epoch),
+    }
+    if valid_through_ms is not None:
+        props[VALID_THROUGH] = str(valid_through_ms)
+    return props
+
+
+def latest_sink_summary(table: Table, group: str) -> SinkSummary | None:
+    """Newest snapshot in the current ancestry written by this sink group. Snapshots made by
+    other writers (compaction, manual deletes) carry no icesink keys and are walked past."""
+    snap = table.current_snapshot()
+    while snap is not None:
+        s = snap.summary
+        if s is not None and s[GROUP] == group and s[COMMIT_ID] is not None:
+            positions = {
+                TopicPartition(topic, int(p)): int(off)
+                for topic, parts in json.loads(s[POSITIONS] or "{}").items()
+                for p, off in parts.items()
+            }
+            vt = s[VALID_THROUGH]
+            return SinkSummary(
+                snapshot_id=snap.snapshot_id,
+                commit_id=str(s[COMMIT_ID]),
+                watermark=int(s[WATERMARK] or -1),
+                positions=positions,
+                epoch=int(s[EPOCH] or 0),
+                valid_through_ms=int(vt) if vt is not None else None,
+            )
+        if snap.parent_snapshot_id is None:
+            return None
+        snap = table.snapshot_by_id(snap.parent_snapshot_id)
+    return None
+
+
+def local_path(uri: str) -> Path:
+    """A local filesystem path for a file:// URI or plain path."""
+    return Path(uri.removeprefix("file://")) if uri.startswith("file://") or uri.startswith("/") else Path(uri)

@@ -1,0 +1,223 @@
+"""Small Kafka admin helpers on aiokafka: create a topic if missing, read high watermarks.
+
+``client_kwargs`` are connection settings passed to every aiokafka client these helpers open
+(``client_id``, ``security_protocol``, ``ssl_context``, ``sasl_*``, ``request_timeout_ms``...);
+they must be accepted by both ``AIOKafkaAdminClient`` and ``AIOKafkaConsumer``.
+
+Broker behaviour this relies on (checked against Tansu v0.6.0-510f3e2):
+
+- A metadata request that names a missing topic *creates* it (Tansu: 4 partitions) unless
+  ``allow_auto_topic_creation`` is false, and aiokafka's ``describe_topics([name])`` sets it to
+  true. So a missing topic is only ever looked up through the all-topics metadata request.
+- ``ListOffsets(latest)`` answers the base offset of the last record batch + 1, which is lower
+  than the high watermark whenever the last batch holds more than one record. ``end_offsets``
+  corrects it from a fetch; do not use ``AIOKafkaConsumer.end_offsets`` or ``seek_to_end`` alone.
+- A new consumer group's first join is held for about half of ``session_timeout_ms`` (about
+  5 s with aiokafka's default of 10 s, 23 s with 45 s); short session timeouts make tests fast.
+- ``CreateTopics`` for an existing topic answers error 36 (TopicAlreadyExists); aiokafka returns
+  the response instead of raising, so the error codes are checked here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+from icesink.errors import IcesinkError
+
+__all__ = ["TopicError", "end_offsets", "ensure_topic"]
+
+logger = logging.getLogger(__name__)
+
+_TOPIC_ALREADY_EXISTS: Final = 36
+_POLL_INTERVAL_S: Final = 0.05
+_MAX_BACKOFF_S: Final = 1.0
+#: A partition-count mismatch on an existing topic must persist this long before it is an error
+#: (metadata of a topic another client is creating right now may still be filling in).
+_MISMATCH_GRACE_S: Final = 2.0
+
+
+class TopicError(IcesinkError):
+    """A topic is missing, has the wrong shape, or could not be created."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+async def ensure_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int,
+    *,
+    replication_factor: int = 1,
+    client_kwargs: Mapping[str, Any] | None = None,
+    timeout_s: float = 30.0,
+) -> None:
+    """Create topic ``name`` with ``partitions`` partitions unless it exists, then wait for it.
+
+    Returns once the broker's metadata lists all ``partitions`` partitions with a leader.
+    Raises :class:`TopicError` if the topic exists with another partition count, if the broker
+    refuses to create it, or if it is not ready within ``timeout_s``.
+    """
+    if partitions < 1:
+        raise ValueError(f"partitions: expected >= 1, found {partitions}")
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(client_kwargs or {}))
+    began = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            created = await _create_topic(admin, name, partitions, replication_factor)
+            await _wait_for_partitions(admin, name, partitions, created=created)
+    except TimeoutError:
+        raise TopicError(
+            f"topic {name!r}: expected {partitions} partitions with leaders within "
+            f"{timeout_s:.1f} s, timed out. Is the broker at {bootstrap} up?",
+            retriable=True,
+        ) from None
+    finally:
+        await admin.close()
+    logger.info(
+        "topic %r %s with %d partitions in %.3f s",
+        name,
+        "created" if created else "already existed",
+        partitions,
+        time.monotonic() - began,
+    )
+
+
+async def end_offsets(
+    bootstrap: str,
+    topic: str,
+    *,
+    client_kwargs: Mapping[str, Any] | None = None,
+    timeout_s: float = 30.0,
+) -> dict[int, int]:
+    """Partition -> high watermark (offset of the next record) of every partition of ``topic``.
+
+    Correct on Tansu too, whose ListOffsets answer is too low (see ``_true_end_offsets``).
+    Raises :class:`TopicError` if the topic does not exist (it is never auto-created here).
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    kwargs = dict(client_kwargs or {})
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **kwargs)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **kwargs
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            meta = await _existing_topic_metadata(admin, topic)
+            if meta is None:
+                raise TopicError(f"topic {topic!r}: expected it to exist, found no such topic")
+            tps = [TopicPartition(topic, int(p["partition"])) for p in meta["partitions"]]
+            await consumer.start()
+            offsets = await _true_end_offsets(consumer, tps)
+    except TimeoutError:
+        raise TopicError(
+            f"topic {topic!r}: end offsets not read within {timeout_s:.1f} s", retriable=True
+        ) from None
+    finally:
+        await consumer.stop()
+        await admin.close()
+    return {tp.partition: int(offset) for tp, offset in sorted(offsets.items())}
+
+
+async def _true_end_offsets(consumer: Any, tps: list[Any]) -> dict[Any, int]:
+    """High watermarks from a fetch, not only from ListOffsets.
+
+    Tansu answers ListOffsets(latest) with the *base offset of the last record batch* + 1, not
+    the last offset + 1 (a batch of 10 records at offsets 2..11 gives 3, not 12). Its fetch
+    responses carry the right high watermark. So: ListOffsets gives a lower bound L; fetching
+    from L - 1 (inside the last batch) returns the fetch high watermark. On Kafka both agree.
+    """
+    listed: dict[Any, int] = {tp: int(o) for tp, o in (await consumer.end_offsets(tps)).items()}
+    pending = {tp for tp, offset in listed.items() if offset > 0}
+    if not pending:
+        return listed
+    consumer.assign(sorted(pending))
+    for tp in pending:
+        consumer.seek(tp, listed[tp] - 1)
+    result = dict(listed)
+    while pending:
+        fetched = await consumer.getmany(*pending, timeout_ms=200)
+        for tp, records in fetched.items():
+            if records:
+                result[tp] = max(result[tp], records[-1].offset + 1)
+        for tp in list(pending):
+            highwater = consumer.highwater(tp)
+            if highwater is not None:
+                result[tp] = max(result[tp], int(highwater))
+                pending.discard(tp)
+    return result
+
+
+async def _create_topic(admin: Any, name: str, partitions: int, replication_factor: int) -> bool:
+    """Send CreateTopics until it succeeds; True if this call created the topic."""
+    from aiokafka.admin import NewTopic
+    from aiokafka.errors import for_code
+
+    backoff = 0.05
+    while True:
+        response = await admin.create_topics([NewTopic(name, partitions, replication_factor)])
+        # topic_errors rows are (topic, error_code) or (topic, error_code, error_message).
+        row = next(r for r in response.topic_errors if r[0] == name)
+        code, message = int(row[1]), (row[2] if len(row) > 2 else None)
+        if code == 0:
+            return True
+        if code == _TOPIC_ALREADY_EXISTS:
+            return False
+        error = for_code(code)
+        if not getattr(error, "retriable", False):
+            raise TopicError(
+                f"topic {name!r}: broker refused to create it: {error.__name__} "
+                f"(error {code}): {message}"
+            )
+        logger.debug("create topic %r: retriable %s, retrying", name, error.__name__)
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+
+async def _existing_topic_metadata(admin: Any, name: str) -> dict[str, Any] | None:
+    """Metadata of ``name`` from the all-topics request, which never auto-creates topics."""
+    topics: list[dict[str, Any]] = await admin.describe_topics()
+    return next((t for t in topics if t["topic"] == name), None)
+
+
+async def _wait_for_partitions(admin: Any, name: str, partitions: int, *, created: bool) -> None:
+    mismatch_since: float | None = None
+    while True:
+        meta = await _existing_topic_metadata(admin, name)
+        found = _ready_partitions(meta)
+        total = len(meta["partitions"]) if meta is not None else 0
+        if found == partitions == total:
+            return
+        if not created and meta is not None and total > 0 and total != partitions:
+            now = time.monotonic()
+            mismatch_since = mismatch_since if mismatch_since is not None else now
+            if now - mismatch_since >= _MISMATCH_GRACE_S:
+                raise TopicError(
+                    f"topic {name!r}: expected {partitions} partitions, found {total}. "
+                    "Use a new topic name, or delete the topic so it is created again."
+                )
+        else:
+            mismatch_since = None
+        await asyncio.sleep(_POLL_INTERVAL_S)
+
+
+def _ready_partitions(meta: Mapping[str, Any] | None) -> int:
+    """Number of partitions with a leader, or -1 if the topic itself reports an error."""
+    if meta is None or int(meta.get("error_code", 0)) != 0:
+        return -1
+    return sum(
+        1
+        for p in meta["partitions"]
+        if int(p.get("error_code", 0)) == 0 and int(p.get("leader", -1)) >= 0
+    )

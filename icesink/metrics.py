@@ -1,0 +1,78 @@
+"""Every Prometheus metric icesink exports, declared once. Leaf module: no I/O at import.
+
+``Metrics(registry)`` binds them to a registry; tests pass a fresh ``CollectorRegistry``.
+The HTTP exporter is started by the worker runtime (``start_http_server``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Commits take seconds to tens of seconds; Spark writes likewise.
+COMMIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry if registry is not None else CollectorRegistry()
+        self.registry = r
+        # Workers: consuming and converting.
+        self.records_consumed = Counter(
+            "icesink_records_consumed_total", "Source records consumed", ["topic"], registry=r)
+        self.records_converted = Counter(
+            "icesink_records_converted_total", "Records converted to Arrow", ["topic"], registry=r)
+        self.records_rejected = Counter(
+            "icesink_records_rejected_total", "Records that could not be converted",
+            ["topic", "reason"], registry=r)
+        self.bytes_consumed = Counter(
+            "icesink_bytes_consumed_total", "Source value bytes consumed", ["topic"], registry=r)
+        self.buffered_rows = Gauge(
+            "icesink_buffered_rows", "Rows held in memory awaiting a commit round", registry=r)
+        self.buffered_bytes = Gauge(
+            "icesink_buffered_bytes", "Arrow bytes held in memory awaiting a round", registry=r)
+        self.paused_partitions = Gauge(
+            "icesink_paused_partitions", "Source partitions paused (claiming or backpressure)",
+            registry=r)
+        self.consumer_lag = Gauge(
+            "icesink_consumer_lag", "High watermark minus next offset to read",
+            ["topic", "partition"], registry=r)
+        # Spark bridge.
+        self.files_written = Counter(
+            "icesink_files_written_total", "Data files written by Spark", ["table"], registry=r)
+        self.bytes_written = Counter(
+            "icesink_bytes_written_total", "Data file bytes written by Spark", ["table"], registry=r)
+        self.write_duration = Histogram(
+            "icesink_write_duration_seconds", "Spark write of one response", buckets=COMMIT_BUCKETS,
+            registry=r)
+        self.write_failures = Counter(
+            "icesink_write_failures_total", "Spark writes that failed", registry=r)
+        # Coordinator.
+        self.rounds_started = Counter(
+            "icesink_rounds_started_total", "Commit rounds started", registry=r)
+        self.rounds_committed = Counter(
+            "icesink_rounds_committed_total", "Commit rounds completed", registry=r)
+        self.rounds_partial = Counter(
+            "icesink_rounds_partial_total",
+            "Rounds closed on the commit timeout without every partition answering", registry=r)
+        self.responses_rejected = Counter(
+            "icesink_responses_rejected_total", "Worker responses rejected", ["reason"], registry=r)
+        self.commit_duration = Histogram(
+            "icesink_commit_duration_seconds", "Iceberg table commit, including retries",
+            ["table"], buckets=COMMIT_BUCKETS, registry=r)
+        self.commit_failures = Counter(
+            "icesink_commit_failures_total", "Failed Iceberg commit attempts (retried)",
+            ["table"], registry=r)
+        self.snapshots_committed = Counter(
+            "icesink_snapshots_committed_total", "Iceberg snapshots created", ["table"], registry=r)
+        self.rows_committed = Counter(
+            "icesink_rows_committed_total", "Rows committed to Iceberg", ["table"], registry=r)
+        self.valid_through = Gauge(
+            "icesink_valid_through_timestamp_seconds",
+            "All records older than this are committed to the table", ["table"], registry=r)
+        self.coordinator_active = Gauge(
+            "icesink_coordinator_active", "1 on the replica running the coordinator", registry=r)
+        self.coordinator_epoch = Gauge(
+            "icesink_coordinator_epoch", "Epoch of the coordinator on this replica", registry=r)
+        self.commit_retrying = Gauge(
+            "icesink_commit_retrying", "1 while a table commit is failing and being retried",
+            ["table"], registry=r)

@@ -1,0 +1,99 @@
+"""Worker replicas as separate processes on this host: used by the demo, tests and benchmarks.
+
+Each replica is ``python -m icesink worker --config FILE`` with its own metrics port and
+worker id given through ``ICESINK_*`` environment variables, logging to its own file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Mapping
+
+from icesink.embedded import free_port
+
+
+@dataclass
+class Replica:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    metrics_port: int
+    log_handle: IO[bytes] = field(repr=False)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class ReplicaSet:
+    def __init__(self, config: Path, directory: Path, env: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.directory = directory
+        self.env = dict(env or {})
+        self.replicas: dict[str, Replica] = {}
+        self._count = 0
+
+    def start(self, name: str | None = None, extra_env: Mapping[str, str] | None = None) -> Replica:
+        self._count += 1
+        name = name or f"w{self._count}"
+        port = free_port()
+        log_path = self.directory / f"{name}.log"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        handle = log_path.open("ab")
+        env = {**os.environ, **self.env, **(extra_env or {}),
+               "ICESINK_METRICS_PORT": str(port), "ICESINK_WORKER_ID": name}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "icesink", "worker", "--config", str(self.config)],
+            stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+        replica = Replica(name, proc, log_path, port, handle)
+        self.replicas[name] = replica
+        return replica
+
+    def stop(self, name: str, timeout_s: float = 60.0) -> int:
+        """Graceful stop (SIGTERM); SIGKILL only if it does not stop in time."""
+        r = self.replicas.pop(name)
+        if r.alive:
+            r.proc.send_signal(signal.SIGTERM)
+            try:
+                r.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+                r.proc.wait()
+        r.log_handle.close()
+        return int(r.proc.returncode)
+
+    def kill(self, name: str) -> None:
+        r = self.replicas.pop(name)
+        if r.alive:
+            os.killpg(r.proc.pid, signal.SIGKILL)
+            r.proc.wait()
+        r.log_handle.close()
+
+    def stop_all(self, timeout_s: float = 60.0) -> None:
+        names = list(self.replicas)
+        for n in names:
+            if self.replicas[n].alive:
+                self.replicas[n].proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for n in names:
+            r = self.replicas[n]
+            try:
+                r.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(r.proc.pid, signal.SIGKILL)
+                r.proc.wait()
+            r.log_handle.close()
+        self.replicas.clear()
+
+    def check_alive(self) -> None:
+        for r in self.replicas.values():
+            if not r.alive:
+                tail = r.log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"replica {r.name} exited with {r.proc.returncode}:\n{tail}")

@@ -1,0 +1,451 @@
+"""Write Arrow tables as Iceberg data files with a long-lived Spark session.
+
+Spark only writes plain Parquet files (no Iceberg runtime jar): this module turns an Arrow table
+into files under ``<table location>/data/<file_prefix>/``, then reads each footer with pyarrow and
+returns one pyiceberg :class:`DataFile` per file, ready for ``fast_append().append_data_file``.
+
+The steps of one :meth:`SparkFileWriter.write` call:
+
+1. Compute the partition values of every row with the table's spec (vectorised, in Arrow).
+2. Give every partition field a string *label* per distinct value: Iceberg's human string
+   (``2024-01-04`` for a day, ``3`` for a bucket), made unique and never empty, so that Spark's
+   directory name maps back to exactly one value. Append the labels as extra columns whose names
+   never replace a data column (an identity partition keeps its source column in the file).
+3. ``createDataFrame(arrow)`` -> ``repartition(n, *labels)`` -> ``write.partitionBy(*labels)``:
+   every partition tuple goes to one task, hence one file (split only past the target size).
+   An unpartitioned table gets ``ceil(bytes / target)`` files.
+4. List the output directory, read each footer, compute Iceberg metrics with pyiceberg's own
+   functions, and map the file's directory back to its typed partition tuple.
+
+The session is blocking: run these calls off the event loop, in one executor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyiceberg.io.pyarrow import (
+    PyArrowFileIO,
+    _check_pyarrow_schema_compatible,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionField, PartitionSpec, partition_record_value
+from pyiceberg.schema import Schema
+from pyiceberg.typedef import Record
+from pyspark.sql import types as st
+
+from icesink.errors import ConfigError, SparkWriteError
+from spark_bridge.partitioning import partition_values
+from spark_bridge.schema import requires_name_mapping, spark_schema
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
+
+__all__ = ["DEFAULT_TARGET_FILE_SIZE_BYTES", "SparkFileWriter", "SparkSettings"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TARGET_FILE_SIZE_BYTES = 128 * 1024 * 1024
+
+# Spark's name for a null (or empty) partition value.
+HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+# SQL confs every session gets; all are runtime confs, so they also apply to Spark Connect.
+_RUNTIME_CONF: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.fieldId.write.enabled": "true",
+    "spark.sql.caseSensitive": "true",
+    "spark.sql.shuffle.partitions": "8",
+}
+# Confs that only a locally started session can take (static or core confs).
+_LOCAL_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+}
+# Hadoop options passed with every write (they reach Spark Connect servers too).
+_WRITE_OPTIONS: dict[str, str] = {
+    "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+}
+
+# Iceberg table property -> Spark/parquet-mr write option.
+_ICEBERG_CODECS = {
+    "zstd": "zstd",
+    "snappy": "snappy",
+    "gzip": "gzip",
+    "lz4": "lz4",
+    "brotli": "brotli",
+    "uncompressed": "uncompressed",
+    "none": "uncompressed",
+}
+
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+_SPARK_ESCAPED = frozenset(
+    [chr(c) for c in range(0x01, 0x20)] + ['"', "#", "%", "'", "*", "/", ":", "=", "?", "\\", "\x7f", "{", "[", "]", "^"]
+)
+_UNESCAPE_RE = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """How to reach Spark. Frozen; built once at start-up."""
+
+    master: str = "local[*]"  # ignored when remote is set
+    remote: str | None = None  # Spark Connect URL "sc://host:port"
+    conf: Mapping[str, str] = field(default_factory=dict)  # extra spark conf
+    app_name: str = "icesink"
+    # Upper bound on the write tasks of one call (each task writes whole partitions).
+    max_write_tasks: int = 64
+
+    def validate(self) -> None:
+        if self.remote is not None and not self.remote.startswith("sc://"):
+            raise ConfigError("spark.remote", self.remote, "a Spark Connect URL like sc://host:15002")
+        if self.max_write_tasks < 1:
+            raise ConfigError("spark.max-write-tasks", self.max_write_tasks, "a positive integer")
+
+
+@dataclass(frozen=True)
+class _PartitionLabels:
+    """Per partition field: the hidden column's name and label -> partition value."""
+
+    column: str
+    values: dict[str, Any]  # label -> value as stored in the partition Record
+
+
+class SparkFileWriter:
+    """Owns one long-lived Spark session and writes Iceberg data files with it."""
+
+    def __init__(self, settings: SparkSettings) -> None:
+        settings.validate()
+        self._settings = settings
+        self._spark: SparkSession | None = None
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            raise RuntimeError("SparkFileWriter is not started: call start() first")
+        return self._spark
+
+    def start(self) -> None:
+        """Create the session (blocking: a local session takes seconds)."""
+        if self._spark is not None:
+            return
+        from pyspark.sql import SparkSession
+
+        s = self._settings
+        if s.remote is not None:
+            spark = SparkSession.builder.remote(s.remote).appName(s.app_name).create()
+            for key, value in {**_RUNTIME_CONF, **s.conf}.items():
+                try:
+                    spark.conf.set(key, value)
+                except Exception as e:
+                    spark.stop()
+                    raise ConfigError(
+                        f"spark.conf.{key}", value, f"a runtime conf the Spark Connect server accepts ({e})"
+                    ) from e
+        else:
+            builder = SparkSession.builder.master(s.master).appName(s.app_name)
+            for key, value in {**_LOCAL_CONF, **_RUNTIME_CONF, **s.conf}.items():
+                builder = builder.config(key, value)
+            spark = builder.getOrCreate()
+            spark.sparkContext.setLogLevel("WARN")
+        self._spark = spark
+        logger.info("spark session started (%s)", s.remote or s.master)
+
+    def stop(self) -> None:
+        spark, self._spark = self._spark, None
+        if spark is not None:
+            spark.stop()
+
+    def write(
+        self,
+        table: Table,
+        data: pa.Table,
+        *,
+        file_prefix: str,
+        target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES,
+    ) -> list[DataFile]:
+        """Write ``data`` as Parquet files of ``table`` and return their DataFiles (blocking).
+
+        ``data`` must have the schema ``schema_to_pyarrow(table.schema())``. Files go under
+        ``<table.location()>/data/<file_prefix>/``, which must not exist yet: give every call a
+        fresh prefix. Raises :class:`SparkWriteError` (retriable) if Spark fails; the partial
+        output is then removed.
+        """
+        if not _PREFIX_RE.match(file_prefix):
+            raise ValueError(
+                f"file_prefix must be a relative path of [A-Za-z0-9._-] segments not starting with '.' or '_', "
+                f"found {file_prefix!r}"
+            )
+        if target_file_size_bytes < 1:
+            raise ValueError(f"target_file_size_bytes must be positive, found {target_file_size_bytes}")
+        metadata = table.metadata
+        schema = table.schema()
+        spec = table.spec()
+        if requires_name_mapping(schema) and metadata.name_mapping() is None:
+            raise ConfigError(
+                f"table {'.'.join(table.name())} property schema.name-mapping.default",
+                None,
+                "a name mapping, because Spark writes no field ids for list elements and map keys/values: "
+                "create the table with spark_bridge.schema.name_mapping_properties(schema)",
+            )
+        if data.num_rows == 0:
+            return []
+        spark = self.spark
+        sp_schema = spark_schema(schema)
+
+        out_uri = f"{table.location().rstrip('/')}/data/{file_prefix}"
+        fs, out_path = _filesystem(table, out_uri)
+        if fs.get_file_info(out_path).type != pafs.FileType.NotFound:
+            raise FileExistsError(f"output directory {out_uri} already exists: each write needs a fresh file_prefix")
+
+        bytes_per_row = max(1, math.ceil(data.nbytes / data.num_rows))
+        max_records = max(1, target_file_size_bytes // bytes_per_row)
+        options = {**_WRITE_OPTIONS, **_parquet_options(metadata.properties)}
+
+        labels: list[_PartitionLabels] = []
+        if spec.is_unpartitioned():
+            n_files = max(1, math.ceil(data.nbytes / target_file_size_bytes))
+            frame = spark.createDataFrame(data, schema=sp_schema).coalesce(n_files)
+            writer = frame.write
+        else:
+            extended, labels, n_tuples = _with_label_columns(data, spec, schema)
+            label_fields = [st.StructField(lbl.column, st.StringType(), True) for lbl in labels]
+            columns = [lbl.column for lbl in labels]
+            n_tasks = min(n_tuples, self._settings.max_write_tasks)
+            frame = spark.createDataFrame(extended, schema=st.StructType([*sp_schema.fields, *label_fields]))
+            writer = frame.repartition(n_tasks, *columns).write.partitionBy(*columns)
+            options["maxRecordsPerFile"] = str(max_records)
+
+        try:
+            writer.options(**options).mode("errorifexists").parquet(_spark_uri(out_uri))
+        except Exception as e:
+            _delete_quietly(fs, out_path)
+            raise SparkWriteError(f"Spark failed to write {data.num_rows} rows to {out_uri}: {e}") from e
+
+        try:
+            return self._data_files(table, fs, out_path, out_uri, labels)
+        except Exception:
+            _delete_quietly(fs, out_path)
+            raise
+
+    def _data_files(
+        self, table: Table, fs: pafs.FileSystem, out_path: str, out_uri: str, labels: Sequence[_PartitionLabels]
+    ) -> list[DataFile]:
+        metadata = table.metadata
+        schema = table.schema()
+        stats_plan = compute_statistics_plan(schema, metadata.properties)
+        id_mapping = parquet_path_to_id_mapping(schema)
+        records: dict[tuple[str | None, ...], Record] = {}
+        data_files: list[DataFile] = []
+        checked_schema = False
+        for relative, size in _list_data_files(fs, out_path):
+            *dirs, _ = relative.split("/")
+            key = _parse_partition_dirs(dirs, labels, relative)
+            record = records.get(key)
+            if record is None:
+                record = Record(*[None if lbl is None else p.values[lbl] for lbl, p in zip(key, labels, strict=True)])
+                records[key] = record
+            file_uri = f"{out_uri}/{relative}"
+            with fs.open_input_file(f"{out_path}/{relative}") as stream:
+                parquet_metadata = pq.read_metadata(stream)
+            if not checked_schema:
+                _check_pyarrow_schema_compatible(
+                    schema, parquet_metadata.schema.to_arrow_schema(), format_version=metadata.format_version
+                )
+                checked_schema = True
+            statistics = data_file_statistics_from_parquet_metadata(
+                parquet_metadata=parquet_metadata,
+                stats_columns=stats_plan,
+                parquet_column_mapping=id_mapping,
+            )
+            data_files.append(
+                DataFile.from_args(
+                    content=DataFileContent.DATA,
+                    file_path=file_uri,
+                    file_format=FileFormat.PARQUET,
+                    partition=record,
+                    file_size_in_bytes=size,
+                    sort_order_id=None,
+                    spec_id=metadata.default_spec_id,
+                    equality_ids=None,
+                    key_metadata=None,
+                    **statistics.to_serialized_dict(),
+                )
+            )
+        return data_files
+
+    def __enter__(self) -> SparkFileWriter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# Partition labels: Iceberg-like directory names that map back to exactly one value.
+
+
+def spark_escape(text: str) -> str:
+    """Spark's ``ExternalCatalogUtils.escapePathName``."""
+    return "".join(f"%{ord(c):02X}" if c in _SPARK_ESCAPED else c for c in text)
+
+
+def spark_unescape(text: str) -> str:
+    return _UNESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), text)
+
+
+def _label_column_names(spec: PartitionSpec, data_columns: Sequence[str]) -> list[str]:
+    """The partition field's name, unless a data column has it (identity): then a suffix."""
+    taken = set(data_columns)
+    names: list[str] = []
+    for pf in spec.fields:
+        name = pf.name
+        if name in taken:
+            base = f"{pf.name}_{'identity' if str(pf.transform) == 'identity' else 'part'}"
+            name, k = base, 0
+            while name in taken:
+                k += 1
+                name = f"{base}_{k}"
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+def _assign_labels(pf: PartitionField, schema: Schema, values: list[Any]) -> tuple[list[str | None], dict[str, Any]]:
+    """A label per distinct value (None for null), unique and never empty or Spark's null name."""
+    source_type = schema.find_field(pf.source_id).field_type
+    stored = [None if v is None else partition_record_value(pf, v, schema) for v in values]
+    human = [None if v is None else pf.transform.to_human_string(source_type, v) for v in stored]
+    out: list[str | None] = [None] * len(values)
+    used: set[str] = set()
+    # Natural names first, so real values keep them; then the ones that need a suffix.
+    for i, h in enumerate(human):
+        if h is not None and h not in ("", HIVE_DEFAULT_PARTITION) and h not in used:
+            out[i] = h
+            used.add(h)
+    for i, h in enumerate(human):
+        if h is not None and out[i] is None:
+            k = 1
+            while f"{h}~{k}" in used:
+                k += 1
+            out[i] = f"{h}~{k}"
+            used.add(f"{h}~{k}")
+    mapping = {label: value for label, value in zip(out, stored, strict=True) if label is not None}
+    return out, mapping
+
+
+def _with_label_columns(
+    data: pa.Table, spec: PartitionSpec, schema: Schema
+) -> tuple[pa.Table, list[_PartitionLabels], int]:
+    values = partition_values(data, spec, schema)
+    names = _label_column_names(spec, data.column_names)
+    labels: list[_PartitionLabels] = []
+    extended = data
+    for pf, name, column in zip(spec.fields, names, values.columns, strict=True):
+        distinct = pc.unique(column)
+        label_list, mapping = _assign_labels(pf, schema, distinct.to_pylist())
+        index = pc.index_in(column, value_set=distinct, skip_nulls=False)
+        extended = extended.append_column(name, pa.array(label_list, pa.string()).take(index))
+        labels.append(_PartitionLabels(column=name, values=mapping))
+    n_tuples = extended.select(names).group_by(names).aggregate([]).num_rows
+    return extended, labels, n_tuples
+
+
+def _parse_partition_dirs(
+    dirs: Sequence[str], labels: Sequence[_PartitionLabels], relative: str
+) -> tuple[str | None, ...]:
+    if len(dirs) != len(labels):
+        raise SparkWriteError(f"unexpected file {relative!r}: expected {len(labels)} partition directories")
+    key: list[str | None] = []
+    for part, lbl in zip(dirs, labels, strict=True):
+        name, sep, value = part.partition("=")
+        if not sep or spark_unescape(name) != lbl.column:
+            raise SparkWriteError(f"unexpected directory {part!r} in {relative!r}: expected {lbl.column}=<value>")
+        if value == HIVE_DEFAULT_PARTITION:
+            key.append(None)
+            continue
+        label = spark_unescape(value)
+        if label not in lbl.values:
+            raise SparkWriteError(f"directory {part!r} in {relative!r} names no partition value of this write")
+        key.append(label)
+    return tuple(key)
+
+
+# --------------------------------------------------------------------------------------------
+# Files
+
+
+def _filesystem(table: Table, uri: str) -> tuple[pafs.FileSystem, str]:
+    io = table.io
+    if isinstance(io, PyArrowFileIO):
+        scheme, netloc, path = PyArrowFileIO.parse_location(uri, io.properties)
+        return io.fs_by_scheme(scheme, netloc), path
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, path
+
+
+def _spark_uri(uri: str) -> str:
+    """Hadoop's S3 connector is s3a; Iceberg's files keep their s3:// URIs."""
+    if uri.startswith("s3://"):
+        return "s3a://" + uri[len("s3://") :]
+    return uri
+
+
+def _list_data_files(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int]]:
+    """(relative path, size) of every Parquet file under root; removes Hadoop's .crc files."""
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    for info in sorted(infos, key=lambda i: i.path):
+        if info.type != pafs.FileType.File:
+            continue
+        relative = info.path[len(root) :].lstrip("/")
+        base = info.base_name
+        if base.startswith(".") and base.endswith(".crc"):
+            fs.delete_file(info.path)
+            continue
+        if base.startswith(("_", ".")) or any(p.startswith(("_", ".")) for p in relative.split("/")[:-1]):
+            raise SparkWriteError(f"unexpected file {relative!r} left in {root} after the Spark job")
+        if not base.endswith(".parquet"):
+            raise SparkWriteError(f"unexpected non-Parquet file {relative!r} in {root}")
+        assert info.size is not None
+        yield relative, info.size
+
+
+def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        if fs.get_file_info(path).type != pafs.FileType.NotFound:
+            fs.delete_dir(path)
+    except Exception:
+        logger.warning("could not remove partial output %s", path, exc_info=True)
+
+
+def _parquet_options(properties: Mapping[str, str]) -> dict[str, str]:
+    codec_name = properties.get("write.parquet.compression-codec", "zstd").lower()
+    codec = _ICEBERG_CODECS.get(codec_name)
+    if codec is None:
+        raise ConfigError(
+            "write.parquet.compression-codec", codec_name, f"one of {', '.join(sorted(_ICEBERG_CODECS))}"
+        )
+    options = {"compression": codec}
+    if (level := properties.get("write.parquet.compression-level")) is not None and codec == "zstd":
+        options["parquet.compression.codec.zstd.level"] = level
+    if (row_group := properties.get("write.parquet.row-group-size-bytes")) is not None:
+        options["parquet.block.size"] = row_group
+    if (page := properties.get("write.parquet.page-size-bytes")) is not None:
+        options["parquet.page.size"] = page
+    return options

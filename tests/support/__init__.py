@@ -1,0 +1,1 @@
+"""Helpers shared by tests: independent readers that check what icesink wrote."""

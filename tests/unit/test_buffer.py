@@ -1,0 +1,111 @@
+"""Worker buffers: which records are taken after a (re)activation, ranges, restore."""
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from agents.buffer import Buffers, Chunk
+from icesink.events import OffsetRange, TopicPartition
+
+P = TopicPartition("t", 0)
+Q = TopicPartition("t", 1)
+
+
+@dataclass
+class M:
+    offset: int
+    time_in: float
+
+
+def chunk(tp, start, end):
+    t = pa.table({"x": list(range(start, end))})
+    return Chunk(tp, end, {"db.t": t}, t.nbytes, t.num_rows)
+
+
+def active(b, tp, pos, at=10.0):
+    b.claim(tp, 1)
+    b.resume(tp, pos, now=at)
+
+
+def test_takes_contiguous_offsets_and_drops_duplicates():
+    b = Buffers(10**9)
+    active(b, P, 5)
+    st = b.partitions[P]
+    taken, suspect = st.select([M(3, 20), M(4, 20), M(5, 20), M(6, 20)])
+    assert [m.offset for m in taken] == [5, 6] and suspect is None
+
+
+def test_a_record_past_the_expected_offset_is_never_taken_on_one_sight():
+    b = Buffers(10**9)
+    active(b, P, 5, at=10.0)
+    st = b.partitions[P]
+    assert st.select([M(8, 9.0)]) == ([], None)  # stale prefetch from before the seek: ignored
+    taken, suspect = st.select([M(8, 11.0), M(9, 11.0)])  # fresh: suspected, not taken
+    assert taken == [] and suspect == 8
+
+
+def test_a_gap_is_confirmed_only_by_the_same_offset_after_two_seeks():
+    b = Buffers(10**9)
+    active(b, P, 5, at=10.0)
+    st = b.partitions[P]
+    st.suspect_gap(8)
+    st.suspect_gap(8)  # same sight, no seek in between: not confirmed
+    assert st.confirmed_gap is None
+    st.seeks += 1
+    st.suspect_gap(9)  # another offset after the seek: a stale batch, start over
+    assert st.confirmed_gap is None
+    st.seeks += 1
+    st.suspect_gap(9)
+    assert st.confirmed_gap == 9
+    taken, _ = st.select([M(9, 12.0), M(10, 12.0)])
+    assert [m.offset for m in taken] == [9, 10]
+
+
+def test_nothing_taken_while_claiming():
+    b = Buffers(10**9)
+    b.claim(P, 1)
+    assert b.partitions[P].select([M(0, 99.0)]) == ([], None)
+
+
+def test_take_reports_every_active_partition_including_idle_ones():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    active(b, Q, 7)
+    b.add(chunk(P, 0, 3), last_offset=2, last_record_ms=None)
+    snap = b.take(1)
+    assert snap.ranges == (OffsetRange(P, 0, 3), OffsetRange(Q, 7, 7))
+    assert snap.tables()["db.t"].num_rows == 3 and b.nbytes == 0
+    assert b.take(1).ranges == (OffsetRange(P, 3, 3), OffsetRange(Q, 7, 7))
+
+
+def test_restore_after_a_failed_write_puts_data_back_first():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    b.add(chunk(P, 0, 3), 2, None)
+    snap = b.take(1)
+    b.add(chunk(P, 3, 5), 4, None)
+    b.restore(snap)
+    again = b.take(1)
+    assert again.ranges == (OffsetRange(P, 0, 5),)
+    assert again.tables()["db.t"]["x"].to_pylist() == [0, 1, 2, 3, 4]
+
+
+def test_resume_keeps_buffers_only_when_they_continue_from_the_position():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    b.add(chunk(P, 0, 3), 2, None)
+    b.claim(P, 2)  # rebalance: same partition comes back
+    assert b.resume(P, 0, now=1.0) == 3  # kept: seek past what is buffered
+    assert b.rows == 3
+    b.claim(P, 3)
+    assert b.resume(P, 2, now=1.0) == 2  # another position: buffers dropped
+    assert b.rows == 0
+
+
+def test_full_when_bytes_reach_the_limit_and_rewind_forgets():
+    b = Buffers(10)
+    active(b, P, 0)
+    b.add(chunk(P, 0, 100), 99, None)
+    assert b.full
+    b.rewind(P)
+    assert b.nbytes == 0 and not b.partitions[P].active

@@ -1,0 +1,123 @@
+"""Settings: the reference tutorial config, sources and their order, clear refusals."""
+
+import json
+import logging
+
+import pytest
+
+from icesink.config import load_settings
+from icesink.errors import ConfigError
+
+TUTORIAL = {
+    "connector.class": "io.tabular.iceberg.connect.IcebergSinkConnector",
+    "tasks.max": "6",
+    "topics": "completed-pizzas",
+    "iceberg.tables": "rpc.pizzas",
+    "iceberg.catalog": "demo",
+    "iceberg.catalog.type": "rest",
+    "iceberg.catalog.uri": "http://iceberg-rest:8181",
+    "iceberg.catalog.client.region": "us-east-1",
+    "iceberg.catalog.s3.endpoint": "http://minio:9000",
+    "iceberg.catalog.s3.path-style-access": "true",
+    "iceberg.tables.auto-create-enabled": "true",
+    "iceberg.tables.evolve-schema-enabled": "true",
+    "iceberg.control.commit.interval-ms": 180000,
+    "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+    "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "value.converter.schemas.enable": "false",
+}
+
+
+def write(tmp_path, data, name="c.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(data) if name.endswith(".json") else data)
+    return p
+
+
+def test_tutorial_config_loads_unchanged(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        s = load_settings(write(tmp_path, TUTORIAL), {})
+    assert s.topics == ("completed-pizzas",) and s.tables == ("rpc.pizzas",)
+    assert s.catalog_name == "demo"
+    assert s.catalog_props == {
+        "type": "rest", "uri": "http://iceberg-rest:8181", "client.region": "us-east-1",
+        "s3.endpoint": "http://minio:9000", "s3.path-style-access": "true",
+    }
+    assert s.auto_create and s.commit_interval_ms == 180000 and s.commit_timeout_ms == 30000
+    assert s.control_topic == "control-iceberg" and not s.embedded_catalog
+    assert "unknown" not in caplog.text  # every tutorial key is known
+
+
+def test_defaults_mean_the_embedded_stack(tmp_path):
+    s = load_settings(write(tmp_path, {"topics": "a,b", "iceberg.tables": "db.t"}), {})
+    assert s.topics == ("a", "b") and s.embedded_broker and s.embedded_catalog
+    assert s.commit_interval_ms == 300000 and s.metrics_port == 9400
+
+
+def test_environment_overrides_file_and_flags_override_environment(tmp_path):
+    p = write(tmp_path, {"topics": "a", "iceberg.tables": "db.t", "metrics.port": 9000})
+    env = {"ICESINK_METRICS_PORT": "9101", "ICESINK_ICEBERG_CATALOG_S3_ENDPOINT": "http://s3:1",
+           "ICESINK_BOOTSTRAP_SERVERS": "k:9092"}
+    s = load_settings(p, env)
+    assert s.metrics_port == 9101 and s.catalog_props["s3.endpoint"] == "http://s3:1"
+    assert s.bootstrap_servers == "k:9092"
+    assert load_settings(p, env, {"metrics.port": "9102"}).metrics_port == 9102
+
+
+def test_toml_with_nested_tables(tmp_path):
+    text = 'topics = "a"\n[iceberg]\ntables = "db.t"\n[iceberg.catalog]\ntype = "sql"\nuri = "sqlite:///x.db"\n'
+    s = load_settings(write(tmp_path, text, "c.toml"), {})
+    assert s.catalog_props == {"type": "sql", "uri": "sqlite:///x.db"}
+
+
+def test_partition_by_per_table_and_default(tmp_path):
+    s = load_settings(write(tmp_path, {
+        "topics": "a", "iceberg.tables": "db.t,db.u",
+        "iceberg.tables.default-partition-by": "day(ts)",
+        "iceberg.table.db.u.partition-by": "bucket(id, 8), truncate(name, 4)",
+    }), {})
+    assert s.partition_by("db.t") == "day(ts)"
+    assert s.partition_by("db.u") == "bucket(id, 8), truncate(name, 4)"
+
+
+def test_spark_and_security_settings(tmp_path):
+    s = load_settings(write(tmp_path, {
+        "topics": "a", "iceberg.tables": "db.t", "spark.remote": "sc://spark:15002",
+        "spark.driver.memory": "2g", "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "hunter2",
+    }), {})
+    assert s.spark_remote == "sc://spark:15002" and s.spark_conf == {"spark.driver.memory": "2g"}
+    kw = s.kafka_client_kwargs()
+    assert kw["sasl_plain_password"] == "hunter2" and kw["security_protocol"] == "SASL_PLAINTEXT"
+    assert "hunter2" not in json.dumps(s.masked(), default=str)
+
+
+def test_unknown_keys_are_named_in_a_warning(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        load_settings(write(tmp_path, {"topics": "a", "iceberg.tables": "db.t", "iceberg.tabels.typo": 1}), {})
+    assert "iceberg.tabels.typo" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "extra, key, fragment",
+    [
+        ({"iceberg.control.commit.interval-ms": "soon"}, "iceberg.control.commit.interval-ms", "integer"),
+        ({"value.converter": "io.confluent.connect.avro.AvroConverter"}, "value.converter", "JsonConverter"),
+        ({"value.converter.schemas.enable": "true"}, "value.converter.schemas.enable", "false"),
+        ({"iceberg.tables.default-partition-by": "weekly(ts)"}, "iceberg.tables.default-partition-by", "bucket"),
+        ({"iceberg.table.db.zz.partition-by": "day(ts)"}, "iceberg.table.db.zz.partition-by", "iceberg.tables"),
+        ({"spark.remote": "http://x"}, "spark.remote", "sc://"),
+        ({"metrics.port": 70000}, "metrics.port", "65535"),
+        ({"security.protocol": "TLS"}, "security.protocol", "PLAINTEXT"),
+    ],
+)
+def test_invalid_values_refuse_to_start_naming_key_value_and_valid(tmp_path, extra, key, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, {"topics": "a", "iceberg.tables": "db.t", **extra}), {})
+    assert err.value.key == key
+    assert fragment in str(err.value)
+
+
+def test_missing_required_key(tmp_path):
+    with pytest.raises(ConfigError, match="topics"):
+        load_settings(write(tmp_path, {"iceberg.tables": "db.t"}), {})

@@ -1,0 +1,121 @@
+"""The coordinator's decisions are a function of the control log: acceptance, rejection,
+checkpoints and replay."""
+
+from coordinator.state import CoordinatorState, checkpoint_event
+from icesink.events import (
+    Claim, CommitRequest, DataComplete, DataWritten, FileInfo, OffsetRange, Position, Resume,
+    StartCommit, TopicPartition,
+)
+
+A = TopicPartition("t", 0)
+B = TopicPartition("t", 1)
+
+
+def f(name: str, rows: int = 5) -> FileInfo:
+    return FileInfo(path=f"file:///x/{name}.parquet", record_count=rows, size_bytes=100, spec_id=0)
+
+
+def response(rid, worker, gen, ranges, files=("f1",), commit="r1", table="db.t"):
+    written = [DataWritten(commit, rid, worker, table, tuple(f(n) for n in files))] if files else []
+    return written + [DataComplete(commit, rid, worker, gen, tuple(ranges), len(written), 1000)]
+
+
+def log_with_owners():
+    return [
+        Claim("w1", 1, (A, B)),
+        Resume(1, "w1", 1, (Position(A, 0), Position(B, 10))),
+        StartCommit(1, "r1"),
+    ]
+
+
+def run(events, state=None):
+    st = state or CoordinatorState()
+    for off, ev in enumerate(events):
+        st.apply(off, ev)
+    return st
+
+
+def test_response_from_owner_starting_at_accepted_position_is_accepted():
+    st = run(log_with_owners() + response("x", "w1", 1, [OffsetRange(A, 0, 5), OffsetRange(B, 10, 10)]))
+    assert st.accepted == {A: 5, B: 10}
+    assert len(st.pending) == 1 and st.pending[0].files["db.t"][0].path.endswith("f1.parquet")
+    assert st.round_answered()
+    assert st.take_rejected() == []
+
+
+def test_gap_or_overlap_is_rejected_naming_expected_and_found():
+    st = run(log_with_owners() + response("x", "w1", 1, [OffsetRange(A, 2, 5)]))
+    [rej] = st.take_rejected()
+    assert "expected 0, found 2" in rej.reason and rej.files and not st.pending
+    assert st.accepted[A] == 0
+
+
+def test_former_owner_and_older_generation_are_rejected():
+    events = log_with_owners() + [Claim("w2", 2, (A,)), Resume(1, "w2", 2, (Position(A, 0),))]
+    events += response("x", "w1", 1, [OffsetRange(A, 0, 5)])
+    st = run(events)
+    [rej] = st.take_rejected()
+    assert rej.worker == "w1" and "owner" in rej.reason
+    assert st.accepted[A] == 0 and not st.pending
+
+
+def test_stale_claim_of_an_older_generation_does_not_take_ownership():
+    st = run([Claim("w2", 5, (A,)), Claim("w1", 4, (A,))])
+    assert st.owners[A] == ("w2", 5)
+
+
+def test_incomplete_response_is_ignored():
+    events = log_with_owners() + [
+        DataWritten("r1", "x", "w1", "db.t", (f("a"),)),
+        DataComplete("r1", "x", "w1", 1, (OffsetRange(A, 0, 5),), 2, None),
+    ]
+    st = run(events)
+    [rej] = st.take_rejected()
+    assert "incomplete" in rej.reason and not st.pending and st.accepted[A] == 0
+
+
+def test_late_response_from_an_earlier_round_joins_the_next():
+    events = log_with_owners() + [StartCommit(1, "r2")]
+    events += response("x", "w1", 1, [OffsetRange(A, 0, 5)], commit="r1")
+    st = run(events)
+    assert len(st.pending) == 1 and st.accepted[A] == 5
+    assert not st.round_answered()  # the late one does not answer r2
+
+
+def test_first_resume_fixes_an_unknown_position_and_later_ones_do_not_move_it():
+    st = run([Claim("w1", 1, (A,)), Resume(1, "w1", 1, (Position(A, 7),)), Resume(1, "w1", 1, (Position(A, 3),))])
+    assert st.accepted[A] == 7
+
+
+def test_resume_from_a_stale_epoch_is_ignored():
+    st = run([StartCommit(3, "r1"), Claim("w1", 1, (A,)), Resume(2, "w1", 1, (Position(A, 9),))])
+    assert A not in st.accepted
+
+
+def test_commit_request_is_recorded_until_the_next_round():
+    st = run([CommitRequest("w1", 10)])
+    assert st.commit_requested
+    st.apply(1, StartCommit(1, "r"))
+    assert not st.commit_requested
+
+
+def test_replay_from_checkpoint_reaches_the_same_state():
+    """A response whose DataWritten precedes the checkpoint and whose DataComplete follows it
+    must still be complete after recovery from that checkpoint."""
+    events = log_with_owners() + response("x", "w1", 1, [OffsetRange(A, 0, 5), OffsetRange(B, 10, 12)])
+    events += [DataWritten("r2", "y", "w1", "db.t", (f("late"),))]  # its DataComplete comes later
+    live = run(events)
+    batch, cp = live.take_pending()
+    assert len(batch) == 1
+    done = checkpoint_event(1, "r1", cp, None)
+    assert done.replay_from == len(events) - 1  # the open response's first event
+    tail = [DataComplete("r2", "y", "w1", 1, (OffsetRange(A, 5, 9), OffsetRange(B, 12, 12)), 1, None)]
+    for off, ev in enumerate(tail, start=len(events)):
+        live.apply(off, ev)
+    all_events = events + tail
+    recovered = CoordinatorState.from_checkpoint(done)
+    for off in range(done.replay_from, len(all_events)):
+        recovered.apply(off, all_events[off], checkpoint_through=done.through)
+    assert recovered.accepted == live.accepted == {A: 9, B: 12}
+    assert [p.offset for p in recovered.pending] == [p.offset for p in live.pending]
+    assert recovered.owners == live.owners
