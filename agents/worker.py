@@ -84,6 +84,7 @@ class Worker:
         self._respond_lock = asyncio.Lock()
         self._coordinator: Coordinator | None = None
         self._coordinator_task: asyncio.Task[None] | None = None
+        self._open_round: str | None = None  # latest StartCommit without its CommitComplete
         self._claimed_at: dict[TopicPartition, float] = {}
         self._backpressure = False
         self._last_request = 0.0
@@ -136,8 +137,9 @@ class Worker:
         return app
 
     def _install_fetch_stamp(self) -> None:
-        """Stamp every message with the monotonic time its fetch returned to the event loop.
-        A record fetched before a partition was (re)activated cannot be taken as a gap."""
+        """Stamp every message with the monotonic time its fetch returned to the event loop,
+        so a record fetched before a partition was (re)activated is known as stale.
+        Pinned to faust-streaming 0.15.3 internals (pyproject.toml)."""
         consumer = self.app.consumer
         wait, to_message = consumer._wait_next_records, consumer._to_message
 
@@ -157,6 +159,10 @@ class Worker:
 
         consumer._wait_next_records = stamped_wait
         consumer._to_message = stamped_message
+        # Faust drops records below its own "read offset", which its drain loop can set
+        # after one of our seeks, silently dropping the re-fetched records. Offsets are
+        # checked strictly by PartitionState.select, so Faust's check is switched off.
+        consumer._read_offset = _NoReadOffsets()
 
     # Lifecycle -------------------------------------------------------------------------------
 
@@ -286,6 +292,10 @@ class Worker:
                 self.app.consumer.resume_partitions([ftp])
             log.info("resumed %s at offset %d (generation %d)", pos.tp, seek_to, ev.generation)
         self._update_paused()
+        if self._open_round is not None:
+            # Partitions that became active during a round answer it too, so the round
+            # does not wait for its timeout after a rebalance.
+            asyncio.ensure_future(self._respond(self._open_round))
 
     async def _seek(self, st: PartitionState, offset: int) -> None:
         """Seek in the consumer's own thread (seek_wait) and only then stamp the activation:
@@ -387,8 +397,11 @@ class Worker:
                     case Resume():
                         asyncio.ensure_future(self._on_resume(ev))
                     case StartCommit():
+                        self._open_round = ev.commit_id
                         asyncio.ensure_future(self._respond(ev.commit_id))
                     case CommitComplete():
+                        if self._open_round == ev.commit_id:
+                            self._open_round = None
                         await self._on_commit_complete(ev)
                     case Rewind():
                         await self._on_rewind(ev)
@@ -397,8 +410,8 @@ class Worker:
 
     async def _respond(self, commit_id: str) -> None:
         async with self._respond_lock:
-            if self.generation < 0 or not self._rebalanced.is_set():
-                return
+            # Mid-rebalance: answer once the new assignment is settled, never skip a round.
+            await self._rebalanced.wait()
             await self._spark_ready
             snap = self.buffers.take(self.generation)
             if not snap.ranges:
@@ -523,6 +536,16 @@ class Worker:
         if self._backpressure:
             paused = len(self.buffers.partitions)
         self.metrics.paused_partitions.set(paused)
+
+
+class _NoReadOffsets(dict):  # type: ignore[type-arg]
+    """Faust's per-partition read offsets, always unknown (see _install_fetch_stamp)."""
+
+    def __getitem__(self, key: Any) -> None:
+        return None
+
+    def get(self, key: Any, default: Any = None) -> None:  # type: ignore[override]
+        return None
 
 
 def _faust_credentials(s: Settings) -> Any:

@@ -142,8 +142,16 @@ class Coordinator:
             return None
 
     async def _loop(self) -> None:
+        last_status = 0.0
         while True:
             now = time.monotonic()
+            if now - last_status >= 30:
+                last_status = now
+                log.info(
+                    "coordinator epoch %d: %d partitions owned, %d responses pending, round %s, committing %s",
+                    self.epoch, len(self.state.owners), len(self.state.pending), self._round_sent,
+                    self._commit_task is not None,
+                )
             wait = max(0.05, min(self._next_round_at - now, 0.5))
             for offset, event in await self._reader.read(wait):
                 self.state.apply(offset, event)

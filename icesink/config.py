@@ -39,7 +39,6 @@ ACCEPTED_IGNORED = {
     "tasks.max": "parallelism comes from worker replicas (processes), not tasks",
     "name": "the sink group is named by group.id",
     "iceberg.tables.evolve-schema-enabled": "schema evolution is not implemented yet; the table schema is the truth",
-    "iceberg.catalog.client.region": None,  # passed through as a catalog property
 }
 
 _PREFIX_CATALOG = "iceberg.catalog."
@@ -270,7 +269,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
     for key, value in raw.items():
         if key in _FIELD_KEYS:
             fields[key] = value
-        elif key in ACCEPTED_IGNORED and ACCEPTED_IGNORED[key] is not None:
+        elif key in ACCEPTED_IGNORED:
             log.info("setting %s accepted: %s", key, ACCEPTED_IGNORED[key])
         elif key.startswith(_PREFIX_CATALOG):
             catalog[key[len(_PREFIX_CATALOG):]] = str(value)
@@ -314,14 +313,3 @@ def load_settings(
     if overrides:
         raw.update(overrides)
     return build(raw)
-
-
-def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
-    out = []
-    for key in raw:
-        if key in _FIELD_KEYS or key in ACCEPTED_IGNORED or key.startswith((_PREFIX_CATALOG, "spark.", "key.converter.", "value.converter.")):
-            continue
-        if _TABLE_KEY.match(key):
-            continue
-        out.append(key)
-    return sorted(out)

@@ -1,0 +1,8 @@
+"""Spark as the Parquet file writer of icesink; pyiceberg commits the files.
+
+- :mod:`spark_bridge.partitioning`: partition expressions, specs and values (pure, no Spark).
+- :mod:`spark_bridge.schema`: Iceberg schema -> Spark schema with Parquet field ids.
+- :mod:`spark_bridge.writer`: :class:`~spark_bridge.writer.SparkFileWriter`, Arrow -> DataFiles.
+
+Importing this package does not import pyspark; import the submodules you need.
+"""

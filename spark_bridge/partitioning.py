@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.partitioning import PARTITION_FIELD_ID_START, PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, index_by_name
 from pyiceberg.transforms import (
     BucketTransform,
     DayTransform,
@@ -99,13 +99,13 @@ class PartitionExpr:
 
     def validate(self) -> None:
         if self.transform not in _NAME_SUFFIX and self.transform != "identity":
-            raise ConfigError(PARTITION_BY_KEY, str(self), f"a known transform: {VALID_FORMS}")
+            raise _config_error(str(self), f"unknown transform {self.transform!r}")
         if (self.arg is not None) != (self.transform in _WITH_ARG):
-            raise ConfigError(PARTITION_BY_KEY, str(self), f"an integer argument only for bucket and truncate: {VALID_FORMS}")
+            raise _config_error(str(self), "an integer argument is for bucket and truncate only, and required there")
         if self.arg is not None and self.arg < 1:
-            raise ConfigError(PARTITION_BY_KEY, str(self), f"a positive integer argument: {VALID_FORMS}")
+            raise _config_error(str(self), f"the integer argument must be positive, found {self.arg}")
         if not _COLUMN_RE.match(self.column):
-            raise ConfigError(PARTITION_BY_KEY, str(self), f"a column name: {VALID_FORMS}")
+            raise _config_error(str(self), f"{self.column!r} is not a column name")
 
     def __str__(self) -> str:
         if self.transform == "identity":
@@ -115,49 +115,62 @@ class PartitionExpr:
         return f"{self.transform}({self.column})"
 
 
-def _bad(text: str, problem: str) -> ConfigError:
-    return ConfigError(PARTITION_BY_KEY, text, f"a partition expression ({problem}); valid forms: {VALID_FORMS}")
+class _Problem(Exception):
+    """What is wrong with one expression; turned into a ConfigError naming the whole setting."""
 
 
-def parse_partition_expr(text: str) -> PartitionExpr:
-    """Parse one partition expression. Raises :class:`ConfigError` naming the valid forms."""
+def _config_error(text: str, problem: str) -> ConfigError:
+    return ConfigError(PARTITION_BY_KEY, text, f"partition expressions ({problem}); valid forms: {VALID_FORMS}")
+
+
+def _parse_one(text: str) -> PartitionExpr:
     stripped = text.strip()
     if not stripped:
-        raise _bad(text, "it is empty")
+        raise _Problem("an expression is empty")
     call = _CALL_RE.match(stripped)
     if call is None:
         if any(c in stripped for c in "()"):
-            raise _bad(text, "unbalanced or misplaced parentheses")
+            raise _Problem(f"unbalanced or misplaced parentheses in {stripped!r}")
         if not _COLUMN_RE.match(stripped):
-            raise _bad(text, f"{stripped!r} is not a column name")
+            raise _Problem(f"{stripped!r} is not a column name")
         return PartitionExpr("identity", stripped, None)
 
     name, inner = call.group(1), call.group(2)
     transform = _TRANSFORM_NAMES.get(name.lower())
     if transform is None:
-        raise _bad(text, f"unknown transform {name!r}")
-    args = [a.strip() for a in inner.split(",")]
+        raise _Problem(f"unknown transform {name!r}")
     if any(c in inner for c in "()"):
-        raise _bad(text, "nested parentheses")
+        raise _Problem(f"nested parentheses in {stripped!r}")
+    args = [a.strip() for a in inner.split(",")]
 
     if transform in _WITH_ARG:
         if len(args) != 2:
-            raise _bad(text, f"{transform} takes a column and a positive integer, found {len(args)} argument(s)")
+            raise _Problem(
+                f"{transform} takes a column and a positive integer, found {len(args)} argument(s) in {stripped!r}"
+            )
         first_int, second_int = bool(_INT_RE.match(args[0])), bool(_INT_RE.match(args[1]))
         if first_int == second_int:
-            raise _bad(text, f"{transform} takes exactly one column and one positive integer")
+            raise _Problem(f"{transform} takes exactly one column and one positive integer, found {stripped!r}")
         column, number = (args[1], args[0]) if first_int else (args[0], args[1])
         arg = int(number)
         if arg < 1:
-            raise _bad(text, f"{transform} needs a positive integer, found {arg}")
+            raise _Problem(f"{transform} needs a positive integer, found {arg}")
     else:
         if len(args) != 1:
-            raise _bad(text, f"{transform} takes one column, found {len(args)} arguments")
+            raise _Problem(f"{transform} takes one column, found {len(args)} arguments in {stripped!r}")
         column, arg = args[0], None
 
     if not _COLUMN_RE.match(column):
-        raise _bad(text, f"{column!r} is not a column name")
+        raise _Problem(f"{column!r} is not a column name")
     return PartitionExpr(transform, column, arg)
+
+
+def parse_partition_expr(text: str) -> PartitionExpr:
+    """Parse one partition expression. Raises :class:`ConfigError` naming the valid forms."""
+    try:
+        return _parse_one(text)
+    except _Problem as problem:
+        raise _config_error(text, str(problem)) from None
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -171,14 +184,14 @@ def _split_top_level(text: str) -> list[str]:
         elif char == ")":
             depth -= 1
             if depth < 0:
-                raise _bad(text, "a ')' without its '('")
+                raise _Problem("a ')' without its '('")
         if char == "," and depth == 0:
             parts.append("".join(current))
             current = []
         else:
             current.append(char)
     if depth != 0:
-        raise _bad(text, "a '(' without its ')'")
+        raise _Problem("a '(' without its ')'")
     parts.append("".join(current))
     return parts
 
@@ -187,15 +200,10 @@ def parse_partition_by(text: str) -> tuple[PartitionExpr, ...]:
     """Parse a comma-separated list of partition expressions. Blank text means unpartitioned."""
     if not text.strip():
         return ()
-    exprs: list[PartitionExpr] = []
-    for part in _split_top_level(text):
-        if not part.strip():
-            raise _bad(text, "an empty entry in the comma-separated list")
-        try:
-            exprs.append(parse_partition_expr(part))
-        except ConfigError as e:
-            raise ConfigError(PARTITION_BY_KEY, text, f"{e.expected} (bad entry: {part.strip()!r})") from None
-    return tuple(exprs)
+    try:
+        return tuple(_parse_one(part) for part in _split_top_level(text))
+    except _Problem as problem:
+        raise _config_error(text, str(problem)) from None
 
 
 def _make_transform(expr: PartitionExpr) -> Transform:  # type: ignore[type-arg]
@@ -217,14 +225,14 @@ def _make_transform(expr: PartitionExpr) -> Transform:  # type: ignore[type-arg]
             assert expr.arg is not None
             return TruncateTransform(expr.arg)
         case _:
-            raise ConfigError(PARTITION_BY_KEY, str(expr), f"a known transform: {VALID_FORMS}")
+            raise _config_error(str(expr), f"unknown transform {expr.transform!r}")
 
 
 def build_partition_spec(exprs: Sequence[PartitionExpr], schema: Schema) -> PartitionSpec:
     """Build the Iceberg partition spec: field ids from 1000, names as Iceberg (Java) names them."""
     fields: list[PartitionField] = []
     names: set[str] = set()
-    top_level = {f.name for f in schema.fields}
+    schema_names = set(index_by_name(schema))
     for position, expr in enumerate(exprs):
         expr.validate()
         try:
@@ -234,7 +242,7 @@ def build_partition_spec(exprs: Sequence[PartitionExpr], schema: Schema) -> Part
                 PARTITION_BY_KEY,
                 str(expr),
                 f"a column of the table schema; column {expr.column!r} was not found "
-                f"(columns: {', '.join(sorted(schema._name_to_id))})",
+                f"(columns: {', '.join(sorted(index_by_name(schema)))})",
             ) from None
         try:
             schema.accessor_for_field(source.field_id)
@@ -256,7 +264,7 @@ def build_partition_spec(exprs: Sequence[PartitionExpr], schema: Schema) -> Part
         name = column_name if expr.transform == "identity" else f"{column_name}_{_NAME_SUFFIX[expr.transform]}"
         if name in names:
             raise ConfigError(PARTITION_BY_KEY, str(expr), f"partition fields with distinct names; {name!r} repeats")
-        if expr.transform != "identity" and name in top_level:
+        if expr.transform != "identity" and name in schema_names:
             raise ConfigError(
                 PARTITION_BY_KEY,
                 str(expr),

@@ -4,15 +4,20 @@ Every ``StructField`` gets the metadata ``{"parquet.field.id": <iceberg field id
 Parquet writer (``spark.sql.parquet.fieldId.write.enabled``, on by default) then stores the id in
 the file footer, which is how Iceberg readers map file columns to table columns.
 
-Spark has no ``StructField`` for a list element or a map key/value, so it writes no field id for
-them. Readers then need the table's name mapping (``schema.name-mapping.default``) to read such
-columns: see :func:`requires_name_mapping` and :func:`name_mapping_properties`.
+Spark has no ``StructField`` for a list element or a map key/value, so it cannot write a field
+id for them. A file with ids on some columns only is misread by readers that trust ids (DuckDB
+1.5 returns such list elements as NULL and fails on such maps; pyiceberg refuses the file without
+a name mapping). So tables with list or map columns get files *without any* field id, and every
+reader maps their columns by name through the table's name mapping
+(``schema.name-mapping.default``), the way Iceberg reads files of migrated tables: see
+:func:`requires_name_mapping`, :func:`name_mapping_properties` and :func:`name_mapping_mismatch`.
 """
 
 from __future__ import annotations
 
 from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties
+from pyiceberg.table.name_mapping import MappedField, NameMapping
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -38,6 +43,7 @@ from icesink.errors import IcesinkError
 __all__ = [
     "FIELD_ID_KEY",
     "UnsupportedTypeError",
+    "name_mapping_mismatch",
     "name_mapping_properties",
     "requires_name_mapping",
     "spark_schema",
@@ -73,18 +79,18 @@ _PRIMITIVES: dict[type[IcebergType], st.DataType] = {
 }
 
 
-def _spark_type(iceberg_type: IcebergType, path: str) -> st.DataType:
+def _spark_type(iceberg_type: IcebergType, path: str, ids: bool) -> st.DataType:
     if isinstance(iceberg_type, StructType):
-        return st.StructType([_spark_field(f, path) for f in iceberg_type.fields])
+        return st.StructType([_spark_field(f, path, ids) for f in iceberg_type.fields])
     if isinstance(iceberg_type, ListType):
         return st.ArrayType(
-            _spark_type(iceberg_type.element_type, f"{path}.element"),
+            _spark_type(iceberg_type.element_type, f"{path}.element", ids),
             containsNull=not iceberg_type.element_required,
         )
     if isinstance(iceberg_type, MapType):
         return st.MapType(
-            _spark_type(iceberg_type.key_type, f"{path}.key"),
-            _spark_type(iceberg_type.value_type, f"{path}.value"),
+            _spark_type(iceberg_type.key_type, f"{path}.key", ids),
+            _spark_type(iceberg_type.value_type, f"{path}.value", ids),
             valueContainsNull=not iceberg_type.value_required,
         )
     if isinstance(iceberg_type, DecimalType):
@@ -96,23 +102,24 @@ def _spark_type(iceberg_type: IcebergType, path: str) -> st.DataType:
     return spark_type
 
 
-def _spark_field(field: NestedField, parent: str | None) -> st.StructField:
+def _spark_field(field: NestedField, parent: str | None, ids: bool) -> st.StructField:
     path = field.name if parent is None else f"{parent}.{field.name}"
     return st.StructField(
         field.name,
-        _spark_type(field.field_type, path),
+        _spark_type(field.field_type, path, ids),
         nullable=not field.required,
-        metadata={FIELD_ID_KEY: field.field_id},
+        metadata={FIELD_ID_KEY: field.field_id} if ids else {},
     )
 
 
-def spark_schema(schema: Schema) -> st.StructType:
+def spark_schema(schema: Schema, *, field_ids: bool = True) -> st.StructType:
     """The Spark schema of an Iceberg schema, with Parquet field ids at every struct level.
 
+    ``field_ids=False`` leaves them out (files then need the table's name mapping).
     Raises :class:`UnsupportedTypeError` naming the column for types Spark cannot write
     (uuid, time, fixed, nanosecond timestamps, ...).
     """
-    return st.StructType([_spark_field(f, None) for f in schema.fields])
+    return st.StructType([_spark_field(f, None, field_ids) for f in schema.fields])
 
 
 def requires_name_mapping(schema: Schema) -> bool:
@@ -146,8 +153,29 @@ def _nested_fields(iceberg_type: IcebergType) -> list[NestedField]:
 def name_mapping_properties(schema: Schema) -> dict[str, str]:
     """Table properties that let readers map Spark-written list/map columns by name.
 
-    Set them when creating the table (``catalog.create_table(..., properties=...)``) or in the
-    commit transaction (``tx.set_properties(...)``), as pyiceberg's own ``add_files`` does.
+    ``schema`` must carry the table's own field ids: pass ``table.schema()`` (then
+    ``tx.set_properties(...)``, as pyiceberg's own ``add_files`` does), or, to create the table
+    with them, ``assign_fresh_schema_ids(schema)``, since ``create_table`` renumbers the ids.
     pyiceberg keeps the mapping up to date on later schema changes.
     """
     return {TableProperties.DEFAULT_NAME_MAPPING: schema.name_mapping.model_dump_json()}
+
+
+def _paths(fields: list[MappedField], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int | None]:
+    out: dict[tuple[str, ...], int | None] = {}
+    for mapped in fields:
+        for name in mapped.names:
+            out[(*prefix, name)] = mapped.field_id
+            out.update(_paths(mapped.fields, (*prefix, name)))
+    return out
+
+
+def name_mapping_mismatch(schema: Schema, mapping: NameMapping | None) -> str | None:
+    """Why ``mapping`` would read Spark-written files of ``schema`` wrongly, or None if it is right."""
+    if mapping is None:
+        return "the table has no name mapping"
+    found = _paths(list(mapping))
+    for path, field_id in _paths(list(schema.name_mapping)).items():
+        if found.get(path) != field_id:
+            return f"the name mapping maps {'.'.join(path)!r} to field id {found.get(path)}, the schema has {field_id}"
+    return None

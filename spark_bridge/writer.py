@@ -27,7 +27,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,7 +48,7 @@ from pyspark.sql import types as st
 
 from icesink.errors import ConfigError, SparkWriteError
 from spark_bridge.partitioning import partition_values
-from spark_bridge.schema import requires_name_mapping, spark_schema
+from spark_bridge.schema import name_mapping_mismatch, requires_name_mapping, spark_schema
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -73,6 +73,11 @@ _RUNTIME_CONF: dict[str, str] = {
 }
 # Confs that only a locally started session can take (static or core confs).
 _LOCAL_CONF: dict[str, str] = {
+    # Local mode runs tasks in the driver JVM, which also holds the Arrow batches of a write.
+    "spark.driver.memory": "2g",
+    # An OutOfMemoryError can kill Spark's scheduler thread and leave the job waiting forever:
+    # exit instead, so the write fails (SparkWriteError) and the owner restarts the process.
+    "spark.driver.extraJavaOptions": "-XX:+ExitOnOutOfMemoryError",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
@@ -95,7 +100,8 @@ _ICEBERG_CODECS = {
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 _SPARK_ESCAPED = frozenset(
-    [chr(c) for c in range(0x01, 0x20)] + ['"', "#", "%", "'", "*", "/", ":", "=", "?", "\\", "\x7f", "{", "[", "]", "^"]
+    [chr(c) for c in range(0x01, 0x20)]
+    + ['"', "#", "%", "'", "*", "/", ":", "=", "?", "\\", "\x7f", "{", "[", "]", "^"]
 )
 _UNESCAPE_RE = re.compile(r"%([0-9A-Fa-f]{2})")
 
@@ -115,7 +121,7 @@ class SparkSettings:
         if self.remote is not None and not self.remote.startswith("sc://"):
             raise ConfigError("spark.remote", self.remote, "a Spark Connect URL like sc://host:15002")
         if self.max_write_tasks < 1:
-            raise ConfigError("spark.max-write-tasks", self.max_write_tasks, "a positive integer")
+            raise ConfigError("SparkSettings.max_write_tasks", self.max_write_tasks, "a positive integer")
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,7 @@ class SparkFileWriter:
                 builder = builder.config(key, value)
             spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("WARN")
+            _quiet_task_size_warnings(spark)
         self._spark = spark
         logger.info("spark session started (%s)", s.remote or s.master)
 
@@ -196,43 +203,57 @@ class SparkFileWriter:
         metadata = table.metadata
         schema = table.schema()
         spec = table.spec()
-        if requires_name_mapping(schema) and metadata.name_mapping() is None:
+        needs_mapping = requires_name_mapping(schema)
+        if needs_mapping and (problem := name_mapping_mismatch(schema, metadata.name_mapping())):
             raise ConfigError(
                 f"table {'.'.join(table.name())} property schema.name-mapping.default",
-                None,
-                "a name mapping, because Spark writes no field ids for list elements and map keys/values: "
-                "create the table with spark_bridge.schema.name_mapping_properties(schema)",
+                metadata.properties.get("schema.name-mapping.default"),
+                f"a name mapping of the current schema, because Spark writes no field ids for list elements and "
+                f"map keys/values ({problem}): set spark_bridge.schema.name_mapping_properties(table.schema())",
+            )
+        expected_columns = [f.name for f in schema.fields]
+        if data.column_names != expected_columns:
+            # createDataFrame maps columns by position: a different order would mix columns up.
+            raise ValueError(
+                f"data columns must be the table's columns in order: expected {expected_columns}, "
+                f"found {data.column_names}"
             )
         if data.num_rows == 0:
             return []
         spark = self.spark
-        sp_schema = spark_schema(schema)
+        # Spark cannot give list elements and map keys/values a field id. A file with some ids
+        # but not all is misread by readers that trust ids (DuckDB reads such list elements as
+        # NULL), so such tables get files without ids, which every reader maps by name.
+        sp_schema = spark_schema(schema, field_ids=not needs_mapping)
 
-        out_uri = f"{table.location().rstrip('/')}/data/{file_prefix}"
+        data_root = metadata.properties.get("write.data.path", f"{table.location().rstrip('/')}/data")
+        out_uri = f"{data_root.rstrip('/')}/{file_prefix}"
         fs, out_path = _filesystem(table, out_uri)
         if fs.get_file_info(out_path).type != pafs.FileType.NotFound:
             raise FileExistsError(f"output directory {out_uri} already exists: each write needs a fresh file_prefix")
 
-        bytes_per_row = max(1, math.ceil(data.nbytes / data.num_rows))
-        max_records = max(1, target_file_size_bytes // bytes_per_row)
         options = {**_WRITE_OPTIONS, **_parquet_options(metadata.properties)}
-
         labels: list[_PartitionLabels] = []
-        if spec.is_unpartitioned():
-            n_files = max(1, math.ceil(data.nbytes / target_file_size_bytes))
-            frame = spark.createDataFrame(data, schema=sp_schema).coalesce(n_files)
-            writer = frame.write
-        else:
+        if not spec.is_unpartitioned():
             extended, labels, n_tuples = _with_label_columns(data, spec, schema)
-            label_fields = [st.StructField(lbl.column, st.StringType(), True) for lbl in labels]
-            columns = [lbl.column for lbl in labels]
-            n_tasks = min(n_tuples, self._settings.max_write_tasks)
-            frame = spark.createDataFrame(extended, schema=st.StructType([*sp_schema.fields, *label_fields]))
-            writer = frame.repartition(n_tasks, *columns).write.partitionBy(*columns)
-            options["maxRecordsPerFile"] = str(max_records)
-
         try:
-            writer.options(**options).mode("errorifexists").parquet(_spark_uri(out_uri))
+            if spec.is_unpartitioned():
+                n_files = max(1, math.ceil(data.nbytes / target_file_size_bytes))
+                frame = spark.createDataFrame(data, schema=sp_schema)
+                # One file: merge the input slices without a shuffle. More: balance rows round-robin.
+                writer = (frame.coalesce(1) if n_files == 1 else frame.repartition(n_files)).write
+            else:
+                columns = [lbl.column for lbl in labels]
+                label_fields = [st.StructField(c, st.StringType(), True) for c in columns]
+                frame = spark.createDataFrame(extended, schema=st.StructType([*sp_schema.fields, *label_fields]))
+                # Hash-partition on the partition tuple: each tuple goes to exactly one task, so
+                # to one file unless it holds more than maxRecordsPerFile rows.
+                n_tasks = min(n_tuples, self._settings.max_write_tasks)
+                quoted = ["`" + c.replace("`", "``") + "`" for c in columns]  # dots are not nesting
+                writer = frame.repartition(n_tasks, *quoted).write.partitionBy(*columns)
+                bytes_per_row = max(1, math.ceil(data.nbytes / data.num_rows))
+                options["maxRecordsPerFile"] = str(max(1, target_file_size_bytes // bytes_per_row))
+            writer.options(**options).mode("error").parquet(_spark_uri(out_uri))
         except Exception as e:
             _delete_quietly(fs, out_path)
             raise SparkWriteError(f"Spark failed to write {data.num_rows} rows to {out_uri}: {e}") from e
@@ -273,28 +294,40 @@ class SparkFileWriter:
                 stats_columns=stats_plan,
                 parquet_column_mapping=id_mapping,
             )
-            data_files.append(
-                DataFile.from_args(
-                    content=DataFileContent.DATA,
-                    file_path=file_uri,
-                    file_format=FileFormat.PARQUET,
-                    partition=record,
-                    file_size_in_bytes=size,
-                    sort_order_id=None,
-                    spec_id=metadata.default_spec_id,
-                    equality_ids=None,
-                    key_metadata=None,
-                    **statistics.to_serialized_dict(),
-                )
+            data_file = DataFile.from_args(
+                content=DataFileContent.DATA,
+                file_path=file_uri,
+                file_format=FileFormat.PARQUET,
+                partition=record,
+                file_size_in_bytes=size,
+                sort_order_id=None,
+                equality_ids=None,
+                key_metadata=None,
+                **statistics.to_serialized_dict(),
             )
+            # Not a field of the manifest struct: from_args would drop it (pyiceberg 0.12).
+            data_file.spec_id = metadata.default_spec_id
+            data_files.append(data_file)
         return data_files
 
-    def __enter__(self) -> SparkFileWriter:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _quiet_task_size_warnings(spark: SparkSession) -> None:
+    """createDataFrame ships the Arrow batches inside the tasks: Spark warns on every write."""
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.scheduler.TaskSetManager", jvm.org.apache.logging.log4j.Level.ERROR
+        )
+    except Exception:  # logging only; never fail start-up for it
+        logger.debug("could not lower TaskSetManager log level", exc_info=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -438,9 +471,7 @@ def _parquet_options(properties: Mapping[str, str]) -> dict[str, str]:
     codec_name = properties.get("write.parquet.compression-codec", "zstd").lower()
     codec = _ICEBERG_CODECS.get(codec_name)
     if codec is None:
-        raise ConfigError(
-            "write.parquet.compression-codec", codec_name, f"one of {', '.join(sorted(_ICEBERG_CODECS))}"
-        )
+        raise ConfigError("write.parquet.compression-codec", codec_name, f"one of {', '.join(sorted(_ICEBERG_CODECS))}")
     options = {"compression": codec}
     if (level := properties.get("write.parquet.compression-level")) is not None and codec == "zstd":
         options["parquet.compression.codec.zstd.level"] = level

@@ -1,0 +1,94 @@
+"""Measure SparkFileWriter throughput: ``python -m spark_bridge.bench [--rows N] [--remote sc://...]``.
+
+Creates a throw-away SQLite catalog, writes one cold batch of pizza orders (JVM warm-up), then
+``--repeat`` warm batches, and prints rows/s of each. Partitioned like the demo table
+(``day(date_ordered), bucket(store_id, 8)``) unless ``--partition-by ''``. Nothing is asserted:
+the figures depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import LongType, NestedField, StringType, TimestampType
+
+from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+from spark_bridge.writer import SparkFileWriter, SparkSettings
+
+PIZZA = Schema(
+    NestedField(1, "order_id", StringType(), required=True),
+    NestedField(2, "store_id", LongType()),
+    NestedField(3, "sauce", StringType()),
+    NestedField(4, "cheese", StringType()),
+    NestedField(5, "meats", StringType()),
+    NestedField(6, "veggies", StringType()),
+    NestedField(7, "date_ordered", TimestampType()),
+)
+
+
+def pizzas(table: Table, n: int, offset: int, rng: np.random.Generator) -> pa.Table:
+    def pick(choices: list[str]) -> pa.Array:
+        return pa.array(np.array(choices, dtype=object)[rng.integers(0, len(choices), n)], pa.large_string())
+
+    return pa.table(
+        {
+            "order_id": pa.array([f"order-{offset + i:012d}" for i in range(n)], pa.large_string()),
+            "store_id": pa.array(rng.integers(0, 50, n), pa.int64()),
+            "sauce": pick(["tomato", "bbq", "white", "pesto"]),
+            "cheese": pick(["mozzarella", "cheddar", "vegan"]),
+            "meats": pick(["ham", "pepperoni", "sausage", "bacon"]),
+            "veggies": pick(["onion", "pepper", "olive", "mushroom"]),
+            "date_ordered": pa.array(1_704_067_200_000_000 + rng.integers(0, 3 * 86_400 * 10**6, n), pa.int64()).cast(
+                pa.timestamp("us")
+            ),
+        }
+    ).cast(schema_to_pyarrow(table.schema()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Measure SparkFileWriter throughput.")
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--remote", default=None, help="Spark Connect URL sc://host:port")
+    parser.add_argument("--partition-by", default="day(date_ordered), bucket(store_id, 8)")
+    parser.add_argument("--conf", action="append", default=[], help="extra spark conf key=value")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="spark-bridge-bench-") as tmp:
+        catalog = SqlCatalog("bench", uri=f"sqlite:///{tmp}/catalog.db", warehouse=f"file://{tmp}/wh")
+        catalog.create_namespace("db")
+        spec = build_partition_spec(parse_partition_by(args.partition_by), PIZZA)
+        table = catalog.create_table("db.pizzas", schema=PIZZA, partition_spec=spec)
+        conf = dict(item.split("=", 1) for item in args.conf)
+        writer = SparkFileWriter(SparkSettings(master=args.master, remote=args.remote, conf=conf))
+        started = time.perf_counter()
+        writer.start()
+        print(f"session start: {time.perf_counter() - started:.1f} s")
+        rng = np.random.default_rng(1)
+        try:
+            for i in range(args.repeat + 1):
+                data = pizzas(table, args.rows, i * args.rows, rng)
+                started = time.perf_counter()
+                files = writer.write(table, data, file_prefix=f"bench-{i}")
+                elapsed = time.perf_counter() - started
+                label = "cold" if i == 0 else "warm"
+                print(
+                    f"{label} write: {args.rows:,} rows ({data.nbytes / 1e6:.0f} MB Arrow) in {elapsed:.2f} s "
+                    f"= {args.rows / elapsed:,.0f} rows/s, {len(files)} files, "
+                    f"{sum(f.file_size_in_bytes for f in files) / 1e6:.1f} MB Parquet"
+                )
+        finally:
+            writer.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,559 @@
+"""SparkFileWriter against a real local Spark session, a SQLite SQL catalog and DuckDB as reader.
+
+One Spark session for the module (it takes seconds to start). Each test gets its own catalog and
+warehouse under tmp_path, commits the returned DataFiles with pyiceberg's fast_append, and reads
+the table back with pyiceberg and with DuckDB's iceberg extension (loaded from its wheel).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import random
+import socket
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.manifest import DataFile, FileFormat
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import BucketTransform, DayTransform
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+)
+from pyspark.sql import types as st
+
+from icesink.errors import ConfigError
+from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+from spark_bridge.schema import UnsupportedTypeError, name_mapping_properties, spark_schema
+from spark_bridge.writer import SparkFileWriter, SparkSettings
+from tests.support import duck
+
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::FutureWarning")]
+
+PIZZA_SCHEMA = Schema(
+    NestedField(1, "order_id", StringType(), required=True),
+    NestedField(2, "store_id", LongType()),
+    NestedField(3, "sauce", StringType()),
+    NestedField(4, "cheese", StringType()),
+    NestedField(5, "meats", StringType()),
+    NestedField(6, "veggies", StringType()),
+    NestedField(7, "date_ordered", TimestampType()),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures and helpers
+
+
+@pytest.fixture(scope="module")
+def writer() -> Iterator[SparkFileWriter]:
+    w = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-test"))
+    w.start()
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> SqlCatalog:
+    cat = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/wh")
+    cat.create_namespace("db")
+    return cat
+
+
+def pizzas(table: Table, n: int, *, seed: int, start: int = 0) -> pa.Table:
+    """n pizza orders over three days and 50 stores; about 1% null store_id / date_ordered."""
+    rnd = random.Random(seed)
+    base = dt.datetime(2024, 1, 1)
+
+    def maybe_null(value: Any) -> Any:
+        return None if rnd.random() < 0.01 else value
+
+    return pa.Table.from_pydict(
+        {
+            "order_id": [f"order-{start + i:08d}" for i in range(n)],
+            "store_id": [maybe_null(rnd.randrange(50)) for _ in range(n)],
+            "sauce": [rnd.choice(["tomato", "bbq", "white", "pesto"]) for _ in range(n)],
+            "cheese": [rnd.choice(["mozzarella", "cheddar", "vegan"]) for _ in range(n)],
+            "meats": [rnd.choice(["ham", "pepperoni", "sausage", None]) for _ in range(n)],
+            "veggies": [rnd.choice(["onion", "pepper", "olive", "mushroom"]) for _ in range(n)],
+            "date_ordered": [
+                maybe_null(base + dt.timedelta(microseconds=rnd.randrange(3 * 86_400_000_000))) for _ in range(n)
+            ],
+        },
+        schema=schema_to_pyarrow(table.schema()),
+    )
+
+
+def commit(table: Table, files: list[DataFile], commit_id: str) -> Table:
+    with (
+        table.transaction() as tx,
+        tx.update_snapshot(snapshot_properties={"icesink.commit-id": commit_id}).fast_append() as append,
+    ):
+        for data_file in files:
+            append.append_data_file(data_file)
+    return table.refresh()
+
+
+def local_path(uri: str) -> str:
+    assert uri.startswith("file://"), uri
+    return urlparse(uri).path
+
+
+def files_under(root: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+def duck_count_distinct(table: Table, key: str) -> tuple[int, int]:
+    return duck.count_and_distinct(table.metadata_location, key)
+
+
+def assert_same_rows(actual: pa.Table, expected: pa.Table, key: str) -> None:
+    actual = actual.select(expected.column_names).sort_by(key)
+    expected = expected.sort_by(key)
+    assert actual.num_rows == expected.num_rows
+    for name in expected.column_names:
+        assert actual.column(name).to_pylist() == expected.column(name).to_pylist(), name
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+
+
+def test_spark_schema_carries_field_ids_at_every_level() -> None:
+    schema = Schema(
+        NestedField(1, "a", LongType(), required=True),
+        NestedField(2, "s", StructType(NestedField(3, "x", StringType()), NestedField(4, "ts", TimestampType()))),
+        NestedField(5, "l", ListType(6, StructType(NestedField(7, "y", DecimalType(10, 2))), element_required=False)),
+        NestedField(8, "m", MapType(9, StringType(), 10, LongType(), value_required=True)),
+    )
+    sp = spark_schema(schema)
+    assert [f.metadata["parquet.field.id"] for f in sp.fields] == [1, 2, 5, 8]
+    assert not sp["a"].nullable and sp["s"].nullable
+    struct, array, mapping = sp["s"].dataType, sp["l"].dataType, sp["m"].dataType
+    assert isinstance(struct, st.StructType) and isinstance(array, st.ArrayType) and isinstance(mapping, st.MapType)
+    assert [f.metadata["parquet.field.id"] for f in struct.fields] == [3, 4]
+    assert struct["ts"].dataType == st.TimestampNTZType()
+    assert array.containsNull
+    element = array.elementType
+    assert isinstance(element, st.StructType)
+    assert element["y"].metadata == {"parquet.field.id": 7}
+    assert element["y"].dataType == st.DecimalType(10, 2)
+    assert not mapping.valueContainsNull
+    assert all(not f.metadata for f in spark_schema(schema, field_ids=False).fields)
+
+    from pyiceberg.types import UUIDType
+
+    with pytest.raises(UnsupportedTypeError, match=r"'s\.u'.*uuid"):
+        spark_schema(Schema(NestedField(1, "s", StructType(NestedField(2, "u", UUIDType())))))
+
+
+def test_partitioned_pizzas_one_file_per_partition_read_back_by_pyiceberg_and_duckdb(
+    writer: SparkFileWriter, catalog: SqlCatalog
+) -> None:
+    spec = build_partition_spec(parse_partition_by("day(date_ordered), bucket(store_id, 8)"), PIZZA_SCHEMA)
+    table = catalog.create_table("db.pizzas", schema=PIZZA_SCHEMA, partition_spec=spec)
+    data = pizzas(table, 20_000, seed=1)
+
+    files = writer.write(table, data, file_prefix="round-1/worker-a")
+
+    # One file per distinct partition tuple, each with the tuple Iceberg stores.
+    day = DayTransform().transform(TimestampType())
+    bucket = BucketTransform(8).transform(LongType())
+    rows = data.select(["store_id", "date_ordered"]).to_pylist()
+    expected_tuples = Counter((day(r["date_ordered"]), bucket(r["store_id"])) for r in rows)
+    assert any(None in t for t in expected_tuples)  # null partitions are exercised
+    assert len(files) == len(expected_tuples)
+    assert Counter({(f.partition[0], f.partition[1]): f.record_count for f in files}) == expected_tuples
+
+    out_dir = local_path(table.location()) + "/data/round-1/worker-a"
+    written = files_under(out_dir)
+    assert all(name.endswith(".parquet") for name in written), written  # no _SUCCESS, .crc, _temporary
+    assert len(written) == len(files)
+    assert any(w.startswith("date_ordered_day=2024-01-02/store_id_bucket=") for w in written)
+    assert any("date_ordered_day=__HIVE_DEFAULT_PARTITION__/" in w for w in written)
+
+    for f in files:
+        assert f.file_path.startswith(table.location() + "/data/round-1/worker-a/")
+        assert f.file_format == FileFormat.PARQUET
+        assert f.spec_id == table.spec().spec_id
+        path = local_path(f.file_path)
+        assert f.file_size_in_bytes == os.path.getsize(path)
+        # Field ids are in the footer, and the file's rows all belong to its partition tuple.
+        arrow_schema = pq.read_schema(path)
+        assert [int(fld.metadata[b"PARQUET:field_id"]) for fld in arrow_schema] == [1, 2, 3, 4, 5, 6, 7]
+        assert arrow_schema.field("date_ordered").type == pa.timestamp("us")
+        content = pq.read_table(path).select(["store_id", "date_ordered"]).to_pylist()
+        assert {(day(r["date_ordered"]), bucket(r["store_id"])) for r in content} == {(f.partition[0], f.partition[1])}
+        assert f.value_counts[1] == f.record_count
+        assert f.null_value_counts[5] == pq.read_table(path, columns=["meats"]).column(0).null_count
+        assert f.lower_bounds and 1 in f.lower_bounds and 1 in f.upper_bounds
+
+    table = commit(table, files, "c-1")
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert snapshot.summary is not None
+    assert snapshot.summary["icesink.commit-id"] == "c-1"
+    assert snapshot.summary["added-data-files"] == str(len(files))
+    assert snapshot.summary["added-records"] == "20000"
+
+    scanned = table.scan().to_arrow()
+    assert_same_rows(scanned, data, "order_id")
+    assert duck_count_distinct(table, "order_id") == (20_000, 20_000)
+
+    # Partition pruning uses the partition tuples: filters still return exactly the right rows.
+    seven = data.filter(pc.equal(data["store_id"], 7)).num_rows
+    assert table.scan(row_filter="store_id = 7").to_arrow().num_rows == seven
+    assert table.scan(row_filter="date_ordered IS NULL").to_arrow().num_rows == data["date_ordered"].null_count
+    with duck.connect() as con:
+        per_day = con.execute(
+            "SELECT CAST(date_ordered AS DATE) AS d, count(*) FROM iceberg_scan(?) GROUP BY d ORDER BY d NULLS LAST",
+            [local_path(table.metadata_location)],
+        ).fetchall()
+    expected_days = Counter(r["date_ordered"].date() if r["date_ordered"] else None for r in rows)
+    assert dict(per_day) == dict(expected_days)
+
+    # A second round in a fresh directory appends; the first round's files stay untouched.
+    more = pizzas(table, 3_000, seed=2, start=20_000)
+    table = commit(table, writer.write(table, more, file_prefix="round-2/worker-a"), "c-2")
+    assert table.scan().to_arrow().num_rows == 23_000
+    assert duck_count_distinct(table, "order_id") == (23_000, 23_000)
+    with pytest.raises(FileExistsError):
+        writer.write(table, more, file_prefix="round-2/worker-a")
+
+
+def test_unpartitioned_gives_one_file_or_ceil_of_target(writer: SparkFileWriter, catalog: SqlCatalog) -> None:
+    table = catalog.create_table("db.flat", schema=PIZZA_SCHEMA)
+    data = pizzas(table, 20_000, seed=3)
+
+    files = writer.write(table, data, file_prefix="r1")
+    assert len(files) == 1
+    assert files[0].record_count == 20_000
+    assert files[0].partition == files[0].partition.__class__()  # empty Record
+    table = commit(table, files, "c-1")
+
+    more = pizzas(table, 20_000, seed=4, start=20_000)
+    target = more.nbytes // 3 + 1  # ceil(bytes / target) == 3
+    files = writer.write(table, more, file_prefix="r2", target_file_size_bytes=target)
+    assert len(files) == 3
+    assert sum(f.record_count for f in files) == 20_000
+    table = commit(table, files, "c-2")
+
+    assert table.scan().to_arrow().num_rows == 40_000
+    assert duck_count_distinct(table, "order_id") == (40_000, 40_000)
+    assert writer.write(table, data.slice(0, 0), file_prefix="r3") == []
+
+
+def test_partition_larger_than_target_is_split(writer: SparkFileWriter, catalog: SqlCatalog) -> None:
+    spec = build_partition_spec(parse_partition_by("sauce"), PIZZA_SCHEMA)
+    table = catalog.create_table("db.by_sauce", schema=PIZZA_SCHEMA, partition_spec=spec)
+    data = pizzas(table, 12_000, seed=5)
+    bytes_per_row = -(-data.nbytes // data.num_rows)
+    max_records = 2_000
+    files = writer.write(table, data, file_prefix="r1", target_file_size_bytes=max_records * bytes_per_row)
+
+    per_sauce = Counter(data["sauce"].to_pylist())
+    files_per_sauce = Counter(f.partition[0] for f in files)
+    for sauce, count in per_sauce.items():
+        assert files_per_sauce[sauce] == -(-count // max_records), sauce
+    assert all(f.record_count <= max_records for f in files)
+    # identity partition: the source column stays in the data file, directories read sauce_identity=...
+    assert all("/sauce_identity=" in f.file_path for f in files)
+    assert "sauce" in pq.read_schema(local_path(files[0].file_path)).names
+    table = commit(table, files, "c-1")
+    assert_same_rows(table.scan().to_arrow(), data, "order_id")
+
+
+def test_awkward_identity_values_map_back_to_their_partitions(writer: SparkFileWriter, catalog: SqlCatalog) -> None:
+    """Empty string, null, Spark's null name, path characters and timestamps as identity partitions."""
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "name", StringType()),
+        NestedField(3, "at", TimestampType()),
+    )
+    spec = build_partition_spec(parse_partition_by("name, at"), schema)
+    table = catalog.create_table("db.awkward", schema=schema, partition_spec=spec)
+    names = ["", None, "__HIVE_DEFAULT_PARTITION__", "a/b", "x:y=z%", "é 漢", "~1", "plain"]
+    stamp = dt.datetime(2024, 1, 4, 10, 30)
+    stamps = [stamp, None]
+    rows: list[dict[str, Any]] = [{"id": i, "name": names[i % len(names)], "at": stamps[i % 2]} for i in range(400)]
+    data = pa.Table.from_pylist(rows, schema=schema_to_pyarrow(schema))
+
+    files = writer.write(table, data, file_prefix="r1")
+
+    expected = Counter((r["name"], r["at"]) for r in rows)
+    micros = {None: None, stamp: int(stamp.replace(tzinfo=dt.UTC).timestamp() * 1_000_000)}
+    assert Counter({(f.partition[0], f.partition[1]): f.record_count for f in files}) == Counter(
+        {(name, micros[at]): n for (name, at), n in expected.items()}
+    )
+    for f in files:
+        content = pq.read_table(local_path(f.file_path)).to_pylist()
+        assert {r["name"] for r in content} == {f.partition[0]}
+
+    table = commit(table, files, "c-1")
+    assert_same_rows(table.scan().to_arrow(), data, "id")
+    assert table.scan(row_filter="name = ''").to_arrow().num_rows == expected_count(rows, "")
+    assert table.scan(row_filter="name IS NULL").to_arrow().num_rows == expected_count(rows, None)
+    assert duck_count_distinct(table, "id") == (400, 400)
+
+
+def expected_count(rows: list[dict[str, Any]], name: str | None) -> int:
+    return sum(1 for r in rows if r["name"] == name)
+
+
+ALL_TYPES_SCHEMA = Schema(
+    NestedField(1, "id", IntegerType(), required=True),
+    NestedField(2, "flag", BooleanType()),
+    NestedField(3, "f32", FloatType()),
+    NestedField(4, "f64", DoubleType()),
+    NestedField(5, "dec", DecimalType(20, 4)),
+    NestedField(6, "name", StringType()),
+    NestedField(7, "blob", BinaryType()),
+    NestedField(8, "d", DateType()),
+    NestedField(9, "ts", TimestampType()),
+    NestedField(10, "tstz", TimestamptzType()),
+)
+
+
+def test_every_primitive_type_round_trips(writer: SparkFileWriter, catalog: SqlCatalog) -> None:
+    import decimal
+
+    spec = build_partition_spec(
+        parse_partition_by("month(tstz), truncate(name, 2), bucket(blob, 4), d"), ALL_TYPES_SCHEMA
+    )
+    table = catalog.create_table("db.types", schema=ALL_TYPES_SCHEMA, partition_spec=spec)
+    rnd = random.Random(8)
+    rows: list[dict[str, Any]] = []
+    for i in range(300):
+        stamp = dt.datetime(2023, 12, 30) + dt.timedelta(seconds=rnd.randrange(5 * 86_400), microseconds=i)
+        rows.append(
+            {
+                "id": i,
+                "flag": rnd.choice([True, False, None]),
+                "f32": rnd.choice([1.5, -0.25, None]),
+                "f64": rnd.choice([rnd.random(), float("inf"), None]),
+                "dec": decimal.Decimal(rnd.randrange(-(10**12), 10**12)) / 10_000,
+                "name": rnd.choice(["alpha", "beta", "é漢字", "", None]),
+                "blob": rnd.choice([b"\x00\x01", b"", b"abc", None]),
+                "d": rnd.choice([dt.date(1969, 12, 31), dt.date(2024, 2, 29), None]),
+                "ts": stamp,
+                "tstz": stamp.replace(tzinfo=dt.UTC) if i % 7 else None,
+            }
+        )
+    data = pa.Table.from_pylist(rows, schema=schema_to_pyarrow(table.schema()))
+
+    files = writer.write(table, data, file_prefix="r1")
+    assert len(files) == len({repr(f.partition) for f in files})  # one file per partition tuple
+    table = commit(table, files, "c-1")
+
+    assert_same_rows(table.scan().to_arrow(), data, "id")
+    assert table.scan(row_filter="d = '2024-02-29'").to_arrow().num_rows == sum(
+        1 for r in rows if r["d"] == dt.date(2024, 2, 29)
+    )
+    with duck.connect() as con:
+        got = con.execute(
+            "SELECT count(*), sum(dec), count(tstz), min(ts), max(d) FROM iceberg_scan(?)",
+            [local_path(table.metadata_location)],
+        ).fetchone()
+    assert got is not None
+    assert got[0] == 300
+    assert got[1] == sum(r["dec"] for r in rows)
+    assert got[2] == sum(1 for r in rows if r["tstz"] is not None)
+    assert got[3] == min(r["ts"] for r in rows)
+    assert got[4] == dt.date(2024, 2, 29)
+
+
+NESTED_SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(
+        2,
+        "payload",
+        StructType(
+            NestedField(3, "kind", StringType()),
+            NestedField(4, "ts", TimestampType()),
+            NestedField(5, "amount", DecimalType(10, 2)),
+        ),
+    ),
+    NestedField(6, "tags", ListType(7, StringType(), element_required=False)),
+    NestedField(8, "attrs", MapType(9, StringType(), 10, LongType(), value_required=False)),
+)
+
+
+def test_nested_struct_list_and_map(writer: SparkFileWriter, catalog: SqlCatalog) -> None:
+    import decimal
+
+    spec = build_partition_spec(parse_partition_by("day(payload.ts), payload.kind"), NESTED_SCHEMA)
+    # Spark writes no field ids for list elements and map keys/values: the table needs a name mapping.
+    bare = catalog.create_table("db.nested_bare", schema=NESTED_SCHEMA, partition_spec=spec)
+    with pytest.raises(ConfigError, match="name-mapping"):
+        writer.write(bare, pa.table({}), file_prefix="r0")
+
+    # create_table renumbers field ids: a mapping built from the caller's schema is wrong and refused.
+    table = catalog.create_table(
+        "db.nested", schema=NESTED_SCHEMA, partition_spec=spec, properties=name_mapping_properties(NESTED_SCHEMA)
+    )
+    with pytest.raises(ConfigError, match=r"maps 'payload.kind' to field id 3, the schema has 5"):
+        writer.write(table, pa.table({}), file_prefix="r0")
+    with table.transaction() as tx:
+        tx.set_properties(name_mapping_properties(table.schema()))
+    rnd = random.Random(6)
+    rows: list[dict[str, Any]] = []
+    for i in range(2_000):
+        payload = (
+            None
+            if i % 97 == 0
+            else {
+                "kind": rnd.choice(["a", "b", None]),
+                "ts": dt.datetime(2024, 3, 1) + dt.timedelta(hours=rnd.randrange(72)),
+                "amount": decimal.Decimal(rnd.randrange(-10_000, 10_000)) / 100,
+            }
+        )
+        tags = None if i % 11 == 0 else [rnd.choice(["x", "y", None]) for _ in range(rnd.randrange(4))]
+        attrs = None if i % 13 == 0 else [(f"k{j}", rnd.choice([j, None])) for j in range(rnd.randrange(3))]
+        rows.append({"id": i, "payload": payload, "tags": tags, "attrs": attrs})
+    data = pa.Table.from_pylist(rows, schema=schema_to_pyarrow(table.schema()))
+
+    files = writer.write(table, data, file_prefix="r1")
+    assert any(f.partition[0] is None and f.partition[1] is None for f in files)  # the null structs
+    assert all("payload.ts_day=" in f.file_path and "/payload.kind=" in f.file_path for f in files)
+    # No field ids at all in these files (Spark cannot id list elements): readers use the mapping.
+    footer = pq.read_schema(local_path(files[0].file_path))
+    assert all(not fld.metadata or b"PARQUET:field_id" not in fld.metadata for fld in footer)
+    table = commit(table, files, "c-1")
+
+    scanned = table.scan().to_arrow()
+    assert_same_rows(scanned, data, "id")
+    with duck.connect() as con:
+        got = con.execute(
+            "SELECT count(*), count(payload), sum(len(tags)), sum(cardinality(attrs)), sum(payload.amount) "
+            "FROM iceberg_scan(?)",
+            [local_path(table.metadata_location)],
+        ).fetchone()
+    assert got is not None
+    assert got[0] == 2_000
+    assert got[1] == sum(1 for r in rows if r["payload"] is not None)
+    assert got[2] == sum(len(r["tags"]) for r in rows if r["tags"] is not None)
+    assert got[3] == sum(len(r["attrs"]) for r in rows if r["attrs"] is not None)
+    assert got[4] == sum(r["payload"]["amount"] for r in rows if r["payload"] is not None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark Connect
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server started from the pyspark package (spark-submit, local[2])."""
+    import pyspark
+
+    home = os.path.dirname(pyspark.__file__)
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("connect") / "server.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        [
+            os.path.join(home, "bin", "spark-submit"),
+            "--class",
+            "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--master",
+            "local[2]",
+            "--conf",
+            f"spark.connect.grpc.binding.port={port}",
+            "--conf",
+            "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.driver.memory=1g",
+            "spark-internal",
+        ],
+        env={**os.environ, "SPARK_HOME": home},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"Spark Connect server exited with {process.returncode}: {log_path.read_text()[-3000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"Spark Connect server did not listen within 120 s: {log_path.read_text()[-3000:]}")
+                time.sleep(0.25)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+        log.close()
+
+
+def test_spark_connect_writes_committable_files(
+    connect_server: str, catalog: SqlCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pyspark marks the whole process as "Spark Connect mode" once a remote session exists; restore
+    # the variable afterwards so the classic session of the other tests is unaffected.
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    spec = build_partition_spec(parse_partition_by("day(date_ordered), bucket(store_id, 8)"), PIZZA_SCHEMA)
+    table = catalog.create_table("db.remote_pizzas", schema=PIZZA_SCHEMA, partition_spec=spec)
+    data = pizzas(table, 5_000, seed=7)
+
+    remote = SparkFileWriter(SparkSettings(remote=connect_server))
+    remote.start()
+    try:
+        files = remote.write(table, data, file_prefix="remote-1")
+    finally:
+        remote.stop()
+
+    day = DayTransform().transform(TimestampType())
+    bucket = BucketTransform(8).transform(LongType())
+    expected = Counter((day(r["date_ordered"]), bucket(r["store_id"])) for r in data.to_pylist())
+    assert Counter({(f.partition[0], f.partition[1]): f.record_count for f in files}) == expected
+    out_dir = local_path(table.location()) + "/data/remote-1"
+    assert all(name.endswith(".parquet") for name in files_under(out_dir))
+    assert [int(f.metadata[b"PARQUET:field_id"]) for f in pq.read_schema(local_path(files[0].file_path))] == list(
+        range(1, 8)
+    )
+
+    table = commit(table, files, "remote-c-1")
+    assert_same_rows(table.scan().to_arrow(), data, "order_id")
+    assert duck_count_distinct(table, "order_id") == (5_000, 5_000)
