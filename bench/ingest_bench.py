@@ -36,6 +36,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -105,6 +106,45 @@ def read_status_kib(pid: int, key: str) -> int | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def system_cpu_s() -> float:
+    """CPU seconds every core of this machine spent busy since boot (``/proc/stat``)."""
+    with open("/proc/stat", encoding="ascii") as handle:
+        fields = [int(x) for x in handle.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...: all but idle and iowait are busy.
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _CLOCK_TICKS
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of one process so far (0 if it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+@dataclass
+class Interference:
+    """CPU used by processes outside the measured path while it ran (other users' work)."""
+
+    wall_s: float
+    system_busy_s: float
+    ours_s: float
+
+    @property
+    def others_s(self) -> float:
+        return max(0.0, self.system_busy_s - self.ours_s)
+
+    def describe(self) -> str:
+        capacity = self.wall_s * (os.cpu_count() or 1)
+        return (f"machine busy {self.system_busy_s:.0f} of {capacity:.0f} CPU-s; other processes "
+                f"{self.others_s:.0f} CPU-s ({self.others_s / capacity:.0%} of the machine)")
 
 
 def descendants(root: int) -> list[int]:
@@ -217,6 +257,7 @@ class BaselineResult:
     hwm_kib: int
     arrow_bytes: int
     cpu_s: float
+    interference: Interference
 
 
 async def _read_topic(bootstrap: str, topic: str, counts: dict[int, int]) -> list[bytes]:
@@ -250,7 +291,9 @@ async def _read_topic(bootstrap: str, topic: str, counts: dict[int, int]) -> lis
         await consumer.stop()
 
 
-def run_baseline(bootstrap: str, topic: str, counts: dict[int, int], directory: str) -> BaselineResult:
+def run_baseline(
+    bootstrap: str, topic: str, counts: dict[int, int], directory: str, broker_pid: int | None
+) -> BaselineResult:
     """Runs in a fresh child process; every phase is timed, table checks are not."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -262,6 +305,7 @@ def run_baseline(bootstrap: str, topic: str, counts: dict[int, int], directory: 
     catalog = load_catalog("bench", **props)
 
     cpu_began = _cpu_seconds()
+    system_began, broker_began = system_cpu_s(), process_cpu_s(broker_pid)
     began = time.perf_counter()
     values = asyncio.run(_read_topic(bootstrap, topic, counts))
     read_done = time.perf_counter()
@@ -286,6 +330,10 @@ def run_baseline(bootstrap: str, topic: str, counts: dict[int, int], directory: 
     iceberg_table.add_files([f"file://{path}"])
     commit_done = time.perf_counter()
     cpu_s = _cpu_seconds() - cpu_began
+    interference = Interference(
+        commit_done - began, system_cpu_s() - system_began,
+        cpu_s + process_cpu_s(broker_pid) - broker_began,
+    )
 
     iceberg_table = catalog.load_table(TABLE)
     snapshot = iceberg_table.current_snapshot()
@@ -305,6 +353,7 @@ def run_baseline(bootstrap: str, topic: str, counts: dict[int, int], directory: 
         hwm_kib=read_status_kib(os.getpid(), "VmHWM") or 0,
         arrow_bytes=table.nbytes,
         cpu_s=cpu_s,
+        interference=interference,
     )
 
 
@@ -315,10 +364,12 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def baseline_in_child(bootstrap: str, topic: str, counts: dict[int, int], directory: Path) -> BaselineResult:
+def baseline_in_child(
+    bootstrap: str, topic: str, counts: dict[int, int], directory: Path, broker_pid: int | None
+) -> BaselineResult:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
-        return pool.apply(run_baseline, (bootstrap, topic, counts, str(directory)))
+        return pool.apply(run_baseline, (bootstrap, topic, counts, str(directory), broker_pid))
 
 
 # ----------------------------------------------------------------------------- (b) icesink
@@ -339,6 +390,7 @@ class WorkerResult:
     distinct_order_ids: int
     metrics: dict[str, float]
     cpu_by_name: dict[str, float]
+    interference: Interference
     log_path: Path
     started_wall: float
     timeline: list[str] = field(default_factory=list)
@@ -354,7 +406,9 @@ def committed_rows(catalog: Any) -> int:
     return int(snapshot.summary["total-records"]) if snapshot else 0
 
 
-def run_worker(bootstrap: str, topic: str, n: int, directory: Path, timeout_s: float) -> WorkerResult:
+def run_worker(
+    bootstrap: str, topic: str, n: int, directory: Path, timeout_s: float, broker_pid: int | None
+) -> WorkerResult:
     import pyarrow.compute as pc
     from pyiceberg.catalog import load_catalog
 
@@ -385,6 +439,7 @@ def run_worker(bootstrap: str, topic: str, n: int, directory: Path, timeout_s: f
     sampler: RssSampler | None = None
     try:
         started_wall = time.time()
+        system_began, broker_began, self_began = system_cpu_s(), process_cpu_s(broker_pid), _cpu_seconds()
         began = time.monotonic()
         replica = replicas.start("bench")
         sampler = RssSampler(replica.proc.pid).start()
@@ -413,6 +468,9 @@ def run_worker(bootstrap: str, topic: str, n: int, directory: Path, timeout_s: f
                     committed_curve.append((time.monotonic() - began, rows))
                 if rows >= n:
                     total_s = time.monotonic() - began
+                    system_busy_s = system_cpu_s() - system_began
+                    # The broker and this process's polling are part of the measured path.
+                    harness_s = process_cpu_s(broker_pid) - broker_began + _cpu_seconds() - self_began
                     break
             time.sleep(SAMPLE_EVERY_S)
         sampler.sample()
@@ -432,6 +490,7 @@ def run_worker(bootstrap: str, topic: str, n: int, directory: Path, timeout_s: f
         cpu_by_name: dict[str, float] = {}
         for name, seconds in sampler.cpu.values():
             cpu_by_name[name] = cpu_by_name.get(name, 0.0) + seconds
+        interference = Interference(total_s, system_busy_s, sum(cpu_by_name.values()) + harness_s)
         replicas.stop_all()
     finally:
         if sampler is not None:
@@ -457,6 +516,7 @@ def run_worker(bootstrap: str, topic: str, n: int, directory: Path, timeout_s: f
         distinct_order_ids=pc.count_distinct(ids).as_py(),
         metrics=metrics,
         cpu_by_name=cpu_by_name,
+        interference=interference,
         log_path=replica.log_path,
         started_wall=started_wall,
         timeline=worker_timeline(replica.log_path, started_wall),
@@ -563,9 +623,14 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
     print("  icesink_records_consumed_total is first > 0.")
     print("  Peak RSS: (a) VmHWM of the baseline process; (b) peak of the summed RSS of the worker")
     print(f"  and its descendants ({b.peak_tree_procs} processes at the peak, the Spark JVM included),")
-    print(f"  sampled every {SAMPLE_EVERY_S} s. CPU: (a) the timed phases; (b) the worker's process")
-    print("  tree from start to N rows: " + ", ".join(
-        f"{name} {seconds:.1f} s" for name, seconds in sorted(b.cpu_by_name.items(), key=lambda x: -x[1])))
+    print(f"  sampled every {SAMPLE_EVERY_S} s.")
+    print("  CPU: (a) the timed phases; (b) the worker's process tree from start to N rows: " + ", ".join(
+        f"{name} {seconds:.1f} s" for name, seconds in sorted(b.cpu_by_name.items(), key=lambda x: -x[1])
+        if seconds >= 0.05))
+    print("  Interference (CPU used outside the measured path, from /proc/stat, while it ran):")
+    if a is not None:
+        print(f"    (a) {a.interference.describe()}")
+    print(f"    (b) {b.interference.describe()}")
     if a is not None:
         print()
         print(f"(a) phases: read {a.read_s:.2f} s ({fmt_int(n / a.read_s)}/s), "
@@ -625,6 +690,8 @@ def main() -> int:
     if n < 1 or args.partitions < 1:
         parser.error(f"--records and --partitions: expected >= 1, found {n} and {args.partitions}")
 
+    # SIGTERM unwinds like Ctrl-C, so the worker, the broker and the temp dir are cleaned up.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     print("command:", shlex.join([os.path.relpath(sys.executable), *sys.argv]))
     print(f"N = {n:,} pizza events, {args.partitions} partitions, {os.cpu_count()} CPUs")
     sys.stdout.flush()
@@ -646,8 +713,8 @@ def main() -> int:
 
         baseline = None
         if not args.skip_baseline:
-            baseline = baseline_in_child(broker.bootstrap, TOPIC, counts, tmp / "baseline")
-        worker = run_worker(broker.bootstrap, TOPIC, n, tmp / "worker", args.timeout_s)
+            baseline = baseline_in_child(broker.bootstrap, TOPIC, counts, tmp / "baseline", broker.pid)
+        worker = run_worker(broker.bootstrap, TOPIC, n, tmp / "worker", args.timeout_s, broker.pid)
         ok = print_report(n, produce_s, baseline, worker)
     finally:
         broker.stop()
@@ -656,6 +723,10 @@ def main() -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok else 1
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import threading
 import time
+import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -73,6 +74,8 @@ def run_demo(duration_s: float, rate: float, replicas: int, interval_ms: int, st
         for _ in range(replicas):
             r = workers.start()
             _say(f"started worker replica {r.name} (pid {r.proc.pid}, metrics on :{r.metrics_port}, log {r.log_path})")
+        _say("waiting for the workers to join the group and finish a first (empty) round")
+        _wait_first_round(workers)
         total = int(duration_s * rate)
         _say(f"producing {total} pizza orders to {TOPIC} (6 partitions) at {rate:.0f}/s for {duration_s:.0f}s")
         rng = random.Random()
@@ -101,6 +104,27 @@ def run_demo(duration_s: float, rate: float, replicas: int, interval_ms: int, st
         if own_dir:
             shutil.rmtree(root, ignore_errors=True)
         _say("stopped everything the demo started")
+
+
+def _metric(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def _wait_first_round(workers: ReplicaSet, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers.check_alive()
+        done = 0.0
+        for r in workers.replicas.values():
+            try:
+                done += _metric(r.metrics_port, "icesink_rounds_committed_total")
+            except OSError:
+                pass
+        if done >= 1:
+            return
+        time.sleep(1)
+    raise RuntimeError("the workers did not complete a commit round in time; see their logs")
 
 
 def _catalog(directory: Path):  # type: ignore[no-untyped-def]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Mapping
 
-from icesink.embedded import free_port
+from icesink.embedded import _die_with_parent_hook, free_port
 
 
 @dataclass
@@ -51,6 +51,7 @@ class ReplicaSet:
         proc = subprocess.Popen(
             [sys.executable, "-m", "icesink", "worker", "--config", str(self.config)],
             stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            preexec_fn=_die_with_parent_hook(),  # never outlive the test or demo that started it
         )
         replica = Replica(name, proc, log_path, port, handle)
         self.replicas[name] = replica

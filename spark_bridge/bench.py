@@ -9,6 +9,7 @@ the figures depend on the machine and on what else runs on it.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
@@ -53,6 +54,25 @@ def pizzas(table: Table, n: int, offset: int, rng: np.random.Generator) -> pa.Ta
     ).cast(schema_to_pyarrow(table.schema()))
 
 
+def _jvm_cpu_seconds(writer: SparkFileWriter) -> float | None:
+    """CPU seconds used so far by the local driver JVM (Linux), or None (remote, other OS)."""
+    try:
+        proc = writer.spark.sparkContext._gateway.proc  # type: ignore[attr-defined]
+        with open(f"/proc/{proc.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except Exception:
+        return None
+
+
+def _cpu_seconds(writer: SparkFileWriter) -> float | None:
+    jvm = _jvm_cpu_seconds(writer)
+    if jvm is None:
+        return None
+    own = os.times()
+    return jvm + own.user + own.system
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Measure SparkFileWriter throughput.")
     parser.add_argument("--rows", type=int, default=500_000)
@@ -77,13 +97,20 @@ def main() -> None:
         try:
             for i in range(args.repeat + 1):
                 data = pizzas(table, args.rows, i * args.rows, rng)
+                cpu_before = _cpu_seconds(writer)
                 started = time.perf_counter()
                 files = writer.write(table, data, file_prefix=f"bench-{i}")
                 elapsed = time.perf_counter() - started
+                cpu_after = _cpu_seconds(writer)
                 label = "cold" if i == 0 else "warm"
+                cpu = (
+                    ""
+                    if cpu_before is None or cpu_after is None
+                    else f", {cpu_after - cpu_before:.1f} CPU s (JVM + Python)"
+                )
                 print(
                     f"{label} write: {args.rows:,} rows ({data.nbytes / 1e6:.0f} MB Arrow) in {elapsed:.2f} s "
-                    f"= {args.rows / elapsed:,.0f} rows/s, {len(files)} files, "
+                    f"= {args.rows / elapsed:,.0f} rows/s{cpu}, {len(files)} files, "
                     f"{sum(f.file_size_in_bytes for f in files) / 1e6:.1f} MB Parquet"
                 )
         finally:
