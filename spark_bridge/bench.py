@@ -57,7 +57,7 @@ def pizzas(table: Table, n: int, offset: int, rng: np.random.Generator) -> pa.Ta
 def _jvm_cpu_seconds(writer: SparkFileWriter) -> float | None:
     """CPU seconds used so far by the local driver JVM (Linux), or None (remote, other OS)."""
     try:
-        proc = writer.spark.sparkContext._gateway.proc  # type: ignore[attr-defined]
+        proc = writer.spark.sparkContext._gateway.proc  # type: ignore[union-attr]
         with open(f"/proc/{proc.pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -89,7 +89,7 @@ def total_rows(catalog, name):
     return int(snap.summary["total-records"]) if snap else 0
 
 
-def wait_rows(catalog, replicas, expected, timeout_s=240):
+def wait_rows(catalog, replicas, expected, timeout_s=600):
     deadline = time.monotonic() + timeout_s
     seen = None
     while time.monotonic() < deadline:

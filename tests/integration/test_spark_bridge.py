@@ -81,6 +81,14 @@ def writer() -> Iterator[SparkFileWriter]:
         w.stop()
 
 
+@pytest.fixture(scope="module")
+def shuffling_writer(writer: SparkFileWriter) -> SparkFileWriter:
+    """Same session, but every partitioned write is spread over tasks with repartition()."""
+    w = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-test", bytes_per_write_task=1))
+    w.start()  # getOrCreate: the module's session, stopped by the writer fixture
+    return w
+
+
 @pytest.fixture
 def catalog(tmp_path: Path) -> SqlCatalog:
     cat = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/wh")
@@ -176,13 +184,14 @@ def test_spark_schema_carries_field_ids_at_every_level() -> None:
 
 
 def test_partitioned_pizzas_one_file_per_partition_read_back_by_pyiceberg_and_duckdb(
-    writer: SparkFileWriter, catalog: SqlCatalog
+    writer: SparkFileWriter, shuffling_writer: SparkFileWriter, catalog: SqlCatalog
 ) -> None:
     spec = build_partition_spec(parse_partition_by("day(date_ordered), bucket(store_id, 8)"), PIZZA_SCHEMA)
     table = catalog.create_table("db.pizzas", schema=PIZZA_SCHEMA, partition_spec=spec)
     data = pizzas(table, 20_000, seed=1)
 
-    files = writer.write(table, data, file_prefix="round-1/worker-a")
+    # Spread over tasks (repartition by the partition tuple); the second round below uses one task.
+    files = shuffling_writer.write(table, data, file_prefix="round-1/worker-a")
 
     # One file per distinct partition tuple, each with the tuple Iceberg stores.
     day = DayTransform().transform(TimestampType())
@@ -242,7 +251,11 @@ def test_partitioned_pizzas_one_file_per_partition_read_back_by_pyiceberg_and_du
 
     # A second round in a fresh directory appends; the first round's files stay untouched.
     more = pizzas(table, 3_000, seed=2, start=20_000)
-    table = commit(table, writer.write(table, more, file_prefix="round-2/worker-a"), "c-2")
+    files = writer.write(table, more, file_prefix="round-2/worker-a")
+    more_rows = more.select(["store_id", "date_ordered"]).to_pylist()
+    more_tuples = Counter((day(r["date_ordered"]), bucket(r["store_id"])) for r in more_rows)
+    assert Counter({(f.partition[0], f.partition[1]): f.record_count for f in files}) == more_tuples
+    table = commit(table, files, "c-2")
     assert table.scan().to_arrow().num_rows == 23_000
     assert duck_count_distinct(table, "order_id") == (23_000, 23_000)
     with pytest.raises(FileExistsError):
