@@ -1,7 +1,8 @@
-"""Measure SparkFileWriter throughput: ``python -m spark_bridge.bench [--rows N] [--remote sc://...]``.
+"""Measure SparkFileWriter throughput: ``python bench/spark_write_bench.py [--rows N] [--remote sc://...]``.
 
 Creates a throw-away SQLite catalog, writes one cold batch of pizza orders (JVM warm-up), then
-``--repeat`` warm batches, and prints rows/s of each. Partitioned like the demo table
+``--repeat`` warm batches, and prints rows/s of each, with the CPU seconds used (local mode) and,
+as a yardstick from the same run, pyarrow writing the same rows to one Parquet file. Partitioned like the demo table
 (``day(date_ordered), bucket(store_id, 8)``) unless ``--partition-by ''``. Nothing is asserted:
 the figures depend on the machine and on what else runs on it.
 """
@@ -15,6 +16,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
@@ -103,6 +105,10 @@ def main() -> None:
                 elapsed = time.perf_counter() - started
                 cpu_after = _cpu_seconds(writer)
                 label = "cold" if i == 0 else "warm"
+                # Reference measured in the same run: pyarrow writing the same rows to one file.
+                started = time.perf_counter()
+                pq.write_table(data, f"{tmp}/reference.parquet", compression="zstd")
+                reference = args.rows / (time.perf_counter() - started)
                 cpu = (
                     ""
                     if cpu_before is None or cpu_after is None
@@ -111,7 +117,8 @@ def main() -> None:
                 print(
                     f"{label} write: {args.rows:,} rows ({data.nbytes / 1e6:.0f} MB Arrow) in {elapsed:.2f} s "
                     f"= {args.rows / elapsed:,.0f} rows/s{cpu}, {len(files)} files, "
-                    f"{sum(f.file_size_in_bytes for f in files) / 1e6:.1f} MB Parquet"
+                    f"{sum(f.file_size_in_bytes for f in files) / 1e6:.1f} MB Parquet; "
+                    f"pyarrow to one file: {reference:,.0f} rows/s ({args.rows / elapsed / reference:.1%})"
                 )
         finally:
             writer.stop()
