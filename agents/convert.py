@@ -56,9 +56,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from icesink.errors import IcesinkError
+from icesink.errors import UnsupportedTypeError
 
-__all__ = ["Converted", "Reject", "UnsupportedTypeError", "decode_json", "infer_schema"]
+__all__ = ["Converted", "Reject", "decode_json", "infer_schema"]
 
 Mask: TypeAlias = npt.NDArray[np.bool_]
 Path: TypeAlias = tuple[str, ...]
@@ -100,18 +100,14 @@ class Converted:
                 raise ValueError(f"record {reject.index}: expected a row or a reject, found both")
 
 
-class UnsupportedTypeError(IcesinkError):
-    """The target schema has a type that decode_json cannot fill from JSON. Fatal for the table."""
-
-    def __init__(self, field: str, type_: pa.DataType) -> None:
-        self.field = field
-        self.type = type_
-        super().__init__(
-            f"field {field!r}: decode_json cannot fill {type_} from JSON; expected one of "
-            "int8..int64, float32, float64, decimal128, string, large_string, bool, "
-            "timestamp (no time zone or UTC), date32, struct, list, large_list; "
-            "change the table schema or the record format"
-        )
+def _unsupported(field: str, type_: pa.DataType) -> UnsupportedTypeError:
+    """The target schema has a type that decode_json cannot fill from JSON."""
+    return UnsupportedTypeError(
+        field, type_, "decode_json cannot fill",
+        "int8..int64, float32, float64, decimal128, string, large_string, bool, "
+        "timestamp (no time zone or UTC), date32, struct, list, large_list",
+        "change the table schema or the record format",
+    )
 
 
 def decode_json(values: Sequence[bytes], schema: pa.Schema | None = None) -> Converted:
@@ -299,7 +295,7 @@ def _check_supported(schema: pa.Schema) -> None:
             check(t.value_type, f"{path}[]")
         elif pa.types.is_timestamp(t):
             if t.tz is not None and t.tz not in _UTC_NAMES:
-                raise UnsupportedTypeError(path, t)
+                raise _unsupported(path, t)
         elif not (
             pa.types.is_integer(t)
             or pa.types.is_float32(t)
@@ -309,7 +305,7 @@ def _check_supported(schema: pa.Schema) -> None:
             or pa.types.is_boolean(t)
             or pa.types.is_date32(t)
         ):
-            raise UnsupportedTypeError(path, t)
+            raise _unsupported(path, t)
 
     for f in schema:
         check(f.type, f.name)
@@ -639,7 +635,7 @@ def _convert(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
         return _to_timestamp(arr, t)
     if pa.types.is_date32(t):
         return _to_date(arr)
-    raise UnsupportedTypeError("?", t)  # _check_supported rules this out
+    raise _unsupported("?", t)  # _check_supported rules this out
 
 
 def _convert_list(arr: pa.ListArray, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
@@ -924,7 +920,7 @@ def _coerce(v: object, t: pa.DataType, nullable: bool, path: str) -> object:
         return _coerce_timestamp(v, t, path)
     if pa.types.is_date32(t):
         return _coerce_date(v, path)
-    raise UnsupportedTypeError(path, t)
+    raise _unsupported(path, t)
 
 
 def _coerce_integer(v: object, t: pa.DataType, path: str) -> int:

@@ -31,7 +31,7 @@ from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
-from icesink.errors import FencedError, IcesinkError
+from icesink.errors import FencedError
 from icesink.events import (
     Claim,
     CommitComplete,
@@ -111,6 +111,11 @@ class Worker:
             topic_replication_factor=1,
             broker_session_timeout=s.session_timeout_ms / 1000,
             broker_heartbeat_interval=max(0.5, s.session_timeout_ms / 10_000),
+            # Faust's defaults (1000 s poll interval, 60 s rebalance) let a group whose old
+            # members all stopped keep new members waiting for minutes on Tansu. The agent
+            # never blocks long (Spark writes run beside it), so shorter bounds are safe.
+            broker_max_poll_interval=60.0,
+            broker_rebalance_timeout=max(20.0, 2 * s.session_timeout_ms / 1000),
             stream_buffer_maxsize=max(4096, s.consumer_max_batch * 2),
             producer_acks=-1,
             logging_config=None,
@@ -123,13 +128,7 @@ class Worker:
         @app.agent(source, name="icesink-ingest")
         async def ingest(stream: faust.Stream) -> None:
             async for batch in stream.take_events(s.consumer_max_batch, within=0.2):
-                try:
-                    await worker.on_events(batch)
-                except IcesinkError:
-                    raise
-                except Exception:
-                    log.exception("ingest failed on a batch of %d events", len(batch))
-                    raise
+                await worker.on_events(batch)  # a crash is logged once, by Faust's supervisor
 
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_partitions_assigned.connect(self._on_assigned)

@@ -19,22 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
-from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import LongType, NestedField, StringType, TimestampType
 
+from icesink.pizzas import PIZZA_SCHEMA
 from spark_bridge.partitioning import build_partition_spec, parse_partition_by
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 
-PIZZA = Schema(
-    NestedField(1, "order_id", StringType(), required=True),
-    NestedField(2, "store_id", LongType()),
-    NestedField(3, "sauce", StringType()),
-    NestedField(4, "cheese", StringType()),
-    NestedField(5, "meats", StringType()),
-    NestedField(6, "veggies", StringType()),
-    NestedField(7, "date_ordered", TimestampType()),
-)
 
 
 def pizzas(table: Table, n: int, offset: int, rng: np.random.Generator) -> pa.Table:
@@ -88,8 +78,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="spark-bridge-bench-") as tmp:
         catalog = SqlCatalog("bench", uri=f"sqlite:///{tmp}/catalog.db", warehouse=f"file://{tmp}/wh")
         catalog.create_namespace("db")
-        spec = build_partition_spec(parse_partition_by(args.partition_by), PIZZA)
-        table = catalog.create_table("db.pizzas", schema=PIZZA, partition_spec=spec)
+        spec = build_partition_spec(parse_partition_by(args.partition_by), PIZZA_SCHEMA)
+        table = catalog.create_table("db.pizzas", schema=PIZZA_SCHEMA, partition_spec=spec)
         conf = dict(item.split("=", 1) for item in args.conf)
         writer = SparkFileWriter(SparkSettings(master=args.master, remote=args.remote, conf=conf))
         started = time.perf_counter()

@@ -111,7 +111,7 @@ class Coordinator:
             for offset, event in batch:
                 self.state.apply(offset, event, checkpoint_through=checkpoint_through)
                 replayed += 1
-            if not batch and await self._position() >= end:
+            if not batch and await self._reader.position() >= end:
                 break
         epochs = [self.state.log_epoch]
         for name in self.settings.tables:
@@ -131,9 +131,6 @@ class Coordinator:
             await self._answer(claim)
         self._next_round_at = time.monotonic() + self.settings.commit_interval_ms / 1000
         self.status["phase"] = "running"
-
-    async def _position(self) -> int:
-        return await self._reader._consumer.position(self._reader.tp)
 
     def _summary(self, name: str):  # type: ignore[no-untyped-def]
         try:

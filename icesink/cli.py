@@ -96,7 +96,7 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
                 batch = await reader.read(1.0)
                 for offset, ev in batch:
                     print(f"{offset:>8}  {describe(ev)}", flush=True)
-                if not batch and not args.follow and await reader._consumer.position(reader.tp) >= end:
+                if not batch and not args.follow and await reader.position() >= end:
                     return
         finally:
             await reader.stop()

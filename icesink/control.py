@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition as KafkaTP
 from aiokafka.structs import OffsetAndMetadata
@@ -95,6 +95,10 @@ class ControlReader:
         await self._consumer.seek_to_beginning(self.tp)
         return await self._consumer.position(self.tp)
 
+    async def position(self) -> int:
+        """The offset of the next event this reader will return."""
+        return int(await self._consumer.position(self.tp))
+
     async def end_offset(self) -> int:
         return int((await self._consumer.end_offsets([self.tp]))[self.tp])
 
@@ -127,8 +131,3 @@ class ControlReader:
                 if off > offset:
                     return None
         return None
-
-    async def tail(self) -> AsyncIterator[tuple[int, events.Event]]:
-        while True:
-            for item in await self.read(1.0):
-                yield item

@@ -54,6 +54,16 @@ class DataError(IcesinkError):
         super().__init__(f"{reason}{suffix}")
 
 
+class UnsupportedTypeError(IcesinkError):
+    """A column type one stage cannot handle (JSON conversion, Spark's Parquet writer).
+    Fatal for the table: names the field, the type, what is supported and what to do."""
+
+    def __init__(self, field: str, type_: object, problem: str, supported: str, remedy: str) -> None:
+        self.field = field
+        self.type = type_
+        super().__init__(f"field {field!r}: {problem} {type_}; expected one of {supported}; {remedy}")
+
+
 class ProtocolError(IcesinkError):
     """A control-topic event that breaks the commit protocol (unknown type, newer version...)."""
 

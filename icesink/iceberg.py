@@ -171,4 +171,4 @@ def latest_sink_summary(table: Table, group: str) -> SinkSummary | None:
 
 def local_path(uri: str) -> Path:
     """A local filesystem path for a file:// URI or plain path."""
-    return Path(uri.removeprefix("file://")) if uri.startswith("file://") or uri.startswith("/") else Path(uri)
+    return Path(uri.removeprefix("file://"))

@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType, TimestampType
+
 __all__ = [
     "CHEESES",
     "DATE_FORMAT",
@@ -47,6 +50,18 @@ PIZZA_KEYS: Final = (
     "date_ordered",
 )
 DATE_FORMAT: Final = "%Y-%m-%d %H:%M:%S"
+
+# The Iceberg schema of a pizza table created beforehand: date_ordered as a timestamp (an
+# auto-created table keeps it as the string it arrives as).
+PIZZA_SCHEMA: Final = Schema(
+    NestedField(1, "order_id", StringType(), required=True),
+    NestedField(2, "store_id", LongType()),
+    NestedField(3, "sauce", StringType()),
+    NestedField(4, "cheese", StringType()),
+    NestedField(5, "meats", StringType()),
+    NestedField(6, "veggies", StringType()),
+    NestedField(7, "date_ordered", TimestampType()),
+)
 #: First day of :func:`pizza_values` orders unless a start is given (fixed, for determinism).
 DEFAULT_START: Final = datetime(2026, 11, 1)
 

@@ -38,11 +38,10 @@ from pyiceberg.types import (
 )
 from pyspark.sql import types as st
 
-from icesink.errors import IcesinkError
+from icesink.errors import UnsupportedTypeError
 
 __all__ = [
     "FIELD_ID_KEY",
-    "UnsupportedTypeError",
     "name_mapping_mismatch",
     "name_mapping_properties",
     "requires_name_mapping",
@@ -52,17 +51,14 @@ __all__ = [
 FIELD_ID_KEY = "parquet.field.id"
 
 
-class UnsupportedTypeError(IcesinkError):
+def _unsupported(column: str, iceberg_type: IcebergType) -> UnsupportedTypeError:
     """A table column has an Iceberg type that Spark's Parquet writer cannot write."""
-
-    def __init__(self, column: str, iceberg_type: IcebergType) -> None:
-        self.column = column
-        self.iceberg_type = iceberg_type
-        super().__init__(
-            f"column {column!r} has Iceberg type {iceberg_type}, which Spark cannot write to Parquet: "
-            "expected boolean, int, long, float, double, decimal, string, binary, date, timestamp, "
-            "timestamptz, struct, list or map; change the column type or write this table without Spark"
-        )
+    return UnsupportedTypeError(
+        column, iceberg_type, "Spark cannot write Iceberg type",
+        "boolean, int, long, float, double, decimal, string, binary, date, timestamp, "
+        "timestamptz, struct, list or map",
+        "change the column type or write this table without Spark",
+    )
 
 
 _PRIMITIVES: dict[type[IcebergType], st.DataType] = {
@@ -98,7 +94,7 @@ def _spark_type(iceberg_type: IcebergType, path: str, ids: bool) -> st.DataType:
     spark_type = _PRIMITIVES.get(type(iceberg_type))
     if spark_type is None:
         # uuid, time, fixed, timestamp_ns, timestamptz_ns, unknown, variant, geometry...
-        raise UnsupportedTypeError(path, iceberg_type)
+        raise _unsupported(path, iceberg_type)
     return spark_type
 
 

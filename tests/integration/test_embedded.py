@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from icesink.embedded import BrokerStartError, EmbeddedBroker, free_port
+from icesink.embedded import BrokerStartError, EmbeddedBroker
 from icesink.kafka_admin import TopicError, end_offsets, ensure_topic
 from icesink.pizzas import pizza_values, produce
 

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -34,11 +32,10 @@ GROUP = "it-sink"
 @pytest.fixture
 def env(broker, tmp_path):
     from pyiceberg.catalog import load_catalog
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import LongType, NestedField, StringType, TimestampType
 
     from icesink.embedded import sqlite_catalog_properties
     from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import PIZZA_SCHEMA as schema
     from spark_bridge.partitioning import build_partition_spec, parse_partition_by
 
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 6))
@@ -46,15 +43,6 @@ def env(broker, tmp_path):
     props = sqlite_catalog_properties(tmp_path / "catalog")
     catalog = load_catalog("it", **props)
     catalog.create_namespace("rpc")
-    schema = Schema(
-        NestedField(1, "order_id", StringType(), required=False),
-        NestedField(2, "store_id", LongType(), required=False),
-        NestedField(3, "sauce", StringType(), required=False),
-        NestedField(4, "cheese", StringType(), required=False),
-        NestedField(5, "meats", StringType(), required=False),
-        NestedField(6, "veggies", StringType(), required=False),
-        NestedField(7, "date_ordered", TimestampType(), required=False),
-    )
     spec = build_partition_spec(parse_partition_by("day(date_ordered), bucket(store_id, 8)"), schema)
     catalog.create_table(PARTED, schema=schema, partition_spec=spec)
     config = {
@@ -89,21 +77,17 @@ def total_rows(catalog, name):
     return int(snap.summary["total-records"]) if snap else 0
 
 
-def wait_rows(catalog, replicas, expected, timeout_s=600):
+def wait_rows(catalog, replicas, expected, timeout_s=900):
     deadline = time.monotonic() + timeout_s
     seen = None
     while time.monotonic() < deadline:
         replicas.check_alive()
-        seen = {name: total_rows(catalog, name) if _exists(catalog, name) else 0 for name in (AUTO, PARTED)}
+        seen = {name: total_rows(catalog, name) if catalog.table_exists(name) else 0 for name in (AUTO, PARTED)}
         if all(v >= expected for v in seen.values()):
             return seen
         time.sleep(1)
     logs = "\n".join(r.log_path.read_text()[-2000:] for r in replicas.replicas.values())
     raise AssertionError(f"expected {expected} rows, found {seen}\n{logs}")
-
-
-def _exists(catalog, name):
-    return catalog.table_exists(name)
 
 
 def check_exact(catalog, name, order_ids):
@@ -130,6 +114,9 @@ def metric(port, name):
     return total
 
 
+# A whole-group restart on Tansu sometimes waits minutes for the new group to form (open
+# issue, see the closing note); the rows must still be exact, so the test waits for them.
+@pytest.mark.timeout(1800)
 def test_pizzas_exactly_once_through_restarts(env):
     from icesink.pizzas import pizza_values
     from icesink.replicas import ReplicaSet
@@ -187,7 +174,7 @@ def check_snapshots(catalog, bootstrap):
         try:
             end = await reader.end_offset()
             await reader.seek(0)
-            while await reader._consumer.position(reader.tp) < end:
+            while await reader.position() < end:
                 out += [ev for _, ev in await reader.read(1.0) if isinstance(ev, CommitToTable)]
         finally:
             await reader.stop()
@@ -212,7 +199,10 @@ def check_snapshots(catalog, bootstrap):
 
 def check_partitions(catalog):
     """Every data file of the partitioned table holds exactly one partition value, equal to
-    the transforms of its rows; about one file per partition touched per worker per round."""
+    the transforms of its rows, and each Spark write makes one file per partition touched."""
+    import datetime as dt
+
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from pyiceberg.transforms import BucketTransform, DayTransform
     from pyiceberg.types import LongType, TimestampType
@@ -222,30 +212,25 @@ def check_partitions(catalog):
     table = catalog.load_table(PARTED)
     day = DayTransform().transform(TimestampType())
     bucket = BucketTransform(8).transform(LongType())
-    files = list(table.inspect.files().to_pylist())
+    files = table.inspect.files().to_pylist()
     assert files
     for f in files:
         data = pq.read_table(local_path(f["file_path"]), columns=["store_id", "date_ordered"])
-        expected = {
-            (day(int(ts.value // 1000) if hasattr(ts, "value") else _micros(ts)), bucket(sid))
-            for sid, ts in zip(data["store_id"].to_pylist(), data["date_ordered"].to_pylist())
-        }
+        micros = data["date_ordered"].cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
+        expected = {(day(ts), bucket(sid)) for sid, ts in zip(data["store_id"].to_pylist(), micros)}
         part = f["partition"]
-        assert expected == {(part["date_ordered_day"] if isinstance(part["date_ordered_day"], int) else _days(part["date_ordered_day"]), part["store_id_bucket"])}, f["file_path"]
-    per_round = len(files) / len(table.snapshots())
-    assert per_round <= 2 * 3 * 8 + 8, per_round  # workers x days x buckets, never a spray
-
-
-def _micros(ts):
-    import datetime as dt
-
-    return int((ts - dt.datetime(1970, 1, 1)).total_seconds() * 1_000_000)
-
-
-def _days(d):
-    import datetime as dt
-
-    return (d - dt.date(1970, 1, 1)).days
+        stored_day = part["date_ordered_day"]
+        if isinstance(stored_day, dt.date):  # inspect.files() may render day() as a date
+            stored_day = (stored_day - dt.date(1970, 1, 1)).days
+        assert expected == {(stored_day, part["store_id_bucket"])}, f["file_path"]
+    # Never a spray: one Spark write (its own directory under data/) makes one file per
+    # partition tuple it touches.
+    per_write: dict[str, list[tuple]] = {}
+    for f in files:
+        write_dir = f["file_path"].split("/data/", 1)[1].split("/", 1)[0]
+        per_write.setdefault(write_dir, []).append(tuple(sorted(f["partition"].items())))
+    for write_dir, tuples in per_write.items():
+        assert len(tuples) == len(set(tuples)), f"write {write_dir}: several files for one partition"
 
 
 def test_idle_partitions_do_not_delay_commits(broker, tmp_path):

@@ -49,22 +49,15 @@ from pyiceberg.types import (
 from pyspark.sql import types as st
 
 from icesink.errors import ConfigError
+from icesink.pizzas import PIZZA_SCHEMA
 from spark_bridge.partitioning import build_partition_spec, parse_partition_by
-from spark_bridge.schema import UnsupportedTypeError, name_mapping_properties, spark_schema
+from icesink.errors import UnsupportedTypeError
+from spark_bridge.schema import name_mapping_properties, spark_schema
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 from tests.support import duck
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::FutureWarning")]
 
-PIZZA_SCHEMA = Schema(
-    NestedField(1, "order_id", StringType(), required=True),
-    NestedField(2, "store_id", LongType()),
-    NestedField(3, "sauce", StringType()),
-    NestedField(4, "cheese", StringType()),
-    NestedField(5, "meats", StringType()),
-    NestedField(6, "veggies", StringType()),
-    NestedField(7, "date_ordered", TimestampType()),
-)
 
 
 # ---------------------------------------------------------------------------------------------

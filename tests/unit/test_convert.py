@@ -34,7 +34,8 @@ from pyiceberg.types import (
 )
 
 import agents.convert as convert
-from agents.convert import Converted, Reject, UnsupportedTypeError, decode_json, infer_schema
+from agents.convert import Converted, Reject, decode_json, infer_schema
+from icesink.errors import UnsupportedTypeError
 
 SAMPLE = {
     "order_id": "af69865f-61a7-4e39-824e-cbdcf4a0c45e",
