@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 from typing import Any, Iterable, Sequence
@@ -32,6 +33,7 @@ from coordinator.service import Coordinator
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
 from icesink.errors import FencedError
+from icesink.faults import crash_point, die, should_crash
 from icesink.events import (
     Claim,
     CommitComplete,
@@ -189,10 +191,11 @@ class Worker:
         faust_worker = faust.Worker(
             self.app, loop=loop, override_logging=False, quiet=True, redirect_stdouts=False, daemon=False,
         )
+        # Ours only request a stop; Faust's would stop Faust alone (and a SIGTERM during
+        # its start-up was lost, the replica running on without consuming).
+        faust_worker.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._install_fetch_stamp()
         await faust_worker.start()
-        for sig in (signal.SIGTERM, signal.SIGINT):  # Faust installed its own; ours only request a stop
-            loop.add_signal_handler(sig, self.request_stop)
         await spark_started
         self.status["phase"] = "running"
         log.info("worker %s running (group %s, topics %s, tables %s)", self.worker_id,
@@ -200,9 +203,29 @@ class Worker:
         await self._stop.wait()
         await self._shutdown(faust_worker)
 
+    def status_report(self) -> dict[str, Any]:
+        """For /status (read from the HTTP thread: copies only)."""
+        out = dict(self.status)
+        out["partitions"] = {
+            str(tp): {"active": st.active, "next_offset": st.next_offset}
+            for tp, st in list(self.buffers.partitions.items())
+        }
+        out["buffered"] = {"rows": self.buffers.rows, "bytes": self.buffers.nbytes, "backpressure": self._backpressure}
+        coordinator = self._coordinator if self._coordinator_task is not None else None
+        out["coordinator"] = dict(coordinator.status) if coordinator is not None else None
+        return out
+
     def request_stop(self) -> None:
+        if self._stop.is_set():
+            return
         log.info("stop requested")
         self._stop.set()
+        # The shutdown bound holds in every phase (also mid start-up, or if a client hangs):
+        # past it the process exits hard, which the protocol treats like kill -9.
+        limit = self.settings.shutdown_timeout_ms / 1000 + 2.0
+        timer = threading.Timer(limit, _exit_hard, args=(limit,))
+        timer.daemon = True
+        timer.start()
 
     async def _shutdown(self, faust_worker: faust.Worker) -> None:
         """Hand partitions back and stop, all within one deadline. Buffered data that is not
@@ -419,6 +442,8 @@ class Worker:
             response_id = str(uuid.uuid4())
             written: list[DataWritten] = []
             started = time.monotonic()
+            if should_crash(self.settings, "worker.during-write"):
+                asyncio.get_running_loop().call_later(0.5, die, "worker.during-write")
             try:
                 for name, data in snap.tables().items():
                     self._seq += 1
@@ -440,6 +465,7 @@ class Worker:
             self.metrics.write_duration.observe(time.monotonic() - started)
             for ev in written:
                 await self.producer.send(ev)
+                crash_point(self.settings, "worker.mid-response")
             await self.producer.send(DataComplete(
                 commit_id, response_id, self.worker_id, snap.generation, snap.ranges, len(written),
                 self._valid_through_ms(),
@@ -535,6 +561,13 @@ class Worker:
         if self._backpressure:
             paused = len(self.buffers.partitions)
         self.metrics.paused_partitions.set(paused)
+
+
+def _exit_hard(limit: float) -> None:
+    log.error("shutdown did not finish within %.1fs; exiting now (uncommitted work is re-read by the next owner)", limit)
+    for h in logging.getLogger().handlers:
+        h.flush()
+    os._exit(70)
 
 
 class _NoReadOffsets(dict):  # type: ignore[type-arg]

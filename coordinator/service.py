@@ -12,11 +12,12 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.io import load_file_io
 
 from coordinator.committer import TableCommit, commit_table
 from coordinator.state import Accepted, CoordinatorState, checkpoint_event
@@ -27,12 +28,14 @@ from icesink.events import (
     Claim,
     CommitComplete,
     CommitToTable,
+    FileInfo,
     Position,
     Resume,
     Rewind,
     StartCommit,
     TopicPartition,
 )
+from icesink.faults import crash_point
 from icesink.iceberg import latest_sink_summary
 from icesink.metrics import Metrics
 from icesink.offload import Offload
@@ -120,7 +123,9 @@ class Coordinator:
                 epochs.append(summary.epoch)
         self.epoch = max(epochs) + 1
         self.metrics.coordinator_epoch.set(self.epoch)
-        self.state.take_rejected()  # decided by the previous coordinator already
+        # Rewinds were sent by the previous coordinator; the files may not be deleted yet.
+        decided = [f for r in self.state.take_rejected() for f in r.files]
+        await self._delete_files(decided + self.state.take_orphans())
         log.info(
             "coordinator epoch %d recovered from control offset %d (%d events, %d accepted responses to roll forward)",
             self.epoch, start, replayed, len(self.state.pending),
@@ -156,6 +161,7 @@ class Coordinator:
                     await self._answer(event)
             for rej in self.state.take_rejected():
                 await self._reject(rej)
+            await self._delete_files(self.state.take_orphans())
             await self._maybe_close_round()
             await self._maybe_start_round()
 
@@ -199,8 +205,13 @@ class Coordinator:
         self.metrics.responses_rejected.labels(reason=rej.reason.split(":")[0][:40]).inc()
         log.warning("rejected response from %s: %s", rej.worker, rej.reason)
         await self.producer.send(Rewind(self.epoch, rej.worker, rej.partitions, rej.reason))
-        for f in rej.files:
-            await self.offload.run(_delete_quietly, f.path)
+        await self._delete_files(rej.files)
+
+    async def _delete_files(self, files: Sequence[FileInfo]) -> None:
+        """Delete files that can never be committed (rejected or abandoned responses)."""
+        if files:
+            await self.offload.run(delete_files, self.catalog, [f.path for f in files])
+            self.metrics.orphans_deleted.inc(len(files))
 
     # Rounds ----------------------------------------------------------------------------------
 
@@ -245,7 +256,9 @@ class Coordinator:
         vts = [a.valid_through_ms for a in batch]
         valid_through = None if (partial or not vts or None in vts) else min(v for v in vts if v is not None)
         tables = sorted({t for a in batch for t in a.files})
-        for table in tables:
+        for i, table in enumerate(tables):
+            if i:
+                crash_point(self.settings, "coordinator.between-table-commits")
             result = await self._commit_table_with_retry(table, batch, commit_id, cp.positions, valid_through)
             if result.snapshot_id is not None:
                 await self.producer.send(CommitToTable(
@@ -305,10 +318,13 @@ class Coordinator:
             return result
 
 
-def _delete_quietly(path: str) -> None:
-    from icesink.iceberg import local_path
-
-    try:
-        local_path(path).unlink(missing_ok=True)
-    except OSError as exc:
-        log.warning("could not delete orphan file %s: %s", path, exc)
+def delete_files(catalog: Catalog, paths: Sequence[str]) -> None:
+    """Delete data files through the catalog's FileIO (local, S3, ...); missing ones are fine.
+    A file that cannot be deleted is left to ``icesink gc``."""
+    for path in paths:
+        try:
+            load_file_io(catalog.properties, path).delete(path)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - never let cleanup stop commits
+            log.warning("could not delete uncommitted file %s (icesink gc will): %s", path, exc)

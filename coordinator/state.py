@@ -102,6 +102,8 @@ class CoordinatorState:
     commit_requested: bool = False
     # Responses that must be rejected, collected for the service to act on.
     rejected: list[Rejected] = field(default_factory=list)
+    # Files of responses that can never complete: safe to delete (see _expire_partials).
+    orphans: list[FileInfo] = field(default_factory=list)
 
     @classmethod
     def from_checkpoint(cls, cp: CommitComplete) -> "CoordinatorState":
@@ -131,6 +133,7 @@ class CoordinatorState:
                     if cur is None or cur[1] <= event.generation:
                         self.owners[tp] = (event.worker, event.generation)
                 self.unanswered[(event.worker, event.generation)] = event
+                self._expire_partials()
             case Resume():
                 if event.epoch < self.log_epoch:
                     return  # a stale coordinator's answer
@@ -164,6 +167,7 @@ class CoordinatorState:
 
     def _complete(self, offset: int, event: DataComplete) -> None:
         part = self.partial.pop(event.response_id, None)
+        self._expire_partials(completed_by=event.worker, before=offset)
         written = part.written if part else []
         files = tuple(f for w in written for f in w.files)
         if len(written) != event.events_sent:
@@ -188,6 +192,24 @@ class CoordinatorState:
             by_table[w.table] = by_table.get(w.table, ()) + w.files
         self.pending.append(Accepted(
             offset, event.commit_id, event.worker, event.ranges, by_table, event.valid_through_ms))
+
+    def _expire_partials(self, completed_by: str | None = None, before: int = -1) -> None:
+        """Drop responses that can never be accepted, and hand their files to deletion:
+        - a later response of the same worker completed (a worker answers one round at a
+          time, so an earlier response still open was abandoned: its sender failed mid-way);
+        - its worker owns no partition any more (a completion now would fail the owner check).
+        A dropped response that completes after all is rejected as incomplete (no files).
+        Both facts only grow with the log, so replay reaches the same decisions."""
+        owning = {w for w, _ in self.owners.values()}
+        for rid, part in list(self.partial.items()):
+            later = part.worker == completed_by and part.first_offset < before
+            if later or (self.owners and part.worker not in owning):
+                del self.partial[rid]
+                self.orphans.extend(f for w in part.written for f in w.files)
+
+    def take_orphans(self) -> list[FileInfo]:
+        out, self.orphans = self.orphans, []
+        return out
 
     # Queries -----------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The ``icesink`` command: ``worker``, ``demo``, ``control tail``."""
+"""The ``icesink`` command: ``worker``, ``demo``, ``control tail``, ``gc``."""
 
 from __future__ import annotations
 
@@ -45,21 +45,20 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server
-
     from agents.worker import Worker
     from icesink.metrics import Metrics
     from icesink.stack import resolve_bootstrap
+    from icesink.status import serve
 
     settings = _settings(args)
     log.info("settings: %s", settings.masked())
     bootstrap, broker = resolve_bootstrap(settings)
     metrics = Metrics()
+    worker = Worker(settings, bootstrap, metrics)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr="0.0.0.0", registry=metrics.registry)
-        log.info("metrics on http://0.0.0.0:%d/metrics", settings.metrics_port)
+        serve(settings.metrics_port, metrics.registry, worker.status_report)
     try:
-        asyncio.run(Worker(settings, bootstrap, metrics).run())
+        asyncio.run(worker.run())
     finally:
         if broker is not None:
             broker.stop()
@@ -102,6 +101,38 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
             await reader.stop()
 
     asyncio.run(tail())
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from coordinator.gc import delete_orphans, find_orphans, in_flight_files, parse_duration
+    from icesink.iceberg import load_catalog
+
+    settings = _settings(args)
+    older_than = parse_duration(args.older_than)
+    catalog = load_catalog(settings)
+    protected: set[str] = set()
+    if not args.no_control:
+        bootstrap = settings.bootstrap_servers
+        if bootstrap is None:
+            from icesink.stack import resolve_bootstrap
+
+            bootstrap, _ = resolve_bootstrap(settings)
+        protected = asyncio.run(in_flight_files(settings, bootstrap))
+    total = 0
+    for name in args.table or settings.tables:
+        table = catalog.load_table(name)
+        orphans = find_orphans(table, older_than, protected)
+        for o in orphans:
+            print(f"{name}\t{o.path}\t{o.size_bytes}\t{o.age_s / 3600:.1f}h", flush=True)
+        size = sum(o.size_bytes for o in orphans)
+        if args.delete and orphans:
+            deleted = delete_orphans(table, orphans)
+            print(f"{name}: deleted {deleted} of {len(orphans)} orphan files ({size} bytes)", file=sys.stderr)
+        else:
+            print(f"{name}: {len(orphans)} orphan files ({size} bytes) older than {args.older_than}"
+                  + ("" if args.delete else "; add --delete to delete them"), file=sys.stderr)
+        total += len(orphans)
     return 0
 
 
@@ -153,6 +184,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     t.add_argument("--last", type=int, default=0, help="start this many events before the end (default: all)")
     t.set_defaults(fn=cmd_control_tail)
+
+    g = sub.add_parser(
+        "gc", help="list or delete orphan data files (referenced by no snapshot)",
+        description="List (default) or delete data files under each table's location that no "
+        "snapshot references, that no in-flight response in the control log names, and that are "
+        "older than --older-than. Committed files are never deleted.",
+    )
+    common(g)
+    g.add_argument("--table", action="append", help="only this table (repeatable; default: iceberg.tables)")
+    g.add_argument("--older-than", default="1d", help="grace period: 90s, 30m, 6h, 3d (default 1d)")
+    g.add_argument("--delete", action="store_true", help="delete the orphans (default: only list them)")
+    g.add_argument("--no-control", action="store_true",
+                   help="do not read the control topic for in-flight files (only when the broker is gone; "
+                   "then use a grace period longer than any catalog outage)")
+    g.set_defaults(fn=cmd_gc)
     return p
 
 

@@ -102,12 +102,17 @@ class Settings(BaseSettings):
     worker_id: str | None = Field(None, alias="worker.id")
     shutdown_timeout_ms: int = Field(30_000, alias="shutdown.timeout-ms", ge=100)
 
+    # Fault injection for the fault tests (icesink/faults.py); never set in production.
+    fault_crash_at: tuple[
+        Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response"], ...
+    ] = Field((), alias="fault.crash-at")
+
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, **_: Any):  # type: ignore[no-untyped-def]
         # load_settings() merges file, environment and flags itself; nothing else is read.
         return (init_settings,)
 
-    @field_validator("topics", "tables", mode="before")
+    @field_validator("topics", "tables", "fault_crash_at", mode="before")
     @classmethod
     def _split_list(cls, v: Any) -> Any:
         if isinstance(v, str):

@@ -56,6 +56,9 @@ class Metrics:
             "Rounds closed on the commit timeout without every partition answering", registry=r)
         self.responses_rejected = Counter(
             "icesink_responses_rejected_total", "Worker responses rejected", ["reason"], registry=r)
+        self.orphans_deleted = Counter(
+            "icesink_orphan_files_deleted_total",
+            "Data files deleted because their response was rejected or abandoned", registry=r)
         self.commit_duration = Histogram(
             "icesink_commit_duration_seconds", "Iceberg table commit, including retries",
             ["table"], buckets=COMMIT_BUCKETS, registry=r)

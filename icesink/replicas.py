@@ -65,7 +65,7 @@ class ReplicaSet:
             try:
                 r.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                r.proc.kill()
+                os.killpg(r.proc.pid, signal.SIGKILL)
                 r.proc.wait()
         r.log_handle.close()
         return int(r.proc.returncode)

@@ -91,14 +91,14 @@ def wait_rows(catalog, replicas, expected, timeout_s=900):
 
 
 def check_exact(catalog, name, order_ids):
-    from tests.support import duck
+    from icesink import duck
 
     table = catalog.load_table(name)
     count, distinct = duck.count_and_distinct(table.metadata_location, "order_id")
     assert (count, distinct) == (len(order_ids), len(order_ids)), name
     con = duck.connect()
     got = {r[0] for r in con.execute(
-        f"SELECT order_id FROM iceberg_scan('{duck._plain(table.metadata_location)}')").fetchall()}
+        f"SELECT order_id FROM iceberg_scan('{duck.plain_path(table.metadata_location)}')").fetchall()}
     assert got == order_ids, f"{name}: missing {len(order_ids - got)}, unexpected {len(got - order_ids)}"
 
 

@@ -54,7 +54,7 @@ from spark_bridge.partitioning import build_partition_spec, parse_partition_by
 from icesink.errors import UnsupportedTypeError
 from spark_bridge.schema import name_mapping_properties, spark_schema
 from spark_bridge.writer import SparkFileWriter, SparkSettings
-from tests.support import duck
+from icesink import duck
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::FutureWarning")]
 

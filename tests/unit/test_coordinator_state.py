@@ -119,3 +119,33 @@ def test_replay_from_checkpoint_reaches_the_same_state():
     assert recovered.accepted == live.accepted == {A: 9, B: 12}
     assert [p.offset for p in recovered.pending] == [p.offset for p in live.pending]
     assert recovered.owners == live.owners
+
+
+def test_open_response_abandoned_by_a_later_completed_one_is_expired_with_its_files():
+    """A worker answers one round at a time: its later completed response proves the earlier
+    open one (sender failed after some DataWritten) can never complete."""
+    events = log_with_owners() + [DataWritten("r1", "x", "w1", "db.t", (f("lost"),))]
+    events += response("y", "w1", 1, [OffsetRange(A, 0, 5), OffsetRange(B, 10, 10)], files=("kept",))
+    st = run(events)
+    assert [o.path for o in st.take_orphans()] == ["file:///x/lost.parquet"]
+    assert not st.partial and len(st.pending) == 1
+    batch, cp = st.take_pending()
+    assert cp.replay_from == len(events)  # nothing open pins the replay any more
+
+
+def test_open_response_of_a_worker_that_lost_every_partition_is_expired():
+    events = log_with_owners() + [DataWritten("r1", "x", "w1", "db.t", (f("dead"),))]
+    st = run(events + [Claim("w2", 2, (A,))])
+    assert st.take_orphans() == [] and "x" in st.partial  # w1 still owns B
+    st.apply(len(events) + 1, Claim("w2", 2, (B,)))
+    assert [o.path for o in st.take_orphans()] == ["file:///x/dead.parquet"]
+    # If it completes after all, it is rejected as incomplete and offers no files.
+    st.apply(len(events) + 2, DataComplete("r1", "x", "w1", 1, (OffsetRange(A, 0, 5),), 1, None))
+    [rej] = st.take_rejected()
+    assert "incomplete" in rej.reason and rej.files == () and not st.pending
+
+
+def test_open_response_of_an_owner_is_kept():
+    events = log_with_owners() + [DataWritten("r1", "x", "w1", "db.t", (f("a"),)), Claim("w2", 2, (TopicPartition("u", 0),))]
+    st = run(events)
+    assert "x" in st.partial and st.take_orphans() == []

@@ -1,4 +1,4 @@
-"""DuckDB as an independent reader of Iceberg tables, loaded from the installed wheels only.
+"""DuckDB as an independent reader of Iceberg tables (tests, chaos runs), loaded from the installed wheels only.
 
 The ``duckdb-extension-{iceberg,avro,parquet}`` wheels ship ``.duckdb_extension`` files; this
 module loads those by path and switches off every kind of extension download, so tests never
@@ -13,7 +13,7 @@ from typing import Any
 
 import duckdb
 
-__all__ = ["connect", "count_and_distinct", "extension_path", "scan_rows", "snapshots"]
+__all__ = ["connect", "count_and_distinct", "extension_path", "plain_path", "scan_rows", "snapshots"]
 
 #: Load order matters: iceberg reads Avro manifests and Parquet data files.
 _EXTENSIONS = ("parquet", "avro", "iceberg")
@@ -63,7 +63,7 @@ def connect() -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _plain(metadata_location: str) -> str:
+def plain_path(metadata_location: str) -> str:
     """``file:///x/y`` -> ``/x/y``; other locations unchanged."""
     if metadata_location.startswith("file://"):
         return metadata_location[len("file://") :]
@@ -83,7 +83,7 @@ def _records(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> lis
 def scan_rows(metadata_location: str) -> list[dict[str, Any]]:
     """Every row of the table's current snapshot (in no particular order)."""
     with connect() as con:
-        return _records(con, "SELECT * FROM iceberg_scan(?)", [_plain(metadata_location)])
+        return _records(con, "SELECT * FROM iceberg_scan(?)", [plain_path(metadata_location)])
 
 
 def count_and_distinct(metadata_location: str, key: str) -> tuple[int, int]:
@@ -91,7 +91,7 @@ def count_and_distinct(metadata_location: str, key: str) -> tuple[int, int]:
     with connect() as con:
         row = con.execute(
             f"SELECT count(*), count(DISTINCT {_quote_ident(key)}) FROM iceberg_scan(?)",
-            [_plain(metadata_location)],
+            [plain_path(metadata_location)],
         ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
@@ -103,5 +103,5 @@ def snapshots(metadata_location: str) -> list[dict[str, Any]]:
         return _records(
             con,
             "SELECT * FROM iceberg_snapshots(?) ORDER BY sequence_number",
-            [_plain(metadata_location)],
+            [plain_path(metadata_location)],
         )

@@ -1,0 +1,46 @@
+"""Fault injection for the fault tests: ``fault.crash-at=<point>[,<point>...]`` makes a replica kill itself
+with SIGKILL (as ``kill -9`` would) at an instant that random kills rarely hit, such as between
+two table commits of one round.
+
+Each point fires once per ``state.dir``: the first replica to reach it creates a marker file
+``fault-<point>.fired`` there and dies; replicas restarted with the same setting carry on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+from icesink.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def should_crash(settings: Settings, point: str) -> bool:
+    """True once per state dir for the configured point (and claims it)."""
+    if point not in settings.fault_crash_at:
+        return False
+    marker = settings.state_dir / f"fault-{point}.fired"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
+def die(point: str) -> None:
+    log.error("fault injection: SIGKILL at %s", point)
+    for h in logging.getLogger().handlers:
+        h.flush()
+    if os.getpgid(0) == os.getpid():  # a session leader (as replicas are): take Spark's JVM too
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crash_point(settings: Settings, point: str) -> None:
+    if should_crash(settings, point):
+        die(point)

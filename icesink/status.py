@@ -1,0 +1,51 @@
+"""The HTTP endpoint of a replica, on ``metrics.port``: ``/metrics`` (Prometheus text format)
+and ``/status`` (JSON: this worker's phase and partitions, and the coordinator's phase, last
+commit and any failing commit with its error and attempt count, when this replica runs it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+
+def serve(port: int, registry: CollectorRegistry, status: Callable[[], dict[str, Any]]) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
+            elif path == "/status":
+                body, ctype = json.dumps(_snapshot(status), indent=2, default=str).encode(), "application/json"
+            else:
+                self.send_error(404, "try /metrics or /status")
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="icesink-http", daemon=True).start()
+    log.info("metrics on http://0.0.0.0:%d/metrics, status on /status", port)
+    return server
+
+
+def _snapshot(status: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    for _ in range(3):  # the event loop may change the dicts while we copy them
+        try:
+            return status()
+        except RuntimeError:
+            continue
+    return {"error": "status busy, retry"}

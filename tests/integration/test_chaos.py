@@ -1,0 +1,24 @@
+"""The CI-sized chaos run: 3 worker replicas, SIGKILL (and some SIGTERM) at random instants every
+few seconds with restarts, 200,000 records; both tables must hold exactly what was produced
+(icesink/chaos.py; the long version is bench/chaos.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(900)
+def test_chaos_200k_records_three_replicas_random_kills(broker, catalog_props, tmp_path):
+    from icesink.chaos import run_chaos
+
+    report = run_chaos(
+        tmp_path, bootstrap=broker.bootstrap, catalog_props=catalog_props, records=200_000,
+        replicas=3, fault_s=100, kill_every_s=(4, 9), settle_timeout_s=420, seed=11,
+    )
+    print("\n".join(report.lines()))
+    assert report.faults["SIGKILL"] >= 5, report.faults
+    assert report.exact, "\n".join(report.lines())
+    # SIGTERM: a replica hands its work back within shutdown.timeout-ms (15 s) plus process exit.
+    assert all(s < 25 for s in report.shutdown_s), report.shutdown_s

@@ -1,0 +1,111 @@
+"""Helpers for fault tests that run real worker processes: a config, waiting for rows, the
+exact check through DuckDB, and reading a replica's /metrics and /status."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from icesink.replicas import ReplicaSet
+
+
+def write_config(path: Path, *, topics: str, tables: str, bootstrap: str, catalog_props: dict[str, str],
+                 state_dir: Path, group: str, **extra: Any) -> Path:
+    config = {
+        "topics": topics,
+        "iceberg.tables": tables,
+        "iceberg.catalog": "it",
+        **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
+        "iceberg.tables.auto-create-enabled": "true",
+        "iceberg.control.topic": f"{group}-control",
+        "iceberg.control.commit.interval-ms": 2000,
+        "iceberg.control.commit.timeout-ms": 15000,
+        "consumer.session-timeout-ms": 6000,
+        "group.id": group,
+        "bootstrap.servers": bootstrap,
+        "spark.master": "local[1]",
+        "spark.driver.memory": "1g",
+        "shutdown.timeout-ms": 15000,
+        "state.dir": str(state_dir),
+        **extra,
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+def total_rows(catalog: Any, name: str) -> int:
+    if not catalog.table_exists(name):
+        return 0
+    snap = catalog.load_table(name).current_snapshot()
+    return int(snap.summary["total-records"]) if snap else 0
+
+
+def wait_rows(catalog: Any, replicas: ReplicaSet, tables: tuple[str, ...], expected: int, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    seen: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        replicas.check_alive()
+        seen = {t: total_rows(catalog, t) for t in tables}
+        if all(v >= expected for v in seen.values()):
+            return
+        time.sleep(1)
+    logs = "\n".join(f"--- {r.name}\n" + r.log_path.read_text(errors="replace")[-3000:] for r in replicas.replicas.values())
+    raise AssertionError(f"expected {expected} rows, found {seen}\n{logs}")
+
+
+def key_counts(catalog: Any, table: str, key: str = "order_id") -> Counter[str]:
+    from icesink.duck import connect, plain_path
+
+    location = plain_path(catalog.load_table(table).metadata_location)
+    with connect() as con:
+        return Counter(r[0] for r in con.execute(f"SELECT {key} FROM iceberg_scan('{location}')").fetchall())
+
+
+def assert_exact(catalog: Any, table: str, keys: set[str], key: str = "order_id") -> None:
+    """Read with DuckDB's iceberg extension: every key exactly once, nothing else."""
+    got = key_counts(catalog, table, key)
+    dups = {k: c for k, c in got.items() if c > 1}
+    missing = keys - got.keys()
+    unexpected = got.keys() - keys
+    assert not dups and not missing and not unexpected, (
+        f"{table}: {sum(got.values())} rows for {len(keys)} keys; {len(dups)} duplicated, "
+        f"{len(missing)} missing, {len(unexpected)} unexpected (e.g. {list(dups)[:3]} {list(missing)[:3]})"
+    )
+
+
+def http_json(port: int, path: str = "/status") -> Any:
+    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).read())
+
+
+def metric(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+def control_events(bootstrap: str, topic: str, group: str) -> list[tuple[int, Any]]:
+    """Every event of the group's control log, with its offset."""
+    import asyncio
+
+    from icesink.control import ControlReader
+
+    async def read() -> list[tuple[int, Any]]:
+        reader = ControlReader(bootstrap, topic, group, {})
+        await reader.start()
+        out: list[tuple[int, Any]] = []
+        try:
+            end = await reader.end_offset()
+            await reader.seek(0)
+            while True:
+                batch = await reader.read(1.0)
+                out += batch
+                if not batch and await reader.position() >= end:
+                    return out
+        finally:
+            await reader.stop()
+
+    return asyncio.run(read())
