@@ -113,9 +113,9 @@ class Worker:
             topic_replication_factor=1,
             broker_session_timeout=s.session_timeout_ms / 1000,
             broker_heartbeat_interval=max(0.5, s.session_timeout_ms / 10_000),
-            # Faust's defaults (1000 s poll interval, 60 s rebalance) let a group whose old
-            # members all stopped keep new members waiting for minutes on Tansu. The agent
-            # never blocks long (Spark writes run beside it), so shorter bounds are safe.
+            # Shorter than Faust's defaults (1000 s poll interval, 60 s rebalance): the agent
+            # never blocks long (Spark writes run beside it). Whole-group restarts on Tansu:
+            # see _install_no_leave_group.
             broker_max_poll_interval=60.0,
             broker_rebalance_timeout=max(20.0, 2 * s.session_timeout_ms / 1000),
             stream_buffer_maxsize=max(4096, s.consumer_max_batch * 2),
@@ -165,6 +165,31 @@ class Worker:
         # checked strictly by PartitionState.select, so Faust's check is switched off.
         consumer._read_offset = _NoReadOffsets()
 
+    def _install_no_leave_group(self) -> None:
+        """Never send LeaveGroup: a stopped replica leaves the group when its session times out.
+
+        Tansu (v0.6.0) drops a member that sends LeaveGroup while the group is rebalancing, but
+        if that member was the leader it stays the leader. When a whole group stops, the first
+        LeaveGroup starts a rebalance; if the leader's comes later, the group is left with no
+        members and a departed leader. New members are then all told to follow that leader,
+        and their SyncGroups answer REBALANCE_IN_PROGRESS until Tansu happens to reload the
+        group from storage: minutes, or never (bench/group_restart_repro.py). A member whose
+        session expires stops being the leader, so the next member to join leads. The cost:
+        a stopped replica's partitions move after ``consumer.session-timeout-ms``, not at
+        once. Pinned to aiokafka 0.14 internals (GroupCoordinator._maybe_leave_group)."""
+        try:
+            coordinator = self.app.consumer._thread._consumer._coordinator
+        except AttributeError:
+            coordinator = None
+        if not hasattr(coordinator, "_maybe_leave_group"):
+            log.warning("no aiokafka group coordinator found: this replica will send LeaveGroup")
+            return
+
+        async def stop_without_leaving() -> None:
+            coordinator.reset_generation()  # what _maybe_leave_group does after its request
+
+        coordinator._maybe_leave_group = stop_without_leaving
+
     # Lifecycle -------------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -188,6 +213,17 @@ class Worker:
                 self.targets[name] = target
         self._tasks.append(asyncio.create_task(self._control_loop(), name="control"))
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+        faust_worker = await self._start_faust()
+        await spark_started
+        self.status["phase"] = "running"
+        log.info("worker %s running (group %s, topics %s, tables %s)", self.worker_id,
+                 self.settings.group_id, ",".join(self.settings.topics), ",".join(self.settings.tables))
+        await self._stop.wait()
+        await self._shutdown(faust_worker)
+
+    async def _start_faust(self) -> faust.Worker:
+        """Start the Faust worker: from here on this replica is a member of the consumer group."""
+        loop = asyncio.get_running_loop()
         faust_worker = faust.Worker(
             self.app, loop=loop, override_logging=False, quiet=True, redirect_stdouts=False, daemon=False,
         )
@@ -196,12 +232,8 @@ class Worker:
         faust_worker.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._install_fetch_stamp()
         await faust_worker.start()
-        await spark_started
-        self.status["phase"] = "running"
-        log.info("worker %s running (group %s, topics %s, tables %s)", self.worker_id,
-                 self.settings.group_id, ",".join(self.settings.topics), ",".join(self.settings.tables))
-        await self._stop.wait()
-        await self._shutdown(faust_worker)
+        self._install_no_leave_group()
+        return faust_worker
 
     def status_report(self) -> dict[str, Any]:
         """For /status (read from the HTTP thread: copies only)."""
@@ -228,7 +260,8 @@ class Worker:
         timer.start()
 
     async def _shutdown(self, faust_worker: faust.Worker) -> None:
-        """Hand partitions back and stop, all within one deadline. Buffered data that is not
+        """Stop within one deadline; the group moves this replica's partitions once its session
+        expires (no LeaveGroup, see _install_no_leave_group). Buffered data that is not
         committed is not lost: the next owner re-reads it from the accepted position."""
         self.status["phase"] = "stopping"
         deadline = self.settings.shutdown_timeout_ms / 1000

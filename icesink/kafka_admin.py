@@ -14,6 +14,9 @@ Broker behaviour this relies on (checked against Tansu v0.6.0-510f3e2):
   corrects it from a fetch; do not use ``AIOKafkaConsumer.end_offsets`` or ``seek_to_end`` alone.
 - A new consumer group's first join is held for about half of ``session_timeout_ms`` (about
   5 s with aiokafka's default of 10 s, 23 s with 45 s); short session timeouts make tests fast.
+- A member that sends LeaveGroup while its group is rebalancing is dropped but stays the
+  group's leader if it was; new members then wait for its assignment until something reloads
+  the group. icesink's workers never send LeaveGroup (``agents/worker.py``).
 - ``CreateTopics`` for an existing topic answers error 36 (TopicAlreadyExists); aiokafka returns
   the response instead of raising, so the error codes are checked here.
 """

@@ -114,8 +114,8 @@ def metric(port, name):
     return total
 
 
-# A whole-group restart on Tansu sometimes waits minutes for the new group to form (open
-# issue, see the closing note); the rows must still be exact, so the test waits for them.
+# A whole-group restart used to wait minutes on Tansu for the new group to form (a departed
+# leader kept as leader; see Worker._install_no_leave_group); the timeouts stay generous.
 @pytest.mark.timeout(1800)
 def test_pizzas_exactly_once_through_restarts(env):
     from icesink.pizzas import pizza_values
