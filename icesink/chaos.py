@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from icesink.replicas import ReplicaSet
+from icesink.iceberg import total_rows
+from icesink.replicas import ReplicaSet, write_fast_config
 
 log = logging.getLogger(__name__)
 
@@ -64,29 +65,6 @@ class ChaosReport:
         return out
 
 
-def write_config(path: Path, bootstrap: str, catalog_props: dict[str, str], state_dir: Path, **extra: Any) -> Path:
-    config = {
-        "topics": TOPIC,
-        "iceberg.tables": ",".join(TABLES),
-        "iceberg.catalog": "chaos",
-        **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
-        "iceberg.tables.auto-create-enabled": "true",
-        "iceberg.control.topic": "chaos-control",
-        "iceberg.control.commit.interval-ms": 2000,
-        "iceberg.control.commit.timeout-ms": 15000,
-        "consumer.session-timeout-ms": 6000,
-        "group.id": "chaos",
-        "bootstrap.servers": bootstrap,
-        "spark.master": "local[1]",
-        "spark.driver.memory": "1g",
-        "shutdown.timeout-ms": 15000,
-        "state.dir": str(state_dir),
-        **extra,
-    }
-    path.write_text(json.dumps(config))
-    return path
-
-
 def run_chaos(
     workdir: Path,
     *,
@@ -121,7 +99,9 @@ def run_chaos(
 
         spec = build_partition_spec(parse_partition_by("day(date_ordered), bucket(store_id, 4)"), PIZZA_SCHEMA)
         catalog.create_table(TABLES[1], schema=PIZZA_SCHEMA, partition_spec=spec)
-    cfg = write_config(workdir / "sink.json", bootstrap, catalog_props, workdir / "state")
+    cfg = write_fast_config(workdir / "sink.json", topics=TOPIC, tables=",".join(TABLES), bootstrap=bootstrap,
+                            catalog_name="chaos", catalog_props=catalog_props, state_dir=workdir / "state",
+                            group="chaos")
     group = ReplicaSet(cfg, workdir / "logs")
     began = time.monotonic()
 
@@ -162,7 +142,7 @@ def run_chaos(
         deadline = last_fault + settle_timeout_s
         while time.monotonic() < deadline:
             group.check_alive()
-            counts = {t: _total_rows(catalog, t) for t in TABLES}
+            counts = {t: total_rows(catalog, t) for t in TABLES}
             if all(c >= records for c in counts.values()):
                 break
             time.sleep(2)
@@ -175,13 +155,6 @@ def run_chaos(
     for t in TABLES:
         _compare(report, catalog, t, keys)
     return report
-
-
-def _total_rows(catalog: Any, name: str) -> int:
-    if not catalog.table_exists(name):
-        return 0
-    snap = catalog.load_table(name).current_snapshot()
-    return int(snap.summary["total-records"]) if snap else 0
 
 
 def _compare(report: ChaosReport, catalog: Any, name: str, keys: set[str]) -> None:

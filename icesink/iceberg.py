@@ -42,6 +42,14 @@ def load_catalog(settings: Settings) -> Catalog:
     return _load_catalog(settings.catalog_name, **catalog_properties(settings))
 
 
+def total_rows(catalog: Catalog, name: str) -> int:
+    """Rows in the table's current snapshot (0 if the table or a snapshot does not exist)."""
+    if not catalog.table_exists(name):
+        return 0
+    snap = catalog.load_table(name).current_snapshot()
+    return int(snap.summary["total-records"]) if snap else 0
+
+
 def split_name(table: str) -> tuple[str, str]:
     namespace, _, name = table.rpartition(".")
     return namespace, name

@@ -6,6 +6,7 @@ worker id given through ``ICESINK_*`` environment variables, logging to its own 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,9 +14,37 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Mapping
+from typing import IO, Any, Mapping
 
 from icesink.embedded import _die_with_parent_hook, free_port
+
+
+def write_fast_config(
+    path: Path, *, topics: str, tables: str, bootstrap: str, catalog_name: str,
+    catalog_props: Mapping[str, str], state_dir: Path, group: str, **extra: Any,
+) -> Path:
+    """A worker config for short-lived local groups (fault tests, chaos runs): 2 s rounds,
+    6 s sessions, 15 s shutdown bound, a small Spark. ``extra`` keys override."""
+    config = {
+        "topics": topics,
+        "iceberg.tables": tables,
+        "iceberg.catalog": catalog_name,
+        **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
+        "iceberg.tables.auto-create-enabled": "true",
+        "iceberg.control.topic": f"{group}-control",
+        "iceberg.control.commit.interval-ms": 2000,
+        "iceberg.control.commit.timeout-ms": 15000,
+        "consumer.session-timeout-ms": 6000,
+        "group.id": group,
+        "bootstrap.servers": bootstrap,
+        "spark.master": "local[1]",
+        "spark.driver.memory": "1g",
+        "shutdown.timeout-ms": 15000,
+        "state.dir": str(state_dir),
+        **extra,
+    }
+    path.write_text(json.dumps(config))
+    return path
 
 
 @dataclass

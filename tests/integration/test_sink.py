@@ -72,9 +72,9 @@ def produce(bootstrap, values):
 
 
 def total_rows(catalog, name):
-    table = catalog.load_table(name)
-    snap = table.current_snapshot()
-    return int(snap.summary["total-records"]) if snap else 0
+    from icesink.iceberg import total_rows as rows
+
+    return rows(catalog, name)
 
 
 def wait_rows(catalog, replicas, expected, timeout_s=900):
@@ -82,7 +82,7 @@ def wait_rows(catalog, replicas, expected, timeout_s=900):
     seen = None
     while time.monotonic() < deadline:
         replicas.check_alive()
-        seen = {name: total_rows(catalog, name) if catalog.table_exists(name) else 0 for name in (AUTO, PARTED)}
+        seen = {name: total_rows(catalog, name) for name in (AUTO, PARTED)}
         if all(v >= expected for v in seen.values()):
             return seen
         time.sleep(1)

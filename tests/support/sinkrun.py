@@ -10,38 +10,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from icesink.replicas import ReplicaSet
+from icesink.iceberg import total_rows  # noqa: F401 - the tests import it from here
+from icesink.replicas import ReplicaSet, write_fast_config
 
 
-def write_config(path: Path, *, topics: str, tables: str, bootstrap: str, catalog_props: dict[str, str],
-                 state_dir: Path, group: str, **extra: Any) -> Path:
-    config = {
-        "topics": topics,
-        "iceberg.tables": tables,
-        "iceberg.catalog": "it",
-        **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
-        "iceberg.tables.auto-create-enabled": "true",
-        "iceberg.control.topic": f"{group}-control",
-        "iceberg.control.commit.interval-ms": 2000,
-        "iceberg.control.commit.timeout-ms": 15000,
-        "consumer.session-timeout-ms": 6000,
-        "group.id": group,
-        "bootstrap.servers": bootstrap,
-        "spark.master": "local[1]",
-        "spark.driver.memory": "1g",
-        "shutdown.timeout-ms": 15000,
-        "state.dir": str(state_dir),
-        **extra,
-    }
-    path.write_text(json.dumps(config))
-    return path
 
 
-def total_rows(catalog: Any, name: str) -> int:
-    if not catalog.table_exists(name):
-        return 0
-    snap = catalog.load_table(name).current_snapshot()
-    return int(snap.summary["total-records"]) if snap else 0
+def write_config(path: Path, **kwargs: Any) -> Path:
+    """The fast local-group config (icesink.replicas.write_fast_config), catalog named "it"."""
+    return write_fast_config(path, catalog_name="it", **kwargs)
 
 
 def wait_rows(catalog: Any, replicas: ReplicaSet, tables: tuple[str, ...], expected: int, timeout_s: float = 600) -> None:
