@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,10 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
-from pyiceberg.manifest import DataFile, FileFormat
+from pyiceberg.manifest import FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -55,6 +53,19 @@ from icesink.errors import UnsupportedTypeError
 from spark_bridge.schema import name_mapping_properties, spark_schema
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 from icesink import duck
+from icesink.embedded import free_port
+from tests.support.spark_cluster import spark_home
+from tests.support.tables import (
+    assert_same_rows,
+    commit,
+    create_pizza_table,
+    file_partition_counts,
+    files_under,
+    local_path,
+    pizza_partition_counts,
+    pizzas,
+    sqlite_catalog,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::FutureWarning")]
 
@@ -84,64 +95,11 @@ def shuffling_writer(writer: SparkFileWriter) -> SparkFileWriter:
 
 @pytest.fixture
 def catalog(tmp_path: Path) -> SqlCatalog:
-    cat = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/wh")
-    cat.create_namespace("db")
-    return cat
-
-
-def pizzas(table: Table, n: int, *, seed: int, start: int = 0) -> pa.Table:
-    """n pizza orders over three days and 50 stores; about 1% null store_id / date_ordered."""
-    rnd = random.Random(seed)
-    base = dt.datetime(2024, 1, 1)
-
-    def maybe_null(value: Any) -> Any:
-        return None if rnd.random() < 0.01 else value
-
-    return pa.Table.from_pydict(
-        {
-            "order_id": [f"order-{start + i:08d}" for i in range(n)],
-            "store_id": [maybe_null(rnd.randrange(50)) for _ in range(n)],
-            "sauce": [rnd.choice(["tomato", "bbq", "white", "pesto"]) for _ in range(n)],
-            "cheese": [rnd.choice(["mozzarella", "cheddar", "vegan"]) for _ in range(n)],
-            "meats": [rnd.choice(["ham", "pepperoni", "sausage", None]) for _ in range(n)],
-            "veggies": [rnd.choice(["onion", "pepper", "olive", "mushroom"]) for _ in range(n)],
-            "date_ordered": [
-                maybe_null(base + dt.timedelta(microseconds=rnd.randrange(3 * 86_400_000_000))) for _ in range(n)
-            ],
-        },
-        schema=schema_to_pyarrow(table.schema()),
-    )
-
-
-def commit(table: Table, files: list[DataFile], commit_id: str) -> Table:
-    with (
-        table.transaction() as tx,
-        tx.update_snapshot(snapshot_properties={"icesink.commit-id": commit_id}).fast_append() as append,
-    ):
-        for data_file in files:
-            append.append_data_file(data_file)
-    return table.refresh()
-
-
-def local_path(uri: str) -> str:
-    assert uri.startswith("file://"), uri
-    return urlparse(uri).path
-
-
-def files_under(root: str) -> list[str]:
-    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+    return sqlite_catalog(tmp_path)
 
 
 def duck_count_distinct(table: Table, key: str) -> tuple[int, int]:
     return duck.count_and_distinct(table.metadata_location, key)
-
-
-def assert_same_rows(actual: pa.Table, expected: pa.Table, key: str) -> None:
-    actual = actual.select(expected.column_names).sort_by(key)
-    expected = expected.sort_by(key)
-    assert actual.num_rows == expected.num_rows
-    for name in expected.column_names:
-        assert actual.column(name).to_pylist() == expected.column(name).to_pylist(), name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,21 +137,18 @@ def test_spark_schema_carries_field_ids_at_every_level() -> None:
 def test_partitioned_pizzas_one_file_per_partition_read_back_by_pyiceberg_and_duckdb(
     writer: SparkFileWriter, shuffling_writer: SparkFileWriter, catalog: SqlCatalog
 ) -> None:
-    spec = build_partition_spec(parse_partition_by("day(date_ordered), bucket(store_id, 8)"), PIZZA_SCHEMA)
-    table = catalog.create_table("db.pizzas", schema=PIZZA_SCHEMA, partition_spec=spec)
+    table = create_pizza_table(catalog, "db.pizzas")
     data = pizzas(table, 20_000, seed=1)
 
     # Spread over tasks (repartition by the partition tuple); the second round below uses one task.
     files = shuffling_writer.write(table, data, file_prefix="round-1/worker-a")
 
     # One file per distinct partition tuple, each with the tuple Iceberg stores.
-    day = DayTransform().transform(TimestampType())
-    bucket = BucketTransform(8).transform(LongType())
     rows = data.select(["store_id", "date_ordered"]).to_pylist()
-    expected_tuples = Counter((day(r["date_ordered"]), bucket(r["store_id"])) for r in rows)
+    expected_tuples = pizza_partition_counts(rows)
     assert any(None in t for t in expected_tuples)  # null partitions are exercised
     assert len(files) == len(expected_tuples)
-    assert Counter({(f.partition[0], f.partition[1]): f.record_count for f in files}) == expected_tuples
+    assert file_partition_counts(files) == expected_tuples
 
     out_dir = local_path(table.location()) + "/data/round-1/worker-a"
     written = files_under(out_dir)
@@ -213,7 +168,7 @@ def test_partitioned_pizzas_one_file_per_partition_read_back_by_pyiceberg_and_du
         assert [int(fld.metadata[b"PARQUET:field_id"]) for fld in arrow_schema] == [1, 2, 3, 4, 5, 6, 7]
         assert arrow_schema.field("date_ordered").type == pa.timestamp("us")
         content = pq.read_table(path).select(["store_id", "date_ordered"]).to_pylist()
-        assert {(day(r["date_ordered"]), bucket(r["store_id"])) for r in content} == {(f.partition[0], f.partition[1])}
+        assert set(pizza_partition_counts(content)) == {(f.partition[0], f.partition[1])}
         assert f.value_counts[1] == f.record_count
         assert f.null_value_counts[5] == pq.read_table(path, columns=["meats"]).column(0).null_count
         assert f.lower_bounds and 1 in f.lower_bounds and 1 in f.upper_bounds
@@ -245,9 +200,7 @@ def test_partitioned_pizzas_one_file_per_partition_read_back_by_pyiceberg_and_du
     # A second round in a fresh directory appends; the first round's files stay untouched.
     more = pizzas(table, 3_000, seed=2, start=20_000)
     files = writer.write(table, more, file_prefix="round-2/worker-a")
-    more_rows = more.select(["store_id", "date_ordered"]).to_pylist()
-    more_tuples = Counter((day(r["date_ordered"]), bucket(r["store_id"])) for r in more_rows)
-    assert Counter({(f.partition[0], f.partition[1]): f.record_count for f in files}) == more_tuples
+    assert file_partition_counts(files) == pizza_partition_counts(more.to_pylist())
     table = commit(table, files, "c-2")
     assert table.scan().to_arrow().num_rows == 23_000
     assert duck_count_distinct(table, "order_id") == (23_000, 23_000)
@@ -474,19 +427,11 @@ def test_nested_struct_list_and_map(writer: SparkFileWriter, catalog: SqlCatalog
 # Spark Connect
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Spark Connect server started from the pyspark package (spark-submit, local[2])."""
-    import pyspark
-
-    home = os.path.dirname(pyspark.__file__)
-    port = _free_port()
+    home = spark_home()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("connect") / "server.log"
     log = open(log_path, "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
@@ -539,8 +484,7 @@ def test_spark_connect_writes_committable_files(
     # pyspark marks the whole process as "Spark Connect mode" once a remote session exists; restore
     # the variable afterwards so the classic session of the other tests is unaffected.
     monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
-    spec = build_partition_spec(parse_partition_by("day(date_ordered), bucket(store_id, 8)"), PIZZA_SCHEMA)
-    table = catalog.create_table("db.remote_pizzas", schema=PIZZA_SCHEMA, partition_spec=spec)
+    table = create_pizza_table(catalog, "db.remote_pizzas")
     data = pizzas(table, 5_000, seed=7)
 
     remote = SparkFileWriter(SparkSettings(remote=connect_server))
@@ -550,10 +494,7 @@ def test_spark_connect_writes_committable_files(
     finally:
         remote.stop()
 
-    day = DayTransform().transform(TimestampType())
-    bucket = BucketTransform(8).transform(LongType())
-    expected = Counter((day(r["date_ordered"]), bucket(r["store_id"])) for r in data.to_pylist())
-    assert Counter({(f.partition[0], f.partition[1]): f.record_count for f in files}) == expected
+    assert file_partition_counts(files) == pizza_partition_counts(data.to_pylist())
     out_dir = local_path(table.location()) + "/data/remote-1"
     assert all(name.endswith(".parquet") for name in files_under(out_dir))
     assert [int(f.metadata[b"PARQUET:field_id"]) for f in pq.read_schema(local_path(files[0].file_path))] == list(
