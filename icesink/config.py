@@ -142,6 +142,16 @@ class Settings(BaseSettings):
                 "security.protocol", self.security_protocol,
                 "SASL_PLAINTEXT or SASL_SSL when sasl.mechanism is set",
             )
+        # Without these aiokafka clients fail at construction and Faust's would fall back to
+        # no SASL (agents/worker.py _faust_credentials): refuse at start-up instead.
+        if self.security_protocol.startswith("SASL") and not self.sasl_mechanism:
+            raise ConfigError(
+                "sasl.mechanism", None,
+                f"PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 when security.protocol is {self.security_protocol}",
+            )
+        if self.sasl_mechanism and (not self.sasl_username or self.sasl_password is None):
+            key = "sasl.username" if not self.sasl_username else "sasl.password"
+            raise ConfigError(key, None, f"a value when sasl.mechanism is {self.sasl_mechanism}")
         for table in self.table_partition_by:
             if table not in self.tables:
                 raise ConfigError(

@@ -109,6 +109,11 @@ def test_unknown_keys_are_named_in_a_warning(tmp_path, caplog):
         ({"spark.remote": "http://x"}, "spark.remote", "sc://"),
         ({"metrics.port": 70000}, "metrics.port", "65535"),
         ({"security.protocol": "TLS"}, "security.protocol", "PLAINTEXT"),
+        ({"security.protocol": "SASL_SSL"}, "sasl.mechanism", "SCRAM-SHA-512"),
+        ({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256", "sasl.password": "p"},
+         "sasl.username", "SCRAM-SHA-256"),
+        ({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "u"},
+         "sasl.password", "PLAIN"),
     ],
 )
 def test_invalid_values_refuse_to_start_naming_key_value_and_valid(tmp_path, extra, key, fragment):
