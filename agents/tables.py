@@ -58,7 +58,16 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
         pass
     schema = _iceberg_schema(inferred)
     exprs = parse_partition_by(settings.partition_by(name) or "")
-    spec = build_partition_spec(exprs, schema) if exprs else UNPARTITIONED_PARTITION_SPEC
+    try:
+        spec = build_partition_spec(exprs, schema) if exprs else UNPARTITIONED_PARTITION_SPEC
+    except ConfigError as exc:
+        key = f"iceberg.table.{name}.partition-by" if name in settings.table_partition_by else (
+            "iceberg.tables.default-partition-by")
+        raise ConfigError(
+            key, settings.partition_by(name),
+            f"{exc.expected} (the column types were inferred from the first records of {name}; "
+            "create the table yourself for other types)",
+        ) from None
     try:
         table = catalog.create_table(name, schema=schema, partition_spec=spec)
         log.info("created table %s with schema %s and partition spec %s", name, table.schema(), table.spec())

@@ -32,7 +32,7 @@ from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
-from icesink.errors import FencedError
+from icesink.errors import ConfigError, FencedError
 from icesink.faults import crash_point, die, should_crash
 from icesink.events import (
     Claim,
@@ -77,9 +77,12 @@ class Worker:
             remote=settings.spark_remote,
             conf=dict(settings.spark_conf),
             app_name=f"icesink-{self.worker_id}",
+            stage=settings.write_staging,
+            staging_dir=str(settings.state_dir / "staging" / self.worker_id),
         ))
         self.generation = -1
         self.status: dict[str, Any] = {"worker": self.worker_id, "phase": "starting"}
+        self.exit_code = 0  # of the process, once run() returns
         self._stop = asyncio.Event()
         self._rebalanced = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -130,7 +133,13 @@ class Worker:
         @app.agent(source, name="icesink-ingest")
         async def ingest(stream: faust.Stream) -> None:
             async for batch in stream.take_events(s.consumer_max_batch, within=0.2):
-                await worker.on_events(batch)  # a crash is logged once, by Faust's supervisor
+                try:
+                    await worker.on_events(batch)  # a crash is logged once, by Faust's supervisor
+                except ConfigError as exc:
+                    # A setting that cannot apply to the data (say a day() partition of a string
+                    # column): retrying cannot help, so the replica stops, saying why.
+                    worker.fail(exc)
+                    return
 
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_partitions_assigned.connect(self._on_assigned)
@@ -246,6 +255,13 @@ class Worker:
         coordinator = self._coordinator if self._coordinator_task is not None else None
         out["coordinator"] = dict(coordinator.status) if coordinator is not None else None
         return out
+
+    def fail(self, exc: Exception) -> None:
+        """Stop with exit code 2 after an error no retry can mend (logged once, in /status)."""
+        log.error("stopping: %s", exc)
+        self.status["error"] = str(exc)
+        self.exit_code = 2
+        self.request_stop()
 
     def request_stop(self) -> None:
         if self._stop.is_set():

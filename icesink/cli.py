@@ -62,7 +62,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         if broker is not None:
             broker.stop()
-    return 0
+    return worker.exit_code
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

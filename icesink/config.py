@@ -97,6 +97,8 @@ class Settings(BaseSettings):
     target_file_size_bytes: int = Field(
         128 * 1024 * 1024, alias="write.target-file-size-bytes", ge=1024
     )
+    # Object-store tables with a local Spark: write under state.dir, then upload (see README).
+    write_staging: Literal["auto", "always", "never"] = Field("auto", alias="write.staging")
     metrics_port: int = Field(9400, alias="metrics.port", ge=0, le=65535)
     state_dir: Path = Field(Path("var"), alias="state.dir")
     worker_id: str | None = Field(None, alias="worker.id")

@@ -28,9 +28,12 @@ from __future__ import annotations
 import logging
 import math
 import re
+import shutil
+import uuid
+from pathlib import Path
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -121,6 +124,11 @@ class SparkSettings:
     max_write_tasks: int = 64
     # Arrow bytes per write task: smaller batches are written by one task without a shuffle.
     bytes_per_write_task: int = 128 * 1024 * 1024
+    # Staging: a local Spark writes into staging_dir, then the files are uploaded to the table
+    # location with the table's FileIO. "auto" stages when the location is not a local path
+    # (s3://, gs://, ...: Spark would need the user's hadoop-aws jars) and Spark runs locally.
+    stage: Literal["auto", "always", "never"] = "auto"
+    staging_dir: str | None = None  # owned by this writer: emptied on start
 
     def validate(self) -> None:
         if self.remote is not None and not self.remote.startswith("sc://"):
@@ -129,6 +137,19 @@ class SparkSettings:
             raise ConfigError("SparkSettings.max_write_tasks", self.max_write_tasks, "a positive integer")
         if self.bytes_per_write_task < 1:
             raise ConfigError("SparkSettings.bytes_per_write_task", self.bytes_per_write_task, "a positive integer")
+        if self.stage not in ("auto", "always", "never"):
+            raise ConfigError("write.staging", self.stage, "one of auto, always, never")
+        if self.stage == "always" and self.staging_dir is None:
+            raise ConfigError("write.staging", self.stage, "auto or never when no staging directory is given")
+
+    def stages(self, location: str) -> bool:
+        """Whether files for ``location`` are written locally first and then uploaded."""
+        if self.staging_dir is None or self.stage == "never":
+            return False
+        if self.stage == "always":
+            return True
+        local_spark = self.remote is None and self.master.startswith("local")
+        return local_spark and not _is_local(location)
 
 
 @dataclass(frozen=True)
@@ -160,6 +181,9 @@ class SparkFileWriter:
         from pyspark.sql import SparkSession
 
         s = self._settings
+        if s.staging_dir is not None:
+            # Only this writer uses its staging directory: what is left there is from a crash.
+            shutil.rmtree(s.staging_dir, ignore_errors=True)
         if s.remote is not None:
             spark = SparkSession.builder.remote(s.remote).appName(s.app_name).create()
             for key, value in {**_RUNTIME_CONF, **s.conf}.items():
@@ -232,11 +256,11 @@ class SparkFileWriter:
             )
         if data.num_rows == 0:
             return []
-        spark = self.spark
         # Spark cannot give list elements and map keys/values a field id. A file with some ids
         # but not all is misread by readers that trust ids (DuckDB reads such list elements as
         # NULL), so such tables get files without ids, which every reader maps by name.
         sp_schema = spark_schema(schema, field_ids=not needs_mapping)
+        self.spark  # noqa: B018 - fails early when the session is not started
 
         data_root = metadata.properties.get("write.data.path", f"{table.location().rstrip('/')}/data")
         out_uri = f"{data_root.rstrip('/')}/{file_prefix}"
@@ -246,10 +270,52 @@ class SparkFileWriter:
 
         options = {**_WRITE_OPTIONS, **_parquet_options(metadata.properties)}
         labels: list[_PartitionLabels] = []
+        extended = data
+        n_tuples = 1
         if not spec.is_unpartitioned():
             extended, labels, n_tuples = _with_label_columns(data, spec, schema)
+        if not self._settings.stages(out_uri):
+            try:
+                self._run_job(sp_schema, extended, labels, n_tuples, data, target_file_size_bytes, options, out_uri)
+                return self._data_files(table, fs, out_path, out_uri, labels)
+            except FileExistsError:
+                raise  # another writer's output: never delete it
+            except Exception:
+                _delete_quietly(fs, out_path)
+                raise
+
+        # Staged: Spark writes locally; the footers are read there; then every file is uploaded.
+        assert self._settings.staging_dir is not None
+        stage_root = Path(self._settings.staging_dir).resolve() / uuid.uuid4().hex
+        stage_path = stage_root / file_prefix
         try:
-            if spec.is_unpartitioned():
+            self._run_job(sp_schema, extended, labels, n_tuples, data, target_file_size_bytes, options, stage_path.as_uri())
+            local_fs = pafs.LocalFileSystem()
+            data_files = self._data_files(table, local_fs, str(stage_path), out_uri, labels)
+            try:
+                for relative, _ in _list_data_files(local_fs, str(stage_path)):
+                    if fs.type_name == "local":  # object stores have no directories to make
+                        fs.create_dir(f"{out_path}/{relative}".rsplit("/", 1)[0], recursive=True)
+                    pafs.copy_files(
+                        str(stage_path / relative), f"{out_path}/{relative}",
+                        source_filesystem=local_fs, destination_filesystem=fs,
+                    )
+            except Exception as e:
+                _delete_quietly(fs, out_path)
+                raise SparkWriteError(f"could not upload {len(data_files)} staged files to {out_uri}: {e}") from e
+            return data_files
+        finally:
+            shutil.rmtree(stage_root, ignore_errors=True)
+
+    def _run_job(
+        self, sp_schema: st.StructType, extended: pa.Table, labels: Sequence[_PartitionLabels], n_tuples: int,
+        data: pa.Table, target_file_size_bytes: int, options: dict[str, str], out_uri: str,
+    ) -> None:
+        """One Spark job writing ``extended`` (data plus label columns) under ``out_uri``."""
+        spark = self.spark
+        options = dict(options)
+        try:
+            if not labels:
                 n_files = max(1, math.ceil(data.nbytes / target_file_size_bytes))
                 frame = spark.createDataFrame(data, schema=sp_schema)
                 # One file: merge the input slices without a shuffle. More: balance rows round-robin.
@@ -275,14 +341,7 @@ class SparkFileWriter:
         except Exception as e:
             if "PATH_ALREADY_EXISTS" in str(e):  # another writer took this prefix meanwhile: not ours
                 raise FileExistsError(f"output directory {out_uri} was created by another writer") from e
-            _delete_quietly(fs, out_path)
             raise SparkWriteError(f"Spark failed to write {data.num_rows} rows to {out_uri}: {e}") from e
-
-        try:
-            return self._data_files(table, fs, out_path, out_uri, labels)
-        except Exception:
-            _delete_quietly(fs, out_path)
-            raise
 
     def _data_files(
         self, table: Table, fs: pafs.FileSystem, out_path: str, out_uri: str, labels: Sequence[_PartitionLabels]
@@ -451,6 +510,12 @@ def _filesystem(table: Table, uri: str) -> tuple[pafs.FileSystem, str]:
         return io.fs_by_scheme(scheme, netloc), path
     fs, path = pafs.FileSystem.from_uri(uri)
     return fs, path
+
+
+def _is_local(uri: str) -> bool:
+    """A path on this machine's filesystem (plain path or file://), not an object store."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    return scheme in ("", "file")
 
 
 def _spark_uri(uri: str) -> str:

@@ -285,3 +285,30 @@ def wait_metric(port, name, at_least, replicas, timeout_s=120):
             pass
         time.sleep(0.5)
     raise AssertionError(f"{name} did not reach {at_least}")
+
+
+@pytest.mark.timeout(300)
+def test_partition_spec_that_cannot_apply_stops_the_replica_naming_the_key(broker, tmp_path):
+    """day() of a column the first records make a string: no retry can mend that, so the
+    replica exits with code 2 and a message naming the key, instead of idling on."""
+    from icesink.embedded import sqlite_catalog_properties
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import pizza_values
+    from icesink.pizzas import produce as send
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import write_config
+
+    asyncio.run(ensure_topic(broker.bootstrap, "badspec", 1))
+    cfg = write_config(tmp_path / "sink.json", topics="badspec", tables="rpc.badspec", bootstrap=broker.bootstrap,
+                       catalog_props=sqlite_catalog_properties(tmp_path / "catalog"), state_dir=tmp_path / "state",
+                       group="badspec", **{"iceberg.table.rpc.badspec.partition-by": "day(date_ordered)"})
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    r = replicas.start("solo")
+    try:
+        asyncio.run(send(broker.bootstrap, "badspec", pizza_values(100, seed=5), partitions=1))
+        assert r.proc.wait(180) == 2
+    finally:
+        replicas.stop_all()
+    log_text = r.log_path.read_text(errors="replace")
+    assert "invalid setting 'iceberg.table.rpc.badspec.partition-by'" in log_text
+    assert "(string)" in log_text and "day(date_ordered)" in log_text

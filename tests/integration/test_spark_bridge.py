@@ -208,6 +208,32 @@ def test_partitioned_pizzas_one_file_per_partition_read_back_by_pyiceberg_and_du
         writer.write(table, more, file_prefix="round-2/worker-a")
 
 
+def test_staged_write_uploads_files_and_cleans_the_staging_dir(
+    writer: SparkFileWriter, catalog: SqlCatalog, tmp_path: Path
+) -> None:
+    """write.staging=always: Spark writes under the staging dir, the files are copied to the
+    table location with the table's FileIO (for S3 see test_rest_catalog.py), nothing stays."""
+    staging = tmp_path / "staging"
+    staged = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-test", stage="always",
+                                           staging_dir=str(staging)))
+    staging.mkdir()
+    (staging / "left-by-a-crash").write_text("x")
+    staged.start()  # getOrCreate: the module's session; empties its staging dir
+    assert not staging.exists() or not any(staging.iterdir())
+    table = create_pizza_table(catalog, "db.staged")
+    data = pizzas(table, 5_000, seed=11)
+    files = staged.write(table, data, file_prefix="round-1/w")
+    assert file_partition_counts(files) == pizza_partition_counts(data.to_pylist())
+    for f in files:
+        assert f.file_path.startswith(table.location() + "/data/round-1/w/")
+        assert f.file_size_in_bytes == os.path.getsize(local_path(f.file_path))
+    assert not any(p.is_file() for p in staging.rglob("*"))
+    table = commit(table, files, "c-1")
+    assert duck_count_distinct(table, "order_id") == (5_000, 5_000)
+    with pytest.raises(ConfigError, match="write.staging"):
+        SparkFileWriter(SparkSettings(stage="always"))
+
+
 def test_unpartitioned_gives_one_file_or_ceil_of_target(writer: SparkFileWriter, catalog: SqlCatalog) -> None:
     table = catalog.create_table("db.flat", schema=PIZZA_SCHEMA)
     data = pizzas(table, 20_000, seed=3)

@@ -37,8 +37,9 @@ def wait_rows(catalog: Any, replicas: ReplicaSet, tables: tuple[str, ...], expec
 def key_counts(catalog: Any, table: str, key: str = "order_id") -> Counter[str]:
     from icesink.duck import connect, plain_path
 
-    location = plain_path(catalog.load_table(table).metadata_location)
-    with connect() as con:
+    loaded = catalog.load_table(table)
+    location = plain_path(loaded.metadata_location)
+    with connect(loaded.io.properties) as con:
         return Counter(r[0] for r in con.execute(f"SELECT {key} FROM iceberg_scan('{location}')").fetchall())
 
 
