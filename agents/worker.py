@@ -22,12 +22,14 @@ import uuid
 from typing import Any, Iterable, Sequence
 
 import faust
+import numpy as np
 import pyarrow as pa
 from faust.types import TP
 
 from agents.buffer import Buffers, Chunk, PartitionState
 from agents.convert import decode_json, infer_schema
 from agents.deadletter import DeadLetters
+from agents.routing import Router
 from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
@@ -72,6 +74,7 @@ class Worker:
         self.buffers = Buffers(settings.buffer_max_bytes)
         self.targets: dict[str, Target] = {}
         self.deadletters = DeadLetters(settings.state_dir / "deadletter", metrics)
+        self.router = Router(settings)
         self.spark = SparkFileWriter(SparkSettings(
             master=settings.spark_master,
             remote=settings.spark_remote,
@@ -420,23 +423,37 @@ class Worker:
         tables: dict[str, pa.Table] = {}
         nbytes = 0
         rows = 0
+        landed = np.zeros(len(values), dtype=bool)
         self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(sum(len(v) for v in values))
-        for name in self.settings.tables:
-            target = self.targets.get(name) or await self._create_target(name, values)
-            converted = decode_json(values, target.arrow_schema)
+        routes = self.router.route(values)
+        if routes.unrouted:
+            self.metrics.records_unrouted.labels(topic=st.tp.topic).inc(len(routes.unrouted))
+            self.deadletters.write(st.tp, messages, routes.unrouted, table="")
+        for name, idx in routes.by_table.items():
+            whole = len(idx) == len(values)
+            subset = values if whole else [values[i] for i in idx]
+            target = self.targets.get(name) or await self._target(name, subset)
+            converted = decode_json(subset, target.arrow_schema)
             if converted.rejects:
-                self.deadletters.write(st.tp, messages, converted.rejects, table=name)
-            tables[name] = converted.table
-            nbytes += converted.table.nbytes
-            rows = max(rows, converted.table.num_rows)
-        self.metrics.records_converted.labels(topic=st.tp.topic).inc(rows)
+                self.deadletters.write(
+                    st.tp, messages if whole else [messages[i] for i in idx], converted.rejects, table=name)
+            if converted.table.num_rows:
+                tables[name] = converted.table
+                nbytes += converted.table.nbytes
+                rows += converted.table.num_rows
+                landed[idx[converted.indices.to_numpy(zero_copy_only=False)]] = True
+        self.metrics.records_converted.labels(topic=st.tp.topic).inc(int(landed.sum()))
         last = messages[-1]
         ts = int(last.timestamp * 1000) if last.timestamp else None
         self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
 
-    async def _create_target(self, name: str, values: list[bytes]) -> Target:
-        inferred = infer_schema(values)
-        target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
+    async def _target(self, name: str, values: list[bytes]) -> Target:
+        """The table ``name``: loaded if it exists (a dynamic route to an existing table), else
+        auto-created from these records."""
+        target = await self.offload.run(load_target, self.catalog, name)
+        if target is None:
+            inferred = infer_schema(values)
+            target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
         self.targets[name] = target
         return target
 

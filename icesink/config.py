@@ -42,7 +42,9 @@ ACCEPTED_IGNORED = {
 }
 
 _PREFIX_CATALOG = "iceberg.catalog."
-_TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>partition-by)$")
+# Per-table keys iceberg.table.<table>.<prop>: prop -> the map field holding table -> value.
+_TABLE_PROPS = ("partition-by", "route-regex")
+_TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>" + "|".join(_TABLE_PROPS) + ")$")
 
 
 class Settings(BaseSettings):
@@ -52,7 +54,7 @@ class Settings(BaseSettings):
 
     # What to read and where to write (reference keys).
     topics: tuple[str, ...] = Field(alias="topics", min_length=1)
-    tables: tuple[str, ...] = Field(alias="iceberg.tables", min_length=1)
+    tables: tuple[str, ...] = Field((), alias="iceberg.tables")
     catalog_name: str = Field("icesink", alias="iceberg.catalog")
     catalog_props: dict[str, str] = Field(default_factory=dict, alias="iceberg.catalog.*")
     auto_create: bool = Field(False, alias="iceberg.tables.auto-create-enabled")
@@ -60,6 +62,11 @@ class Settings(BaseSettings):
     table_partition_by: dict[str, str] = Field(
         default_factory=dict, alias="iceberg.table.<table>.partition-by"
     )
+    # Routing (reference keys): every record to every table, unless route-field is set; then to
+    # the tables whose route-regex matches its value, or (dynamic) to the table it names.
+    route_field: str | None = Field(None, alias="iceberg.tables.route-field")
+    table_route_regex: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.route-regex")
+    dynamic_tables: bool = Field(False, alias="iceberg.tables.dynamic-enabled")
     control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
@@ -154,8 +161,24 @@ class Settings(BaseSettings):
         if self.sasl_mechanism and (not self.sasl_username or self.sasl_password is None):
             key = "sasl.username" if not self.sasl_username else "sasl.password"
             raise ConfigError(key, None, f"a value when sasl.mechanism is {self.sasl_mechanism}")
-        for table in self.table_partition_by:
+        if not self.tables and not self.dynamic_tables:
+            raise ConfigError("iceberg.tables", "", "one or more namespace.table names (or iceberg.tables.dynamic-enabled=true)")
+        if self.dynamic_tables and not self.route_field:
+            raise ConfigError("iceberg.tables.route-field", None,
+                              "the field naming each record's table, since iceberg.tables.dynamic-enabled is true")
+        if self.table_route_regex and not self.route_field:
+            raise ConfigError("iceberg.tables.route-field", None, "a field name, since route-regex is set for "
+                              + ", ".join(sorted(self.table_route_regex)))
+        for table, pattern in self.table_route_regex.items():
             if table not in self.tables:
+                raise ConfigError(f"iceberg.table.{table}.route-regex", pattern,
+                                  f"a table listed in iceberg.tables {list(self.tables)}")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"iceberg.table.{table}.route-regex", pattern, f"a valid regular expression ({exc})") from None
+        for table in self.table_partition_by:
+            if table not in self.tables and not self.dynamic_tables:
                 raise ConfigError(
                     f"iceberg.table.{table}.partition-by", table,
                     f"a table listed in iceberg.tables {list(self.tables)}",
@@ -281,7 +304,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
     fields: dict[str, Any] = {}
     catalog: dict[str, str] = {}
     spark: dict[str, str] = {}
-    partition_by: dict[str, str] = {}
+    per_table: dict[str, dict[str, str]] = {prop: {} for prop in _TABLE_PROPS}
     unknown: list[str] = []
     for key, value in raw.items():
         if key in _FIELD_KEYS:
@@ -293,7 +316,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
         elif key.startswith("spark."):
             spark[key] = str(value)
         elif (m := _TABLE_KEY.match(key)) is not None:
-            partition_by[m["table"]] = str(value)
+            per_table[m["prop"]][m["table"]] = str(value)
         elif key.startswith(("key.converter.", "value.converter.")):
             log.info("setting %s accepted; it has no effect for this converter", key)
         else:
@@ -302,7 +325,8 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
         log.warning("unknown settings ignored: %s", ", ".join(sorted(unknown)))
     fields["iceberg.catalog.*"] = catalog
     fields["spark.*"] = spark
-    fields["iceberg.table.<table>.partition-by"] = partition_by
+    for prop, values in per_table.items():
+        fields[f"iceberg.table.<table>.{prop}"] = values
     try:
         return Settings(**fields)
     except ValidationError as exc:

@@ -24,6 +24,9 @@ class Metrics:
         self.records_rejected = Counter(
             "icesink_records_rejected_total", "Records that could not be converted",
             ["topic", "reason"], registry=r)
+        self.records_unrouted = Counter(
+            "icesink_records_unrouted_total", "Records whose route matches no table (dead-lettered)",
+            ["topic"], registry=r)
         self.bytes_consumed = Counter(
             "icesink_bytes_consumed_total", "Source value bytes consumed", ["topic"], registry=r)
         self.buffered_rows = Gauge(

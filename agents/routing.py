@@ -1,0 +1,112 @@
+"""Which tables each record of a batch goes to (the reference sink's routing keys).
+
+- No ``iceberg.tables.route-field``: every record goes to every table of ``iceberg.tables``.
+- Static: the route field's value is matched (whole value, like Java's ``Matcher.matches``)
+  against each table's ``iceberg.table.<table>.route-regex``; a record goes to every table whose
+  regex matches. Tables without a regex get no records.
+- Dynamic (``iceberg.tables.dynamic-enabled``): the value, lower-cased, is the table name
+  (``namespace.table``).
+
+The route field (a dotted path for nested fields) is read for the whole batch in one bulk
+parse; the tables of each distinct value are computed once. A record with no route (null or
+missing field, no matching regex, a dynamic name that is not ``namespace.table``) is returned as
+a :class:`Reject` with the reason, for the dead-letter path: never silently dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from agents.convert import Reject, decode_json
+from icesink.config import Settings
+
+__all__ = ["Routes", "Router", "NAME_RE"]
+
+# namespace.table (namespaces may nest: a.b.table); Iceberg-friendly characters only.
+NAME_RE = re.compile(r"^[a-z0-9_][a-z0-9_\-$]*(\.[a-z0-9_][a-z0-9_\-$]*)+$")
+
+
+@dataclass(frozen=True)
+class Routes:
+    """The outcome of routing one batch: input indices per table, ascending, and the records
+    that have no table (or could not be read)."""
+
+    by_table: dict[str, npt.NDArray[np.int64]]
+    unrouted: tuple[Reject, ...]
+
+
+class Router:
+    """Routes batches of raw JSON values; holds only a cache of value -> tables."""
+
+    # Distinct route values remembered; past this the cache starts over (bounded memory).
+    CACHE_LIMIT = 10_000
+
+    def __init__(self, settings: Settings) -> None:
+        self.field = settings.route_field
+        self.tables = settings.tables
+        self.dynamic = settings.dynamic_tables
+        self.regex = {t: re.compile(p) for t, p in settings.table_route_regex.items()}
+        self._cache: dict[str, tuple[tuple[str, ...], str | None]] = {}
+        self._schema: pa.Schema | None = None
+        if self.field is not None:
+            *parents, leaf = self.field.split(".")
+            t: pa.DataType = pa.string()
+            inner = pa.field(leaf, t)
+            for name in reversed(parents):
+                inner = pa.field(name, pa.struct([inner]))
+            self._schema = pa.schema([inner])
+
+    def route(self, values: Sequence[bytes]) -> Routes:
+        n = len(values)
+        if self._schema is None:
+            every = np.arange(n, dtype=np.int64)
+            return Routes({t: every for t in self.tables}, ())
+        converted = decode_json(values, self._schema)
+        unrouted = list(converted.rejects)  # unreadable records (bad JSON, ...)
+        column = converted.table.column(0)
+        for _ in range(self.field.count(".")):  # type: ignore[union-attr]
+            column = pc.struct_field(column, [0])
+        rows = np.asarray(converted.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        encoded = column.combine_chunks().dictionary_encode() if len(column) else pa.array([], pa.string()).dictionary_encode()
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        nulls = np.asarray(encoded.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        members: dict[str, list[npt.NDArray[np.int64]]] = {}
+        for code, value in enumerate(encoded.dictionary.to_pylist()):
+            tables, problem = self._tables_of(value)
+            picked = rows[(codes == code) & ~nulls]
+            if not tables:
+                unrouted.extend(Reject(int(i), problem or "no route", self.field) for i in picked)
+                continue
+            for t in tables:
+                members.setdefault(t, []).append(picked)
+        unrouted.extend(
+            Reject(int(i), f"no route: field {self.field} is null or missing", self.field) for i in rows[nulls]
+        )
+        by_table = {t: np.sort(np.concatenate(parts)) for t, parts in members.items()}
+        return Routes(by_table, tuple(sorted(unrouted, key=lambda r: r.index)))
+
+    def _tables_of(self, value: str) -> tuple[tuple[str, ...], str | None]:
+        hit = self._cache.get(value)
+        if hit is None:
+            if len(self._cache) >= self.CACHE_LIMIT:
+                self._cache.clear()
+            hit = self._cache[value] = self._compute(value)
+        return hit
+
+    def _compute(self, value: str) -> tuple[tuple[str, ...], str | None]:
+        if self.dynamic:
+            name = value.strip().lower()
+            if NAME_RE.match(name):
+                return (name,), None
+            return (), f"no route: {self.field} value {value[:80]!r} is not a namespace.table name"
+        tables = tuple(t for t, rx in self.regex.items() if rx.fullmatch(value))
+        if tables:
+            return tables, None
+        return (), f"no route: {self.field} value {value[:80]!r} matches no table's route-regex"
