@@ -372,15 +372,21 @@ class Worker:
             asyncio.ensure_future(self._respond(self._open_round))
 
     async def _seek(self, st: PartitionState, offset: int) -> None:
+        await self._seek_all([(st, offset)])
+
+    async def _seek_all(self, targets: list[tuple[PartitionState, int]]) -> None:
         """Seek in the consumer's own thread (seek_wait) and only then stamp the activation:
         records fetched before this instant can no longer pass as a gap."""
-        st.activated_at = float("inf")
+        for st, _ in targets:
+            st.activated_at = float("inf")
         try:
-            await self.app.consumer.seek_wait({TP(st.tp.topic, st.tp.partition): offset})
+            await self.app.consumer.seek_wait({TP(st.tp.topic, st.tp.partition): off for st, off in targets})
         finally:
-            st.seeks += 1
-            st.activated_at = time.monotonic()
-            st.reseeking = False
+            now = time.monotonic()
+            for st, _ in targets:
+                st.seeks += 1
+                st.activated_at = now
+                st.reseeking = False
 
     async def _on_rewind(self, ev: Rewind) -> None:
         if ev.worker != self.worker_id:
@@ -405,6 +411,10 @@ class Worker:
             self.metrics.records_consumed.labels(topic=tp.topic).inc(len(messages))
             st = self.buffers.partitions.get(tp)
             if st is None or not st.active:
+                continue
+            if self._backpressure:
+                # Paused because the buffers are full: records still in flight would grow
+                # them past the bound. They are read again: the release seeks back.
                 continue
             taken, suspect = st.select(messages)
             if taken:
@@ -464,17 +474,37 @@ class Worker:
             self.app.consumer.pause_partitions(active)
             log.info("buffers full (%d bytes): pausing %d partitions until the next round", self.buffers.nbytes, len(active))
             self._update_paused()
+        await self._request_commit()
+
+    async def _request_commit(self) -> None:
+        """Ask for an early round: at once the first time the buffers fill after a release,
+        then again every REQUEST_EVERY_S while they stay full (from _housekeeping too: paused
+        partitions bring no more batches to on_events)."""
         now = time.monotonic()
         if now - self._last_request >= REQUEST_EVERY_S:
             self._last_request = now
+            self.metrics.early_commit_requests.inc()
             await self.producer.send(CommitRequest(self.worker_id, self.buffers.nbytes))
 
-    def _release_backpressure(self) -> None:
-        if self._backpressure and not self.buffers.full:
-            self._backpressure = False
-            active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active]
-            self.app.consumer.resume_partitions(active)
-            self._update_paused()
+    async def _release_backpressure(self) -> None:
+        """Resume reading where each buffer ends. The seek is needed: records that arrived
+        while paused were skipped (on_events), and Faust silently drops the rest of a fetch
+        for a partition paused while that fetch is handed out (Consumer.getmany checks the
+        live set of active partitions), so the consumer's position is past them."""
+        if not self._backpressure or self.buffers.full:
+            return
+        try:
+            await self._seek_all([(st, st.next_offset) for st in self.buffers.partitions.values() if st.active])
+        except Exception as exc:  # stay paused: _housekeeping tries again
+            log.warning("seek before resuming failed (%s); partitions stay paused", exc)
+            return
+        if not self._backpressure or self.buffers.full:
+            return
+        self._backpressure = False
+        self._last_request = 0.0  # the next fill is a new request, not a repeat
+        active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active]
+        self.app.consumer.resume_partitions(active)
+        self._update_paused()
 
     # Commit rounds ---------------------------------------------------------------------------
 
@@ -504,7 +534,7 @@ class Worker:
             snap = self.buffers.take(self.generation)
             if not snap.ranges:
                 return
-            self._release_backpressure()
+            await self._release_backpressure()
             response_id = str(uuid.uuid4())
             written: list[DataWritten] = []
             started = time.monotonic()
@@ -610,7 +640,21 @@ class Worker:
             if stale and self._rebalanced.is_set():
                 log.info("no Resume for %s yet; claiming again", ",".join(map(str, stale)))
                 await self._send_claim(stale)
+            if self._backpressure:
+                await self._check_backpressure()
             self._update_gauges()
+
+    async def _check_backpressure(self) -> None:
+        """Paused for full buffers: ask again while no round has come (the send failed, the
+        coordinator failed over and lost the request, the round found no active partition),
+        or resume if the buffers shrank without one (partitions released or rewound)."""
+        if not self.buffers.full:
+            await self._release_backpressure()
+            return
+        try:
+            await self._request_commit()
+        except Exception as exc:
+            log.warning("commit request not sent (%s); retried", exc)
 
     def _update_gauges(self) -> None:
         self.metrics.buffered_rows.set(self.buffers.rows)

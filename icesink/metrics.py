@@ -36,6 +36,9 @@ class Metrics:
         self.paused_partitions = Gauge(
             "icesink_paused_partitions", "Source partitions paused (claiming or backpressure)",
             registry=r)
+        self.early_commit_requests = Counter(
+            "icesink_early_commit_requests_total",
+            "CommitRequest events sent because this worker's buffers were full", registry=r)
         self.consumer_lag = Gauge(
             "icesink_consumer_lag", "High watermark minus next offset to read",
             ["topic", "partition"], registry=r)
