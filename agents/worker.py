@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -27,14 +28,14 @@ import pyarrow as pa
 from faust.types import TP
 
 from agents.buffer import Buffers, Chunk, PartitionState
-from agents.convert import decode_json, infer_schema
-from agents.deadletter import DeadLetters
-from agents.routing import Router
+from agents.convert import Reject, decode_json, infer_schema
+from agents.deadletter import DeadLetters, DeadLetterSendError, screen
+from agents.routing import Router, Routes
 from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
-from icesink.errors import ConfigError, FencedError
+from icesink.errors import ConfigError, DataError, FencedError
 from icesink.faults import crash_point, die, should_crash
 from icesink.events import (
     Claim,
@@ -73,7 +74,7 @@ class Worker:
         self.offload = Offload()
         self.buffers = Buffers(settings.buffer_max_bytes)
         self.targets: dict[str, Target] = {}
-        self.deadletters = DeadLetters(settings.state_dir / "deadletter", metrics)
+        self.deadletters = DeadLetters(settings, metrics, self.worker_id)
         self.router = Router(settings)
         self.spark = SparkFileWriter(SparkSettings(
             master=settings.spark_master,
@@ -138,9 +139,10 @@ class Worker:
             async for batch in stream.take_events(s.consumer_max_batch, within=0.2):
                 try:
                     await worker.on_events(batch)  # a crash is logged once, by Faust's supervisor
-                except ConfigError as exc:
+                except (ConfigError, DataError) as exc:
                     # A setting that cannot apply to the data (say a day() partition of a string
-                    # column): retrying cannot help, so the replica stops, saying why.
+                    # column), or a bad record under errors.tolerance=none: retrying cannot
+                    # help, so the replica stops, saying why.
                     worker.fail(exc)
                     return
 
@@ -217,6 +219,7 @@ class Worker:
         await self.producer.start()
         await self.reader.start()
         await self.reader.seek_to_end()
+        await self.deadletters.start(self.bootstrap)
         spark_started = self._spark_ready = asyncio.ensure_future(self.offload.run(self.spark.start))
         self.catalog = await self.offload.run(load_catalog, self.settings)
         for name in self.settings.tables:
@@ -299,6 +302,8 @@ class Worker:
             await asyncio.wait_for(self.reader.stop(), left())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.producer.stop(), left())
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.deadletters.stop(), left())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.offload.run(self.spark.stop), left())
         self.offload.close()
@@ -429,29 +434,37 @@ class Worker:
             await self._apply_backpressure()
 
     async def _buffer(self, st: PartitionState, messages: list[Any]) -> None:
-        values = [m.value if m.value is not None else b"" for m in messages]
+        # Tombstones and too-large values never reach conversion; their offsets still count.
+        screened = screen(messages, self.settings.max_record_bytes)
+        values = screened.values
+        self.deadletters.tombstones(st.tp.topic, screened.tombstones)
+        rejects: list[tuple[Reject, str | None]] = [(r, None) for r in screened.rejects]
         tables: dict[str, pa.Table] = {}
         nbytes = 0
         rows = 0
         landed = np.zeros(len(values), dtype=bool)
-        self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(sum(len(v) for v in values))
-        routes = self.router.route(values)
+        self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(screened.nbytes)
+        routes = self.router.route(values) if values else Routes({}, ())
         if routes.unrouted:
-            self.metrics.records_unrouted.labels(topic=st.tp.topic).inc(len(routes.unrouted))
-            self.deadletters.write(st.tp, messages, routes.unrouted, table="")
+            no_route = sum(1 for r in routes.unrouted if r.reason.startswith("no route"))
+            self.metrics.records_unrouted.labels(topic=st.tp.topic).inc(no_route)
+            rejects += [(r, None) for r in screened.at_messages(routes.unrouted)]
         for name, idx in routes.by_table.items():
             whole = len(idx) == len(values)
             subset = values if whole else [values[i] for i in idx]
             target = self.targets.get(name) or await self._target(name, subset)
             converted = decode_json(subset, target.arrow_schema)
             if converted.rejects:
-                self.deadletters.write(
-                    st.tp, messages if whole else [messages[i] for i in idx], converted.rejects, table=name)
+                in_values = converted.rejects if whole else [
+                    dataclasses.replace(r, index=int(idx[r.index])) for r in converted.rejects]
+                rejects += [(r, name) for r in screened.at_messages(in_values)]
             if converted.table.num_rows:
                 tables[name] = converted.table
                 nbytes += converted.table.nbytes
                 rows += converted.table.num_rows
                 landed[idx[converted.indices.to_numpy(zero_copy_only=False)]] = True
+        if rejects:  # errors.tolerance=none raises here: nothing of this batch is buffered
+            await self.deadletters.reject(messages, rejects)
         self.metrics.records_converted.labels(topic=st.tp.topic).inc(int(landed.sum()))
         last = messages[-1]
         ts = int(last.timestamp * 1000) if last.timestamp else None
@@ -533,6 +546,12 @@ class Worker:
             await self._spark_ready
             snap = self.buffers.take(self.generation)
             if not snap.ranges:
+                return
+            try:  # at-least-once: dead letters are acknowledged before their offsets are reported
+                await self.deadletters.flush()
+            except DeadLetterSendError as exc:
+                log.error("round %s not answered, data kept for the next round: %s", commit_id, exc)
+                self.buffers.restore(snap)
                 return
             await self._release_backpressure()
             response_id = str(uuid.uuid4())

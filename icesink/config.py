@@ -111,6 +111,14 @@ class Settings(BaseSettings):
     worker_id: str | None = Field(None, alias="worker.id")
     shutdown_timeout_ms: int = Field(30_000, alias="shutdown.timeout-ms", ge=100)
 
+    # Bad records (Kafka Connect's keys, plus errors.max-record-bytes). errors.tolerance unset:
+    # "all" when a dead-letter topic is set, else "none" (see agents/deadletter.py, README).
+    errors_tolerance: Literal["none", "all"] | None = Field(None, alias="errors.tolerance")
+    dlq_topic: str | None = Field(None, alias="errors.deadletterqueue.topic.name")
+    dlq_replication_factor: int = Field(3, alias="errors.deadletterqueue.topic.replication.factor", ge=1)
+    dlq_context_headers: bool = Field(True, alias="errors.deadletterqueue.context.headers.enable")
+    max_record_bytes: int = Field(16 * 1024 * 1024, alias="errors.max-record-bytes", ge=1)
+
     # Fault injection for the fault tests (icesink/faults.py); never set in production.
     fault_crash_at: tuple[
         Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response"], ...
@@ -127,6 +135,13 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return tuple(x.strip() for x in v.split(",") if x.strip())
         return v
+
+    @field_validator("dlq_topic")
+    @classmethod
+    def _blank_is_none(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None  # Kafka Connect's default is "": no dead-letter topic
+        return v.strip()
 
     @field_validator("spark_remote")
     @classmethod
@@ -204,6 +219,13 @@ class Settings(BaseSettings):
     @property
     def embedded_catalog(self) -> bool:
         return "type" not in self.catalog_props and "uri" not in self.catalog_props
+
+    @property
+    def tolerate_errors(self) -> bool:
+        """errors.tolerance=all: dead-letter bad records and go on (else stop at the first)."""
+        if self.errors_tolerance is None:
+            return self.dlq_topic is not None
+        return self.errors_tolerance == "all"
 
     def partition_by(self, table: str) -> str | None:
         return self.table_partition_by.get(table, self.default_partition_by)

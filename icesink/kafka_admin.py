@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from icesink.errors import IcesinkError
 
-__all__ = ["TopicError", "end_offsets", "ensure_topic"]
+__all__ = ["TopicError", "end_offsets", "ensure_topic", "topic_exists"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,23 @@ async def ensure_topic(
         partitions,
         time.monotonic() - began,
     )
+
+
+async def topic_exists(
+    bootstrap: str, name: str, *, client_kwargs: Mapping[str, Any] | None = None, timeout_s: float = 30.0
+) -> bool:
+    """Whether topic ``name`` exists (asked without auto-creating it)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(client_kwargs or {}))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            return await _existing_topic_metadata(admin, name) is not None
+    except TimeoutError:
+        raise TopicError(f"topic {name!r}: metadata not read within {timeout_s:.1f} s", retriable=True) from None
+    finally:
+        await admin.close()
 
 
 async def end_offsets(

@@ -27,6 +27,15 @@ class Metrics:
         self.records_unrouted = Counter(
             "icesink_records_unrouted_total", "Records whose route matches no table (dead-lettered)",
             ["topic"], registry=r)
+        self.records_deadlettered = Counter(
+            "icesink_records_deadlettered_total",
+            "Bad records acknowledged by the dead-letter topic (or written to the local fallback)",
+            ["topic", "reason"], registry=r)
+        self.deadletter_send_failures = Counter(
+            "icesink_deadletter_send_failures_total", "Dead-letter sends that failed (retried)",
+            registry=r)
+        self.tombstones = Counter(
+            "icesink_tombstones_total", "Records with a null value, skipped", ["topic"], registry=r)
         self.bytes_consumed = Counter(
             "icesink_bytes_consumed_total", "Source value bytes consumed", ["topic"], registry=r)
         self.buffered_rows = Gauge(

@@ -44,7 +44,7 @@ def test_three_event_types_fan_out_by_regex(broker, catalog_props, tmp_path: Pat
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import produce
     from icesink.replicas import ReplicaSet
-    from tests.support.sinkrun import assert_exact, metric, total_rows, wait_rows, write_config
+    from tests.support.sinkrun import assert_exact, metric, read_topic, total_rows, wait_rows, write_config
 
     topic = "mixed-events"
     regexes = {"ev.clicks": "click", "ev.orders": "order", "ev.refunds": "refund", "ev.money": "order|refund"}
@@ -52,7 +52,8 @@ def test_three_event_types_fan_out_by_regex(broker, catalog_props, tmp_path: Pat
     cfg = write_config(
         tmp_path / "sink.json", topics=topic, tables=",".join(regexes), bootstrap=broker.bootstrap,
         catalog_props=catalog_props, state_dir=tmp_path / "state", group="route-sink",
-        **{"iceberg.tables.route-field": "type"},
+        **{"iceberg.tables.route-field": "type", "errors.deadletterqueue.topic.name": "mixed-dlq",
+           "errors.deadletterqueue.topic.replication.factor": 1},
         **{f"iceberg.table.{t}.route-regex": rx for t, rx in regexes.items()},
     )
     values = events(12_000, seed=3)
@@ -77,10 +78,13 @@ def test_three_event_types_fan_out_by_regex(broker, catalog_props, tmp_path: Pat
     # Each table got its event type's columns only.
     assert [f.name for f in catalog.load_table("ev.clicks").schema().fields] == ["type", "id", "url"]
     assert "reason" in [f.name for f in catalog.load_table("ev.refunds").schema().fields]
-    dead = [json.loads(line) for p in (tmp_path / "state" / "deadletter").glob("*.jsonl")
-            for line in p.read_text().splitlines()]
-    assert sorted(d["error"].split(":")[0] for d in dead) == ["no route", "no route"]
-    assert {d["field"] for d in dead} == {"type"}
+    letters = read_topic(broker.bootstrap, "mixed-dlq", 2, timeout_s=30)
+    assert sorted(m.value for m in letters) == sorted(unroutable)
+    for m in letters:
+        headers = {k: v.decode() for k, v in m.headers}
+        assert headers["icesink.errors.reason"] == "no-route"
+        assert headers["icesink.errors.field"] == "type"
+        assert headers["__connect.errors.topic"] == topic
 
 
 @pytest.mark.timeout(900)

@@ -3,6 +3,7 @@ exact check through DuckDB, and reading a replica's /metrics and /status."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
@@ -87,3 +88,35 @@ def control_events(bootstrap: str, topic: str, group: str) -> list[tuple[int, An
             await reader.stop()
 
     return asyncio.run(read())
+
+
+def read_topic(bootstrap: str, topic: str, want: int, timeout_s: float) -> list[Any]:
+    """Every record of ``topic`` once at least ``want`` are there (or the timeout passed)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def go() -> list[Any]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            parts = consumer.partitions_for_topic(topic) or set()
+            deadline = time.monotonic() + timeout_s
+            while not parts and time.monotonic() < deadline:
+                await consumer._client.force_metadata_update()
+                parts = consumer.partitions_for_topic(topic) or set()
+                await asyncio.sleep(0.5)
+            consumer.assign([TopicPartition(topic, p) for p in parts])
+            await consumer.seek_to_beginning()
+            out: list[Any] = []
+            while time.monotonic() < deadline:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    out += records
+                if len(out) >= want:
+                    # one more poll: duplicates (at least once) may follow
+                    for records in (await consumer.getmany(timeout_ms=1000)).values():
+                        out += records
+                    return out
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(go())

@@ -5,6 +5,10 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+from agents.deadletter import DeadLetters
+from agents.routing import Router
+from icesink.config import build
+
 import pyarrow as pa
 from faust.types import TP
 
@@ -52,8 +56,10 @@ class Producer:
 def make_worker(max_bytes: int) -> Worker:
     w = Worker.__new__(Worker)
     w.worker_id = "w1"
-    w.settings = SimpleNamespace(tables=(TABLE,))
+    w.settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
     w.metrics = Metrics()
+    w.router = Router(w.settings)
+    w.deadletters = DeadLetters(w.settings, w.metrics, "w1")
     w.buffers = Buffers(max_bytes)
     w.targets = {TABLE: Target(TABLE, None, pa.schema([("id", pa.int64())]))}
     w.app = SimpleNamespace(consumer=Consumer())

@@ -1,0 +1,364 @@
+"""Dead letters without a broker: screening (tombstones, too large), Kafka Connect context
+headers, errors.tolerance, at-least-once flushing, and the worker's _buffer with both."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from agents.routing import Router
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agents.buffer import Buffers
+from agents.convert import Reject
+from agents.deadletter import (
+    H_FIELD, H_MESSAGE, H_OFFSET, H_PARTITION, H_REASON, H_TABLE, H_TOPIC, H_VALUE_OMITTED,
+    DeadLetters, DeadLetterSendError, kind_of, screen,
+)
+from agents.worker import Worker
+from icesink.config import build
+from icesink.errors import ConfigError, DataError
+from icesink.events import TopicPartition
+from icesink.metrics import Metrics
+
+TP = TopicPartition("orders", 3)
+SCHEMA = pa.schema([pa.field("order_id", pa.string(), nullable=False), pa.field("store_id", pa.int64())])
+
+
+@dataclass
+class Msg:
+    offset: int
+    value: bytes | None
+    key: bytes | None = b"k"
+    headers: list[tuple[str, bytes]] = field(default_factory=lambda: [("trace", b"t1")])
+    topic: str = TP.topic
+    partition: int = TP.partition
+    timestamp: float = 1_700_000_000.0
+
+
+class FakeProducer:
+    """aiokafka's send(): awaits enqueueing, returns a delivery future. ``fail`` decides, per
+    send, the exception the delivery ends with (None: acknowledged)."""
+
+    def __init__(self, fail: Any = None) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.futures: list[asyncio.Future[Any]] = []
+        self.fail = fail or (lambda send: None)
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(self, topic: str, value: bytes | None, key: bytes | None = None, headers: Any = None) -> Any:
+        send = {"topic": topic, "value": value, "key": key, "headers": dict(headers)}
+        self.sent.append(send)
+        fut = asyncio.get_running_loop().create_future()
+        exc = self.fail(send)
+        fut.set_exception(exc) if exc is not None else fut.set_result(None)
+        return fut
+
+
+def settings(tmp_path, **extra: Any):
+    return build({"topics": TP.topic, "iceberg.tables": "db.a", "state.dir": str(tmp_path), "group.id": "g", **extra})
+
+
+def sink(tmp_path, producer=None, **extra: Any) -> tuple[DeadLetters, Metrics]:
+    metrics = Metrics(CollectorRegistry())
+    return DeadLetters(settings(tmp_path, **extra), metrics, "w1", producer=producer), metrics
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# Screening ---------------------------------------------------------------------------------
+
+
+def test_screen_skips_tombstones_and_rejects_too_large_values_before_parsing():
+    msgs = [Msg(0, b'{"a":1}'), Msg(1, None), Msg(2, b"x" * 11), Msg(3, None), Msg(4, b"not json")]
+    s = screen(msgs, max_bytes=10)
+    assert s.values == [b'{"a":1}', b"not json"] and s.positions == [0, 4]
+    assert s.tombstones == 2 and s.nbytes == 7 + 11 + 8
+    assert s.rejects == (Reject(2, "record of 11 bytes exceeds errors.max-record-bytes=10", None),)
+    assert kind_of(s.rejects[0].reason, None) == "too-large"
+    # decode_json's indexes (into values) map back to message indexes
+    assert s.at_messages([Reject(1, "malformed JSON: x", None)]) == [Reject(4, "malformed JSON: x", None)]
+
+
+def test_reason_kinds_are_bounded_labels():
+    assert kind_of("malformed JSON: Expecting value at line 1 column 1", None) == "malformed"
+    assert kind_of("cannot coerce 'abc' to long", "store_id") == "uncoercible"
+    assert kind_of("required field is null or missing", "order_id") == "missing-required"
+
+
+# Settings ----------------------------------------------------------------------------------
+
+
+def test_tolerance_defaults_to_all_with_a_topic_and_none_without(tmp_path):
+    assert settings(tmp_path).tolerate_errors is False
+    assert settings(tmp_path, **{"errors.deadletterqueue.topic.name": ""}).dlq_topic is None
+    assert settings(tmp_path, **{"errors.deadletterqueue.topic.name": "dlq"}).tolerate_errors is True
+    assert settings(tmp_path, **{"errors.deadletterqueue.topic.name": "dlq", "errors.tolerance": "none"}).tolerate_errors is False
+    assert settings(tmp_path, **{"errors.tolerance": "all"}).tolerate_errors is True
+    with pytest.raises(ConfigError, match="errors.tolerance"):
+        settings(tmp_path, **{"errors.tolerance": "some"})
+    with pytest.raises(ConfigError, match="errors.max-record-bytes"):
+        settings(tmp_path, **{"errors.max-record-bytes": 0})
+
+
+# Headers, merging, tolerance ----------------------------------------------------------------
+
+DLQ = {"errors.deadletterqueue.topic.name": "dlq"}
+
+
+def test_dead_letter_keeps_key_value_and_headers_and_adds_connect_context(tmp_path):
+    producer = FakeProducer()
+    dl, metrics = sink(tmp_path, producer, **DLQ)
+    msgs = [Msg(40, b'{"order_id":"a","store_id":"abc"}'), Msg(41, b"{oops", key=None, headers=[])]
+
+    async def go() -> None:
+        await dl.reject(msgs, [
+            (Reject(0, "cannot coerce 'abc' to long", "store_id"), "db.a"),
+            (Reject(1, "malformed JSON: x", None), "db.a"),
+            (Reject(1, "malformed JSON: x", None), "db.b"),  # the same error in a second table
+        ])
+        assert value(metrics, "icesink_records_deadlettered_total", topic="orders", reason="uncoercible") == 0
+        await dl.flush()
+
+    run(go())
+    assert len(producer.sent) == 2  # one letter per bad record, not per table
+    first, second = producer.sent
+    assert first["topic"] == "dlq" and first["key"] == b"k" and first["value"] == msgs[0].value
+    h = first["headers"]
+    assert h["trace"] == b"t1"  # original headers kept
+    assert (h[H_TOPIC], h[H_PARTITION], h[H_OFFSET]) == (b"orders", b"3", b"40")
+    assert h["__connect.errors.exception.class.name"] == b"icesink.errors.DataError"
+    assert h["__connect.errors.stage"] == b"VALUE_CONVERTER"
+    assert h["__connect.errors.connector.name"] == b"g" and h["__connect.errors.task.id"] == b"w1"
+    assert h[H_FIELD] == b"store_id" and h[H_TABLE] == b"db.a" and h[H_REASON] == b"uncoercible"
+    assert b"cannot coerce 'abc' to long" in h[H_MESSAGE] and b"offset=40" in h[H_MESSAGE]
+    assert second["key"] is None and second["value"] == b"{oops"
+    assert second["headers"][H_TABLE] == b"db.a,db.b" and H_FIELD not in second["headers"]
+    assert value(metrics, "icesink_records_deadlettered_total", topic="orders", reason="uncoercible") == 1
+    assert value(metrics, "icesink_records_rejected_total", topic="orders", reason="malformed") == 1
+
+
+def test_no_route_through_dead_letter(tmp_path):
+    producer = FakeProducer()
+    dl, metrics = sink(tmp_path, producer, **DLQ)
+    msgs = [Msg(i, b"{}") for i in range(3)]
+    run(dl.dead_letter(msgs, [0, 2], "no routing rule matches", kind="no-route"))
+    assert [s["headers"][H_OFFSET] for s in producer.sent] == [b"0", b"2"]
+    assert producer.sent[0]["headers"]["__connect.errors.stage"] == b"TASK_PUT"
+    assert value(metrics, "icesink_records_rejected_total", topic="orders", reason="no-route") == 2
+
+
+def test_context_headers_can_be_switched_off(tmp_path):
+    producer = FakeProducer()
+    dl, _ = sink(tmp_path, producer, **DLQ, **{"errors.deadletterqueue.context.headers.enable": "false"})
+    run(dl.dead_letter([Msg(0, b"{")], [0], "malformed JSON: x"))
+    assert producer.sent[0]["headers"] == {"trace": b"t1"}
+
+
+def test_tolerance_none_raises_for_the_first_bad_record_and_sends_nothing(tmp_path):
+    producer = FakeProducer()
+    dl, metrics = sink(tmp_path, producer, **DLQ, **{"errors.tolerance": "none"})
+    msgs = [Msg(7, b"{}"), Msg(8, b"{}")]
+    with pytest.raises(DataError) as info:
+        run(dl.reject(msgs, [(Reject(1, "cannot coerce 'x' to long", "store_id"), "db.a"),
+                             (Reject(0, "malformed JSON: x", None), "db.a")]))
+    text = str(info.value)
+    assert "errors.tolerance=none" in text and "malformed JSON" in text
+    assert "topic=orders, partition=3, offset=7" in text
+    assert producer.sent == []
+
+
+def test_without_a_topic_tolerance_all_falls_back_to_a_local_file(tmp_path):
+    dl, metrics = sink(tmp_path, None, **{"errors.tolerance": "all"})
+    run(dl.dead_letter([Msg(5, b'{"store_id":"x"}')], [0], "cannot coerce 'x' to long", field="store_id", table="db.a"))
+    line = json.loads((tmp_path / "deadletter" / "orders.jsonl").read_text())
+    assert (line["offset"], line["field"], line["table"], line["reason"]) == (5, "store_id", "db.a", "uncoercible")
+    assert value(metrics, "icesink_records_deadlettered_total", topic="orders", reason="uncoercible") == 1
+
+
+# At-least-once flushing ---------------------------------------------------------------------
+
+
+def test_a_failed_send_fails_the_flush_and_is_sent_again_at_the_next(tmp_path):
+    attempts = {"n": 0}
+
+    def fail_first(send: dict[str, Any]) -> Exception | None:
+        attempts["n"] += 1
+        return RuntimeError("broker down") if attempts["n"] == 1 else None
+
+    producer = FakeProducer(fail_first)
+    dl, metrics = sink(tmp_path, producer, **DLQ)
+
+    async def go() -> None:
+        await dl.dead_letter([Msg(0, b"{")], [0], "malformed JSON: x")
+        with pytest.raises(DeadLetterSendError, match="broker down"):
+            await dl.flush()
+        assert value(metrics, "icesink_deadletter_send_failures_total") == 1
+        await dl.flush()  # sent again, acknowledged
+
+    run(go())
+    assert len(producer.sent) == 2
+    assert value(metrics, "icesink_records_deadlettered_total", topic="orders", reason="malformed") == 1
+
+
+def test_a_letter_too_large_for_the_topic_is_sent_without_its_value(tmp_path):
+    class MessageSizeTooLargeError(Exception):
+        pass
+
+    producer = FakeProducer(lambda send: MessageSizeTooLargeError("too big") if send["value"] else None)
+    dl, metrics = sink(tmp_path, producer, **DLQ)
+
+    async def go() -> None:
+        await dl.dead_letter([Msg(0, b"y" * 100)], [0], "record of 100 bytes exceeds errors.max-record-bytes=10")
+        await dl.flush()
+
+    run(go())
+    assert producer.sent[-1]["value"] is None and producer.sent[-1]["key"] == b"k"
+    assert producer.sent[-1]["headers"][H_VALUE_OMITTED].startswith(b"100 bytes")
+    assert value(metrics, "icesink_records_deadlettered_total", topic="orders", reason="too-large") == 1
+
+
+# The worker's _buffer ------------------------------------------------------------------------
+
+
+def worker_stub(tmp_path, producer, **extra: Any) -> Any:
+    s = settings(tmp_path, **{"errors.max-record-bytes": 64}, **extra)
+    metrics = Metrics(CollectorRegistry())
+    stub = SimpleNamespace(
+        settings=s, metrics=metrics, buffers=Buffers(10**9),
+        targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA)},
+        deadletters=DeadLetters(s, metrics, "w1", producer=producer),
+        router=Router(s),
+    )
+    stub.buffers.claim(TP, 1)
+    stub.buffers.resume(TP, 0, now=0.0)
+    return stub
+
+
+def test_a_batch_of_only_tombstones_still_moves_the_position(tmp_path):
+    w = worker_stub(tmp_path, FakeProducer(), **DLQ)
+    run(Worker._buffer(w, w.buffers.partitions[TP], [Msg(0, None), Msg(1, None)]))
+    snap = w.buffers.take(1)
+    assert [(r.start, r.end) for r in snap.ranges] == [(0, 2)] and snap.rows == 0
+    assert value(w.metrics, "icesink_tombstones_total", topic="orders") == 2
+
+
+def test_good_records_of_a_batch_are_buffered_and_the_bad_ones_dead_lettered(tmp_path):
+    producer = FakeProducer()
+    w = worker_stub(tmp_path, producer, **DLQ)
+    msgs = [
+        Msg(0, b'{"order_id":"a","store_id":1}'), Msg(1, b'{"order_id":"b","store_id":"abc"}'),
+        Msg(2, None), Msg(3, b'{"order_id":'), Msg(4, b'{"order_id":"' + b"z" * 80 + b'"}'),
+        Msg(5, b'{"order_id":"c","store_id":2}'),
+    ]
+    run(Worker._buffer(w, w.buffers.partitions[TP], msgs))
+    snap = w.buffers.take(1)
+    assert [(r.start, r.end) for r in snap.ranges] == [(0, 6)]
+    assert snap.tables()["db.a"].column("order_id").to_pylist() == ["a", "c"]
+    sent = {s["headers"][H_OFFSET]: s["headers"] for s in producer.sent}
+    assert sorted(sent) == [b"1", b"3", b"4"]
+    assert sent[b"1"][H_FIELD] == b"store_id" and sent[b"1"][H_REASON] == b"uncoercible"
+    assert sent[b"3"][H_REASON] == b"malformed" and sent[b"4"][H_REASON] == b"too-large"
+    assert H_TABLE not in sent[b"4"]  # rejected before any table
+
+
+def test_tolerance_none_buffers_nothing_of_the_failing_batch(tmp_path):
+    w = worker_stub(tmp_path, None)  # no topic: tolerance defaults to none
+    st = w.buffers.partitions[TP]
+    run(Worker._buffer(w, st, [Msg(0, b'{"order_id":"a","store_id":1}')]))
+    with pytest.raises(DataError, match=r"offset=2, field=store_id"):
+        run(Worker._buffer(w, st, [Msg(1, b'{"order_id":"b","store_id":1}'), Msg(2, b'{"order_id":"c","store_id":"x"}')]))
+    assert st.next_offset == 1
+    assert w.buffers.take(1).tables()["db.a"].num_rows == 1
+
+
+# At-least-once ordering in a commit round ---------------------------------------------------------
+
+
+class LateAcks(FakeProducer):
+    """Deliveries acknowledged a little after the send (or failed, with ``fail``)."""
+
+    async def send(self, topic: str, value: bytes | None, key: bytes | None = None, headers: Any = None) -> Any:
+        self.sent.append({"topic": topic, "value": value, "key": key, "headers": dict(headers)})
+        fut = asyncio.get_running_loop().create_future()
+        exc = self.fail(self.sent[-1])
+        asyncio.get_running_loop().call_later(
+            0.05, lambda: fut.set_exception(exc) if exc is not None else fut.set_result(None))
+        self.futures.append(fut)
+        return fut
+
+
+def responder(tmp_path, dlq_producer) -> Any:
+    """A worker stub able to run Worker._respond for a batch holding no rows (so no Spark)."""
+    w = worker_stub(tmp_path, dlq_producer, **DLQ)
+    w.generation = 1
+    w.worker_id = "w1"
+    w.events = []
+    w.acked_when_reported = []
+
+    async def send(ev: Any) -> None:
+        w.events.append(type(ev).__name__)
+        w.acked_when_reported.append(all(f.done() for f in dlq_producer.futures))
+
+    w.producer = SimpleNamespace(send=send)
+    async def release() -> None:
+        pass
+
+    w._release_backpressure = release
+    w._valid_through_ms = lambda: None
+    w._update_gauges = lambda: None
+    return w
+
+
+async def _round(w: Any, msgs: list[Msg]) -> None:
+    w._respond_lock = asyncio.Lock()
+    w._rebalanced = asyncio.Event()
+    w._rebalanced.set()
+    w._spark_ready = asyncio.get_running_loop().create_future()
+    w._spark_ready.set_result(None)
+    await Worker._buffer(w, w.buffers.partitions[TP], msgs)
+    await Worker._respond(w, "round-1")
+
+
+def test_dead_letters_are_acknowledged_before_their_offsets_are_reported(tmp_path):
+    producer = LateAcks()
+    w = responder(tmp_path, producer)
+    run(_round(w, [Msg(0, b"{"), Msg(1, None)]))
+    assert w.events == ["DataComplete"] and w.acked_when_reported == [True]
+
+
+def test_a_round_is_not_answered_while_dead_letters_fail(tmp_path):
+    producer = LateAcks(lambda send: RuntimeError("dlq down"))
+    w = responder(tmp_path, producer)
+    run(_round(w, [Msg(0, b"{"), Msg(1, None)]))
+    assert w.events == []  # no DataComplete: the offsets are not reported
+    assert [(r.start, r.end) for r in w.buffers.take(1).ranges] == [(0, 2)]  # kept for the next round
+
+
+def test_acknowledged_letters_are_not_kept_in_memory_and_counted_once(tmp_path):
+    producer = FakeProducer()
+    dl, metrics = sink(tmp_path, producer, **DLQ)
+    msgs = [Msg(i, b"{") for i in range(3000)]
+
+    async def go() -> None:
+        await dl.dead_letter(msgs, range(3000), "malformed JSON: x")
+        assert len(dl._inflight) < 1024
+        await dl.flush()
+
+    run(go())
+    assert value(metrics, "icesink_records_deadlettered_total", topic="orders", reason="malformed") == 3000
