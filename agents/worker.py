@@ -26,13 +26,13 @@ import pyarrow as pa
 from faust.types import TP
 
 from agents.buffer import Buffers, Chunk, PartitionState
-from agents.convert import decode_json, infer_schema
 from agents.deadletter import DeadLetters
+from agents.formats import RecordFormat
 from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
-from icesink.errors import ConfigError, FencedError
+from icesink.errors import ConfigError, FencedError, UnsupportedTypeError
 from icesink.faults import crash_point, die, should_crash
 from icesink.events import (
     Claim,
@@ -71,6 +71,7 @@ class Worker:
         self.offload = Offload()
         self.buffers = Buffers(settings.buffer_max_bytes)
         self.targets: dict[str, Target] = {}
+        self.format = RecordFormat(settings)
         self.deadletters = DeadLetters(settings.state_dir / "deadletter", metrics)
         self.spark = SparkFileWriter(SparkSettings(
             master=settings.spark_master,
@@ -135,7 +136,7 @@ class Worker:
             async for batch in stream.take_events(s.consumer_max_batch, within=0.2):
                 try:
                     await worker.on_events(batch)  # a crash is logged once, by Faust's supervisor
-                except ConfigError as exc:
+                except (ConfigError, UnsupportedTypeError) as exc:
                     # A setting that cannot apply to the data (say a day() partition of a string
                     # column): retrying cannot help, so the replica stops, saying why.
                     worker.fail(exc)
@@ -423,9 +424,11 @@ class Worker:
         self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(sum(len(v) for v in values))
         for name in self.settings.tables:
             target = self.targets.get(name) or await self._create_target(name, values)
-            converted = decode_json(values, target.arrow_schema)
+            converted = self.format.convert(messages, values, target.arrow_schema if target else None)
             if converted.rejects:
                 self.deadletters.write(st.tp, messages, converted.rejects, table=name)
+            if target is None:  # no record of the batch could create the table: all rejected
+                continue
             tables[name] = converted.table
             nbytes += converted.table.nbytes
             rows = max(rows, converted.table.num_rows)
@@ -434,8 +437,10 @@ class Worker:
         ts = int(last.timestamp * 1000) if last.timestamp else None
         self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
 
-    async def _create_target(self, name: str, values: list[bytes]) -> Target:
-        inferred = infer_schema(values)
+    async def _create_target(self, name: str, values: list[bytes]) -> Target | None:
+        inferred = self.format.table_schema(values)
+        if inferred is None:
+            return None
         target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
         self.targets[name] = target
         return target
