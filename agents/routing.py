@@ -7,7 +7,8 @@
 - Dynamic (``iceberg.tables.dynamic-enabled``): the value, lower-cased, is the table name
   (``namespace.table``).
 
-The route field (a dotted path for nested fields) is read for the whole batch in one bulk
+The route field (a dotted path for nested fields; inside ``payload`` for Kafka Connect
+envelopes) is read for the whole batch in one bulk
 parse; the tables of each distinct value are computed once. A record with no route (null or
 missing field, no matching regex, a dynamic name that is not ``namespace.table``) is returned as
 a :class:`Reject` with the reason, for the dead-letter path: never silently dropped.
@@ -55,8 +56,11 @@ class Router:
         self.regex = {t: re.compile(p) for t, p in settings.table_route_regex.items()}
         self._cache: dict[str, tuple[tuple[str, ...], str | None]] = {}
         self._schema: pa.Schema | None = None
-        if self.field is not None:
-            *parents, leaf = self.field.split(".")
+        self._path = self.field
+        if self.field is not None and settings.value_converter_schemas_enable:
+            self._path = f"payload.{self.field}"  # Kafka Connect envelope: the record is the payload
+        if self._path is not None:
+            *parents, leaf = self._path.split(".")
             t: pa.DataType = pa.string()
             inner = pa.field(leaf, t)
             for name in reversed(parents):
@@ -71,7 +75,7 @@ class Router:
         converted = decode_json(values, self._schema)
         unrouted = list(converted.rejects)  # unreadable records (bad JSON, ...)
         column = converted.table.column(0)
-        for _ in range(self.field.count(".")):  # type: ignore[union-attr]
+        for _ in range(self._path.count(".")):  # type: ignore[union-attr]
             column = pc.struct_field(column, [0])
         rows = np.asarray(converted.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
         encoded = column.combine_chunks().dictionary_encode() if len(column) else pa.array([], pa.string()).dictionary_encode()

@@ -44,8 +44,8 @@ def load_target(catalog: Catalog, name: str) -> Target | None:
         return None
 
 
-def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.Schema) -> Target:
-    """Create ``name`` from an inferred Arrow schema; another replica may win the race."""
+def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.Schema | Schema) -> Target:
+    """Create ``name`` from an inferred Arrow (or Iceberg) schema; another replica may win the race."""
     if not settings.auto_create:
         raise ConfigError(
             "iceberg.tables.auto-create-enabled", False,
@@ -56,7 +56,7 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
         catalog.create_namespace(namespace)
     except NamespaceAlreadyExistsError:
         pass
-    schema = _iceberg_schema(inferred)
+    schema = iceberg_schema(inferred)
     exprs = parse_partition_by(settings.partition_by(name) or "")
     try:
         spec = build_partition_spec(exprs, schema) if exprs else UNPARTITIONED_PARTITION_SPEC
@@ -86,6 +86,7 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
     return target_of(name, catalog.load_table(name))
 
 
-def _iceberg_schema(arrow_schema: pa.Schema) -> Schema:
-    """Arrow schema without field ids -> Iceberg schema with ids 1..n (as create_table does)."""
-    return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow_schema))
+def iceberg_schema(schema: pa.Schema | Schema) -> Schema:
+    """Arrow schema without field ids (or an Iceberg schema) -> Iceberg schema with ids 1..n
+    (as create_table does)."""
+    return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(schema))

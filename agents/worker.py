@@ -28,14 +28,15 @@ import pyarrow as pa
 from faust.types import TP
 
 from agents.buffer import Buffers, Chunk, PartitionState
-from agents.convert import Reject, decode_json, infer_schema
+from agents.convert import Reject
 from agents.deadletter import DeadLetters, DeadLetterSendError, screen
+from agents.formats import RecordFormat
 from agents.routing import Router, Routes
 from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
-from icesink.errors import ConfigError, DataError, FencedError
+from icesink.errors import ConfigError, DataError, FencedError, UnsupportedTypeError
 from icesink.faults import crash_point, die, should_crash
 from icesink.events import (
     Claim,
@@ -74,6 +75,7 @@ class Worker:
         self.offload = Offload()
         self.buffers = Buffers(settings.buffer_max_bytes)
         self.targets: dict[str, Target] = {}
+        self.format = RecordFormat(settings)
         self.deadletters = DeadLetters(settings, metrics, self.worker_id)
         self.router = Router(settings)
         self.spark = SparkFileWriter(SparkSettings(
@@ -139,7 +141,7 @@ class Worker:
             async for batch in stream.take_events(s.consumer_max_batch, within=0.2):
                 try:
                     await worker.on_events(batch)  # a crash is logged once, by Faust's supervisor
-                except (ConfigError, DataError) as exc:
+                except (ConfigError, DataError, UnsupportedTypeError) as exc:
                     # A setting that cannot apply to the data (say a day() partition of a string
                     # column), or a bad record under errors.tolerance=none: retrying cannot
                     # help, so the replica stops, saying why.
@@ -453,12 +455,13 @@ class Worker:
             whole = len(idx) == len(values)
             subset = values if whole else [values[i] for i in idx]
             target = self.targets.get(name) or await self._target(name, subset)
-            converted = decode_json(subset, target.arrow_schema)
+            converted = self.format.convert(
+                [messages[screened.positions[i]] for i in idx], subset, target.arrow_schema if target else None)
             if converted.rejects:
                 in_values = converted.rejects if whole else [
                     dataclasses.replace(r, index=int(idx[r.index])) for r in converted.rejects]
                 rejects += [(r, name) for r in screened.at_messages(in_values)]
-            if converted.table.num_rows:
+            if target is not None and converted.table.num_rows:  # None: no record could create it
                 tables[name] = converted.table
                 nbytes += converted.table.nbytes
                 rows += converted.table.num_rows
@@ -470,12 +473,14 @@ class Worker:
         ts = int(last.timestamp * 1000) if last.timestamp else None
         self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
 
-    async def _target(self, name: str, values: list[bytes]) -> Target:
+    async def _target(self, name: str, values: list[bytes]) -> Target | None:
         """The table ``name``: loaded if it exists (a dynamic route to an existing table), else
-        auto-created from these records."""
+        auto-created from these records (None: no record tells its schema)."""
         target = await self.offload.run(load_target, self.catalog, name)
         if target is None:
-            inferred = infer_schema(values)
+            inferred = self.format.table_schema(values)
+            if inferred is None:
+                return None
             target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
         self.targets[name] = target
         return target

@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
+BYTES_CONVERTER = "org.apache.kafka.connect.converters.ByteArrayConverter"
 KEY_CONVERTERS = (
     STRING_CONVERTER,
     JSON_CONVERTER,
-    "org.apache.kafka.connect.converters.ByteArrayConverter",
+    BYTES_CONVERTER,
 )
 VALUE_CONVERTERS = (JSON_CONVERTER,)
 
@@ -74,6 +75,11 @@ class Settings(BaseSettings):
     value_converter: str = Field(JSON_CONVERTER, alias="value.converter")
     value_converter_schemas_enable: bool = Field(False, alias="value.converter.schemas.enable")
     key_converter: str = Field(STRING_CONVERTER, alias="key.converter")
+    # Key and Kafka metadata columns (agents/formats.py); names as the reference's KafkaMetadataTransform.
+    key_column: str | None = Field(None, alias="iceberg.tables.key-column", min_length=1)
+    kafka_metadata: bool = Field(False, alias="iceberg.tables.kafka-metadata-enabled")
+    kafka_metadata_field: str = Field("_kafka_metadata", alias="iceberg.tables.kafka-metadata-field", min_length=1)
+    kafka_metadata_nested: bool = Field(False, alias="iceberg.tables.kafka-metadata-nested")
 
     # Kafka clients (ours). Unset bootstrap.servers = the embedded broker.
     bootstrap_servers: str | None = Field(None, alias="bootstrap.servers")
@@ -154,13 +160,13 @@ class Settings(BaseSettings):
     def _check(self) -> "Settings":
         if self.value_converter not in VALUE_CONVERTERS:
             raise ConfigError("value.converter", self.value_converter, f"one of {VALUE_CONVERTERS}")
-        if self.value_converter_schemas_enable:
-            raise ConfigError(
-                "value.converter.schemas.enable", True,
-                "false (JSON with the Connect schema envelope is not supported yet)",
-            )
         if self.key_converter not in KEY_CONVERTERS:
             raise ConfigError("key.converter", self.key_converter, f"one of {KEY_CONVERTERS}")
+        if self.kafka_metadata and self.key_column and self.key_column.startswith(self.kafka_metadata_field):
+            raise ConfigError(
+                "iceberg.tables.key-column", self.key_column,
+                f"a name apart from the Kafka metadata columns ({self.kafka_metadata_field}...)",
+            )
         if self.sasl_mechanism and not self.security_protocol.startswith("SASL"):
             raise ConfigError(
                 "security.protocol", self.security_protocol,

@@ -102,8 +102,10 @@ def test_full_buffers_pause_partitions_and_commit_early(broker, catalog_props, t
     cfg = write_config(
         tmp_path / "sink.json", topics=TOPIC, tables=TABLE, bootstrap=broker.bootstrap,
         catalog_props=catalog_props, state_dir=tmp_path / "state", group=GROUP,
+        # A long round timeout: a slow Spark write on a loaded machine must not make a round
+        # partial (that is legal, but this test counts rounds).
         **{"buffer.max-bytes": BOUND, "consumer.max-batch": BATCH,
-           "iceberg.control.commit.interval-ms": INTERVAL_MS},
+           "iceberg.control.commit.interval-ms": INTERVAL_MS, "iceberg.control.commit.timeout-ms": 120000},
     )
     values = pizza_values(RECORDS, seed=11)
     keys = {json.loads(v)["order_id"] for v in values}

@@ -6,6 +6,7 @@ import time
 from types import SimpleNamespace
 
 from agents.deadletter import DeadLetters
+from agents.formats import RecordFormat
 from agents.routing import Router
 from icesink.config import build
 
@@ -59,6 +60,7 @@ def make_worker(max_bytes: int) -> Worker:
     w.settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
     w.metrics = Metrics()
     w.router = Router(w.settings)
+    w.format = RecordFormat(w.settings)
     w.deadletters = DeadLetters(w.settings, w.metrics, "w1")
     w.buffers = Buffers(max_bytes)
     w.targets = {TABLE: Target(TABLE, None, pa.schema([("id", pa.int64())]))}

@@ -103,7 +103,6 @@ def test_unknown_keys_are_named_in_a_warning(tmp_path, caplog):
     [
         ({"iceberg.control.commit.interval-ms": "soon"}, "iceberg.control.commit.interval-ms", "integer"),
         ({"value.converter": "io.confluent.connect.avro.AvroConverter"}, "value.converter", "JsonConverter"),
-        ({"value.converter.schemas.enable": "true"}, "value.converter.schemas.enable", "false"),
         ({"iceberg.tables.default-partition-by": "weekly(ts)"}, "iceberg.tables.default-partition-by", "bucket"),
         ({"iceberg.table.db.zz.partition-by": "day(ts)"}, "iceberg.table.db.zz.partition-by", "iceberg.tables"),
         ({"spark.remote": "http://x"}, "spark.remote", "sc://"),

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from agents.formats import RecordFormat
 from agents.routing import Router
 from typing import Any
 
@@ -244,6 +245,7 @@ def worker_stub(tmp_path, producer, **extra: Any) -> Any:
         targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA)},
         deadletters=DeadLetters(s, metrics, "w1", producer=producer),
         router=Router(s),
+        format=RecordFormat(s),
     )
     stub.buffers.claim(TP, 1)
     stub.buffers.resume(TP, 0, now=0.0)
