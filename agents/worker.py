@@ -28,6 +28,7 @@ from faust.types import TP
 from agents.buffer import Buffers, Chunk, PartitionState
 from agents.convert import decode_json, infer_schema
 from agents.deadletter import DeadLetters
+from agents.debezium import DebeziumTransform
 from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
@@ -72,6 +73,8 @@ class Worker:
         self.buffers = Buffers(settings.buffer_max_bytes)
         self.targets: dict[str, Target] = {}
         self.deadletters = DeadLetters(settings.state_dir / "deadletter", metrics)
+        pattern = settings.debezium_target_pattern
+        self.debezium = None if pattern is None else DebeziumTransform(pattern, settings.value_converter_schemas_enable)
         self.spark = SparkFileWriter(SparkSettings(
             master=settings.spark_master,
             remote=settings.spark_remote,
@@ -423,7 +426,10 @@ class Worker:
         self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(sum(len(v) for v in values))
         for name in self.settings.tables:
             target = self.targets.get(name) or await self._create_target(name, values)
-            converted = decode_json(values, target.arrow_schema)
+            if self.debezium is not None:
+                converted = self.debezium.apply(values, [m.offset for m in messages], target.arrow_schema)
+            else:
+                converted = decode_json(values, target.arrow_schema)
             if converted.rejects:
                 self.deadletters.write(st.tp, messages, converted.rejects, table=name)
             tables[name] = converted.table
@@ -435,7 +441,7 @@ class Worker:
         self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
 
     async def _create_target(self, name: str, values: list[bytes]) -> Target:
-        inferred = infer_schema(values)
+        inferred = self.debezium.infer_schema(values) if self.debezium is not None else infer_schema(values)
         target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
         self.targets[name] = target
         return target

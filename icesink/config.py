@@ -32,6 +32,12 @@ KEY_CONVERTERS = (
     "org.apache.kafka.connect.converters.ByteArrayConverter",
 )
 VALUE_CONVERTERS = (JSON_CONVERTER,)
+# The reference's Debezium SMT, under its Tabular and its Apache package (agents/debezium.py).
+DEBEZIUM_TRANSFORMS = (
+    "io.tabular.iceberg.connect.transforms.DebeziumTransform",
+    "org.apache.iceberg.connect.transforms.DebeziumTransform",
+)
+DEBEZIUM_PROPS = ("cdc.target.pattern",)
 
 # Reference-sink keys that are accepted and have no effect here (documented in docs/config.md).
 ACCEPTED_IGNORED = {
@@ -67,6 +73,9 @@ class Settings(BaseSettings):
     value_converter: str = Field(JSON_CONVERTER, alias="value.converter")
     value_converter_schemas_enable: bool = Field(False, alias="value.converter.schemas.enable")
     key_converter: str = Field(STRING_CONVERTER, alias="key.converter")
+    # Single message transforms, as in Kafka Connect: names, then transforms.<name>.<prop>.
+    transforms: tuple[str, ...] = Field((), alias="transforms")
+    transform_props: dict[str, dict[str, str]] = Field(default_factory=dict, alias="transforms.<name>.*")
 
     # Kafka clients (ours). Unset bootstrap.servers = the embedded broker.
     bootstrap_servers: str | None = Field(None, alias="bootstrap.servers")
@@ -114,7 +123,7 @@ class Settings(BaseSettings):
         # load_settings() merges file, environment and flags itself; nothing else is read.
         return (init_settings,)
 
-    @field_validator("topics", "tables", "fault_crash_at", mode="before")
+    @field_validator("topics", "tables", "transforms", "fault_crash_at", mode="before")
     @classmethod
     def _split_list(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -132,10 +141,11 @@ class Settings(BaseSettings):
     def _check(self) -> "Settings":
         if self.value_converter not in VALUE_CONVERTERS:
             raise ConfigError("value.converter", self.value_converter, f"one of {VALUE_CONVERTERS}")
-        if self.value_converter_schemas_enable:
+        self._check_transforms()
+        if self.value_converter_schemas_enable and self.debezium_target_pattern is None:
             raise ConfigError(
                 "value.converter.schemas.enable", True,
-                "false (JSON with the Connect schema envelope is not supported yet)",
+                "false (the Connect schema envelope is read only by the Debezium transform so far)",
             )
         if self.key_converter not in KEY_CONVERTERS:
             raise ConfigError("key.converter", self.key_converter, f"one of {KEY_CONVERTERS}")
@@ -172,7 +182,38 @@ class Settings(BaseSettings):
             _reraise_as(f"iceberg.table.{table}.partition-by", parse_partition_by, spec)
         return self
 
+    def _check_transforms(self) -> None:
+        for name in self.transform_props.keys() - set(self.transforms):
+            log.warning("settings transforms.%s.* ignored: %s is not listed in transforms", name, name)
+        debezium = [n for n in self.transforms if self.transform_props.get(n, {}).get("type") in DEBEZIUM_TRANSFORMS]
+        for name in self.transforms:
+            props = self.transform_props.get(name, {})
+            if props.get("type") not in DEBEZIUM_TRANSFORMS:
+                raise ConfigError(f"transforms.{name}.type", props.get("type"), f"one of {DEBEZIUM_TRANSFORMS}")
+            for prop in props.keys() - {"type", *DEBEZIUM_PROPS}:
+                log.warning("setting transforms.%s.%s ignored: the Debezium transform has no such property", name, prop)
+        if len(debezium) > 1:
+            raise ConfigError("transforms", ",".join(self.transforms), "at most one Debezium transform")
+        pattern = self.debezium_target_pattern
+        if pattern is not None:
+            for found in re.findall(r"\{[^{}]*\}", pattern):
+                if found not in ("{db}", "{table}"):
+                    raise ConfigError(
+                        f"transforms.{debezium[0]}.cdc.target.pattern", pattern,
+                        f"a pattern using only the placeholders {{db}} and {{table}} ({found} is unknown)",
+                    )
+
     # Derived views -------------------------------------------------------------------------
+
+    @property
+    def debezium_target_pattern(self) -> str | None:
+        """``cdc.target.pattern`` of the Debezium transform (default ``{db}.{table}``), or None
+        when no Debezium transform is configured."""
+        for name in self.transforms:
+            props = self.transform_props.get(name, {})
+            if props.get("type") in DEBEZIUM_TRANSFORMS:
+                return props.get("cdc.target.pattern") or "{db}.{table}"
+        return None
 
     @property
     def embedded_broker(self) -> bool:
@@ -282,6 +323,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
     catalog: dict[str, str] = {}
     spark: dict[str, str] = {}
     partition_by: dict[str, str] = {}
+    transforms: dict[str, dict[str, str]] = {}
     unknown: list[str] = []
     for key, value in raw.items():
         if key in _FIELD_KEYS:
@@ -292,6 +334,9 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
             catalog[key[len(_PREFIX_CATALOG):]] = str(value)
         elif key.startswith("spark."):
             spark[key] = str(value)
+        elif key.startswith("transforms.") and key.count(".") >= 2:
+            name, _, prop = key[len("transforms."):].partition(".")
+            transforms.setdefault(name, {})[prop] = str(value)
         elif (m := _TABLE_KEY.match(key)) is not None:
             partition_by[m["table"]] = str(value)
         elif key.startswith(("key.converter.", "value.converter.")):
@@ -303,6 +348,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
     fields["iceberg.catalog.*"] = catalog
     fields["spark.*"] = spark
     fields["iceberg.table.<table>.partition-by"] = partition_by
+    fields["transforms.<name>.*"] = transforms
     try:
         return Settings(**fields)
     except ValidationError as exc:
