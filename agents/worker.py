@@ -30,6 +30,7 @@ from faust.types import TP
 from agents.buffer import Buffers, Chunk, PartitionState
 from agents.convert import Reject
 from agents.deadletter import DeadLetters, DeadLetterSendError, screen
+from agents.debezium import DebeziumTransform
 from agents.formats import RecordFormat
 from agents.routing import Router, Routes
 from agents.tables import Target, create_target, load_target
@@ -78,6 +79,8 @@ class Worker:
         self.format = RecordFormat(settings)
         self.deadletters = DeadLetters(settings, metrics, self.worker_id)
         self.router = Router(settings)
+        pattern = settings.debezium_target_pattern
+        self.debezium = None if pattern is None else DebeziumTransform(pattern, settings.value_converter_schemas_enable)
         self.spark = SparkFileWriter(SparkSettings(
             master=settings.spark_master,
             remote=settings.spark_remote,
@@ -455,8 +458,11 @@ class Worker:
             whole = len(idx) == len(values)
             subset = values if whole else [values[i] for i in idx]
             target = self.targets.get(name) or await self._target(name, subset)
-            converted = self.format.convert(
-                [messages[screened.positions[i]] for i in idx], subset, target.arrow_schema if target else None)
+            sub_messages = [messages[screened.positions[i]] for i in idx]
+            if self.debezium is not None and target is not None:
+                converted = self.debezium.apply(subset, [m.offset for m in sub_messages], target.arrow_schema)
+            else:
+                converted = self.format.convert(sub_messages, subset, target.arrow_schema if target else None)
             if converted.rejects:
                 in_values = converted.rejects if whole else [
                     dataclasses.replace(r, index=int(idx[r.index])) for r in converted.rejects]
@@ -478,7 +484,10 @@ class Worker:
         auto-created from these records (None: no record tells its schema)."""
         target = await self.offload.run(load_target, self.catalog, name)
         if target is None:
-            inferred = self.format.table_schema(values)
+            if self.debezium is not None:
+                inferred = self.debezium.infer_schema(values)
+            else:
+                inferred = self.format.table_schema(values)
             if inferred is None:
                 return None
             target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)

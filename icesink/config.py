@@ -33,6 +33,12 @@ KEY_CONVERTERS = (
     BYTES_CONVERTER,
 )
 VALUE_CONVERTERS = (JSON_CONVERTER,)
+# The reference's Debezium SMT, under its Tabular and its Apache package (agents/debezium.py).
+DEBEZIUM_TRANSFORMS = (
+    "io.tabular.iceberg.connect.transforms.DebeziumTransform",
+    "org.apache.iceberg.connect.transforms.DebeziumTransform",
+)
+DEBEZIUM_PROPS = ("cdc.target.pattern",)
 
 # Reference-sink keys that are accepted and have no effect here (documented in docs/config.md).
 ACCEPTED_IGNORED = {
@@ -80,6 +86,9 @@ class Settings(BaseSettings):
     kafka_metadata: bool = Field(False, alias="iceberg.tables.kafka-metadata-enabled")
     kafka_metadata_field: str = Field("_kafka_metadata", alias="iceberg.tables.kafka-metadata-field", min_length=1)
     kafka_metadata_nested: bool = Field(False, alias="iceberg.tables.kafka-metadata-nested")
+    # Single message transforms, as in Kafka Connect: names, then transforms.<name>.<prop>.
+    transforms: tuple[str, ...] = Field((), alias="transforms")
+    transform_props: dict[str, dict[str, str]] = Field(default_factory=dict, alias="transforms.<name>.*")
 
     # Kafka clients (ours). Unset bootstrap.servers = the embedded broker.
     bootstrap_servers: str | None = Field(None, alias="bootstrap.servers")
@@ -135,7 +144,7 @@ class Settings(BaseSettings):
         # load_settings() merges file, environment and flags itself; nothing else is read.
         return (init_settings,)
 
-    @field_validator("topics", "tables", "fault_crash_at", mode="before")
+    @field_validator("topics", "tables", "transforms", "fault_crash_at", mode="before")
     @classmethod
     def _split_list(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -160,6 +169,7 @@ class Settings(BaseSettings):
     def _check(self) -> "Settings":
         if self.value_converter not in VALUE_CONVERTERS:
             raise ConfigError("value.converter", self.value_converter, f"one of {VALUE_CONVERTERS}")
+        self._check_transforms()
         if self.key_converter not in KEY_CONVERTERS:
             raise ConfigError("key.converter", self.key_converter, f"one of {KEY_CONVERTERS}")
         if self.kafka_metadata and self.key_column and self.key_column.startswith(self.kafka_metadata_field):
@@ -216,7 +226,38 @@ class Settings(BaseSettings):
             _reraise_as(f"iceberg.table.{table}.partition-by", parse_partition_by, spec)
         return self
 
+    def _check_transforms(self) -> None:
+        for name in self.transform_props.keys() - set(self.transforms):
+            log.warning("settings transforms.%s.* ignored: %s is not listed in transforms", name, name)
+        debezium = [n for n in self.transforms if self.transform_props.get(n, {}).get("type") in DEBEZIUM_TRANSFORMS]
+        for name in self.transforms:
+            props = self.transform_props.get(name, {})
+            if props.get("type") not in DEBEZIUM_TRANSFORMS:
+                raise ConfigError(f"transforms.{name}.type", props.get("type"), f"one of {DEBEZIUM_TRANSFORMS}")
+            for prop in props.keys() - {"type", *DEBEZIUM_PROPS}:
+                log.warning("setting transforms.%s.%s ignored: the Debezium transform has no such property", name, prop)
+        if len(debezium) > 1:
+            raise ConfigError("transforms", ",".join(self.transforms), "at most one Debezium transform")
+        pattern = self.debezium_target_pattern
+        if pattern is not None:
+            for found in re.findall(r"\{[^{}]*\}", pattern):
+                if found not in ("{db}", "{table}"):
+                    raise ConfigError(
+                        f"transforms.{debezium[0]}.cdc.target.pattern", pattern,
+                        f"a pattern using only the placeholders {{db}} and {{table}} ({found} is unknown)",
+                    )
+
     # Derived views -------------------------------------------------------------------------
+
+    @property
+    def debezium_target_pattern(self) -> str | None:
+        """``cdc.target.pattern`` of the Debezium transform (default ``{db}.{table}``), or None
+        when no Debezium transform is configured."""
+        for name in self.transforms:
+            props = self.transform_props.get(name, {})
+            if props.get("type") in DEBEZIUM_TRANSFORMS:
+                return props.get("cdc.target.pattern") or "{db}.{table}"
+        return None
 
     @property
     def embedded_broker(self) -> bool:
@@ -333,6 +374,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
     catalog: dict[str, str] = {}
     spark: dict[str, str] = {}
     per_table: dict[str, dict[str, str]] = {prop: {} for prop in _TABLE_PROPS}
+    transforms: dict[str, dict[str, str]] = {}
     unknown: list[str] = []
     for key, value in raw.items():
         if key in _FIELD_KEYS:
@@ -343,6 +385,9 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
             catalog[key[len(_PREFIX_CATALOG):]] = str(value)
         elif key.startswith("spark."):
             spark[key] = str(value)
+        elif key.startswith("transforms.") and key.count(".") >= 2:
+            name, _, prop = key[len("transforms."):].partition(".")
+            transforms.setdefault(name, {})[prop] = str(value)
         elif (m := _TABLE_KEY.match(key)) is not None:
             per_table[m["prop"]][m["table"]] = str(value)
         elif key.startswith(("key.converter.", "value.converter.")):
@@ -355,6 +400,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
     fields["spark.*"] = spark
     for prop, values in per_table.items():
         fields[f"iceberg.table.<table>.{prop}"] = values
+    fields["transforms.<name>.*"] = transforms
     try:
         return Settings(**fields)
     except ValidationError as exc:

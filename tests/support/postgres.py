@@ -27,10 +27,13 @@ def _bin(name: str) -> str:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, logical: bool = False) -> None:
+        """``logical``: ``wal_level=logical`` with replication slots, a CDC source (Debezium's
+        pgoutput); the ``icesink`` user is a superuser, so it may replicate."""
         self.root = Path(tempfile.mkdtemp(prefix="icesink-pg-", dir="/tmp"))
         self.data = self.root / "data"
         self.port = free_port()
+        self.logical = logical
         self._as_postgres = os.geteuid() == 0
         if self._as_postgres:
             shutil.chown(self.root, "postgres", "postgres")
@@ -45,8 +48,11 @@ class PostgresServer:
         subprocess.run(prefix + list(cmd), check=True, capture_output=True, timeout=120)
 
     def start(self) -> None:
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+        if self.logical:
+            opts += " -c wal_level=logical -c max_replication_slots=8 -c max_wal_senders=8"
         self._run(_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60",
-                  "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", "start")
+                  "-o", opts, "start")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if subprocess.run([_bin("pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],

@@ -61,6 +61,7 @@ def make_worker(max_bytes: int) -> Worker:
     w.metrics = Metrics()
     w.router = Router(w.settings)
     w.format = RecordFormat(w.settings)
+    w.debezium = None
     w.deadletters = DeadLetters(w.settings, w.metrics, "w1")
     w.buffers = Buffers(max_bytes)
     w.targets = {TABLE: Target(TABLE, None, pa.schema([("id", pa.int64())]))}

@@ -246,6 +246,7 @@ def worker_stub(tmp_path, producer, **extra: Any) -> Any:
         deadletters=DeadLetters(s, metrics, "w1", producer=producer),
         router=Router(s),
         format=RecordFormat(s),
+        debezium=None,
     )
     stub.buffers.claim(TP, 1)
     stub.buffers.resume(TP, 0, now=0.0)

@@ -1,0 +1,318 @@
+"""Debezium change events -> change rows, in bulk (the reference sink's ``DebeziumTransform``).
+
+A Debezium event ``{"before": {...}, "after": {...}, "op": "c", "source": {...}, ...}`` becomes
+one row: the fields of ``after`` (of ``before`` for a delete) at the top level, plus a ``_cdc``
+struct saying what happened:
+
+=============  ==============  =================================================================
+``_cdc.op``    string          ``I`` (Debezium ``c``, and ``r``: snapshot reads), ``U``, ``D``
+``_cdc.ts``    timestamptz     when the change happened in the source database: ``source.ts_us``
+                               (microseconds), else ``source.ts_ms``, else the event's own time
+``_cdc.offset`` long           the Kafka offset of the change event
+``_cdc.source`` string         ``{schema}.{table}`` (``{db}.{table}`` without a schema, MySQL)
+``_cdc.target`` string         ``cdc.target.pattern`` with ``{db}`` and ``{table}`` filled in
+                               (``{db}`` is the schema where there is one, as in the reference)
+``_cdc.lsn``   long            PostgreSQL's ``source.lsn``
+``_cdc.position`` string       where in the source log: the PostgreSQL LSN, MySQL
+                               ``binlog-file:position``, SQL Server ``change_lsn``, Oracle ``scn``
+=============  ==============  =================================================================
+
+The changes land append-only: every event is a row. Applying them to a mirror table comes later.
+
+How a batch is converted: :func:`agents.convert.decode_json` reads every value against a
+*wrapper* schema (the envelope, with the table's columns as the type of ``before`` and
+``after``), then pyarrow.compute picks the image per row and builds ``_cdc``; no per-record
+Python. Values written by the JsonConverter with schemas enabled (``{"schema": ..,
+"payload": ..}``) are read under ``payload``; their Connect schema says how temporal and decimal
+fields are encoded, which reaches ``decode_json`` as field metadata (``icesink.epoch-unit``,
+``icesink.decimal-encoding``). A value that is not a change event with a row image (a tombstone,
+a truncate, a record of another kind) is a :class:`~agents.convert.Reject`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from agents.convert import Converted, Reject, decode_json, infer_schema
+
+__all__ = ["CDC_COLUMN", "CDC_TYPE", "DebeziumTransform", "connect_field"]
+
+CDC_COLUMN: Final = "_cdc"
+CDC_TYPE: Final = pa.struct([
+    pa.field("op", pa.string()),
+    pa.field("ts", pa.timestamp("us", tz="UTC")),
+    pa.field("offset", pa.int64()),
+    pa.field("source", pa.string()),
+    pa.field("target", pa.string()),
+    pa.field("lsn", pa.int64()),
+    pa.field("position", pa.string()),
+])
+DEFAULT_TARGET_PATTERN: Final = "{db}.{table}"
+
+EPOCH_UNIT: Final = b"icesink.epoch-unit"
+DECIMAL_ENCODING: Final = b"icesink.decimal-encoding"
+
+#: The parts of ``source`` that are read; other connectors' fields are ignored.
+_SOURCE: Final = pa.struct([
+    pa.field("db", pa.string()),
+    pa.field("schema", pa.string()),
+    pa.field("table", pa.string()),
+    pa.field("ts_ms", pa.int64()),
+    pa.field("ts_us", pa.int64()),
+    pa.field("lsn", pa.int64()),  # PostgreSQL
+    pa.field("file", pa.string()),  # MySQL binlog
+    pa.field("pos", pa.int64()),
+    pa.field("change_lsn", pa.string()),  # SQL Server
+    pa.field("scn", pa.string()),  # Oracle
+])
+
+
+@dataclass(frozen=True)
+class DebeziumTransform:
+    """``target_pattern``: ``cdc.target.pattern`` (checked by icesink.config); ``schemas``: values
+    carry the JsonConverter's schema envelope (``value.converter.schemas.enable``)."""
+
+    target_pattern: str = DEFAULT_TARGET_PATTERN
+    schemas: bool = False
+
+    # Schemas ---------------------------------------------------------------------------------
+
+    def infer_schema(self, values: Sequence[bytes]) -> pa.Schema:
+        """Columns of an auto-created table: the row image's fields, then ``_cdc``.
+
+        With schemas the types come from the Connect schema of the first event (exact: ints,
+        decimals, timestamps); without, they are inferred from the JSON (a MicroTimestamp is
+        then a long and a Connect decimal a base64 string: nothing in the value says more).
+        """
+        connect = _first_connect_schema(values) if self.schemas else None
+        if connect is not None:
+            row = _row_connect_schema(connect)
+            fields = [connect_field(f) for f in row.get("fields", [])] if row else []
+        else:
+            envelope = infer_schema(values)
+            if self.schemas and "payload" in envelope.names:
+                payload = envelope.field("payload").type
+                envelope = pa.schema(list(payload)) if pa.types.is_struct(payload) else pa.schema([])
+            fields = _row_fields(envelope)
+        return pa.schema([_nullable(f) for f in fields] + [pa.field(CDC_COLUMN, CDC_TYPE)])
+
+    def _wrapper(self, row: Sequence[pa.Field]) -> pa.Schema:
+        image = pa.struct([_nullable(f) for f in row])
+        envelope = [
+            pa.field("before", image),
+            pa.field("after", image),
+            pa.field("op", pa.string()),
+            pa.field("ts_ms", pa.int64()),
+            pa.field("ts_us", pa.int64()),
+            pa.field("source", _SOURCE),
+        ]
+        return pa.schema([pa.field("payload", pa.struct(envelope))] if self.schemas else envelope)
+
+    # Conversion ------------------------------------------------------------------------------
+
+    def apply(self, values: Sequence[bytes], offsets: Sequence[int], schema: pa.Schema) -> Converted:
+        """Change rows for ``values`` (Kafka offsets ``offsets``), in ``schema`` (the table's)."""
+        row = [f for f in schema if f.name != CDC_COLUMN]
+        if self.schemas:
+            connect = _first_connect_schema(values)
+            image = _row_connect_schema(connect) if connect is not None else None
+            if image is not None:
+                row = _with_encodings(row, image)
+        decoded = decode_json(values, self._wrapper(row))
+        table, indices = decoded.table, decoded.indices
+        if self.schemas:
+            env = table.column("payload").combine_chunks()
+            cols = {f.name: env.field(f.name) for f in env.type}
+        else:
+            cols = {name: table.column(name).combine_chunks() for name in table.column_names}
+        op = cols["op"]
+        deleted = pc.fill_null(pc.equal(op, "d"), False)
+        image = pc.if_else(deleted, cols["before"], cols["after"])
+        bad = pc.or_(pc.is_null(op), pc.is_null(image))
+        rejects = list(decoded.rejects)
+        if pc.any(bad).as_py():
+            for i, o in zip(np.flatnonzero(bad.to_numpy(zero_copy_only=False)), pc.filter(op, bad).to_pylist()):
+                reason = ("not a Debezium change event: no op" if o is None
+                          else f"Debezium event without a row image (op {o!r})")
+                rejects.append(Reject(int(indices[i].as_py()), reason, None if o is None else "after"))
+        arrays: dict[str, pa.Array] = {f.name: image.field(f.name) for f in row}
+        offs = pa.array(offsets, type=pa.int64()).take(indices)
+        arrays[CDC_COLUMN] = self._cdc(cols, op, deleted, offs)
+        out = []
+        for f in schema:
+            arr = arrays.get(f.name)
+            if arr is None or f.name == CDC_COLUMN and not pa.types.is_struct(f.type):
+                arr = pa.nulls(len(image), f.type)
+            elif f.name == CDC_COLUMN:
+                arr = _fit_struct(arr, f.type)
+            if not f.nullable:
+                missing = pc.and_not(pc.is_null(arr), bad)
+                if pc.any(missing).as_py():
+                    for i in np.flatnonzero(missing.to_numpy(zero_copy_only=False)):
+                        rejects.append(Reject(int(indices[i].as_py()), "required field is null or missing", f.name))
+                    bad = pc.or_(bad, missing)
+            out.append(arr)
+        keep = pc.invert(bad)
+        result = pa.Table.from_arrays(out, schema=schema).filter(keep)
+        return Converted(result, pc.filter(indices, keep), tuple(sorted(rejects, key=lambda r: r.index)))
+
+    def _cdc(self, cols: dict[str, pa.Array], op: pa.Array, deleted: pa.Array, offsets: pa.Array) -> pa.StructArray:
+        source = cols["source"]
+        updated = pc.fill_null(pc.equal(op, "u"), False)
+        ops = pc.if_else(deleted, "D", pc.if_else(updated, "U", "I"))
+        micros = pc.coalesce(
+            source.field("ts_us"), pc.multiply(source.field("ts_ms"), 1000),
+            cols["ts_us"], pc.multiply(cols["ts_ms"], 1000),
+        )
+        ts = micros.cast(pa.timestamp("us", tz="UTC"))
+        db = pc.coalesce(source.field("schema"), source.field("db"))
+        table = source.field("table")
+        lsn = source.field("lsn")
+        binlog = pc.binary_join_element_wise(source.field("file"), source.field("pos").cast(pa.string()), ":")
+        position = pc.coalesce(lsn.cast(pa.string()), binlog, source.field("change_lsn"), source.field("scn"))
+        return pa.StructArray.from_arrays(
+            [ops, ts, offsets, pc.binary_join_element_wise(db, table, "."), self._target(db, table), lsn, position],
+            fields=list(CDC_TYPE),
+        )
+
+    def _target(self, db: pa.Array, table: pa.Array) -> pa.Array:
+        parts: list[Any] = []
+        for piece in re.split(r"(\{db\}|\{table\})", self.target_pattern):
+            if piece == "{db}":
+                parts.append(db)
+            elif piece == "{table}":
+                parts.append(table)
+            elif piece:
+                parts.append(piece)
+        if not parts:
+            return pa.nulls(len(db), pa.string())
+        return pc.binary_join_element_wise(*parts, "")
+
+
+# Connect schemas (the JsonConverter's envelope) ------------------------------------------------
+
+#: Connect logical types: (Arrow type, epoch unit). Debezium's own names first.
+_TEMPORAL: Final[dict[str, tuple[pa.DataType, str | None]]] = {
+    "io.debezium.time.MicroTimestamp": (pa.timestamp("us"), "us"),
+    "io.debezium.time.NanoTimestamp": (pa.timestamp("us"), "ns"),
+    "io.debezium.time.Timestamp": (pa.timestamp("us"), "ms"),
+    "org.apache.kafka.connect.data.Timestamp": (pa.timestamp("us"), "ms"),
+    "io.debezium.time.ZonedTimestamp": (pa.timestamp("us", tz="UTC"), None),  # ISO-8601 text
+    "io.debezium.time.IsoTimestamp": (pa.timestamp("us"), None),
+    "io.debezium.time.Date": (pa.date32(), None),  # days
+    "org.apache.kafka.connect.data.Date": (pa.date32(), None),
+    "io.debezium.time.IsoDate": (pa.date32(), None),
+    "io.debezium.time.MicroTime": (pa.time64("us"), "us"),
+    "io.debezium.time.NanoTime": (pa.time64("us"), "ns"),
+    "io.debezium.time.Time": (pa.time64("us"), "ms"),
+    "org.apache.kafka.connect.data.Time": (pa.time64("us"), "ms"),
+}
+_PHYSICAL: Final[dict[str, pa.DataType]] = {
+    "int8": pa.int32(), "int16": pa.int32(), "int32": pa.int32(), "int64": pa.int64(),
+    "float32": pa.float32(), "float64": pa.float64(), "boolean": pa.bool_(),
+    "string": pa.string(), "bytes": pa.binary(),
+}
+_DECIMAL: Final = "org.apache.kafka.connect.data.Decimal"
+
+
+def connect_field(schema: dict[str, Any]) -> pa.Field:
+    """One field of a Connect struct schema as an Arrow field, with the encodings as metadata.
+
+    Covers the types Debezium's relational connectors emit. (The general Connect schema
+    mapping belongs to the schema-envelope format; this one is what change events need.)
+    """
+    name, kind = schema.get("field", ""), schema.get("type")
+    logical = schema.get("name")
+    meta: dict[bytes, bytes] = {}
+    if logical in _TEMPORAL:
+        t, unit = _TEMPORAL[logical]
+        if unit:
+            meta[EPOCH_UNIT] = unit.encode()
+    elif logical == _DECIMAL:
+        params = schema.get("parameters") or {}
+        t = pa.decimal128(int(params.get("connect.decimal.precision", 38)), int(params.get("scale", 0)))
+        meta[DECIMAL_ENCODING] = b"connect-bytes"
+    elif kind == "struct":
+        t = pa.struct([connect_field(f) for f in schema.get("fields", [])])
+    elif kind == "array":
+        t = pa.list_(connect_field({**schema.get("items", {}), "field": "element"}))
+    elif kind == "map":
+        t = pa.map_(connect_field(schema.get("keys", {})).type, connect_field(schema.get("values", {})).type)
+    elif kind in _PHYSICAL:
+        t = _PHYSICAL[kind]
+    else:
+        raise ValueError(f"field {name!r}: unknown Connect schema type {kind!r}")
+    return pa.field(name, t, nullable=bool(schema.get("optional", True)), metadata=meta or None)
+
+
+def _first_connect_schema(values: Sequence[bytes]) -> dict[str, Any] | None:
+    """The Connect schema of the first value that has one (one JSON parse a batch)."""
+    for v in values:
+        if not v:
+            continue
+        try:
+            doc = json.loads(v)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("schema"), dict):
+            return doc["schema"]
+    return None
+
+
+def _row_connect_schema(envelope: dict[str, Any]) -> dict[str, Any] | None:
+    """The schema of ``after`` (or ``before``) in a Debezium envelope schema."""
+    fields = {f.get("field"): f for f in envelope.get("fields", [])}
+    for name in ("after", "before"):
+        if fields.get(name, {}).get("type") == "struct":
+            return fields[name]
+    return None
+
+
+def _with_encodings(row: list[pa.Field], image: dict[str, Any]) -> list[pa.Field]:
+    """The table's row fields, with the encodings the Connect schema states as metadata."""
+    encodings = {}
+    for f in image.get("fields", []):
+        try:
+            meta = connect_field(f).metadata
+        except ValueError:
+            continue
+        if meta:
+            encodings[f.get("field")] = meta
+    return [f.with_metadata({**(f.metadata or {}), **encodings[f.name]}) if f.name in encodings else f for f in row]
+
+
+# Small helpers ------------------------------------------------------------------------------------
+
+
+def _row_fields(envelope: pa.Schema) -> list[pa.Field]:
+    """Fields of ``after``, then those only ``before`` has (a batch of deletes has no ``after``)."""
+    fields: dict[str, pa.Field] = {}
+    for name in ("after", "before"):
+        if name in envelope.names and pa.types.is_struct(envelope.field(name).type):
+            for f in envelope.field(name).type:
+                fields.setdefault(f.name, f)
+    return list(fields.values())
+
+
+def _nullable(f: pa.Field) -> pa.Field:
+    if pa.types.is_struct(f.type):
+        f = f.with_type(pa.struct([_nullable(c) for c in f.type]))
+    return f.with_nullable(True)
+
+
+def _fit_struct(arr: pa.StructArray, t: pa.StructType) -> pa.StructArray:
+    """``arr`` in the table's ``_cdc`` type: children by name, missing ones null, cast."""
+    children = []
+    for f in t:
+        idx = arr.type.get_field_index(f.name)
+        child = arr.field(idx) if idx >= 0 else pa.nulls(len(arr), f.type)
+        children.append(child.cast(f.type) if child.type != f.type else child)
+    return pa.StructArray.from_arrays(children, fields=list(t))
