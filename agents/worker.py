@@ -423,7 +423,7 @@ class Worker:
         self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(sum(len(v) for v in values))
         for name in self.settings.tables:
             target = self.targets.get(name) or await self._create_target(name, values)
-            converted = decode_json(values, target.arrow_schema)
+            converted = decode_json(values, target.arrow_schema, epoch_unit=self.settings.timestamp_unit_of(name))
             if converted.rejects:
                 self.deadletters.write(st.tp, messages, converted.rejects, table=name)
             tables[name] = converted.table
@@ -435,7 +435,7 @@ class Worker:
         self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
 
     async def _create_target(self, name: str, values: list[bytes]) -> Target:
-        inferred = infer_schema(values)
+        inferred = infer_schema(values, timestamp_fields=self.settings.timestamp_fields_of(name))
         target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
         self.targets[name] = target
         return target

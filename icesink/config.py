@@ -42,7 +42,9 @@ ACCEPTED_IGNORED = {
 }
 
 _PREFIX_CATALOG = "iceberg.catalog."
-_TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>partition-by)$")
+_TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>partition-by|timestamp-unit|timestamp-fields)$")
+#: Units of JSON numbers in timestamp and time columns (agents.convert.EPOCH_UNITS).
+TIMESTAMP_UNITS = ("s", "ms", "us", "ns")
 
 
 class Settings(BaseSettings):
@@ -59,6 +61,14 @@ class Settings(BaseSettings):
     default_partition_by: str | None = Field(None, alias="iceberg.tables.default-partition-by")
     table_partition_by: dict[str, str] = Field(
         default_factory=dict, alias="iceberg.table.<table>.partition-by"
+    )
+    timestamp_unit: str = Field("ms", alias="iceberg.tables.timestamp-unit")
+    table_timestamp_unit: dict[str, str] = Field(
+        default_factory=dict, alias="iceberg.table.<table>.timestamp-unit"
+    )
+    timestamp_fields: str | None = Field(None, alias="iceberg.tables.timestamp-fields")
+    table_timestamp_fields: dict[str, str] = Field(
+        default_factory=dict, alias="iceberg.table.<table>.timestamp-fields"
     )
     control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
     group_id: str = Field("icesink", alias="group.id")
@@ -154,12 +164,32 @@ class Settings(BaseSettings):
         if self.sasl_mechanism and (not self.sasl_username or self.sasl_password is None):
             key = "sasl.username" if not self.sasl_username else "sasl.password"
             raise ConfigError(key, None, f"a value when sasl.mechanism is {self.sasl_mechanism}")
-        for table in self.table_partition_by:
-            if table not in self.tables:
-                raise ConfigError(
-                    f"iceberg.table.{table}.partition-by", table,
-                    f"a table listed in iceberg.tables {list(self.tables)}",
-                )
+        for prop, per_table in (
+            ("partition-by", self.table_partition_by),
+            ("timestamp-unit", self.table_timestamp_unit),
+            ("timestamp-fields", self.table_timestamp_fields),
+        ):
+            for table in per_table:
+                if table not in self.tables:
+                    raise ConfigError(
+                        f"iceberg.table.{table}.{prop}", table,
+                        f"a table listed in iceberg.tables {list(self.tables)}",
+                    )
+        units = {"iceberg.tables.timestamp-unit": self.timestamp_unit} | {
+            f"iceberg.table.{t}.timestamp-unit": u for t, u in self.table_timestamp_unit.items()
+        }
+        for key, unit in units.items():
+            if unit not in TIMESTAMP_UNITS:
+                raise ConfigError(key, unit, f"one of {', '.join(TIMESTAMP_UNITS)} (the unit of epoch numbers)")
+        patterns = {"iceberg.tables.timestamp-fields": self.timestamp_fields} | {
+            f"iceberg.table.{t}.timestamp-fields": p for t, p in self.table_timestamp_fields.items()
+        }
+        for key, pattern in patterns.items():
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ConfigError(key, pattern, f"a regular expression over dotted field names ({exc})") from None
         for table in self.tables:
             if "." not in table:
                 raise ConfigError("iceberg.tables", table, "namespace.table names, e.g. rpc.pizzas")
@@ -184,6 +214,15 @@ class Settings(BaseSettings):
 
     def partition_by(self, table: str) -> str | None:
         return self.table_partition_by.get(table, self.default_partition_by)
+
+    def timestamp_unit_of(self, table: str) -> Literal["s", "ms", "us", "ns"]:
+        """The unit of epoch numbers in ``table``'s timestamp and time columns."""
+        return self.table_timestamp_unit.get(table, self.timestamp_unit)  # type: ignore[return-value]
+
+    def timestamp_fields_of(self, table: str) -> re.Pattern[str] | None:
+        """Fields that auto-create makes timestamp columns (dotted names, full match)."""
+        pattern = self.table_timestamp_fields.get(table, self.timestamp_fields)
+        return None if pattern is None else re.compile(pattern)
 
     def kafka_client_kwargs(self) -> dict[str, Any]:
         """Security settings for aiokafka clients (producer, consumer, admin)."""
@@ -281,7 +320,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
     fields: dict[str, Any] = {}
     catalog: dict[str, str] = {}
     spark: dict[str, str] = {}
-    partition_by: dict[str, str] = {}
+    per_table: dict[str, dict[str, str]] = {"partition-by": {}, "timestamp-unit": {}, "timestamp-fields": {}}
     unknown: list[str] = []
     for key, value in raw.items():
         if key in _FIELD_KEYS:
@@ -293,7 +332,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
         elif key.startswith("spark."):
             spark[key] = str(value)
         elif (m := _TABLE_KEY.match(key)) is not None:
-            partition_by[m["table"]] = str(value)
+            per_table[m["prop"]][m["table"]] = str(value)
         elif key.startswith(("key.converter.", "value.converter.")):
             log.info("setting %s accepted; it has no effect for this converter", key)
         else:
@@ -302,7 +341,8 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
         log.warning("unknown settings ignored: %s", ", ".join(sorted(unknown)))
     fields["iceberg.catalog.*"] = catalog
     fields["spark.*"] = spark
-    fields["iceberg.table.<table>.partition-by"] = partition_by
+    for prop, by_table in per_table.items():
+        fields[f"iceberg.table.<table>.{prop}"] = by_table
     try:
         return Settings(**fields)
     except ValidationError as exc:
