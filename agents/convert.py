@@ -36,19 +36,47 @@ are isolated by bisection.
 Inference (``schema=None``) parses once with pyarrow's inference to find the schema, then decodes
 the batch against that schema as above. Conflicting kinds are resolved in Python by merging the
 types of the pieces a failing batch splits into.
+
+What each column type accepts
+-----------------------------
+- **timestamp / timestamptz**: ISO-8601 strings ``YYYY-MM-DD[T ]HH:MM:SS[.f{1,9}][Z|+HH[:MM]]``
+  (an offset is honoured and the instant stored as UTC; a string without one is a wall time,
+  taken as UTC in a timestamptz column), or an epoch count: a JSON number or a string of digits
+  counting units since 1970-01-01T00:00:00Z. The unit is the field's metadata
+  ``icesink.epoch-unit`` (``s``, ``ms``, ``us``, ``ns``), else ``decode_json``'s ``epoch_unit``
+  (the setting ``iceberg.tables.timestamp-unit``, ``ms`` by default as in Kafka Connect). The
+  unit is never guessed; a count whose instant falls outside 0001-01-01..9999-12-31 is a reject,
+  so microseconds read as milliseconds (year 55000) are rejected, not stored.
+- **date**: ``YYYY-MM-DD`` strings, or numbers of days since the epoch; with an
+  ``icesink.epoch-unit`` on the field, numbers count that unit and must be whole days.
+- **time**: ``HH:MM:SS[.f{1,9}]`` strings, or numbers counting the epoch unit since midnight
+  (as for timestamps), within ``[00:00, 24:00)``.
+- **Precision finer than the column's** (nanoseconds into a microsecond column, in a string's
+  fraction or in a count) is truncated toward the past to the column's unit: the stored value
+  is the last tick of the column's unit not after the input, as Iceberg's Java sink and Spark
+  do. This is the only lossy step and it is exact; nothing is rounded up.
+- **decimal(p, s)**: JSON numbers or numeric strings that need no rounding to scale ``s`` and
+  have at most ``p - s`` integer digits. With the field metadata ``icesink.decimal-encoding`` =
+  ``connect-bytes``: only base64 strings of the big-endian two's-complement unscaled integer
+  (Kafka Connect Decimal).
+- **binary / fixed[n]**: standard base64 strings with padding (fixed: exactly ``n`` bytes).
+- **uuid**: canonical strings ``xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` (either case).
+- Anything else in such a column is a reject naming the field; never a null.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import struct
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date
-from decimal import Decimal, InvalidOperation, localcontext
+from decimal import ROUND_FLOOR, Context, Decimal, InvalidOperation, localcontext
 from functools import reduce
-from typing import Final, TypeAlias
+from typing import Final, Literal, TypeAlias, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -58,10 +86,29 @@ import pyarrow.json as pj
 
 from icesink.errors import UnsupportedTypeError
 
-__all__ = ["Converted", "Reject", "decode_json", "infer_schema"]
+__all__ = [
+    "DECIMAL_ENCODING",
+    "EPOCH_UNIT",
+    "EPOCH_UNITS",
+    "Converted",
+    "EpochUnit",
+    "Reject",
+    "check_schema",
+    "decode_json",
+    "infer_schema",
+    "with_field_metadata",
+]
 
 Mask: TypeAlias = npt.NDArray[np.bool_]
 Path: TypeAlias = tuple[str, ...]
+EpochUnit: TypeAlias = Literal["s", "ms", "us", "ns"]
+
+#: Field metadata key: the unit of JSON numbers in a timestamp, time or date column.
+EPOCH_UNIT: Final = "icesink.epoch-unit"
+EPOCH_UNITS: Final[tuple[EpochUnit, ...]] = get_args(EpochUnit)
+#: Field metadata key: ``connect-bytes`` for decimals sent as Kafka Connect Decimal bytes.
+DECIMAL_ENCODING: Final = "icesink.decimal-encoding"
+_CONNECT_BYTES: Final = "connect-bytes"
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,31 +152,38 @@ def _unsupported(field: str, type_: pa.DataType) -> UnsupportedTypeError:
     return UnsupportedTypeError(
         field, type_, "decode_json cannot fill",
         "int8..int64, float32, float64, decimal128, string, large_string, bool, "
-        "timestamp (no time zone or UTC), date32, struct, list, large_list",
+        "timestamp (no time zone or UTC), date32, time32, time64, binary, large_binary, "
+        "fixed_size_binary, uuid, struct, list, large_list",
         "change the table schema or the record format",
     )
 
 
-def decode_json(values: Sequence[bytes], schema: pa.Schema | None = None) -> Converted:
+def decode_json(
+    values: Sequence[bytes], schema: pa.Schema | None = None, *, epoch_unit: EpochUnit = "ms"
+) -> Converted:
     """Decode schemaless JSON objects into one table.
 
     With ``schema`` (what ``schema_to_pyarrow`` gives for the target table) the table has exactly
     that schema, metadata included. Without it the schema is inferred from ``values`` (see
-    :func:`infer_schema`). Raises :class:`UnsupportedTypeError` for a schema with a type this
-    module cannot fill (map, binary, uuid, time...); bad records never raise.
+    :func:`infer_schema`). ``epoch_unit`` is the unit of JSON numbers in timestamp and time
+    columns whose field has no ``icesink.epoch-unit`` metadata (see the module docstring).
+    Raises :class:`UnsupportedTypeError` for a schema with a type this module cannot fill (map,
+    ...) or a field with unknown icesink metadata; bad records never raise.
     """
+    if epoch_unit not in EPOCH_UNITS:
+        raise ValueError(f"epoch_unit: expected one of {EPOCH_UNITS}, found {epoch_unit!r}")
     if schema is not None:
         _check_supported(schema)
     run, rejects = _prepare(values)
     if schema is None:
         schema = _infer(run, values)
-    decoder = _Decoder(values, schema, rejects)
+    decoder = _Decoder(values, schema, rejects, epoch_unit)
     if run is not None:
         decoder.scan(run, 0, run.size, threaded=True)
     return decoder.result()
 
 
-def infer_schema(values: Sequence[bytes]) -> pa.Schema:
+def infer_schema(values: Sequence[bytes], *, timestamp_fields: re.Pattern[str] | None = None) -> pa.Schema:
     """The schema ``decode_json(values)`` would produce (one parse, no conversion).
 
     JSON strings -> string (timestamp-looking ones too, kept verbatim); true/false -> bool;
@@ -137,9 +191,45 @@ def infer_schema(values: Sequence[bytes]) -> pa.Schema:
     arrays -> list; null-only -> string; conflicting kinds -> string holding each value's JSON
     text. Every field is nullable; fields are in order of first appearance. Integers beyond
     int64 infer float64 (as pyarrow does); an object that is always empty infers ``struct<>``.
+
+    ``timestamp_fields``: string and integer fields whose dotted path (``order.placed_at``;
+    list elements as ``events[].at``) fully matches become ``timestamp[us]`` columns instead:
+    ``timestamptz`` (UTC) when the field holds integers (epoch counts are instants) or when
+    some string in ``values`` carries an offset or ``Z``, else ``timestamp`` (wall times).
+    Values that then do not parse as timestamps are rejects when the batch is decoded.
     """
     run, _ = _prepare(values)
-    return _infer(run, values)
+    schema = _infer(run, values)
+    if timestamp_fields is None:
+        return schema
+    return _timestamp_columns(schema, values, timestamp_fields)
+
+
+def with_field_metadata(schema: pa.Schema, metadata: dict[str, dict[str, str]]) -> pa.Schema:
+    """``schema`` with metadata added to the fields at the given dotted paths (as for
+    ``timestamp_fields``; ``a.b`` in structs, ``a[]`` for list elements). Raises ``KeyError``
+    naming a path that is not a field of ``schema``."""
+    if not metadata:
+        return schema
+    remaining = dict(metadata)
+
+    def visit(f: pa.Field, name: str) -> pa.Field:
+        t = f.type
+        if pa.types.is_struct(t):
+            t = pa.struct([visit(c, f"{name}.{c.name}") for c in t])
+        elif _is_list(t):
+            element = visit(t.value_field, f"{name}[]")
+            t = pa.large_list(element) if pa.types.is_large_list(t) else pa.list_(element)
+        out = f.with_type(t)
+        extra = remaining.pop(name, None)
+        if extra:
+            out = out.with_metadata({**(f.metadata or {}), **{k.encode(): v.encode() for k, v in extra.items()}})
+        return out
+
+    out = pa.schema([visit(f, f.name) for f in schema], metadata=schema.metadata)
+    if remaining:
+        raise KeyError(f"not a field of the schema: {', '.join(sorted(remaining))}")
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,27 +257,48 @@ _MAX_SINGLE_BLOCK: Final = 2**31 - 2
 _NUM_TEXT: Final = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _OFFSET_TEXT: Final = r"(Z|[+-][0-9]{2}(?::?[0-9]{2})?)"
 #: ISO-8601 timestamps: "T" or space, optional fraction (up to ns), optional offset.
-_TS_TEXT: Final = (
-    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2}):([0-9]{2})"
-    r"(?:\.([0-9]{1,9}))?" + _OFFSET_TEXT + "?"
+_TS_BASE: Final = (
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?"
 )
+_TS_TEXT: Final = _TS_BASE + _OFFSET_TEXT + "?"
 _DATE_TEXT: Final = r"([0-9]{4})-([0-9]{2})-([0-9]{2})"
+_TIME_TEXT: Final = r"(?P<h>[0-9]{2}):(?P<m>[0-9]{2}):(?P<s>[0-9]{2})(?:\.(?P<f>[0-9]{1,9}))?"
+#: Standard base64 with padding (what Kafka Connect's JsonConverter writes for bytes).
+_B64_TEXT: Final = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
+_UUID_TEXT: Final = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 _NUM_RE: Final = re.compile(_NUM_TEXT, re.ASCII)
 _TS_RE: Final = re.compile(_TS_TEXT, re.ASCII)
 _DATE_RE: Final = re.compile(_DATE_TEXT, re.ASCII)
+_TIME_RE: Final = re.compile(_TIME_TEXT, re.ASCII)
+_B64_RE: Final = re.compile(_B64_TEXT, re.ASCII)
+_UUID_RE: Final = re.compile(_UUID_TEXT, re.ASCII)
 _NUM_PATTERN: Final = f"^{_NUM_TEXT}$"
 _TS_PATTERN: Final = f"^{_TS_TEXT}$"
+_TS_OFFSET_PATTERN: Final = f"^{_TS_BASE}{_OFFSET_TEXT}$"
 _DATE_PATTERN: Final = f"^{_DATE_TEXT}$"
+_TIME_PATTERN: Final = f"^{_TIME_TEXT}$"
+_B64_PATTERN: Final = f"^{_B64_TEXT}$"
+_UUID_PATTERN: Final = f"^{_UUID_TEXT}$"
 _OFFSET_PATTERN: Final = f"{_OFFSET_TEXT}$"
+#: Epoch counts the bulk path reads as int64 (the strict cast flags those beyond int64).
+_COUNT_PATTERN: Final = r"^-?[0-9]{1,19}$"
 #: Integers that always fit int64 and that Arrow's string->int cast reads exactly.
 _INT_PATTERN: Final = r"^-?[0-9]{1,18}$"
-_TS_FORMAT: Final = "an ISO-8601 timestamp 'YYYY-MM-DD[T ]HH:MM:SS[.fffffffff][Z|+HH:MM]'"
+_TS_FORMAT: Final = (
+    "an ISO-8601 timestamp 'YYYY-MM-DD[T ]HH:MM:SS[.fffffffff][Z|+HH:MM]' or a count since the epoch"
+)
+_TIME_FORMAT: Final = "'HH:MM:SS[.fffffffff]' or a count since midnight"
 _UNIT_DIGITS: Final = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 _UTC_NAMES: Final = frozenset({"UTC", "Etc/UTC", "+00:00", "Z"})
 _CONSTANTS: Final = frozenset({"NaN", "Infinity", "-Infinity"})
 _EPOCH_ORDINAL: Final = date(1970, 1, 1).toordinal()
 _MIN_DAYS: Final = date(1, 1, 1).toordinal() - _EPOCH_ORDINAL
 _MIN_SECONDS: Final = _MIN_DAYS * 86_400
+_MAX_DAYS: Final = date(9999, 12, 31).toordinal() - _EPOCH_ORDINAL
+_MAX_SECONDS: Final = (_MAX_DAYS + 1) * 86_400 - 1
+_DAY_SECONDS: Final = 86_400
+#: Decimal arithmetic that never rounds the values this module handles (at most ~80 digits).
+_EXACT: Final = Context(prec=100)
 _INT64: Final = (-(2**63), 2**63 - 1)
 #: Wide decimal that integer columns fall back to when a value is not a plain integer token.
 _WIDE_INT: Final = pa.decimal128(38, 18)
@@ -203,6 +314,43 @@ def _is_string(t: pa.DataType) -> bool:
 
 def _is_list(t: pa.DataType) -> bool:
     return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
+
+
+def _is_uuid(t: pa.DataType) -> bool:
+    return isinstance(t, pa.BaseExtensionType) and t.extension_name == "arrow.uuid"
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t))
+
+
+def _is_temporal(t: pa.DataType) -> bool:
+    return bool(pa.types.is_timestamp(t) or pa.types.is_date32(t) or pa.types.is_time(t))
+
+
+def _meta(f: pa.Field, key: str) -> str | None:
+    value = (f.metadata or {}).get(key.encode())
+    return None if value is None else value.decode()
+
+
+def _connect_bytes(f: pa.Field) -> bool:
+    return pa.types.is_decimal(f.type) and _meta(f, DECIMAL_ENCODING) == _CONNECT_BYTES
+
+
+def _strict_text(f: pa.Field) -> bool:
+    """Columns that take only JSON strings: a quoted number would mean something else there."""
+    return _is_binary(f.type) or _is_uuid(f.type) or _connect_bytes(f)
+
+
+def _unit_digits(f: pa.Field, default: EpochUnit) -> int:
+    """Decimal digits of the epoch unit of numbers in temporal field ``f``."""
+    return _UNIT_DIGITS[_meta(f, EPOCH_UNIT) or default]
+
+
+def _ts_bounds(digits: int) -> tuple[int, int]:
+    """Counts of ``10**-digits`` s that are instants in 0001-01-01..9999-12-31 and fit int64."""
+    scale = 10**digits
+    return max(_MIN_SECONDS * scale, _INT64[0]), min((_MAX_SECONDS + 1) * scale - 1, _INT64[1])
 
 
 def _is_null_mask(arr: pa.Array) -> Mask | None:
@@ -279,6 +427,14 @@ def _type_name(t: pa.DataType) -> str:
         return name if t.unit == "us" else f"{name}_{t.unit}"
     if pa.types.is_date32(t):
         return "date"
+    if pa.types.is_time(t):
+        return "time" if t.unit == "us" else f"time_{t.unit}"
+    if _is_uuid(t):
+        return "uuid"
+    if pa.types.is_fixed_size_binary(t):
+        return f"fixed[{t.byte_width}]"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "binary"
     if pa.types.is_struct(t):
         return "struct"
     if _is_list(t):
@@ -286,13 +442,21 @@ def _type_name(t: pa.DataType) -> str:
     return str(t)
 
 
+def check_schema(schema: pa.Schema) -> None:
+    """Raise :class:`UnsupportedTypeError` naming the field when ``decode_json`` cannot fill
+    ``schema``: a type it has no conversion for, or unknown or misplaced icesink metadata."""
+    _check_supported(schema)
+
+
 def _check_supported(schema: pa.Schema) -> None:
-    def check(t: pa.DataType, path: str) -> None:
+    def check(f: pa.Field, path: str) -> None:
+        t = f.type
+        _check_metadata(f, path)
         if pa.types.is_struct(t):
             for child in t:
-                check(child.type, f"{path}.{child.name}")
+                check(child, f"{path}.{child.name}")
         elif _is_list(t):
-            check(t.value_type, f"{path}[]")
+            check(t.value_field, f"{path}[]")
         elif pa.types.is_timestamp(t):
             if t.tz is not None and t.tz not in _UTC_NAMES:
                 raise _unsupported(path, t)
@@ -304,11 +468,30 @@ def _check_supported(schema: pa.Schema) -> None:
             or _is_string(t)
             or pa.types.is_boolean(t)
             or pa.types.is_date32(t)
+            or pa.types.is_time(t)
+            or _is_binary(t)
+            or _is_uuid(t)
         ):
             raise _unsupported(path, t)
 
     for f in schema:
-        check(f.type, f.name)
+        check(f, f.name)
+
+
+def _check_metadata(f: pa.Field, path: str) -> None:
+    unit = _meta(f, EPOCH_UNIT)
+    if unit is not None and (unit not in EPOCH_UNITS or not _is_temporal(f.type)):
+        raise UnsupportedTypeError(
+            path, f.type, f"field metadata {EPOCH_UNIT}={unit!r} on",
+            f"{', '.join(EPOCH_UNITS)} on a timestamp, date or time field",
+            "fix the metadata the schema was built with",
+        )
+    encoding = _meta(f, DECIMAL_ENCODING)
+    if encoding is not None and (encoding != _CONNECT_BYTES or not pa.types.is_decimal(f.type)):
+        raise UnsupportedTypeError(
+            path, f.type, f"field metadata {DECIMAL_ENCODING}={encoding!r} on",
+            f"{_CONNECT_BYTES} on a decimal field", "fix the metadata the schema was built with",
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -474,7 +657,10 @@ class _Pacer:
 # --------------------------------------------------------------------------------------------
 
 
-def _default_parse_type(t: pa.DataType) -> pa.DataType:
+def _default_parse_type(f: pa.Field) -> pa.DataType:
+    t = f.type
+    if _connect_bytes(f):
+        return pa.string()
     if pa.types.is_integer(t):
         return pa.int64()
     if pa.types.is_floating(t):
@@ -488,33 +674,36 @@ def _default_parse_type(t: pa.DataType) -> pa.DataType:
         return pa.large_string()
     if pa.types.is_boolean(t):
         return pa.bool_()
-    return pa.string()  # string, timestamp, date
+    return pa.string()  # string, timestamp, date, time, binary, uuid (temporal ones adapt)
 
 
-def _leaves(t: pa.DataType, path: Path = ()) -> Iterator[tuple[Path, pa.DataType]]:
-    if pa.types.is_struct(t):
-        for child in t:
-            yield from _leaves(child.type, (*path, child.name))
-    elif _is_list(t):
-        yield from _leaves(t.value_type, (*path, "[]"))
-    else:
-        yield path, t
+def _leaves(t: pa.DataType, path: Path = ()) -> Iterator[tuple[Path, pa.Field]]:
+    """The leaf fields of struct/list type ``t`` with their paths (``[]`` for list elements)."""
+    children = list(t) if pa.types.is_struct(t) else [t.value_field]
+    for child in children:
+        child_path = (*path, child.name if pa.types.is_struct(t) else "[]")
+        if pa.types.is_struct(child.type) or _is_list(child.type):
+            yield from _leaves(child.type, child_path)
+        else:
+            yield child_path, child
 
 
-def _leaf_at(t: pa.DataType, path: Path) -> pa.DataType | None:
+def _leaf_at(t: pa.DataType, path: Path) -> pa.Field | None:
+    f: pa.Field | None = None
     for part in path:
         if pa.types.is_struct(t):
             index = t.get_field_index(part)
             if index < 0:
                 return None
-            t = t.field(index).type
+            f = t.field(index)
         elif _is_list(t) and part == "[]":
-            t = t.value_type
+            f = t.value_field
         else:
             return None
-    if pa.types.is_struct(t) or _is_list(t):
+        t = f.type
+    if f is None or pa.types.is_struct(t) or _is_list(t):
         return None
-    return t
+    return f
 
 
 @dataclass(frozen=True)
@@ -525,21 +714,22 @@ class _Plan:
     overrides: tuple[tuple[Path, pa.DataType], ...] = ()
     quoted: frozenset[str] = frozenset()
 
-    def parse_type(self, path: Path, leaf: pa.DataType) -> pa.DataType:
+    def parse_type(self, path: Path, leaf: pa.Field) -> pa.DataType:
         for p, t in self.overrides:
             if p == path:
                 return t
         return _default_parse_type(leaf)
 
     def schema(self) -> pa.Schema:
-        def build(t: pa.DataType, path: Path) -> pa.DataType:
+        def build(f: pa.Field, path: Path) -> pa.DataType:
+            t = f.type
             if pa.types.is_struct(t):
-                return pa.struct([pa.field(c.name, build(c.type, (*path, c.name))) for c in t])
+                return pa.struct([pa.field(c.name, build(c, (*path, c.name))) for c in t])
             if _is_list(t):
-                return pa.list_(build(t.value_type, (*path, "[]")))
-            return self.parse_type(path, t)
+                return pa.list_(build(t.value_field, (*path, "[]")))
+            return self.parse_type(path, f)
 
-        return pa.schema([pa.field("v", build(self.target, ()))])
+        return pa.schema([pa.field("v", build(pa.field("v", self.target), ()))])
 
     def _with(self, changes: dict[Path, pa.DataType], quote: frozenset[str] = frozenset()) -> _Plan:
         kept = tuple((p, t) for p, t in self.overrides if p not in changes)
@@ -553,19 +743,23 @@ class _Plan:
         if "Failed to convert JSON to int64" in message:
             wide = {
                 p: _WIDE_INT
-                for p, t in _leaves(self.target)
-                if pa.types.is_integer(t) and self.parse_type(p, t) == pa.int64()
+                for p, f in _leaves(self.target)
+                if (pa.types.is_integer(f.type) or _is_temporal(f.type)) and self.parse_type(p, f) == pa.int64()
             }
             return self._with(wide) if wide else None
         if "decimal" in message:
             # A numeric column parsed as a decimal met a value the decimal cannot hold: parse
             # those columns as (quoted) strings; the string path flags the rows instead.
-            paths = [p for p, t in _leaves(self.target) if pa.types.is_decimal(self.parse_type(p, t))]
+            paths = [p for p, f in _leaves(self.target) if pa.types.is_decimal(self.parse_type(p, f))]
             if not paths:
                 return None
-            keys = frozenset(p[-1] for p in paths if p[-1] != "[]")
+            keys = frozenset(p[-1] for p in paths if p[-1] != "[]" and self._quotable(p[-1]))
             return self._with({p: pa.string() for p in paths}, keys)
         return None
+
+    def _quotable(self, key: str) -> bool:
+        """Whether quoting bare numbers of ``key`` keeps their meaning in every column so named."""
+        return not any(p[-1] == key and _strict_text(f) for p, f in _leaves(self.target))
 
     def _adapt_kind(self, arrow_path: str, found: str) -> _Plan | None:
         parts = arrow_path.split("/")
@@ -576,13 +770,16 @@ class _Plan:
         if leaf is None:
             return None
         current = self.parse_type(path, leaf)
+        t = leaf.type
         if found == "string" and not _is_string(current) and not pa.types.is_decimal(current):
-            if pa.types.is_integer(leaf) or pa.types.is_floating(leaf) or pa.types.is_boolean(leaf):
+            if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or _is_temporal(t):
                 return self._with({path: pa.string()})
             return None
+        if found == "number" and _is_temporal(t) and _is_string(current) and path not in dict(self.overrides):
+            return self._with({path: pa.int64()})  # epoch counts: parse them as numbers
         if found in ("number", "boolean") and _is_string(current):
             key = path[-1]
-            if key == "[]" or key in self.quoted:
+            if key == "[]" or key in self.quoted or not self._quotable(key):
                 return None
             return self._with({}, frozenset({key}))
         return None
@@ -593,8 +790,11 @@ class _Plan:
 # --------------------------------------------------------------------------------------------
 
 
-def _convert_children(arr: pa.StructArray, fields: Sequence[pa.Field]) -> tuple[list[pa.Array], Mask | None]:
-    """Children of a parsed struct converted to ``fields``; bad = rows to re-check per record."""
+def _convert_children(
+    arr: pa.StructArray, fields: Sequence[pa.Field], unit: EpochUnit
+) -> tuple[list[pa.Array], Mask | None]:
+    """Children of a parsed struct converted to ``fields``; bad = rows to re-check per record.
+    ``unit``: the epoch unit of temporal fields without their own."""
     valid: Mask | None = None
     if arr.null_count:
         valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
@@ -602,7 +802,7 @@ def _convert_children(arr: pa.StructArray, fields: Sequence[pa.Field]) -> tuple[
     bad: Mask | None = None
     for i, f in enumerate(fields):
         child = pc.struct_field(arr, [i])  # applies the parent's nulls
-        converted, child_bad = _convert(child, f.type)
+        converted, child_bad = _convert(child, f, unit)
         if not f.nullable:
             missing = _is_null_mask(converted)
             if missing is not None and valid is not None:
@@ -613,18 +813,21 @@ def _convert_children(arr: pa.StructArray, fields: Sequence[pa.Field]) -> tuple[
     return out, bad
 
 
-def _convert(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
-    """One parsed column -> type ``t``. Rows that are not certainly right are flagged."""
+def _convert(arr: pa.Array, f: pa.Field, unit: EpochUnit) -> tuple[pa.Array, Mask | None]:
+    """One parsed column -> field ``f``'s type. Rows that are not certainly right are flagged."""
+    t = f.type
     if pa.types.is_struct(t):
-        children, bad = _convert_children(arr, list(t))
+        children, bad = _convert_children(arr, list(t), unit)
         mask = arr.is_null() if arr.null_count else None
         return pa.StructArray.from_arrays(children, fields=list(t), mask=mask), bad
     if _is_list(t):
-        return _convert_list(arr, t)
+        return _convert_list(arr, t, unit)
     if pa.types.is_integer(t):
         return _to_integer(arr, t)
     if pa.types.is_floating(t):
         return _to_float(arr, t)
+    if _connect_bytes(f):
+        return _to_connect_decimal(arr, t)
     if pa.types.is_decimal(t):
         return _to_decimal(arr, t)
     if _is_string(t):
@@ -632,15 +835,22 @@ def _convert(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
     if pa.types.is_boolean(t):
         return _to_bool(arr)
     if pa.types.is_timestamp(t):
-        return _to_timestamp(arr, t)
+        return _to_timestamp(arr, t, _unit_digits(f, unit))
     if pa.types.is_date32(t):
-        return _to_date(arr)
+        unit_meta = _meta(f, EPOCH_UNIT)
+        return _to_date(arr, None if unit_meta is None else _UNIT_DIGITS[unit_meta])
+    if pa.types.is_time(t):
+        return _to_time(arr, t, _unit_digits(f, unit))
+    if _is_uuid(t):
+        return _to_uuid(arr)
+    if _is_binary(t):
+        return _to_binary(arr, t)
     raise _unsupported("?", t)  # _check_supported rules this out
 
 
-def _convert_list(arr: pa.ListArray, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+def _convert_list(arr: pa.ListArray, t: pa.DataType, unit: EpochUnit) -> tuple[pa.Array, Mask | None]:
     values = arr.flatten()  # values of non-null lists, honouring the array's offset
-    converted, value_bad = _convert(values, t.value_type)
+    converted, value_bad = _convert(values, t.value_field, unit)
     if not t.value_field.nullable:
         value_bad = _or(value_bad, _is_null_mask(converted))
     lengths = np.asarray(pc.list_value_length(arr).fill_null(0).to_numpy(), dtype=np.int64)
@@ -698,17 +908,23 @@ def _to_float(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
 
 def _to_decimal(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
     bad: Mask | None = None
-    wide = _default_parse_type(t)
+    wide = _default_parse_type(pa.field("d", t))
     if _is_string(arr.type):
         bad = _false_mask(pc.match_substring_regex(arr, _NUM_PATTERN))
         arr, cast_bad = _strict_cast(_null_where(arr, bad), wide)
         bad = _or(bad, cast_bad)
     if arr.type.scale > t.scale:
         bad = _or(bad, _false_mask(pc.equal(pc.round(arr, t.scale), arr)))
-    if t.precision - t.scale < 38 - arr.type.scale:  # else every parsed value fits
-        limit = pa.scalar(Decimal(10) ** (t.precision - t.scale), arr.type)
-        bad = _or(bad, _false_mask(pc.less(pc.abs(arr), limit)))
+    bad = _or(bad, _too_many_digits(arr, t))
     return pc.cast(_null_where(arr, bad), t), bad
+
+
+def _too_many_digits(arr: pa.Array, t: pa.DataType) -> Mask | None:
+    """Rows of decimal ``arr`` with more integer digits than ``t`` holds."""
+    if t.precision - t.scale >= 38 - arr.type.scale:  # every value of arr fits
+        return None
+    limit = pa.scalar(Decimal(10) ** (t.precision - t.scale), arr.type)
+    return _false_mask(pc.less(pc.abs(arr), limit))
 
 
 def _to_bool(arr: pa.Array) -> tuple[pa.Array, Mask | None]:
@@ -719,16 +935,77 @@ def _to_bool(arr: pa.Array) -> tuple[pa.Array, Mask | None]:
     return true, _false_mask(ok)
 
 
-def _to_timestamp(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+@dataclass(frozen=True)
+class _Counts:
+    """A parsed temporal column split into epoch counts and text."""
+
+    counts: pa.Array | None  # int64 counts (null elsewhere), None when there are none
+    text: pa.Array | None  # strings that are not counts (null elsewhere), None when none
+    is_count: pa.Array | None  # where counts come from, when both kinds occur
+    bad: Mask | None
+
+
+def _split_counts(arr: pa.Array) -> _Counts:
+    """Numbers arrive as int64 (or wide decimals after ``1.5`` or ``1e3``); in a string column,
+    strings of digits are counts and the rest is left to the text parser."""
+    if not _is_string(arr.type):
+        if pa.types.is_decimal(arr.type):
+            counts, bad = _to_integer(arr, pa.int64())
+            return _Counts(counts, None, None, bad)
+        return _Counts(arr, None, None, None)
+    is_count = pc.match_substring_regex(arr, _COUNT_PATTERN)
+    count_rows = _true_mask(is_count)
+    if count_rows is None:
+        return _Counts(None, arr, None, None)
+    counts, bad = _strict_cast(_null_where(arr, ~count_rows), pa.int64())
+    return _Counts(counts, _null_where(arr, count_rows), is_count, bad)
+
+
+def _merge_parts(split: _Counts, from_counts: pa.Array | None, from_text: pa.Array | None) -> pa.Array:
+    if from_text is None:
+        assert from_counts is not None
+        return from_counts
+    if from_counts is None:
+        return from_text
+    return pc.if_else(split.is_count, from_counts, from_text)
+
+
+def _rescale(counts: pa.Array, from_digits: int, to_digits: int, lo: int, hi: int) -> tuple[pa.Array, Mask | None]:
+    """Counts of ``10**-from_digits`` -> ``10**-to_digits``, floored; bad outside ``[lo, hi]``."""
+    bad: Mask | None = None
+    if from_digits > to_digits:
+        k = 10 ** (from_digits - to_digits)
+        q = pc.divide(counts, k)  # truncates toward zero: step negative remainders down
+        counts = pc.subtract(q, pc.cast(pc.less(counts, pc.multiply(q, k)), pa.int64()))
+    elif from_digits < to_digits:
+        k = 10 ** (to_digits - from_digits)
+        limit = _INT64[1] // k
+        bad = _false_mask(pc.and_(pc.greater_equal(counts, -limit), pc.less_equal(counts, limit)))
+        counts = pc.multiply(_null_where(counts, bad), k)
+    bad = _or(bad, _false_mask(pc.and_(pc.greater_equal(counts, lo), pc.less_equal(counts, hi))))
+    return _null_where(counts, bad), bad
+
+
+def _to_timestamp(arr: pa.Array, t: pa.DataType, unit_digits: int) -> tuple[pa.Array, Mask | None]:
+    digits = _UNIT_DIGITS[t.unit]
+    split = _split_counts(arr)
+    bad = split.bad
+    from_counts = from_text = None
+    if split.counts is not None:
+        ticks, tick_bad = _rescale(split.counts, unit_digits, digits, *_ts_bounds(digits))
+        from_counts, bad = ticks.cast(pa.timestamp(t.unit, tz="UTC")), _or(bad, tick_bad)
+    if split.text is not None:
+        from_text, text_bad = _iso_timestamps(split.text, t)
+        bad = _or(bad, text_bad)
+    return _merge_parts(split, from_counts, from_text).cast(t), bad
+
+
+def _iso_timestamps(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+    """ISO-8601 strings -> timestamp[t.unit, UTC]."""
     bad = _false_mask(pc.match_substring_regex(arr, _TS_PATTERN))
     text = _null_where(arr, bad)
     digits = _UNIT_DIGITS[t.unit]
-    too_fine = rf"\.[0-9]{{{digits + 1},}}"  # more digits than the unit holds: truncate them
-    if digits < 9 and pc.any(pc.match_substring_regex(text, too_fine)).as_py():
-        if digits == 0:
-            text = pc.replace_substring_regex(text, r"\.[0-9]+", "")
-        else:
-            text = pc.replace_substring_regex(text, rf"(\.[0-9]{{{digits}}})[0-9]+", r"\1")
+    text = _truncate_fraction(text, digits)
     utc = pa.timestamp(t.unit, tz="UTC")
     try:  # the common case: naive wall times, kept as they are (and taken as UTC for tz columns)
         parsed, cast_bad = pc.cast(text, pa.timestamp(t.unit)).cast(utc), None
@@ -741,16 +1018,184 @@ def _to_timestamp(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]
     if _MIN_SECONDS * 10**digits >= _INT64[0]:  # year 1 is representable in this unit
         floor = pa.scalar(_MIN_SECONDS * 10**digits, pa.int64()).cast(utc)
         bad = _or(bad, _false_mask(pc.greater_equal(parsed, floor)))
-    return parsed.cast(t), bad
-
-
-def _to_date(arr: pa.Array) -> tuple[pa.Array, Mask | None]:
-    bad = _false_mask(pc.match_substring_regex(arr, _DATE_PATTERN))
-    parsed, cast_bad = _strict_cast(_null_where(arr, bad), pa.date32())
-    bad = _or(bad, cast_bad)
-    floor = pa.scalar(_MIN_DAYS, pa.int32()).cast(pa.date32())
-    bad = _or(bad, _false_mask(pc.greater_equal(parsed, floor)))
     return parsed, bad
+
+
+def _truncate_fraction(text: pa.Array, digits: int) -> pa.Array:
+    """Drop fraction digits beyond ``digits`` (truncation toward the past)."""
+    too_fine = rf"\.[0-9]{{{digits + 1},}}"
+    if digits >= 9 or not pc.any(pc.match_substring_regex(text, too_fine)).as_py():
+        return text
+    if digits == 0:
+        return pc.replace_substring_regex(text, r"\.[0-9]+", "")
+    return pc.replace_substring_regex(text, rf"(\.[0-9]{{{digits}}})[0-9]+", r"\1")
+
+
+def _to_date(arr: pa.Array, unit_digits: int | None) -> tuple[pa.Array, Mask | None]:
+    """Dates from 'YYYY-MM-DD' or counts: days, or ``unit_digits`` units that make whole days."""
+    split = _split_counts(arr)
+    bad = split.bad
+    from_counts = from_text = None
+    if split.counts is not None:
+        counts = split.counts
+        if unit_digits is not None:
+            k = _DAY_SECONDS * 10**unit_digits
+            days = pc.divide(counts, k)
+            bad = _or(bad, _false_mask(pc.equal(pc.multiply(days, k), counts)))
+            counts = days
+        days, day_bad = _rescale(_null_where(counts, bad), 0, 0, _MIN_DAYS, _MAX_DAYS)
+        bad = _or(bad, day_bad)
+        from_counts = days.cast(pa.int32()).cast(pa.date32())
+    if split.text is not None:
+        text_bad = _false_mask(pc.match_substring_regex(split.text, _DATE_PATTERN))
+        from_text, cast_bad = _strict_cast(_null_where(split.text, text_bad), pa.date32())
+        floor = pa.scalar(_MIN_DAYS, pa.int32()).cast(pa.date32())
+        bad = _or(bad, _or(_or(text_bad, cast_bad), _false_mask(pc.greater_equal(from_text, floor))))
+    return _merge_parts(split, from_counts, from_text), bad
+
+
+def _to_time(arr: pa.Array, t: pa.DataType, unit_digits: int) -> tuple[pa.Array, Mask | None]:
+    """Times of day from 'HH:MM:SS[.f]' or counts of the epoch unit since midnight."""
+    digits = _UNIT_DIGITS[t.unit]
+    split = _split_counts(arr)
+    bad = split.bad
+    from_counts = from_text = None
+    if split.counts is not None:
+        from_counts, tick_bad = _rescale(split.counts, unit_digits, digits, 0, _DAY_SECONDS * 10**digits - 1)
+        bad = _or(bad, tick_bad)
+    if split.text is not None:
+        text = split.text
+        text_bad = _false_mask(pc.match_substring_regex(text, _TIME_PATTERN))
+        text = _null_where(text, text_bad)
+        parts = pc.extract_regex(text, _TIME_PATTERN)
+        h, m, s = (pc.cast(pc.struct_field(parts, name), pa.int64()) for name in "hms")
+        ok = pc.and_(pc.less(h, 24), pc.and_(pc.less(m, 60), pc.less(s, 60)))
+        text_bad = _or(text_bad, _false_mask(ok))
+        fraction = pc.utf8_rpad(pc.struct_field(parts, "f").fill_null(""), width=9, padding="0")
+        sub = pc.cast(pc.utf8_slice_codeunits(fraction, 0, digits), pa.int64()) if digits else 0
+        seconds = pc.add(pc.multiply(pc.add(pc.multiply(h, 60), m), 60), s)
+        from_text = _null_where(pc.add(pc.multiply(seconds, 10**digits), sub), text_bad)
+        bad = _or(bad, text_bad)
+    storage = pa.int32() if pa.types.is_time32(t) else pa.int64()
+    return _merge_parts(split, from_counts, from_text).cast(storage).cast(t), bad
+
+
+def _true_mask(ok: pa.Array) -> Mask | None:
+    """Rows where a boolean check is True (null counts as False)."""
+    return _false_mask(pc.invert(ok))
+
+
+def _validity(valid: Mask) -> pa.Buffer | None:
+    """An Arrow validity bitmap for ``valid`` (None when every row is valid)."""
+    return None if valid.all() else pa.array(valid).buffers()[1]
+
+
+def _bytes_of(arr: pa.Array) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """The bytes of a large_string/large_binary array without nulls, and offsets from 0."""
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = arr.buffers()[2]
+    chars = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    return chars[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+_B64_VALUES: Final = np.zeros(256, dtype=np.uint32)
+_B64_VALUES[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", dtype=np.uint8)] = (
+    np.arange(64, dtype=np.uint32)
+)
+_HEX_VALUES: Final = np.zeros(256, dtype=np.uint8)
+_HEX_VALUES[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
+_HEX_VALUES[np.frombuffer(b"ABCDEF", dtype=np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+_UUID_HEX_COLUMNS: Final = np.array([i for i in range(36) if i not in (8, 13, 18, 23)])
+_NIL_UUID: Final = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    """Base64 strings decoded in bulk: value ``i`` is ``data[offsets[i]:offsets[i + 1]]``."""
+
+    data: npt.NDArray[np.uint8]
+    offsets: npt.NDArray[np.int64]
+    valid: Mask  # rows with a value (not null, not bad)
+    bad: Mask | None
+
+    @property
+    def lengths(self) -> npt.NDArray[np.int64]:
+        return np.diff(self.offsets)
+
+    def binary(self) -> pa.Array:
+        n = len(self.valid)
+        buffers = [_validity(self.valid), pa.py_buffer(self.offsets), pa.py_buffer(self.data)]
+        return pa.Array.from_buffers(pa.large_binary(), n, buffers)
+
+
+def _from_base64(arr: pa.Array) -> _Decoded:
+    bad = _false_mask(pc.match_substring_regex(arr, _B64_PATTERN))
+    text = _null_where(arr, bad)
+    valid = np.asarray(pc.is_valid(text).to_numpy(zero_copy_only=False), dtype=np.bool_)
+    chars, offsets = _bytes_of(pc.cast(text.fill_null(""), pa.large_string()))
+    if not len(chars):
+        return _Decoded(np.zeros(0, dtype=np.uint8), np.zeros(len(arr) + 1, dtype=np.int64), valid, bad)
+    quads = _B64_VALUES[chars].reshape(-1, 4)
+    decoded = np.empty((len(quads), 3), dtype=np.uint32)
+    decoded[:, 0] = (quads[:, 0] << 2) | (quads[:, 1] >> 4)
+    decoded[:, 1] = ((quads[:, 1] & 15) << 4) | (quads[:, 2] >> 2)
+    decoded[:, 2] = ((quads[:, 2] & 3) << 6) | quads[:, 3]
+    flat = (decoded & 0xFF).astype(np.uint8).ravel()
+    lengths = np.diff(offsets)
+    ends = offsets[1:]
+    some = lengths > 0
+    pad1 = some & (chars[np.maximum(ends - 1, 0)] == ord("="))
+    pad2 = some & (chars[np.maximum(ends - 2, 0)] == ord("="))
+    byte_ends = ends // 4 * 3
+    keep = np.ones(len(flat), dtype=np.bool_)
+    keep[byte_ends[pad1] - 1] = False
+    keep[byte_ends[pad2] - 2] = False
+    out_offsets = np.zeros(len(arr) + 1, dtype=np.int64)
+    np.cumsum(lengths // 4 * 3 - pad1 - pad2, out=out_offsets[1:])
+    return _Decoded(flat[keep], out_offsets, valid, bad)
+
+
+def _to_binary(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+    decoded = _from_base64(arr)
+    out, bad = decoded.binary(), decoded.bad
+    if pa.types.is_fixed_size_binary(t):
+        wrong = decoded.valid & (decoded.lengths != t.byte_width)
+        if wrong.any():
+            bad = _or(bad, wrong)
+            out = _null_where(out, wrong)
+    return out.cast(t), bad
+
+
+def _to_uuid(arr: pa.Array) -> tuple[pa.Array, Mask | None]:
+    bad = _false_mask(pc.match_substring_regex(arr, _UUID_PATTERN))
+    text = _null_where(arr, bad)
+    valid = np.asarray(pc.is_valid(text).to_numpy(zero_copy_only=False), dtype=np.bool_)
+    chars, _ = _bytes_of(pc.cast(text.fill_null(_NIL_UUID), pa.large_string()))
+    nibbles = _HEX_VALUES[chars.reshape(-1, 36)[:, _UUID_HEX_COLUMNS]]
+    raw = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
+    storage = pa.Array.from_buffers(pa.binary(16), len(arr), [_validity(valid), pa.py_buffer(raw.tobytes())])
+    return pa.ExtensionArray.from_storage(pa.uuid(), storage), bad
+
+
+def _to_connect_decimal(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
+    """Kafka Connect Decimal: base64 of the big-endian two's-complement unscaled integer."""
+    decoded = _from_base64(arr)
+    lengths = decoded.lengths
+    n = len(arr)
+    # Up to 15 bytes (< 2**119 < 10**38) fit decimal128 without overflow; the rest go per record.
+    ok = decoded.valid & (lengths > 0) & (lengths < 16)
+    bad = _or(decoded.bad, decoded.valid & ~ok)
+    grid = np.zeros((n, 16), dtype=np.uint8)  # little-endian, as decimal128 stores it
+    if len(decoded.data):
+        first = decoded.data[np.minimum(decoded.offsets[:-1], len(decoded.data) - 1)]
+        grid[ok & (first >= 0x80)] = 0xFF  # sign extension
+        byte_ok = np.repeat(ok, lengths)
+        rows = np.repeat(np.arange(n), lengths)[byte_ok]
+        within = (np.arange(len(decoded.data)) - np.repeat(decoded.offsets[:-1], lengths))[byte_ok]
+        grid[rows, np.repeat(lengths, lengths)[byte_ok] - 1 - within] = decoded.data[byte_ok]
+    wide = pa.Array.from_buffers(pa.decimal128(38, t.scale), n, [_validity(ok), pa.py_buffer(grid.tobytes())])
+    bad = _or(bad, _too_many_digits(wide, t))
+    return pc.cast(_null_where(wide, bad), t), bad
 
 
 # --------------------------------------------------------------------------------------------
@@ -887,21 +1332,23 @@ def _numeric(v: object) -> Decimal | None:
     return None
 
 
-def _coerce(v: object, t: pa.DataType, nullable: bool, path: str) -> object:
-    """A parsed JSON value -> a Python value pyarrow stores as ``t``; raises _Bad."""
+def _coerce(v: object, f: pa.Field, path: str, unit: EpochUnit) -> object:
+    """A parsed JSON value -> a Python value pyarrow stores as field ``f``; raises _Bad.
+    ``unit``: the epoch unit of temporal fields without their own."""
+    t = f.type
     if v is None:
-        if not nullable:
+        if not f.nullable:
             raise _Bad("required field is null or missing", path)
         return None
     if pa.types.is_struct(t):
         if not isinstance(v, dict):
             raise _Bad(f"cannot coerce {_show(v)} to struct: expected a JSON object", path)
-        return {f.name: _coerce(v.get(f.name), f.type, f.nullable, f"{path}.{f.name}") for f in t}
+        return {c.name: _coerce(v.get(c.name), c, f"{path}.{c.name}", unit) for c in t}
     if _is_list(t):
         if not isinstance(v, list):
             raise _Bad(f"cannot coerce {_show(v)} to list: expected a JSON array", path)
         element = t.value_field
-        return [_coerce(x, element.type, element.nullable, f"{path}[{i}]") for i, x in enumerate(v)]
+        return [_coerce(x, element, f"{path}[{i}]", unit) for i, x in enumerate(v)]
     if _is_string(t):
         return v if isinstance(v, str) else _json_text(v)
     if pa.types.is_boolean(t):
@@ -914,12 +1361,20 @@ def _coerce(v: object, t: pa.DataType, nullable: bool, path: str) -> object:
         return _coerce_integer(v, t, path)
     if pa.types.is_floating(t):
         return _coerce_float(v, t, path)
+    if _connect_bytes(f):
+        return _coerce_connect_decimal(v, t, path)
     if pa.types.is_decimal(t):
         return _coerce_decimal(v, t, path)
     if pa.types.is_timestamp(t):
-        return _coerce_timestamp(v, t, path)
+        return _coerce_timestamp(v, t, _meta(f, EPOCH_UNIT) or unit, path)
     if pa.types.is_date32(t):
-        return _coerce_date(v, path)
+        return _coerce_date(v, _meta(f, EPOCH_UNIT), path)
+    if pa.types.is_time(t):
+        return _coerce_time(v, t, _meta(f, EPOCH_UNIT) or unit, path)
+    if _is_uuid(t):
+        return _coerce_uuid(v, path)
+    if _is_binary(t):
+        return _coerce_binary(v, t, path)
     raise _unsupported(path, t)
 
 
@@ -965,6 +1420,11 @@ def _coerce_decimal(v: object, t: pa.DataType, path: str) -> Decimal:
     number = None if isinstance(v, bool) else _numeric(v)
     if number is None:
         raise _Bad(f"cannot coerce {_show(v)} to {name}", path)
+    return _exact_decimal(v, number, t, path)
+
+
+def _exact_decimal(v: object, number: Decimal, t: pa.DataType, path: str) -> Decimal:
+    name = _type_name(t)
     digits = t.precision - t.scale
     if number and number.adjusted() >= digits:
         raise _Bad(f"cannot coerce {_show(v)} to {name}: more than {digits} integer digits", path)
@@ -979,11 +1439,64 @@ def _coerce_decimal(v: object, t: pa.DataType, path: str) -> Decimal:
     return exact
 
 
-def _coerce_timestamp(v: object, t: pa.DataType, path: str) -> int:
+def _coerce_connect_decimal(v: object, t: pa.DataType, path: str) -> Decimal:
+    raw = _base64(v, f"{_type_name(t)} (Kafka Connect Decimal bytes)", path)
+    if not raw:
+        raise _Bad(f"cannot coerce {_show(v)} to {_type_name(t)}: no bytes", path)
+    number = Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-t.scale, _EXACT)
+    return _exact_decimal(v, number, t, path)
+
+
+def _base64(v: object, name: str, path: str) -> bytes:
+    if not isinstance(v, str) or not _B64_RE.fullmatch(v):
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: expected a base64 string (standard, padded)", path)
+    return base64.b64decode(v)
+
+
+def _coerce_binary(v: object, t: pa.DataType, path: str) -> bytes:
     name = _type_name(t)
+    raw = _base64(v, name, path)
+    if pa.types.is_fixed_size_binary(t) and len(raw) != t.byte_width:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: found {len(raw)} bytes", path)
+    return raw
+
+
+def _coerce_uuid(v: object, path: str) -> bytes:
+    if not isinstance(v, str) or not _UUID_RE.fullmatch(v):
+        raise _Bad(f"cannot coerce {_show(v)} to uuid: expected 'xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx'", path)
+    return uuid.UUID(v).bytes
+
+
+def _count(v: object, name: str, unit: str, to_digits: int, since: str, path: str) -> int | None:
+    """A JSON number or numeric string counting ``unit`` -> ticks of ``10**-to_digits`` s,
+    floored; None when ``v`` is not numeric."""
+    number = None if isinstance(v, bool) else _numeric(v)
+    if number is None:
+        return None
+    if number and number.adjusted() > 40:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: out of range ({unit} since {since})", path)
+    with localcontext() as ctx:
+        ctx.prec = 100
+        return int(number.scaleb(to_digits - _UNIT_DIGITS[unit]).to_integral_value(rounding=ROUND_FLOOR))
+
+
+def _coerce_timestamp(v: object, t: pa.DataType, unit: str, path: str) -> int:
+    name = _type_name(t)
+    digits = _UNIT_DIGITS[t.unit]
+    ticks = _count(v, name, unit, digits, "the epoch", path)
+    if ticks is not None:
+        lo, hi = _ts_bounds(digits)
+        if not lo <= ticks <= hi:
+            raise _Bad(
+                f"cannot coerce {_show(v)} to {name}: {unit} since the epoch is out of range "
+                f"(0001-01-01 to 9999-12-31); is the unit right? set {EPOCH_UNIT} or the "
+                "table's timestamp-unit",
+                path,
+            )
+        return ticks
     match = _TS_RE.fullmatch(v) if isinstance(v, str) else None
     if match is None:
-        raise _Bad(f"cannot coerce {_show(v)} to {name}: expected {_TS_FORMAT}", path)
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: expected {_TS_FORMAT} ({unit})", path)
     year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
     fraction, offset = match.group(7) or "", match.group(8)
     try:
@@ -1007,7 +1520,38 @@ def _coerce_timestamp(v: object, t: pa.DataType, path: str) -> int:
     return value
 
 
-def _coerce_date(v: object, path: str) -> int:
+def _coerce_time(v: object, t: pa.DataType, unit: str, path: str) -> int:
+    name = _type_name(t)
+    digits = _UNIT_DIGITS[t.unit]
+    ticks = _count(v, name, unit, digits, "midnight", path)
+    if ticks is None:
+        match = _TIME_RE.fullmatch(v) if isinstance(v, str) else None
+        if match is None:
+            raise _Bad(f"cannot coerce {_show(v)} to {name}: expected {_TIME_FORMAT} ({unit})", path)
+        hour, minute, second = int(match["h"]), int(match["m"]), int(match["s"])
+        if hour > 23 or minute > 59 or second > 59:
+            raise _Bad(f"cannot coerce {_show(v)} to {name}: time of day out of range", path)
+        fraction = int(((match["f"] or "") + "0" * 9)[:digits] or 0)
+        return ((hour * 60 + minute) * 60 + second) * 10**digits + fraction
+    if not 0 <= ticks < _DAY_SECONDS * 10**digits:
+        raise _Bad(f"cannot coerce {_show(v)} to {name}: {unit} since midnight out of range [0, 1 day)", path)
+    return ticks
+
+
+def _coerce_date(v: object, unit: str | None, path: str) -> int:
+    number = None if isinstance(v, bool) else _numeric(v)
+    if number is not None:
+        if unit is not None:
+            with localcontext() as ctx:
+                ctx.prec = 100
+                number = number.scaleb(-_UNIT_DIGITS[unit]) / _DAY_SECONDS
+        if number != number.to_integral_value():
+            raise _Bad(f"cannot coerce {_show(v)} to date: not a whole day (dates are not truncated)", path)
+        days = int(number)
+        if not _MIN_DAYS <= days <= _MAX_DAYS:
+            since = "days" if unit is None else unit
+            raise _Bad(f"cannot coerce {_show(v)} to date: {since} since the epoch out of range", path)
+        return days
     match = _DATE_RE.fullmatch(v) if isinstance(v, str) else None
     if match is None:
         if isinstance(v, str) and _TS_RE.fullmatch(v):
@@ -1016,7 +1560,7 @@ def _coerce_date(v: object, path: str) -> int:
                 "(timestamps are not truncated to dates)",
                 path,
             )
-        raise _Bad(f"cannot coerce {_show(v)} to date: expected 'YYYY-MM-DD'", path)
+        raise _Bad(f"cannot coerce {_show(v)} to date: expected 'YYYY-MM-DD' or days since the epoch", path)
     try:
         return date(*(int(g) for g in match.groups())).toordinal() - _EPOCH_ORDINAL
     except ValueError as exc:
@@ -1026,14 +1570,15 @@ def _coerce_date(v: object, path: str) -> int:
 class _Oracle:
     """The per-record reference conversion (slow, exact, authoritative)."""
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, unit: EpochUnit) -> None:
         self.schema = schema
+        self.unit = unit
 
     def row(self, value: bytes) -> dict[str, object]:
         doc = _load(value)
         if not isinstance(doc, dict):
             raise _Bad(f"not a JSON object: found {_kind(doc)}", None)
-        return {f.name: _coerce(doc.get(f.name), f.type, f.nullable, f.name) for f in self.schema}
+        return {f.name: _coerce(doc.get(f.name), f, f.name, self.unit) for f in self.schema}
 
 
 # --------------------------------------------------------------------------------------------
@@ -1044,11 +1589,12 @@ class _Oracle:
 class _Decoder:
     """Collects converted pieces, reference-path rows and rejects for one batch."""
 
-    def __init__(self, values: Sequence[bytes], schema: pa.Schema, rejects: list[Reject]) -> None:
+    def __init__(self, values: Sequence[bytes], schema: pa.Schema, rejects: list[Reject], unit: EpochUnit) -> None:
         self.values = values
         self.schema = schema
         self.fields = list(schema)
-        self.oracle = _Oracle(schema)
+        self.unit = unit
+        self.oracle = _Oracle(schema, unit)
         self.plan = _Plan(pa.struct(self.fields))
         self.batches: list[pa.RecordBatch] = []
         self.batch_indices: list[npt.NDArray[np.int64]] = []
@@ -1123,7 +1669,7 @@ class _Decoder:
         start = lo
         for chunk in table.column(0).chunks:
             n = len(chunk)
-            arrays, bad = _convert_children(chunk, self.fields)
+            arrays, bad = _convert_children(chunk, self.fields, self.unit)
             bad = _or(bad, _is_null_mask(chunk))  # the value was JSON null
             indices = run.positions[start : start + n]
             if bad is not None and bad.any():
@@ -1149,8 +1695,8 @@ class _Decoder:
         if self.batches:
             parts.append(pa.Table.from_batches(self.batches, schema=self.schema))
         if self.slow_rows:  # rare: records the bulk path handed over
-            parts.append(pa.Table.from_pylist(self.slow_rows, schema=self.schema))
-        table = pa.concat_tables(parts) if parts else self.schema.empty_table()
+            parts.append(_from_pylist(self.slow_rows, self.schema))
+        table = pa.concat_tables(parts) if parts else pa.Table.from_batches([], schema=self.schema)
         indices = np.concatenate([*self.batch_indices, np.array(self.slow_indices, dtype=np.int64)])
         if self.slow_rows:  # bulk pieces come in input order; slow rows go back between them
             order = np.argsort(indices, kind="stable")
@@ -1158,6 +1704,26 @@ class _Decoder:
                 table = table.take(pa.array(order))
                 indices = indices[order]
         return Converted(table, pa.array(indices, type=pa.int64()), rejects)
+
+
+def _from_pylist(rows: list[dict[str, object]], schema: pa.Schema) -> pa.Table:
+    """Rows of the reference path as a table (pyarrow cannot build nested uuid columns directly)."""
+    storage = pa.schema([_storage_field(f) for f in schema], metadata=schema.metadata)
+    if storage.equals(schema, check_metadata=True):
+        return pa.Table.from_pylist(rows, schema=schema)
+    return pa.Table.from_pylist(rows, schema=storage).cast(schema)
+
+
+def _storage_field(f: pa.Field) -> pa.Field:
+    t = f.type
+    if isinstance(t, pa.BaseExtensionType):
+        return f.with_type(t.storage_type)
+    if pa.types.is_struct(t):
+        return f.with_type(pa.struct([_storage_field(c) for c in t]))
+    if _is_list(t):
+        element = _storage_field(t.value_field)
+        return f.with_type(pa.large_list(element) if pa.types.is_large_list(t) else pa.list_(element))
+    return f
 
 
 def _batch(arrays: list[pa.Array], schema: pa.Schema, rows: int) -> pa.RecordBatch:
@@ -1290,3 +1856,50 @@ def _infer(run: _Run | None, values: Sequence[bytes]) -> pa.Schema:
         return pa.schema([])
     found = _finish(_Inference(values).scan(run, 0, run.size, threaded=True))
     return pa.schema(list(found)) if pa.types.is_struct(found) else pa.schema([])
+
+
+def _dotted(path: Path) -> str:
+    return "".join(p if p == "[]" else ("." + p if i else p) for i, p in enumerate(path))
+
+
+def _timestamp_columns(schema: pa.Schema, values: Sequence[bytes], pattern: re.Pattern[str]) -> pa.Schema:
+    """``schema`` with string and integer fields whose dotted path matches ``pattern`` as timestamps."""
+    chosen: dict[Path, pa.DataType] = {}
+    strings: list[Path] = []
+    for path, f in _leaves(pa.struct(list(schema))):
+        if not pattern.fullmatch(_dotted(path)):
+            continue
+        if pa.types.is_integer(f.type):
+            chosen[path] = pa.timestamp("us", tz="UTC")
+        elif _is_string(f.type):
+            strings.append(path)
+    if strings:
+        decoded = decode_json(values, schema).table
+        for path in strings:
+            column = _column_at(decoded, path)
+            zoned = pc.any(pc.match_substring_regex(column, _TS_OFFSET_PATTERN)).as_py()
+            chosen[path] = pa.timestamp("us", tz="UTC") if zoned else pa.timestamp("us")
+    if not chosen:
+        return schema
+
+    def build(f: pa.Field, path: Path) -> pa.Field:
+        t = f.type
+        if path in chosen:
+            return f.with_type(chosen[path])
+        if pa.types.is_struct(t):
+            return f.with_type(pa.struct([build(c, (*path, c.name)) for c in t]))
+        if _is_list(t):
+            return f.with_type(pa.list_(build(t.value_field, (*path, "[]"))))
+        return f
+
+    return pa.schema([build(f, (f.name,)) for f in schema], metadata=schema.metadata)
+
+
+def _column_at(table: pa.Table, path: Path) -> pa.Array:
+    """The leaf values at ``path`` (struct fields, ``[]`` list elements) as one array."""
+    arr: pa.Array = table.column(path[0]).combine_chunks() if table.num_rows else pa.array([], pa.string())
+    for part in path[1:]:
+        if not table.num_rows:
+            break
+        arr = arr.flatten() if part == "[]" else pc.struct_field(arr, part)
+    return arr

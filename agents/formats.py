@@ -625,10 +625,13 @@ class RecordFormat:
         self.plain = not self.envelope and not self.extras.names()
         self._envelopes = _Envelopes()
 
-    def table_schema(self, values: Sequence[bytes | None]) -> pa.Schema | Schema | None:
-        """The schema of an auto-created table for these records (None: no record tells it)."""
+    def table_schema(
+        self, values: Sequence[bytes | None], *, timestamp_fields: str | None = None
+    ) -> pa.Schema | Schema | None:
+        """The schema of an auto-created table for these records (None: no record tells it).
+        ``timestamp_fields``: a regex of JSON string fields to create as timestamps."""
         if self.plain:
-            return infer_schema(values)
+            return infer_schema(values, timestamp_fields=timestamp_fields)
         if self.envelope:
             schema = None
             for value in values:
@@ -643,18 +646,20 @@ class RecordFormat:
             if schema is None:
                 return None
         else:
-            schema = iceberg_schema(infer_schema(values))
+            schema = iceberg_schema(infer_schema(values, timestamp_fields=timestamp_fields))
         decode_json([], schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
         schema = assign_fresh_schema_ids(Schema(*schema.fields, *self.extras.iceberg_fields()))
         spark_schema(schema)  # likewise for types Spark cannot write (time, uuid)
         return schema
 
-    def convert(self, messages: Sequence[Any], values: Sequence[bytes], target: pa.Schema | None) -> Converted:
+    def convert(
+        self, messages: Sequence[Any], values: Sequence[bytes], target: pa.Schema | None, *, epoch_unit: str = "ms"
+    ) -> Converted:
         """Rows of ``target`` (a table's Arrow schema) for ``messages``; the rest are rejects.
         ``target`` None: the table does not exist and no record could create it."""
         if self.plain:
             assert target is not None
-            return decode_json(values, target)
+            return decode_json(values, target, epoch_unit=epoch_unit)
         extra = self.extras.names()
         value_schema = pa.schema([f for f in target if f.name not in extra]) if target is not None else None
         if self.envelope:
@@ -662,7 +667,7 @@ class RecordFormat:
             converted = self._decode_envelopes(raw, value_schema)
         else:
             assert value_schema is not None
-            converted = decode_json(values, value_schema)
+            converted = decode_json(values, value_schema, epoch_unit=epoch_unit)
         if target is None:
             return converted
         columns, key_rejects = self.extras.columns(messages, target)

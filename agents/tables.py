@@ -2,6 +2,13 @@
 
 When a table exists its schema is the truth and records are coerced to it. Auto-created
 tables take the schema inferred from the first batch and the configured partition spec.
+
+How a column's JSON values are encoded can be stated in table properties, which become
+field metadata of the target's Arrow schema (see agents/convert.py):
+``icesink.epoch-unit.<dotted column>`` = ``s`` | ``ms`` | ``us`` | ``ns`` for a timestamp, date or
+time column whose numbers count another unit than ``iceberg.tables.timestamp-unit``;
+``icesink.decimal-encoding.<dotted column>`` = ``connect-bytes`` for a decimal column that
+receives Kafka Connect Decimal bytes.
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 from pyiceberg.table.name_mapping import create_mapping_from_schema
 
+from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_field_metadata
 from icesink.config import Settings
-from icesink.errors import ConfigError
+from icesink.errors import ConfigError, UnsupportedTypeError
 from icesink.iceberg import split_name
 from spark_bridge.partitioning import build_partition_spec, parse_partition_by
 
@@ -34,7 +42,29 @@ class Target:
 
 
 def target_of(name: str, table: Table) -> Target:
-    return Target(name, table, schema_to_pyarrow(table.schema()))
+    return Target(name, table, _with_column_metadata(name, schema_to_pyarrow(table.schema()), table.properties))
+
+
+def _with_column_metadata(name: str, schema: pa.Schema, properties: dict[str, str]) -> pa.Schema:
+    """``schema`` with the field metadata of table properties ``icesink.<key>.<column>``."""
+    metadata: dict[str, dict[str, str]] = {}
+    for key in (EPOCH_UNIT, DECIMAL_ENCODING):
+        for prop, value in properties.items():
+            if prop.startswith(f"{key}."):
+                metadata.setdefault(prop[len(key) + 1 :], {})[key] = value
+    if not metadata:
+        return schema
+    try:
+        out = with_field_metadata(schema, metadata)
+    except KeyError as exc:
+        raise ConfigError(
+            f"table {name} properties icesink.*", sorted(metadata), f"columns of {name} ({exc.args[0]})"
+        ) from None
+    try:
+        check_schema(out)
+    except UnsupportedTypeError as exc:
+        raise ConfigError(f"table {name} properties icesink.* of column {exc.field}", None, str(exc)) from None
+    return out
 
 
 def load_target(catalog: Catalog, name: str) -> Target | None:

@@ -462,7 +462,8 @@ class Worker:
             if self.debezium is not None and target is not None:
                 converted = self.debezium.apply(subset, [m.offset for m in sub_messages], target.arrow_schema)
             else:
-                converted = self.format.convert(sub_messages, subset, target.arrow_schema if target else None)
+                converted = self.format.convert(sub_messages, subset, target.arrow_schema if target else None,
+                                                epoch_unit=self.settings.timestamp_unit_of(name))
             if converted.rejects:
                 in_values = converted.rejects if whole else [
                     dataclasses.replace(r, index=int(idx[r.index])) for r in converted.rejects]
@@ -487,7 +488,7 @@ class Worker:
             if self.debezium is not None:
                 inferred = self.debezium.infer_schema(values)
             else:
-                inferred = self.format.table_schema(values)
+                inferred = self.format.table_schema(values, timestamp_fields=self.settings.timestamp_fields_of(name))
             if inferred is None:
                 return None
             target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)

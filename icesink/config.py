@@ -50,8 +50,10 @@ ACCEPTED_IGNORED = {
 
 _PREFIX_CATALOG = "iceberg.catalog."
 # Per-table keys iceberg.table.<table>.<prop>: prop -> the map field holding table -> value.
-_TABLE_PROPS = ("partition-by", "route-regex")
+_TABLE_PROPS = ("partition-by", "route-regex", "timestamp-unit", "timestamp-fields")
 _TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>" + "|".join(_TABLE_PROPS) + ")$")
+#: Units of JSON numbers in timestamp and time columns (agents.convert.EPOCH_UNITS).
+TIMESTAMP_UNITS = ("s", "ms", "us", "ns")
 
 
 class Settings(BaseSettings):
@@ -74,6 +76,14 @@ class Settings(BaseSettings):
     route_field: str | None = Field(None, alias="iceberg.tables.route-field")
     table_route_regex: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.route-regex")
     dynamic_tables: bool = Field(False, alias="iceberg.tables.dynamic-enabled")
+    timestamp_unit: str = Field("ms", alias="iceberg.tables.timestamp-unit")
+    table_timestamp_unit: dict[str, str] = Field(
+        default_factory=dict, alias="iceberg.table.<table>.timestamp-unit"
+    )
+    timestamp_fields: str | None = Field(None, alias="iceberg.tables.timestamp-fields")
+    table_timestamp_fields: dict[str, str] = Field(
+        default_factory=dict, alias="iceberg.table.<table>.timestamp-fields"
+    )
     control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
@@ -208,12 +218,32 @@ class Settings(BaseSettings):
                 re.compile(pattern)
             except re.error as exc:
                 raise ConfigError(f"iceberg.table.{table}.route-regex", pattern, f"a valid regular expression ({exc})") from None
-        for table in self.table_partition_by:
-            if table not in self.tables and not self.dynamic_tables:
-                raise ConfigError(
-                    f"iceberg.table.{table}.partition-by", table,
-                    f"a table listed in iceberg.tables {list(self.tables)}",
-                )
+        for prop, per_table in (
+            ("partition-by", self.table_partition_by),
+            ("timestamp-unit", self.table_timestamp_unit),
+            ("timestamp-fields", self.table_timestamp_fields),
+        ):
+            for table in per_table:
+                if table not in self.tables and not self.dynamic_tables:
+                    raise ConfigError(
+                        f"iceberg.table.{table}.{prop}", table,
+                        f"a table listed in iceberg.tables {list(self.tables)}",
+                    )
+        units = {"iceberg.tables.timestamp-unit": self.timestamp_unit} | {
+            f"iceberg.table.{t}.timestamp-unit": u for t, u in self.table_timestamp_unit.items()
+        }
+        for key, unit in units.items():
+            if unit not in TIMESTAMP_UNITS:
+                raise ConfigError(key, unit, f"one of {', '.join(TIMESTAMP_UNITS)} (the unit of epoch numbers)")
+        patterns = {"iceberg.tables.timestamp-fields": self.timestamp_fields} | {
+            f"iceberg.table.{t}.timestamp-fields": p for t, p in self.table_timestamp_fields.items()
+        }
+        for key, pattern in patterns.items():
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ConfigError(key, pattern, f"a regular expression over dotted field names ({exc})") from None
         for table in self.tables:
             if "." not in table:
                 raise ConfigError("iceberg.tables", table, "namespace.table names, e.g. rpc.pizzas")
@@ -276,6 +306,15 @@ class Settings(BaseSettings):
 
     def partition_by(self, table: str) -> str | None:
         return self.table_partition_by.get(table, self.default_partition_by)
+
+    def timestamp_unit_of(self, table: str) -> Literal["s", "ms", "us", "ns"]:
+        """The unit of epoch numbers in ``table``'s timestamp and time columns."""
+        return self.table_timestamp_unit.get(table, self.timestamp_unit)  # type: ignore[return-value]
+
+    def timestamp_fields_of(self, table: str) -> re.Pattern[str] | None:
+        """Fields that auto-create makes timestamp columns (dotted names, full match)."""
+        pattern = self.table_timestamp_fields.get(table, self.timestamp_fields)
+        return None if pattern is None else re.compile(pattern)
 
     def kafka_client_kwargs(self) -> dict[str, Any]:
         """Security settings for aiokafka clients (producer, consumer, admin)."""

@@ -35,6 +35,7 @@ from pyiceberg.types import (
     StructType,
     TimestampType,
     TimestamptzType,
+    TimeType,
 )
 from pyspark.sql import types as st
 
@@ -55,7 +56,7 @@ def _unsupported(column: str, iceberg_type: IcebergType) -> UnsupportedTypeError
     """A table column has an Iceberg type that Spark's Parquet writer cannot write."""
     return UnsupportedTypeError(
         column, iceberg_type, "Spark cannot write Iceberg type",
-        "boolean, int, long, float, double, decimal, string, binary, date, timestamp, "
+        "boolean, int, long, float, double, decimal, string, binary, date, time, timestamp, "
         "timestamptz, struct, list or map",
         "change the column type or write this table without Spark",
     )
@@ -72,6 +73,7 @@ _PRIMITIVES: dict[type[IcebergType], st.DataType] = {
     DateType: st.DateType(),
     TimestampType: st.TimestampNTZType(),
     TimestamptzType: st.TimestampType(),
+    TimeType: st.TimeType(6),  # needs spark.sql.timeType.enabled (Spark 4.1+)
 }
 
 
@@ -93,7 +95,7 @@ def _spark_type(iceberg_type: IcebergType, path: str, ids: bool) -> st.DataType:
         return st.DecimalType(iceberg_type.precision, iceberg_type.scale)
     spark_type = _PRIMITIVES.get(type(iceberg_type))
     if spark_type is None:
-        # uuid, time, fixed, timestamp_ns, timestamptz_ns, unknown, variant, geometry...
+        # uuid, fixed, timestamp_ns, timestamptz_ns, unknown, variant, geometry...
         raise _unsupported(path, iceberg_type)
     return spark_type
 
@@ -113,7 +115,7 @@ def spark_schema(schema: Schema, *, field_ids: bool = True) -> st.StructType:
 
     ``field_ids=False`` leaves them out (files then need the table's name mapping).
     Raises :class:`UnsupportedTypeError` naming the column for types Spark cannot write
-    (uuid, time, fixed, nanosecond timestamps, ...).
+    (uuid, fixed, nanosecond timestamps, ...).
     """
     return st.StructType([_spark_field(f, None, field_ids) for f in schema.fields])
 

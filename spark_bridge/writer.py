@@ -85,6 +85,9 @@ _LOCAL_CONF: dict[str, str] = {
     # exit instead, so the write fails (SparkWriteError) and the owner restarts the process.
     "spark.driver.extraJavaOptions": "-XX:+ExitOnOutOfMemoryError",
     "spark.ui.enabled": "false",
+    # Iceberg time columns: Spark 4.1+ writes TIME as Parquet TIME(MICROS) once enabled. Not
+    # forced on Spark Connect servers, which may be older (a time column then fails to write).
+    "spark.sql.timeType.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
 }
