@@ -94,6 +94,7 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
             "value.converter.schemas.enable": "true",
             "iceberg.tables.key-column": "_key",
             "iceberg.tables.kafka-metadata-enabled": "true",
+            "errors.tolerance": "all",  # bad records to the local dead-letter file
         },
     )
     replicas = ReplicaSet(cfg, tmp_path / "logs")
