@@ -38,12 +38,12 @@ ACCEPTED_IGNORED = {
     "connector.class": "icesink is not a Kafka Connect plugin; the key is ignored",
     "tasks.max": "parallelism comes from worker replicas (processes), not tasks",
     "name": "the sink group is named by group.id",
-    "iceberg.tables.evolve-schema-enabled": "schema evolution is not implemented yet; the table schema is the truth",
 }
 
 _PREFIX_CATALOG = "iceberg.catalog."
+_PREFIX_CREATE_PROPS = "iceberg.tables.auto-create-props."
 # Per-table keys iceberg.table.<table>.<prop>: prop -> the map field holding table -> value.
-_TABLE_PROPS = ("partition-by", "route-regex")
+_TABLE_PROPS = ("partition-by", "route-regex", "id-columns")
 _TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>" + "|".join(_TABLE_PROPS) + ")$")
 
 
@@ -67,6 +67,13 @@ class Settings(BaseSettings):
     route_field: str | None = Field(None, alias="iceberg.tables.route-field")
     table_route_regex: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.route-regex")
     dynamic_tables: bool = Field(False, alias="iceberg.tables.dynamic-enabled")
+    # Schema evolution and auto-create (reference keys; agents/evolution.py, agents/tables.py).
+    evolve_schema: bool = Field(False, alias="iceberg.tables.evolve-schema-enabled")
+    schema_force_optional: bool = Field(False, alias="iceberg.tables.schema-force-optional")
+    schema_case_insensitive: bool = Field(False, alias="iceberg.tables.schema-case-insensitive")
+    auto_create_props: dict[str, str] = Field(default_factory=dict, alias="iceberg.tables.auto-create-props.*")
+    default_id_columns: str | None = Field(None, alias="iceberg.tables.default-id-columns")
+    table_id_columns: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.id-columns")
     control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
@@ -177,12 +184,13 @@ class Settings(BaseSettings):
                 re.compile(pattern)
             except re.error as exc:
                 raise ConfigError(f"iceberg.table.{table}.route-regex", pattern, f"a valid regular expression ({exc})") from None
-        for table in self.table_partition_by:
-            if table not in self.tables and not self.dynamic_tables:
-                raise ConfigError(
-                    f"iceberg.table.{table}.partition-by", table,
-                    f"a table listed in iceberg.tables {list(self.tables)}",
-                )
+        for prop, per_table in (("partition-by", self.table_partition_by), ("id-columns", self.table_id_columns)):
+            for table in per_table:
+                if table not in self.tables and not self.dynamic_tables:
+                    raise ConfigError(
+                        f"iceberg.table.{table}.{prop}", table,
+                        f"a table listed in iceberg.tables {list(self.tables)}",
+                    )
         for table in self.tables:
             if "." not in table:
                 raise ConfigError("iceberg.tables", table, "namespace.table names, e.g. rpc.pizzas")
@@ -207,6 +215,14 @@ class Settings(BaseSettings):
 
     def partition_by(self, table: str) -> str | None:
         return self.table_partition_by.get(table, self.default_partition_by)
+
+    def id_columns(self, table: str) -> tuple[str, ...]:
+        """Identifier fields of ``table`` when auto-created (comma-separated column names)."""
+        raw = self.table_id_columns.get(table, self.default_id_columns) or ""
+        return tuple(c.strip() for c in raw.split(",") if c.strip())
+
+    def id_columns_key(self, table: str) -> str:
+        return f"iceberg.table.{table}.id-columns" if table in self.table_id_columns else "iceberg.tables.default-id-columns"
 
     def kafka_client_kwargs(self) -> dict[str, Any]:
         """Security settings for aiokafka clients (producer, consumer, admin)."""
@@ -303,6 +319,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
     """Sort flat keys into fields and maps, warn on unknown keys, validate."""
     fields: dict[str, Any] = {}
     catalog: dict[str, str] = {}
+    create_props: dict[str, str] = {}
     spark: dict[str, str] = {}
     per_table: dict[str, dict[str, str]] = {prop: {} for prop in _TABLE_PROPS}
     unknown: list[str] = []
@@ -313,6 +330,8 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
             log.info("setting %s accepted: %s", key, ACCEPTED_IGNORED[key])
         elif key.startswith(_PREFIX_CATALOG):
             catalog[key[len(_PREFIX_CATALOG):]] = str(value)
+        elif key.startswith(_PREFIX_CREATE_PROPS):
+            create_props[key[len(_PREFIX_CREATE_PROPS):]] = str(value)
         elif key.startswith("spark."):
             spark[key] = str(value)
         elif (m := _TABLE_KEY.match(key)) is not None:
@@ -325,6 +344,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
         log.warning("unknown settings ignored: %s", ", ".join(sorted(unknown)))
     fields["iceberg.catalog.*"] = catalog
     fields["spark.*"] = spark
+    fields["iceberg.tables.auto-create-props.*"] = create_props
     for prop, values in per_table.items():
         fields[f"iceberg.table.<table>.{prop}"] = values
     try:

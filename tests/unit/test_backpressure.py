@@ -10,6 +10,7 @@ from faust.types import TP
 
 from agents import worker as worker_module
 from agents.buffer import Buffers
+from agents.routing import Router
 from agents.tables import Target
 from agents.worker import Worker
 from icesink.events import CommitRequest, TopicPartition
@@ -52,7 +53,9 @@ class Producer:
 def make_worker(max_bytes: int) -> Worker:
     w = Worker.__new__(Worker)
     w.worker_id = "w1"
-    w.settings = SimpleNamespace(tables=(TABLE,))
+    w.settings = SimpleNamespace(tables=(TABLE,), route_field=None, dynamic_tables=False, table_route_regex={})
+    w.router = Router(w.settings)
+    w.evolver = None
     w.metrics = Metrics()
     w.buffers = Buffers(max_bytes)
     w.targets = {TABLE: Target(TABLE, None, pa.schema([("id", pa.int64())]))}
