@@ -9,6 +9,7 @@ transaction markers), never when it is a stale prefetch from before a seek.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,12 +83,14 @@ class Snapshot:
     ranges: tuple[OffsetRange, ...]
     chunks: list[Chunk]
 
-    def tables(self) -> dict[str, pa.Table]:
+    def tables(self, cast: Callable[[str, pa.Table], pa.Table] | None = None) -> dict[str, pa.Table]:
+        """Rows per table; ``cast(table, rows)`` first brings each chunk to the table's schema
+        (chunks decoded against an evolved schema differ from it)."""
         parts: dict[str, list[pa.Table]] = {}
         for c in self.chunks:
             for name, t in c.tables.items():
                 if t.num_rows:
-                    parts.setdefault(name, []).append(t)
+                    parts.setdefault(name, []).append(cast(name, t) if cast is not None else t)
         return {name: pa.concat_tables(ts) for name, ts in parts.items()}
 
     @property
@@ -153,19 +156,28 @@ class Buffers:
         self.nbytes += chunk.nbytes
         self.rows += chunk.rows
 
-    def take(self, generation: int) -> Snapshot:
+    def take(self, generation: int, ready: Callable[[Chunk], bool] | None = None) -> Snapshot:
         """Everything buffered for active partitions, with one range per active partition
-        (empty ranges for idle ones, so they never stall a round)."""
+        (empty ranges for idle ones, so they never stall a round).
+
+        With ``ready``, a partition's range stops before its first chunk that is not ready
+        (data whose table schema change is not applied yet): that chunk and the ones after it
+        stay buffered, so ranges stay contiguous."""
         ranges = []
         chunks: list[Chunk] = []
         for tp in sorted(self.partitions):
             st = self.partitions[tp]
             if not st.active or st.generation != generation:
                 continue
-            ranges.append(OffsetRange(tp, st.range_start, st.next_offset))
-            chunks.extend(st.chunks)
-            st.chunks = []
-            st.range_start = st.next_offset
+            n = len(st.chunks)
+            if ready is not None:
+                n = next((i for i, c in enumerate(st.chunks) if not ready(c)), n)
+            end = st.chunks[n - 1].end if n < len(st.chunks) and n else (
+                st.range_start if n < len(st.chunks) else st.next_offset)
+            ranges.append(OffsetRange(tp, st.range_start, end))
+            chunks.extend(st.chunks[:n])
+            st.chunks = st.chunks[n:]
+            st.range_start = end
         for c in chunks:
             self.nbytes -= c.nbytes
             self.rows -= c.rows

@@ -24,6 +24,7 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 from pyiceberg.table.name_mapping import create_mapping_from_schema
+from pyiceberg.types import DoubleType, FloatType, ListType, NestedField, PrimitiveType, StructType
 
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_field_metadata
 from icesink.config import Settings
@@ -87,6 +88,9 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
     except NamespaceAlreadyExistsError:
         pass
     schema = iceberg_schema(inferred)
+    schema = with_identifier_fields(schema, settings.id_columns(name), settings.id_columns_key(name), name)
+    if settings.schema_force_optional:
+        schema = _all_optional(schema)
     exprs = parse_partition_by(settings.partition_by(name) or "")
     try:
         spec = build_partition_spec(exprs, schema) if exprs else UNPARTITIONED_PARTITION_SPEC
@@ -99,7 +103,8 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
             "create the table yourself for other types)",
         ) from None
     try:
-        table = catalog.create_table(name, schema=schema, partition_spec=spec)
+        table = catalog.create_table(
+            name, schema=schema, partition_spec=spec, properties=dict(settings.auto_create_props))
         log.info("created table %s with schema %s and partition spec %s", name, table.schema(), table.spec())
     except TableAlreadyExistsError:
         table = catalog.load_table(name)
@@ -114,6 +119,63 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
             log.debug("name mapping not set on %s: %s", name, exc)
             table = catalog.load_table(name)
     return target_of(name, catalog.load_table(name))
+
+
+def with_identifier_fields(schema: Schema, columns: tuple[str, ...], key: str, table: str) -> Schema:
+    """``schema`` with ``columns`` (dotted paths for nested struct fields) as identifier fields,
+    which Iceberg requires to be required primitive columns that are not float or double."""
+    if not columns:
+        return schema
+    ids = []
+    for column in columns:
+        try:
+            f = schema.find_field(column)
+        except ValueError:
+            raise ConfigError(
+                key, ",".join(columns),
+                f"columns of {table} (the first records have {', '.join(n.name for n in schema.fields)}; "
+                f"{column!r} is not among them)",
+            ) from None
+        if not isinstance(f.field_type, PrimitiveType) or isinstance(f.field_type, (FloatType, DoubleType)):
+            raise ConfigError(key, ",".join(columns), f"primitive, non-floating columns ({column} is {f.field_type})")
+        ids.append(f.field_id)
+    required = set(ids)
+    for column in columns:  # a nested identifier field needs required parents too
+        parts = column.split(".")
+        required.update(schema.find_field(".".join(parts[:i])).field_id for i in range(1, len(parts)))
+    return Schema(*_required(schema.fields, required), identifier_field_ids=ids)
+
+
+def _required(fields: tuple[NestedField, ...], ids: set[int]) -> list[NestedField]:
+    out = []
+    for f in fields:
+        t = f.field_type
+        if isinstance(t, StructType):
+            t = StructType(*_required(t.fields, ids))
+        out.append(NestedField(f.field_id, f.name, t, required=f.required or f.field_id in ids, doc=f.doc))
+    return out
+
+
+def _all_optional(schema: Schema) -> Schema:
+    """schema-force-optional: every column optional but the identifier fields (and their parents)."""
+    keep = set(schema.identifier_field_ids)
+
+    def walk(fields: tuple[NestedField, ...]) -> tuple[list[NestedField], bool]:
+        out, any_kept = [], False
+        for f in fields:
+            t, inner = f.field_type, False
+            if isinstance(t, StructType):
+                children, inner = walk(t.fields)
+                t = StructType(*children)
+            elif isinstance(t, ListType):
+                t = ListType(t.element_id, t.element_type, element_required=False)
+            kept = f.field_id in keep or inner
+            any_kept = any_kept or kept
+            out.append(NestedField(f.field_id, f.name, t, required=f.required and kept, doc=f.doc))
+        return out, any_kept
+
+    return Schema(*walk(schema.fields)[0], identifier_field_ids=list(schema.identifier_field_ids))
+
 
 
 def iceberg_schema(schema: pa.Schema | Schema) -> Schema:

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import faust
 import numpy as np
@@ -28,9 +28,10 @@ import pyarrow as pa
 from faust.types import TP
 
 from agents.buffer import Buffers, Chunk, PartitionState
-from agents.convert import Reject
+from agents.convert import Converted, Reject
 from agents.deadletter import DeadLetters, DeadLetterSendError, screen
 from agents.debezium import DebeziumTransform
+from agents.evolution import Evolver, identifier_paths
 from agents.formats import RecordFormat
 from agents.routing import Router, Routes
 from agents.tables import Target, create_target, load_target
@@ -48,6 +49,7 @@ from icesink.events import (
     Rewind,
     StartCommit,
     CommitRequest,
+    SchemaProposal,
     TopicPartition,
 )
 from icesink.iceberg import load_catalog, to_file_info
@@ -81,6 +83,9 @@ class Worker:
         self.router = Router(settings)
         pattern = settings.debezium_target_pattern
         self.debezium = None if pattern is None else DebeziumTransform(pattern, settings.value_converter_schemas_enable)
+        self.evolver = Evolver(
+            self.worker_id, evolve=settings.evolve_schema, case_insensitive=settings.schema_case_insensitive,
+        ) if settings.evolve_schema or settings.schema_case_insensitive else None
         self.spark = SparkFileWriter(SparkSettings(
             master=settings.spark_master,
             remote=settings.spark_remote,
@@ -459,11 +464,7 @@ class Worker:
             subset = values if whole else [values[i] for i in idx]
             target = self.targets.get(name) or await self._target(name, subset)
             sub_messages = [messages[screened.positions[i]] for i in idx]
-            if self.debezium is not None and target is not None:
-                converted = self.debezium.apply(subset, [m.offset for m in sub_messages], target.arrow_schema)
-            else:
-                converted = self.format.convert(sub_messages, subset, target.arrow_schema if target else None,
-                                                epoch_unit=self.settings.timestamp_unit_of(name))
+            converted = await self._decode(name, target, subset, sub_messages)
             if converted.rejects:
                 in_values = converted.rejects if whole else [
                     dataclasses.replace(r, index=int(idx[r.index])) for r in converted.rejects]
@@ -479,6 +480,44 @@ class Worker:
         last = messages[-1]
         ts = int(last.timestamp * 1000) if last.timestamp else None
         self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
+
+    async def _decode(self, name: str, target: Target | None, values: list[bytes], messages: list[Any]) -> Converted:
+        """Decode against the table's schema (through the Debezium transform or the record
+        format), or with evolution against what the data needs (agents/evolution.py, plain JSON
+        values), proposing schema changes to the coordinator."""
+        if self.debezium is not None and target is not None:
+            return self.debezium.apply(values, [m.offset for m in messages], target.arrow_schema)
+        if self.evolver is None or target is None:
+            return self.format.convert(messages, values, target.arrow_schema if target else None,
+                                       epoch_unit=self.settings.timestamp_unit_of(name))
+        out = self.evolver.decode(name, target.arrow_schema, values, identifier_paths(target.table))
+        if out.proposal is not None:
+            await self._propose(out.proposal)
+        return out.converted
+
+    async def _propose(self, proposal: SchemaProposal) -> None:
+        try:
+            await self.producer.send(proposal)
+            self.metrics.schema_proposals.labels(table=proposal.table).inc()
+        except Exception as exc:  # re-sent at the next round while the data waits for it
+            log.warning("schema proposal for %s not sent (%s); retried at the next round", proposal.table, exc)
+
+    async def _evolution_ready(self) -> Callable[[Chunk], bool] | None:
+        """At a round: reload the tables buffered data was decoded for with an evolved schema
+        (the coordinator applied the proposals before this round); a chunk is ready when its
+        tables can hold it. Data not ready waits; its proposal is sent again."""
+        if self.evolver is None:
+            return None
+        for name in self.evolver.tables_to_reload(self.buffers, self.targets):
+            target = await self.offload.run(load_target, self.catalog, name)
+            if target is not None:
+                self.targets[name] = target
+                self.evolver.refreshed(name, target.arrow_schema)
+        for name in list(self.evolver.schemas):
+            proposal = self.evolver.pending_proposal(name, self.targets[name].arrow_schema)
+            if proposal is not None:
+                await self._propose(proposal)
+        return self.evolver.ready(self.targets)
 
     async def _target(self, name: str, values: list[bytes]) -> Target | None:
         """The table ``name``: loaded if it exists (a dynamic route to an existing table), else
@@ -559,7 +598,7 @@ class Worker:
             # Mid-rebalance: answer once the new assignment is settled, never skip a round.
             await self._rebalanced.wait()
             await self._spark_ready
-            snap = self.buffers.take(self.generation)
+            snap = self.buffers.take(self.generation, await self._evolution_ready())
             if not snap.ranges:
                 return
             try:  # at-least-once: dead letters are acknowledged before their offsets are reported
@@ -575,7 +614,8 @@ class Worker:
             if should_crash(self.settings, "worker.during-write"):
                 asyncio.get_running_loop().call_later(0.5, die, "worker.during-write")
             try:
-                for name, data in snap.tables().items():
+                cast = self.evolver.conformer(self.targets) if self.evolver is not None else None
+                for name, data in snap.tables(cast).items():
                     self._seq += 1
                     prefix = f"{commit_id[:8]}-{self.worker_id}-{self._seq}"
                     files = await self.offload.run(

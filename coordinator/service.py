@@ -20,6 +20,7 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.io import load_file_io
 
 from coordinator.committer import TableCommit, commit_table
+from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.state import Accepted, CoordinatorState, checkpoint_event
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 RETRY_BASE_S = 0.5
 RETRY_CAP_S = 30.0
+SCHEMA_ATTEMPTS = 3  # per round; then the proposals wait for the next round
 
 
 class Coordinator:
@@ -226,7 +228,34 @@ class Coordinator:
         self._round_deadline = now + self.settings.commit_timeout_ms / 1000
         self._next_round_at = now + self.settings.commit_interval_ms / 1000
         self.metrics.rounds_started.inc()
+        await self._evolve_schemas()  # before StartCommit: workers reload tables at it
         await self.producer.send(StartCommit(self.epoch, commit_id))
+
+    async def _evolve_schemas(self) -> None:
+        """One schema update per table with pending proposals (agents/evolution.py)."""
+        for table, proposals in self.state.take_proposals().items():
+            for attempt in range(1, SCHEMA_ATTEMPTS + 1):
+                try:
+                    done = await self.offload.run(
+                        apply_proposals, self.catalog, table, proposals,
+                        case_insensitive=self.settings.schema_case_insensitive, group=self.group, epoch=self.epoch,
+                    )
+                except FencedError:
+                    self.status["phase"] = "fenced"
+                    raise
+                except Exception as exc:  # conflict, catalog down: retried, then next round
+                    self.metrics.schema_change_failures.labels(table=table).inc()
+                    log.warning("schema update of %s failed (attempt %d/%d, %s: %s)",
+                                table, attempt, SCHEMA_ATTEMPTS, type(exc).__name__, exc)
+                    if attempt == SCHEMA_ATTEMPTS:
+                        self.state.return_proposals(table, proposals)
+                    else:
+                        await asyncio.sleep(RETRY_BASE_S * 2 ** attempt)
+                    continue
+                if done:
+                    self.metrics.schema_changes.labels(table=table).inc()
+                    log.info("schema of %s evolved (%d proposals): %s", table, len(proposals), describe_changes(done))
+                break
 
     async def _maybe_close_round(self) -> None:
         if self._round_sent is None or self._commit_task is not None:

@@ -26,6 +26,7 @@ from icesink.events import (
     Position,
     Resume,
     Rewind,
+    SchemaProposal,
     StartCommit,
     TopicPartition,
 )
@@ -104,6 +105,8 @@ class CoordinatorState:
     rejected: list[Rejected] = field(default_factory=list)
     # Files of responses that can never complete: safe to delete (see _expire_partials).
     orphans: list[FileInfo] = field(default_factory=list)
+    # Schema evolution: the newest proposal of each worker, per table, until applied.
+    proposals: dict[str, dict[str, SchemaProposal]] = field(default_factory=dict)
 
     @classmethod
     def from_checkpoint(cls, cp: CommitComplete) -> "CoordinatorState":
@@ -158,6 +161,8 @@ class CoordinatorState:
                     self.log_epoch = event.epoch
             case CommitRequest():
                 self.commit_requested = True
+            case SchemaProposal():
+                self.proposals.setdefault(event.table, {})[event.worker] = event
             case _:
                 assert_never(event)
 
@@ -235,6 +240,18 @@ class CoordinatorState:
         known = [Position(tp, self.accepted[tp]) for tp in claim.partitions if tp in self.accepted]
         unknown = [tp for tp in claim.partitions if tp not in self.accepted]
         return known, unknown
+
+    def take_proposals(self) -> dict[str, list[SchemaProposal]]:
+        """Pending schema proposals per table, in log order of their workers' newest."""
+        out = {table: list(by_worker.values()) for table, by_worker in self.proposals.items()}
+        self.proposals = {}
+        return out
+
+    def return_proposals(self, table: str, proposals: list[SchemaProposal]) -> None:
+        """Proposals not applied (the update failed): pending again, before newer ones (log order);
+        a worker's newer proposal replaces its returned one."""
+        newer = self.proposals.get(table, {})
+        self.proposals[table] = {p.worker: p for p in proposals if p.worker not in newer} | newer
 
     def take_rejected(self) -> list[Rejected]:
         out, self.rejected = self.rejected, []

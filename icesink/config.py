@@ -45,12 +45,12 @@ ACCEPTED_IGNORED = {
     "connector.class": "icesink is not a Kafka Connect plugin; the key is ignored",
     "tasks.max": "parallelism comes from worker replicas (processes), not tasks",
     "name": "the sink group is named by group.id",
-    "iceberg.tables.evolve-schema-enabled": "schema evolution is not implemented yet; the table schema is the truth",
 }
 
 _PREFIX_CATALOG = "iceberg.catalog."
+_PREFIX_CREATE_PROPS = "iceberg.tables.auto-create-props."
 # Per-table keys iceberg.table.<table>.<prop>: prop -> the map field holding table -> value.
-_TABLE_PROPS = ("partition-by", "route-regex", "timestamp-unit", "timestamp-fields")
+_TABLE_PROPS = ("partition-by", "route-regex", "timestamp-unit", "timestamp-fields", "id-columns")
 _TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>" + "|".join(_TABLE_PROPS) + ")$")
 #: Units of JSON numbers in timestamp and time columns (agents.convert.EPOCH_UNITS).
 TIMESTAMP_UNITS = ("s", "ms", "us", "ns")
@@ -84,6 +84,13 @@ class Settings(BaseSettings):
     table_timestamp_fields: dict[str, str] = Field(
         default_factory=dict, alias="iceberg.table.<table>.timestamp-fields"
     )
+    # Schema evolution and auto-create (reference keys; agents/evolution.py, agents/tables.py).
+    evolve_schema: bool = Field(False, alias="iceberg.tables.evolve-schema-enabled")
+    schema_force_optional: bool = Field(False, alias="iceberg.tables.schema-force-optional")
+    schema_case_insensitive: bool = Field(False, alias="iceberg.tables.schema-case-insensitive")
+    auto_create_props: dict[str, str] = Field(default_factory=dict, alias="iceberg.tables.auto-create-props.*")
+    default_id_columns: str | None = Field(None, alias="iceberg.tables.default-id-columns")
+    table_id_columns: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.id-columns")
     control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
@@ -222,6 +229,7 @@ class Settings(BaseSettings):
             ("partition-by", self.table_partition_by),
             ("timestamp-unit", self.table_timestamp_unit),
             ("timestamp-fields", self.table_timestamp_fields),
+            ("id-columns", self.table_id_columns),
         ):
             for table in per_table:
                 if table not in self.tables and not self.dynamic_tables:
@@ -315,6 +323,14 @@ class Settings(BaseSettings):
         """Fields that auto-create makes timestamp columns (dotted names, full match)."""
         pattern = self.table_timestamp_fields.get(table, self.timestamp_fields)
         return None if pattern is None else re.compile(pattern)
+
+    def id_columns(self, table: str) -> tuple[str, ...]:
+        """Identifier fields of ``table`` when auto-created (comma-separated column names)."""
+        raw = self.table_id_columns.get(table, self.default_id_columns) or ""
+        return tuple(c.strip() for c in raw.split(",") if c.strip())
+
+    def id_columns_key(self, table: str) -> str:
+        return f"iceberg.table.{table}.id-columns" if table in self.table_id_columns else "iceberg.tables.default-id-columns"
 
     def kafka_client_kwargs(self) -> dict[str, Any]:
         """Security settings for aiokafka clients (producer, consumer, admin)."""
@@ -411,6 +427,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
     """Sort flat keys into fields and maps, warn on unknown keys, validate."""
     fields: dict[str, Any] = {}
     catalog: dict[str, str] = {}
+    create_props: dict[str, str] = {}
     spark: dict[str, str] = {}
     per_table: dict[str, dict[str, str]] = {prop: {} for prop in _TABLE_PROPS}
     transforms: dict[str, dict[str, str]] = {}
@@ -422,6 +439,8 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
             log.info("setting %s accepted: %s", key, ACCEPTED_IGNORED[key])
         elif key.startswith(_PREFIX_CATALOG):
             catalog[key[len(_PREFIX_CATALOG):]] = str(value)
+        elif key.startswith(_PREFIX_CREATE_PROPS):
+            create_props[key[len(_PREFIX_CREATE_PROPS):]] = str(value)
         elif key.startswith("spark."):
             spark[key] = str(value)
         elif key.startswith("transforms.") and key.count(".") >= 2:
@@ -437,6 +456,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
         log.warning("unknown settings ignored: %s", ", ".join(sorted(unknown)))
     fields["iceberg.catalog.*"] = catalog
     fields["spark.*"] = spark
+    fields["iceberg.tables.auto-create-props.*"] = create_props
     for prop, values in per_table.items():
         fields[f"iceberg.table.<table>.{prop}"] = values
     fields["transforms.<name>.*"] = transforms

@@ -13,6 +13,8 @@ The protocol (design/exactly-once.md, docs/commits.md):
                                                   doubles as a checkpoint of its state
   Rewind                                          a rejected response: drop and re-claim
   CommitRequest                                   a worker whose buffer is full asks for a round
+  SchemaProposal                                  a worker's data needs table schema changes;
+                                                  the coordinator applies them before a round
 """
 
 from __future__ import annotations
@@ -178,15 +180,28 @@ class CommitRequest:
     buffered_bytes: int
 
 
+@dataclass(frozen=True)
+class SchemaProposal:
+    """The schema a worker's buffered data needs for ``table`` (schema evolution): an Iceberg
+    schema JSON whose fields are matched to the table's by name (its field ids mean nothing).
+    The coordinator applies what the table lacks (new fields, widenings, optionality) in one
+    schema update before its next StartCommit (docs/commits.md)."""
+
+    TYPE: ClassVar[str] = "schema-proposal"
+    worker: str
+    table: str
+    schema_json: str
+
+
 Event = Union[
     Claim, Resume, StartCommit, DataWritten, DataComplete, CommitToTable, CommitComplete,
-    Rewind, CommitRequest,
+    Rewind, CommitRequest, SchemaProposal,
 ]
 EVENT_TYPES: dict[str, type] = {
     cls.TYPE: cls
     for cls in (
         Claim, Resume, StartCommit, DataWritten, DataComplete, CommitToTable, CommitComplete,
-        Rewind, CommitRequest,
+        Rewind, CommitRequest, SchemaProposal,
     )
 }
 
@@ -306,13 +321,27 @@ def describe(event: Event) -> str:
             return f"rewind     epoch={e} worker={w} partitions={' '.join(map(str, ps))} reason={r}"
         case CommitRequest(worker=w, buffered_bytes=b):
             return f"request    worker={w} buffered_bytes={b}"
+        case SchemaProposal(worker=w, table=t, schema_json=sj):
+            return f"schema     worker={w} table={t} {_schema_brief(sj)}"
         case _:
             assert_never(event)
+
+
+def _schema_brief(schema_json: str) -> str:
+    """``name:type`` of the top-level fields of an Iceberg schema JSON (nested types abridged)."""
+    try:
+        body = json.loads(schema_json)
+        return " ".join(
+            f"{f['name']}:{f['type'] if isinstance(f['type'], str) else f['type'].get('type', '?')}"
+            for f in body.get("fields", [])
+        )
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return f"(unreadable schema: {schema_json[:60]!r})"
 
 
 __all__ = [
     "VERSION", "TopicPartition", "OffsetRange", "Position", "Owner", "FileInfo",
     "Claim", "Resume", "StartCommit", "DataWritten", "DataComplete", "CommitToTable",
-    "CommitComplete", "Rewind", "CommitRequest", "Event", "EVENT_TYPES",
+    "CommitComplete", "Rewind", "CommitRequest", "SchemaProposal", "Event", "EVENT_TYPES",
     "encode", "decode", "describe",
 ]

@@ -91,6 +91,15 @@ class Metrics:
             "icesink_coordinator_active", "1 on the replica running the coordinator", registry=r)
         self.coordinator_epoch = Gauge(
             "icesink_coordinator_epoch", "Epoch of the coordinator on this replica", registry=r)
+        # Schema evolution (agents/evolution.py, coordinator/evolution.py).
+        self.schema_proposals = Counter(
+            "icesink_schema_proposals_total", "SchemaProposal events sent by this worker", ["table"], registry=r)
+        self.schema_changes = Counter(
+            "icesink_schema_changes_total", "Schema updates committed by the coordinator (no data file)",
+            ["table"], registry=r)
+        self.schema_change_failures = Counter(
+            "icesink_schema_change_failures_total", "Failed schema update attempts (retried next round)",
+            ["table"], registry=r)
         self.commit_retrying = Gauge(
             "icesink_commit_retrying", "1 while a table commit is failing and being retried",
             ["table"], registry=r)

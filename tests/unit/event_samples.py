@@ -2,7 +2,7 @@
 
 from icesink.events import (
     Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, FileInfo,
-    OffsetRange, Owner, Position, Resume, Rewind, StartCommit, TopicPartition,
+    OffsetRange, Owner, Position, Resume, Rewind, SchemaProposal, StartCommit, TopicPartition,
 )
 
 TP0 = TopicPartition("completed-pizzas", 0)
@@ -27,4 +27,10 @@ SAMPLES = {
     "commit-complete": CommitComplete(2, "r1", 42, (Position(TP0, 110), Position(TP1, 0)), (Owner(TP0, "w1", 3),), 1700000000000, 40),
     "rewind": Rewind(2, "w2", (TP1,), "range start of completed-pizzas[1]: expected 0, found 5"),
     "commit-request": CommitRequest("w1", 268435456),
+    "schema-proposal": SchemaProposal(
+        "w1", "rpc.pizzas",
+        '{"fields":[{"id":1,"name":"order_id","required":false,"type":"string"},'
+        '{"id":2,"name":"customer","required":false,"type":{"fields":[{"id":3,"name":"vip","required":false,'
+        '"type":"boolean"}],"type":"struct"}}],"identifier-field-ids":[],"schema-id":0,"type":"struct"}',
+    ),
 }

@@ -15,6 +15,7 @@ from faust.types import TP
 
 from agents import worker as worker_module
 from agents.buffer import Buffers
+from agents.routing import Router
 from agents.tables import Target
 from agents.worker import Worker
 from icesink.events import CommitRequest, TopicPartition
@@ -58,6 +59,7 @@ def make_worker(max_bytes: int) -> Worker:
     w = Worker.__new__(Worker)
     w.worker_id = "w1"
     w.settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
+    w.evolver = None
     w.metrics = Metrics()
     w.router = Router(w.settings)
     w.format = RecordFormat(w.settings)

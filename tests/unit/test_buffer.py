@@ -109,3 +109,39 @@ def test_full_when_bytes_reach_the_limit_and_rewind_forgets():
     assert b.full
     b.rewind(P)
     assert b.nbytes == 0 and not b.partitions[P].active
+
+
+def test_take_with_ready_stops_each_range_before_its_first_waiting_chunk():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    active(b, Q, 100)
+    waiting = chunk(P, 10, 20)
+    for c, last in ((chunk(P, 0, 10), 9), (waiting, 19), (chunk(P, 20, 30), 29), (chunk(Q, 100, 105), 104)):
+        b.add(c, last, None)
+    snap = b.take(1, ready=lambda c: c is not waiting)
+    # P stops before the waiting chunk (the ready chunk after it waits too); Q is whole.
+    assert snap.ranges == (OffsetRange(P, 0, 10), OffsetRange(Q, 100, 105))
+    assert [c.end for c in snap.chunks] == [10, 105]
+    assert [c.end for c in b.partitions[P].chunks] == [20, 30] and b.rows == 20
+    # Nothing ready at the front: an empty range, so the partition still answers the round.
+    again = b.take(1, ready=lambda c: c is not waiting)
+    assert again.ranges == (OffsetRange(P, 10, 10), OffsetRange(Q, 105, 105)) and again.chunks == []
+    # A failed write gives the snapshot back in front of what waits.
+    b.restore(snap)
+    assert [c.end for c in b.partitions[P].chunks] == [10, 20, 30] and b.partitions[P].range_start == 0
+    later = b.take(1, ready=lambda c: True)
+    assert later.ranges == (OffsetRange(P, 0, 30), OffsetRange(Q, 100, 105)) and later.rows == 35
+
+
+def test_snapshot_tables_cast_each_chunk_before_concatenating():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    t1 = pa.table({"x": pa.array([1], pa.int32())})
+    t2 = pa.table({"x": pa.array([2**40]), "y": ["new"]})
+    b.add(Chunk(P, 1, {"db.t": t1}, t1.nbytes, 1), 0, None)
+    b.add(Chunk(P, 2, {"db.t": t2}, t2.nbytes, 1), 1, None)
+    target = pa.schema([("x", pa.int64()), ("y", pa.string())])
+    from agents.evolution import conform
+
+    out = b.take(1).tables(lambda name, t: conform(t, target))["db.t"]
+    assert out.to_pylist() == [{"x": 1, "y": None}, {"x": 2**40, "y": "new"}]

@@ -240,14 +240,14 @@ def test_a_letter_too_large_for_the_topic_is_sent_without_its_value(tmp_path):
 def worker_stub(tmp_path, producer, **extra: Any) -> Any:
     s = settings(tmp_path, **{"errors.max-record-bytes": 64}, **extra)
     metrics = Metrics(CollectorRegistry())
-    stub = SimpleNamespace(
+    stub = Worker.__new__(Worker)  # a worker without clients: only what _buffer and _respond use
+    for name, value in dict(
         settings=s, metrics=metrics, buffers=Buffers(10**9),
         targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA)},
         deadletters=DeadLetters(s, metrics, "w1", producer=producer),
-        router=Router(s),
-        format=RecordFormat(s),
-        debezium=None,
-    )
+        router=Router(s), format=RecordFormat(s), debezium=None, evolver=None,
+    ).items():
+        setattr(stub, name, value)
     stub.buffers.claim(TP, 1)
     stub.buffers.resume(TP, 0, now=0.0)
     return stub

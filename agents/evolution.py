@@ -1,0 +1,509 @@
+"""Schema evolution, worker side (no I/O): find what a batch needs that the table lacks, decode
+the batch so that nothing is lost, and cast buffered data to the table's schema at write time.
+
+With ``iceberg.tables.evolve-schema-enabled`` each routed batch is checked against the
+worker's *evolved schema* S' of its table (the table's Arrow schema plus what earlier batches
+needed): new top-level and nested fields (found by one inferring parse), integers beyond int,
+floats beyond float, decimals beyond their precision (found by decoding against a *relaxed*
+schema with the wide types and checking the values), and nulls in required columns. The batch
+is decoded against S' (grown as needed), so its values are buffered even though the table
+cannot hold them yet; the worker proposes S' to the coordinator (``SchemaProposal``), which
+applies one schema update per table before the next round. At that round the worker reloads
+the table, writes the chunks the refreshed schema holds (:func:`holds`), cast with
+:func:`conform` to the table's exact Arrow schema (its field ids, order, wider types, nulls
+for columns the chunk lacks), and keeps the others for a later round.
+
+A type conflict that is not a widening (text in a long column, long into int is fine) is no
+evolution: decode_json coerces or rejects as without evolution. Fields whose values are all
+null are not added (there is nothing to lose), as the reference sink does.
+
+Paths name nested fields: ``("customer", "address", "zip")``; a list's element is
+``"element"`` (``("items", "element", "qty")``), as in pyiceberg's ``find_field``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.table import Table
+
+from agents.buffer import Buffers, Chunk
+from agents.convert import Converted, Reject, decode_json, infer_schema
+from icesink.events import SchemaProposal
+
+__all__ = [
+    "AddField", "Change", "Evolver", "MakeOptional", "Path", "Widen", "apply_changes", "changes",
+    "conform", "from_proposal", "holds", "iceberg_type", "identifier_paths", "to_proposal",
+]
+
+Path: TypeAlias = tuple[str, ...]
+
+ELEMENT = "element"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_MAX_PRECISION = 38
+
+
+@dataclass(frozen=True)
+class AddField:
+    path: Path  # parent path + the new field's name
+    type: pa.DataType
+
+
+@dataclass(frozen=True)
+class Widen:
+    path: Path
+    type: pa.DataType  # int64, float64 or a decimal of higher precision and the same scale
+
+
+@dataclass(frozen=True)
+class MakeOptional:
+    path: Path
+
+
+Change: TypeAlias = AddField | Widen | MakeOptional
+
+
+# Comparing schemas --------------------------------------------------------------------------
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _find(struct_fields: Sequence[pa.Field], name: str, ci: bool) -> pa.Field | None:
+    for f in struct_fields:
+        if f.name == name:
+            return f
+    if ci:
+        low = name.lower()
+        for f in struct_fields:
+            if f.name.lower() == low:
+                return f
+    return None
+
+
+def _widening(base: pa.DataType, want: pa.DataType) -> pa.DataType | None:
+    """The type ``base`` must widen to for values of ``want``, if that is an Iceberg promotion."""
+    if pa.types.is_integer(base) and pa.types.is_integer(want) and want.bit_width > base.bit_width:
+        return pa.int64() if want.bit_width > 32 else pa.int32()
+    if pa.types.is_float32(base) and pa.types.is_float64(want):
+        return pa.float64()
+    if (pa.types.is_decimal(base) and pa.types.is_decimal(want) and want.scale == base.scale
+            and want.precision > base.precision):
+        return pa.decimal128(want.precision, base.scale)
+    return None
+
+
+def _nullable(t: pa.DataType) -> pa.DataType:
+    """``t`` with every nested field optional and no field metadata (a new field's type)."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _nullable(f.type)) for f in t])
+    if _is_list(t):
+        return pa.list_(_nullable(t.value_type))
+    return t
+
+
+def changes(
+    base: pa.Schema, want: pa.Schema, *, case_insensitive: bool = False,
+    keep_required: frozenset[Path] = frozenset(),
+) -> list[Change]:
+    """What ``base`` must change to hold every value of ``want`` (conflicts are no changes).
+
+    ``keep_required`` lists paths that stay required whatever ``want`` says (identifier fields)."""
+    out: list[Change] = []
+
+    def walk(bfields: Sequence[pa.Field], wfields: Sequence[pa.Field], path: Path) -> None:
+        seen: set[str] = set()
+        for w in wfields:
+            key = w.name.lower() if case_insensitive else w.name
+            if key in seen:
+                continue  # two spellings of one field (case-insensitive): the first decides
+            seen.add(key)
+            b = _find(bfields, w.name, case_insensitive)
+            if b is None:
+                if not (pa.types.is_struct(w.type) and w.type.num_fields == 0):
+                    out.append(AddField(path + (w.name,), _nullable(w.type)))
+                continue
+            here = path + (b.name,)
+            if w.nullable and not b.nullable and here not in keep_required:
+                out.append(MakeOptional(here))
+            field_type(b.type, w.type, here)
+
+    def field_type(bt: pa.DataType, wt: pa.DataType, here: Path) -> None:
+        if pa.types.is_struct(bt) and pa.types.is_struct(wt):
+            walk(list(bt), list(wt), here)
+        elif _is_list(bt) and _is_list(wt):
+            el = here + (ELEMENT,)
+            if wt.value_field.nullable and not bt.value_field.nullable and el not in keep_required:
+                out.append(MakeOptional(el))
+            field_type(bt.value_type, wt.value_type, el)
+        elif (wider := _widening(bt, wt)) is not None:
+            out.append(Widen(here, wider))
+
+    walk(list(base), list(want), ())
+    return out
+
+
+def holds(base: pa.Schema, data: pa.Schema, *, case_insensitive: bool = False) -> bool:
+    """Whether a table of schema ``base`` can take data of schema ``data`` (cast by :func:`conform`)."""
+    return not changes(base, data, case_insensitive=case_insensitive)
+
+
+def apply_changes(schema: pa.Schema, todo: Sequence[Change], *, case_insensitive: bool = False) -> pa.Schema:
+    """``schema`` with the changes applied (field metadata kept, new fields appended)."""
+
+    def edit(fields: list[pa.Field], change: Change, depth: int) -> list[pa.Field]:
+        path = change.path
+        if depth == len(path) - 1 and isinstance(change, AddField):
+            return [*fields, pa.field(path[-1], change.type)]
+        target = _find(fields, path[depth], case_insensitive)
+        if target is None:
+            return fields  # the parent went away: nothing to apply
+        i = fields.index(target)
+        fields = list(fields)
+        fields[i] = edit_field(target, change, depth)
+        return fields
+
+    def edit_field(f: pa.Field, change: Change, depth: int) -> pa.Field:
+        if depth == len(change.path) - 1:
+            if isinstance(change, MakeOptional):
+                return f.with_nullable(True)
+            assert isinstance(change, Widen)
+            return f.with_type(change.type)
+        return f.with_type(edit_type(f.type, change, depth + 1))
+
+    def edit_type(t: pa.DataType, change: Change, depth: int) -> pa.DataType:
+        if _is_list(t) and change.path[depth] == ELEMENT:
+            el = t.value_field
+            new_el = edit_field(el, change, depth) if depth < len(change.path) else el
+            return pa.large_list(new_el) if pa.types.is_large_list(t) else pa.list_(new_el)
+        if pa.types.is_struct(t):
+            return pa.struct(edit(list(t), change, depth))
+        return t
+
+    fields = list(schema)
+    for c in todo:
+        fields = edit(fields, c, 0)
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+# Casting data ------------------------------------------------------------------------------
+
+
+def _cast(arr: pa.Array, t: pa.DataType, ci: bool) -> pa.Array:
+    if isinstance(arr, pa.ChunkedArray):
+        return pa.chunked_array([_cast(c, t, ci) for c in arr.chunks], type=t)
+    if arr.type.equals(t):
+        return arr
+    if pa.types.is_struct(t) and pa.types.is_struct(arr.type):
+        have = list(arr.type)
+        children = []
+        for f in t:
+            src = _find(have, f.name, ci)
+            children.append(
+                pa.nulls(len(arr), f.type) if src is None
+                else _cast(arr.field(arr.type.get_field_index(src.name)), f.type, ci)
+            )
+        return pa.StructArray.from_arrays(children, fields=list(t), mask=arr.is_null() if arr.null_count else None)
+    if _is_list(t) and _is_list(arr.type):
+        values = _cast(arr.values, t.value_type, ci)
+        cls = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray
+        offsets = arr.offsets
+        if pa.types.is_large_list(t) != pa.types.is_large_list(arr.type):
+            offsets = pc.cast(offsets, pa.int64() if pa.types.is_large_list(t) else pa.int32())
+        out = cls.from_arrays(offsets, values, type=t, mask=arr.is_null() if arr.null_count else None)
+        return out
+    # float64 -> float32 rounds, as decode_json does; other casts are exact (values fit).
+    return pc.cast(arr, t, safe=not (pa.types.is_float32(t) and pa.types.is_float64(arr.type)))
+
+
+def conform(data: pa.Table, schema: pa.Schema, *, case_insensitive: bool = False) -> pa.Table:
+    """``data`` as a table of exactly ``schema``: columns matched by name (ignoring case if
+    asked), in the schema's order, cast to its types; missing columns are nulls."""
+    if data.schema.equals(schema, check_metadata=True):
+        return data
+    have = list(data.schema)
+    columns = []
+    for f in schema:
+        src = _find(have, f.name, case_insensitive)
+        if src is None:
+            columns.append(pa.nulls(data.num_rows, f.type))
+        else:
+            col = data.column(data.schema.get_field_index(src.name)).combine_chunks()
+            columns.append(_cast(col, f.type, case_insensitive))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+# What a decoded batch needs ----------------------------------------------------------------
+
+
+def _relaxed(schema: pa.Schema, keep_required: frozenset[Path]) -> pa.Schema:
+    """The decode schema: wide numeric types, every field optional but identifier fields."""
+
+    def rtype(t: pa.DataType, path: Path) -> pa.DataType:
+        if pa.types.is_integer(t):
+            return pa.int64()
+        if pa.types.is_float32(t):
+            return pa.float64()
+        if pa.types.is_decimal(t):
+            return pa.decimal128(_MAX_PRECISION, t.scale)
+        if pa.types.is_struct(t):
+            return pa.struct([rfield(f, path + (f.name,)) for f in t])
+        if _is_list(t):
+            el = rfield(t.value_field, path + (ELEMENT,))
+            return pa.large_list(el) if pa.types.is_large_list(t) else pa.list_(el)
+        return t
+
+    def rfield(f: pa.Field, path: Path) -> pa.Field:
+        out = f.with_type(rtype(f.type, path))
+        return out if path in keep_required else out.with_nullable(True)
+
+    return pa.schema([rfield(f, (f.name,)) for f in schema], metadata=schema.metadata)
+
+
+def _observed(arr: pa.Array, t: pa.DataType, f: pa.Field, cur: pa.DataType | None) -> pa.Field | None:
+    """The narrowest field of type like ``t`` that holds ``arr`` (decoded against the relaxed
+    type); None when there is nothing to keep: every value null, or a new list that has no
+    element yet (its element type is unknown, as in the reference sink). ``arr`` holds only
+    the values that exist (a struct's children where the struct is valid, a list's elements);
+    ``cur`` is the field's type in the evolved schema, None for a field new in this batch."""
+    if len(arr) == arr.null_count:
+        return None
+    nullable = arr.null_count > 0 or f.nullable
+    if pa.types.is_struct(t):
+        valid = arr.filter(arr.is_valid()) if arr.null_count else arr
+        known = list(cur) if cur is not None and pa.types.is_struct(cur) else []
+        children = []
+        for i, cf in enumerate(t):
+            was = _find(known, cf.name, False)
+            child = _observed(valid.field(i), cf.type, cf, was.type if was is not None else None)
+            if child is not None:
+                children.append(child)
+            elif not cf.nullable:  # all null where the parent is valid: it must become optional
+                children.append(cf.with_nullable(True))
+        if cur is None and not children:
+            return None
+        return f.with_type(pa.struct(children)).with_nullable(nullable)
+    if _is_list(t):
+        values = arr.flatten()
+        was = cur.value_type if cur is not None and _is_list(cur) else None
+        el = _observed(values, t.value_type, t.value_field, was)
+        if el is None:
+            if was is None:
+                return None  # no element to learn the type from: wait for one
+            el = t.value_field.with_nullable(t.value_field.nullable or len(values) > 0)
+        return f.with_type(pa.large_list(el) if pa.types.is_large_list(t) else pa.list_(el)).with_nullable(nullable)
+    if pa.types.is_integer(t) and pa.types.is_integer(arr.type) and arr.type.bit_width > t.bit_width:
+        lo, hi = pc.min_max(arr).values()
+        fits = -(2 ** (t.bit_width - 1)) <= lo.as_py() and hi.as_py() < 2 ** (t.bit_width - 1)
+        return f.with_type(t if fits else pa.int64()).with_nullable(nullable)
+    if pa.types.is_float32(t) and pa.types.is_float64(arr.type):
+        finite = pc.filter(arr, pc.is_finite(arr))
+        big = len(finite) and pc.max(pc.abs(finite)).as_py() > _FLOAT32_MAX
+        return f.with_type(pa.float64() if big else t).with_nullable(nullable)
+    if pa.types.is_decimal(t) and pa.types.is_decimal(arr.type):
+        biggest = pc.max(pc.abs(arr)).as_py()
+        digits = max(biggest.adjusted() + 1, 0) if biggest else 0
+        precision = min(_MAX_PRECISION, max(t.precision, digits + t.scale))
+        return f.with_type(pa.decimal128(precision, t.scale)).with_nullable(nullable)
+    return f.with_type(t).with_nullable(nullable)
+
+
+def _observed_schema(data: pa.Table, schema: pa.Schema, current: pa.Schema) -> pa.Schema:
+    out = []
+    known = list(current)
+    for f in schema:
+        was = _find(known, f.name, False)
+        got = _observed(data.column(f.name).combine_chunks(), f.type, f.with_nullable(False),
+                        was.type if was is not None else None)
+        if got is not None:
+            out.append(got)
+        elif not f.nullable:
+            out.append(f.with_nullable(True))
+    return pa.schema(out)
+
+
+def _fold_case(converted: Converted, schema: pa.Schema, aliases: dict[str, list[str]], want: pa.Schema) -> Converted:
+    """Fold columns decoded under other spellings into the schema's column (first non-null);
+    a required column still null after folding rejects its record, as decode_json would."""
+    data = converted.table
+    columns = []
+    for f in schema:
+        col = data.column(f.name)
+        for alias in aliases.get(f.name, []):
+            col = pc.coalesce(col, data.column(alias))
+        columns.append(col)
+    table = pa.Table.from_arrays(columns, schema=schema)  # relaxed: the spellings were optional
+    out_schema = pa.schema([f.with_nullable(want.field(f.name).nullable) for f in schema], metadata=schema.metadata)
+    missing = np.zeros(table.num_rows, dtype=bool)
+    rejects = list(converted.rejects)
+    for name in aliases:
+        if not want.field(name).nullable and (nulls := table.column(name).is_null().to_numpy(zero_copy_only=False)).any():
+            for row in np.flatnonzero(nulls & ~missing):
+                rejects.append(Reject(int(converted.indices[row].as_py()), "required field is null or missing", name))
+            missing |= nulls
+    if not missing.any():
+        return Converted(table.cast(out_schema), converted.indices, converted.rejects)
+    keep = pa.array(~missing)
+    return Converted(table.filter(keep).cast(out_schema), converted.indices.filter(keep),
+                     tuple(sorted(rejects, key=lambda r: r.index)))
+
+
+# Proposals: Arrow schema <-> the SchemaProposal encoding (Iceberg schema JSON) --------------
+
+
+def _iceberg(schema: pa.Schema) -> Schema:
+    plain = pa.schema([pa.field(f.name, _strip(f.type), f.nullable) for f in schema])
+    return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(plain))
+
+
+def _strip(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _strip(f.type), f.nullable) for f in t])
+    if _is_list(t):
+        return pa.list_(pa.field("element", _strip(t.value_type), t.value_field.nullable))
+    return t
+
+
+def iceberg_type(t: pa.DataType):  # type: ignore[no-untyped-def]
+    """The Iceberg type of an Arrow type (fresh ids), for ``add_column``/``update_column``."""
+    return _iceberg(pa.schema([pa.field("x", t)])).fields[0].field_type
+
+
+def to_proposal(worker: str, table: str, schema: pa.Schema) -> SchemaProposal:
+    body = json.loads(_iceberg(schema).model_dump_json())
+    return SchemaProposal(worker, table, json.dumps(body, sort_keys=True, separators=(",", ":")))
+
+
+def from_proposal(event: SchemaProposal) -> pa.Schema:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    return schema_to_pyarrow(Schema.model_validate_json(event.schema_json))
+
+
+# The worker's evolved schemas ------------------------------------------------------------------
+
+
+@dataclass
+class Decoded:
+    converted: Converted
+    proposal: SchemaProposal | None  # to send: the evolved schema grew past the table
+
+
+class Evolver:
+    """Per worker: the evolved schema S' of each table and the last one proposed."""
+
+    def __init__(self, worker: str, *, evolve: bool, case_insensitive: bool) -> None:
+        self.worker = worker
+        self.evolve = evolve
+        self.case_insensitive = case_insensitive
+        self.schemas: dict[str, pa.Schema] = {}  # table -> S' (only while it differs from the table)
+        self.proposed: dict[str, pa.Schema] = {}
+
+    def schema_for(self, name: str, table_schema: pa.Schema) -> pa.Schema:
+        return self.schemas.get(name, table_schema)
+
+    def decode(
+        self, name: str, table_schema: pa.Schema, values: Sequence[bytes],
+        keep_required: frozenset[Path] = frozenset(),
+    ) -> Decoded:
+        current = self.schema_for(name, table_schema)
+        inferred = infer_schema(values)
+        ci = self.case_insensitive
+        adds = [c for c in changes(current, inferred, case_insensitive=ci) if isinstance(c, AddField)]
+        candidate = apply_changes(current, adds) if self.evolve else current
+        aliases = self._aliases(candidate, inferred) if ci else {}
+        probe = _relaxed(candidate, keep_required) if self.evolve else candidate
+        if aliases:  # a column spelt in another case: decode each spelling, then fold them
+            probe = pa.schema([*(f.with_nullable(True) if f.name in aliases else f for f in probe), *(
+                pa.field(alias, probe.field(canon).type) for canon, names in aliases.items() for alias in names
+            )], metadata=probe.metadata)
+        converted = decode_json(values, probe)
+        if aliases:
+            converted = _fold_case(converted, pa.schema(list(probe)[: len(candidate)]), aliases, candidate)
+        table = converted.table
+        if not self.evolve:
+            return Decoded(converted, None)
+        if table.num_rows:
+            need = changes(current, _observed_schema(table, candidate, current), case_insensitive=ci,
+                           keep_required=keep_required)
+        else:
+            need = []
+        final = apply_changes(current, need, case_insensitive=ci) if need else current
+        table = conform(table, final, case_insensitive=ci)
+        proposal = None
+        if need:
+            self.schemas[name] = final
+            if not holds(self.proposed.get(name, table_schema), final, case_insensitive=ci):
+                self.proposed[name] = final
+                proposal = to_proposal(self.worker, name, final)
+        return Decoded(Converted(table, converted.indices, converted.rejects), proposal)
+
+    def _aliases(self, schema: pa.Schema, inferred: pa.Schema) -> dict[str, list[str]]:
+        """Top-level record keys that name a column of ``schema`` in another case."""
+        out: dict[str, list[str]] = {}
+        exact = set(schema.names)
+        for n in inferred.names:
+            if n in exact:
+                continue
+            f = _find(list(schema), n, True)
+            if f is not None:
+                out.setdefault(f.name, []).append(n)
+        return out
+
+    def refreshed(self, name: str, table_schema: pa.Schema) -> None:
+        """The table was reloaded: keep S' only for what the table still lacks."""
+        mine = self.schemas.get(name)
+        if mine is None:
+            return
+        ci = self.case_insensitive
+        need = changes(table_schema, mine, case_insensitive=ci)
+        if need:
+            self.schemas[name] = apply_changes(table_schema, need, case_insensitive=ci)
+        else:
+            del self.schemas[name]
+            self.proposed.pop(name, None)
+
+    def pending_proposal(self, name: str, table_schema: pa.Schema) -> SchemaProposal | None:
+        """Re-send at a round: S' still needs changes the table lacks."""
+        mine = self.schemas.get(name)
+        if mine is None or holds(table_schema, mine, case_insensitive=self.case_insensitive):
+            return None
+        return to_proposal(self.worker, name, mine)
+
+    def tables_to_reload(self, buffers: Buffers, targets: Mapping[str, Any]) -> set[str]:
+        """Tables some buffered chunk was decoded for with a schema other than the table's."""
+        out = set()
+        for st in buffers.partitions.values():
+            for chunk in st.chunks:
+                for name, t in chunk.tables.items():
+                    if name not in out and not t.schema.equals(targets[name].arrow_schema):
+                        out.add(name)
+        return out
+
+    def ready(self, targets: Mapping[str, Any]) -> Callable[[Chunk], bool]:
+        """Whether a chunk can be written now: its tables hold every column it has."""
+        ci = self.case_insensitive
+        return lambda chunk: all(
+            t.schema.equals(targets[name].arrow_schema) or holds(targets[name].arrow_schema, t.schema, case_insensitive=ci)
+            for name, t in chunk.tables.items()
+        )
+
+    def conformer(self, targets: Mapping[str, Any]) -> Callable[[str, pa.Table], pa.Table]:
+        """Casts a chunk's rows to its table's exact Arrow schema (real field ids) for writing."""
+        ci = self.case_insensitive
+        return lambda name, t: conform(t, targets[name].arrow_schema, case_insensitive=ci)
+
+
+def identifier_paths(table: Table) -> frozenset[Path]:
+    """Identifier fields stay required (Iceberg refuses optional identifier fields)."""
+    schema = table.schema()
+    return frozenset(tuple(schema.find_column_name(i).split(".")) for i in schema.identifier_field_ids)
