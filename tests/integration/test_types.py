@@ -124,11 +124,12 @@ def test_every_type_lands_exactly(broker, catalog_props, tmp_path):
 
     # Bad values were dead-lettered with the field at fault, not stored as nulls.
     letters = [json.loads(line) for line in (state / "deadletter" / f"{TOPIC}.jsonl").read_text().splitlines()]
-    assert sorted((x["offset"], x["field"]) for x in letters if x["table"] == TYPED) == [
+    # One letter per record: a record both tables reject for the same reason names both.
+    assert sorted((x["offset"], x["field"]) for x in letters if TYPED in x["table"].split(",")) == [
         (len(GOOD) + i, field) for i, (_, field) in enumerate(BAD)
     ]
     assert "ms since" not in json.dumps(letters) and "us since the epoch is out of range" in json.dumps(letters)
-    assert [(x["offset"], x["field"]) for x in letters if x["table"] == AUTO] == [(len(GOOD) + 3, "s.at")]
+    assert [(x["offset"], x["field"]) for x in letters if AUTO in x["table"].split(",")] == [(len(GOOD) + 3, "s.at")]
 
     # The auto-created table: the timestamp-fields rule picked the types from the values.
     auto = catalog.load_table(AUTO)
