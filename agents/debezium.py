@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agents.convert import Converted, Reject, decode_json, infer_schema
+from agents.formats import ConnectSchemaError, decode_schema
 
 __all__ = ["CDC_COLUMN", "CDC_TYPE", "DebeziumTransform", "connect_field"]
 
@@ -125,7 +126,10 @@ class DebeziumTransform:
             connect = _first_connect_schema(values)
             image = _row_connect_schema(connect) if connect is not None else None
             if image is not None:
-                row = _with_encodings(row, image)
+                try:  # the table's row fields, with the encodings the Connect schema states
+                    row = list(decode_schema(pa.schema(row), image))
+                except ConnectSchemaError:
+                    pass  # a malformed schema states nothing; the values decide (or are rejected)
         decoded = decode_json(values, self._wrapper(row))
         table, indices = decoded.table, decoded.indices
         if self.schemas:
@@ -274,19 +278,6 @@ def _row_connect_schema(envelope: dict[str, Any]) -> dict[str, Any] | None:
         if fields.get(name, {}).get("type") == "struct":
             return fields[name]
     return None
-
-
-def _with_encodings(row: list[pa.Field], image: dict[str, Any]) -> list[pa.Field]:
-    """The table's row fields, with the encodings the Connect schema states as metadata."""
-    encodings = {}
-    for f in image.get("fields", []):
-        try:
-            meta = connect_field(f).metadata
-        except ValueError:
-            continue
-        if meta:
-            encodings[f.get("field")] = meta
-    return [f.with_metadata({**(f.metadata or {}), **encodings[f.name]}) if f.name in encodings else f for f in row]
 
 
 # Small helpers ------------------------------------------------------------------------------------
