@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 
 from agents.convert import Converted, Reject, decode_json, infer_schema
 from agents.formats import ConnectSchemaError, decode_schema
+from icesink.config import CDC_ROUTE_FIELDS
 
 __all__ = ["CDC_COLUMN", "CDC_TYPE", "DebeziumTransform", "connect_field"]
 
@@ -132,11 +133,7 @@ class DebeziumTransform:
                     pass  # a malformed schema states nothing; the values decide (or are rejected)
         decoded = decode_json(values, self._wrapper(row))
         table, indices = decoded.table, decoded.indices
-        if self.schemas:
-            env = table.column("payload").combine_chunks()
-            cols = {f.name: env.field(f.name) for f in env.type}
-        else:
-            cols = {name: table.column(name).combine_chunks() for name in table.column_names}
+        cols = self._envelope_columns(table)
         op = cols["op"]
         deleted = pc.fill_null(pc.equal(op, "d"), False)
         image = pc.if_else(deleted, cols["before"], cols["after"])
@@ -149,7 +146,7 @@ class DebeziumTransform:
                 rejects.append(Reject(int(indices[i].as_py()), reason, None if o is None else "after"))
         arrays: dict[str, pa.Array] = {f.name: image.field(f.name) for f in row}
         offs = pa.array(offsets, type=pa.int64()).take(indices)
-        arrays[CDC_COLUMN] = self._cdc(cols, op, deleted, offs)
+        arrays[CDC_COLUMN] = self._cdc(cols, op, offs)
         out = []
         for f in schema:
             arr = arrays.get(f.name)
@@ -168,10 +165,16 @@ class DebeziumTransform:
         result = pa.Table.from_arrays(out, schema=schema).filter(keep)
         return Converted(result, pc.filter(indices, keep), tuple(sorted(rejects, key=lambda r: r.index)))
 
-    def _cdc(self, cols: dict[str, pa.Array], op: pa.Array, deleted: pa.Array, offsets: pa.Array) -> pa.StructArray:
+    def _envelope_columns(self, table: pa.Table) -> dict[str, pa.Array]:
+        """The envelope's fields of decoded events (under ``payload`` with schemas)."""
+        if self.schemas:
+            env = table.column("payload").combine_chunks()
+            return {f.name: env.field(f.name) for f in env.type}
+        return {name: table.column(name).combine_chunks() for name in table.column_names}
+
+    def _cdc(self, cols: dict[str, pa.Array], op: pa.Array, offsets: pa.Array) -> pa.StructArray:
         source = cols["source"]
-        updated = pc.fill_null(pc.equal(op, "u"), False)
-        ops = pc.if_else(deleted, "D", pc.if_else(updated, "U", "I"))
+        ops = self._cdc_op(op)
         micros = pc.coalesce(
             source.field("ts_us"), pc.multiply(source.field("ts_ms"), 1000),
             cols["ts_us"], pc.multiply(cols["ts_ms"], 1000),
@@ -187,6 +190,13 @@ class DebeziumTransform:
             fields=list(CDC_TYPE),
         )
 
+    @staticmethod
+    def _cdc_op(op: pa.Array) -> pa.Array:
+        """``_cdc.op``: D for Debezium ``d``, U for ``u``, I otherwise (``c``, snapshot ``r``)."""
+        deleted = pc.fill_null(pc.equal(op, "d"), False)
+        updated = pc.fill_null(pc.equal(op, "u"), False)
+        return pc.if_else(deleted, "D", pc.if_else(updated, "U", "I"))
+
     def _target(self, db: pa.Array, table: pa.Array) -> pa.Array:
         parts: list[Any] = []
         for piece in re.split(r"(\{db\}|\{table\})", self.target_pattern):
@@ -199,6 +209,44 @@ class DebeziumTransform:
         if not parts:
             return pa.nulls(len(db), pa.string())
         return pc.binary_join_element_wise(*parts, "")
+
+
+    # Routing ---------------------------------------------------------------------------------
+
+    def route_column(self, values: Sequence[bytes], field: str) -> Converted:
+        """The string value of ``field`` for every change event, as routing reads it: a
+        ``_cdc`` field (``_cdc.target``, ``_cdc.source`` or ``_cdc.op``) as the transform will
+        fill it, else a (dotted) field of the row image (``after``; ``before`` for a delete).
+        One bulk parse; the table's single column is that value (null where missing)."""
+        if field.startswith(f"{CDC_COLUMN}."):
+            part = field[len(CDC_COLUMN) + 1:]
+            assert part in CDC_ROUTE_FIELDS, field  # checked by icesink.config
+            image: pa.DataType = pa.struct([])
+        else:
+            *parents, leaf = field.split(".")
+            inner = pa.field(leaf, pa.string())
+            for name in reversed(parents):
+                inner = pa.field(name, pa.struct([inner]))
+            image = pa.struct([inner])
+        envelope = [pa.field("before", image), pa.field("after", image), pa.field("op", pa.string()),
+                    pa.field("source", _SOURCE)]
+        decoded = decode_json(values, pa.schema([pa.field("payload", pa.struct(envelope))] if self.schemas else envelope))
+        table = decoded.table
+        cols = self._envelope_columns(table)
+        op = cols["op"]
+        if field.startswith(f"{CDC_COLUMN}."):
+            source = cols["source"]
+            db, tbl = pc.coalesce(source.field("schema"), source.field("db")), source.field("table")
+            column = {
+                "target": lambda: self._target(db, tbl),
+                "source": lambda: pc.binary_join_element_wise(db, tbl, "."),
+                "op": lambda: self._cdc_op(op),
+            }[part]()
+        else:
+            column = pc.if_else(pc.fill_null(pc.equal(op, "d"), False), cols["before"], cols["after"])
+            for name in field.split("."):
+                column = pc.struct_field(column, [0])
+        return Converted(pa.table({field: column}), decoded.indices, decoded.rejects)
 
 
 # Connect schemas (the JsonConverter's envelope) ------------------------------------------------

@@ -8,7 +8,8 @@
   (``namespace.table``).
 
 The route field (a dotted path for nested fields; inside ``payload`` for Kafka Connect
-envelopes) is read for the whole batch in one bulk
+envelopes; for Debezium change events a ``_cdc`` field such as ``_cdc.target`` or a field of
+the row image, see :meth:`agents.debezium.DebeziumTransform.route_column`) is read for the whole batch in one bulk
 parse; the tables of each distinct value are computed once. A record with no route (null or
 missing field, no matching regex, a dynamic name that is not ``namespace.table``) is returned as
 a :class:`Reject` with the reason, for the dead-letter path: never silently dropped.
@@ -19,14 +20,18 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agents.convert import Reject, decode_json
+from agents.convert import Converted, Reject, decode_json
 from icesink.config import Settings
+
+if TYPE_CHECKING:
+    from agents.debezium import DebeziumTransform
 
 __all__ = ["Routes", "Router", "NAME_RE"]
 
@@ -49,15 +54,18 @@ class Router:
     # Distinct route values remembered; past this the cache starts over (bounded memory).
     CACHE_LIMIT = 10_000
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, debezium: DebeziumTransform | None = None) -> None:
         self.field = settings.route_field
+        # Debezium change events are routed as the transform will make them: on a ``_cdc``
+        # field (``_cdc.target``, the reference's way) or a field of the row image.
+        self.debezium = debezium
         self.tables = settings.tables
         self.dynamic = settings.dynamic_tables
         self.regex = {t: re.compile(p) for t, p in settings.table_route_regex.items()}
         self._cache: dict[str, tuple[tuple[str, ...], str | None]] = {}
         self._schema: pa.Schema | None = None
         self._path = self.field
-        if self.field is not None and settings.value_converter_schemas_enable:
+        if self.field is not None and settings.value_converter_schemas_enable and debezium is None:
             self._path = f"payload.{self.field}"  # Kafka Connect envelope: the record is the payload
         if self._path is not None:
             *parents, leaf = self._path.split(".")
@@ -72,11 +80,8 @@ class Router:
         if self._schema is None:
             every = np.arange(n, dtype=np.int64)
             return Routes({t: every for t in self.tables}, ())
-        converted = decode_json(values, self._schema)
+        converted, column = self._read(values)
         unrouted = list(converted.rejects)  # unreadable records (bad JSON, ...)
-        column = converted.table.column(0)
-        for _ in range(self._path.count(".")):  # type: ignore[union-attr]
-            column = pc.struct_field(column, [0])
         rows = np.asarray(converted.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
         encoded = column.combine_chunks().dictionary_encode() if len(column) else pa.array([], pa.string()).dictionary_encode()
         codes = encoded.indices.to_numpy(zero_copy_only=False)
@@ -95,6 +100,18 @@ class Router:
         )
         by_table = {t: np.sort(np.concatenate(parts)) for t, parts in members.items()}
         return Routes(by_table, tuple(sorted(unrouted, key=lambda r: r.index)))
+
+    def _read(self, values: Sequence[bytes]) -> tuple[Converted, pa.ChunkedArray | pa.Array]:
+        """The route field's value of every readable record (null where missing)."""
+        if self.debezium is not None:
+            assert self.field is not None
+            converted = self.debezium.route_column(values, self.field)
+            return converted, converted.table.column(0)
+        converted = decode_json(values, self._schema)
+        column = converted.table.column(0)
+        for _ in range(self._path.count(".")):  # type: ignore[union-attr]
+            column = pc.struct_field(column, [0])
+        return converted, column
 
     def _tables_of(self, value: str) -> tuple[tuple[str, ...], str | None]:
         hit = self._cache.get(value)

@@ -80,9 +80,9 @@ class Worker:
         self.targets: dict[str, Target] = {}
         self.format = RecordFormat(settings)
         self.deadletters = DeadLetters(settings, metrics, self.worker_id)
-        self.router = Router(settings)
         pattern = settings.debezium_target_pattern
         self.debezium = None if pattern is None else DebeziumTransform(pattern, settings.value_converter_schemas_enable)
+        self.router = Router(settings, self.debezium)
         self.evolver = Evolver(
             self.worker_id, evolve=settings.evolve_schema, case_insensitive=settings.schema_case_insensitive,
         ) if settings.evolve_schema or settings.schema_case_insensitive else None

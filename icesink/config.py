@@ -33,6 +33,8 @@ KEY_CONVERTERS = (
     BYTES_CONVERTER,
 )
 VALUE_CONVERTERS = (JSON_CONVERTER,)
+#: The ``_cdc`` fields Debezium change events can be routed on (``iceberg.tables.route-field``).
+CDC_ROUTE_FIELDS = ("target", "source", "op")
 # The reference's Debezium SMT, under its Tabular and its Apache package (agents/debezium.py).
 DEBEZIUM_TRANSFORMS = (
     "io.tabular.iceberg.connect.transforms.DebeziumTransform",
@@ -284,6 +286,10 @@ class Settings(BaseSettings):
                         f"transforms.{debezium[0]}.cdc.target.pattern", pattern,
                         f"a pattern using only the placeholders {{db}} and {{table}} ({found} is unknown)",
                     )
+            route = self.route_field or ""
+            if route.startswith("_cdc.") and route[5:] not in CDC_ROUTE_FIELDS:
+                raise ConfigError("iceberg.tables.route-field", route, "a field of the row image or one of "
+                                  + ", ".join(f"_cdc.{f}" for f in CDC_ROUTE_FIELDS) + " (Debezium transform)")
 
     # Derived views -------------------------------------------------------------------------
 

@@ -42,6 +42,12 @@ CHANGES = [
 ]
 OPS = {1: ["I", "U"], 2: ["I", "D"], 3: ["I"], 4: ["I", "U"], 5: ["I", "D"]}
 EVENTS = 11  # 3 snapshot reads, 2 inserts, 2 updates, 2 deletes, 2 tombstones
+#: A second captured table, for routing several source tables from one topic.
+CUSTOMERS = ["CREATE TABLE public.customers (id int PRIMARY KEY, email text, since date)",
+             "INSERT INTO customers VALUES (10, 'x@example.com', '2024-02-29')"]
+CUSTOMER_CHANGES = ["INSERT INTO customers VALUES (11, 'y@example.com', NULL)",
+                    "UPDATE customers SET email = 'z@example.com' WHERE id = 10"]
+CUSTOMER_EVENTS = 3
 #: ``created`` of the inserted rows, in microseconds since the epoch, from the SQL literals.
 CREATED_US = {1: 1704371293123456, 2: None, 3: 946684799999999, 4: 1704371293000001, 5: 1}
 
@@ -91,23 +97,25 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         con = psycopg2.connect(host="127.0.0.1", port=pg.port, user="icesink", dbname="postgres")
         con.autocommit = True
         cur = con.cursor()
-        cur.execute(DDL)
-        cur.execute(SNAPSHOT)
+        for sql in [DDL, SNAPSHOT, *CUSTOMERS]:
+            cur.execute(sql)
         log = out / "capture.log"
         started = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.debezium_capture", "--port", str(pg.port),
-             "--table", "public.orders", "--out", str(out)],
+             "--table", "public.orders,public.customers", "--out", str(out)],
             # Debezium's log4j writes ./logs: keep it in the temporary directory.
             cwd=out, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         )
         for form in ("plain", "schema"):
             _wait_lines(out / f"{form}.jsonl", 3, proc, log, 120)
         snapshot_s = time.monotonic() - started
-        for sql in CHANGES:
+        for sql in CHANGES + CUSTOMER_CHANGES:
             cur.execute(sql)
-        forms = {form: _wait_lines(out / f"{form}.jsonl", EVENTS, proc, log, 60) for form in ("plain", "schema")}
-        return {"events": forms, "snapshot_s": snapshot_s, "all_s": time.monotonic() - started}
+        both = {form: _wait_lines(out / f"{form}.jsonl", EVENTS + CUSTOMER_EVENTS, proc, log, 60)
+                for form in ("plain", "schema")}
+        orders = {form: [e for e in got if e["destination"].endswith(".orders")] for form, got in both.items()}
+        return {"events": orders, "both": both, "snapshot_s": snapshot_s, "all_s": time.monotonic() - started}
     finally:
         if proc is not None:
             proc.terminate()
@@ -123,36 +131,45 @@ def _payload(e: dict[str, Any]) -> dict[str, Any]:
     return v.get("payload", v) if "schema" in v else v
 
 
-def _run_sink(broker: Any, catalog_props: dict[str, str], tmp_path: Path, form: str,
-              events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """Produce ``events`` to a fresh topic, run one worker with the Debezium transform until
-    the table holds every change row, read it back with DuckDB (ordered by Kafka offset)."""
+def _sink(broker: Any, catalog_props: dict[str, str], tmp_path: Path, form: str, events: list[dict[str, Any]],
+          tables: str, rows: dict[str, int], **config: str) -> Any:
+    """Produce ``events`` to a fresh topic and run one worker with the Debezium transform until
+    every table of ``rows`` holds that many rows; returns the catalog."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink import duck
     from icesink.kafka_admin import ensure_topic
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import wait_rows, write_config
 
-    topic, table, group = f"dbz-{form}", f"cdc.orders_{form}", f"dbz-sink-{form}"
+    topic, group = f"dbz-{form}", f"dbz-sink-{form}"
     asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
     asyncio.run(_produce(broker.bootstrap, topic, events))
     cfg = write_config(
-        tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+        tmp_path / "sink.json", topics=topic, tables=tables, bootstrap=broker.bootstrap,
         catalog_props=catalog_props, state_dir=tmp_path / "state", group=group,
         **{"transforms": "debezium",
            "transforms.debezium.type": "io.tabular.iceberg.connect.transforms.DebeziumTransform",
            "transforms.debezium.cdc.target.pattern": "mirror.{db}_{table}",
-           "value.converter.schemas.enable": str(form == "schema").lower()},
+           "value.converter.schemas.enable": str(form.startswith("schema")).lower(), **config},
     )
     catalog = load_catalog("it", **catalog_props)
     replicas = ReplicaSet(cfg, tmp_path / "logs")
-    changes = sum(1 for e in events if e["value"] is not None)
     try:
         replicas.start()
-        wait_rows(catalog, replicas, (table,), changes, timeout_s=90)
+        wait_rows(catalog, replicas, tuple(rows), rows, timeout_s=90)
     finally:
         replicas.stop_all()
+    return catalog
+
+
+def _run_sink(broker: Any, catalog_props: dict[str, str], tmp_path: Path, form: str,
+              events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Every change row of ``events`` in one table, read back with DuckDB (ordered by offset)."""
+    from icesink import duck
+
+    table = f"cdc.orders_{form}"
+    changes = sum(1 for e in events if e["value"] is not None)
+    catalog = _sink(broker, catalog_props, tmp_path, form, events, table, {table: changes})
     location = duck.plain_path(catalog.load_table(table).metadata_location)
     with duck.connect() as con:
         return con.execute(
@@ -202,3 +219,34 @@ def _decode_json_reads_epoch_units() -> bool:
 def test_debezium_events_with_schema(broker, catalog_props, tmp_path, captured):
     events = captured["events"]["schema"]
     _check(_run_sink(broker, catalog_props, tmp_path, "schema", events), events)
+
+
+@pytest.mark.parametrize("form", ["plain", "schema"])
+def test_debezium_events_of_two_source_tables_are_routed_on_cdc_target(broker, catalog_props, tmp_path, captured, form):
+    """The reference's CDC set-up: one topic carrying the change events of several source
+    tables, ``route-field=_cdc.target`` with dynamic tables: each source table gets its own
+    auto-created Iceberg table, with only its own change rows."""
+    from icesink import duck
+
+    events = captured["both"][form]
+    assert {e["destination"].split(".", 1)[1] for e in events} == {"public.orders", "public.customers"}
+    orders = sum(1 for e in captured["events"][form] if e["value"] is not None)
+    expected = {"mirror.public_orders": orders, "mirror.public_customers": CUSTOMER_EVENTS}
+    catalog = _sink(broker, catalog_props, tmp_path, f"{form}-routed", events, "", expected, **{
+        "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "_cdc.target",
+    })
+    location = duck.plain_path(catalog.load_table("mirror.public_customers").metadata_location)
+    with duck.connect() as con:
+        rows = con.execute(f"""SELECT id, email, since, _cdc.op, _cdc.source, _cdc.target
+                               FROM iceberg_scan('{location}') ORDER BY _cdc."offset" """).fetchall()
+    assert [(r[0], r[1], r[3], r[4], r[5]) for r in rows] == [
+        (10, "x@example.com", "I", "public.customers", "mirror.public_customers"),
+        (11, "y@example.com", "I", "public.customers", "mirror.public_customers"),
+        (10, "z@example.com", "U", "public.customers", "mirror.public_customers"),
+    ]
+    if form == "schema":  # io.debezium.time.Date: a date column
+        assert str(rows[0][2]) == "2024-02-29"
+    else:  # without a schema nothing says the number of days is a date
+        assert rows[0][2] == 19782
+    orders_columns = {f.name for f in catalog.load_table("mirror.public_orders").schema().fields}
+    assert "email" not in orders_columns and "amount" in orders_columns

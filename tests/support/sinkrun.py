@@ -22,13 +22,16 @@ def write_config(path: Path, **kwargs: Any) -> Path:
     return write_fast_config(path, catalog_name="it", **kwargs)
 
 
-def wait_rows(catalog: Any, replicas: ReplicaSet, tables: tuple[str, ...], expected: int, timeout_s: float = 600) -> None:
+def wait_rows(catalog: Any, replicas: ReplicaSet, tables: tuple[str, ...], expected: int | dict[str, int],
+              timeout_s: float = 600) -> None:
+    """Until every table holds ``expected`` rows (a count per table if a dict)."""
+    want = expected if isinstance(expected, dict) else dict.fromkeys(tables, expected)
     deadline = time.monotonic() + timeout_s
     seen: dict[str, int] = {}
     while time.monotonic() < deadline:
         replicas.check_alive()
         seen = {t: total_rows(catalog, t) for t in tables}
-        if all(v >= expected for v in seen.values()):
+        if all(v >= want[t] for t, v in seen.items()):
             return
         time.sleep(1)
     logs = "\n".join(f"--- {r.name}\n" + r.log_path.read_text(errors="replace")[-3000:] for r in replicas.replicas.values())
