@@ -169,6 +169,7 @@ class DeadLetters:
         self._producer = producer
         self._inflight: list[tuple[Letter, asyncio.Future[Any] | BaseException]] = []
         self._failed: list[Letter] = []
+        self.delivered = 0  # letters acknowledged (or written to the file) since start
 
     async def start(self, bootstrap: str) -> None:
         s = self.settings
@@ -274,7 +275,7 @@ class DeadLetters:
             kept = []
             for letter, f in self._inflight:
                 if isinstance(f, asyncio.Future) and f.done() and not f.cancelled() and f.exception() is None:
-                    self.metrics.records_deadlettered.labels(topic=letter.topic, reason=letter.kind).inc()
+                    self._delivered(letter)
                 else:
                     kept.append((letter, f))
             self._inflight = kept
@@ -292,7 +293,7 @@ class DeadLetters:
             for letter, fut in batch:
                 exc = fut if isinstance(fut, BaseException) else await _outcome(fut)
                 if exc is None:
-                    self.metrics.records_deadlettered.labels(topic=letter.topic, reason=letter.kind).inc()
+                    self._delivered(letter)
                     continue
                 self.metrics.deadletter_send_failures.inc()
                 if _too_large(exc) and letter.value is not None:
@@ -319,6 +320,10 @@ class DeadLetters:
                 "key": _b64(letter.key), "value": _b64(letter.value),
                 "headers": [[k, _b64(v)] for k, v in letter.headers],
             }) + "\n")
+        self._delivered(letter)
+
+    def _delivered(self, letter: Letter) -> None:
+        self.delivered += 1
         self.metrics.records_deadlettered.labels(topic=letter.topic, reason=letter.kind).inc()
 
 

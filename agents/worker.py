@@ -607,6 +607,8 @@ class Worker:
                 log.error("round %s not answered, data kept for the next round: %s", commit_id, exc)
                 self.buffers.restore(snap)
                 return
+            if self.deadletters.delivered:  # fault tests: letters out, their offsets not yet reported
+                crash_point(self.settings, "worker.after-dead-letters")
             await self._release_backpressure()
             response_id = str(uuid.uuid4())
             written: list[DataWritten] = []

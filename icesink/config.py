@@ -155,7 +155,8 @@ class Settings(BaseSettings):
 
     # Fault injection for the fault tests (icesink/faults.py); never set in production.
     fault_crash_at: tuple[
-        Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response"], ...
+        Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response",
+                "worker.after-dead-letters"], ...
     ] = Field((), alias="fault.crash-at")
 
     @classmethod

@@ -152,6 +152,68 @@ def test_bad_records_dead_lettered_with_headers_while_the_rest_land_exactly_once
 
 
 @pytest.mark.timeout(300)
+def test_crash_after_dead_letters_went_out_duplicates_letters_never_rows(broker, catalog_props, tmp_path):
+    """The at-least-once edge of the dead-letter topic, forced: the replica dies (SIGKILL) right
+    after a round's dead letters are acknowledged, before it reports the round's offsets. Its
+    replacement reads the same records again: every good record lands exactly once, every bad
+    one is dead-lettered at least once, and those of the lost round twice."""
+    import random
+    import signal
+
+    from agents import deadletter as dl
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, read_topic, wait_rows, write_config
+
+    topic, dlq, table = "dlc-pizzas", "dlc-pizzas-dlq", "dlc.pizzas"
+    catalog = _setup(broker, catalog_props, "dlc", topic, 2)
+    rng = random.Random(5)
+    records: list[tuple[int, bytes | None, bytes | None, list[Any]]] = []
+    good: set[str] = set()
+    bad: list[int] = []
+    for i in range(1200):
+        if i % 25 == 3:
+            bad.append(i)
+            records.append((i % 2, None, _pizza(rng, store_id="abc")[1], []))
+        else:
+            order_id, value = _pizza(rng)
+            good.add(order_id)
+            records.append((i % 2, None, value, []))
+    offsets = _send(broker.bootstrap, topic, records)
+    state = tmp_path / "state"
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=state, group="dlc-sink",
+                       **{"errors.deadletterqueue.topic.name": dlq,
+                          "errors.deadletterqueue.topic.replication.factor": 1,
+                          "iceberg.tables.auto-create-enabled": "false",
+                          "fault.crash-at": "worker.after-dead-letters"})
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        first = replicas.start("w1")
+        deadline = time.monotonic() + 120
+        while first.alive:
+            assert time.monotonic() < deadline, "the replica never reached worker.after-dead-letters"
+            time.sleep(0.5)
+        assert first.proc.returncode == -signal.SIGKILL and (state / "fault-worker.after-dead-letters.fired").exists()
+        replicas.replicas.pop("w1").log_handle.close()
+        replicas.start("w2")
+        wait_rows(catalog, replicas, (table,), len(good), timeout_s=120)
+        assert_exact(catalog, table, good)
+        letters = read_topic(broker.bootstrap, dlq, len(bad) + 1, timeout_s=60)
+    finally:
+        replicas.stop_all()
+    count: dict[tuple[int, int], int] = {}
+    for r in letters:
+        h = dict(r.headers)
+        where = (int(h[dl.H_PARTITION]), int(h[dl.H_OFFSET]))
+        count[where] = count.get(where, 0) + 1
+    expected = {(records[i][0], offsets[i]) for i in bad}
+    assert count.keys() == expected, f"missing {sorted(expected - count.keys())[:5]}, extra {sorted(count.keys() - expected)[:5]}"
+    twice = sum(1 for c in count.values() if c > 1)
+    assert twice > 0, "the crashed round's dead letters should have been sent again"
+    print(f"{len(bad)} bad records, {len(letters)} letters, {twice} sent twice")
+
+
+@pytest.mark.timeout(300)
 def test_tolerance_none_stops_the_replica_at_the_first_bad_record(broker, catalog_props, tmp_path):
     import random
 
