@@ -73,7 +73,7 @@ from agents.convert import Converted, Reject, decode_json, infer_schema
 from agents.tables import iceberg_schema
 from icesink.config import BYTES_CONVERTER, Settings
 from icesink.errors import ConfigError, UnsupportedTypeError
-from spark_bridge.schema import spark_schema
+from spark_bridge.schema import arrow_only_column
 
 __all__ = [
     "ConnectSchemaError",
@@ -649,7 +649,7 @@ class RecordFormat:
             schema = iceberg_schema(infer_schema(values, timestamp_fields=timestamp_fields))
         decode_json([], schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
         schema = assign_fresh_schema_ids(Schema(*schema.fields, *self.extras.iceberg_fields()))
-        spark_schema(schema)  # likewise for types Spark cannot write (time, uuid)
+        arrow_only_column(schema)  # likewise for types no writer can write (Spark or pyarrow)
         return schema
 
     def convert(

@@ -55,7 +55,7 @@ class DataError(IcesinkError):
 
 
 class UnsupportedTypeError(IcesinkError):
-    """A column type one stage cannot handle (JSON conversion, Spark's Parquet writer).
+    """A column type one stage cannot handle (JSON conversion, the Parquet writers).
     Fatal for the table: names the field, the type, what is supported and what to do."""
 
     def __init__(self, field: str, type_: object, problem: str, supported: str, remedy: str) -> None:

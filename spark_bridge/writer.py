@@ -20,6 +20,11 @@ The steps of one :meth:`SparkFileWriter.write` call:
 4. List the output directory, read each footer, compute Iceberg metrics with pyiceberg's own
    functions, and map the file's directory back to its typed partition tuple.
 
+A table with a column Spark has no type for (uuid, fixed[n]: see
+:func:`spark_bridge.schema.arrow_only_column`) is written by pyarrow instead of step 3
+(:meth:`SparkFileWriter._run_arrow_job`): same directories, same file sizes, every field id;
+steps 1, 2 and 4, staging and clean-up are shared.
+
 The session is blocking: run these calls off the event loop, in one executor.
 """
 
@@ -35,6 +40,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Self
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -45,6 +51,7 @@ from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
+    schema_to_pyarrow,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec, partition_record_value
@@ -54,7 +61,7 @@ from pyspark.sql import types as st
 
 from icesink.errors import ConfigError, SparkWriteError
 from spark_bridge.partitioning import partition_values
-from spark_bridge.schema import name_mapping_mismatch, requires_name_mapping, spark_schema
+from spark_bridge.schema import arrow_only_column, name_mapping_mismatch, requires_name_mapping, spark_schema
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -170,6 +177,7 @@ class SparkFileWriter:
         settings.validate()
         self._settings = settings
         self._spark: SparkSession | None = None
+        self._arrow_tables: set[str] = set()  # tables logged as written with pyarrow
 
     @property
     def spark(self) -> SparkSession:
@@ -242,7 +250,8 @@ class SparkFileWriter:
         metadata = table.metadata
         schema = table.schema()
         spec = table.spec()
-        needs_mapping = requires_name_mapping(schema)
+        arrow_only = arrow_only_column(schema)  # raises for a column no writer can write
+        needs_mapping = arrow_only is None and requires_name_mapping(schema)
         if needs_mapping and (problem := name_mapping_mismatch(schema, metadata.name_mapping())):
             raise ConfigError(
                 f"table {'.'.join(table.name())} property schema.name-mapping.default",
@@ -259,11 +268,21 @@ class SparkFileWriter:
             )
         if data.num_rows == 0:
             return []
-        # Spark cannot give list elements and map keys/values a field id. A file with some ids
-        # but not all is misread by readers that trust ids (DuckDB reads such list elements as
-        # NULL), so such tables get files without ids, which every reader maps by name.
-        sp_schema = spark_schema(schema, field_ids=not needs_mapping)
-        self.spark  # noqa: B018 - fails early when the session is not started
+        if arrow_only is not None:
+            table_name = ".".join(table.name())
+            if table_name not in self._arrow_tables:
+                self._arrow_tables.add(table_name)
+                logger.info(
+                    "table %s: column %r has type %s, which Spark cannot write: pyarrow writes its files",
+                    table_name, *arrow_only,
+                )
+            arrow_schema = schema_to_pyarrow(schema, include_field_ids=True)
+        else:
+            # Spark cannot give list elements and map keys/values a field id. A file with some ids
+            # but not all is misread by readers that trust ids (DuckDB reads such list elements as
+            # NULL), so such tables get files without ids, which every reader maps by name.
+            sp_schema = spark_schema(schema, field_ids=not needs_mapping)
+            self.spark  # noqa: B018 - fails early when the session is not started
 
         data_root = metadata.properties.get("write.data.path", f"{table.location().rstrip('/')}/data")
         out_uri = f"{data_root.rstrip('/')}/{file_prefix}"
@@ -277,9 +296,18 @@ class SparkFileWriter:
         n_tuples = 1
         if not spec.is_unpartitioned():
             extended, labels, n_tuples = _with_label_columns(data, spec, schema)
+
+        def run_job(job_fs: pafs.FileSystem, job_path: str, job_uri: str) -> None:
+            if arrow_only is not None:
+                self._run_arrow_job(
+                    arrow_schema, extended, labels, data, target_file_size_bytes, metadata.properties, job_fs, job_path
+                )
+            else:
+                self._run_job(sp_schema, extended, labels, n_tuples, data, target_file_size_bytes, options, job_uri)
+
         if not self._settings.stages(out_uri):
             try:
-                self._run_job(sp_schema, extended, labels, n_tuples, data, target_file_size_bytes, options, out_uri)
+                run_job(fs, out_path, out_uri)
                 return self._data_files(table, fs, out_path, out_uri, labels)
             except FileExistsError:
                 raise  # another writer's output: never delete it
@@ -292,8 +320,8 @@ class SparkFileWriter:
         stage_root = Path(self._settings.staging_dir).resolve() / uuid.uuid4().hex
         stage_path = stage_root / file_prefix
         try:
-            self._run_job(sp_schema, extended, labels, n_tuples, data, target_file_size_bytes, options, stage_path.as_uri())
             local_fs = pafs.LocalFileSystem()
+            run_job(local_fs, str(stage_path), stage_path.as_uri())
             data_files = self._data_files(table, local_fs, str(stage_path), out_uri, labels)
             try:
                 for relative, _ in _list_data_files(local_fs, str(stage_path)):
@@ -345,6 +373,33 @@ class SparkFileWriter:
             if "PATH_ALREADY_EXISTS" in str(e):  # another writer took this prefix meanwhile: not ours
                 raise FileExistsError(f"output directory {out_uri} was created by another writer") from e
             raise SparkWriteError(f"Spark failed to write {data.num_rows} rows to {out_uri}: {e}") from e
+
+    @staticmethod
+    def _run_arrow_job(
+        arrow_schema: pa.Schema, extended: pa.Table, labels: Sequence[_PartitionLabels], data: pa.Table,
+        target_file_size_bytes: int, properties: Mapping[str, str], fs: pafs.FileSystem, root: str,
+    ) -> None:
+        """pyarrow instead of Spark (:meth:`_run_job`) for a table with columns Spark cannot write:
+        the same layout (a ``label=value`` directory per partition tuple, escaped like Spark),
+        one file per tuple split past the target size, the table's codec, every field id."""
+        bytes_per_row = max(1, math.ceil(data.nbytes / data.num_rows))
+        options = _arrow_parquet_options(properties, bytes_per_row)
+        try:
+            rows = data.cast(arrow_schema)  # the field ids, in nested types too
+            if fs.type_name == "local":  # object stores have no directories to make
+                fs.create_dir(root, recursive=True)
+            for directory, indices in _partition_directories(extended, labels):
+                part = rows if indices is None else rows.take(indices)
+                part_bytes = data.nbytes * part.num_rows / data.num_rows
+                n_files = max(1, math.ceil(part_bytes / target_file_size_bytes))
+                per_file = math.ceil(part.num_rows / n_files)
+                if directory and fs.type_name == "local":
+                    fs.create_dir(f"{root}/{directory}", recursive=True)
+                for start in range(0, part.num_rows, per_file):
+                    path = f"{root}/{directory}{'/' if directory else ''}part-{uuid.uuid4()}.parquet"
+                    pq.write_table(part.slice(start, per_file), path, filesystem=fs, **options)
+        except Exception as e:
+            raise SparkWriteError(f"pyarrow failed to write {data.num_rows} rows to {root}: {e}") from e
 
     def _data_files(
         self, table: Table, fs: pafs.FileSystem, out_path: str, out_uri: str, labels: Sequence[_PartitionLabels]
@@ -482,6 +537,32 @@ def _with_label_columns(
     return extended, labels, n_tuples
 
 
+def _partition_directories(
+    extended: pa.Table, labels: Sequence[_PartitionLabels]
+) -> Iterator[tuple[str, pa.Array | None]]:
+    """(relative directory, row indices) per partition tuple, the way Spark names them
+    (``col=label/...``, escaped, ``__HIVE_DEFAULT_PARTITION__`` for null); ("", None): all rows."""
+    if not labels:
+        yield "", None
+        return
+    segments: list[pa.Array] = []
+    for lbl in labels:
+        column = extended.column(lbl.column).combine_chunks()
+        distinct = pc.unique(column)
+        names = [
+            f"{spark_escape(lbl.column)}={HIVE_DEFAULT_PARTITION if v is None else spark_escape(v)}"
+            for v in distinct.to_pylist()
+        ]
+        segments.append(pa.array(names, pa.string()).take(pc.index_in(column, value_set=distinct, skip_nulls=False)))
+    encoded = pc.dictionary_encode(pc.binary_join_element_wise(*segments, "/"))
+    codes = encoded.indices.to_numpy()
+    order = np.argsort(codes, kind="stable")
+    bounds = np.cumsum(np.bincount(codes, minlength=len(encoded.dictionary)))
+    for code, directory in enumerate(encoded.dictionary.to_pylist()):
+        start = 0 if code == 0 else int(bounds[code - 1])
+        yield directory, pa.array(order[start : int(bounds[code])])
+
+
 def _parse_partition_dirs(
     dirs: Sequence[str], labels: Sequence[_PartitionLabels], relative: str
 ) -> tuple[str | None, ...]:
@@ -555,11 +636,16 @@ def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
         logger.warning("could not remove partial output %s", path, exc_info=True)
 
 
-def _parquet_options(properties: Mapping[str, str]) -> dict[str, str]:
+def _codec(properties: Mapping[str, str]) -> str:
     codec_name = properties.get("write.parquet.compression-codec", "zstd").lower()
     codec = _ICEBERG_CODECS.get(codec_name)
     if codec is None:
         raise ConfigError("write.parquet.compression-codec", codec_name, f"one of {', '.join(sorted(_ICEBERG_CODECS))}")
+    return codec
+
+
+def _parquet_options(properties: Mapping[str, str]) -> dict[str, str]:
+    codec = _codec(properties)
     options = {"compression": codec}
     if (level := properties.get("write.parquet.compression-level")) is not None and codec == "zstd":
         options["parquet.compression.codec.zstd.level"] = level
@@ -568,3 +654,25 @@ def _parquet_options(properties: Mapping[str, str]) -> dict[str, str]:
     if (page := properties.get("write.parquet.page-size-bytes")) is not None:
         options["parquet.page.size"] = page
     return options
+
+
+def _arrow_parquet_options(properties: Mapping[str, str], bytes_per_row: int) -> dict[str, Any]:
+    """``pq.write_table`` arguments for the table's write.parquet.* properties (row groups by
+    the in-memory size of the rows, roughly)."""
+    codec = _codec(properties)
+    options: dict[str, Any] = {"compression": "none" if codec == "uncompressed" else codec}
+    if (level := _int_property(properties, "write.parquet.compression-level")) is not None and codec == "zstd":
+        options["compression_level"] = level
+    if (row_group := _int_property(properties, "write.parquet.row-group-size-bytes")) is not None:
+        options["row_group_size"] = max(1, row_group // bytes_per_row)
+    if (page := _int_property(properties, "write.parquet.page-size-bytes")) is not None:
+        options["data_page_size"] = page
+    return options
+
+
+def _int_property(properties: Mapping[str, str], key: str) -> int | None:
+    text = properties.get(key)
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        raise ConfigError(key, text, "an integer") from None

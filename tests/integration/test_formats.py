@@ -1,7 +1,8 @@
 """Kafka Connect envelopes end to end: a real worker process (Faust + Spark) consumes
 JsonConverter output (``schemas.enable=true``) from Tansu, auto-creates the table from the
 Connect schema (logical types, not their base types), adds the key and Kafka metadata columns,
-and dead-letters malformed envelopes with their position. DuckDB reads the table back."""
+and dead-letters malformed envelopes with their position. DuckDB reads the table back.
+A Debezium Uuid field becomes an Iceberg uuid column, which pyarrow writes (Spark cannot)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import base64
 import json
 import time
+import uuid
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
@@ -35,6 +37,7 @@ SCHEMA = {
          "parameters": {"scale": "2", "connect.decimal.precision": "10"}},
         {"field": "shipped", "type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp"},
         {"field": "tags", "type": "array", "optional": True, "items": {"type": "string", "optional": False}},
+        {"field": "ref", "type": "string", "optional": True, "name": "io.debezium.data.Uuid", "version": 1},
     ],
 }
 AT0 = 1_700_000_000_000  # ms
@@ -49,6 +52,7 @@ def payload(i: int, logical: bool) -> dict:
         "amount": connect_decimal(Decimal(i * 137 - 5000).scaleb(-2), 2) if logical else None,
         "shipped": f"2024-03-01T10:00:{i % 60:02d}.25+02:00",
         "tags": [f"t{i % 3}"] * (i % 3),
+        "ref": None if i % 9 == 0 else str(uuid.UUID(int=i * 0x9E3779B97F4A7C15 << 32)),
     }
 
 
@@ -111,7 +115,8 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
     assert types == {
         "id": ("long", True), "customer": ("string", False), "at": ("timestamptz", False),
         "day": ("date", False), "amount": ("decimal(10, 2)", False), "shipped": ("timestamptz", False),
-        "tags": ("list<string>", False), "_key": ("string", False), "_kafka_metadata_topic": ("string", False),
+        "tags": ("list<string>", False), "ref": ("uuid", False), "_key": ("string", False),
+        "_kafka_metadata_topic": ("string", False),
         "_kafka_metadata_partition": ("int", False), "_kafka_metadata_offset": ("long", False),
         "_kafka_metadata_timestamp": ("timestamptz", False),
         "_kafka_metadata_headers": (types["_kafka_metadata_headers"][0], False),
@@ -123,7 +128,8 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
     con = duck.connect()
     rows = con.execute(
         "SELECT id, customer, \"at\", \"day\", amount, shipped, tags, _key, _kafka_metadata_topic, _kafka_metadata_partition,"
-        " _kafka_metadata_offset, _kafka_metadata_timestamp, _kafka_metadata_headers"
+        " _kafka_metadata_offset, _kafka_metadata_timestamp, _kafka_metadata_headers,"
+        " ref"
         f" FROM iceberg_scan('{duck.plain_path(table.metadata_location)}') ORDER BY id"
     ).fetchall()
     ids = [i for i in range(N) if i not in BAD]
@@ -145,6 +151,7 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
         assert r[11] == datetime.fromtimestamp((AT0 + i) / 1000, UTC), i
         headers = [(h["key"], bytes(h["value"])) for h in r[12]]
         assert headers == ([("trace", f"tr-{i}".encode()), ("trace", b"\xff")] if i % 50 == 0 else []), i
+        assert r[13] == (p["ref"] and uuid.UUID(p["ref"])), i
 
     lines = [json.loads(x) for x in (state / "deadletter" / f"{TOPIC}.jsonl").read_text().splitlines()]
     assert sorted((d["topic"], d["partition"], d["offset"]) for d in lines) == [(TOPIC, 0, i) for i in sorted(BAD)]

@@ -8,11 +8,13 @@ the table back with pyiceberg and with DuckDB's iceberg extension (loaded from i
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import random
 import socket
 import subprocess
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,12 +29,14 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
     DateType,
     DecimalType,
     DoubleType,
+    FixedType,
     FloatType,
     IntegerType,
     ListType,
@@ -41,16 +45,19 @@ from pyiceberg.types import (
     NestedField,
     StringType,
     StructType,
+    TimestampNanoType,
     TimestampType,
     TimestamptzType,
+    UnknownType,
+    UUIDType,
 )
 from pyspark.sql import types as st
 
-from icesink.errors import ConfigError
+from icesink.errors import ConfigError, SparkWriteError
 from icesink.pizzas import PIZZA_SCHEMA
 from spark_bridge.partitioning import build_partition_spec, parse_partition_by
 from icesink.errors import UnsupportedTypeError
-from spark_bridge.schema import name_mapping_properties, spark_schema
+from spark_bridge.schema import arrow_only_column, name_mapping_properties, spark_schema
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 from icesink import duck
 from icesink.embedded import free_port
@@ -128,10 +135,17 @@ def test_spark_schema_carries_field_ids_at_every_level() -> None:
     assert not mapping.valueContainsNull
     assert all(not f.metadata for f in spark_schema(schema, field_ids=False).fields)
 
-    from pyiceberg.types import UUIDType
-
     with pytest.raises(UnsupportedTypeError, match=r"'s\.u'.*uuid"):
         spark_schema(Schema(NestedField(1, "s", StructType(NestedField(2, "u", UUIDType())))))
+    # ... which the writer hands to pyarrow; a type no writer has is refused, naming its column.
+    nested = Schema(NestedField(1, "a", LongType()), NestedField(2, "l", ListType(3, FixedType(4))),
+                    NestedField(4, "s", StructType(NestedField(5, "u", UUIDType()))))
+    assert arrow_only_column(nested) == ("l.element", FixedType(4))
+    assert arrow_only_column(schema) is None
+    with pytest.raises(UnsupportedTypeError, match=r"'t\.x'.*cannot write Iceberg type unknown"):
+        arrow_only_column(Schema(*nested.fields, NestedField(6, "t", StructType(NestedField(7, "x", UnknownType())))))
+    with pytest.raises(UnsupportedTypeError, match=r"'tn'.*timestamp_ns.*format-version 3"):
+        arrow_only_column(Schema(*nested.fields, NestedField(6, "tn", TimestampNanoType())))
 
 
 def test_partitioned_pizzas_one_file_per_partition_read_back_by_pyiceberg_and_duckdb(
@@ -447,6 +461,161 @@ def test_nested_struct_list_and_map(writer: SparkFileWriter, catalog: SqlCatalog
     assert got[2] == sum(len(r["tags"]) for r in rows if r["tags"] is not None)
     assert got[3] == sum(len(r["attrs"]) for r in rows if r["attrs"] is not None)
     assert got[4] == sum(r["payload"]["amount"] for r in rows if r["payload"] is not None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Columns Spark cannot write (uuid, fixed, nanosecond timestamps): pyarrow writes those tables
+
+
+UUID_SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "u", UUIDType()),
+    NestedField(3, "f", FixedType(16)),
+    NestedField(4, "name", StringType()),
+    NestedField(5, "at", TimestampType()),
+    NestedField(6, "inner", StructType(NestedField(7, "ref", UUIDType()), NestedField(8, "code", FixedType(3)))),
+    NestedField(9, "tags", ListType(10, StringType(), element_required=False)),
+)
+
+
+def uuid_rows(n: int, *, seed: int) -> list[dict[str, Any]]:
+    rnd = random.Random(seed)
+    names = ["", None, "a/b", "x:y=z%", "é 漢", "__HIVE_DEFAULT_PARTITION__", "plain"]
+    return [
+        {
+            "id": i,
+            "u": None if i % 17 == 0 else uuid.UUID(int=rnd.getrandbits(128), version=4),
+            "f": None if i % 19 == 0 else rnd.randbytes(16),
+            "name": names[i % len(names)],
+            "at": dt.datetime(2024, 1, 1) + dt.timedelta(seconds=rnd.randrange(3 * 86_400)),
+            "inner": None if i % 23 == 0 else {
+                "ref": None if i % 5 == 0 else uuid.UUID(int=rnd.getrandbits(128)), "code": rnd.randbytes(3)
+            },
+            "tags": None if i % 7 == 0 else [rnd.choice(["x", None]) for _ in range(rnd.randrange(3))],
+        }
+        for i in range(n)
+    ]
+
+
+def uuid_table(rows: list[dict[str, Any]], table: Table) -> pa.Table:
+    """Rows as the worker's decode_json builds them: uuid columns of the arrow.uuid extension type."""
+    schema = schema_to_pyarrow(table.schema())
+    def raw(u: uuid.UUID | None) -> bytes | None:
+        return None if u is None else u.bytes
+
+    as_bytes = [
+        {**r, "u": raw(r["u"]), "inner": r["inner"] and {**r["inner"], "ref": raw(r["inner"]["ref"])}} for r in rows
+    ]
+    return pa.Table.from_pylist(as_bytes, schema=_storage_schema(schema)).cast(schema)
+
+
+def _storage_schema(schema: pa.Schema) -> pa.Schema:
+    def storage(t: pa.DataType) -> pa.DataType:
+        if isinstance(t, pa.BaseExtensionType):
+            return t.storage_type
+        if pa.types.is_struct(t):
+            return pa.struct([f.with_type(storage(f.type)) for f in t])
+        return t
+
+    return pa.schema([f.with_type(storage(f.type)) for f in schema])
+
+
+def assert_uuid_footer(path: str, schema: Schema) -> None:
+    """Spec-correct types: uuid is FIXED_LEN_BYTE_ARRAY(16) with the UUID logical type, fixed[n]
+    is FIXED_LEN_BYTE_ARRAY(n); every column, list elements too, carries its field id."""
+    footer = pq.read_metadata(path).schema
+    columns = {footer.column(i).path: footer.column(i) for i in range(len(footer))}
+    expected = [("u", 16, "UUID"), ("f", 16, "None"), ("inner.ref", 16, "UUID"), ("inner.code", 3, "None")]
+    for name, width, logical in expected:
+        col = columns[name]
+        assert (col.physical_type, col.length, str(col.logical_type)) == ("FIXED_LEN_BYTE_ARRAY", width, logical), name
+    arrow = pq.read_schema(path)
+    ids = {name: str(schema.find_field(name).field_id).encode() for name in ("tags.element", "inner.ref")}
+    assert arrow.field("tags").type.value_field.metadata[b"PARQUET:field_id"] == ids["tags.element"]
+    assert arrow.field("inner").type.field("ref").metadata[b"PARQUET:field_id"] == ids["inner.ref"]
+
+
+def assert_uuid_rows_by_duckdb(table: Table, rows: list[dict[str, Any]]) -> None:
+    got = sorted(duck.scan_rows(table.metadata_location), key=lambda r: r["id"])
+    assert [(r["id"], r["u"], r["f"], r["name"], r["inner"], r["tags"]) for r in got] == [
+        (r["id"], r["u"], r["f"], r["name"], r["inner"], r["tags"]) for r in rows
+    ]
+
+
+def test_partitioned_uuid_and_fixed_columns_are_written_by_pyarrow(
+    writer: SparkFileWriter, catalog: SqlCatalog, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = build_partition_spec(parse_partition_by("day(at), name, bucket(u, 2)"), UUID_SCHEMA)
+    table = catalog.create_table("db.uuids", schema=UUID_SCHEMA, partition_spec=spec)
+    rows = uuid_rows(3_000, seed=21)
+    data = uuid_table(rows, table)
+    bytes_per_row = -(-data.nbytes // data.num_rows)
+    max_records = 40  # one (day, name, bucket) tuple holds about 3000 / 42 = 71 rows
+
+    with caplog.at_level(logging.INFO, logger="spark_bridge.writer"):
+        files = writer.write(table, data, file_prefix="r1", target_file_size_bytes=max_records * bytes_per_row)
+        writer.write(table, data.slice(0, 10), file_prefix="r0")  # logged once per table
+    assert sum("column 'u' has type uuid, which Spark cannot write" in m for m in caplog.messages) == 1
+
+    # One directory per tuple, escaped like Spark's, split past the target size.
+    day, bucket = DayTransform().transform(TimestampType()), BucketTransform(2).transform(UUIDType())
+    tuples = Counter((day(r["at"]), r["name"], bucket(r["u"])) for r in rows)
+    per_tuple = Counter((f.partition[0], f.partition[1], f.partition[2]) for f in files)
+    assert set(per_tuple) == set(tuples)
+    assert all(per_tuple[t] == -(-n // max_records) for t, n in tuples.items())
+    assert sum(f.record_count for f in files) == 3_000
+    assert any("/name_identity=a%2Fb/" in f.file_path for f in files)
+    assert any("/name_identity=__HIVE_DEFAULT_PARTITION__/" in f.file_path for f in files)  # null
+    assert_uuid_footer(local_path(files[0].file_path), table.schema())
+
+    table = commit(table, files, "c-1")
+    assert_same_rows(table.scan().to_arrow(), data, "id")
+    assert_uuid_rows_by_duckdb(table, rows)
+    # Filters on uuid and fixed go through the files' bounds (pyarrow 26 cannot compare uuids: DuckDB).
+    with duck.connect() as con:
+        found = con.execute(
+            "SELECT list(id ORDER BY id) FROM iceberg_scan(?) WHERE u = ?::UUID OR f = ?",
+            [local_path(table.metadata_location), str(rows[5]["u"]), rows[8]["f"]],
+        ).fetchone()
+    assert found == ([5, 8],)
+
+
+def test_unpartitioned_uuid_table_honours_target_size_codec_staging_and_cleans_up(
+    catalog: SqlCatalog, tmp_path: Path
+) -> None:
+    """No Spark session at all: the pyarrow path needs none. Staged like Spark's output."""
+    staging = tmp_path / "staging"
+    staged = SparkFileWriter(SparkSettings(stage="always", staging_dir=str(staging)))
+    table = catalog.create_table(
+        "db.flat_uuids", schema=UUID_SCHEMA, properties={"write.parquet.compression-codec": "snappy"}
+    )
+    rows = uuid_rows(2_000, seed=22)
+    data = uuid_table(rows, table)
+    files = staged.write(table, data, file_prefix="r1/w", target_file_size_bytes=data.nbytes // 3 + 1)
+    assert len(files) == 3 and sorted(f.record_count for f in files) == [666, 667, 667]
+    assert not any(p.is_file() for p in staging.rglob("*"))
+    for f in files:
+        assert f.file_path.startswith(table.location() + "/data/r1/w/part-")
+        assert f.file_size_in_bytes == os.path.getsize(local_path(f.file_path))
+        assert pq.read_metadata(local_path(f.file_path)).row_group(0).column(1).compression == "SNAPPY"
+        assert_uuid_footer(local_path(f.file_path), table.schema())
+        assert set(f.lower_bounds) >= {1, 2, 3}  # pyiceberg's metrics of the footer
+    table = commit(table, files, "c-1")
+    assert_same_rows(table.scan().to_arrow(), data, "id")
+    assert_uuid_rows_by_duckdb(table, rows)
+
+    # A failure after some files were written leaves nothing behind, staged or not: the last
+    # partition's directory name is longer than the filesystem allows.
+    by_name = catalog.create_table("db.by_name", schema=UUID_SCHEMA,
+                                   partition_spec=build_partition_spec(parse_partition_by("name"), UUID_SCHEMA))
+    long_name = [*rows[:100], {**rows[100], "name": "n" * 300}]
+    for i, w in enumerate([staged, SparkFileWriter(SparkSettings())]):
+        with pytest.raises(SparkWriteError, match="pyarrow failed to write 101 rows"):
+            w.write(by_name, uuid_table(long_name, by_name), file_prefix=f"r{i}/w")
+        assert not os.path.exists(local_path(by_name.location()) + f"/data/r{i}/w")
+    assert not any(p.is_file() for p in staging.rglob("*"))
+    with pytest.raises(SparkWriteError):  # pyarrow validates the rows as Spark does
+        staged.write(table, data.set_column(0, "id", pa.array([None] * 2_000, pa.int64())), file_prefix="r3")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Type fidelity end to end: one real worker (Faust + Spark) over a real Tansu topic into a
-SQLite-catalog table with a column of every type Spark can write, read back by DuckDB.
+SQLite-catalog table with a column of every type icesink writes, read back by DuckDB (uuid
+and fixed columns make the worker write that table with pyarrow: Spark has no type for them).
 
 Records carry each type in every encoding decode_json accepts (ISO strings with and without
 offsets, epoch counts in the configured default unit and in a unit stated by a table
@@ -28,15 +29,17 @@ GOOD = [
         "id": 1, "ts": "2023-11-14 22:13:20.123456", "tsz": "2023-11-14T23:13:20.123456+01:00",
         "ts_us": T0, "d": "2023-11-14", "t": "22:13:20.123456", "amount": "12.34", "amount_cb": "BNI=",
         "dbl": 1.5, "b": "AAEC", "s": {"n": 1, "at": "2023-11-14T22:13:20.123456Z"},
+        "u": "0f8fad5b-d9cb-469f-a165-70867728950e", "fx": "AAECAw==",
     },
     {  # epoch counts in the default unit (ms), day counts, numbers
         "id": 2, "ts": 1700000000123, "tsz": 1700000000123, "ts_us": str(T0), "d": 19675, "t": 80000123,
         "amount": 12.3, "amount_cb": "+y4=", "dbl": -0.25, "b": "", "s": {"n": -5, "at": 1700000000000},
+        "u": "7C9E6679-7425-40DE-944B-E07FC1F90AE7", "fx": "/////w==",
     },
     {  # nanoseconds truncated to microseconds; nulls and missing fields
         "id": 3, "ts": "2023-11-14T22:13:20.123456789", "tsz": "2023-11-14T22:13:20Z",
         "ts_us": "2023-11-14T22:13:20.123456Z", "d": "1970-01-01", "t": "00:00:00", "amount": "-99999999.99",
-        "amount_cb": None, "b": "/w==", "s": None,
+        "amount_cb": None, "b": "/w==", "s": None, "u": None,
     },
 ]
 BAD = [  # (record, field at fault)
@@ -45,6 +48,8 @@ BAD = [  # (record, field at fault)
     ({"id": 6, "b": "AAE"}, "b"),
     ({"id": 7, "s": {"n": 1, "at": "tomorrow"}}, "s.at"),
     ({"id": 8, "t": "24:00:00"}, "t"),
+    ({"id": 9, "u": "0f8fad5b-d9cb-469f-a165-70867728950"}, "u"),  # one hex digit short
+    ({"id": 10, "fx": "AAEC"}, "fx"),  # 3 bytes for fixed[4]
 ]
 
 
@@ -57,12 +62,14 @@ def test_every_type_lands_exactly(broker, catalog_props, tmp_path):
         DateType,
         DecimalType,
         DoubleType,
+        FixedType,
         LongType,
         NestedField,
         StructType,
         TimestampType,
         TimestamptzType,
         TimeType,
+        UUIDType,
     )
 
     from icesink import duck
@@ -85,6 +92,8 @@ def test_every_type_lands_exactly(broker, catalog_props, tmp_path):
         NestedField(9, "dbl", DoubleType()),
         NestedField(10, "b", BinaryType()),
         NestedField(11, "s", StructType(NestedField(12, "n", LongType()), NestedField(13, "at", TimestamptzType()))),
+        NestedField(14, "u", UUIDType()),
+        NestedField(15, "fx", FixedType(4)),
     )
     catalog.create_table(TYPED, schema=schema, properties={
         "icesink.epoch-unit.ts_us": "us", "icesink.decimal-encoding.amount_cb": "connect-bytes",
@@ -110,16 +119,16 @@ def test_every_type_lands_exactly(broker, catalog_props, tmp_path):
     con = duck.connect()
     rows = con.execute(
         "SELECT id, CAST(ts AS VARCHAR), epoch_us(tsz), epoch_us(ts_us), CAST(d AS VARCHAR), CAST(t AS VARCHAR), "
-        "CAST(amount AS VARCHAR), CAST(amount_cb AS VARCHAR), dbl, b, s.n, epoch_us(s.at) "
+        "CAST(amount AS VARCHAR), CAST(amount_cb AS VARCHAR), dbl, b, s.n, epoch_us(s.at), CAST(u AS VARCHAR), fx "
         f"FROM iceberg_scan('{duck.plain_path(table.metadata_location)}') ORDER BY id"
     ).fetchall()
     assert rows == [
         (1, "2023-11-14 22:13:20.123456", T0, T0, "2023-11-14", "22:13:20.123456", "12.34", "12.34", 1.5,
-         b"\x00\x01\x02", 1, T0),
+         b"\x00\x01\x02", 1, T0, "0f8fad5b-d9cb-469f-a165-70867728950e", b"\x00\x01\x02\x03"),
         (2, "2023-11-14 22:13:20.123", T0 - 456, T0, "2023-11-14", "22:13:20.123",
-         "12.30", "-12.34", -0.25, b"", -5, T0 - 123456),
+         "12.30", "-12.34", -0.25, b"", -5, T0 - 123456, "7c9e6679-7425-40de-944b-e07fc1f90ae7", b"\xff" * 4),
         (3, "2023-11-14 22:13:20.123456", T0 - 123456, T0, "1970-01-01", "00:00:00", "-99999999.99", None, None,
-         b"\xff", None, None),
+         b"\xff", None, None, None, None),
     ]
 
     # Bad values were dead-lettered with the field at fault, not stored as nulls.
