@@ -202,3 +202,112 @@ def _decode_json_reads_epoch_units() -> bool:
 def test_debezium_events_with_schema(broker, catalog_props, tmp_path, captured):
     events = captured["events"]["schema"]
     _check(_run_sink(broker, catalog_props, tmp_path, "schema", events), events)
+
+
+# Schema evolution: a column added in PostgreSQL ---------------------------------------------------
+
+ALTER_DDL = "CREATE TABLE public.items (id int PRIMARY KEY, name text)"
+ALTER_BEFORE = ["INSERT INTO items VALUES (4, 'd')"]
+ALTER = "ALTER TABLE items ADD COLUMN note text"
+ALTER_AFTER = ["INSERT INTO items VALUES (5, 'e', 'n5')", "UPDATE items SET note = 'n1' WHERE id = 1"]
+#: (id, name, note, op) of each change row, in Kafka offset order.
+ALTER_ROWS = [(1, "a", None, "I"), (2, "b", None, "I"), (3, "c", None, "I"), (4, "d", None, "I"),
+              (5, "e", "n5", "I"), (1, "a", "n1", "U")]
+
+
+@pytest.fixture(scope="module")
+def altered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Both event forms of: three rows (snapshot), an insert, ``ALTER TABLE ADD COLUMN``, an
+    insert and an update that fill the new column."""
+    import psycopg2
+
+    from tests.support.postgres import PostgresServer
+
+    out = tmp_path_factory.mktemp("debezium-alter")
+    pg = PostgresServer(logical=True)
+    pg.start()
+    proc = None
+    try:
+        con = psycopg2.connect(host="127.0.0.1", port=pg.port, user="icesink", dbname="postgres")
+        con.autocommit = True
+        cur = con.cursor()
+        cur.execute(ALTER_DDL)
+        cur.execute("INSERT INTO items VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+        log = out / "capture.log"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.debezium_capture", "--port", str(pg.port),
+             "--table", "public.items", "--out", str(out)],
+            cwd=out, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        )
+        for form in ("plain", "schema"):
+            _wait_lines(out / f"{form}.jsonl", 3, proc, log, 120)
+        for sql in ALTER_BEFORE:
+            cur.execute(sql)
+        for form in ("plain", "schema"):
+            _wait_lines(out / f"{form}.jsonl", 4, proc, log, 60)
+        cur.execute(ALTER)
+        for sql in ALTER_AFTER:
+            cur.execute(sql)
+        return {form: _wait_lines(out / f"{form}.jsonl", len(ALTER_ROWS), proc, log, 60) for form in ("plain", "schema")}
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        pg.destroy()
+
+
+@pytest.mark.parametrize("form", ["schema", "plain"])
+def test_added_column_evolves_the_table_with_key_and_metadata_columns(broker, catalog_props, tmp_path, altered, form):
+    """Evolution on, key and Kafka metadata columns on the Debezium path: the table is created
+    from the first events, gains ``note`` when the events after the ALTER arrive (stated by
+    their Connect schema, or seen in their values without schemas), earlier rows keep null."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink import duck
+    from icesink.kafka_admin import ensure_topic
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import metric, wait_rows, write_config
+
+    events = altered[form]
+    assert len(events) == len(ALTER_ROWS) and all(e["value"] is not None for e in events)
+    schema_form = form == "schema"
+    if schema_form:  # the Connect schema after the ALTER states the new column
+        after = [f for f in json.loads(events[-1]["value"])["schema"]["fields"] if f["field"] == "after"][0]
+        assert "note" in [f["field"] for f in after["fields"]]
+    topic, table, group = f"dbz-alter-{form}", f"cdc.items_{form}", f"dbz-alter-{form}"
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
+    cfg = write_config(
+        tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+        catalog_props=catalog_props, state_dir=tmp_path / "state", group=group,
+        **{"transforms": "debezium",
+           "transforms.debezium.type": "io.tabular.iceberg.connect.transforms.DebeziumTransform",
+           "value.converter.schemas.enable": str(schema_form).lower(),
+           "iceberg.tables.evolve-schema-enabled": "true",
+           "iceberg.tables.key-column": "_key", "iceberg.tables.kafka-metadata-enabled": "true"},
+    )
+    catalog = load_catalog("it", **catalog_props)
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        r = replicas.start()
+        asyncio.run(_produce(broker.bootstrap, topic, events[:4]))  # before the ALTER
+        wait_rows(catalog, replicas, (table,), 4, timeout_s=60)
+        assert "note" not in catalog.load_table(table).schema().column_names
+        asyncio.run(_produce(broker.bootstrap, topic, events[4:]))
+        wait_rows(catalog, replicas, (table,), len(ALTER_ROWS), timeout_s=60)
+        changes = metric(r.metrics_port, "icesink_schema_changes_total")
+        rejected = metric(r.metrics_port, "icesink_records_rejected_total")
+    finally:
+        replicas.stop_all()
+    loaded = catalog.load_table(table)
+    assert [f.name for f in loaded.schema().fields][-1] == "note" and changes == 1 and rejected == 0
+    with duck.connect() as con:
+        rows = con.execute(
+            f"""SELECT id, name, note, _cdc.op, _key, _kafka_metadata_offset, _kafka_metadata_topic, _cdc."offset"
+                FROM iceberg_scan('{duck.plain_path(loaded.metadata_location)}') ORDER BY _cdc."offset" """
+        ).fetchall()
+    assert [row[:4] for row in rows] == ALTER_ROWS
+    assert [row[4] for row in rows] == [e["key"] for e in events]  # the record key, as Debezium wrote it
+    assert [(row[5], row[6], row[7]) for row in rows] == [(i, topic, i) for i in range(len(ALTER_ROWS))]
