@@ -23,10 +23,19 @@ How a batch is converted: :func:`agents.convert.decode_json` reads every value a
 *wrapper* schema (the envelope, with the table's columns as the type of ``before`` and
 ``after``), then pyarrow.compute picks the image per row and builds ``_cdc``; no per-record
 Python. Values written by the JsonConverter with schemas enabled (``{"schema": ..,
-"payload": ..}``) are read under ``payload``; their Connect schema says how temporal and decimal
-fields are encoded, which reaches ``decode_json`` as field metadata (``icesink.epoch-unit``,
-``icesink.decimal-encoding``). A value that is not a change event with a row image (a tombstone,
-a truncate, a record of another kind) is a :class:`~agents.convert.Reject`.
+"payload": ..}``) are split and grouped by schema as the envelope format does
+(:mod:`agents.formats`), and each group's payloads decoded in bulk; the group's Connect schema
+says how temporal and decimal fields are encoded, which reaches ``decode_json`` as field
+metadata (``icesink.epoch-unit``, ``icesink.decimal-encoding``). A value that is not a change
+event with a row image (a tombstone, a truncate, a record of another kind) is a
+:class:`~agents.convert.Reject`.
+
+Schema evolution (``iceberg.tables.evolve-schema-enabled``, driven by the worker through
+:mod:`agents.evolution`): with schemas, the row schema the groups state (``after``/``before``)
+is what the table needs; without, the row images' values decide, as for plain JSON. ``_cdc``
+never evolves. The key and Kafka metadata columns are added around the transform by the record
+format (:meth:`agents.formats.RecordFormat.convert`), as the reference chains the transform
+with ``KafkaMetadataTransform``.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -42,10 +51,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agents.convert import Converted, Reject, decode_json, infer_schema
-from agents.formats import ConnectSchemaError, decode_schema
+from agents.formats import ConnectSchemaError, Envelopes, Grow, connect_arrow_schema, decode_envelopes, decode_schema
 from icesink.config import CDC_ROUTE_FIELDS
 
-__all__ = ["CDC_COLUMN", "CDC_TYPE", "DebeziumTransform", "connect_field"]
+__all__ = ["CDC_COLUMN", "CDC_TYPE", "DebeziumTransform"]
 
 CDC_COLUMN: Final = "_cdc"
 CDC_TYPE: Final = pa.struct([
@@ -58,9 +67,6 @@ CDC_TYPE: Final = pa.struct([
     pa.field("position", pa.string()),
 ])
 DEFAULT_TARGET_PATTERN: Final = "{db}.{table}"
-
-EPOCH_UNIT: Final = b"icesink.epoch-unit"
-DECIMAL_ENCODING: Final = b"icesink.decimal-encoding"
 
 #: The parts of ``source`` that are read; other connectors' fields are ignored.
 _SOURCE: Final = pa.struct([
@@ -84,56 +90,75 @@ class DebeziumTransform:
 
     target_pattern: str = DEFAULT_TARGET_PATTERN
     schemas: bool = False
+    _envelopes: Envelopes = field(default_factory=Envelopes, compare=False, repr=False)
 
     # Schemas ---------------------------------------------------------------------------------
 
     def infer_schema(self, values: Sequence[bytes]) -> pa.Schema:
-        """Columns of an auto-created table: the row image's fields, then ``_cdc``.
+        """Columns of an auto-created table: the row image's fields (all optional: a delete's
+        ``before`` may hold the key only), then ``_cdc``.
 
-        With schemas the types come from the Connect schema of the first event (exact: ints,
-        decimals, timestamps); without, they are inferred from the JSON (a MicroTimestamp is
-        then a long and a Connect decimal a base64 string: nothing in the value says more).
+        With schemas the types come from the Connect schema of the first event, mapped as the
+        schema envelope format maps them (:func:`agents.formats.connect_iceberg_schema`: exact
+        ints, decimals, timestamps, uuid); without, they are inferred from the JSON (a
+        MicroTimestamp is then a long and a Connect decimal a base64 string: nothing in the
+        value says more).
         """
         connect = _first_connect_schema(values) if self.schemas else None
+        image = _row_connect_schema(connect) if connect is not None else None
         if connect is not None:
-            row = _row_connect_schema(connect)
-            fields = [connect_field(f) for f in row.get("fields", [])] if row else []
+            stated = connect_arrow_schema(image) if image is not None else None
+            fields = list(_encoded(stated, image)) if stated is not None and image is not None else []
         else:
-            envelope = infer_schema(values)
-            if self.schemas and "payload" in envelope.names:
-                payload = envelope.field("payload").type
-                envelope = pa.schema(list(payload)) if pa.types.is_struct(payload) else pa.schema([])
-            fields = _row_fields(envelope)
+            fields = list(self.row_schema(values))
         return pa.schema([_nullable(f) for f in fields] + [pa.field(CDC_COLUMN, CDC_TYPE)])
 
+    def row_schema(self, values: Sequence[bytes]) -> pa.Schema:
+        """The row images' fields as the JSON values show them (one inferring parse): what
+        schemaless events need of a table (schema evolution), ``_cdc`` never among them."""
+        envelope = infer_schema(values)
+        if self.schemas and "payload" in envelope.names:
+            payload = envelope.field("payload").type
+            envelope = pa.schema(list(payload)) if pa.types.is_struct(payload) else pa.schema([])
+        return pa.schema([f for f in _row_fields(envelope) if f.name != CDC_COLUMN])
+
     def _wrapper(self, row: Sequence[pa.Field]) -> pa.Schema:
+        """The envelope (the payload, with schemas) with ``row`` as the type of the images."""
         image = pa.struct([_nullable(f) for f in row])
-        envelope = [
+        return pa.schema([
             pa.field("before", image),
             pa.field("after", image),
             pa.field("op", pa.string()),
             pa.field("ts_ms", pa.int64()),
             pa.field("ts_us", pa.int64()),
             pa.field("source", _SOURCE),
-        ]
-        return pa.schema([pa.field("payload", pa.struct(envelope))] if self.schemas else envelope)
+        ])
 
     # Conversion ------------------------------------------------------------------------------
 
-    def apply(self, values: Sequence[bytes], offsets: Sequence[int], schema: pa.Schema) -> Converted:
-        """Change rows for ``values`` (Kafka offsets ``offsets``), in ``schema`` (the table's)."""
-        row = [f for f in schema if f.name != CDC_COLUMN]
+    def apply(self, values: Sequence[bytes], offsets: Sequence[int], schema: pa.Schema, *,
+              grow: Grow | None = None) -> Converted:
+        """Change rows for ``values`` (Kafka offsets ``offsets``), in ``schema`` (the table's).
+
+        With schemas, events are grouped by Connect schema (as the envelope format groups
+        records) and each group's row fields are read with the encodings its schema states;
+        ``grow`` (schema evolution) is given the row schemas the groups state and returns the
+        schema to decode against (``_cdc`` included, unchanged)."""
         if self.schemas:
-            connect = _first_connect_schema(values)
-            image = _row_connect_schema(connect) if connect is not None else None
-            if image is not None:
-                try:  # the table's row fields, with the encodings the Connect schema states
-                    row = list(decode_schema(pa.schema(row), image))
-                except ConnectSchemaError:
-                    pass  # a malformed schema states nothing; the values decide (or are rejected)
-        decoded = decode_json(values, self._wrapper(row))
+            groups, not_envelopes = self._envelopes.group(values)
+            if grow is not None:
+                schema = grow([w for g in groups if (image := _row_connect_schema(g.schema)) is not None
+                               and (w := connect_arrow_schema(image)) is not None])
+            row = [f for f in schema if f.name != CDC_COLUMN]
+            decoded = decode_envelopes(
+                groups, not_envelopes, self._wrapper(row),
+                lambda connect: self._wrapper(_encoded(pa.schema(row), _row_connect_schema(connect))),
+            )
+        else:
+            row = [f for f in schema if f.name != CDC_COLUMN]
+            decoded = decode_json(values, self._wrapper(row))
         table, indices = decoded.table, decoded.indices
-        cols = self._envelope_columns(table)
+        cols = {name: table.column(name).combine_chunks() for name in table.column_names}
         op = cols["op"]
         deleted = pc.fill_null(pc.equal(op, "d"), False)
         image = pc.if_else(deleted, cols["before"], cols["after"])
@@ -164,13 +189,6 @@ class DebeziumTransform:
         keep = pc.invert(bad)
         result = pa.Table.from_arrays(out, schema=schema).filter(keep)
         return Converted(result, pc.filter(indices, keep), tuple(sorted(rejects, key=lambda r: r.index)))
-
-    def _envelope_columns(self, table: pa.Table) -> dict[str, pa.Array]:
-        """The envelope's fields of decoded events (under ``payload`` with schemas)."""
-        if self.schemas:
-            env = table.column("payload").combine_chunks()
-            return {f.name: env.field(f.name) for f in env.type}
-        return {name: table.column(name).combine_chunks() for name in table.column_names}
 
     def _cdc(self, cols: dict[str, pa.Array], op: pa.Array, offsets: pa.Array) -> pa.StructArray:
         source = cols["source"]
@@ -218,7 +236,8 @@ class DebeziumTransform:
         ``_cdc`` field (``_cdc.target``, ``_cdc.source`` or ``_cdc.op``) as the transform will
         fill it, else a (dotted) field of the row image (``after``; ``before`` for a delete).
         One bulk parse; the table's single column is that value (null where missing)."""
-        if field.startswith(f"{CDC_COLUMN}."):
+        cdc = field.startswith(f"{CDC_COLUMN}.")
+        if cdc:
             part = field[len(CDC_COLUMN) + 1:]
             assert part in CDC_ROUTE_FIELDS, field  # checked by icesink.config
             image: pa.DataType = pa.struct([])
@@ -232,9 +251,13 @@ class DebeziumTransform:
                     pa.field("source", _SOURCE)]
         decoded = decode_json(values, pa.schema([pa.field("payload", pa.struct(envelope))] if self.schemas else envelope))
         table = decoded.table
-        cols = self._envelope_columns(table)
+        if self.schemas:
+            payload = table.column("payload").combine_chunks()
+            cols = {f.name: payload.field(f.name) for f in payload.type}
+        else:
+            cols = {name: table.column(name).combine_chunks() for name in table.column_names}
         op = cols["op"]
-        if field.startswith(f"{CDC_COLUMN}."):
+        if cdc:
             source = cols["source"]
             db, tbl = pc.coalesce(source.field("schema"), source.field("db")), source.field("table")
             column = {
@@ -244,65 +267,23 @@ class DebeziumTransform:
             }[part]()
         else:
             column = pc.if_else(pc.fill_null(pc.equal(op, "d"), False), cols["before"], cols["after"])
-            for name in field.split("."):
+            for _ in field.split("."):
                 column = pc.struct_field(column, [0])
         return Converted(pa.table({field: column}), decoded.indices, decoded.rejects)
 
 
 # Connect schemas (the JsonConverter's envelope) ------------------------------------------------
 
-#: Connect logical types: (Arrow type, epoch unit). Debezium's own names first.
-_TEMPORAL: Final[dict[str, tuple[pa.DataType, str | None]]] = {
-    "io.debezium.time.MicroTimestamp": (pa.timestamp("us"), "us"),
-    "io.debezium.time.NanoTimestamp": (pa.timestamp("us"), "ns"),
-    "io.debezium.time.Timestamp": (pa.timestamp("us"), "ms"),
-    "org.apache.kafka.connect.data.Timestamp": (pa.timestamp("us"), "ms"),
-    "io.debezium.time.ZonedTimestamp": (pa.timestamp("us", tz="UTC"), None),  # ISO-8601 text
-    "io.debezium.time.IsoTimestamp": (pa.timestamp("us"), None),
-    "io.debezium.time.Date": (pa.date32(), None),  # days
-    "org.apache.kafka.connect.data.Date": (pa.date32(), None),
-    "io.debezium.time.IsoDate": (pa.date32(), None),
-    "io.debezium.time.MicroTime": (pa.time64("us"), "us"),
-    "io.debezium.time.NanoTime": (pa.time64("us"), "ns"),
-    "io.debezium.time.Time": (pa.time64("us"), "ms"),
-    "org.apache.kafka.connect.data.Time": (pa.time64("us"), "ms"),
-}
-_PHYSICAL: Final[dict[str, pa.DataType]] = {
-    "int8": pa.int32(), "int16": pa.int32(), "int32": pa.int32(), "int64": pa.int64(),
-    "float32": pa.float32(), "float64": pa.float64(), "boolean": pa.bool_(),
-    "string": pa.string(), "bytes": pa.binary(),
-}
-_DECIMAL: Final = "org.apache.kafka.connect.data.Decimal"
 
-
-def connect_field(schema: dict[str, Any]) -> pa.Field:
-    """One field of a Connect struct schema as an Arrow field, with the encodings as metadata.
-
-    Covers the types Debezium's relational connectors emit. (The general Connect schema
-    mapping belongs to the schema-envelope format; this one is what change events need.)
-    """
-    name, kind = schema.get("field", ""), schema.get("type")
-    logical = schema.get("name")
-    meta: dict[bytes, bytes] = {}
-    if logical in _TEMPORAL:
-        t, unit = _TEMPORAL[logical]
-        if unit:
-            meta[EPOCH_UNIT] = unit.encode()
-    elif logical == _DECIMAL:
-        params = schema.get("parameters") or {}
-        t = pa.decimal128(int(params.get("connect.decimal.precision", 38)), int(params.get("scale", 0)))
-        meta[DECIMAL_ENCODING] = b"connect-bytes"
-    elif kind == "struct":
-        t = pa.struct([connect_field(f) for f in schema.get("fields", [])])
-    elif kind == "array":
-        t = pa.list_(connect_field({**schema.get("items", {}), "field": "element"}))
-    elif kind == "map":
-        t = pa.map_(connect_field(schema.get("keys", {})).type, connect_field(schema.get("values", {})).type)
-    elif kind in _PHYSICAL:
-        t = _PHYSICAL[kind]
-    else:
-        raise ValueError(f"field {name!r}: unknown Connect schema type {kind!r}")
-    return pa.field(name, t, nullable=bool(schema.get("optional", True)), metadata=meta or None)
+def _encoded(row: pa.Schema, image: dict[str, Any] | None) -> pa.Schema:
+    """The row fields with the encodings the row's Connect schema states (none if malformed:
+    the values decide, or are rejected)."""
+    if image is None:
+        return row
+    try:
+        return decode_schema(row, image)
+    except ConnectSchemaError:
+        return row
 
 
 def _first_connect_schema(values: Sequence[bytes]) -> dict[str, Any] | None:
@@ -319,9 +300,12 @@ def _first_connect_schema(values: Sequence[bytes]) -> dict[str, Any] | None:
     return None
 
 
-def _row_connect_schema(envelope: dict[str, Any]) -> dict[str, Any] | None:
+def _row_connect_schema(envelope: Any) -> dict[str, Any] | None:
     """The schema of ``after`` (or ``before``) in a Debezium envelope schema."""
-    fields = {f.get("field"): f for f in envelope.get("fields", [])}
+    listed = envelope.get("fields") if isinstance(envelope, dict) else None
+    if not isinstance(listed, list):
+        return None
+    fields = {f.get("field"): f for f in listed if isinstance(f, dict)}
     for name in ("after", "before"):
         if fields.get(name, {}).get("type") == "struct":
             return fields[name]

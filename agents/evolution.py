@@ -13,6 +13,11 @@ the table, writes the chunks the refreshed schema holds (:func:`holds`), cast wi
 :func:`conform` to the table's exact Arrow schema (its field ids, order, wider types, nulls
 for columns the chunk lacks), and keeps the others for a later round.
 
+Records that state their schema (Kafka Connect envelopes, Debezium events with schemas) need
+no inspection of values: :class:`Growth` grows S' by :func:`changes` of the stated schemas
+(agents/formats.py maps them), before the batch is decoded against S'. Everything after is
+shared: the proposal, the coordinator's update, :func:`holds` and :func:`conform` at the round.
+
 A type conflict that is not a widening (text in a long column, long into int is fine) is no
 evolution: decode_json coerces or rejects as without evolution. Fields whose values are all
 null are not added (there is nothing to lose), as the reference sink does.
@@ -40,7 +45,7 @@ from agents.convert import Converted, Reject, decode_json, infer_schema
 from icesink.events import SchemaProposal
 
 __all__ = [
-    "AddField", "Change", "Evolver", "MakeOptional", "Path", "Widen", "apply_changes", "changes",
+    "AddField", "Change", "Evolver", "Growth", "MakeOptional", "Path", "Widen", "apply_changes", "changes",
     "conform", "from_proposal", "holds", "iceberg_type", "identifier_paths", "to_proposal",
 ]
 
@@ -413,12 +418,23 @@ class Evolver:
 
     def decode(
         self, name: str, table_schema: pa.Schema, values: Sequence[bytes],
-        keep_required: frozenset[Path] = frozenset(),
+        keep_required: frozenset[Path] = frozenset(), *,
+        infer: Callable[[], pa.Schema] | None = None,
+        decode: Callable[[pa.Schema], Converted] | None = None,
+        frozen: frozenset[str] = frozenset(),
     ) -> Decoded:
+        """Decode ``values`` against what they need (their values decide: schemaless JSON).
+
+        ``infer`` gives the fields the records have (default: the JSON values' own, by one
+        inferring parse) and ``decode`` decodes the batch against a schema (default:
+        decode_json of the values); the Debezium transform and the key/metadata columns pass
+        their own. Top-level columns in ``frozen`` never evolve (``_cdc``, key and metadata
+        columns: built by the sink, not the source)."""
         current = self.schema_for(name, table_schema)
-        inferred = infer_schema(values)
+        inferred = infer_schema(values) if infer is None else infer()
         ci = self.case_insensitive
-        adds = [c for c in changes(current, inferred, case_insensitive=ci) if isinstance(c, AddField)]
+        adds = [c for c in changes(current, inferred, case_insensitive=ci)
+                if isinstance(c, AddField) and c.path[0] not in frozen]
         candidate = apply_changes(current, adds) if self.evolve else current
         aliases = self._aliases(candidate, inferred) if ci else {}
         probe = _relaxed(candidate, keep_required) if self.evolve else candidate
@@ -426,26 +442,36 @@ class Evolver:
             probe = pa.schema([*(f.with_nullable(True) if f.name in aliases else f for f in probe), *(
                 pa.field(alias, probe.field(canon).type) for canon, names in aliases.items() for alias in names
             )], metadata=probe.metadata)
-        converted = decode_json(values, probe)
+        converted = decode_json(values, probe) if decode is None else decode(probe)
         if aliases:
             converted = _fold_case(converted, pa.schema(list(probe)[: len(candidate)]), aliases, candidate)
         table = converted.table
         if not self.evolve:
             return Decoded(converted, None)
         if table.num_rows:
-            need = changes(current, _observed_schema(table, candidate, current), case_insensitive=ci,
-                           keep_required=keep_required)
+            need = [c for c in changes(current, _observed_schema(table, candidate, current), case_insensitive=ci,
+                                       keep_required=keep_required) if c.path[0] not in frozen]
         else:
             need = []
         final = apply_changes(current, need, case_insensitive=ci) if need else current
         table = conform(table, final, case_insensitive=ci)
-        proposal = None
-        if need:
-            self.schemas[name] = final
-            if not holds(self.proposed.get(name, table_schema), final, case_insensitive=ci):
-                self.proposed[name] = final
-                proposal = to_proposal(self.worker, name, final)
+        proposal = self._settle(name, table_schema, final) if need else None
         return Decoded(Converted(table, converted.indices, converted.rejects), proposal)
+
+    def growth(
+        self, name: str, table_schema: pa.Schema, keep_required: frozenset[Path] = frozenset(),
+        frozen: frozenset[str] = frozenset(),
+    ) -> Growth:
+        """Evolution by stated schemas (a Connect schema says what its records need) for one batch."""
+        return Growth(self, name, table_schema, keep_required, frozen)
+
+    def _settle(self, name: str, table_schema: pa.Schema, final: pa.Schema) -> SchemaProposal | None:
+        """S' is now ``final`` (it grew): the proposal to send, if it holds more than was proposed."""
+        self.schemas[name] = final
+        if holds(self.proposed.get(name, table_schema), final, case_insensitive=self.case_insensitive):
+            return None
+        self.proposed[name] = final
+        return to_proposal(self.worker, name, final)
 
     def _aliases(self, schema: pa.Schema, inferred: pa.Schema) -> dict[str, list[str]]:
         """Top-level record keys that name a column of ``schema`` in another case."""
@@ -501,6 +527,44 @@ class Evolver:
         """Casts a chunk's rows to its table's exact Arrow schema (real field ids) for writing."""
         ci = self.case_insensitive
         return lambda name, t: conform(t, targets[name].arrow_schema, case_insensitive=ci)
+
+
+class Growth:
+    """Schema-driven evolution of one table for one batch (the Kafka Connect envelope, Debezium
+    events with schemas): the records' schemas state the types, so no value is inspected.
+
+    Called with the stated schemas of the batch's record groups, it grows S' by what they need
+    (:func:`changes`: new top-level and nested fields, int -> long, float -> double, wider
+    decimals, required -> optional) and returns S', the schema to decode the batch against;
+    :meth:`done` records S' and gives the proposal to send. The reference sink evolves the same
+    way: from the record's schema, a field added even while its values are null."""
+
+    def __init__(self, evolver: Evolver, name: str, table_schema: pa.Schema,
+                 keep_required: frozenset[Path], frozen: frozenset[str]) -> None:
+        self.evolver = evolver
+        self.name = name
+        self.table_schema = table_schema
+        self.keep_required = keep_required
+        self.frozen = frozen
+        self.schema = evolver.schema_for(name, table_schema)  # S'
+        self.grew = False
+
+    def __call__(self, wanted: Sequence[pa.Schema]) -> pa.Schema:
+        if not self.evolver.evolve:
+            return self.schema
+        ci = self.evolver.case_insensitive
+        for want in wanted:
+            want = pa.schema([f for f in want if f.name not in self.frozen])
+            need = changes(self.schema, want, case_insensitive=ci, keep_required=self.keep_required)
+            if need:
+                self.schema = apply_changes(self.schema, need, case_insensitive=ci)
+                self.grew = True
+        return self.schema
+
+    def done(self, converted: Converted) -> Decoded:
+        """The batch decoded against S' (its table has S' exactly), and the proposal to send."""
+        proposal = self.evolver._settle(self.name, self.table_schema, self.schema) if self.grew else None
+        return Decoded(converted, proposal)
 
 
 def identifier_paths(table: Table) -> frozenset[Path]:

@@ -15,7 +15,9 @@ text, each distinct schema parsed once (cached), and each group's payloads decod
 - how JSON values are read into an existing table's columns: the table schema is the truth, the
   record's schema says the encoding (a Connect Timestamp is epoch milliseconds, a Decimal is
   base64 of the unscaled bytes), given to decode_json as Arrow field metadata
-  (``icesink.epoch-unit``, ``icesink.decimal-encoding``; see :func:`decode_schema`).
+  (``icesink.epoch-unit``, ``icesink.decimal-encoding``; see :func:`decode_schema`);
+- with schema evolution, what the table needs (:func:`connect_arrow_schema`, given to the
+  ``grow`` of :meth:`RecordFormat.convert`: agents.evolution.Growth).
 
 A record whose envelope is malformed (no ``schema`` or ``payload``, a schema that is not a
 Connect struct schema, a Decimal whose scale differs from the column's) is a :class:`Reject`
@@ -38,9 +40,9 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -77,11 +79,21 @@ from spark_bridge.schema import arrow_only_column
 
 __all__ = [
     "ConnectSchemaError",
+    "Envelopes",
+    "Grow",
     "RecordFormat",
+    "connect_arrow_schema",
     "connect_iceberg_schema",
+    "decode_envelopes",
     "decode_schema",
     "split_envelope",
 ]
+
+#: Schema-driven evolution (agents.evolution.Growth): the stated schemas of a batch's record
+#: groups -> the table schema to decode the batch against.
+Grow: TypeAlias = Callable[[Sequence[pa.Schema]], pa.Schema]
+#: Decodes the value columns of a batch against a schema, growing it first if given a Grow.
+ValueDecoder: TypeAlias = Callable[[pa.Schema, "Grow | None"], Converted]
 
 
 EPOCH_UNIT: Final = b"icesink.epoch-unit"
@@ -261,6 +273,15 @@ def connect_iceberg_schema(schema: Mapping[str, Any]) -> Schema:
     return assign_fresh_schema_ids(Schema(*_nested_fields(schema, "", _Ids())))
 
 
+def connect_arrow_schema(schema: Mapping[str, Any]) -> pa.Schema | None:
+    """The Arrow schema (no field ids) of :func:`connect_iceberg_schema`: what a record of this
+    Connect schema needs of a table. None for a schema that cannot map (its records are rejects)."""
+    try:
+        return schema_to_pyarrow(connect_iceberg_schema(schema), include_field_ids=False)
+    except (ConnectSchemaError, UnsupportedTypeError):
+        return None
+
+
 # --------------------------------------------------------------------------------------------
 # Table schema + Connect schema -> the schema decode_json reads payloads with
 # --------------------------------------------------------------------------------------------
@@ -397,7 +418,7 @@ def split_envelope(value: bytes | None) -> tuple[Any, bytes] | str:
 
 
 @dataclass(frozen=True)
-class _Group:
+class Group:
     schema: Any  # the parsed Connect schema
     indices: list[int]
     payloads: list[bytes]
@@ -406,7 +427,7 @@ class _Group:
 _NOT_JSON: Final = object()
 
 
-class _Envelopes:
+class Envelopes:
     """Splits batches of envelopes and groups them by schema; parsed schemas are cached."""
 
     def __init__(self) -> None:
@@ -426,7 +447,7 @@ class _Envelopes:
         self._parsed[text] = parsed
         return parsed
 
-    def group(self, values: Sequence[bytes | None]) -> tuple[list[_Group], list[Reject]]:
+    def group(self, values: Sequence[bytes | None]) -> tuple[list[Group], list[Reject]]:
         """Records grouped by identical schema text (input order within a group), and the
         records that are no envelope."""
         by_text: dict[bytes, list[int]] = {}
@@ -455,7 +476,7 @@ class _Envelopes:
         groups = []
         for text, indices in by_text.items():
             indices.sort()
-            groups.append(_Group(schemas[text], indices, [payloads[i] for i in indices]))
+            groups.append(Group(schemas[text], indices, [payloads[i] for i in indices]))
         return groups, rejects
 
 
@@ -623,7 +644,7 @@ class RecordFormat:
             settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, settings.kafka_metadata_nested,
         )
         self.plain = not self.envelope and not self.extras.names()
-        self._envelopes = _Envelopes()
+        self._envelopes = Envelopes()
 
     def table_schema(
         self, values: Sequence[bytes | None], *, timestamp_fields: str | None = None
@@ -647,55 +668,90 @@ class RecordFormat:
                 return None
         else:
             schema = iceberg_schema(infer_schema(values, timestamp_fields=timestamp_fields))
+        return self.with_extras(schema)
+
+    def with_extras(self, schema: pa.Schema | Schema) -> Schema:
+        """An auto-created table's schema: the value columns, then the key and metadata columns.
+        Raises UnsupportedTypeError naming a column that cannot be filled or written."""
+        schema = iceberg_schema(schema)
         decode_json([], schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
         schema = assign_fresh_schema_ids(Schema(*schema.fields, *self.extras.iceberg_fields()))
         arrow_only_column(schema)  # likewise for types no writer can write (Spark or pyarrow)
         return schema
 
     def convert(
-        self, messages: Sequence[Any], values: Sequence[bytes], target: pa.Schema | None, *, epoch_unit: str = "ms"
+        self, messages: Sequence[Any], values: Sequence[bytes], target: pa.Schema | None, *,
+        epoch_unit: str = "ms", grow: Grow | None = None, decode_values: ValueDecoder | None = None,
     ) -> Converted:
         """Rows of ``target`` (a table's Arrow schema) for ``messages``; the rest are rejects.
-        ``target`` None: the table does not exist and no record could create it."""
-        if self.plain:
+        ``target`` None: the table does not exist and no record could create it.
+
+        ``grow`` (schema-driven evolution, envelope values or ``decode_values``): given the
+        stated schemas of the value columns, returns the table schema to decode against.
+        ``decode_values``: decodes the value columns instead of this format (a transform such
+        as Debezium's); the key and metadata columns are added to its rows all the same."""
+        if self.plain and decode_values is None:
             assert target is not None
             return decode_json(values, target, epoch_unit=epoch_unit)
         extra = self.extras.names()
-        value_schema = pa.schema([f for f in target if f.name not in extra]) if target is not None else None
-        if self.envelope:
-            raw = [m.value for m in messages]
-            converted = self._decode_envelopes(raw, value_schema)
+        full = target
+
+        def values_of(schema: pa.Schema) -> pa.Schema:
+            return pa.schema([f for f in schema if f.name not in extra], metadata=schema.metadata) if extra else schema
+
+        def grow_values(wanted: Sequence[pa.Schema]) -> pa.Schema:
+            nonlocal full
+            assert grow is not None
+            full = grow(wanted)  # the key and metadata columns never evolve: not in the values
+            return values_of(full)
+
+        value_schema = values_of(target) if target is not None else None
+        if decode_values is not None:
+            assert value_schema is not None
+            converted = decode_values(value_schema, grow_values if grow is not None else None)
+        elif self.envelope:
+            groups, rejects = self._envelopes.group([m.value for m in messages])
+            if grow is not None and value_schema is not None:
+                value_schema = grow_values([w for g in groups if (w := connect_arrow_schema(g.schema)) is not None])
+            converted = decode_envelopes(groups, rejects, value_schema)
         else:
             assert value_schema is not None
             converted = decode_json(values, value_schema, epoch_unit=epoch_unit)
-        if target is None:
+        if full is None or not extra:
             return converted
-        columns, key_rejects = self.extras.columns(messages, target)
-        return _assemble(converted, columns, key_rejects, target)
+        columns, key_rejects = self.extras.columns(messages, full)
+        return _assemble(converted, columns, key_rejects, full)
 
-    def _decode_envelopes(self, values: Sequence[bytes | None], target: pa.Schema | None) -> Converted:
-        groups, rejects = self._envelopes.group(values)
-        tables: list[pa.Table] = []
-        indices: list[npt.NDArray[np.int64]] = []
-        for g in groups:
-            try:
-                if target is None:
-                    raise ConnectSchemaError("the table does not exist and no record of the batch could create it")
-                schema = decode_schema(target, g.schema)
-            except ConnectSchemaError as exc:
-                rejects += [Reject(i, exc.reason, exc.field) for i in g.indices]
-                continue
-            part = decode_json(g.payloads, schema)
-            positions = np.asarray(g.indices, dtype=np.int64)
-            rejects += [Reject(int(positions[r.index]), r.reason, r.field) for r in part.rejects]
-            tables.append(part.table.cast(target))
-            indices.append(positions[part.indices.to_numpy()])
-        table = pa.concat_tables(tables) if tables else (target or pa.schema([])).empty_table()
-        order = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
-        if len(tables) > 1:  # groups interleave: back to input order
-            sort = np.argsort(order, kind="stable")
-            table, order = table.take(pa.array(sort)), order[sort]
-        return Converted(table, pa.array(order, pa.int64()), tuple(sorted(rejects, key=lambda r: r.index)))
+
+def decode_envelopes(
+    groups: Sequence[Group], rejects: list[Reject], target: pa.Schema | None,
+    decode_as: Callable[[Any], pa.Schema] | None = None,
+) -> Converted:
+    """Each group's payloads decoded in bulk against ``decode_as(its Connect schema)`` (default:
+    :func:`decode_schema` of ``target``), as ``target``, in input order. A group whose schema
+    cannot fill the table (``ConnectSchemaError``) is rejects, naming why."""
+    tables: list[pa.Table] = []
+    indices: list[npt.NDArray[np.int64]] = []
+    rejects = list(rejects)
+    for g in groups:
+        try:
+            if target is None:
+                raise ConnectSchemaError("the table does not exist and no record of the batch could create it")
+            schema = decode_schema(target, g.schema) if decode_as is None else decode_as(g.schema)
+        except ConnectSchemaError as exc:
+            rejects += [Reject(i, exc.reason, exc.field) for i in g.indices]
+            continue
+        part = decode_json(g.payloads, schema)
+        positions = np.asarray(g.indices, dtype=np.int64)
+        rejects += [Reject(int(positions[r.index]), r.reason, r.field) for r in part.rejects]
+        tables.append(part.table.cast(target))
+        indices.append(positions[part.indices.to_numpy()])
+    table = pa.concat_tables(tables) if tables else (target or pa.schema([])).empty_table()
+    order = np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64)
+    if len(tables) > 1:  # groups interleave: back to input order
+        sort = np.argsort(order, kind="stable")
+        table, order = table.take(pa.array(sort)), order[sort]
+    return Converted(table, pa.array(order, pa.int64()), tuple(sorted(rejects, key=lambda r: r.index)))
 
 
 def _assemble(converted: Converted, columns: dict[str, pa.Array], key_rejects: list[Reject], target: pa.Schema) -> Converted:

@@ -30,7 +30,7 @@ from faust.types import TP
 from agents.buffer import Buffers, Chunk, PartitionState
 from agents.convert import Converted, Reject
 from agents.deadletter import DeadLetters, DeadLetterSendError, screen
-from agents.debezium import DebeziumTransform
+from agents.debezium import CDC_COLUMN, DebeziumTransform
 from agents.evolution import Evolver, identifier_paths
 from agents.formats import RecordFormat
 from agents.routing import Router, Routes
@@ -483,14 +483,30 @@ class Worker:
 
     async def _decode(self, name: str, target: Target | None, values: list[bytes], messages: list[Any]) -> Converted:
         """Decode against the table's schema (through the Debezium transform or the record
-        format), or with evolution against what the data needs (agents/evolution.py, plain JSON
-        values), proposing schema changes to the coordinator."""
-        if self.debezium is not None and target is not None:
-            return self.debezium.apply(values, [m.offset for m in messages], target.arrow_schema)
-        if self.evolver is None or target is None:
-            return self.format.convert(messages, values, target.arrow_schema if target else None,
-                                       epoch_unit=self.settings.timestamp_unit_of(name))
-        out = self.evolver.decode(name, target.arrow_schema, values, identifier_paths(target.table))
+        format; key and metadata columns around either), or with evolution against what the
+        data needs (agents/evolution.py): the records' Connect schemas say it (envelopes,
+        Debezium with schemas), else their values do; schema changes are proposed to the
+        coordinator."""
+        unit = self.settings.timestamp_unit_of(name)
+        if target is None:
+            return self.format.convert(messages, values, None, epoch_unit=unit)
+        schema, dbz = target.arrow_schema, self.debezium
+        rows = None if dbz is None else (
+            lambda s, grow: dbz.apply(values, [m.offset for m in messages], s, grow=grow))
+        if self.evolver is None:
+            return self.format.convert(messages, values, schema, epoch_unit=unit, decode_values=rows)
+        keep = identifier_paths(target.table)
+        frozen = frozenset(self.format.extras.names() | ({CDC_COLUMN} if dbz is not None else set()))
+        if self.format.envelope:  # each record states its schema
+            growth = self.evolver.growth(name, schema, keep, frozen)
+            out = growth.done(self.format.convert(
+                messages, values, growth.schema, epoch_unit=unit, grow=growth, decode_values=rows))
+        elif self.format.plain and dbz is None:
+            out = self.evolver.decode(name, schema, values, keep)
+        else:
+            out = self.evolver.decode(
+                name, schema, values, keep, frozen=frozen, infer=None if dbz is None else lambda: dbz.row_schema(values),
+                decode=lambda probe: self.format.convert(messages, values, probe, epoch_unit=unit, decode_values=rows))
         if out.proposal is not None:
             await self._propose(out.proposal)
         return out.converted
@@ -525,7 +541,7 @@ class Worker:
         target = await self.offload.run(load_target, self.catalog, name)
         if target is None:
             if self.debezium is not None:
-                inferred = self.debezium.infer_schema(values)
+                inferred = self.format.with_extras(self.debezium.infer_schema(values))
             else:
                 inferred = self.format.table_schema(values, timestamp_fields=self.settings.timestamp_fields_of(name))
             if inferred is None:

@@ -12,11 +12,14 @@ image, and microsecond timestamps exact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +46,9 @@ CHANGES = [
 OPS = {1: ["I", "U"], 2: ["I", "D"], 3: ["I"], 4: ["I", "U"], 5: ["I", "D"]}
 EVENTS = 11  # 3 snapshot reads, 2 inserts, 2 updates, 2 deletes, 2 tombstones
 #: A second captured table, for routing several source tables from one topic.
-CUSTOMERS = ["CREATE TABLE public.customers (id int PRIMARY KEY, email text, since date)",
-             "INSERT INTO customers VALUES (10, 'x@example.com', '2024-02-29')"]
-CUSTOMER_CHANGES = ["INSERT INTO customers VALUES (11, 'y@example.com', NULL)",
+CUSTOMERS = ["CREATE TABLE public.customers (id int PRIMARY KEY, email text, since date, ref uuid)",
+             "INSERT INTO customers VALUES (10, 'x@example.com', '2024-02-29', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11')"]
+CUSTOMER_CHANGES = ["INSERT INTO customers VALUES (11, 'y@example.com', NULL, NULL)",
                     "UPDATE customers SET email = 'z@example.com' WHERE id = 10"]
 CUSTOMER_EVENTS = 3
 #: ``created`` of the inserted rows, in microseconds since the epoch, from the SQL literals.
@@ -82,14 +85,14 @@ async def _produce(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> 
         await producer.stop()
 
 
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Both event forms of one real change history, and how long Debezium took."""
+@contextlib.contextmanager
+def _capturing(out: Path, tables: str, setup: list[str]) -> Iterator[tuple[Any, Callable[..., dict[str, list[dict[str, Any]]]]]]:
+    """A PostgreSQL server with ``setup`` run, and Debezium capturing ``tables`` in both event
+    forms: yields a cursor and ``wait(n)``, which returns each form's events once ``n`` are there."""
     import psycopg2
 
     from tests.support.postgres import PostgresServer
 
-    out = tmp_path_factory.mktemp("debezium")
     pg = PostgresServer(logical=True)
     pg.start()
     proc = None
@@ -97,25 +100,21 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         con = psycopg2.connect(host="127.0.0.1", port=pg.port, user="icesink", dbname="postgres")
         con.autocommit = True
         cur = con.cursor()
-        for sql in [DDL, SNAPSHOT, *CUSTOMERS]:
+        for sql in setup:
             cur.execute(sql)
         log = out / "capture.log"
-        started = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.debezium_capture", "--port", str(pg.port),
-             "--table", "public.orders,public.customers", "--out", str(out)],
+             "--table", tables, "--out", str(out)],
             # Debezium's log4j writes ./logs: keep it in the temporary directory.
             cwd=out, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         )
-        for form in ("plain", "schema"):
-            _wait_lines(out / f"{form}.jsonl", 3, proc, log, 120)
-        snapshot_s = time.monotonic() - started
-        for sql in CHANGES + CUSTOMER_CHANGES:
-            cur.execute(sql)
-        both = {form: _wait_lines(out / f"{form}.jsonl", EVENTS + CUSTOMER_EVENTS, proc, log, 60)
-                for form in ("plain", "schema")}
-        orders = {form: [e for e in got if e["destination"].endswith(".orders")] for form, got in both.items()}
-        return {"events": orders, "both": both, "snapshot_s": snapshot_s, "all_s": time.monotonic() - started}
+        capture = proc
+
+        def wait(n: int, timeout_s: float = 60) -> dict[str, list[dict[str, Any]]]:
+            return {form: _wait_lines(out / f"{form}.jsonl", n, capture, log, timeout_s) for form in ("plain", "schema")}
+
+        yield cur, wait
     finally:
         if proc is not None:
             proc.terminate()
@@ -124,6 +123,21 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 proc.kill()
         pg.destroy()
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both event forms of one real change history, and how long Debezium took."""
+    started = time.monotonic()
+    with _capturing(tmp_path_factory.mktemp("debezium"), "public.orders,public.customers",
+                    [DDL, SNAPSHOT, *CUSTOMERS]) as (cur, wait):
+        wait(3, 120)
+        snapshot_s = time.monotonic() - started
+        for sql in CHANGES + CUSTOMER_CHANGES:
+            cur.execute(sql)
+        both = wait(EVENTS + CUSTOMER_EVENTS)
+    orders = {form: [e for e in got if e["destination"].endswith(".orders")] for form, got in both.items()}
+    return {"events": orders, "both": both, "snapshot_s": snapshot_s, "all_s": time.monotonic() - started}
 
 
 def _payload(e: dict[str, Any]) -> dict[str, Any]:
@@ -237,16 +251,101 @@ def test_debezium_events_of_two_source_tables_are_routed_on_cdc_target(broker, c
     })
     location = duck.plain_path(catalog.load_table("mirror.public_customers").metadata_location)
     with duck.connect() as con:
-        rows = con.execute(f"""SELECT id, email, since, _cdc.op, _cdc.source, _cdc.target
+        rows = con.execute(f"""SELECT id, email, since, _cdc.op, _cdc.source, _cdc.target, ref
                                FROM iceberg_scan('{location}') ORDER BY _cdc."offset" """).fetchall()
     assert [(r[0], r[1], r[3], r[4], r[5]) for r in rows] == [
         (10, "x@example.com", "I", "public.customers", "mirror.public_customers"),
         (11, "y@example.com", "I", "public.customers", "mirror.public_customers"),
         (10, "z@example.com", "U", "public.customers", "mirror.public_customers"),
     ]
-    if form == "schema":  # io.debezium.time.Date: a date column
+    ref = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+    ref_type = catalog.load_table("mirror.public_customers").schema().find_field("ref").field_type
+    if form == "schema":  # io.debezium.time.Date: a date column; io.debezium.data.Uuid: a uuid column
         assert str(rows[0][2]) == "2024-02-29"
-    else:  # without a schema nothing says the number of days is a date
+        assert str(ref_type) == "uuid" and [r[6] for r in rows] == [uuid.UUID(ref), None, uuid.UUID(ref)]
+    else:  # without a schema nothing says the number of days is a date, or the text a uuid
         assert rows[0][2] == 19782
+        assert str(ref_type) == "string" and [r[6] for r in rows] == [ref, None, ref]
     orders_columns = {f.name for f in catalog.load_table("mirror.public_orders").schema().fields}
     assert "email" not in orders_columns and "amount" in orders_columns
+
+
+# Schema evolution: a column added in PostgreSQL ---------------------------------------------------
+
+ALTER_DDL = "CREATE TABLE public.items (id int PRIMARY KEY, name text)"
+ALTER_BEFORE = ["INSERT INTO items VALUES (4, 'd')"]
+ALTER = "ALTER TABLE items ADD COLUMN note text"
+ALTER_AFTER = ["INSERT INTO items VALUES (5, 'e', 'n5')", "UPDATE items SET note = 'n1' WHERE id = 1"]
+#: (id, name, note, op) of each change row, in Kafka offset order.
+ALTER_ROWS = [(1, "a", None, "I"), (2, "b", None, "I"), (3, "c", None, "I"), (4, "d", None, "I"),
+              (5, "e", "n5", "I"), (1, "a", "n1", "U")]
+
+
+@pytest.fixture(scope="module")
+def altered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Both event forms of: three rows (snapshot), an insert, ``ALTER TABLE ADD COLUMN``, an
+    insert and an update that fill the new column."""
+    with _capturing(tmp_path_factory.mktemp("debezium-alter"), "public.items",
+                    [ALTER_DDL, "INSERT INTO items VALUES (1, 'a'), (2, 'b'), (3, 'c')"]) as (cur, wait):
+        wait(3, 120)
+        for sql in ALTER_BEFORE:
+            cur.execute(sql)
+        wait(4)
+        cur.execute(ALTER)
+        for sql in ALTER_AFTER:
+            cur.execute(sql)
+        return wait(len(ALTER_ROWS))
+
+
+@pytest.mark.parametrize("form", ["schema", "plain"])
+def test_added_column_evolves_the_table_with_key_and_metadata_columns(broker, catalog_props, tmp_path, altered, form):
+    """Evolution on, key and Kafka metadata columns on the Debezium path: the table is created
+    from the first events, gains ``note`` when the events after the ALTER arrive (stated by
+    their Connect schema, or seen in their values without schemas), earlier rows keep null."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink import duck
+    from icesink.kafka_admin import ensure_topic
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import metric, wait_rows, write_config
+
+    events = altered[form]
+    assert len(events) == len(ALTER_ROWS) and all(e["value"] is not None for e in events)
+    schema_form = form == "schema"
+    if schema_form:  # the Connect schema after the ALTER states the new column
+        after = [f for f in json.loads(events[-1]["value"])["schema"]["fields"] if f["field"] == "after"][0]
+        assert "note" in [f["field"] for f in after["fields"]]
+    topic, table, group = f"dbz-alter-{form}", f"cdc.items_{form}", f"dbz-alter-{form}"
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
+    cfg = write_config(
+        tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+        catalog_props=catalog_props, state_dir=tmp_path / "state", group=group,
+        **{"transforms": "debezium",
+           "transforms.debezium.type": "io.tabular.iceberg.connect.transforms.DebeziumTransform",
+           "value.converter.schemas.enable": str(schema_form).lower(),
+           "iceberg.tables.evolve-schema-enabled": "true",
+           "iceberg.tables.key-column": "_key", "iceberg.tables.kafka-metadata-enabled": "true"},
+    )
+    catalog = load_catalog("it", **catalog_props)
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        r = replicas.start()
+        asyncio.run(_produce(broker.bootstrap, topic, events[:4]))  # before the ALTER
+        wait_rows(catalog, replicas, (table,), 4, timeout_s=60)
+        assert "note" not in catalog.load_table(table).schema().column_names
+        asyncio.run(_produce(broker.bootstrap, topic, events[4:]))
+        wait_rows(catalog, replicas, (table,), len(ALTER_ROWS), timeout_s=60)
+        changes = metric(r.metrics_port, "icesink_schema_changes_total")
+        rejected = metric(r.metrics_port, "icesink_records_rejected_total")
+    finally:
+        replicas.stop_all()
+    loaded = catalog.load_table(table)
+    assert [f.name for f in loaded.schema().fields][-1] == "note" and changes == 1 and rejected == 0
+    with duck.connect() as con:
+        rows = con.execute(
+            f"""SELECT id, name, note, _cdc.op, _key, _kafka_metadata_offset, _kafka_metadata_topic, _cdc."offset"
+                FROM iceberg_scan('{duck.plain_path(loaded.metadata_location)}') ORDER BY _cdc."offset" """
+        ).fetchall()
+    assert [row[:4] for row in rows] == ALTER_ROWS
+    assert [row[4] for row in rows] == [e["key"] for e in events]  # the record key, as Debezium wrote it
+    assert [(row[5], row[6], row[7]) for row in rows] == [(i, topic, i) for i in range(len(ALTER_ROWS))]

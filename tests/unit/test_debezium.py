@@ -139,7 +139,7 @@ def test_schema_envelope_gives_exact_types_and_encodings() -> None:
     t = DebeziumTransform(schemas=True)
     schema = t.infer_schema(values("schema"))
     assert [(f.name, f.type) for f in schema][:6] == [
-        ("id", pa.int32()), ("name", pa.string()), ("amount", pa.decimal128(10, 2)),
+        ("id", pa.int32()), ("name", pa.large_string()), ("amount", pa.decimal128(10, 2)),
         ("created", pa.timestamp("us")), ("seen", pa.timestamp("us", tz="UTC")), ("ok", pa.bool_()),
     ]
     assert schema.field("created").metadata == {b"icesink.epoch-unit": b"us"}
@@ -201,3 +201,129 @@ def test_bad_transform_settings(extra: dict[str, str], key: str) -> None:
     with pytest.raises(ConfigError) as exc:
         build({**BASE, **extra})
     assert exc.value.key == key
+
+
+# Schema evolution, key and metadata columns ---------------------------------------------------
+
+
+def _added_column(value: bytes, form: str, note: str | None) -> bytes:
+    """The event as Debezium writes it after ``ALTER TABLE orders ADD COLUMN note text``."""
+    doc = json.loads(value)
+    payload = doc["payload"] if form == "schema" else doc
+    for image in ("before", "after"):
+        if payload.get(image) is not None:
+            payload[image]["note"] = note
+    if form == "schema":
+        for f in doc["schema"]["fields"]:
+            if f["field"] in ("before", "after"):
+                f["fields"].append({"type": "string", "optional": True, "field": "note"})
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _evolving_batch(form: str) -> list[bytes]:
+    """The first three events as captured, then the update and delete after the ALTER."""
+    vals = values(form)[:5]
+    return vals[:3] + [_added_column(vals[3], form, "n3"), _added_column(vals[4], form, None)]
+
+
+def _messages(vals: list[bytes]) -> list[Any]:
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(value=v, key=b'{"id":%d}' % i, offset=OFFSETS[i], partition=0, topic="dbz.public.orders",
+                            timestamp=1_700_000_000.0, headers=()) for i, v in enumerate(vals)]
+
+
+def _format(form: str):
+    from agents.formats import RecordFormat
+
+    return RecordFormat(build({**BASE, "value.converter.schemas.enable": str(form == "schema").lower(),
+                               "iceberg.tables.key-column": "_key", "iceberg.tables.kafka-metadata-enabled": "true"}))
+
+
+def _created(fmt, t: DebeziumTransform, vals: list[bytes]) -> pa.Schema:
+    """The table the worker auto-creates from ``vals`` (value columns, _cdc, key and metadata)."""
+    from agents.tables import iceberg_schema
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    return schema_to_pyarrow(iceberg_schema(fmt.with_extras(t.infer_schema(vals))))
+
+
+@pytest.mark.parametrize("form", ["schema", "plain"])
+def test_added_source_column_evolves_the_table_with_key_and_metadata(form: str) -> None:
+    """With evolution on, a column added in the source reaches the table (its Connect schema
+    says so, or without schemas its values do); _cdc never evolves; key and metadata columns
+    are filled on the Debezium path too."""
+    from agents.evolution import Evolver, from_proposal
+
+    t = DebeziumTransform(schemas=form == "schema")
+    fmt = _format(form)
+    table = _created(fmt, t, values(form)[:3])
+    assert "_key" in table.names and "_kafka_metadata_offset" in table.names and "note" not in table.names
+    vals = _evolving_batch(form)
+    msgs = _messages(vals)
+    rows_of = lambda s, grow: t.apply(vals, OFFSETS[:5], s, grow=grow)  # noqa: E731
+    frozen = frozenset(fmt.extras.names() | {"_cdc"})
+    ev = Evolver("w1", evolve=True, case_insensitive=False)
+    if form == "schema":
+        growth = ev.growth("db.t", table, frozenset(), frozen)
+        out = growth.done(fmt.convert(msgs, vals, growth.schema, grow=growth, decode_values=rows_of))
+    else:
+        out = ev.decode("db.t", table, vals, frozen=frozen, infer=lambda: t.row_schema(vals),
+                        decode=lambda probe: fmt.convert(msgs, vals, probe, decode_values=rows_of))
+    assert out.converted.rejects == ()
+    rows = out.converted.table.to_pylist()
+    assert [(r["id"], r["note"], r["_cdc"]["op"]) for r in rows] == [
+        (1, None, "I"), (2, None, "I"), (3, None, "I"), (1, "n3", "U"), (2, None, "D")]
+    check_cdc([r for r in rows], out.converted.indices.to_pylist(), form)
+    assert [r["_key"] for r in rows] == ['{"id":%d}' % i for i in range(5)]
+    assert [r["_kafka_metadata_offset"] for r in rows] == OFFSETS[:5]
+    assert rows[0]["_kafka_metadata_topic"] == "dbz.public.orders"
+    proposed = from_proposal(out.proposal)
+    assert proposed.names == [*table.names, "note"]
+    assert proposed.field("_cdc").type == table.field("_cdc").type  # never evolved
+    assert out.converted.table.schema.field("_cdc").type == table.field("_cdc").type
+
+
+def test_without_evolution_an_added_source_column_is_dropped_but_key_and_metadata_fill() -> None:
+    t = DebeziumTransform(schemas=True)
+    fmt = _format("schema")
+    table = _created(fmt, t, values("schema")[:3])
+    vals = _evolving_batch("schema")
+    out = fmt.convert(_messages(vals), vals, table, decode_values=lambda s, grow: t.apply(vals, OFFSETS[:5], s, grow=grow))
+    assert out.table.schema == table and out.rejects == ()
+    assert [r["_key"] for r in out.table.to_pylist()][3] == '{"id":3}'
+
+
+def test_schema_widening_in_the_source_widens_the_column() -> None:
+    """``ALTER TABLE orders ALTER COLUMN id TYPE bigint``: the Connect schema says int64."""
+    from agents.evolution import Evolver, from_proposal
+
+    t = DebeziumTransform(schemas=True)
+    table = t.infer_schema(values("schema")[:3])
+    assert table.field("id").type == pa.int32()
+    doc = json.loads(values("schema")[2])
+    for f in doc["schema"]["fields"]:
+        if f["field"] in ("before", "after"):
+            f["fields"][0]["type"] = "int64"
+    doc["payload"]["after"]["id"] = 2**40
+    vals = [values("schema")[0], json.dumps(doc).encode()]
+    growth = Evolver("w1", evolve=True, case_insensitive=False).growth("db.t", table, frozenset(), frozenset({"_cdc"}))
+    out = growth.done(t.apply(vals, OFFSETS[:2], growth.schema, grow=growth))
+    assert out.converted.table.column("id").to_pylist() == [1, 2**40]
+    assert from_proposal(out.proposal).field("id").type == pa.int64()
+
+
+def test_auto_create_uses_the_envelope_formats_connect_mapping() -> None:
+    """One Connect mapping (agents.formats): io.debezium.data.Uuid is a uuid column, as it is
+    for envelope records, and such a table can be created (pyarrow writes its files)."""
+    from agents.formats import connect_arrow_schema
+
+    doc = json.loads(values("schema")[0])
+    row = next(f for f in doc["schema"]["fields"] if f["field"] == "after")
+    row["fields"].append({"type": "string", "optional": True, "name": "io.debezium.data.Uuid", "field": "u"})
+    t = DebeziumTransform(schemas=True)
+    schema = t.infer_schema([json.dumps(doc).encode()])
+    assert schema.field("u").type == connect_arrow_schema({"type": "struct", "fields": [row["fields"][-1]]}).field("u").type
+    assert schema.field("u").type == pa.uuid()
+    created = _format("schema").with_extras(schema)
+    assert str(created.find_field("u").field_type) == "uuid"

@@ -339,3 +339,112 @@ def test_bad_id_columns_name_the_key(catalog, columns, message):
     with pytest.raises(ConfigError, match=message) as err:
         create_target(catalog, s, "db.a", pa.schema([("id", pa.int64()), ("x", pa.float64())]))
     assert err.value.key == "iceberg.table.db.a.id-columns"
+
+
+# Schema-driven evolution: the Kafka Connect envelope --------------------------------------------
+
+
+def _envelope(fields: list[dict], payload: dict) -> bytes:
+    schema = {"type": "struct", "fields": fields, "optional": False}
+    return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
+
+
+def _msg(value: bytes, i: int) -> SimpleNamespace:
+    return SimpleNamespace(value=value, key=f"k{i}".encode(), offset=100 + i, partition=2, topic="orders",
+                           timestamp=1_700_000_000.0 + i, headers=())
+
+
+OLD_FIELDS = [
+    {"field": "id", "type": "int64", "optional": False},
+    {"field": "n", "type": "int32", "optional": True},
+    {"field": "s", "type": "struct", "optional": True, "fields": [{"field": "a", "type": "string", "optional": True}]},
+]
+NEW_FIELDS = [
+    {"field": "id", "type": "int64", "optional": False},
+    {"field": "n", "type": "int64", "optional": True},  # int32 -> int64
+    {"field": "s", "type": "struct", "optional": True, "fields": [
+        {"field": "a", "type": "string", "optional": True},
+        {"field": "b", "type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+         "parameters": {"scale": "2", "connect.decimal.precision": "6"}},  # nested, with its encoding
+    ]},
+    {"field": "color", "type": "string", "optional": True},  # a new top-level field
+    {"field": "at", "type": "int64", "optional": True, "name": "org.apache.kafka.connect.data.Timestamp"},
+]
+
+
+def _envelope_table(catalog):
+    return catalog.create_table("db.env", Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "n", IntegerType(), required=False),
+        NestedField(3, "s", StructType(NestedField(4, "a", StringType(), required=False)), required=False),
+        NestedField(5, "_key", StringType(), required=False),
+        NestedField(6, "_kafka_metadata_offset", LongType(), required=False),
+    ))
+
+
+def _envelope_batch() -> list[bytes]:
+    return [
+        _envelope(OLD_FIELDS, {"id": 1, "n": 5, "s": {"a": "x"}}),
+        _envelope(NEW_FIELDS, {"id": 2, "n": 2**40, "s": {"a": "y", "b": "MDk="}, "color": "red",
+                               "at": 1_700_000_000_123}),  # b: unscaled 12345 -> 123.45
+        _envelope(OLD_FIELDS, {"id": 3, "n": 7, "s": None}),
+        _envelope(NEW_FIELDS, {"id": 4, "n": None, "s": {"a": "z", "b": None}, "color": None, "at": None}),
+    ]
+
+
+def test_envelope_records_evolve_by_their_connect_schemas_and_keep_key_and_metadata(catalog):
+    from agents.formats import RecordFormat
+
+    t = _envelope_table(catalog)
+    target = target_of("db.env", t)
+    fmt = RecordFormat(build({"topics": "orders", "iceberg.tables": "db.env", "value.converter.schemas.enable": "true",
+                              "iceberg.tables.key-column": "_key", "iceberg.tables.kafka-metadata-enabled": "true"}))
+    ev = Evolver("w1", evolve=True, case_insensitive=False)
+    values = _envelope_batch()
+    msgs = [_msg(v, i) for i, v in enumerate(values)]
+    growth = ev.growth("db.env", target.arrow_schema, identifier_paths(t), frozenset(fmt.extras.names()))
+    out = growth.done(fmt.convert(msgs, values, growth.schema, grow=growth))
+    assert out.converted.rejects == ()
+    rows = out.converted.table.to_pylist()
+    assert [(r["id"], r["n"], r["color"], r["s"]) for r in rows] == [
+        (1, 5, None, {"a": "x", "b": None}), (2, 2**40, "red", {"a": "y", "b": Decimal("123.45")}),
+        (3, 7, None, None), (4, None, None, {"a": "z", "b": None}),
+    ]
+    assert rows[1]["at"].timestamp() == 1_700_000_000.123  # epoch ms, the Connect Timestamp's encoding
+    assert [(r["_key"], r["_kafka_metadata_offset"]) for r in rows] == [("k0", 100), ("k1", 101), ("k2", 102), ("k3", 103)]
+    proposed = from_proposal(out.proposal)
+    assert proposed.field("n").type == pa.int64() and proposed.field("color").type == pa.large_string()
+    assert proposed.field("s").type.field("b").type == pa.decimal128(6, 2)
+    assert proposed.field("at").type == pa.timestamp("us", tz="UTC")
+    assert proposed.names == ["id", "n", "s", "_key", "_kafka_metadata_offset", "color", "at"]
+    assert not proposed.field("id").nullable  # identifier field and stated required: stays required
+
+    # The next batch needs nothing more: no second proposal, decoded against S' at once.
+    again = ev.growth("db.env", target.arrow_schema, identifier_paths(t), frozenset(fmt.extras.names()))
+    more = again.done(fmt.convert([_msg(values[1], 9)], values[1:2], again.schema, grow=again))
+    assert more.proposal is None and more.converted.table.schema.equals(out.converted.table.schema)
+
+    # The coordinator applies the proposal; the buffered rows then conform to the table.
+    apply_proposals(catalog, "db.env", [out.proposal], case_insensitive=False, group="g", epoch=0)
+    evolved = target_of("db.env", catalog.load_table("db.env"))
+    assert holds(evolved.arrow_schema, out.converted.table.schema)
+    written = conform(out.converted.table, evolved.arrow_schema)
+    assert written.column("color").to_pylist() == [None, "red", None, None]
+    ev.refreshed("db.env", evolved.arrow_schema)
+    assert "db.env" not in ev.schemas
+
+
+def test_envelope_without_evolution_drops_fields_the_table_lacks(catalog):
+    """The reference behaviour with evolution off: the table decides, new fields are not kept."""
+    from agents.formats import RecordFormat
+
+    t = _envelope_table(catalog)
+    target = target_of("db.env", t)
+    fmt = RecordFormat(build({"topics": "orders", "iceberg.tables": "db.env", "value.converter.schemas.enable": "true"}))
+    values = _envelope_batch()
+    off = Evolver("w1", evolve=False, case_insensitive=True)  # case-insensitive only: no growth
+    growth = off.growth("db.env", target.arrow_schema)
+    out = growth.done(fmt.convert([_msg(v, i) for i, v in enumerate(values)], values, growth.schema, grow=growth))
+    assert out.proposal is None and out.converted.table.schema.equals(target.arrow_schema)
+    assert [r.index for r in out.converted.rejects] == [1]  # 2**40 does not fit the int column
+    assert out.converted.table.column("id").to_pylist() == [1, 3, 4]

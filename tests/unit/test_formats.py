@@ -40,6 +40,7 @@ from agents.deadletter import DeadLetters
 from agents.formats import (
     ConnectSchemaError,
     RecordFormat,
+    connect_arrow_schema,
     connect_iceberg_schema,
     decode_schema,
     split_envelope,
@@ -518,3 +519,28 @@ def test_connect_logical_values_decode_exactly():
     assert row["amount"] == Decimal("-1234.56")
     assert row["micros"] == datetime(2023, 11, 14, 22, 13, 20, 123_456)
     assert row["zoned"] == datetime(2024, 1, 2, 1, 4, 5, 500_000, tzinfo=UTC)
+
+
+def test_grow_gets_the_stated_schema_of_each_well_formed_group():
+    """Schema-driven evolution: ``grow`` sees what each record group's Connect schema needs
+    (malformed schemas state nothing: their records are rejects) and the batch is decoded
+    against the schema it returns, the key column filled around it."""
+    fmt = RecordFormat(settings(**{"value.converter.schemas.enable": "true", "iceberg.tables.key-column": "_key"}))
+    old = struct(fld("id", "int32", optional=False))
+    new = struct(fld("id", "int64", optional=False), fld("at", "int32", name=C + "Date"))
+    values = [envelope(old, {"id": 1}), envelope(struct(fld("x", "nope")), {}), envelope(new, {"id": 2**40, "at": 3})]
+    msgs = [Msg(v, key=b"k%d" % i, offset=i) for i, v in enumerate(values)]
+    table = pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("_key", pa.large_string())])
+    seen: list[pa.Schema] = []
+
+    def grow(wanted):
+        seen.extend(wanted)
+        return pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("_key", pa.large_string()),
+                          pa.field("at", pa.date32())])
+
+    out = fmt.convert(msgs, values, table, grow=grow)
+    assert [(f.name, f.type, f.nullable) for w in seen for f in w] == [
+        ("id", pa.int32(), False), ("id", pa.int64(), False), ("at", pa.date32(), True)]
+    assert connect_arrow_schema(struct(fld("x", "nope"))) is None
+    assert [r.index for r in out.rejects] == [1]
+    assert out.table.to_pylist() == [{"id": 1, "_key": "k0", "at": None}, {"id": 2**40, "_key": "k2", "at": date(1970, 1, 4)}]
