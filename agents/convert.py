@@ -61,7 +61,23 @@ What each column type accepts
   (Kafka Connect Decimal).
 - **binary / fixed[n]**: standard base64 strings with padding (fixed: exactly ``n`` bytes).
 - **uuid**: canonical strings ``xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` (either case).
+- **map<K, V>**: a JSON object; each key/value pair is one entry, in the object's order. The
+  key's text is read as a JSON string would be in a column of type K (``"42"`` -> int 42;
+  keys that cannot be read, or two keys giving the same value such as ``"1"`` and ``"01"``,
+  reject the record); values are read as a column of type V would read them. A reject in a map
+  names the entry: ``attrs.<key>`` (``attrs.<key>.n`` inside a struct value).
 - Anything else in such a column is a reject naming the field; never a null.
+
+Maps in bulk
+------------
+pyarrow.json has no map type and keeps no raw JSON text, so for schemas with a map (and only
+those) each record is first rewritten by ``_as_entries``: one C-level ``json.loads`` and
+``json.dumps`` turns every map object into a list ``[{"k": key, "v": value}, ...]`` which the
+reader parses as list<struct<k: string, v: V>> and step 3 turns into a map array. Non-integer
+numbers keep their exact text (a marker string, unquoted again after dumping). Records the
+rewrite cannot reproduce faithfully (malformed, duplicate keys, NaN, a ``\u0000`` escape, a
+map that is not an object) and rows with keys that could collide (integer keys not written
+canonically, other non-string key types) go to the reference path.
 """
 
 from __future__ import annotations
@@ -71,7 +87,7 @@ import json
 import re
 import struct
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date
 from decimal import ROUND_FLOOR, Context, Decimal, InvalidOperation, localcontext
@@ -153,7 +169,7 @@ def _unsupported(field: str, type_: pa.DataType) -> UnsupportedTypeError:
         field, type_, "decode_json cannot fill",
         "int8..int64, float32, float64, decimal128, string, large_string, bool, "
         "timestamp (no time zone or UTC), date32, time32, time64, binary, large_binary, "
-        "fixed_size_binary, uuid, struct, list, large_list",
+        "fixed_size_binary, uuid, struct, list, large_list, map (keys of those scalar types)",
         "change the table schema or the record format",
     )
 
@@ -167,14 +183,18 @@ def decode_json(
     that schema, metadata included. Without it the schema is inferred from ``values`` (see
     :func:`infer_schema`). ``epoch_unit`` is the unit of JSON numbers in timestamp and time
     columns whose field has no ``icesink.epoch-unit`` metadata (see the module docstring).
-    Raises :class:`UnsupportedTypeError` for a schema with a type this module cannot fill (map,
-    ...) or a field with unknown icesink metadata; bad records never raise.
+    Raises :class:`UnsupportedTypeError` for a schema with a type this module cannot fill (a
+    time zone other than UTC, map keys that are not scalars, ...) or a field with unknown
+    icesink metadata; bad records never raise.
     """
     if epoch_unit not in EPOCH_UNITS:
         raise ValueError(f"epoch_unit: expected one of {EPOCH_UNITS}, found {epoch_unit!r}")
     if schema is not None:
         _check_supported(schema)
-    run, rejects = _prepare(values)
+    if schema is not None and _has_map(schema):
+        run, rejects = _prepare(_as_entries(values, schema))
+    else:
+        run, rejects = _prepare(values)
     if schema is None:
         schema = _infer(run, values)
     decoder = _Decoder(values, schema, rejects, epoch_unit)
@@ -220,6 +240,8 @@ def with_field_metadata(schema: pa.Schema, metadata: dict[str, dict[str, str]]) 
         elif _is_list(t):
             element = visit(t.value_field, f"{name}[]")
             t = pa.large_list(element) if pa.types.is_large_list(t) else pa.list_(element)
+        elif pa.types.is_map(t):
+            t = pa.map_(visit(t.key_field, f"{name}.key"), visit(t.item_field, f"{name}.value"), t.keys_sorted)
         out = f.with_type(t)
         extra = remaining.pop(name, None)
         if extra:
@@ -282,6 +304,8 @@ _UUID_PATTERN: Final = f"^{_UUID_TEXT}$"
 _OFFSET_PATTERN: Final = f"{_OFFSET_TEXT}$"
 #: Epoch counts the bulk path reads as int64 (the strict cast flags those beyond int64).
 _COUNT_PATTERN: Final = r"^-?[0-9]{1,19}$"
+#: Integers written one way only (map keys in bulk cannot then collide: "1" and "01" can).
+_CANONICAL_INT_PATTERN: Final = r"^(?:0|-?[1-9][0-9]*)$"
 #: Integers that always fit int64 and that Arrow's string->int cast reads exactly.
 _INT_PATTERN: Final = r"^-?[0-9]{1,18}$"
 _TS_FORMAT: Final = (
@@ -375,6 +399,15 @@ def _or(a: Mask | None, b: Mask | None) -> Mask | None:
     return a | b
 
 
+def if_else(cond: pa.Array, a: pa.Array, b: pa.Array) -> pa.Array:
+    """``pc.if_else`` for columns of any type: pyarrow has no kernel for extension types (uuid),
+    at any depth, so those go through their storage type."""
+    storage = _storage_field(pa.field("x", a.type)).type
+    if storage == a.type:
+        return pc.if_else(cond, a, b)
+    return pc.if_else(cond, a.cast(storage), b.cast(storage)).cast(a.type)
+
+
 def _null_where(arr: pa.Array, bad: Mask | None) -> pa.Array:
     if bad is None:
         return arr
@@ -439,6 +472,8 @@ def _type_name(t: pa.DataType) -> str:
         return "struct"
     if _is_list(t):
         return "list"
+    if pa.types.is_map(t):
+        return "map"
     return str(t)
 
 
@@ -446,6 +481,18 @@ def check_schema(schema: pa.Schema) -> None:
     """Raise :class:`UnsupportedTypeError` naming the field when ``decode_json`` cannot fill
     ``schema``: a type it has no conversion for, or unknown or misplaced icesink metadata."""
     _check_supported(schema)
+
+
+def _has_map(schema: pa.Schema) -> bool:
+    return any(_holds_map(f.type) for f in schema)
+
+
+def _holds_map(t: pa.DataType) -> bool:
+    if pa.types.is_map(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_holds_map(c.type) for c in t)
+    return _is_list(t) and _holds_map(t.value_type)
 
 
 def _check_supported(schema: pa.Schema) -> None:
@@ -457,6 +504,12 @@ def _check_supported(schema: pa.Schema) -> None:
                 check(child, f"{path}.{child.name}")
         elif _is_list(t):
             check(t.value_field, f"{path}[]")
+        elif pa.types.is_map(t):
+            key = t.key_type
+            if pa.types.is_struct(key) or _is_list(key) or pa.types.is_map(key):
+                raise _unsupported(f"{path}.key", key)  # JSON object keys are text
+            check(t.key_field, f"{path}.key")
+            check(t.item_field, f"{path}.value")
         elif pa.types.is_timestamp(t):
             if t.tz is not None and t.tz not in _UTC_NAMES:
                 raise _unsupported(path, t)
@@ -564,6 +617,101 @@ class _Run:
             for k in range(lo, hi)
         ]
         return _Run(_wrap(list(parts)), _starts(parts), self.positions[lo:hi], True, keys)
+
+
+_ENTRY_KEY: Final = "k"
+_ENTRY_VALUE: Final = "v"
+#: A JSON number kept as text through ``json.loads``/``json.dumps``: a string marked with NUL.
+_MARK: Final = "\x00"
+_MARKED: Final = re.compile(r'"\\u0000([^"]*)"')
+
+
+def _mark_number(text: str) -> str:
+    return _MARK + text
+
+
+def _no_constant(text: str) -> object:
+    raise ValueError(f"constant {text}")  # NaN, Infinity: the reference path decides
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate key")  # the reference path names it
+    return out
+
+
+_ENTRIES_DECODER: Final = json.JSONDecoder(
+    parse_float=_mark_number, parse_constant=_no_constant, object_pairs_hook=_unique
+)
+_ENTRIES_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+_Rewrite: TypeAlias = Callable[[object], object]
+
+
+def _as_entries(values: Sequence[bytes], schema: pa.Schema) -> list[bytes]:
+    """``values`` with every JSON object in a map column rewritten as a list of entries
+    ``[{"k": key, "v": value}, ...]`` in the object's order, which the bulk reader can parse.
+
+    pyarrow.json has no map type and keeps no JSON text, so this is one C-level
+    ``json.loads``/``json.dumps`` per record (non-integer numbers keep their exact text through
+    a marker). A record this cannot rewrite faithfully (malformed JSON, a duplicate key, a NUL
+    escape, NaN, a map that is not an object) becomes ``null``, which sends it to the
+    reference path with its original bytes; tombstones stay as they are."""
+    rewrite = _rewriter(pa.struct(list(schema)))
+    decode, encode = _ENTRIES_DECODER.decode, _ENTRIES_ENCODER.encode
+    out: list[bytes] = []
+    for value in values:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            out.append(value)
+            continue
+        raw = bytes(value)
+        if raw[:3] == _BOM:
+            raw = raw[3:]
+        try:
+            if b"\\u0000" in raw:
+                raise ValueError("NUL escape")  # the number marker would be ambiguous
+            doc = decode(raw.decode("utf-8"))
+            if not isinstance(doc, dict):
+                raise ValueError("not an object")
+            text = encode(rewrite(doc))
+            if "\\u0000" in text:
+                text = _MARKED.sub(r"\1", text)
+            out.append(text.encode("utf-8"))
+        except (ValueError, UnicodeError, RecursionError):
+            out.append(b"null")
+    return out
+
+
+def _rewriter(t: pa.DataType) -> _Rewrite:
+    """A function turning parsed JSON of type ``t`` (which holds a map) into its entries form.
+    Kinds that do not fit ``t`` are left for the reader to refuse, except a map that is not an
+    object (a list there would read as entries): ValueError."""
+    if pa.types.is_map(t):
+        item = _rewriter(t.item_type) if _holds_map(t.item_type) else None
+
+        def entries(v: object) -> object:
+            if v is None:
+                return None
+            if not isinstance(v, dict):
+                raise ValueError("a map that is not an object")
+            if item is None:
+                return [{_ENTRY_KEY: k, _ENTRY_VALUE: x} for k, x in v.items()]
+            return [{_ENTRY_KEY: k, _ENTRY_VALUE: item(x)} for k, x in v.items()]
+
+        return entries
+    if _is_list(t):
+        element = _rewriter(t.value_type)
+        return lambda v: [element(x) for x in v] if isinstance(v, list) else v
+    children = [(c.name, _rewriter(c.type)) for c in t if _holds_map(c.type)]
+
+    def struct_(v: object) -> object:
+        if isinstance(v, dict):
+            for name, rewrite in children:
+                if name in v:
+                    v[name] = rewrite(v[name])
+        return v
+
+    return struct_
 
 
 def _starts(parts: list[bytes]) -> npt.NDArray[np.int64]:
@@ -706,6 +854,19 @@ def _leaf_at(t: pa.DataType, path: Path) -> pa.Field | None:
     return f
 
 
+def _parse_form(f: pa.Field) -> pa.Field:
+    """``f`` as the bulk reader parses it: maps as lists of ``{"k": key text, "v": value}``."""
+    t = f.type
+    if pa.types.is_struct(t):
+        return f.with_type(pa.struct([_parse_form(c) for c in t]))
+    if _is_list(t):
+        return f.with_type(pa.list_(_parse_form(t.value_field)))
+    if pa.types.is_map(t):
+        key = pa.field(_ENTRY_KEY, pa.string(), nullable=False)
+        return f.with_type(pa.list_(pa.struct([key, _parse_form(t.item_field.with_name(_ENTRY_VALUE))])))
+    return f
+
+
 @dataclass(frozen=True)
 class _Plan:
     """How to parse: a JSON parse type per leaf (default or adapted), keys whose values are quoted."""
@@ -819,9 +980,13 @@ def _convert(arr: pa.Array, f: pa.Field, unit: EpochUnit) -> tuple[pa.Array, Mas
     if pa.types.is_struct(t):
         children, bad = _convert_children(arr, list(t), unit)
         mask = arr.is_null() if arr.null_count else None
+        if mask is not None:  # required children are null under null parents
+            children = [c if f.nullable else _unmasked(c) for c, f in zip(children, t, strict=True)]
         return pa.StructArray.from_arrays(children, fields=list(t), mask=mask), bad
     if _is_list(t):
         return _convert_list(arr, t, unit)
+    if pa.types.is_map(t):
+        return _convert_map(arr, t, unit)
     if pa.types.is_integer(t):
         return _to_integer(arr, t)
     if pa.types.is_floating(t):
@@ -861,12 +1026,57 @@ def _convert_list(arr: pa.ListArray, t: pa.DataType, unit: EpochUnit) -> tuple[p
         out = pa.LargeListArray.from_arrays(pa.array(offsets), converted, type=t, mask=mask)
     else:
         out = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), converted, type=t, mask=mask)
-    bad: Mask | None = None
-    if value_bad is not None and value_bad.any():
-        parents = np.repeat(np.arange(len(arr)), lengths)
-        bad = np.zeros(len(arr), dtype=np.bool_)
-        bad[parents[value_bad]] = True
+    return out, _parents(value_bad, lengths)
+
+
+def _parents(bad: Mask | None, lengths: npt.NDArray[np.int64]) -> Mask | None:
+    """Rows of a list array holding an element flagged in ``bad`` (rows have ``lengths`` elements)."""
+    if bad is None or not bad.any():
+        return None
+    out = np.zeros(len(lengths), dtype=np.bool_)
+    out[np.repeat(np.arange(len(lengths)), lengths)[bad]] = True
+    return out
+
+
+def _convert_map(arr: pa.ListArray, t: pa.MapType, unit: EpochUnit) -> tuple[pa.Array, Mask | None]:
+    """Parsed entries ``[{"k": key text, "v": value}, ...]`` (see :func:`_as_entries`) -> map ``t``.
+
+    Keys are converted as strings of the key type would be. Only keys that cannot collide go
+    in bulk: string keys, and integer keys written canonically ("42", not "042" or "+42");
+    rows with other keys are flagged (the reference path converts them or finds duplicates)."""
+    entries = pa.list_(pa.struct([t.key_field.with_name(_ENTRY_KEY), t.item_field.with_name(_ENTRY_VALUE)]))
+    listed, bad = _convert_list(arr, entries, unit)
+    lengths = np.diff(np.asarray(listed.offsets, dtype=np.int64))
+    if not _is_string(t.key_type):
+        text = pc.struct_field(arr.flatten(), [0])
+        if pa.types.is_integer(t.key_type):
+            key_bad = _false_mask(pc.match_substring_regex(text, _CANONICAL_INT_PATTERN))
+        else:
+            key_bad = np.ones(len(text), dtype=np.bool_)
+        bad = _or(bad, _parents(key_bad, lengths))
+    pairs = listed.values
+    mask = arr.is_null() if arr.null_count else None
+    out = pa.MapArray.from_arrays(listed.offsets, _unmasked(pairs.field(0)), pairs.field(1), type=t, mask=mask)
     return out, bad
+
+
+def _unmasked(arr: pa.Array) -> pa.Array:
+    """``arr`` without nulls, for a non-nullable field (Arrow refuses nulls there, even under a
+    null parent). Only slots under a null parent, or in rows flagged and dropped, are null in
+    such a field, so whatever those slots then hold never reaches a table."""
+    if not arr.null_count:
+        return arr
+    if isinstance(arr, pa.ExtensionArray):
+        return pa.ExtensionArray.from_storage(arr.type, _unmasked(arr.storage))
+    t = arr.type
+    if pa.types.is_struct(t):
+        return pa.StructArray.from_arrays([arr.field(i) for i in range(t.num_fields)], fields=list(t))
+    if pa.types.is_map(t):
+        return pa.MapArray.from_arrays(arr.offsets, arr.keys, arr.items, type=t)
+    if _is_list(t):
+        cls = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray
+        return cls.from_arrays(arr.offsets, arr.values, type=t)
+    return pa.Array.from_buffers(t, len(arr), [None, *arr.buffers()[1:]], offset=arr.offset)
 
 
 def _to_integer(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
@@ -1349,6 +1559,8 @@ def _coerce(v: object, f: pa.Field, path: str, unit: EpochUnit) -> object:
             raise _Bad(f"cannot coerce {_show(v)} to list: expected a JSON array", path)
         element = t.value_field
         return [_coerce(x, element, f"{path}[{i}]", unit) for i, x in enumerate(v)]
+    if pa.types.is_map(t):
+        return _coerce_map(v, t, path, unit)
     if _is_string(t):
         return v if isinstance(v, str) else _json_text(v)
     if pa.types.is_boolean(t):
@@ -1376,6 +1588,26 @@ def _coerce(v: object, f: pa.Field, path: str, unit: EpochUnit) -> object:
     if _is_binary(t):
         return _coerce_binary(v, t, path)
     raise _unsupported(path, t)
+
+
+def _coerce_map(v: object, t: pa.MapType, path: str, unit: EpochUnit) -> list[tuple[object, object]]:
+    """A JSON object -> map entries in the object's order; keys are the key text coerced to the
+    key type, values as a column of the value type would be."""
+    if not isinstance(v, dict):
+        raise _Bad(f"cannot coerce {_show(v)} to map: expected a JSON object", path)
+    entries: list[tuple[object, object]] = []
+    seen: dict[object, str] = {}
+    for k, x in v.items():
+        at = f"{path}.{k}"
+        try:
+            key = _coerce(k, t.key_field, at, unit)
+        except _Bad as bad:
+            raise _Bad(f"map key: {bad.reason}", at) from None
+        if key in seen:
+            raise _Bad(f"map key {k!r} is the same {_type_name(t.key_type)} as key {seen[key]!r}", at)
+        seen[key] = k
+        entries.append((key, _coerce(x, t.item_field, at, unit)))
+    return entries
 
 
 def _coerce_integer(v: object, t: pa.DataType, path: str) -> int:
@@ -1595,7 +1827,7 @@ class _Decoder:
         self.fields = list(schema)
         self.unit = unit
         self.oracle = _Oracle(schema, unit)
-        self.plan = _Plan(pa.struct(self.fields))
+        self.plan = _Plan(pa.struct([_parse_form(f) for f in self.fields]))
         self.batches: list[pa.RecordBatch] = []
         self.batch_indices: list[npt.NDArray[np.int64]] = []
         self.slow_rows: list[dict[str, object]] = []
@@ -1723,6 +1955,8 @@ def _storage_field(f: pa.Field) -> pa.Field:
     if _is_list(t):
         element = _storage_field(t.value_field)
         return f.with_type(pa.large_list(element) if pa.types.is_large_list(t) else pa.list_(element))
+    if pa.types.is_map(t):
+        return f.with_type(pa.map_(_storage_field(t.key_field), _storage_field(t.item_field), t.keys_sorted))
     return f
 
 

@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agents.convert import Converted, Reject, decode_json, infer_schema
+from agents.convert import Converted, Reject, decode_json, if_else, infer_schema
 from agents.formats import ConnectSchemaError, Envelopes, Grow, connect_arrow_schema, decode_envelopes, decode_schema
 from icesink.config import CDC_ROUTE_FIELDS
 
@@ -161,7 +161,7 @@ class DebeziumTransform:
         cols = {name: table.column(name).combine_chunks() for name in table.column_names}
         op = cols["op"]
         deleted = pc.fill_null(pc.equal(op, "d"), False)
-        image = pc.if_else(deleted, cols["before"], cols["after"])
+        image = if_else(deleted, cols["before"], cols["after"])
         bad = pc.or_(pc.is_null(op), pc.is_null(image))
         rejects = list(decoded.rejects)
         if pc.any(bad).as_py():

@@ -24,7 +24,7 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 from pyiceberg.table.name_mapping import create_mapping_from_schema
-from pyiceberg.types import DoubleType, FloatType, ListType, NestedField, PrimitiveType, StructType
+from pyiceberg.types import DoubleType, FloatType, ListType, MapType, NestedField, PrimitiveType, StructType
 
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_field_metadata
 from icesink.config import Settings
@@ -169,6 +169,8 @@ def _all_optional(schema: Schema) -> Schema:
                 t = StructType(*children)
             elif isinstance(t, ListType):
                 t = ListType(t.element_id, t.element_type, element_required=False)
+            elif isinstance(t, MapType):
+                t = MapType(t.key_id, t.key_type, t.value_id, t.value_type, value_required=False)
             kept = f.field_id in keep or inner
             any_kept = any_kept or kept
             out.append(NestedField(f.field_id, f.name, t, required=f.required and kept, doc=f.doc))

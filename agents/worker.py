@@ -148,12 +148,19 @@ class Worker:
         async def ingest(stream: faust.Stream) -> None:
             async for batch in stream.take_events(s.consumer_max_batch, within=0.2):
                 try:
-                    await worker.on_events(batch)  # a crash is logged once, by Faust's supervisor
+                    await worker.on_events(batch)
                 except (ConfigError, DataError, UnsupportedTypeError) as exc:
                     # A setting that cannot apply to the data (say a day() partition of a string
                     # column), or a bad record under errors.tolerance=none: retrying cannot
                     # help, so the replica stops, saying why.
                     worker.fail(exc)
+                    return
+                except Exception as exc:
+                    # A bug. Faust would restart the agent without this batch and the replica
+                    # would answer empty rounds for ever: stop instead (exit code 1), so the
+                    # failure is seen and the records are read again by the next owner.
+                    log.exception("ingest failed on a batch of %d records", len(batch))
+                    worker.fail(exc, exit_code=1)
                     return
 
         app.on_partitions_revoked.connect(self._on_revoked)
@@ -272,11 +279,12 @@ class Worker:
         out["coordinator"] = dict(coordinator.status) if coordinator is not None else None
         return out
 
-    def fail(self, exc: Exception) -> None:
-        """Stop with exit code 2 after an error no retry can mend (logged once, in /status)."""
+    def fail(self, exc: Exception, exit_code: int = 2) -> None:
+        """Stop with exit code 2 after an error no retry can mend (logged once, in /status), or
+        another code for an unexpected one."""
         log.error("stopping: %s", exc)
-        self.status["error"] = str(exc)
-        self.exit_code = 2
+        self.status["error"] = f"{type(exc).__name__}: {exc}" if exit_code != 2 else str(exc)
+        self.exit_code = exit_code
         self.request_stop()
 
     def request_stop(self) -> None:
@@ -418,6 +426,8 @@ class Worker:
 
     async def on_events(self, batch: Sequence[Any]) -> None:
         """Take the records of active partitions in offset order, convert them in bulk."""
+        if should_crash(self.settings, "worker.ingest-bug"):
+            raise RuntimeError("fault injection: an unexpected error while converting a batch")
         by_tp: dict[TopicPartition, list[Any]] = {}
         for ev in batch:
             m = ev.message

@@ -9,7 +9,11 @@ Prints records/s (best of R runs) for:
   pizzas (large strings, field ids, ``date_ordered`` as a timestamp);
 - coerce-mixed: as coerce, but every other record sends ``store_id`` as a numeric string
   (``"42"``), the case that makes the reader quote the column's bare numbers;
-- coerce-dirty: as coerce, with 1 record in 1000 malformed and 1 in 1000 with a bad timestamp.
+- coerce-dirty: as coerce, with 1 record in 1000 malformed and 1 in 1000 with a bad timestamp;
+- coerce-maps: as coerce, each record also carrying ``attrs`` (map<string, string>, 3 entries)
+  and ``counts`` (map<string, long>, 2 entries): records are rewritten (one ``json.loads`` and
+  ``json.dumps`` each) so pyarrow can parse maps as entry lists;
+- coerce-maps-reference: the same batch through the per-record reference path alone.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ import pyarrow as pa
 import pyarrow.json as pj
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
-from pyiceberg.types import IntegerType, NestedField, StringType, TimestampType
+from pyiceberg.types import IntegerType, LongType, MapType, NestedField, StringType, TimestampType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.convert import decode_json
+from agents.convert import _Oracle, decode_json
 from icesink.pizzas import pizza_values
 
 PIZZA_SCHEMA = Schema(
@@ -39,6 +43,11 @@ PIZZA_SCHEMA = Schema(
     NestedField(5, "meats", StringType()),
     NestedField(6, "veggies", StringType()),
     NestedField(7, "date_ordered", TimestampType()),
+)
+MAP_SCHEMA = Schema(
+    *PIZZA_SCHEMA.fields,
+    NestedField(8, "attrs", MapType(9, StringType(), 10, StringType())),
+    NestedField(11, "counts", MapType(12, StringType(), 13, LongType())),
 )
 
 
@@ -75,7 +84,15 @@ def main() -> None:
     for i in range(500, n, 1000):
         dirty[i] = dirty[i].replace(b'"date_ordered":"', b'"date_ordered":"x', 1)
 
+    map_schema = schema_to_pyarrow(MAP_SCHEMA)
+    maps = [
+        v[:-1] + b',"attrs":{"crust":"thin","size":"%d","oven":"stone"},"counts":{"slices":%d,"boxes":1}}' % (i % 3, i % 12)
+        for i, v in enumerate(values)
+    ]
+    oracle = _Oracle(map_schema, "ms")
+
     # Sanity: every path converts what it should.
+    assert decode_json(maps, map_schema).table.num_rows == n
     assert decode_json(values, schema).table.num_rows == n
     assert decode_json(mixed, schema).table.num_rows == n
     assert len(decode_json(dirty, schema).rejects) == 2 * len(range(0, n, 1000))
@@ -91,12 +108,14 @@ def main() -> None:
             "coerce": lambda: decode_json(values, schema),
             "coerce-mixed": lambda: decode_json(mixed, schema),
             "coerce-dirty": lambda: decode_json(dirty, schema),
+            "coerce-maps": lambda: decode_json(maps, map_schema),
+            "coerce-maps-reference": lambda: [oracle.row(v) for v in maps],
         },
     )
     raw = rates["raw pyarrow.json"]
     print(f"{n} pizza records, {len(joined) / n:.0f} bytes each, best of {args.repeat}")
     for name, rate in rates.items():
-        print(f"  {name:18s} {rate:>12,.0f} records/s   {rate / raw:6.2f} x raw")
+        print(f"  {name:22s} {rate:>12,.0f} records/s   {rate / raw:6.2f} x raw")
 
 
 if __name__ == "__main__":

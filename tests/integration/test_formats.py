@@ -1,6 +1,7 @@
 """Kafka Connect envelopes end to end: a real worker process (Faust + Spark) consumes
 JsonConverter output (``schemas.enable=true``) from Tansu, auto-creates the table from the
-Connect schema (logical types, not their base types), adds the key and Kafka metadata columns,
+Connect schema (logical types, not their base types; map<string, long> and map<string, struct>
+columns filled from JSON objects), adds the key and Kafka metadata columns,
 and dead-letters malformed envelopes with their position. DuckDB reads the table back.
 A Debezium Uuid field becomes an Iceberg uuid column, which pyarrow writes (Spark cannot)."""
 
@@ -38,8 +39,15 @@ SCHEMA = {
         {"field": "shipped", "type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp"},
         {"field": "tags", "type": "array", "optional": True, "items": {"type": "string", "optional": False}},
         {"field": "ref", "type": "string", "optional": True, "name": "io.debezium.data.Uuid", "version": 1},
+        {"field": "counts", "type": "map", "optional": True,
+         "keys": {"type": "string", "optional": False}, "values": {"type": "int64", "optional": False}},
+        {"field": "labels", "type": "map", "optional": True, "keys": {"type": "string", "optional": False},
+         "values": {"type": "struct", "optional": True, "fields": [
+             {"field": "n", "type": "int64", "optional": False},
+             {"field": "note", "type": "string", "optional": True}]}},
     ],
 }
+BAD_MAP = 200  # a map value that is not an int64: dead-lettered naming the entry
 AT0 = 1_700_000_000_000  # ms
 
 
@@ -53,6 +61,9 @@ def payload(i: int, logical: bool) -> dict:
         "shipped": f"2024-03-01T10:00:{i % 60:02d}.25+02:00",
         "tags": [f"t{i % 3}"] * (i % 3),
         "ref": None if i % 9 == 0 else str(uuid.UUID(int=i * 0x9E3779B97F4A7C15 << 32)),
+        # Keys in an order that is not sorted, a null struct value, an empty map, a null map.
+        "counts": {"z": i, "a": -i, "big": 2**62 + i} if i % 5 else ({} if i % 10 else None),
+        "labels": {f"l{i % 4}": {"n": i, "note": None if i % 2 else f"n{i}"}, "gone": None} if i % 3 else None,
     }
 
 
@@ -86,7 +97,10 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 1))
     records = []
     for i in range(N):
-        value = BAD.get(i) or json.dumps({"schema": SCHEMA, "payload": payload(i, logical)}, separators=(",", ":")).encode()
+        body = payload(i, logical)
+        if i == BAD_MAP:
+            body["counts"] = {"a": 1, "b": "two"}
+        value = BAD.get(i) or json.dumps({"schema": SCHEMA, "payload": body}, separators=(",", ":")).encode()
         headers = [("trace", f"tr-{i}".encode()), ("trace", b"\xff")] if i % 50 == 0 else []
         records.append((f"key-{i}".encode(), value, headers, AT0 + i))
     asyncio.run(send(broker.bootstrap, records))
@@ -102,7 +116,7 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
         },
     )
     replicas = ReplicaSet(cfg, tmp_path / "logs")
-    expected = N - len(BAD)
+    expected = N - len(BAD) - 1
     try:
         replicas.start("w1")
         wait_rows(catalog, replicas, (TABLE,), expected, timeout_s=150)
@@ -115,24 +129,27 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
     assert types == {
         "id": ("long", True), "customer": ("string", False), "at": ("timestamptz", False),
         "day": ("date", False), "amount": ("decimal(10, 2)", False), "shipped": ("timestamptz", False),
-        "tags": ("list<string>", False), "ref": ("uuid", False), "_key": ("string", False),
-        "_kafka_metadata_topic": ("string", False),
+        "tags": ("list<string>", False), "ref": ("uuid", False),
+        "counts": ("map<string, long>", False),
+        "labels": (types["labels"][0], False), "_key": ("string", False), "_kafka_metadata_topic": ("string", False),
         "_kafka_metadata_partition": ("int", False), "_kafka_metadata_offset": ("long", False),
         "_kafka_metadata_timestamp": ("timestamptz", False),
         "_kafka_metadata_headers": (types["_kafka_metadata_headers"][0], False),
     }
+    labels = types["labels"][0]
+    assert labels.startswith("map<string, struct<") and "n: required long" in labels and "note: optional string" in labels
     headers_type = types["_kafka_metadata_headers"][0]
     assert headers_type.startswith("list<struct<") and "key: optional string" in headers_type
     assert "value: optional binary" in headers_type
 
     con = duck.connect()
     rows = con.execute(
-        "SELECT id, customer, \"at\", \"day\", amount, shipped, tags, _key, _kafka_metadata_topic, _kafka_metadata_partition,"
+        "SELECT id, customer, \"at\", \"day\", amount, shipped, tags, counts, labels, _key, _kafka_metadata_topic, _kafka_metadata_partition,"
         " _kafka_metadata_offset, _kafka_metadata_timestamp, _kafka_metadata_headers,"
         " ref"
         f" FROM iceberg_scan('{duck.plain_path(table.metadata_location)}') ORDER BY id"
     ).fetchall()
-    ids = [i for i in range(N) if i not in BAD]
+    ids = [i for i in range(N) if i not in BAD and i != BAD_MAP]
     assert [r[0] for r in rows] == ids  # each record exactly once
     for r in rows:
         i = r[0]
@@ -147,6 +164,10 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
         assert r[1] == p["customer"]
         assert r[5] == datetime(2024, 3, 1, 8, 0, i % 60, 250_000, tzinfo=UTC), i
         assert list(r[6] or []) == p["tags"]
+        assert r[7] == (None if p["counts"] is None else p["counts"]), i  # DuckDB maps keep entry order
+        assert list((r[7] or {}).items()) == list((p["counts"] or {}).items()), i
+        assert r[8] == p["labels"], i
+        r = r[:7] + r[9:]
         assert r[7:11] == (f"key-{i}", TOPIC, 0, i)
         assert r[11] == datetime.fromtimestamp((AT0 + i) / 1000, UTC), i
         headers = [(h["key"], bytes(h["value"])) for h in r[12]]
@@ -154,9 +175,12 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
         assert r[13] == (p["ref"] and uuid.UUID(p["ref"])), i
 
     lines = [json.loads(x) for x in (state / "deadletter" / f"{TOPIC}.jsonl").read_text().splitlines()]
-    assert sorted((d["topic"], d["partition"], d["offset"]) for d in lines) == [(TOPIC, 0, i) for i in sorted(BAD)]
+    assert sorted((d["topic"], d["partition"], d["offset"]) for d in lines) == [
+        (TOPIC, 0, i) for i in sorted([*BAD, BAD_MAP])
+    ]
     by_offset = {d["offset"]: d for d in lines}
     assert "no 'schema' or 'payload' key" in by_offset[17]["error"]
     assert "a table row needs a struct" in by_offset[140]["error"]
     assert "malformed JSON" in by_offset[250]["error"]
     assert base64.b64decode(by_offset[17]["value"]) == BAD[17]
+    assert by_offset[BAD_MAP]["field"] == "counts.b" and "cannot coerce 'two' to long" in by_offset[BAD_MAP]["error"]

@@ -312,3 +312,35 @@ def test_partition_spec_that_cannot_apply_stops_the_replica_naming_the_key(broke
     log_text = r.log_path.read_text(errors="replace")
     assert "invalid setting 'iceberg.table.rpc.badspec.partition-by'" in log_text
     assert "(string)" in log_text and "day(date_ordered)" in log_text
+
+
+def test_unexpected_error_in_ingest_stops_the_replica_instead_of_stalling(broker, tmp_path):
+    """A bug while converting a batch (forced with fault.crash-at=worker.ingest-bug): Faust would
+    restart its agent without that batch and the replica would answer empty rounds for ever.
+    It stops with exit code 1 and the traceback instead, and nothing of the batch is committed."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.embedded import sqlite_catalog_properties
+    from icesink.iceberg import total_rows
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import pizza_values
+    from icesink.pizzas import produce as send
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import write_config
+
+    asyncio.run(ensure_topic(broker.bootstrap, "bug", 1))
+    props = sqlite_catalog_properties(tmp_path / "catalog")
+    cfg = write_config(tmp_path / "sink.json", topics="bug", tables="rpc.bug", bootstrap=broker.bootstrap,
+                       catalog_props=props, state_dir=tmp_path / "state", group="bug",
+                       **{"fault.crash-at": "worker.ingest-bug"})
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    r = replicas.start("solo")
+    try:
+        asyncio.run(send(broker.bootstrap, "bug", pizza_values(100, seed=5), partitions=1))
+        assert r.proc.wait(180) == 1
+    finally:
+        replicas.stop_all()
+    log_text = r.log_path.read_text(errors="replace")
+    assert "ingest failed on a batch of" in log_text and "Traceback" in log_text
+    assert "RuntimeError: fault injection: an unexpected error while converting a batch" in log_text
+    assert total_rows(load_catalog("it", **props), "rpc.bug") == 0

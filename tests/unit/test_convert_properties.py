@@ -1,5 +1,6 @@
 """Property tests of agents.convert.decode_json (hypothesis): generated schemas of every
-supported type, nested structs and lists, and generated records of JSON values in every
+supported type, nested structs, lists and maps (string or int keys; values of any kind, maps
+of maps, lists of maps), and generated records of JSON values in every
 encoding a type accepts.
 
 - Only valid values: no rejects, and every row holds exactly what was written (within the
@@ -290,6 +291,37 @@ def list_column(name: str, element: Column) -> Column:
     return Column(pa.field(name, pa.list_(element.field)), draw_value)
 
 
+def map_column(name: str, value: Column, int_keys: bool) -> Column:
+    """A map of string or int keys; int keys are written as their text, sometimes "0042"."""
+
+    def draw_value(draw: st.DrawFn, path: str, bad_rate: float) -> tuple[object, object, str | None]:
+        if draw(st.integers(0, 9)) == 0:
+            return None, None, None
+        doc: dict[str, object] = {}
+        expected: list[tuple[object, object]] = []
+        first_bad: str | None = None
+        keys: list[Any] = draw(
+            st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3, unique=True)
+            if int_keys
+            else st.lists(st.text(max_size=6), max_size=3, unique=True)
+        )
+        for key in keys:
+            text = str(key)
+            if int_keys and draw(st.booleans()):
+                text = f"{key:+05d}" if key < 0 else f"{key:05d}"
+            if int_keys and bad_rate and draw(st.floats(0, 1)) < bad_rate:
+                text = f"k{text}"
+                first_bad = first_bad or f"{path}.{text}"
+            v, exp, bad = value.draw_value(draw, f"{path}.{text}", bad_rate)
+            doc[text] = v
+            expected.append((key, exp))
+            first_bad = first_bad or bad
+        return doc, expected, first_bad
+
+    key = pa.int32() if int_keys else pa.string()
+    return Column(pa.field(name, pa.map_(key, value.field.with_name("value"))), draw_value)
+
+
 def record(
     draw: st.DrawFn, columns: list[Column], bad_rate: float, prefix: str = ""
 ) -> tuple[dict[str, object], dict[str, object], str | None]:
@@ -309,9 +341,24 @@ def record(
 def columns(draw: st.DrawFn, default_unit: str) -> list[Column]:
     out: list[Column] = []
     for i in range(draw(st.integers(1, 6))):
-        shape = draw(st.sampled_from(["leaf", "leaf", "leaf", "struct", "list"]))
+        shape = draw(st.sampled_from(["leaf", "leaf", "leaf", "struct", "list", "map"]))
         name = f"c{i}"
-        if shape == "struct":
+        if shape == "map":
+            def leaf() -> Column:
+                return leaf_column("value", draw(st.sampled_from(LEAVES))(draw, default_unit))
+
+            inner = draw(st.sampled_from(["leaf", "leaf", "struct", "map", "list"]))
+            if inner == "struct":
+                value = struct_column("value", [leaf_column(f"n{j}", draw(st.sampled_from(LEAVES))(draw, default_unit)) for j in range(draw(st.integers(1, 2)))])
+            elif inner == "map":
+                value = map_column("value", leaf(), draw(st.booleans()))
+            elif inner == "list":
+                value = list_column("value", leaf_column("element", draw(st.sampled_from(LEAVES))(draw, default_unit)))
+            else:
+                value = leaf()
+            column = map_column(name, value, draw(st.booleans()))
+            out.append(list_column(name, column) if draw(st.integers(0, 3)) == 0 else column)
+        elif shape == "struct":
             kids = [leaf_column(f"n{j}", draw(st.sampled_from(LEAVES))(draw, default_unit)) for j in range(draw(st.integers(1, 3)))]
             out.append(struct_column(name, kids))
         elif shape == "list":

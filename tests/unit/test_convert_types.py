@@ -352,7 +352,6 @@ def test_every_iceberg_type_is_filled_in_bulk_and_per_record_alike() -> None:
         (pa.int64(), {EPOCH_UNIT: "ms"}, "on a timestamp, date or time field"),
         (pa.decimal128(10, 2), {DECIMAL_ENCODING: "avro"}, "icesink.decimal-encoding='avro'"),
         (pa.string(), {DECIMAL_ENCODING: "connect-bytes"}, "on a decimal field"),
-        (pa.map_(pa.string(), pa.string()), {}, "decode_json cannot fill"),
     ],
 )
 def test_bad_schemas_raise_naming_the_field(t: pa.DataType, metadata: dict[str, str], why: str) -> None:

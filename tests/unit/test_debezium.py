@@ -10,6 +10,7 @@ tombstone after the delete.
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -327,3 +328,10 @@ def test_auto_create_uses_the_envelope_formats_connect_mapping() -> None:
     assert schema.field("u").type == pa.uuid()
     created = _format("schema").with_extras(schema)
     assert str(created.find_field("u").field_type) == "uuid"
+    # A delete's before image and an insert's after image with a uuid (pyarrow has no if_else for it).
+    ref = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+    doc["payload"]["after"]["u"] = ref
+    deleted = json.loads(json.dumps(doc))
+    deleted["payload"].update(op="d", before=doc["payload"]["after"], after=None)
+    out = t.apply([json.dumps(doc).encode(), json.dumps(deleted).encode()], [0, 1], schema)
+    assert not out.rejects and out.table.column("u").to_pylist() == [uuid.UUID(ref)] * 2
