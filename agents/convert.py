@@ -65,7 +65,10 @@ What each column type accepts
   key's text is read as a JSON string would be in a column of type K (``"42"`` -> int 42;
   keys that cannot be read, or two keys giving the same value such as ``"1"`` and ``"01"``,
   reject the record); values are read as a column of type V would read them. A reject in a map
-  names the entry: ``attrs.<key>`` (``attrs.<key>.n`` inside a struct value).
+  names the entry: ``attrs.<key>`` (``attrs.<key>.n`` inside a struct value). An array of
+  ``[key, value]`` pairs is read the same way (``[[1, "a"], [2, "b"]]``): Kafka Connect's
+  JsonConverter writes maps whose keys are not strings so; keys there are strings, numbers or
+  booleans, read as their JSON text would be.
 - Anything else in such a column is a reject naming the field; never a null.
 
 Maps in bulk
@@ -76,8 +79,19 @@ those) each record is first rewritten by ``_as_entries``: one C-level ``json.loa
 reader parses as list<struct<k: string, v: V>> and step 3 turns into a map array. Non-integer
 numbers keep their exact text (a marker string, unquoted again after dumping). Records the
 rewrite cannot reproduce faithfully (malformed, duplicate keys, NaN, a ``\u0000`` escape, a
-map that is not an object) and rows with keys that could collide (integer keys not written
+map in neither form) and rows with keys that could collide (integer keys not written
 canonically, other non-string key types) go to the reference path.
+
+Case-insensitive keys
+---------------------
+With ``fold_case`` (``iceberg.tables.schema-case-insensitive``) an object key fills the field
+it names ignoring case, at every level (``{"Customer": {"ZIP": 1}}`` fills
+``customer.zip``); if a record spells one field twice, the exact spelling wins unless it is
+null, else the first non-null one. The reader matches keys exactly, so one inferring parse of
+the batch (in C++) tells whether some key spells a field name in another case; only a batch
+that has one is rewritten first, as maps are (the same per-record ``json.loads`` and
+``json.dumps``; a schema with maps is folded in its rewrite), and the reference path folds
+the parsed record the same way.
 """
 
 from __future__ import annotations
@@ -175,7 +189,8 @@ def _unsupported(field: str, type_: pa.DataType) -> UnsupportedTypeError:
 
 
 def decode_json(
-    values: Sequence[bytes], schema: pa.Schema | None = None, *, epoch_unit: EpochUnit = "ms"
+    values: Sequence[bytes], schema: pa.Schema | None = None, *, epoch_unit: EpochUnit = "ms",
+    fold_case: bool = False,
 ) -> Converted:
     """Decode schemaless JSON objects into one table.
 
@@ -186,18 +201,24 @@ def decode_json(
     Raises :class:`UnsupportedTypeError` for a schema with a type this module cannot fill (a
     time zone other than UTC, map keys that are not scalars, ...) or a field with unknown
     icesink metadata; bad records never raise.
+
+    ``fold_case`` (``iceberg.tables.schema-case-insensitive``): a JSON key fills the field of
+    ``schema`` it names ignoring case, at every level (see "Case-insensitive keys" above).
     """
     if epoch_unit not in EPOCH_UNITS:
         raise ValueError(f"epoch_unit: expected one of {EPOCH_UNITS}, found {epoch_unit!r}")
+    fold = fold_case and schema is not None and _holds_struct(pa.struct(list(schema)))
     if schema is not None:
         _check_supported(schema)
     if schema is not None and _has_map(schema):
-        run, rejects = _prepare(_as_entries(values, schema))
+        run, rejects = _prepare(_rewritten(values, schema, fold=fold))
     else:
         run, rejects = _prepare(values)
+        if fold and run is not None and _miscased(run, values, schema):  # type: ignore[arg-type]
+            run, rejects = _prepare(_rewritten(values, schema, fold=True))  # type: ignore[arg-type]
     if schema is None:
         schema = _infer(run, values)
-    decoder = _Decoder(values, schema, rejects, epoch_unit)
+    decoder = _Decoder(values, schema, rejects, epoch_unit, fold=fold)
     if run is not None:
         decoder.scan(run, 0, run.size, threaded=True)
     return decoder.result()
@@ -648,16 +669,18 @@ _ENTRIES_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", 
 _Rewrite: TypeAlias = Callable[[object], object]
 
 
-def _as_entries(values: Sequence[bytes], schema: pa.Schema) -> list[bytes]:
-    """``values`` with every JSON object in a map column rewritten as a list of entries
-    ``[{"k": key, "v": value}, ...]`` in the object's order, which the bulk reader can parse.
+def _rewritten(values: Sequence[bytes], schema: pa.Schema, *, fold: bool) -> list[bytes]:
+    """``values`` as the bulk reader can parse them for ``schema``: every map (a JSON object or
+    an array of ``[key, value]`` pairs) as a list of entries ``[{"k": key text, "v": value},
+    ...]`` in its order, and with ``fold`` every object key that names a field in another case
+    spelt as the field is.
 
-    pyarrow.json has no map type and keeps no JSON text, so this is one C-level
-    ``json.loads``/``json.dumps`` per record (non-integer numbers keep their exact text through
-    a marker). A record this cannot rewrite faithfully (malformed JSON, a duplicate key, a NUL
-    escape, NaN, a map that is not an object) becomes ``null``, which sends it to the
+    pyarrow.json has no map type, keeps no JSON text and matches keys exactly, so this is one
+    C-level ``json.loads``/``json.dumps`` per record (non-integer numbers keep their exact text
+    through a marker). A record this cannot rewrite faithfully (malformed JSON, a duplicate key,
+    a NUL escape, NaN, a map that is neither form) becomes ``null``, which sends it to the
     reference path with its original bytes; tombstones stay as they are."""
-    rewrite = _rewriter(pa.struct(list(schema)))
+    rewrite = _rewriter(pa.struct(list(schema)), entries=True, fold=fold)
     decode, encode = _ENTRIES_DECODER.decode, _ENTRIES_ENCODER.encode
     out: list[bytes] = []
     for value in values:
@@ -682,36 +705,125 @@ def _as_entries(values: Sequence[bytes], schema: pa.Schema) -> list[bytes]:
     return out
 
 
-def _rewriter(t: pa.DataType) -> _Rewrite:
-    """A function turning parsed JSON of type ``t`` (which holds a map) into its entries form.
-    Kinds that do not fit ``t`` are left for the reader to refuse, except a map that is not an
-    object (a list there would read as entries): ValueError."""
+def _holds_struct(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t):
+        return True
     if pa.types.is_map(t):
-        item = _rewriter(t.item_type) if _holds_map(t.item_type) else None
+        return _holds_struct(t.item_type)
+    return _is_list(t) and _holds_struct(t.value_type)
 
-        def entries(v: object) -> object:
+
+def _map_items(v: object) -> list[tuple[object, object]] | None:
+    """The entries of a JSON map: an object, or an array of ``[key, value]`` pairs (what Kafka
+    Connect's JsonConverter writes for maps whose keys are not strings); None for other kinds."""
+    if isinstance(v, dict):
+        return list(v.items())
+    if isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
+        return [(p[0], p[1]) for p in v]
+    return None
+
+
+def _key_text(k: object) -> str:
+    """A map key parsed by ``_ENTRIES_DECODER`` as the text the reader's key column holds."""
+    if isinstance(k, str):
+        return k[1:] if k[:1] == _MARK else k  # a marked non-integer number: its text
+    if isinstance(k, bool):
+        return "true" if k else "false"
+    if isinstance(k, int) and k:
+        return str(k)  # (0 may have been written -0: the reference path keeps its text)
+    raise ValueError("a map key the reference path reads")  # not a scalar, or 0
+
+
+def _rewriter(t: pa.DataType, *, entries: bool, fold: bool) -> _Rewrite:
+    """A function rewriting parsed JSON of type ``t`` in place where it can: with ``entries``
+    maps become entry lists (ValueError for a map in neither JSON form), with ``fold`` object
+    keys naming a field in another case are renamed to the field. Kinds that do not fit ``t``
+    are left for the reader or the reference path to refuse."""
+
+    def needed(c: pa.DataType) -> bool:
+        return (entries and _holds_map(c)) or (fold and _holds_struct(c))
+
+    if pa.types.is_map(t):
+        item = _rewriter(t.item_type, entries=entries, fold=fold) if needed(t.item_type) else None
+
+        def map_(v: object) -> object:
             if v is None:
                 return None
-            if not isinstance(v, dict):
-                raise ValueError("a map that is not an object")
+            items = _map_items(v)
+            if items is None:
+                if entries:
+                    raise ValueError("a map that is neither an object nor an array of pairs")
+                return v
+            if entries:
+                out = [{_ENTRY_KEY: _key_text(k), _ENTRY_VALUE: item(x) if item else x} for k, x in items]
+                if isinstance(v, list) and len({e[_ENTRY_KEY] for e in out}) != len(out):
+                    raise ValueError("a key twice")  # the reference path names it (objects: _unique)
+                return out
             if item is None:
-                return [{_ENTRY_KEY: k, _ENTRY_VALUE: x} for k, x in v.items()]
-            return [{_ENTRY_KEY: k, _ENTRY_VALUE: item(x)} for k, x in v.items()]
+                return v
+            if isinstance(v, dict):
+                return {k: item(x) for k, x in items}
+            return [[k, item(x)] for k, x in items]
 
-        return entries
+        return map_
     if _is_list(t):
-        element = _rewriter(t.value_type)
+        element = _rewriter(t.value_type, entries=entries, fold=fold)
         return lambda v: [element(x) for x in v] if isinstance(v, list) else v
-    children = [(c.name, _rewriter(c.type)) for c in t if _holds_map(c.type)]
+    children = [(c.name, _rewriter(c.type, entries=entries, fold=fold)) for c in t if needed(c.type)]
+    names = frozenset(c.name for c in t)
+    canon = {c.name.lower(): c.name for c in reversed(list(t))} if fold else {}
 
     def struct_(v: object) -> object:
         if isinstance(v, dict):
+            if canon:
+                v = _fold_keys(v, names, canon)
             for name, rewrite in children:
                 if name in v:
                     v[name] = rewrite(v[name])
         return v
 
     return struct_
+
+
+def _fold_keys(v: dict[str, object], names: frozenset[str], canon: dict[str, str]) -> dict[str, object]:
+    """``v`` with keys that name a field of ``names`` in another case renamed to it. Two
+    spellings of one field: the exact one wins unless null, else the first non-null."""
+    if all(k in names or k.lower() not in canon for k in v):
+        return v
+    out: dict[str, object] = {}
+    for k, x in v.items():
+        target = k if k in names else canon.get(k.lower(), k)
+        if target not in out or out[target] is None or (k == target and x is not None):
+            out[target] = x
+    return out
+
+
+def _miscased(run: _Run, values: Sequence[bytes], schema: pa.Schema) -> bool:
+    """Whether some record of ``run`` may spell a field of ``schema`` in another case: one
+    inferring parse (fast, in C++) tells the keys at every level."""
+    return _miscased_type(pa.struct(list(schema)), _Inference(values).scan(run, 0, run.size, threaded=True))
+
+
+def _miscased_type(t: pa.DataType, seen: pa.DataType) -> bool:
+    """Whether JSON of inferred type ``seen`` may hold an object key naming a field of ``t`` in
+    another case. True when inference cannot tell: kinds that conflicted (inferred as
+    string) where ``t`` has fields, or a map written as pairs; a false positive only costs
+    the rewrite."""
+    if pa.types.is_null(seen) or not _holds_struct(t):
+        return False
+    if pa.types.is_struct(t):
+        if not pa.types.is_struct(seen):
+            return _is_string(seen)
+        exact = {c.name: c.type for c in t}
+        lower = {c.name.lower() for c in t}
+        return any(
+            s.name.lower() in lower if s.name not in exact else _miscased_type(exact[s.name], s.type) for s in seen
+        )
+    if _is_list(t):
+        return _miscased_type(t.value_type, seen.value_type) if _is_list(seen) else _is_string(seen)
+    if pa.types.is_struct(seen):  # a map written as an object: its keys are data
+        return any(_miscased_type(t.item_type, s.type) for s in seen)
+    return True
 
 
 def _starts(parts: list[bytes]) -> npt.NDArray[np.int64]:
@@ -1591,13 +1703,20 @@ def _coerce(v: object, f: pa.Field, path: str, unit: EpochUnit) -> object:
 
 
 def _coerce_map(v: object, t: pa.MapType, path: str, unit: EpochUnit) -> list[tuple[object, object]]:
-    """A JSON object -> map entries in the object's order; keys are the key text coerced to the
-    key type, values as a column of the value type would be."""
-    if not isinstance(v, dict):
-        raise _Bad(f"cannot coerce {_show(v)} to map: expected a JSON object", path)
+    """A JSON object or an array of ``[key, value]`` pairs -> map entries in their order; keys
+    are coerced to the key type (an object's key as its text), values as a column of the value
+    type would be."""
+    items = _map_items(v)
+    if items is None:
+        raise _Bad(
+            f"cannot coerce {_show(v)} to map: expected a JSON object or an array of [key, value] pairs", path,
+        )
     entries: list[tuple[object, object]] = []
     seen: dict[object, str] = {}
-    for k, x in v.items():
+    for i, (k, x) in enumerate(items):
+        if k is None or isinstance(k, (list, dict)):
+            raise _Bad(f"map key: expected a string, number or boolean, found {_kind(k)}", f"{path}[{i}]")
+        k = k if isinstance(k, str) else _json_text(k)
         at = f"{path}.{k}"
         try:
             key = _coerce(k, t.key_field, at, unit)
@@ -1802,14 +1921,18 @@ def _coerce_date(v: object, unit: str | None, path: str) -> int:
 class _Oracle:
     """The per-record reference conversion (slow, exact, authoritative)."""
 
-    def __init__(self, schema: pa.Schema, unit: EpochUnit) -> None:
+    def __init__(self, schema: pa.Schema, unit: EpochUnit, fold: bool = False) -> None:
         self.schema = schema
         self.unit = unit
+        self.fold = _rewriter(pa.struct(list(schema)), entries=False, fold=True) if fold else None
 
     def row(self, value: bytes) -> dict[str, object]:
         doc = _load(value)
         if not isinstance(doc, dict):
             raise _Bad(f"not a JSON object: found {_kind(doc)}", None)
+        if self.fold is not None:
+            doc = self.fold(doc)
+            assert isinstance(doc, dict)
         return {f.name: _coerce(doc.get(f.name), f, f.name, self.unit) for f in self.schema}
 
 
@@ -1821,12 +1944,14 @@ class _Oracle:
 class _Decoder:
     """Collects converted pieces, reference-path rows and rejects for one batch."""
 
-    def __init__(self, values: Sequence[bytes], schema: pa.Schema, rejects: list[Reject], unit: EpochUnit) -> None:
+    def __init__(
+        self, values: Sequence[bytes], schema: pa.Schema, rejects: list[Reject], unit: EpochUnit, *, fold: bool = False,
+    ) -> None:
         self.values = values
         self.schema = schema
         self.fields = list(schema)
         self.unit = unit
-        self.oracle = _Oracle(schema, unit)
+        self.oracle = _Oracle(schema, unit, fold)
         self.plan = _Plan(pa.struct([_parse_form(f) for f in self.fields]))
         self.batches: list[pa.RecordBatch] = []
         self.batch_indices: list[npt.NDArray[np.int64]] = []

@@ -90,6 +90,7 @@ class DebeziumTransform:
 
     target_pattern: str = DEFAULT_TARGET_PATTERN
     schemas: bool = False
+    fold_case: bool = False  # iceberg.tables.schema-case-insensitive: row fields name columns ignoring case
     _envelopes: Envelopes = field(default_factory=Envelopes, compare=False, repr=False)
 
     # Schemas ---------------------------------------------------------------------------------
@@ -152,11 +153,12 @@ class DebeziumTransform:
             row = [f for f in schema if f.name != CDC_COLUMN]
             decoded = decode_envelopes(
                 groups, not_envelopes, self._wrapper(row),
-                lambda connect: self._wrapper(_encoded(pa.schema(row), _row_connect_schema(connect))),
+                lambda connect: self._wrapper(_encoded(pa.schema(row), _row_connect_schema(connect), self.fold_case)),
+                fold_case=self.fold_case,
             )
         else:
             row = [f for f in schema if f.name != CDC_COLUMN]
-            decoded = decode_json(values, self._wrapper(row))
+            decoded = decode_json(values, self._wrapper(row), fold_case=self.fold_case)
         table, indices = decoded.table, decoded.indices
         cols = {name: table.column(name).combine_chunks() for name in table.column_names}
         op = cols["op"]
@@ -275,13 +277,13 @@ class DebeziumTransform:
 # Connect schemas (the JsonConverter's envelope) ------------------------------------------------
 
 
-def _encoded(row: pa.Schema, image: dict[str, Any] | None) -> pa.Schema:
+def _encoded(row: pa.Schema, image: dict[str, Any] | None, fold_case: bool = False) -> pa.Schema:
     """The row fields with the encodings the row's Connect schema states (none if malformed:
     the values decide, or are rejected)."""
     if image is None:
         return row
     try:
-        return decode_schema(row, image)
+        return decode_schema(row, image, fold_case=fold_case)
     except ConnectSchemaError:
         return row
 

@@ -41,7 +41,7 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 
 from agents.buffer import Buffers, Chunk
-from agents.convert import Converted, Reject, decode_json, infer_schema
+from agents.convert import Converted, decode_json, infer_schema
 from icesink.events import SchemaProposal
 
 __all__ = [
@@ -336,32 +336,6 @@ def _observed_schema(data: pa.Table, schema: pa.Schema, current: pa.Schema) -> p
     return pa.schema(out)
 
 
-def _fold_case(converted: Converted, schema: pa.Schema, aliases: dict[str, list[str]], want: pa.Schema) -> Converted:
-    """Fold columns decoded under other spellings into the schema's column (first non-null);
-    a required column still null after folding rejects its record, as decode_json would."""
-    data = converted.table
-    columns = []
-    for f in schema:
-        col = data.column(f.name)
-        for alias in aliases.get(f.name, []):
-            col = pc.coalesce(col, data.column(alias))
-        columns.append(col)
-    table = pa.Table.from_arrays(columns, schema=schema)  # relaxed: the spellings were optional
-    out_schema = pa.schema([f.with_nullable(want.field(f.name).nullable) for f in schema], metadata=schema.metadata)
-    missing = np.zeros(table.num_rows, dtype=bool)
-    rejects = list(converted.rejects)
-    for name in aliases:
-        if not want.field(name).nullable and (nulls := table.column(name).is_null().to_numpy(zero_copy_only=False)).any():
-            for row in np.flatnonzero(nulls & ~missing):
-                rejects.append(Reject(int(converted.indices[row].as_py()), "required field is null or missing", name))
-            missing |= nulls
-    if not missing.any():
-        return Converted(table.cast(out_schema), converted.indices, converted.rejects)
-    keep = pa.array(~missing)
-    return Converted(table.filter(keep).cast(out_schema), converted.indices.filter(keep),
-                     tuple(sorted(rejects, key=lambda r: r.index)))
-
-
 # Proposals: Arrow schema <-> the SchemaProposal encoding (Iceberg schema JSON) --------------
 
 
@@ -427,24 +401,18 @@ class Evolver:
 
         ``infer`` gives the fields the records have (default: the JSON values' own, by one
         inferring parse) and ``decode`` decodes the batch against a schema (default:
-        decode_json of the values); the Debezium transform and the key/metadata columns pass
-        their own. Top-level columns in ``frozen`` never evolve (``_cdc``, key and metadata
-        columns: built by the sink, not the source)."""
+        decode_json of the values, folding key case if asked); the Debezium transform and the
+        key/metadata columns pass their own (which fold case the same way). Top-level columns
+        in ``frozen`` never evolve (``_cdc``, key and metadata columns: built by the sink, not
+        the source)."""
         current = self.schema_for(name, table_schema)
         inferred = infer_schema(values) if infer is None else infer()
         ci = self.case_insensitive
         adds = [c for c in changes(current, inferred, case_insensitive=ci)
                 if isinstance(c, AddField) and c.path[0] not in frozen]
         candidate = apply_changes(current, adds) if self.evolve else current
-        aliases = self._aliases(candidate, inferred) if ci else {}
         probe = _relaxed(candidate, keep_required) if self.evolve else candidate
-        if aliases:  # a column spelt in another case: decode each spelling, then fold them
-            probe = pa.schema([*(f.with_nullable(True) if f.name in aliases else f for f in probe), *(
-                pa.field(alias, probe.field(canon).type) for canon, names in aliases.items() for alias in names
-            )], metadata=probe.metadata)
-        converted = decode_json(values, probe) if decode is None else decode(probe)
-        if aliases:
-            converted = _fold_case(converted, pa.schema(list(probe)[: len(candidate)]), aliases, candidate)
+        converted = decode_json(values, probe, fold_case=ci) if decode is None else decode(probe)
         table = converted.table
         if not self.evolve:
             return Decoded(converted, None)
@@ -472,18 +440,6 @@ class Evolver:
             return None
         self.proposed[name] = final
         return to_proposal(self.worker, name, final)
-
-    def _aliases(self, schema: pa.Schema, inferred: pa.Schema) -> dict[str, list[str]]:
-        """Top-level record keys that name a column of ``schema`` in another case."""
-        out: dict[str, list[str]] = {}
-        exact = set(schema.names)
-        for n in inferred.names:
-            if n in exact:
-                continue
-            f = _find(list(schema), n, True)
-            if f is not None:
-                out.setdefault(f.name, []).append(n)
-        return out
 
     def refreshed(self, name: str, table_schema: pa.Schema) -> None:
         """The table was reloaded: keep S' only for what the table still lacks."""

@@ -231,10 +231,10 @@ def _iceberg_type(schema: Mapping[str, Any], path: str, ids: _Ids) -> IcebergTyp
     if kind == "map":
         keys, values = _child(schema, "keys", path), _child(schema, "values", path)
         key_type = _iceberg_type(keys, f"{path}.key", ids)
-        if not isinstance(key_type, StringType):
+        if not key_type.is_primitive:  # JsonConverter writes other keys as [key, value] pairs: read as such
             raise UnsupportedTypeError(
-                path, f"map<{keys.get('type')}, ...>", "Connect maps with non-string keys (written as "
-                "arrays of pairs) are not supported:", "map<string, X>", "use string map keys",
+                path, f"map<{keys.get('type')}, ...>", "Connect maps keyed by a struct, array or map are not "
+                "supported:", "map<K, X> with K a primitive type", "key the map by a primitive value",
             )
         value_type = _iceberg_type(values, f"{path}.value", ids)
         return MapType(ids(), key_type, ids(), value_type, value_required=not values.get("optional", False))
@@ -262,7 +262,7 @@ def connect_iceberg_schema(schema: Mapping[str, Any]) -> Schema:
     """The Iceberg schema of a table for records of this Connect (struct) schema.
 
     Raises :class:`ConnectSchemaError` for a malformed schema or one that is not a struct, and
-    :class:`UnsupportedTypeError` for maps with non-string keys.
+    :class:`UnsupportedTypeError` for maps keyed by a struct, array or map.
     """
     if not isinstance(schema, dict):
         raise ConnectSchemaError(f"Connect schema: expected a JSON object, found {type(schema).__name__}")
@@ -305,20 +305,33 @@ def _encoding(t: pa.DataType, connect: Mapping[str, Any], path: str) -> dict[byt
     return {}
 
 
-def _decode_field(f: pa.Field, connect: Mapping[str, Any], path: str) -> pa.Field:
+def _decode_fields(
+    fields: Sequence[pa.Field], connect: Mapping[str, Any], path: str, fold_case: bool,
+) -> list[pa.Field]:
+    """``fields`` with the encodings of the Connect struct schema's fields of the same name
+    (ignoring case with ``fold_case``; the exact spelling first)."""
+    listed = _fields(connect, path)
+    by_name = {c["field"]: c for c in listed}
+    if fold_case:
+        for c in reversed(listed):
+            by_name.setdefault(c["field"].lower(), c)
+    out = []
+    for f in fields:
+        c = by_name.get(f.name) or (by_name.get(f.name.lower()) if fold_case else None)
+        out.append(f if c is None else _decode_field(f, c, _join(path, f.name), fold_case))
+    return out
+
+
+def _decode_field(f: pa.Field, connect: Mapping[str, Any], path: str, fold_case: bool) -> pa.Field:
     t = f.type
     if pa.types.is_struct(t) and connect.get("type") == "struct":
-        by_name = {c["field"]: c for c in _fields(connect, path)}
-        children = [
-            _decode_field(c, by_name[c.name], _join(path, c.name)) if c.name in by_name else c for c in t
-        ]
-        return f.with_type(pa.struct(children))
+        return f.with_type(pa.struct(_decode_fields(list(t), connect, path, fold_case)))
     if (pa.types.is_list(t) or pa.types.is_large_list(t)) and connect.get("type") == "array":
-        element = _decode_field(t.value_field, _child(connect, "items", path), f"{path}[]")
+        element = _decode_field(t.value_field, _child(connect, "items", path), f"{path}[]", fold_case)
         return f.with_type(pa.large_list(element) if pa.types.is_large_list(t) else pa.list_(element))
     if pa.types.is_map(t) and connect.get("type") == "map":
-        key = _decode_field(t.key_field, _child(connect, "keys", path), f"{path}.key")
-        item = _decode_field(t.item_field, _child(connect, "values", path), f"{path}.value")
+        key = _decode_field(t.key_field, _child(connect, "keys", path), f"{path}.key", fold_case)
+        item = _decode_field(t.item_field, _child(connect, "values", path), f"{path}.value", fold_case)
         return f.with_type(pa.map_(key, item, keys_sorted=t.keys_sorted))
     extra = _encoding(t, connect, path)
     if not extra:
@@ -326,10 +339,11 @@ def _decode_field(f: pa.Field, connect: Mapping[str, Any], path: str) -> pa.Fiel
     return f.with_metadata({**(f.metadata or {}), **extra})
 
 
-def decode_schema(target: pa.Schema, connect: Mapping[str, Any]) -> pa.Schema:
+def decode_schema(target: pa.Schema, connect: Mapping[str, Any], *, fold_case: bool = False) -> pa.Schema:
     """``target`` (the table's columns: the truth) with each field's encoding taken from the
     record's Connect schema as decode_json field metadata. Columns the Connect schema lacks stay
-    as they are (null when absent); Connect fields the table lacks are ignored."""
+    as they are (null when absent); Connect fields the table lacks are ignored. ``fold_case``:
+    Connect fields name columns ignoring case (``schema-case-insensitive``)."""
     error = _group_error(connect)
     if error is not None:
         raise error
@@ -337,11 +351,7 @@ def decode_schema(target: pa.Schema, connect: Mapping[str, Any]) -> pa.Schema:
         connect_iceberg_schema(connect)  # the whole record schema must be well formed
     except UnsupportedTypeError:
         pass  # a column the table may not have; decode_json refuses it if the table does
-    by_name = {c["field"]: c for c in _fields(connect, "")}
-    return pa.schema(
-        [_decode_field(f, by_name[f.name], f.name) if f.name in by_name else f for f in target],
-        metadata=target.metadata,
-    )
+    return pa.schema(_decode_fields(list(target), connect, "", fold_case), metadata=target.metadata)
 
 
 # --------------------------------------------------------------------------------------------
@@ -644,6 +654,7 @@ class RecordFormat:
             settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, settings.kafka_metadata_nested,
         )
         self.plain = not self.envelope and not self.extras.names()
+        self.fold_case = settings.schema_case_insensitive
         self._envelopes = Envelopes()
 
     def table_schema(
@@ -692,7 +703,7 @@ class RecordFormat:
         as Debezium's); the key and metadata columns are added to its rows all the same."""
         if self.plain and decode_values is None:
             assert target is not None
-            return decode_json(values, target, epoch_unit=epoch_unit)
+            return decode_json(values, target, epoch_unit=epoch_unit, fold_case=self.fold_case)
         extra = self.extras.names()
         full = target
 
@@ -713,10 +724,10 @@ class RecordFormat:
             groups, rejects = self._envelopes.group([m.value for m in messages])
             if grow is not None and value_schema is not None:
                 value_schema = grow_values([w for g in groups if (w := connect_arrow_schema(g.schema)) is not None])
-            converted = decode_envelopes(groups, rejects, value_schema)
+            converted = decode_envelopes(groups, rejects, value_schema, fold_case=self.fold_case)
         else:
             assert value_schema is not None
-            converted = decode_json(values, value_schema, epoch_unit=epoch_unit)
+            converted = decode_json(values, value_schema, epoch_unit=epoch_unit, fold_case=self.fold_case)
         if full is None or not extra:
             return converted
         columns, key_rejects = self.extras.columns(messages, full)
@@ -725,11 +736,12 @@ class RecordFormat:
 
 def decode_envelopes(
     groups: Sequence[Group], rejects: list[Reject], target: pa.Schema | None,
-    decode_as: Callable[[Any], pa.Schema] | None = None,
+    decode_as: Callable[[Any], pa.Schema] | None = None, *, fold_case: bool = False,
 ) -> Converted:
     """Each group's payloads decoded in bulk against ``decode_as(its Connect schema)`` (default:
     :func:`decode_schema` of ``target``), as ``target``, in input order. A group whose schema
-    cannot fill the table (``ConnectSchemaError``) is rejects, naming why."""
+    cannot fill the table (``ConnectSchemaError``) is rejects, naming why. ``fold_case``: keys
+    and Connect fields name columns ignoring case, at every level."""
     tables: list[pa.Table] = []
     indices: list[npt.NDArray[np.int64]] = []
     rejects = list(rejects)
@@ -737,11 +749,11 @@ def decode_envelopes(
         try:
             if target is None:
                 raise ConnectSchemaError("the table does not exist and no record of the batch could create it")
-            schema = decode_schema(target, g.schema) if decode_as is None else decode_as(g.schema)
+            schema = decode_schema(target, g.schema, fold_case=fold_case) if decode_as is None else decode_as(g.schema)
         except ConnectSchemaError as exc:
             rejects += [Reject(i, exc.reason, exc.field) for i in g.indices]
             continue
-        part = decode_json(g.payloads, schema)
+        part = decode_json(g.payloads, schema, fold_case=fold_case)
         positions = np.asarray(g.indices, dtype=np.int64)
         rejects += [Reject(int(positions[r.index]), r.reason, r.field) for r in part.rejects]
         tables.append(part.table.cast(target))

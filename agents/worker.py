@@ -81,11 +81,12 @@ class Worker:
         self.format = RecordFormat(settings)
         self.deadletters = DeadLetters(settings, metrics, self.worker_id)
         pattern = settings.debezium_target_pattern
-        self.debezium = None if pattern is None else DebeziumTransform(pattern, settings.value_converter_schemas_enable)
+        self.debezium = None if pattern is None else DebeziumTransform(
+            pattern, settings.value_converter_schemas_enable, settings.schema_case_insensitive)
         self.router = Router(settings, self.debezium)
-        self.evolver = Evolver(
-            self.worker_id, evolve=settings.evolve_schema, case_insensitive=settings.schema_case_insensitive,
-        ) if settings.evolve_schema or settings.schema_case_insensitive else None
+        self.evolver = Evolver(  # (case folding alone is the record format's and the transform's)
+            self.worker_id, evolve=True, case_insensitive=settings.schema_case_insensitive,
+        ) if settings.evolve_schema else None
         self.spark = SparkFileWriter(SparkSettings(
             master=settings.spark_master,
             remote=settings.spark_remote,

@@ -13,7 +13,11 @@ Prints records/s (best of R runs) for:
 - coerce-maps: as coerce, each record also carrying ``attrs`` (map<string, string>, 3 entries)
   and ``counts`` (map<string, long>, 2 entries): records are rewritten (one ``json.loads`` and
   ``json.dumps`` each) so pyarrow can parse maps as entry lists;
-- coerce-maps-reference: the same batch through the per-record reference path alone.
+- coerce-maps-reference: the same batch through the per-record reference path alone;
+- coerce-ci: as coerce, with ``fold_case`` (schema-case-insensitive) on records whose keys
+  are spelt as the columns: the cost of the byte search that finds nothing to fold;
+- coerce-ci-folded: as coerce-ci, but every other record spells ``Store_ID`` and
+  ``SAUCE``: the batch is rewritten (one ``json.loads`` and ``json.dumps`` per record).
 """
 
 from __future__ import annotations
@@ -90,6 +94,10 @@ def main() -> None:
         for i, v in enumerate(values)
     ]
     oracle = _Oracle(map_schema, "ms")
+    miscased = [
+        v.replace(b'"store_id":', b'"Store_ID":', 1).replace(b'"sauce":', b'"SAUCE":', 1) if i % 2 else v
+        for i, v in enumerate(values)
+    ]
 
     # Sanity: every path converts what it should.
     assert decode_json(maps, map_schema).table.num_rows == n
@@ -97,6 +105,7 @@ def main() -> None:
     assert decode_json(mixed, schema).table.num_rows == n
     assert len(decode_json(dirty, schema).rejects) == 2 * len(range(0, n, 1000))
     assert decode_json(values).table.schema.field("date_ordered").type == pa.string()
+    assert decode_json(miscased, schema, fold_case=True).table.equals(decode_json(values, schema).table)
 
     joined = b"\n".join(values)
     rates = best_rates(
@@ -110,6 +119,8 @@ def main() -> None:
             "coerce-dirty": lambda: decode_json(dirty, schema),
             "coerce-maps": lambda: decode_json(maps, map_schema),
             "coerce-maps-reference": lambda: [oracle.row(v) for v in maps],
+            "coerce-ci": lambda: decode_json(values, schema, fold_case=True),
+            "coerce-ci-folded": lambda: decode_json(miscased, schema, fold_case=True),
         },
     )
     raw = rates["raw pyarrow.json"]

@@ -213,3 +213,75 @@ def test_connect_envelopes_evolve_under_two_replicas_with_key_and_metadata(broke
     snapshots, files = assert_metadata_only(table)
     print(f"envelope evolution: {changes:.0f} schema changes, {snapshots} snapshots, {files} files, "
           f"{time.monotonic() - started:.1f}s")
+
+
+def shouty(i: int) -> dict:
+    """Record i with its keys spelt in one of four ways at every level; from i = 200 on it also
+    carries a new nested field, ``Level`` (then ``LEVEL``, ``level``: one column)."""
+    spell = [str, str.upper, str.capitalize, str.lower][i % 4]
+    meta: dict = {spell("src"): f"s{i % 7}"}
+    if i >= 200:
+        meta[["Level", "LEVEL", "level"][i % 3] if i >= 300 else "Level"] = i
+    return {spell("id"): f"r{i}", spell("n"): i, spell("meta"): meta,
+            spell("items"): [{spell("qty"): i}, {spell("qty"): -i}]}
+
+
+@pytest.mark.timeout(200)
+def test_case_insensitive_keys_fill_columns_at_every_level(broker, catalog_props, tmp_path: Path) -> None:
+    """``schema-case-insensitive`` with evolution, real worker: keys in any case fill the
+    top-level, nested and list-element columns; a new nested field spelt three ways adds one
+    column holding all its values. DuckDB reads every value back."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import IntegerType, ListType, NestedField, StringType, StructType
+
+    from icesink.duck import connect, plain_path
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import produce
+    from icesink.replicas import ReplicaSet
+    from spark_bridge.schema import name_mapping_properties
+    from tests.support.sinkrun import assert_exact, wait_rows, write_config
+
+    topic, table_name = "shouting", "ci.items"
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("ci")
+    schema = Schema(
+        NestedField(1, "id", StringType(), required=False),
+        NestedField(2, "n", IntegerType(), required=False),
+        NestedField(3, "meta", StructType(NestedField(4, "src", StringType(), required=False)), required=False),
+        NestedField(5, "items", ListType(6, StructType(NestedField(7, "qty", IntegerType(), required=False)),
+                                         element_required=False), required=False),
+    )
+    created = catalog.create_table(table_name, schema)
+    with created.transaction() as tx:  # as auto-create does: Spark writes no ids for list elements
+        tx.set_properties(name_mapping_properties(created.schema()))
+    cfg = write_config(
+        tmp_path / "sink.json", topics=topic, tables=table_name, bootstrap=broker.bootstrap,
+        catalog_props=catalog_props, state_dir=tmp_path / "state", group="ci-sink",
+        **{"iceberg.tables.evolve-schema-enabled": "true", "iceberg.tables.schema-case-insensitive": "true"},
+    )
+    values = [shouty(i) for i in range(400)]
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        r1 = replicas.start("r1")
+        for lo, hi in ((0, 200), (200, 300), (300, 400)):  # committed before the next spelling comes
+            asyncio.run(produce(broker.bootstrap, topic, [json.dumps(v).encode() for v in values[lo:hi]], partitions=2))
+            wait_rows(catalog, replicas, (table_name,), hi, timeout_s=90)
+        time.sleep(2)
+        changes, rejected = totals((r1,), "schema_changes", "records_rejected")
+    finally:
+        replicas.stop_all()
+
+    assert_exact(catalog, table_name, {f"r{i}" for i in range(400)}, key="id")
+    table = catalog.load_table(table_name)
+    assert [f.name for f in table.schema().fields] == ["id", "n", "meta", "items"]  # no second spelling
+    assert [f.name for f in table.schema().find_field("meta").field_type.fields] == ["src", "Level"]
+    assert rejected == 0 and changes == 1
+    with connect(table.io.properties) as con:
+        rows = con.execute(
+            "SELECT id, n, meta.src, meta.Level, items FROM iceberg_scan(?)", [plain_path(table.metadata_location)]
+        ).fetchall()
+    got = {row[0]: row[1:] for row in rows}
+    for i in range(400):
+        assert got[f"r{i}"] == (i, f"s{i % 7}", i if i >= 200 else None, [{"qty": i}, {"qty": -i}]), i

@@ -1,9 +1,12 @@
 """Kafka Connect envelopes end to end: a real worker process (Faust + Spark) consumes
 JsonConverter output (``schemas.enable=true``) from Tansu, auto-creates the table from the
 Connect schema (logical types, not their base types; map<string, long> and map<string, struct>
-columns filled from JSON objects), adds the key and Kafka metadata columns,
+columns filled from JSON objects, a map<int, string> from the arrays of pairs JsonConverter
+writes for keys that are not strings), adds the key and Kafka metadata columns,
 and dead-letters malformed envelopes with their position. DuckDB reads the table back.
-A Debezium Uuid field becomes an Iceberg uuid column, which pyarrow writes (Spark cannot)."""
+A Debezium Uuid field becomes an Iceberg uuid column, which pyarrow writes (Spark cannot).
+With ``schema-case-insensitive`` every fourth record spells its fields (schema and payload,
+nested ones too) in upper case, and still fills the lower-case columns."""
 
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ SCHEMA = {
          "values": {"type": "struct", "optional": True, "fields": [
              {"field": "n", "type": "int64", "optional": False},
              {"field": "note", "type": "string", "optional": True}]}},
+        {"field": "slots", "type": "map", "optional": True,
+         "keys": {"type": "int32", "optional": False}, "values": {"type": "string", "optional": True}},
     ],
 }
 BAD_MAP = 200  # a map value that is not an int64: dead-lettered naming the entry
@@ -64,7 +69,26 @@ def payload(i: int, logical: bool) -> dict:
         # Keys in an order that is not sorted, a null struct value, an empty map, a null map.
         "counts": {"z": i, "a": -i, "big": 2**62 + i} if i % 5 else ({} if i % 10 else None),
         "labels": {f"l{i % 4}": {"n": i, "note": None if i % 2 else f"n{i}"}, "gone": None} if i % 3 else None,
+        "slots": [[i, f"s{i}"], [-1, None]] if i % 2 else None,  # JsonConverter: int keys as pairs
     }
+
+
+def shout(schema: dict, value: object) -> tuple[dict, object]:
+    """``schema`` and ``value`` with every struct field name upper-cased, at every level (map
+    keys are data: kept)."""
+    kind = schema.get("type")
+    if kind == "struct":
+        fields = [shout(f, value.get(f["field"]) if isinstance(value, dict) else None) for f in schema["fields"]]
+        out = dict(schema, fields=[dict(f, field=f["field"].upper()) for f, _ in fields])
+        if not isinstance(value, dict):
+            return out, value
+        return out, {f["field"].upper(): v for (f, v), orig in zip(fields, schema["fields"]) if orig["field"] in value}
+    if kind == "map":
+        values, _ = shout(schema["values"], None)
+        if isinstance(value, dict):
+            return dict(schema, values=values), {k: shout(schema["values"], v)[1] for k, v in value.items()}
+        return dict(schema, values=values), value
+    return schema, value
 
 
 async def send(bootstrap: str, records: list[tuple[bytes, bytes, list[tuple[str, bytes]], int]]) -> None:
@@ -100,7 +124,8 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
         body = payload(i, logical)
         if i == BAD_MAP:
             body["counts"] = {"a": 1, "b": "two"}
-        value = BAD.get(i) or json.dumps({"schema": SCHEMA, "payload": body}, separators=(",", ":")).encode()
+        schema, body = shout(SCHEMA, body) if i % 4 == 3 else (SCHEMA, body)
+        value = BAD.get(i) or json.dumps({"schema": schema, "payload": body}, separators=(",", ":")).encode()
         headers = [("trace", f"tr-{i}".encode()), ("trace", b"\xff")] if i % 50 == 0 else []
         records.append((f"key-{i}".encode(), value, headers, AT0 + i))
     asyncio.run(send(broker.bootstrap, records))
@@ -113,6 +138,7 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
             "iceberg.tables.key-column": "_key",
             "iceberg.tables.kafka-metadata-enabled": "true",
             "errors.tolerance": "all",  # bad records to the local dead-letter file
+            "iceberg.tables.schema-case-insensitive": "true",
         },
     )
     replicas = ReplicaSet(cfg, tmp_path / "logs")
@@ -130,7 +156,7 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
         "id": ("long", True), "customer": ("string", False), "at": ("timestamptz", False),
         "day": ("date", False), "amount": ("decimal(10, 2)", False), "shipped": ("timestamptz", False),
         "tags": ("list<string>", False), "ref": ("uuid", False),
-        "counts": ("map<string, long>", False),
+        "counts": ("map<string, long>", False), "slots": ("map<int, string>", False),
         "labels": (types["labels"][0], False), "_key": ("string", False), "_kafka_metadata_topic": ("string", False),
         "_kafka_metadata_partition": ("int", False), "_kafka_metadata_offset": ("long", False),
         "_kafka_metadata_timestamp": ("timestamptz", False),
@@ -146,7 +172,7 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
     rows = con.execute(
         "SELECT id, customer, \"at\", \"day\", amount, shipped, tags, counts, labels, _key, _kafka_metadata_topic, _kafka_metadata_partition,"
         " _kafka_metadata_offset, _kafka_metadata_timestamp, _kafka_metadata_headers,"
-        " ref"
+        " ref, slots"
         f" FROM iceberg_scan('{duck.plain_path(table.metadata_location)}') ORDER BY id"
     ).fetchall()
     ids = [i for i in range(N) if i not in BAD and i != BAD_MAP]
@@ -173,6 +199,7 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
         headers = [(h["key"], bytes(h["value"])) for h in r[12]]
         assert headers == ([("trace", f"tr-{i}".encode()), ("trace", b"\xff")] if i % 50 == 0 else []), i
         assert r[13] == (p["ref"] and uuid.UUID(p["ref"])), i
+        assert r[14] == (None if p["slots"] is None else dict(p["slots"])), i
 
     lines = [json.loads(x) for x in (state / "deadletter" / f"{TOPIC}.jsonl").read_text().splitlines()]
     assert sorted((d["topic"], d["partition"], d["offset"]) for d in lines) == [

@@ -91,9 +91,10 @@ def test_missing_map_is_null_and_required_map_rejects(size: int) -> None:
 
 
 @pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("text", ['[["a", 1]]', '[{"k": "a", "v": 1}]', '"a=1"', "7", "true"])
+@pytest.mark.parametrize("text", ['[{"k": "a", "v": 1}]', '"a=1"', "7", "true", '[["a"]]', '[["a", 1, 2]]', '["a", 1]'])
 def test_non_object_rejects(size: int, text: str) -> None:
-    rejected(schema_of(map_of(pa.int64())), text, size, "x", "to map: expected a JSON object")
+    rejected(schema_of(map_of(pa.int64())), text, size, "x",
+             "to map: expected a JSON object or an array of [key, value] pairs")
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -187,6 +188,58 @@ def test_other_key_types(size: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Arrays of [key, value] pairs (Kafka Connect's JsonConverter, keys that are not strings)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_arrays_of_pairs_are_entries_in_their_order(size: int) -> None:
+    ints = schema_of(map_of(pa.string(), key=pa.int32()))
+    assert ok(ints, '[[42, "a"], [-7, "b"], [0, "c"]]', size) == [(42, "a"), (-7, "b"), (0, "c")]
+    assert ok(ints, '[["5", "numeric text"]]', size) == [(5, "numeric text")]
+    assert ok(ints, "[]", size) == []
+    rejected(ints, '[[1, "a"], [1.5, "b"]]', size, "x.1.5", "map key: cannot coerce '1.5' to int")
+    rejected(ints, '[[1, "a"], [1, "b"]]', size, "x.1", "map key '1' is the same int as key '1'")
+    rejected(ints, '[[1, "a"], [null, "b"]]', size, "x[1]", "map key: expected a string, number or boolean, found null")
+    rejected(ints, '[[{"a": 1}, "b"]]', size, "x[0]", "map key: expected a string, number or boolean, found an object")
+    rejected(ints, '[[3000000000, "a"]]', size, "x.3000000000", "map key: cannot coerce")
+    doubles = schema_of(map_of(pa.int64(), key=pa.float64()))
+    assert ok(doubles, '[[1.5, 1], [-2e3, 2], [7, 3]]', size) == [(1.5, 1), (-2000.0, 2), (7.0, 3)]
+    bools = schema_of(map_of(pa.int64(), key=pa.bool_()))
+    assert ok(bools, '[[true, 1], [false, 0]]', size) == [(True, 1), (False, 0)]
+    rejected(bools, '[[true, 1], ["true", 2]]', size, "x.true", "map key 'true' is the same boolean")
+    texts = schema_of(map_of(pa.int64()))  # string keys: a key is its JSON text
+    assert ok(texts, '[["a", 1], [2, 2], [-0, 3], [1.50, 4], [false, 5]]', size) == [
+        ("a", 1), ("2", 2), ("-0", 3), ("1.50", 4), ("false", 5)
+    ]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_pairs_nested_and_holding_structs(size: int) -> None:
+    point = pa.struct([pa.field("n", pa.int64())])
+    of_struct = schema_of(map_of(point, key=pa.int64()))
+    assert ok(of_struct, '[[1, {"n": 1}], [2, null]]', size) == [(1, {"n": 1}), (2, None)]
+    rejected(of_struct, '[[1, {"n": "x"}]]', size, "x.1.n", "cannot coerce 'x' to long")
+    in_list = schema_of(pa.list_(map_of(pa.string(), key=pa.int32())))
+    assert ok(in_list, '[[[1, "a"]], {"2": "b"}, []]', size) == [[(1, "a")], [(2, "b")], []]
+
+
+def test_bulk_batch_of_pairs_matches_the_reference_path() -> None:
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("m", map_of(pa.string(), key=pa.int64()))])
+    values = [json.dumps({"id": i, "m": [[i, f"v{i}"], [-i - 1, None]]}).encode() for i in range(200)]
+    values[10] = b'{"id": 10, "m": [[1, "a"], [1, "b"]]}'
+    values[11] = b'{"id": 11, "m": [[null, "a"]]}'
+    values[12] = b'{"id": 12, "m": [[0, "zero"], ["007", "seven"]]}'
+    whole = decode_json(values, schema)
+    rows = dict(zip(whole.indices.to_pylist(), whole.table.to_pylist(), strict=True))
+    assert sorted(r.index for r in whole.rejects) == [10, 11]
+    assert rows[5]["m"] == [(5, "v5"), (-6, None)] and rows[12]["m"] == [(0, "zero"), (7, "seven")]
+    for i, value in enumerate(values):
+        alone = decode_json([value], schema)
+        assert alone.table.to_pylist() == ([rows[i]] if i in rows else []), i
+
+
+# --------------------------------------------------------------------------------------------
 # Nesting
 # --------------------------------------------------------------------------------------------
 
@@ -268,7 +321,7 @@ def test_schemas_without_maps_skip_the_rewrite(monkeypatch: pytest.MonkeyPatch) 
     def boom(*_: object) -> None:
         raise AssertionError("rewrote a batch without maps")
 
-    monkeypatch.setattr(convert, "_as_entries", boom)
+    monkeypatch.setattr(convert, "_rewritten", boom)
     result = decode_json([b'{"x": {"a": 1}}'] * BULK, schema_of(pa.struct([pa.field("a", pa.int64())])))
     assert result.table.num_rows == BULK
 

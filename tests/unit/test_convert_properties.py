@@ -7,6 +7,8 @@ encoding a type accepts.
   type's precision: timestamps and times to the microsecond, floored).
 - Some invalid values: every record is exactly one of an exact row or a reject naming the
   first bad field (the reference path reports fields in schema order).
+- Both hold with ``fold_case`` (schema-case-insensitive) for records whose struct keys are
+  spelt in another case at any level.
 
 Batches run up to ~60 records so both the bulk path and the per-record path are exercised.
 Examples per test come from the hypothesis profile (tests/unit/conftest.py): ``dev`` by
@@ -368,6 +370,21 @@ def columns(draw: st.DrawFn, default_unit: str) -> list[Column]:
     return out
 
 
+def recase(v: object, t: pa.DataType | None, draw: st.DrawFn) -> object:
+    """``v`` (a record or a value of type ``t``) with some struct keys upper-cased, at every
+    level; map keys are data and stay as they are."""
+    if isinstance(v, dict) and t is not None and pa.types.is_struct(t):
+        return {
+            (k.upper() if draw(st.booleans()) else k): recase(x, t.field(k).type if t.get_field_index(k) >= 0 else None, draw)
+            for k, x in v.items()
+        }
+    if isinstance(v, dict) and t is not None and pa.types.is_map(t):
+        return {k: recase(x, t.item_type, draw) for k, x in v.items()}
+    if isinstance(v, list) and t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return [recase(x, t.value_type, draw) for x in v]
+    return v
+
+
 def run(data: st.DataObject, bad_rate: float) -> None:
     unit = data.draw(st.sampled_from(EPOCH_UNITS), label="epoch_unit")
     cols = data.draw(columns(unit), label="columns")
@@ -379,9 +396,12 @@ def run(data: st.DataObject, bad_rate: float) -> None:
         docs.append(doc)
         expected.append(exp)
         bad_paths.append(bad)
+    fold = data.draw(st.booleans(), label="fold_case")  # schema-case-insensitive: keys spelt in any case
+    if fold:
+        docs = [recase(d, pa.struct(list(schema)), data.draw) for d in docs]
     values = [dump(d).encode() for d in docs]
 
-    result = decode_json(values, schema, epoch_unit=unit)
+    result = decode_json(values, schema, epoch_unit=unit, fold_case=fold)
     result.validate()
     assert result.table.schema.equals(schema, check_metadata=True)
     rows = dict(zip(result.indices.to_pylist(), result.table.to_pylist(), strict=True))

@@ -335,3 +335,20 @@ def test_auto_create_uses_the_envelope_formats_connect_mapping() -> None:
     deleted["payload"].update(op="d", before=doc["payload"]["after"], after=None)
     out = t.apply([json.dumps(doc).encode(), json.dumps(deleted).encode()], [0, 1], schema)
     assert not out.rejects and out.table.column("u").to_pylist() == [uuid.UUID(ref)] * 2
+
+
+@pytest.mark.parametrize("form", ["plain", "schema"])
+def test_case_insensitive_row_fields_fill_columns_spelt_otherwise(form: str) -> None:
+    """``schema-case-insensitive``: a mirror table whose columns are upper-cased (created by
+    hand, say) is filled from the lower-case row images, with each field's encoding (with
+    schemas: the Decimal bytes and MicroTimestamp of ``amount`` and ``created``)."""
+    t = DebeziumTransform(schemas=form == "schema")
+    lower = t.infer_schema(values(form))
+    upper = pa.schema([f if f.name == "_cdc" else f.with_name(f.name.upper()) for f in lower])
+    expected = t.apply(values(form), OFFSETS, lower)
+    folded = DebeziumTransform(schemas=form == "schema", fold_case=True).apply(values(form), OFFSETS, upper)
+    assert folded.rejects == expected.rejects and folded.table.num_rows == 5
+    assert folded.table.rename_columns(lower.names).equals(expected.table)
+    assert folded.table.column("ID").to_pylist() == [1, 2, 3, 1, 2]
+    exact = t.apply(values(form), OFFSETS, upper)  # without folding nothing matches
+    assert exact.table.column("ID").null_count == exact.table.num_rows

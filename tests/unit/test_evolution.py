@@ -197,6 +197,71 @@ def test_case_insensitive_folds_spellings_into_the_column(catalog):
     assert missing.converted.indices.to_pylist() == [0]
 
 
+def test_case_insensitive_folds_nested_spellings_and_adds_one_column(catalog):
+    """Nested fields and list elements are matched ignoring case too; a new field spelt two
+    ways is added once, under its first spelling, and holds the values of both."""
+    t = narrow_table(catalog)
+    target = target_of("db.t", t)
+    ev = Evolver("w1", evolve=True, case_insensitive=True)
+    out = ev.decode("db.t", target.arrow_schema, js(
+        {"Id": 1, "r": "a", "S": {"A": "x", "Extra": 1}, "ITEMS": [{"Q": 5}]},
+        {"id": 2, "R": "b", "s": {"a": "y", "EXTRA": 2}, "items": [{"q": 6}, {"Q": 7}]},
+    ), identifier_paths(t))
+    assert out.converted.rejects == ()
+    rows = out.converted.table.to_pylist()
+    assert [(r["id"], r["r"], r["s"], r["items"]) for r in rows] == [
+        (1, "a", {"a": "x", "Extra": 1}, [{"q": 5}]), (2, "b", {"a": "y", "Extra": 2}, [{"q": 6}, {"q": 7}]),
+    ]
+    proposed = from_proposal(out.proposal)
+    assert proposed.field("s").type.names == ["a", "Extra"] and proposed.names == target.arrow_schema.names
+    apply_proposals(catalog, "db.t", [out.proposal], case_insensitive=True, group="g", epoch=1)
+    evolved = target_of("db.t", catalog.load_table("db.t"))
+    assert conform(out.converted.table, evolved.arrow_schema, case_insensitive=True).column("s").to_pylist() == [
+        {"a": "x", "Extra": 1}, {"a": "y", "Extra": 2},
+    ]
+
+
+def test_case_insensitive_envelopes_take_encodings_of_fields_spelt_otherwise(catalog):
+    """Connect fields fill columns ignoring case at every level, with the encodings their
+    schema states (a Decimal's bytes, a Timestamp's epoch millis), and add no second spelling."""
+    from agents.formats import RecordFormat
+
+    t = _envelope_table(catalog)
+    target = target_of("db.env", t)
+    fmt = RecordFormat(build({"topics": "orders", "iceberg.tables": "db.env", "value.converter.schemas.enable": "true",
+                              "iceberg.tables.schema-case-insensitive": "true"}))
+    shouting = [dict(f, field=f["field"].upper()) for f in NEW_FIELDS]
+    shouting[2] = dict(shouting[2], fields=[dict(c, field=c["field"].upper()) for c in NEW_FIELDS[2]["fields"]])
+    values = [
+        _envelope(shouting, {"ID": 1, "N": 2**40, "S": {"A": "x", "B": "MDk="}, "COLOR": "red", "AT": 1_700_000_000_123}),
+        _envelope(OLD_FIELDS, {"id": 2, "n": 5, "s": {"a": "y"}}),
+    ]
+    ev = Evolver("w1", evolve=True, case_insensitive=True)
+    growth = ev.growth("db.env", target.arrow_schema, identifier_paths(t), frozenset(fmt.extras.names()))
+    out = growth.done(fmt.convert([_msg(v, i) for i, v in enumerate(values)], values, growth.schema, grow=growth))
+    assert out.converted.rejects == ()
+    rows = out.converted.table.to_pylist()
+    assert [(r["id"], r["n"], r["s"], r["COLOR"]) for r in rows] == [
+        (1, 2**40, {"a": "x", "B": Decimal("123.45")}, "red"), (2, 5, {"a": "y", "B": None}, None),
+    ]
+    assert rows[0]["AT"].timestamp() == 1_700_000_000.123
+    proposed = from_proposal(out.proposal)
+    assert proposed.names == ["id", "n", "s", "_key", "_kafka_metadata_offset", "COLOR", "AT"]
+    assert proposed.field("n").type == pa.int64() and proposed.field("s").type.names == ["a", "B"]
+
+    # Applied; records spelt in lower case now fill B (base64 Decimal bytes) and AT by the encodings
+    # of their own Connect fields.
+    apply_proposals(catalog, "db.env", [out.proposal], case_insensitive=True, group="g", epoch=0)
+    evolved = target_of("db.env", catalog.load_table("db.env"))
+    ev.refreshed("db.env", evolved.arrow_schema)
+    lower = [_envelope(NEW_FIELDS, {"id": 3, "n": 1, "s": {"a": "z", "b": "MDk="}, "color": "blue", "at": 1_700_000_000_456})]
+    again = ev.growth("db.env", evolved.arrow_schema, identifier_paths(t), frozenset())
+    more = again.done(fmt.convert([_msg(lower[0], 5)], lower, again.schema, grow=again))
+    assert more.proposal is None and more.converted.rejects == ()
+    row = more.converted.table.to_pylist()[0]
+    assert (row["s"]["B"], row["AT"].timestamp(), row["COLOR"]) == (Decimal("123.45"), 1_700_000_000.456, "blue")
+
+
 def test_proposal_round_trips_through_the_control_event():
     schema = pa.schema([pa.field("a", pa.int64()), pa.field("s", pa.struct([pa.field("b", pa.string())]))])
     ev = to_proposal("w1", "db.t", schema)

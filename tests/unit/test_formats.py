@@ -39,9 +39,11 @@ from agents.convert import decode_json
 from agents.deadletter import DeadLetters
 from agents.formats import (
     ConnectSchemaError,
+    Envelopes,
     RecordFormat,
     connect_arrow_schema,
     connect_iceberg_schema,
+    decode_envelopes,
     decode_schema,
     split_envelope,
 )
@@ -171,9 +173,33 @@ def test_malformed_connect_schemas_say_what_is_wrong(schema, fragment):
     assert fragment in err.value.reason
 
 
-def test_maps_with_non_string_keys_are_unsupported():
-    with pytest.raises(UnsupportedTypeError, match="non-string keys"):
-        connect_iceberg_schema(struct(fld("m", "map", keys={"type": "int32"}, values={"type": "string"})))
+def test_maps_with_primitive_keys_map_and_struct_keys_are_unsupported():
+    schema = connect_iceberg_schema(struct(fld("m", "map", keys={"type": "int32"}, values={"type": "string"})))
+    assert str(schema.find_field("m").field_type) == "map<int, string>"
+    with pytest.raises(UnsupportedTypeError, match="keyed by a struct"):
+        connect_iceberg_schema(struct(fld("m", "map", keys={"type": "struct", "fields": []}, values={"type": "string"})))
+
+
+def test_maps_with_other_keys_read_json_converter_pairs():
+    """JsonConverter writes a map whose keys are not strings as an array of [key, value] pairs;
+    the envelope's Connect schema says the key type (here a Connect Date: epoch days)."""
+    schema = struct(
+        fld("id", "int64"),
+        fld("byId", "map", keys={"type": "int64"}, values={"type": "string", "optional": True}),
+        fld("byDay", "map", keys={"type": "int32", "name": C + "Date"}, values={"type": "int32"}),
+    )
+    target = schema_to_pyarrow(connect_iceberg_schema(schema))
+    payloads = [
+        {"id": 1, "byId": [[10, "a"], [-3, None]], "byDay": [[19000, 1]]},
+        {"id": 2, "byId": [], "byDay": None},
+        {"id": 3, "byId": [[1, "x"], [1, "y"]]},  # one key twice: the record is dead-lettered
+    ]
+    values = [json.dumps({"schema": schema, "payload": p}).encode() for p in payloads]
+    groups, rejects = Envelopes().group(values)
+    out = decode_envelopes(groups, rejects, target)
+    assert out.table.column("byId").to_pylist() == [[(10, "a"), (-3, None)], []]
+    assert out.table.column("byDay").to_pylist() == [[(date(2022, 1, 8), 1)], None]
+    assert [(r.index, r.field) for r in out.rejects] == [(2, "byId.1")]
 
 
 # ----------------------------------------------------------------------------------------------
