@@ -258,6 +258,12 @@ class Settings(BaseSettings):
         for table in self.tables:
             if "." not in table:
                 raise ConfigError("iceberg.tables", table, "namespace.table names, e.g. rpc.pizzas")
+        version = self.auto_create_props.get("format-version")
+        if version is not None and version not in ("1", "2"):
+            raise ConfigError(  # pyiceberg 0.12 (which commits) refuses to write format-version 3 metadata
+                "iceberg.tables.auto-create-props.format-version", version,
+                "1 or 2 (format-version 3 tables cannot be committed by pyiceberg 0.12)",
+            )
         # Partition expressions are parsed here so a typo stops the start-up, not a commit.
         from spark_bridge.partitioning import parse_partition_by  # pure parser, no Spark
 

@@ -384,6 +384,8 @@ def test_evolution_and_auto_create_settings_parse():
     assert s.id_columns("db.a") == ("id",) and s.id_columns("db.b") == ("k1", "k2")
     with pytest.raises(ConfigError, match="iceberg.table.db.zz.id-columns"):
         settings(**{"iceberg.table.db.zz.id-columns": "id"})
+    with pytest.raises(ConfigError, match="auto-create-props.format-version.*1 or 2"):
+        settings(**{"iceberg.tables.auto-create-props.format-version": "3"})  # pyiceberg 0.12 cannot commit v3
 
 
 def test_auto_create_sets_props_and_required_identifier_fields(catalog):
