@@ -21,7 +21,9 @@ The steps of one :meth:`SparkFileWriter.write` call:
    functions, and map the file's directory back to its typed partition tuple.
 
 A table with a column Spark has no type for (uuid, fixed[n]: see
-:func:`spark_bridge.schema.arrow_only_column`) is written by pyarrow instead of step 3
+:func:`spark_bridge.schema.arrow_only_column`), or with list or map columns but no name mapping
+of its schema (a table created by another tool: Spark's files would have no ids there for
+readers to find those columns by), is written by pyarrow instead of step 3
 (:meth:`SparkFileWriter._run_arrow_job`): same directories, same file sizes, every field id;
 steps 1, 2 and 4, staging and clean-up are shared.
 
@@ -252,13 +254,8 @@ class SparkFileWriter:
         spec = table.spec()
         arrow_only = arrow_only_column(schema)  # raises for a column no writer can write
         needs_mapping = arrow_only is None and requires_name_mapping(schema)
-        if needs_mapping and (problem := name_mapping_mismatch(schema, metadata.name_mapping())):
-            raise ConfigError(
-                f"table {'.'.join(table.name())} property schema.name-mapping.default",
-                metadata.properties.get("schema.name-mapping.default"),
-                f"a name mapping of the current schema, because Spark writes no field ids for list elements and "
-                f"map keys/values ({problem}): set spark_bridge.schema.name_mapping_properties(table.schema())",
-            )
+        unmapped = name_mapping_mismatch(schema, metadata.name_mapping()) if needs_mapping else None
+        by_arrow = arrow_only is not None or unmapped is not None
         expected_columns = [f.name for f in schema.fields]
         if data.column_names != expected_columns:
             # createDataFrame maps columns by position: a different order would mix columns up.
@@ -268,14 +265,15 @@ class SparkFileWriter:
             )
         if data.num_rows == 0:
             return []
-        if arrow_only is not None:
+        if by_arrow:
             table_name = ".".join(table.name())
             if table_name not in self._arrow_tables:
                 self._arrow_tables.add(table_name)
-                logger.info(
-                    "table %s: column %r has type %s, which Spark cannot write: pyarrow writes its files",
-                    table_name, *arrow_only,
-                )
+                why = (f"column {arrow_only[0]!r} has type {arrow_only[1]}, which Spark cannot write"
+                       if arrow_only is not None else
+                       f"Spark-written files of its list or map columns need a name mapping ({unmapped}; "
+                       f"set spark_bridge.schema.name_mapping_properties(table.schema()) to let Spark write it)")
+                logger.info("table %s: %s: pyarrow writes its files, with every field id", table_name, why)
             arrow_schema = schema_to_pyarrow(schema, include_field_ids=True)
         else:
             # Spark cannot give list elements and map keys/values a field id. A file with some ids
@@ -298,7 +296,7 @@ class SparkFileWriter:
             extended, labels, n_tuples = _with_label_columns(data, spec, schema)
 
         def run_job(job_fs: pafs.FileSystem, job_path: str, job_uri: str) -> None:
-            if arrow_only is not None:
+            if by_arrow:
                 self._run_arrow_job(
                     arrow_schema, extended, labels, data, target_file_size_bytes, metadata.properties, job_fs, job_path
                 )

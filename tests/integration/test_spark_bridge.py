@@ -409,18 +409,8 @@ def test_nested_struct_list_and_map(writer: SparkFileWriter, catalog: SqlCatalog
     import decimal
 
     spec = build_partition_spec(parse_partition_by("day(payload.ts), payload.kind"), NESTED_SCHEMA)
-    # Spark writes no field ids for list elements and map keys/values: the table needs a name mapping.
-    bare = catalog.create_table("db.nested_bare", schema=NESTED_SCHEMA, partition_spec=spec)
-    with pytest.raises(ConfigError, match="name-mapping"):
-        writer.write(bare, pa.table({}), file_prefix="r0")
-
-    # create_table renumbers field ids: a mapping built from the caller's schema is wrong and refused.
-    table = catalog.create_table(
-        "db.nested", schema=NESTED_SCHEMA, partition_spec=spec, properties=name_mapping_properties(NESTED_SCHEMA)
-    )
-    with pytest.raises(ConfigError, match=r"maps 'payload.kind' to field id 3, the schema has 5"):
-        writer.write(table, pa.table({}), file_prefix="r0")
-    with table.transaction() as tx:
+    table = catalog.create_table("db.nested", schema=NESTED_SCHEMA, partition_spec=spec)
+    with table.transaction() as tx:  # (create_table renumbers field ids: a mapping of the table's own schema)
         tx.set_properties(name_mapping_properties(table.schema()))
     rnd = random.Random(6)
     rows: list[dict[str, Any]] = []
@@ -461,6 +451,36 @@ def test_nested_struct_list_and_map(writer: SparkFileWriter, catalog: SqlCatalog
     assert got[2] == sum(len(r["tags"]) for r in rows if r["tags"] is not None)
     assert got[3] == sum(len(r["attrs"]) for r in rows if r["attrs"] is not None)
     assert got[4] == sum(r["payload"]["amount"] for r in rows if r["payload"] is not None)
+
+
+def test_list_and_map_tables_without_a_name_mapping_are_written_by_pyarrow(
+    writer: SparkFileWriter, catalog: SqlCatalog
+) -> None:
+    """A table created by another tool has no name mapping (or a wrong one: create_table
+    renumbers ids). Spark's files of list/map columns would have no ids for readers to find
+    them by, so pyarrow writes such tables, with every field id; DuckDB and pyiceberg read them."""
+    spec = build_partition_spec(parse_partition_by("payload.kind"), NESTED_SCHEMA)
+    bare = catalog.create_table("db.nested_bare", schema=NESTED_SCHEMA, partition_spec=spec)
+    wrong = catalog.create_table(  # a mapping of the caller's ids, not the table's
+        "db.nested_wrong", schema=NESTED_SCHEMA, partition_spec=spec, properties=name_mapping_properties(NESTED_SCHEMA)
+    )
+    for i, table in enumerate((bare, wrong)):
+        rows = [{"id": j, "payload": {"kind": "ab"[j % 2], "ts": None, "amount": None}, "tags": ["x"] * (j % 3),
+                 "attrs": [(f"k{j}", j)] if j % 2 else None} for j in range(100)]
+        data = pa.Table.from_pylist(rows, schema=schema_to_pyarrow(table.schema()))
+        files = writer.write(table, data, file_prefix=f"r{i}")
+        assert len(files) == 2 and all("/payload.kind=" in f.file_path for f in files)
+        footer = pq.read_schema(local_path(files[0].file_path))
+        element = footer.field("tags").type.value_field
+        assert element.metadata and b"PARQUET:field_id" in element.metadata  # ids even on list elements
+        table = commit(table, files, f"c-{i}")
+        assert_same_rows(table.scan().to_arrow(), data, "id")
+        with duck.connect() as con:
+            got = con.execute(
+                "SELECT count(*), sum(len(tags)), sum(cardinality(attrs)) FROM iceberg_scan(?)",
+                [local_path(table.metadata_location)],
+            ).fetchone()
+        assert got == (100, sum(j % 3 for j in range(100)), 50)
 
 
 # ---------------------------------------------------------------------------------------------
