@@ -74,8 +74,8 @@ What each column type accepts
 Maps in bulk
 ------------
 pyarrow.json has no map type and keeps no raw JSON text, so for schemas with a map (and only
-those) each record is first rewritten by ``_as_entries``: one C-level ``json.loads`` and
-``json.dumps`` turns every map object into a list ``[{"k": key, "v": value}, ...]`` which the
+those) each record is first rewritten by ``_rewritten``: one C-level ``json.loads`` and
+``json.dumps`` turns every map (object or pairs) into a list ``[{"k": key, "v": value}, ...]`` which the
 reader parses as list<struct<k: string, v: V>> and step 3 turns into a map array. Non-integer
 numbers keep their exact text (a marker string, unquoted again after dumping). Records the
 rewrite cannot reproduce faithfully (malformed, duplicate keys, NaN, a ``\u0000`` escape, a
@@ -1151,7 +1151,7 @@ def _parents(bad: Mask | None, lengths: npt.NDArray[np.int64]) -> Mask | None:
 
 
 def _convert_map(arr: pa.ListArray, t: pa.MapType, unit: EpochUnit) -> tuple[pa.Array, Mask | None]:
-    """Parsed entries ``[{"k": key text, "v": value}, ...]`` (see :func:`_as_entries`) -> map ``t``.
+    """Parsed entries ``[{"k": key text, "v": value}, ...]`` (see :func:`_rewritten`) -> map ``t``.
 
     Keys are converted as strings of the key type would be. Only keys that cannot collide go
     in bulk: string keys, and integer keys written canonically ("42", not "042" or "+42");
