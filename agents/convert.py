@@ -77,7 +77,8 @@ pyarrow.json has no map type and keeps no raw JSON text, so for schemas with a m
 those) each record is first rewritten by ``_rewritten``: one C-level ``json.loads`` and
 ``json.dumps`` turns every map (object or pairs) into a list ``[{"k": key, "v": value}, ...]`` which the
 reader parses as list<struct<k: string, v: V>> and step 3 turns into a map array. Non-integer
-numbers keep their exact text (a marker string, unquoted again after dumping). Records the
+numbers (and a bare ``-0``) keep their exact text (a marker string, unquoted again after
+dumping). Records the
 rewrite cannot reproduce faithfully (malformed, duplicate keys, NaN, a ``\u0000`` escape, a
 map in neither form) and rows with keys that could collide (integer keys not written
 canonically, other non-string key types) go to the reference path.
@@ -662,9 +663,19 @@ def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
+def _int_keeping_minus_zero(text: str) -> object:
+    return _MARK + text if text == "-0" else int(text)  # -0 is not 0 for a float or string column
+
+
 _ENTRIES_DECODER: Final = json.JSONDecoder(
     parse_float=_mark_number, parse_constant=_no_constant, object_pairs_hook=_unique
 )
+#: For records that may hold a bare ``-0`` (rare): json.loads would read it as the int 0.
+_MINUS_ZERO_DECODER: Final = json.JSONDecoder(
+    parse_float=_mark_number, parse_int=_int_keeping_minus_zero, parse_constant=_no_constant,
+    object_pairs_hook=_unique,
+)
+_MINUS_ZERO: Final = re.compile(rb"[:\[,]\s*-0\s*[,\]}]")
 _ENTRIES_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
 _Rewrite: TypeAlias = Callable[[object], object]
 
@@ -681,7 +692,7 @@ def _rewritten(values: Sequence[bytes], schema: pa.Schema, *, fold: bool) -> lis
     a NUL escape, NaN, a map that is neither form) becomes ``null``, which sends it to the
     reference path with its original bytes; tombstones stay as they are."""
     rewrite = _rewriter(pa.struct(list(schema)), entries=True, fold=fold)
-    decode, encode = _ENTRIES_DECODER.decode, _ENTRIES_ENCODER.encode
+    decode, careful, encode = _ENTRIES_DECODER.decode, _MINUS_ZERO_DECODER.decode, _ENTRIES_ENCODER.encode
     out: list[bytes] = []
     for value in values:
         if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -693,7 +704,8 @@ def _rewritten(values: Sequence[bytes], schema: pa.Schema, *, fold: bool) -> lis
         try:
             if b"\\u0000" in raw:
                 raise ValueError("NUL escape")  # the number marker would be ambiguous
-            doc = decode(raw.decode("utf-8"))
+            minus_zero = b"-0" in raw and _MINUS_ZERO.search(raw) is not None
+            doc = (careful if minus_zero else decode)(raw.decode("utf-8"))
             if not isinstance(doc, dict):
                 raise ValueError("not an object")
             text = encode(rewrite(doc))
@@ -729,9 +741,9 @@ def _key_text(k: object) -> str:
         return k[1:] if k[:1] == _MARK else k  # a marked non-integer number: its text
     if isinstance(k, bool):
         return "true" if k else "false"
-    if isinstance(k, int) and k:
-        return str(k)  # (0 may have been written -0: the reference path keeps its text)
-    raise ValueError("a map key the reference path reads")  # not a scalar, or 0
+    if isinstance(k, int):
+        return str(k)  # (-0 came marked, as its text)
+    raise ValueError("a map key that is not a scalar")  # the reference path names it
 
 
 def _rewriter(t: pa.DataType, *, entries: bool, fold: bool) -> _Rewrite:

@@ -312,12 +312,13 @@ def _decode_fields(
     (ignoring case with ``fold_case``; the exact spelling first)."""
     listed = _fields(connect, path)
     by_name = {c["field"]: c for c in listed}
+    by_lower: dict[str, Mapping[str, Any]] = {}
     if fold_case:
-        for c in reversed(listed):
-            by_name.setdefault(c["field"].lower(), c)
+        for c in listed:
+            by_lower.setdefault(c["field"].lower(), c)  # the first spelling, as values fold
     out = []
     for f in fields:
-        c = by_name.get(f.name) or (by_name.get(f.name.lower()) if fold_case else None)
+        c = by_name.get(f.name) or by_lower.get(f.name.lower())
         out.append(f if c is None else _decode_field(f, c, _join(path, f.name), fold_case))
     return out
 

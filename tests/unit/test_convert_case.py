@@ -122,3 +122,15 @@ def test_names_that_differ_only_in_case_keep_their_own_keys() -> None:
     schema = pa.schema([pa.field("a", pa.int64()), pa.field("A", pa.int64())])
     out = decode_json([b'{"a": 1, "A": 2}', b'{"A": 3}', b'{"a": 4}'] * BULK, schema, fold_case=True)
     assert out.table.to_pylist()[:3] == [{"a": 1, "A": 2}, {"a": None, "A": 3}, {"a": 4, "A": None}]
+
+
+def test_a_rewritten_batch_keeps_minus_zero() -> None:
+    """The rewrite parses each record with json.loads, which reads a bare -0 as the int 0: a
+    float column would lose its sign and a string column its text. Both paths keep them."""
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("x", pa.float64()), pa.field("s", pa.string()),
+                        pa.field("l", pa.list_(pa.float64()))])
+    values = [b'{"id": 1, "x": -0, "s": -0, "l": [ -0 ,0,-0]}', b'{"ID": 2, "s": "a-0,"}'] + [b'{"id": 0}'] * BULK
+    for batch in (values, values[:1]):
+        row = decode_json(batch, schema, fold_case=True).table.to_pylist()[0]
+        assert (row["s"], str(row["x"]), [str(v) for v in row["l"]]) == ("-0", "-0.0", ["-0.0", "0.0", "-0.0"])
+    assert decode_json(values, schema, fold_case=True).table.column("s").to_pylist()[1] == "a-0,"

@@ -180,6 +180,17 @@ def test_maps_with_primitive_keys_map_and_struct_keys_are_unsupported():
         connect_iceberg_schema(struct(fld("m", "map", keys={"type": "struct", "fields": []}, values={"type": "string"})))
 
 
+def test_case_folded_connect_fields_take_the_encoding_of_the_first_spelling():
+    """Values fold to the first non-null spelling; the encoding comes from the first listed."""
+    target = pa.schema([pa.field("amount", pa.decimal128(10, 2))])
+    connect = struct(fld("AMOUNT", "bytes", name=C + "Decimal", parameters={"scale": "2"}), fld("Amount", "int64"))
+    assert decode_schema(target, connect).field("amount").metadata is None  # case-sensitive: no match
+    folded = decode_schema(target, connect, fold_case=True).field("amount")
+    assert folded.metadata == {b"icesink.decimal-encoding": b"connect-bytes"}
+    exact = struct(fld("Amount", "int64"), fld("amount", "bytes", name=C + "Decimal", parameters={"scale": "2"}))
+    assert decode_schema(target, exact, fold_case=True).field("amount").metadata  # the exact spelling first
+
+
 def test_maps_with_other_keys_read_json_converter_pairs():
     """JsonConverter writes a map whose keys are not strings as an array of [key, value] pairs;
     the envelope's Connect schema says the key type (here a Connect Date: epoch days)."""
