@@ -36,6 +36,28 @@ def assert_metadata_only(table) -> tuple[int, int]:
     return len(snapshots), files.num_rows
 
 
+def topic_and_table(broker, catalog_props, topic: str, partitions: int, table_name: str, *extra):  # type: ignore[no-untyped-def]
+    """A new topic, and a table created as another tool would (no name mapping) in a new
+    namespace: ``id`` string, ``n`` int, ``meta`` struct<src string>, then ``extra`` fields
+    (field ids from 5 on). Returns the catalog."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import IntegerType, NestedField, StringType, StructType
+
+    from icesink.kafka_admin import ensure_topic
+
+    asyncio.run(ensure_topic(broker.bootstrap, topic, partitions))
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace(table_name.split(".")[0])
+    catalog.create_table(table_name, Schema(
+        NestedField(1, "id", StringType(), required=False),
+        NestedField(2, "n", IntegerType(), required=False),
+        NestedField(3, "meta", StructType(NestedField(4, "src", StringType(), required=False)), required=False),
+        *extra,
+    ))
+    return catalog
+
+
 def records() -> list[dict]:
     out: list[dict] = []
     for i in range(4 * PHASE):
@@ -53,25 +75,15 @@ def records() -> list[dict]:
 
 @pytest.mark.timeout(300)
 def test_fields_appear_nest_and_widen_under_two_replicas(broker, catalog_props, tmp_path: Path) -> None:
-    from pyiceberg.catalog import load_catalog
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType
+    from pyiceberg.types import LongType, StringType
 
     from icesink.duck import connect, plain_path
-    from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import produce
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
 
     topic, table_name = "evolving", "ev.items"
-    asyncio.run(ensure_topic(broker.bootstrap, topic, 4))
-    catalog = load_catalog("it", **catalog_props)
-    catalog.create_namespace("ev")
-    catalog.create_table(table_name, Schema(
-        NestedField(1, "id", StringType(), required=False),
-        NestedField(2, "n", IntegerType(), required=False),
-        NestedField(3, "meta", StructType(NestedField(4, "src", StringType(), required=False)), required=False),
-    ))
+    catalog = topic_and_table(broker, catalog_props, topic, 4, table_name)
     cfg = write_config(
         tmp_path / "sink.json", topics=topic, tables=table_name, bootstrap=broker.bootstrap,
         catalog_props=catalog_props, state_dir=tmp_path / "state", group="evolve-sink",
@@ -136,29 +148,21 @@ def _connect_envelope(record: dict, phase: int) -> bytes:
 
 @pytest.mark.timeout(150)
 def test_connect_envelopes_evolve_under_two_replicas_with_key_and_metadata(broker, catalog_props, tmp_path: Path) -> None:
-    from pyiceberg.catalog import load_catalog
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import IntegerType, LongType, NestedField, StringType, StructType
+    from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
     from icesink.duck import connect, plain_path
-    from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import produce
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
 
     n_phase = 800
     topic, table_name = "evolving-envelopes", "ev.envelopes"
-    asyncio.run(ensure_topic(broker.bootstrap, topic, 4))
-    catalog = load_catalog("it", **catalog_props)
-    catalog.create_namespace("ev")
-    catalog.create_table(table_name, Schema(
-        NestedField(1, "id", StringType(), required=False),
-        NestedField(2, "n", IntegerType(), required=False),
-        NestedField(3, "meta", StructType(NestedField(4, "src", StringType(), required=False)), required=False),
+    catalog = topic_and_table(
+        broker, catalog_props, topic, 4, table_name,
         NestedField(5, "_key", StringType(), required=False),
         NestedField(6, "_kafka_metadata_offset", LongType(), required=False),
         NestedField(7, "_kafka_metadata_partition", IntegerType(), required=False),
-    ))
+    )
     cfg = write_config(
         tmp_path / "sink.json", topics=topic, tables=table_name, bootstrap=broker.bootstrap,
         catalog_props=catalog_props, state_dir=tmp_path / "state", group="evolve-envelopes",
@@ -231,28 +235,19 @@ def test_case_insensitive_keys_fill_columns_at_every_level(broker, catalog_props
     """``schema-case-insensitive`` with evolution, real worker: keys in any case fill the
     top-level, nested and list-element columns; a new nested field spelt three ways adds one
     column holding all its values. DuckDB reads every value back."""
-    from pyiceberg.catalog import load_catalog
-    from pyiceberg.schema import Schema
-    from pyiceberg.types import IntegerType, ListType, NestedField, StringType, StructType
+    from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
     from icesink.duck import connect, plain_path
-    from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import produce
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
 
     topic, table_name = "shouting", "ci.items"
-    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
-    catalog = load_catalog("it", **catalog_props)
-    catalog.create_namespace("ci")
-    schema = Schema(
-        NestedField(1, "id", StringType(), required=False),
-        NestedField(2, "n", IntegerType(), required=False),
-        NestedField(3, "meta", StructType(NestedField(4, "src", StringType(), required=False)), required=False),
+    catalog = topic_and_table(  # no name mapping of its list column: pyarrow writes it
+        broker, catalog_props, topic, 2, table_name,
         NestedField(5, "items", ListType(6, StructType(NestedField(7, "qty", IntegerType(), required=False)),
                                          element_required=False), required=False),
     )
-    catalog.create_table(table_name, schema)  # as another tool would: no name mapping, so pyarrow writes it
     cfg = write_config(
         tmp_path / "sink.json", topics=topic, tables=table_name, bootstrap=broker.bootstrap,
         catalog_props=catalog_props, state_dir=tmp_path / "state", group="ci-sink",
