@@ -21,7 +21,7 @@ from pyiceberg.io import load_file_io
 
 from coordinator.committer import TableCommit, commit_table
 from coordinator.evolution import apply_proposals, describe_changes
-from coordinator.state import Accepted, CoordinatorState, checkpoint_event
+from coordinator.state import Accepted, Checkpoint, CoordinatorState, checkpoint_event
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader
 from icesink.errors import FencedError
@@ -36,7 +36,7 @@ from icesink.events import (
     StartCommit,
     TopicPartition,
 )
-from icesink.faults import crash_point
+from icesink.faults import crash_point, hold_point
 from icesink.iceberg import latest_sink_summary
 from icesink.metrics import Metrics
 from icesink.offload import Offload
@@ -156,6 +156,7 @@ class Coordinator:
                     self.epoch, len(self.state.owners), len(self.state.pending), self._round_sent,
                     self._commit_task is not None,
                 )
+            self._reap_commit_task()
             wait = max(0.05, min(self._next_round_at - now, 0.5))
             for offset, event in await self._reader.read(wait):
                 self.state.apply(offset, event)
@@ -269,26 +270,61 @@ class Coordinator:
         commit_id = self._round_sent
         self._round_sent = None
         self._round_deadline = None
-        self._commit_task = asyncio.create_task(self._commit_then_clear(commit_id, partial=not answered))
+        self._commit_task = asyncio.create_task(self._commit(commit_id, partial=not answered), name="commit")
 
-    async def _commit_then_clear(self, commit_id: str, partial: bool) -> None:
-        try:
-            await self._commit(commit_id, partial)
-        finally:
-            self._commit_task = None
+    def _reap_commit_task(self) -> None:
+        """A finished commit task frees the next round; one that failed (fenced, or an error
+        no retry mends) stops this coordinator loudly: its exception is raised here."""
+        task = self._commit_task
+        if task is None or not task.done():
+            return
+        self._commit_task = None
+        task.result()
 
     async def _commit(self, commit_id: str, partial: bool) -> None:
-        batch, cp = self.state.take_pending()
+        """Commit every accepted response of the round to each of its tables, then announce
+        it. The responses stay pending until all of that is done: any failure half-way
+        (catalog, a control send, the group offset) is retried with capped backoff, and the
+        tables that already hold the round skip it (their watermark), so no table ever
+        misses data that a CommitComplete moved positions past. Fencing is not retried."""
+        batch, cp = self.state.plan_commit()
         if partial:
             self.metrics.rounds_partial.inc()
             log.info("round %s closed on the commit timeout; late responses join the next round", commit_id)
         vts = [a.valid_through_ms for a in batch]
         valid_through = None if (partial or not vts or None in vts) else min(v for v in vts if v is not None)
+        attempt = 0
+        while True:
+            try:
+                await self._commit_round(commit_id, batch, cp, valid_through)
+                break
+            except FencedError:
+                self.status["phase"] = "fenced"
+                raise
+            except Exception as exc:  # noqa: BLE001 - retried; never dropped
+                attempt += 1
+                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10))
+                self.metrics.round_failures.inc()
+                self.status.update(phase="round-retrying", round=commit_id, error=f"{type(exc).__name__}: {exc}", attempt=attempt)
+                log.error(
+                    "round %s not finished (attempt %d, %s: %s); its %d accepted responses stay pending, retrying in %.1fs",
+                    commit_id, attempt, type(exc).__name__, exc, len(batch), delay,
+                )
+                await asyncio.sleep(delay)
+        self.state.committed(batch)
+        if attempt:
+            self.status.update(phase="running", error=None)
+            log.info("round %s finished after %d failed attempts", commit_id, attempt)
+
+    async def _commit_round(
+        self, commit_id: str, batch: list[Accepted], cp: Checkpoint, valid_through: int | None,
+    ) -> None:
         tables = sorted({t for a in batch for t in a.files})
         for i, table in enumerate(tables):
             if i:
                 crash_point(self.settings, "coordinator.between-table-commits")
             result = await self._commit_table_with_retry(table, batch, commit_id, cp.positions, valid_through)
+            await hold_point(self.settings, "coordinator.after-table-commit")
             if result.snapshot_id is not None:
                 await self.producer.send(CommitToTable(
                     self.epoch, commit_id, table, result.snapshot_id, result.files, result.records,

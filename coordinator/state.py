@@ -121,11 +121,15 @@ class CoordinatorState:
 
     def apply(self, offset: int, event: Event, *, checkpoint_through: int = -1) -> None:
         """Apply one control event read at ``offset``. Events at or below
-        ``checkpoint_through`` are already reflected in the state: only their DataWritten
-        are collected, so responses spanning the checkpoint stay complete."""
+        ``checkpoint_through`` are already reflected in the state: their DataWritten are
+        collected, so responses spanning the checkpoint stay complete, and their DataComplete
+        closes its response as decided (accepted and committed, or rejected), never left open
+        to be expired later: its files may be in a table."""
         if offset <= checkpoint_through:
             if isinstance(event, DataWritten):
                 self._collect(offset, event)
+            elif isinstance(event, DataComplete):
+                self.partial.pop(event.response_id, None)
             return
         self.last_offset = offset
         match event:
@@ -224,7 +228,20 @@ class CoordinatorState:
 
     def take_pending(self) -> tuple[list[Accepted], Checkpoint]:
         """Hand every accepted response to a commit, with the checkpoint it will establish."""
-        batch, self.pending = self.pending, []
+        batch, cp = self.plan_commit()
+        self.committed(batch)
+        return batch, cp
+
+    def committed(self, batch: list[Accepted]) -> None:
+        """Every table holds ``batch`` and its CommitComplete is sent: no longer pending."""
+        done = {id(a) for a in batch}
+        self.pending = [a for a in self.pending if id(a) not in done]
+
+    def plan_commit(self) -> tuple[list[Accepted], Checkpoint]:
+        """Every accepted response, with the checkpoint a commit of them establishes. They stay
+        pending until :meth:`committed`: a failure half-way (catalog, control send) must not
+        drop them, or a later checkpoint would move positions past data a table lacks."""
+        batch = list(self.pending)
         replay_from = min(
             [p.first_offset for p in self.partial.values()] + [self.last_offset + 1]
         )

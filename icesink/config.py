@@ -158,13 +158,14 @@ class Settings(BaseSettings):
         Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response",
                 "worker.after-dead-letters", "worker.ingest-bug"], ...
     ] = Field((), alias="fault.crash-at")
+    fault_hold_at: tuple[Literal["coordinator.after-table-commit"], ...] = Field((), alias="fault.hold-at")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, **_: Any):  # type: ignore[no-untyped-def]
         # load_settings() merges file, environment and flags itself; nothing else is read.
         return (init_settings,)
 
-    @field_validator("topics", "tables", "transforms", "fault_crash_at", mode="before")
+    @field_validator("topics", "tables", "transforms", "fault_crash_at", "fault_hold_at", mode="before")
     @classmethod
     def _split_list(cls, v: Any) -> Any:
         if isinstance(v, str):

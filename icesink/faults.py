@@ -2,12 +2,17 @@
 with SIGKILL (as ``kill -9`` would) at an instant that random kills rarely hit, such as between
 two table commits of one round.
 
+``fault.hold-at=<point>`` makes the replica that reaches the point first create
+``hold-<point>.reached`` in ``state.dir`` and wait (without blocking its event loop) until the test
+creates ``hold-<point>.release``: the test can then break the broker at exactly that instant.
+
 Each point fires once per ``state.dir``: the first replica to reach it creates a marker file
 ``fault-<point>.fired`` there and dies; replicas restarted with the same setting carry on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -44,3 +49,19 @@ def die(point: str) -> None:
 def crash_point(settings: Settings, point: str) -> None:
     if should_crash(settings, point):
         die(point)
+
+
+async def hold_point(settings: Settings, point: str) -> None:
+    if point not in settings.fault_hold_at:
+        return
+    reached = settings.state_dir / f"hold-{point}.reached"
+    reached.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(reached, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    log.warning("fault injection: holding at %s until %s exists", point, reached.with_suffix(".release").name)
+    while not (settings.state_dir / f"hold-{point}.release").exists():
+        await asyncio.sleep(0.2)

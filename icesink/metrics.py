@@ -69,6 +69,14 @@ class Metrics:
         self.rounds_partial = Counter(
             "icesink_rounds_partial_total",
             "Rounds closed on the commit timeout without every partition answering", registry=r)
+        self.round_failures = Counter(
+            "icesink_round_failures_total",
+            "Attempts to finish a round (table commits, CommitToTable, CommitComplete) that failed and are "
+            "retried; its accepted responses stay pending", registry=r)
+        self.files_kept = Counter(
+            "icesink_files_kept_total",
+            "Files the coordinator was asked to delete but kept: outside the table's location, "
+            "referenced by a snapshot, or named by an accepted response", ["reason"], registry=r)
         self.responses_rejected = Counter(
             "icesink_responses_rejected_total", "Worker responses rejected", ["reason"], registry=r)
         self.orphans_deleted = Counter(

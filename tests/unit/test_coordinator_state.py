@@ -149,3 +149,36 @@ def test_open_response_of_an_owner_is_kept():
     events = log_with_owners() + [DataWritten("r1", "x", "w1", "db.t", (f("a"),)), Claim("w2", 2, (TopicPartition("u", 0),))]
     st = run(events)
     assert "x" in st.partial and st.take_orphans() == []
+
+
+def test_replay_never_reopens_a_response_accepted_at_or_below_the_checkpoint():
+    """replay_from < through: a dead worker's response stays open across the checkpoint while
+    another worker's response is accepted and committed inside [replay_from, through]. Replay
+    must know the accepted one as decided, never as an open partial whose files are later
+    expired (they are in the table)."""
+    C = TopicPartition("t", 2)
+    events = [
+        Claim("w1", 1, (A, B)), Resume(1, "w1", 1, (Position(A, 0), Position(B, 0))),
+        Claim("w2", 1, (C,)), Resume(1, "w2", 1, (Position(C, 0),)),
+        StartCommit(1, "r1"),
+        DataWritten("r1", "x", "w1", "db.t", (f("dead"),)),  # w1 dies mid-response
+    ]
+    events += response("y", "w2", 1, [OffsetRange(C, 0, 5)], files=("committed",))
+    live = run(events)
+    batch, cp = live.take_pending()
+    assert [a.worker for a in batch] == ["w2"]
+    done = checkpoint_event(1, "r1", cp, None)
+    assert done.replay_from < done.through  # the open response pins the replay start
+    # Afterwards: a new round, w2 answers again, then w1's partitions move to w2.
+    tail = [StartCommit(1, "r2")]
+    tail += response("z", "w2", 1, [OffsetRange(C, 5, 9)], files=("next",), commit="r2")
+    tail += [Claim("w2", 2, (A, B, C)), Resume(2, "w2", 2, (Position(A, 0), Position(B, 0), Position(C, 9)))]
+    all_events = events + tail
+    recovered = CoordinatorState.from_checkpoint(done)
+    for off in range(done.replay_from, len(all_events)):
+        recovered.apply(off, all_events[off], checkpoint_through=done.through)
+    orphans = {o.path.rsplit("/", 1)[-1] for o in recovered.take_orphans()}
+    assert "committed.parquet" not in orphans
+    assert orphans == {"dead.parquet"}
+    assert [p.offset for p in recovered.pending] == [len(events) + 2]  # z only, y is not rolled forward
+    assert recovered.accepted[C] == 9 and not recovered.partial

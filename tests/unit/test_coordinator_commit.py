@@ -1,0 +1,141 @@
+"""The coordinator's commit of a round against a real SQLite catalog, with the control topic
+faked: a failure half-way (a control send after one table committed) keeps the accepted
+responses pending and is retried until every table holds them; fencing stops the commit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
+
+from coordinator import service
+from coordinator.service import Coordinator
+from coordinator.state import CoordinatorState
+from icesink.config import load_settings
+from icesink.errors import FencedError
+from icesink.events import (
+    Claim, CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, OffsetRange, Position,
+    Resume, StartCommit, TopicPartition,
+)
+from icesink.metrics import Metrics
+from icesink.offload import Offload
+from prometheus_client import CollectorRegistry
+
+TP = TopicPartition("src", 0)
+SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
+
+
+class FlakyProducer:
+    """Control sends: the first ``fail`` sends of ``fail_type`` time out, as when the broker is
+    unreachable for longer than the producer's request timeout."""
+
+    def __init__(self, fail_type: type, fail: int) -> None:
+        self.sent: list[Any] = []
+        self.fail_type, self.fail = fail_type, fail
+
+    async def send(self, event: Any) -> int:
+        if isinstance(event, self.fail_type) and self.fail:
+            self.fail -= 1
+            raise TimeoutError("control send timed out (broker unreachable)")
+        self.sent.append(event)
+        return 1000 + len(self.sent)
+
+
+class FakeReader:
+    def __init__(self) -> None:
+        self.commits: list[int] = []
+
+    async def commit(self, offset: int) -> None:
+        self.commits.append(offset)
+
+
+def data_file(table: Any, name: str, ids: list[int]) -> FileInfo:
+    path = f"{table.location()}/data/{name}.parquet"
+    local = path.removeprefix("file://")
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    field = pa.field("id", pa.int64(), metadata={b"PARQUET:field_id": b"1"})
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}, schema=pa.schema([field])), local)
+    return FileInfo(path=path, record_count=len(ids), size_bytes=1, spec_id=0)
+
+
+@pytest.fixture
+def two_tables(tmp_path):
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    for name in ("db.a", "db.b"):
+        catalog.create_table(name, schema=SCHEMA)
+    return catalog
+
+
+def coordinator_with_round(tmp_path, catalog, producer) -> Coordinator:
+    settings = load_settings(None, None, {"topics": "src", "iceberg.tables": "db.a,db.b",
+                                          "iceberg.catalog.type": "sql", "state.dir": str(tmp_path / "state")})
+    coord = Coordinator.__new__(Coordinator)
+    coord.settings, coord.producer, coord.catalog = settings, producer, catalog
+    coord.offload, coord.metrics = Offload(2), Metrics(CollectorRegistry())
+    coord.group, coord.epoch, coord.status = settings.group_id, 1, {}
+    coord._reader = FakeReader()  # type: ignore[assignment]
+    files = {t: data_file(catalog.load_table(t), t, [1, 2, 3]) for t in ("db.a", "db.b")}
+    st = CoordinatorState()
+    log = [Claim("w1", 1, (TP,)), Resume(1, "w1", 1, (Position(TP, 0),)), StartCommit(1, "r1"),
+           DataWritten("r1", "x", "w1", "db.a", (files["db.a"],)),
+           DataWritten("r1", "x", "w1", "db.b", (files["db.b"],)),
+           DataComplete("r1", "x", "w1", 1, (OffsetRange(TP, 0, 3),), 2, None)]
+    for off, ev in enumerate(log):
+        st.apply(off, ev)
+    coord.state = st
+    return coord
+
+
+def rows(catalog, name: str) -> int:
+    return catalog.load_table(name).scan().to_arrow().num_rows
+
+
+def test_a_failed_control_send_after_one_table_committed_keeps_the_round_pending_and_retries(
+        tmp_path, two_tables, monkeypatch):
+    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    producer = FlakyProducer(CommitToTable, fail=2)
+    coord = coordinator_with_round(tmp_path, two_tables, producer)
+    asyncio.run(coord._commit("r1", partial=False))
+    assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3
+    assert not coord.state.pending
+    [done] = [e for e in producer.sent if isinstance(e, CommitComplete)]
+    assert done.positions == (Position(TP, 3),)
+    assert coord.metrics.round_failures._value.get() == 2
+    assert coord._reader.commits  # type: ignore[attr-defined]
+
+
+def test_a_failed_commit_complete_send_keeps_the_round_pending_until_it_is_sent(tmp_path, two_tables, monkeypatch):
+    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    producer = FlakyProducer(CommitComplete, fail=1)
+    coord = coordinator_with_round(tmp_path, two_tables, producer)
+    asyncio.run(coord._commit("r1", partial=False))
+    assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3  # no table twice
+    assert not coord.state.pending
+    assert sum(isinstance(e, CommitComplete) for e in producer.sent) == 1
+
+
+def test_a_fenced_commit_stops_the_coordinator_and_keeps_the_round_pending(tmp_path, two_tables, monkeypatch):
+    producer = FlakyProducer(CommitToTable, fail=0)
+    coord = coordinator_with_round(tmp_path, two_tables, producer)
+
+    def fenced(*_: Any, **__: Any) -> Any:
+        raise FencedError("table db.a: expected coordinator epoch <= 1, found 2")
+
+    monkeypatch.setattr(service, "commit_table", fenced)
+
+    async def go() -> None:
+        coord._commit_task = asyncio.create_task(coord._commit("r1", partial=False))
+        await asyncio.wait([coord._commit_task])
+        coord._reap_commit_task()
+
+    with pytest.raises(FencedError):
+        asyncio.run(go())
+    assert coord.status["phase"] == "fenced" and len(coord.state.pending) == 1
