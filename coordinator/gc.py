@@ -58,9 +58,11 @@ def normalize(path: str) -> str:
     return u.netloc + u.path
 
 
-def referenced_files(table: Table) -> set[str]:
-    """Every data and delete file any snapshot of the table references."""
+def referenced_files(table: Table, cache: dict[str, frozenset[str]] | None = None) -> set[str]:
+    """Every data and delete file any snapshot of the table references. Manifests never
+    change once written, so ``cache`` (manifest path -> its files) may be kept across calls."""
     io = table.io
+    cache = {} if cache is None else cache
     out: set[str] = set()
     seen_manifests: set[str] = set()
     for snap in table.metadata.snapshots:
@@ -68,8 +70,14 @@ def referenced_files(table: Table) -> set[str]:
             if manifest.manifest_path in seen_manifests:
                 continue
             seen_manifests.add(manifest.manifest_path)
-            for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
-                out.add(normalize(entry.data_file.file_path))
+            listed = cache.get(manifest.manifest_path)
+            if listed is None:
+                listed = frozenset(
+                    normalize(entry.data_file.file_path)
+                    for entry in manifest.fetch_manifest_entry(io, discard_deleted=False)
+                )
+                cache[manifest.manifest_path] = listed
+            out |= listed
     return out
 
 

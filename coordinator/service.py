@@ -17,11 +17,12 @@ from typing import Any, Sequence
 from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
-from pyiceberg.io import load_file_io
 
 from coordinator.committer import TableCommit, commit_table
 from coordinator.evolution import apply_proposals, describe_changes
-from coordinator.state import Accepted, Checkpoint, CoordinatorState, checkpoint_event
+from coordinator.files import TableRoots, delete_uncommitted
+from coordinator.gc import normalize
+from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader
 from icesink.errors import FencedError
@@ -29,7 +30,8 @@ from icesink.events import (
     Claim,
     CommitComplete,
     CommitToTable,
-    FileInfo,
+    DataWritten,
+    Event,
     Position,
     Resume,
     Rewind,
@@ -73,6 +75,8 @@ class Coordinator:
             commit_group=f"{self.group}-coordinator",
         )
         self._commit_task: asyncio.Task[None] | None = None
+        self._roots = TableRoots(catalog)
+        self._manifests: dict[str, frozenset[str]] = {}  # manifest path -> its files (immutable)
         self._round_deadline: float | None = None
         self._round_sent: str | None = None
         self._next_round_at = 0.0
@@ -114,7 +118,8 @@ class Coordinator:
         while True:
             batch = await self._reader.read(0.5)
             for offset, event in batch:
-                self.state.apply(offset, event, checkpoint_through=checkpoint_through)
+                if await self._admit(offset, event):
+                    self.state.apply(offset, event, checkpoint_through=checkpoint_through)
                 replayed += 1
             if not batch and await self._reader.position() >= end:
                 break
@@ -159,6 +164,8 @@ class Coordinator:
             self._reap_commit_task()
             wait = max(0.05, min(self._next_round_at - now, 0.5))
             for offset, event in await self._reader.read(wait):
+                if not await self._admit(offset, event):
+                    continue
                 self.state.apply(offset, event)
                 if isinstance(event, Claim):
                     await self._answer(event)
@@ -210,11 +217,37 @@ class Coordinator:
         await self.producer.send(Rewind(self.epoch, rej.worker, rej.partitions, rej.reason))
         await self._delete_files(rej.files)
 
-    async def _delete_files(self, files: Sequence[FileInfo]) -> None:
-        """Delete files that can never be committed (rejected or abandoned responses)."""
-        if files:
-            await self.offload.run(delete_files, self.catalog, [f.path for f in files])
-            self.metrics.orphans_deleted.inc(len(files))
+    async def _admit(self, offset: int, event: Event) -> bool:
+        """A DataWritten may name only files under its table's location (coordinator/files.py):
+        one that names any other is refused here, before the state sees it, in the live loop
+        and in replay alike; its response then counts as incomplete and is rejected."""
+        if not isinstance(event, DataWritten):
+            return True
+        paths = [f.path for f in event.files]
+        if self._roots.known(event.table):
+            outside = self._roots.outside(event.table, paths)
+        else:
+            outside = await self.offload.run(self._roots.outside, event.table, paths)
+        if not outside:
+            return True
+        self.metrics.control_events_refused.labels(reason="file-outside-table").inc()
+        log.error(
+            "control offset %d: data-written of worker %s for table %s names %d files outside the table's "
+            "location (e.g. %s) or a table that does not exist: refused, neither committed nor deleted",
+            offset, event.worker, event.table, len(outside), outside[0],
+        )
+        return False
+
+    async def _delete_files(self, files: Sequence[TableFile]) -> None:
+        """Delete files that can never be committed (rejected or abandoned responses), never one
+        outside its table, referenced by a snapshot or named by an accepted response."""
+        if not files:
+            return
+        accepted = {normalize(f.path) for a in self.state.pending for fs in a.files.values() for f in fs}
+        done = await self.offload.run(delete_uncommitted, self.catalog, files, accepted, self._manifests)
+        self.metrics.orphans_deleted.inc(done.pop("deleted", 0))
+        for reason, n in done.items():
+            self.metrics.files_kept.labels(reason=reason).inc(n)
 
     # Rounds ----------------------------------------------------------------------------------
 
@@ -382,14 +415,3 @@ class Coordinator:
                 )
             return result
 
-
-def delete_files(catalog: Catalog, paths: Sequence[str]) -> None:
-    """Delete data files through the catalog's FileIO (local, S3, ...); missing ones are fine.
-    A file that cannot be deleted is left to ``icesink gc``."""
-    for path in paths:
-        try:
-            load_file_io(catalog.properties, path).delete(path)
-        except FileNotFoundError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - never let cleanup stop commits
-            log.warning("could not delete uncommitted file %s (icesink gc will): %s", path, exc)

@@ -45,11 +45,23 @@ class Accepted:
 
 
 @dataclass(frozen=True)
+class TableFile:
+    """A data file announced for ``table``: what the coordinator may delete is judged per table."""
+
+    table: str
+    file: FileInfo
+
+    @property
+    def path(self) -> str:
+        return self.file.path
+
+
+@dataclass(frozen=True)
 class Rejected:
     worker: str
     partitions: tuple[TopicPartition, ...]
     reason: str
-    files: tuple[FileInfo, ...]  # written but never to be committed: orphans to delete
+    files: tuple[TableFile, ...]  # written but never to be committed: orphans to delete
 
 
 @dataclass
@@ -104,7 +116,7 @@ class CoordinatorState:
     # Responses that must be rejected, collected for the service to act on.
     rejected: list[Rejected] = field(default_factory=list)
     # Files of responses that can never complete: safe to delete (see _expire_partials).
-    orphans: list[FileInfo] = field(default_factory=list)
+    orphans: list[TableFile] = field(default_factory=list)
     # Schema evolution: the newest proposal of each worker, per table, until applied.
     proposals: dict[str, dict[str, SchemaProposal]] = field(default_factory=dict)
 
@@ -178,7 +190,7 @@ class CoordinatorState:
         part = self.partial.pop(event.response_id, None)
         self._expire_partials(completed_by=event.worker, before=offset)
         written = part.written if part else []
-        files = tuple(f for w in written for f in w.files)
+        files = tuple(TableFile(w.table, f) for w in written for f in w.files)
         if len(written) != event.events_sent:
             self.rejected.append(Rejected(
                 event.worker, tuple(r.tp for r in event.ranges),
@@ -214,9 +226,9 @@ class CoordinatorState:
             later = part.worker == completed_by and part.first_offset < before
             if later or (self.owners and part.worker not in owning):
                 del self.partial[rid]
-                self.orphans.extend(f for w in part.written for f in w.files)
+                self.orphans.extend(TableFile(w.table, f) for w in part.written for f in w.files)
 
-    def take_orphans(self) -> list[FileInfo]:
+    def take_orphans(self) -> list[TableFile]:
         out, self.orphans = self.orphans, []
         return out
 

@@ -73,6 +73,10 @@ class Metrics:
             "icesink_round_failures_total",
             "Attempts to finish a round (table commits, CommitToTable, CommitComplete) that failed and are "
             "retried; its accepted responses stay pending", registry=r)
+        self.control_events_refused = Counter(
+            "icesink_control_events_refused_total",
+            "Well-formed control events the coordinator refused (e.g. a DataWritten naming files outside "
+            "its table's location)", ["reason"], registry=r)
         self.files_kept = Counter(
             "icesink_files_kept_total",
             "Files the coordinator was asked to delete but kept: outside the table's location, "

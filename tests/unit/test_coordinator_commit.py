@@ -16,6 +16,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
 from coordinator import service
+from coordinator.files import TableRoots
 from coordinator.service import Coordinator
 from coordinator.state import CoordinatorState
 from icesink.config import load_settings
@@ -82,6 +83,7 @@ def coordinator_with_round(tmp_path, catalog, producer) -> Coordinator:
     coord.offload, coord.metrics = Offload(2), Metrics(CollectorRegistry())
     coord.group, coord.epoch, coord.status = settings.group_id, 1, {}
     coord._reader = FakeReader()  # type: ignore[assignment]
+    coord._roots, coord._manifests = TableRoots(catalog), {}
     files = {t: data_file(catalog.load_table(t), t, [1, 2, 3]) for t in ("db.a", "db.b")}
     st = CoordinatorState()
     log = [Claim("w1", 1, (TP,)), Resume(1, "w1", 1, (Position(TP, 0),)), StartCommit(1, "r1"),
@@ -139,3 +141,70 @@ def test_a_fenced_commit_stops_the_coordinator_and_keeps_the_round_pending(tmp_p
     with pytest.raises(FencedError):
         asyncio.run(go())
     assert coord.status["phase"] == "fenced" and len(coord.state.pending) == 1
+
+
+# Files the coordinator may commit and delete (coordinator/files.py) --------------------------
+
+def test_paths_are_confined_to_the_table_location_and_write_data_path(two_tables, tmp_path):
+    from coordinator.files import confined, data_roots
+
+    table = two_tables.load_table("db.a")
+    roots = data_roots(table)
+    loc = table.location()
+    assert confined(f"{loc}/data/x.parquet", roots)
+    assert confined(f"{loc.removeprefix('file://')}/data/x.parquet", roots)  # one spelling per file
+    assert not confined(f"{loc}/../b/data/x.parquet", roots)
+    assert not confined(f"{loc}-evil/data/x.parquet", roots)
+    assert not confined("file:///etc/passwd", roots)
+    assert not confined(two_tables.load_table("db.b").location() + "/data/x.parquet", roots)
+    with table.transaction() as tx:
+        tx.set_properties({"write.data.path": f"file://{tmp_path}/elsewhere"})
+    assert confined(f"file://{tmp_path}/elsewhere/x.parquet", data_roots(two_tables.load_table("db.a")))
+
+
+def test_deletion_keeps_committed_foreign_and_accepted_files(tmp_path, two_tables):
+    from coordinator.files import delete_uncommitted
+    from coordinator.state import TableFile
+
+    table = two_tables.load_table("db.a")
+    committed = data_file(table, "committed", [1])
+    with table.transaction() as tx:
+        tx.add_files([committed.path])
+    orphan, accepted = data_file(table, "orphan", [2]), data_file(table, "accepted", [3])
+    foreign = tmp_path / "foreign.parquet"
+    foreign.write_text("not the sink's")
+    files = [TableFile("db.a", f) for f in (committed, orphan, accepted)]
+    files += [TableFile("db.a", FileInfo(f"file://{foreign}", 1, 1, 0)), TableFile("db.nope", orphan)]
+    from coordinator.gc import normalize
+    done = delete_uncommitted(two_tables, files, {normalize(accepted.path)}, {})
+    assert done == {"deleted": 1, "committed": 1, "accepted": 1, "outside-table": 1, "no-table": 1}
+    assert not os.path.exists(orphan.path.removeprefix("file://"))
+    for kept in (committed, accepted):
+        assert os.path.exists(kept.path.removeprefix("file://"))
+    assert foreign.exists()
+    assert rows(two_tables, "db.a") == 1
+
+
+def test_a_data_written_naming_files_outside_its_table_is_refused_and_nothing_is_deleted(
+        tmp_path, two_tables, monkeypatch):
+    """A forged response (a DataWritten naming a file elsewhere, then a DataComplete) is neither
+    committed nor deleted: the DataWritten is refused, the response is rejected as incomplete."""
+    producer = FlakyProducer(CommitToTable, fail=0)
+    coord = coordinator_with_round(tmp_path, two_tables, producer)
+    victim = tmp_path / "victim.parquet"
+    victim.write_text("someone else's file")
+    forged = [DataWritten("r1", "f", "w1", "db.a", (FileInfo(f"file://{victim}", 1, 1, 0),)),
+              DataComplete("r1", "f", "w1", 1, (OffsetRange(TP, 3, 4),), 1, None)]
+
+    async def go() -> None:
+        for off, ev in enumerate(forged, start=100):
+            if await coord._admit(off, ev):
+                coord.state.apply(off, ev)
+        for rej in coord.state.take_rejected():
+            await coord._delete_files(rej.files)
+        await coord._commit("r1", partial=False)
+
+    asyncio.run(go())
+    assert victim.exists()
+    assert rows(two_tables, "db.a") == 3  # the real response only
+    assert coord.metrics.control_events_refused.labels(reason="file-outside-table")._value.get() == 1

@@ -1,0 +1,107 @@
+"""Which files the coordinator may commit and delete: only data files under their table's own
+location, and never one a snapshot references.
+
+The control topic is input, not trust (design/exactly-once.md). A ``DataWritten`` naming a file
+outside its table's location (or the table's ``write.data.path``) is refused when it is read, so
+the coordinator neither commits nor deletes it: its response counts as incomplete and is rejected.
+A file handed to deletion (a rejected or abandoned response) is deleted only if it lies under its
+table's location, no snapshot of that table references it, and no accepted response names it.
+Blocking (catalog, manifests, storage): call through ``Offload``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Iterable, Sequence
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
+
+from coordinator.gc import normalize, referenced_files
+from coordinator.state import TableFile
+
+log = logging.getLogger(__name__)
+
+_ROOT_PROPERTIES = ("write.data.path", "write.object-storage.path", "write.folder-storage.path")
+
+
+def data_roots(table: Table) -> tuple[str, ...]:
+    """The table's location and any data path its properties name, each ending in ``/``."""
+    roots = {normalize(table.location())}
+    roots.update(normalize(v) for k in _ROOT_PROPERTIES if (v := table.properties.get(k)))
+    return tuple(sorted(r.rstrip("/") + "/" for r in roots))
+
+
+def confined(path: str, roots: Iterable[str]) -> bool:
+    p = normalize(path)
+    return ".." not in p.split("/") and any(p.startswith(r) for r in roots)
+
+
+class TableRoots:
+    """Each table's data roots, loaded once per coordinator."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._roots: dict[str, tuple[str, ...]] = {}
+
+    def known(self, table: str) -> bool:
+        """Whether ``outside`` answers for ``table`` without loading it."""
+        return table in self._roots
+
+    def outside(self, table: str, paths: Sequence[str]) -> list[str]:
+        """The paths not under ``table``'s roots: all of them if the table does not exist."""
+        roots = self._roots.get(table)
+        if roots is None:
+            try:
+                roots = data_roots(self.catalog.load_table(table))
+            except NoSuchTableError:
+                return list(paths)
+            self._roots[table] = roots
+        return [p for p in paths if not confined(p, roots)]
+
+
+def delete_uncommitted(
+    catalog: Catalog,
+    files: Sequence[TableFile],
+    accepted: set[str],
+    manifests: dict[str, frozenset[str]],
+) -> Counter[str]:
+    """Delete files that can never be committed; keep (and log) any that the rules above
+    protect. Returns how many were deleted (``deleted``) and kept, by reason."""
+    out: Counter[str] = Counter()
+    by_table: dict[str, list[TableFile]] = {}
+    for tf in files:
+        by_table.setdefault(tf.table, []).append(tf)
+    for name, tfs in by_table.items():
+        try:
+            table = catalog.load_table(name)
+        except NoSuchTableError:
+            log.warning("table %s does not exist: %d uncommitted files left to `icesink gc`", name, len(tfs))
+            out["no-table"] += len(tfs)
+            continue
+        roots = data_roots(table)
+        referenced = referenced_files(table, manifests)
+        for tf in tfs:
+            path = normalize(tf.path)
+            if not confined(tf.path, roots):
+                log.error("not deleting %s: outside table %s (expected under %s)", tf.path, name, " or ".join(roots))
+                out["outside-table"] += 1
+            elif path in referenced:
+                log.error("not deleting %s: a snapshot of %s references it (a committed file)", tf.path, name)
+                out["committed"] += 1
+            elif path in accepted:
+                log.error("not deleting %s: an accepted response of %s names it", tf.path, name)
+                out["accepted"] += 1
+            else:
+                try:
+                    table.io.delete(tf.path)
+                except FileNotFoundError:
+                    pass
+                except Exception as exc:  # noqa: BLE001 - cleanup never stops commits; gc retries
+                    log.warning("could not delete uncommitted file %s (icesink gc will): %s", tf.path, exc)
+                    out["delete-failed"] += 1
+                    continue
+                out["deleted"] += 1
+    return out

@@ -1,0 +1,165 @@
+"""Exactly-once holes found by review, each produced with real processes (Tansu, Faust + Spark
+workers, a SQLite catalog) on the schedule that hits it, then checked with DuckDB: exact rows and
+keys, and every file the table references present on storage.
+
+- A response accepted and committed while a dead worker's response stayed open (so the checkpoint's
+  replay start lies below its ``through``) must not come back as an open response after a
+  coordinator failover: it used to be expired and its committed files deleted.
+- A control send that fails after one table of a round committed (the broker unreachable for
+  longer than the producer's request timeout) must not drop the round for the other table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def referenced_paths_exist(catalog, table: str) -> list[str]:
+    """Paths the table's snapshots reference that are missing on storage."""
+    from coordinator.gc import referenced_files
+
+    return sorted(p for p in referenced_files(catalog.load_table(table)) if not os.path.exists(p))
+
+
+def leader(replicas, http_json):
+    for r in replicas.replicas.values():
+        try:
+            if http_json(r.metrics_port)["coordinator"] is not None:
+                return r
+        except OSError:
+            pass
+    return None
+
+
+@pytest.mark.timeout(600)
+def test_failover_while_a_dead_workers_response_is_open_deletes_no_committed_file(broker, catalog_props, tmp_path):
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.events import CommitComplete
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import pizza_values, produce
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, control_events, http_json, wait_rows, write_config
+
+    topic, table, group = "rc-orders", "rc.orders", "rc-sink"
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("rc")
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 6))
+    state = tmp_path / "state"
+    # Rounds close on a short timeout while the dead worker's response stays open; its
+    # partitions move only when its (long) session expires.
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=state, group=group,
+                       **{"iceberg.control.commit.timeout-ms": 3000, "consumer.session-timeout-ms": 25000})
+    values = pizza_values(12_000, seed=11)
+    keys = {json.loads(v)["order_id"] for v in values}
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    sender = None
+    try:
+        first = replicas.start()
+        deadline = time.monotonic() + 120
+        while leader(replicas, http_json) is None:
+            assert time.monotonic() < deadline, "no coordinator"
+            replicas.check_alive()
+            time.sleep(0.5)
+        replicas.start()
+        doomed = replicas.start(extra_env={"ICESINK_FAULT_CRASH_AT": "worker.mid-response"})
+        sender = threading.Thread(target=lambda: asyncio.run(
+            produce(broker.bootstrap, topic, values[:8000], partitions=6, rate_per_s=400)))
+        sender.start()
+        marker = state / "fault-worker.mid-response.fired"
+        deadline = time.monotonic() + 180
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the mid-response crash did not fire"
+            time.sleep(0.5)
+        died_at = time.monotonic()
+        doomed.proc.wait(30)
+        replicas.replicas.pop(doomed.name).log_handle.close()
+        coord = leader(replicas, http_json)
+        assert coord is first, f"the coordinator moved to {coord and coord.name}"
+        # Rounds go on without the dead worker (closed on the timeout); wait for two
+        # checkpoints whose replay start is pinned below their `through` by its open response.
+        deadline = time.monotonic() + 60
+        while True:
+            pinned = [ev for _, ev in control_events(broker.bootstrap, f"{group}-control", group)
+                      if isinstance(ev, CommitComplete) and ev.replay_from is not None and ev.replay_from < ev.through]
+            if len(pinned) >= 2:
+                break
+            assert time.monotonic() < deadline, "no checkpoint with replay_from < through"
+            time.sleep(1)
+        assert time.monotonic() - died_at < 25, "the dead worker's session expired before the failover"
+        replicas.kill(first.name)  # kill -9 the coordinator's replica
+        sender.join()
+        sender = threading.Thread(target=lambda: asyncio.run(
+            produce(broker.bootstrap, topic, values[8000:], partitions=6, rate_per_s=1000)))
+        sender.start()
+        sender.join()
+        wait_rows(catalog, replicas, (table,), len(values), timeout_s=300)
+        time.sleep(5)  # a few more rounds: expiry of open responses would happen here
+    finally:
+        if sender is not None:
+            sender.join()
+        replicas.stop_all()
+    assert referenced_paths_exist(catalog, table) == [], "committed files were deleted"
+    assert_exact(catalog, table, keys)
+    scan = catalog.load_table(table).scan().to_arrow()
+    assert scan.num_rows == len(keys) and set(scan.column("order_id").to_pylist()) == keys
+
+
+@pytest.mark.timeout(600)
+def test_a_control_send_failing_after_one_table_committed_keeps_the_round_for_the_other(catalog_props, tmp_path):
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.embedded import EmbeddedBroker
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import pizza_values, produce
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config
+
+    topic, tables, group = "rs-orders", ("rs.a", "rs.b"), "rs-sink"
+    broker = EmbeddedBroker(tmp_path / "broker")  # its own: it is frozen for a minute
+    broker.start()
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("rs")
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
+    state = tmp_path / "state"
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=",".join(tables), bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=state, group=group,
+                       **{"fault.hold-at": "coordinator.after-table-commit", "consumer.session-timeout-ms": 30000})
+    values = pizza_values(3000, seed=12)
+    keys = {json.loads(v)["order_id"] for v in values}
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        w = replicas.start()
+        asyncio.run(produce(broker.bootstrap, topic, values[:2000], partitions=2))
+        reached = state / "hold-coordinator.after-table-commit.reached"
+        deadline = time.monotonic() + 180
+        while not reached.exists():
+            assert time.monotonic() < deadline, "the round never reached its first table commit"
+            replicas.check_alive()
+            time.sleep(0.5)
+        # The first table of the round is committed; the broker becomes unreachable for longer
+        # than the control producer's request timeout (aiokafka's 40 s) before CommitToTable.
+        os.kill(broker.pid, signal.SIGSTOP)
+        (state / "hold-coordinator.after-table-commit.release").touch()
+        time.sleep(55)
+        os.kill(broker.pid, signal.SIGCONT)
+        asyncio.run(produce(broker.bootstrap, topic, values[2000:], partitions=2))
+        wait_rows(catalog, replicas, tables, len(values), timeout_s=240)
+        time.sleep(5)
+        assert metric(w.metrics_port, "icesink_round_failures_total") >= 1
+    finally:
+        replicas.stop_all()
+        broker.stop()
+    for t in tables:
+        assert_exact(catalog, t, keys)
+        assert referenced_paths_exist(catalog, t) == []
