@@ -96,6 +96,7 @@ class Worker:
             staging_dir=str(settings.state_dir / "staging" / self.worker_id),
         ))
         self.generation = -1
+        self.member_id: str | None = None
         self.status: dict[str, Any] = {"worker": self.worker_id, "phase": "starting"}
         self.exit_code = 0  # of the process, once run() returns
         self._stop = asyncio.Event()
@@ -344,6 +345,7 @@ class Worker:
     async def _on_assigned(self, sender: Any, assigned: set[Any], **_: Any) -> None:
         self._rebalanced.clear()
         self.generation = int(self.app.consumer_generation_id or 0)
+        self.member_id = _group_member_id(self.app)
         mine = self._source(assigned)
         for tp in list(self.buffers.partitions):
             if tp not in mine:
@@ -359,7 +361,7 @@ class Worker:
         for tp in tps:
             self._claimed_at[tp] = now
         try:
-            await self.producer.send(Claim(self.worker_id, self.generation, tuple(tps)))
+            await self.producer.send(Claim(self.worker_id, self.generation, tuple(tps), self.member_id))
         except Exception as exc:
             log.warning("claim for %s not sent (%s); retried", ",".join(map(str, tps)), exc)
 
@@ -774,6 +776,14 @@ class Worker:
         if self._backpressure:
             paused = len(self.buffers.partitions)
         self.metrics.paused_partitions.set(paused)
+
+
+def _group_member_id(app: faust.App) -> str | None:
+    """This replica's consumer-group member id (Claim.member: tells a group reset from a zombie)."""
+    try:
+        return str(app.consumer._thread._ensure_consumer()._coordinator.member_id) or None
+    except AttributeError:
+        return None
 
 
 def _exit_hard(limit: float) -> None:

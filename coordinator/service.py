@@ -118,8 +118,7 @@ class Coordinator:
         while True:
             batch = await self._reader.read(0.5)
             for offset, event in batch:
-                if await self._admit(offset, event):
-                    self.state.apply(offset, event, checkpoint_through=checkpoint_through)
+                await self._apply(offset, event, checkpoint_through)
                 replayed += 1
             if not batch and await self._reader.position() >= end:
                 break
@@ -164,9 +163,8 @@ class Coordinator:
             self._reap_commit_task()
             wait = max(0.05, min(self._next_round_at - now, 0.5))
             for offset, event in await self._reader.read(wait):
-                if not await self._admit(offset, event):
+                if not await self._apply(offset, event):
                     continue
-                self.state.apply(offset, event)
                 if isinstance(event, Claim):
                     await self._answer(event)
             for rej in self.state.take_rejected():
@@ -216,6 +214,19 @@ class Coordinator:
         log.warning("rejected response from %s: %s", rej.worker, rej.reason)
         await self.producer.send(Rewind(self.epoch, rej.worker, rej.partitions, rej.reason))
         await self._delete_files(rej.files)
+
+    async def _apply(self, offset: int, event: Event, checkpoint_through: int = -1) -> bool:
+        """Apply one control event to the state if it is admitted; False if refused."""
+        if not await self._admit(offset, event):
+            return False
+        resets = self.state.group_resets
+        self.state.apply(offset, event, checkpoint_through=checkpoint_through)
+        if self.state.group_resets != resets and isinstance(event, Claim):
+            self.metrics.group_resets.inc()
+            log.warning("control offset %d: worker %s claims as a new group member with generation %d, below the "
+                        "group's newest: the consumer group was reset, every older ownership is void",
+                        offset, event.worker, event.generation)
+        return True
 
     async def _admit(self, offset: int, event: Event) -> bool:
         """A DataWritten may name only files under its table's location (coordinator/files.py):

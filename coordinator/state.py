@@ -79,6 +79,7 @@ class Checkpoint:
     positions: dict[TopicPartition, int]
     owners: dict[TopicPartition, tuple[str, int]]
     replay_from: int
+    members: dict[TopicPartition, str] = field(default_factory=dict)  # owner's group member id
 
 
 def check_range(
@@ -119,11 +120,19 @@ class CoordinatorState:
     orphans: list[TableFile] = field(default_factory=list)
     # Schema evolution: the newest proposal of each worker, per table, until applied.
     proposals: dict[str, dict[str, SchemaProposal]] = field(default_factory=dict)
+    # Consumer-group resets (the group deleted and created again: generations restart).
+    members: dict[TopicPartition, str] = field(default_factory=dict)  # owner's member id
+    seen_members: set[str] = field(default_factory=set)
+    max_generation: int = -1
+    group_resets: int = 0
 
     @classmethod
     def from_checkpoint(cls, cp: CommitComplete) -> "CoordinatorState":
         return cls(
             owners={o.tp: (o.worker, o.generation) for o in cp.owners},
+            members={o.tp: o.member for o in cp.owners if o.member},
+            seen_members={o.member for o in cp.owners if o.member},
+            max_generation=max((o.generation for o in cp.owners), default=-1),
             accepted={p.tp: p.offset for p in cp.positions},
             log_epoch=cp.epoch,
             last_offset=cp.through,
@@ -146,11 +155,16 @@ class CoordinatorState:
         self.last_offset = offset
         match event:
             case Claim():
+                self._detect_group_reset(event)
                 # The newest claim wins; a claim of an older generation is stale.
                 for tp in event.partitions:
                     cur = self.owners.get(tp)
                     if cur is None or cur[1] <= event.generation:
                         self.owners[tp] = (event.worker, event.generation)
+                        if event.member:
+                            self.members[tp] = event.member
+                        else:
+                            self.members.pop(tp, None)
                 self.unanswered[(event.worker, event.generation)] = event
                 self._expire_partials()
             case Resume():
@@ -181,6 +195,20 @@ class CoordinatorState:
                 self.proposals.setdefault(event.table, {})[event.worker] = event
             case _:
                 assert_never(event)
+
+    def _detect_group_reset(self, claim: Claim) -> None:
+        """Generations only grow within one consumer group, and a member that joins gets a
+        generation above every earlier one. So a member id never seen before with a generation
+        below the newest seen means the group was deleted and created again: every ownership of
+        the old group is void (generation -1), so the new group's claims take their partitions.
+        A stale claim of a known member (a zombie) is not a reset and stays ignored."""
+        if claim.member and claim.member not in self.seen_members and claim.generation < self.max_generation:
+            self.owners = {tp: (w, -1) for tp, (w, _) in self.owners.items()}
+            self.max_generation = -1
+            self.group_resets += 1
+        if claim.member:
+            self.seen_members.add(claim.member)
+        self.max_generation = max(self.max_generation, claim.generation)
 
     def _collect(self, offset: int, event: DataWritten) -> None:
         part = self.partial.setdefault(event.response_id, _Partial(offset, event.worker))
@@ -262,6 +290,7 @@ class CoordinatorState:
             positions=dict(self.accepted),
             owners=dict(self.owners),
             replay_from=replay_from,
+            members=dict(self.members),
         )
 
     def resume_positions(self, claim: Claim) -> tuple[list[Position], list[TopicPartition]]:
@@ -295,7 +324,7 @@ def checkpoint_event(
         commit_id=commit_id,
         through=cp.through,
         positions=tuple(Position(tp, off) for tp, off in sorted(cp.positions.items())),
-        owners=tuple(Owner(tp, w, g) for tp, (w, g) in sorted(cp.owners.items())),
+        owners=tuple(Owner(tp, w, g, cp.members.get(tp)) for tp, (w, g) in sorted(cp.owners.items())),
         valid_through_ms=valid_through_ms,
         replay_from=cp.replay_from,
     )

@@ -62,6 +62,7 @@ class Owner:
     tp: TopicPartition
     worker: str
     generation: int
+    member: str | None = None  # the consumer-group member id of the claim (see Claim)
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,16 @@ class FileInfo:
 
 @dataclass(frozen=True)
 class Claim:
+    """A worker was assigned ``partitions`` in consumer-group ``generation``. ``member`` is its
+    group member id: generations restart when the group is deleted and created again, and a
+    member id never seen before with a generation below the group's newest tells the coordinator
+    so (coordinator/state.py)."""
+
     TYPE: ClassVar[str] = "claim"
     worker: str
     generation: int
     partitions: tuple[TopicPartition, ...]
+    member: str | None = None
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,9 @@ class Metrics:
             "icesink_control_events_refused_total",
             "Well-formed control events the coordinator refused (e.g. a DataWritten naming files outside "
             "its table's location)", ["reason"], registry=r)
+        self.group_resets = Counter(
+            "icesink_consumer_group_resets_total",
+            "Consumer-group resets seen in claims (generations restarted): older ownerships voided", registry=r)
         self.files_kept = Counter(
             "icesink_files_kept_total",
             "Files the coordinator was asked to delete but kept: outside the table's location, "

@@ -110,6 +110,10 @@ def test_failover_while_a_dead_workers_response_is_open_deletes_no_committed_fil
             sender.join()
         replicas.stop_all()
     assert referenced_paths_exist(catalog, table) == [], "committed files were deleted"
+    # The deletion safety net (coordinator/files.py) must not even be needed: recovery itself
+    # knows the committed responses as decided.
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
+    assert "references it (a committed file)" not in logs
     assert_exact(catalog, table, keys)
     scan = catalog.load_table(table).scan().to_arrow()
     assert scan.num_rows == len(keys) and set(scan.column("order_id").to_pylist()) == keys
@@ -163,3 +167,80 @@ def test_a_control_send_failing_after_one_table_committed_keeps_the_round_for_th
     for t in tables:
         assert_exact(catalog, t, keys)
         assert referenced_paths_exist(catalog, t) == []
+
+
+def http_json_or_empty(port: int) -> dict:
+    from tests.support.sinkrun import http_json
+
+    try:
+        return http_json(port)  # type: ignore[no-any-return]
+    except OSError:
+        return {}
+
+
+def delete_consumer_group(bootstrap: str, group: str, timeout_s: float = 60) -> None:
+    """DeleteGroups, retried while the group still has members (their sessions expire first)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.protocol.admin import DeleteGroupsRequest
+
+    async def go() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                node = await admin.find_coordinator(group)
+                resp = await admin._send_request_to_node(node, DeleteGroupsRequest([group]))
+                [(_, code)] = resp.results
+                if code == 0:
+                    return
+                assert time.monotonic() < deadline, f"DeleteGroups({group}) kept failing with error {code}"
+                await asyncio.sleep(1)
+        finally:
+            await admin.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.timeout(600)
+def test_ownership_survives_a_consumer_group_reset(broker, catalog_props, tmp_path):
+    """The source consumer group is deleted while the sink is stopped: generations start again
+    below the ones the coordinator recorded. The new members' claims must take their partitions."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import pizza_values, produce
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config
+
+    topic, table, group = "gr-orders", "gr.orders", "gr-sink"
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("gr")
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 3))
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=group)
+    values = pizza_values(3000, seed=13)
+    keys = {json.loads(v)["order_id"] for v in values}
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        replicas.start()
+        asyncio.run(produce(broker.bootstrap, topic, values[:750], partitions=3))
+        wait_rows(catalog, replicas, (table,), 750, timeout_s=240)
+        second = replicas.start()  # a second member joins: the generation grows past the first one's
+        deadline = time.monotonic() + 120
+        while not any(p["active"] for p in http_json_or_empty(second.metrics_port).get("partitions", {}).values()):
+            assert time.monotonic() < deadline, "the second replica never resumed a partition"
+            replicas.check_alive()
+            time.sleep(0.5)
+        asyncio.run(produce(broker.bootstrap, topic, values[750:1500], partitions=3))
+        wait_rows(catalog, replicas, (table,), 1500, timeout_s=240)
+        replicas.stop_all()
+        delete_consumer_group(broker.bootstrap, group)
+        w = replicas.start()
+        asyncio.run(produce(broker.bootstrap, topic, values[1500:], partitions=3))
+        wait_rows(catalog, replicas, (table,), len(values), timeout_s=180)
+        assert metric(w.metrics_port, "icesink_consumer_group_resets_total") == 1
+        time.sleep(4)
+    finally:
+        replicas.stop_all()
+    assert_exact(catalog, table, keys)

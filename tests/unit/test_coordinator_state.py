@@ -182,3 +182,35 @@ def test_replay_never_reopens_a_response_accepted_at_or_below_the_checkpoint():
     assert orphans == {"dead.parquet"}
     assert [p.offset for p in recovered.pending] == [len(events) + 2]  # z only, y is not rolled forward
     assert recovered.accepted[C] == 9 and not recovered.partial
+
+
+def test_claims_after_a_consumer_group_reset_take_ownership():
+    """The group was deleted and created again: generations restart at 1. New members (ids
+    never seen) with a lower generation take their partitions; no partition is left unowned."""
+    events = [Claim("w1", 7, (A,), member="m1"), Claim("w2", 7, (B,), member="m2"),
+              Resume(1, "w1", 7, (Position(A, 0),)), Resume(1, "w2", 7, (Position(B, 0),))]
+    st = run(events)
+    st.apply(10, Claim("w3", 1, (A, B), member="m3"))  # after the reset
+    assert st.owners == {A: ("w3", 1), B: ("w3", 1)}
+    assert st.group_resets == 1
+    # The new generation goes on normally: a later rebalance at generation 2 moves B.
+    st.apply(11, Claim("w4", 2, (B,), member="m4"))
+    st.apply(12, Claim("w3", 2, (A,), member="m3"))
+    assert st.owners == {A: ("w3", 2), B: ("w4", 2)} and st.group_resets == 1
+
+
+def test_a_reset_is_remembered_across_a_checkpoint():
+    st = run([Claim("w1", 7, (A,), member="m1"), Resume(1, "w1", 7, (Position(A, 0),))])
+    _, cp = st.take_pending()
+    recovered = CoordinatorState.from_checkpoint(checkpoint_event(1, "r", cp, None))
+    assert recovered.owners == {A: ("w1", 7)}
+    recovered.apply(5, Claim("w1", 6, (A,), member="m1"))  # a stale claim of a known member
+    assert recovered.owners == {A: ("w1", 7)} and recovered.group_resets == 0
+    recovered.apply(6, Claim("w9", 1, (A,), member="m9"))
+    assert recovered.owners == {A: ("w9", 1)} and recovered.group_resets == 1
+
+
+def test_a_stale_claim_of_a_known_member_never_takes_ownership():
+    st = run([Claim("w1", 3, (A,), member="m1"), Claim("w2", 4, (A,), member="m2")])
+    st.apply(2, Claim("w1", 3, (A,), member="m1"))  # a zombie's late re-claim
+    assert st.owners[A] == ("w2", 4) and st.group_resets == 0
