@@ -34,6 +34,7 @@ from agents.debezium import CDC_COLUMN, DebeziumTransform
 from agents.evolution import Evolver, identifier_paths
 from agents.formats import RecordFormat
 from agents.routing import Router, Routes
+from agents.source_consumer import ConsumerGuard, inject_faults, isolation_level
 from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
@@ -265,8 +266,12 @@ class Worker:
         # its start-up was lost, the replica running on without consuming).
         faust_worker.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._install_fetch_stamp()
+        inject_faults(self.settings)  # fault tests only
+        # read_committed; a consumer that can no longer consume stops the replica (exit code 1)
+        ConsumerGuard(self.app, self.metrics, lambda exc: self.fail(exc, exit_code=1), self._stop.is_set).install()
         await faust_worker.start()
         self._install_no_leave_group()
+        self.status["isolation_level"] = isolation_level(self.app)
         return faust_worker
 
     def status_report(self) -> dict[str, Any]:

@@ -156,7 +156,7 @@ class Settings(BaseSettings):
     # Fault injection for the fault tests (icesink/faults.py); never set in production.
     fault_crash_at: tuple[
         Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response",
-                "worker.after-dead-letters", "worker.ingest-bug"], ...
+                "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable"], ...
     ] = Field((), alias="fault.crash-at")
     fault_hold_at: tuple[Literal["coordinator.after-table-commit"], ...] = Field((), alias="fault.hold-at")
 

@@ -92,3 +92,26 @@ class SparkWriteError(IcesinkError):
     """Spark failed to write data files. The round's response is not sent; the data is retried."""
 
     retriable = True
+
+
+class ConsumerError(IcesinkError):
+    """The source consumer can no longer consume (a batch it cannot decode, a fatal error of its
+    group membership or its thread). Fatal for the replica: it stops with a non-zero exit code,
+    and the partitions move to the other replicas, which resume from the accepted positions."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+        service: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        where = [f"{k}={v}" for k, v in (("topic", topic), ("partition", partition), ("offset", offset),
+                                         ("in", service)) if v is not None]
+        super().__init__(f"{reason} ({', '.join(where)})" if where else reason)

@@ -48,6 +48,9 @@ class Metrics:
         self.early_commit_requests = Counter(
             "icesink_early_commit_requests_total",
             "CommitRequest events sent because this worker's buffers were full", registry=r)
+        self.consumer_failures = Counter(
+            "icesink_consumer_failures_total",
+            "Fatal errors of the source consumer (each stops the replica)", ["error"], registry=r)
         self.consumer_lag = Gauge(
             "icesink_consumer_lag", "High watermark minus next offset to read",
             ["topic", "partition"], registry=r)

@@ -1,0 +1,154 @@
+"""The source consumer (Faust's, over aiokafka): read committed records only, and a consumer
+that can no longer consume stops the replica.
+
+Faust builds its AIOKafkaConsumer with ``isolation_level=read_uncommitted`` unless the app runs
+Faust's own transactions (``processing_guarantee=exactly_once``, which needs InitProducerId and
+transactional producers icesink does not use). :func:`use_read_committed` makes the consumer
+read committed records only, so records of aborted transactions never land.
+
+A fatal error of the fetch path (say ``UnsupportedCodecError`` for a batch compressed with a
+codec whose library is missing) ends Faust's drain loop: the Fetcher crashes and takes the
+consumer's thread with it, and nothing restarts them. Faust also never consumes the errors
+aiokafka's group coordinator keeps for the user (``check_errors``: authorization, a dead
+coordination task), which stalls the group membership. The replica went on answering empty
+rounds for ever. :class:`ConsumerGuard` names the failing partition and offset, hands the error
+to the worker (which stops the replica with a non-zero exit code) and counts it.
+
+Pinned to faust-streaming 0.15.3 and aiokafka 0.14 internals (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+import aiokafka.codec
+from aiokafka.consumer.fetcher import FetchResult
+from aiokafka.errors import ConsumerStoppedError
+
+from icesink.config import Settings
+from icesink.errors import ConsumerError
+from icesink.faults import should_crash
+from icesink.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+READ_COMMITTED = "read_committed"
+
+
+def use_read_committed(thread: Any) -> None:
+    """Make Faust's consumer thread build its AIOKafkaConsumer with read_committed (the only
+    setting of it that Faust does not expose). Call before the consumer starts: aiokafka hands
+    the level to its fetcher in ``start()``."""
+    create = thread._create_worker_consumer
+
+    def create_read_committed(transport: Any) -> Any:
+        consumer = create(transport)
+        consumer._isolation_level = READ_COMMITTED
+        return consumer
+
+    thread._create_worker_consumer = create_read_committed
+
+
+def isolation_level(app: Any) -> str | None:
+    """The isolation level of the running source consumer's fetcher (None before it starts)."""
+    from aiokafka.consumer.fetcher import READ_COMMITTED as COMMITTED
+
+    consumer = getattr(app.consumer._thread, "_consumer", None)
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is None:
+        return None
+    return READ_COMMITTED if fetcher._isolation_level == COMMITTED else "read_uncommitted"
+
+
+class ConsumerGuard:
+    """Installed on a Faust app before it starts; ``on_fatal`` is called once, on the event loop
+    that installed the guard, with the first fatal error of the source consumer."""
+
+    def __init__(self, app: Any, metrics: Metrics, on_fatal: Callable[[ConsumerError], None],
+                 stopping: Callable[[], bool]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.on_fatal = on_fatal
+        self.stopping = stopping  # errors while the replica stops are not failures
+        self.error: ConsumerError | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def install(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        consumer = self.app.consumer
+        thread = consumer._thread
+        use_read_committed(thread)
+        fetch = thread._fetch_records
+
+        async def guarded_fetch(aio: Any, active: Any, timeout: float | None = None,
+                                max_records: int | None = None) -> Any:
+            # In the consumer's thread. aiokafka's own getmany checks the coordinator first.
+            try:
+                if aio._coordinator is not None:
+                    aio._coordinator.check_errors()
+                return await fetch(aio, active, timeout=timeout, max_records=max_records)
+            except (asyncio.CancelledError, ConsumerStoppedError):
+                raise
+            except Exception as exc:
+                raise _located(exc, aio, active) from exc
+
+        thread._fetch_records = guarded_fetch
+        # The service where a failure starts calls its own crash(): the Fetcher (drain loop),
+        # the consumer (its background tasks) or the consumer's thread (its event loop).
+        for service in (self.app._fetcher, consumer, thread):
+            self._hook_crash(service)
+
+    def _hook_crash(self, service: Any) -> None:
+        crash = service.crash
+
+        async def crash_and_report(reason: BaseException) -> None:
+            if not isinstance(reason, asyncio.CancelledError):  # Faust restarts it on rebalance
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(self._report, service, reason)
+            await crash(reason)
+
+        service.crash = crash_and_report
+
+    def _report(self, service: Any, reason: BaseException) -> None:
+        if self.error is not None or self.stopping():
+            return
+        error = reason if isinstance(reason, ConsumerError) else ConsumerError(
+            f"source consumer failed: {_describe(reason)}", service=type(service).__name__)
+        self.error = error
+        self.metrics.consumer_failures.labels(error=type(reason.__cause__ or reason).__name__).inc()
+        self.on_fatal(error)
+
+
+def _located(exc: Exception, aio: Any, active: Any) -> ConsumerError:
+    """``exc`` raised by aiokafka's ``fetched_records``, with the partition and offset it failed
+    at: the first partition (in its order) still holding fetched records not handed out. A
+    failing batch leaves its records there, and the partitions before it were drained."""
+    where: tuple[str, int, int] | None = None
+    fetcher = getattr(aio, "_fetcher", None)
+    records = getattr(fetcher, "_records", {})
+    for tp, result in list(records.items()):
+        if active and tp not in active:
+            continue
+        if type(result) is FetchResult and result.has_more():
+            where = (tp.topic, tp.partition, result._partition_records.next_fetch_offset)
+            break
+    reason = f"source consumer failed: {_describe(exc)}"
+    if where is None:
+        return ConsumerError(reason)
+    return ConsumerError(reason, topic=where[0], partition=where[1], offset=where[2])
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)  # aiokafka's errors start with their class name already
+    return text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}"
+
+
+def inject_faults(settings: Settings) -> None:
+    """Fault tests: ``fault.crash-at=worker.lz4-unavailable`` makes lz4 unavailable to aiokafka in
+    this process (once per state dir, like every fault point): an lz4 batch then cannot be
+    decoded, as when the codec library is not installed."""
+    if should_crash(settings, "worker.lz4-unavailable"):
+        log.warning("fault injection: the lz4 codec is unavailable in this replica")
+        aiokafka.codec.has_lz4 = lambda: False  # type: ignore[assignment]

@@ -1,0 +1,155 @@
+"""The source consumer (agents/source_consumer.py): built with read_committed, and its fatal
+errors reported once, with where they happened."""
+
+import asyncio
+import inspect
+from types import SimpleNamespace
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.consumer.fetcher import FetchResult
+from aiokafka.errors import ConsumerStoppedError, UnsupportedCodecError
+from aiokafka.structs import TopicPartition as KafkaTP
+
+from agents.source_consumer import ConsumerGuard, use_read_committed
+from agents.worker import Worker
+from icesink.config import build
+from icesink.errors import ConsumerError
+from icesink.metrics import Metrics
+
+
+def _failures(metrics: Metrics, error: str) -> float:
+    return metrics.registry.get_sample_value("icesink_consumer_failures_total", {"error": error}) or 0.0
+
+
+def test_the_workers_faust_consumer_is_built_read_committed(tmp_path):
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
+    worker = Worker(settings, "127.0.0.1:9", Metrics())
+    thread = worker.app.consumer._thread
+
+    async def built() -> tuple[str, str | None]:
+        consumer = thread._create_worker_consumer(worker.app.transport)
+        assert isinstance(consumer, AIOKafkaConsumer)
+        try:
+            return consumer._isolation_level, consumer._group_id
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(built()) == ("read_uncommitted", settings.group_id)  # Faust's own choice
+    use_read_committed(thread)
+    assert asyncio.run(built()) == ("read_committed", settings.group_id)  # still Faust's group consumer
+    # aiokafka hands the attribute to its fetcher when the consumer starts.
+    assert "isolation_level=self._isolation_level" in inspect.getsource(AIOKafkaConsumer.start)
+
+
+class Service:
+    def __init__(self) -> None:
+        self.crashed: list[BaseException] = []
+
+    async def crash(self, reason: BaseException) -> None:
+        self.crashed.append(reason)
+
+    def _create_worker_consumer(self, transport):  # the consumer thread's
+        return SimpleNamespace(_isolation_level="read_uncommitted")
+
+    async def _fetch_records(self, aio, active, timeout=None, max_records=None):
+        return {}
+
+
+def _guard(stopping: bool = False):
+    fetcher, consumer, thread = Service(), Service(), Service()
+    consumer._thread = thread
+    app = SimpleNamespace(consumer=consumer, _fetcher=fetcher)
+    reported: list[ConsumerError] = []
+    metrics = Metrics()
+    guard = ConsumerGuard(app, metrics, reported.append, lambda: stopping)
+    return guard, app, reported, metrics
+
+
+def _pending(offset: int | None) -> FetchResult:
+    result = FetchResult.__new__(FetchResult)
+    result._partition_records = None if offset is None else SimpleNamespace(next_fetch_offset=offset)
+    return result
+
+
+def test_a_failing_fetch_names_the_first_partition_with_undelivered_records():
+    guard, app, reported, metrics = _guard()
+    tp0, tp1, paused = KafkaTP("src", 0), KafkaTP("src", 1), KafkaTP("src", 2)
+    aio = SimpleNamespace(_coordinator=None, _fetcher=SimpleNamespace(
+        _records={paused: _pending(5), tp0: _pending(None), tp1: _pending(100)}))
+
+    async def fetch(aio, active, timeout=None, max_records=None):
+        raise UnsupportedCodecError("Libraries for lz4 compression codec not found")
+
+    app.consumer._thread._fetch_records = fetch
+
+    async def run():
+        guard.install()
+        with pytest.raises(ConsumerError) as caught:
+            await app.consumer._thread._fetch_records(aio, {tp0, tp1}, timeout=1.0)
+        # Faust's drain loop crashes the Fetcher with it: reported once, on this loop.
+        await app._fetcher.crash(caught.value)
+        await app.consumer.crash(caught.value)  # the crash spreads to the consumer: same failure
+        await asyncio.sleep(0)
+        return caught.value
+
+    error = asyncio.run(run())
+    assert str(error) == ("source consumer failed: UnsupportedCodecError: Libraries for lz4 compression codec "
+                          "not found (topic=src, partition=1, offset=100)")
+    assert isinstance(error.__cause__, UnsupportedCodecError)
+    assert reported == [error] and guard.error is error
+    assert _failures(metrics, "UnsupportedCodecError") == 1
+    assert app._fetcher.crashed == [error]  # Faust's own crash still runs
+
+
+def test_coordinator_errors_faust_never_consumes_are_raised_and_stopping_is_not_a_failure():
+    guard, app, reported, _ = _guard()
+    calls = []
+
+    class Coordinator:
+        def check_errors(self):
+            raise RuntimeError("GroupAuthorizationFailedError: group icesink")
+
+    async def fetch(aio, active, timeout=None, max_records=None):
+        calls.append(active)
+        raise ConsumerStoppedError()
+
+    app.consumer._thread._fetch_records = fetch
+
+    async def run():
+        guard.install()
+        aio = SimpleNamespace(_coordinator=Coordinator(), _fetcher=SimpleNamespace(_records={}))
+        with pytest.raises(ConsumerError, match="source consumer failed: RuntimeError: GroupAuthorizationFailedError"):
+            await app.consumer._thread._fetch_records(aio, set())
+        aio._coordinator = None
+        with pytest.raises(ConsumerStoppedError):  # Faust's own stop path, untouched
+            await app.consumer._thread._fetch_records(aio, set())
+
+    asyncio.run(run())
+    assert calls == [set()]
+
+
+def test_a_crash_outside_the_fetch_path_is_reported_and_cancellation_or_a_stop_is_not():
+    guard, app, reported, metrics = _guard()
+
+    async def run():
+        guard.install()
+        await app._fetcher.crash(asyncio.CancelledError())  # Faust restarts it after a rebalance
+        await asyncio.sleep(0)
+        assert reported == []
+        await app.consumer._thread.crash(RuntimeError("heartbeat task died"))
+        await asyncio.sleep(0)
+
+    asyncio.run(run())
+    assert [str(e) for e in reported] == ["source consumer failed: RuntimeError: heartbeat task died (in=Service)"]
+    assert _failures(metrics, "RuntimeError") == 1
+
+    guard, app, reported, _ = _guard(stopping=True)
+
+    async def stopping():
+        guard.install()
+        await app.consumer._thread.crash(RuntimeError("Event loop is closed"))
+        await asyncio.sleep(0)
+
+    asyncio.run(stopping())
+    assert reported == []
