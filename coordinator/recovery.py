@@ -73,10 +73,17 @@ def from_tables(states: dict[str, SinkState], log_start: int, topic: str) -> Bas
     }
     missing = sorted(t for t in newest.round_tables if t not in states)
     if missing:
-        raise ControlLogError(
-            f"round {newest.commit_id} (table {newest_table}) also wrote {', '.join(missing)}, which has no "
-            "sink state of this group: expected every table of a round to be readable. Check the catalog."
-        )
+        # A table of the round in doubt has no state of this group at all (the round was its
+        # first): only the whole log can roll it forward.
+        if log_start > 0:
+            raise ControlLogError(
+                f"control topic {topic!r}: table(s) {', '.join(missing)} lack round {newest.commit_id} that "
+                f"table {newest_table} holds and have no sink state; rolling them forward needs the whole log, "
+                f"but it starts at {log_start} (deleted by retention or truncated). Nothing is committed. "
+                "What to do: restore the control log, or repair the tables by hand; keep retention.ms=-1 "
+                "on the control topic."
+            )
+        return Base(None, 0, f"round {newest.commit_id} in doubt for {', '.join(missing)}: replaying the whole log")
     base_table, base = (min(doubtful.items(), key=lambda kv: _through(kv[1])) if doubtful
                         else (newest_table, newest))
     replay_from = base.replay_from if base.replay_from is not None else base.watermark + 1

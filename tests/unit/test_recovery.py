@@ -64,6 +64,15 @@ def test_a_round_in_doubt_replays_from_the_table_that_lacks_it() -> None:
     assert "in doubt" in base.reason
 
 
+def test_a_round_in_doubt_for_a_table_without_state_replays_the_whole_log() -> None:
+    """The first round of db.b was in doubt: no state to start from but the log's beginning."""
+    states = {"db.a": state(40, 42, 38, {A: 9}, commit_id="r1", round_tables={"db.a": 40, "db.b": 39})}
+    base = from_tables(states, 0, "ctl")
+    assert base.checkpoint is None and base.start == 0
+    with pytest.raises(ControlLogError, match=r"db.b lack round r1 .* have no sink state; .* starts at 5"):
+        from_tables(states, 5, "ctl")
+
+
 def test_a_round_in_doubt_with_its_events_deleted_is_refused() -> None:
     states = {
         "db.a": state(40, 42, 38, {A: 9}, commit_id="r2", round_tables={"db.a": 40, "db.b": 39}),
