@@ -50,12 +50,14 @@ def commit_table(
     valid_through_ms: int | None,
     checkpoint: Checkpoint | None = None,
     log_id: str | None = None,
+    adopted: bool = False,
 ) -> TableCommit:
     """``checkpoint``: the state the round's CommitComplete will record (kept in the table so
     a coordinator that cannot read its checkpoint recovers from the tables); ``log_id``: the
-    control log's identity (None: unknown, not checked)."""
+    control log's identity (None: unknown, not checked); ``adopted``: the operator adopted this
+    log (iceberg.control.adopt-log-id), so state of another log counts as nothing on it."""
     table = catalog.load_table(table_name)
-    applied = _applied_watermark(table, table_name, group, epoch, log_id)
+    applied = _applied_watermark(table, table_name, group, epoch, log_id, adopted)
     todo = [a for a in batch if a.offset > applied and a.files.get(table_name)]
     watermark = max((a.offset for a in batch), default=applied)
     files = [f for a in todo for f in a.files[table_name]]
@@ -71,7 +73,7 @@ def commit_table(
         round_tables=round_tables(batch),
     )
     with table.transaction() as tx:
-        _recheck_on_retry(tx, table_name, group, epoch, applied, log_id)
+        _recheck_on_retry(tx, table_name, group, epoch, applied, log_id, adopted)
         tx.set_properties({state_property(group): state.to_json()})
         with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
             for f in files:
@@ -96,7 +98,9 @@ def round_tables(batch: list[Accepted]) -> dict[str, int]:
     return out
 
 
-def _applied_watermark(table: Table, table_name: str, group: str, epoch: int, log_id: str | None = None) -> int:
+def _applied_watermark(
+    table: Table, table_name: str, group: str, epoch: int, log_id: str | None = None, adopted: bool = False
+) -> int:
     """The control watermark the table holds for ``group``; fences an older coordinator and
     refuses state that names another control log."""
     summary = latest_sink_summary(table, group)
@@ -105,6 +109,8 @@ def _applied_watermark(table: Table, table_name: str, group: str, epoch: int, lo
             f"table {table_name}: expected coordinator epoch <= {epoch}, found {summary.epoch} "
             "(a newer coordinator owns the group)"
         )
+    if summary is not None and adopted and summary.log_id != log_id:
+        return -1  # the state of the old log: none of this log's responses is in the table yet
     if summary is not None and log_id is not None and summary.log_id is not None and summary.log_id != log_id:
         raise ControlLogError(
             f"table {table_name}: expected sink state of control log {log_id}, found state of log "
@@ -116,7 +122,8 @@ def _applied_watermark(table: Table, table_name: str, group: str, epoch: int, lo
 
 
 def _recheck_on_retry(
-    tx: Transaction, table_name: str, group: str, epoch: int, applied: int, log_id: str | None = None
+    tx: Transaction, table_name: str, group: str, epoch: int, applied: int, log_id: str | None = None,
+    adopted: bool = False,
 ) -> None:
     """pyiceberg retries a conflicting commit by itself, re-applying the same files on the
     refreshed table. Re-check icesink's preconditions first: if another coordinator committed
@@ -126,7 +133,7 @@ def _recheck_on_retry(
     rebuild = tx._rebuild_snapshot_updates
 
     def checked_rebuild() -> None:
-        now = _applied_watermark(tx._table, table_name, group, epoch, log_id)
+        now = _applied_watermark(tx._table, table_name, group, epoch, log_id, adopted)
         if now != applied:
             raise CommitFailedException(
                 f"table {table_name}: control watermark moved from {applied} to {now} during the commit "

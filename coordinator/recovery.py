@@ -27,11 +27,19 @@ from icesink.iceberg import SinkState
 
 
 def check_log_identity(
-    states: dict[str, SinkState], log_id: str | None, log_end: int, topic: str
-) -> None:
-    """Refuse a control log the tables' state did not come from."""
+    states: dict[str, SinkState], log_id: str | None, log_end: int, topic: str, adopt: str | None = None
+) -> bool:
+    """Refuse a control log the tables' state did not come from, unless it is the one the
+    operator adopted (``iceberg.control.adopt-log-id``): then True (see :func:`adopt_log`)."""
+    adopting = False
     for table, st in sorted(states.items()):
-        if log_id is not None and st.log_id is not None and st.log_id != log_id:
+        if st.log_id == log_id and log_id is not None:
+            continue
+        foreign = log_id is not None and st.log_id is not None and st.log_id != log_id
+        if (foreign or st.watermark >= log_end) and adopt is not None and adopt == log_id:
+            adopting = True
+            continue
+        if foreign:
             raise ControlLogError(
                 f"control topic {topic!r}: expected the log the sink state of table {table} came from "
                 f"(topic id {st.log_id}, watermark {st.watermark}), found topic id {log_id}: the topic was "
@@ -44,11 +52,13 @@ def check_log_identity(
                 f"of table {table}), found its end at offset {log_end}: the topic was deleted and created "
                 "again or emptied. Nothing is committed. What to do: " + _REMEDY
             )
+    return adopting
 
 
 _REMEDY = (
-    "restore the original control topic; if it is lost for good, see docs/commits.md "
-    "(\"The control log's identity\") for starting the group over from the tables' positions."
+    "restore the original control topic; if it is lost for good, set iceberg.control.adopt-log-id to the "
+    "topic id of the new one (shown in /status as control_log_id) and restart: the group starts over on it "
+    "from the positions in the tables (docs/commits.md, \"The control log's identity\")."
 )
 
 
@@ -62,16 +72,23 @@ class Base:
     reason: str
 
 
-def from_tables(states: dict[str, SinkState], log_start: int, topic: str) -> Base:
-    """The base when the checkpoint cannot be used (see the module docstring)."""
-    if not states:
-        return Base(None, log_start, "no checkpoint and no table state: first start, replaying the whole log")
+def _doubt(states: dict[str, SinkState]) -> tuple[str, SinkState, dict[str, SinkState], list[str]]:
+    """The newest state, the tables of its round that lack it (with a state), and those that
+    have no state of the group at all."""
     newest_table, newest = max(states.items(), key=lambda kv: (_through(kv[1]), kv[1].watermark))
     doubtful = {
         t: states[t] for t, needed in newest.round_tables.items()
         if t in states and states[t].watermark < needed
     }
     missing = sorted(t for t in newest.round_tables if t not in states)
+    return newest_table, newest, doubtful, missing
+
+
+def from_tables(states: dict[str, SinkState], log_start: int, topic: str) -> Base:
+    """The base when the checkpoint cannot be used (see the module docstring)."""
+    if not states:
+        return Base(None, log_start, "no checkpoint and no table state: first start, replaying the whole log")
+    newest_table, newest, doubtful, missing = _doubt(states)
     if missing:
         # A table of the round in doubt has no state of this group at all (the round was its
         # first): only the whole log can roll it forward.
@@ -101,6 +118,32 @@ def from_tables(states: dict[str, SinkState], log_start: int, topic: str) -> Bas
     else:
         reason = f"state of table {base_table}" + (f" (round {newest.commit_id} in doubt)" if doubtful else "")
     return Base(as_checkpoint(base), max(log_start, replay_from), reason)
+
+
+def adopt_states(states: dict[str, SinkState], log_id: str, log_start: int) -> dict[str, SinkState]:
+    """Start the group over on a new control log the operator adopted: a table state of another
+    log becomes a state of this one as of its start, with each partition at its position in
+    the tables (the truth) and nothing applied from this log yet (accepted but uncommitted
+    responses of the old log are read again from the source). States of this log (written since
+    the adoption) stay as they are. Refused while a round of the old log is in doubt: a table
+    that lacks it could only be rolled forward from the old log."""
+    old = {t: st for t, st in states.items() if st.log_id != log_id}
+    if not old:
+        return states
+    newest_table, newest, doubtful, missing = _doubt(old)
+    if doubtful or missing:
+        raise ControlLogError(
+            f"cannot adopt control log {log_id}: table(s) {', '.join(sorted([*doubtful, *missing]))} lack round "
+            f"{newest.commit_id} that table {newest_table} holds, and only the old log names its files. "
+            "Restore the old control topic, or repair the tables by hand."
+        )
+    positions = table_positions(old)
+    adopted = {
+        t: SinkState(None, f"adopt-{log_id}", -1, positions, st.epoch, st.valid_through_ms, log_id=log_id,
+                     through=log_start - 1, replay_from=log_start, source=st.source)
+        for t, st in old.items()
+    }
+    return {**states, **adopted}
 
 
 def _through(st: SinkState) -> int:

@@ -21,7 +21,7 @@ from pyiceberg.io import load_file_io
 
 from coordinator.committer import TableCommit, commit_table
 from coordinator.evolution import apply_proposals, describe_changes
-from coordinator.recovery import Base, check_log_identity, from_tables, table_positions
+from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
 from coordinator.state import Accepted, Checkpoint, CoordinatorState, checkpoint_event
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader
@@ -80,6 +80,7 @@ class Coordinator:
         self._next_round_at = 0.0
         self.log_id: str | None = None  # the control topic's id (None: the broker has none)
         self._table_positions: dict[TopicPartition, int] = {}
+        self._adopted = False  # iceberg.control.adopt-log-id names this log and a table's state another
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -108,9 +109,14 @@ class Coordinator:
         client = self.settings.kafka_client_kwargs()
         topic = self.settings.control_topic
         self.log_id = await topic_id(self.bootstrap, topic, client_kwargs=client)
+        self.status["control_log_id"] = self.log_id
         log_end = (await end_offsets(self.bootstrap, topic, client_kwargs=client)).get(0, 0)
-        check_log_identity(states, self.log_id, log_end, topic)
+        self._adopted = check_log_identity(states, self.log_id, log_end, topic, self.settings.control_adopt_log_id)
         log_start = await self._reader.seek_to_beginning()
+        if self._adopted:
+            states = adopt_states(states, str(self.log_id), log_start)
+            log.warning("adopting control log %s (iceberg.control.adopt-log-id): tables holding state of another "
+                        "log start over on it from their positions", self.log_id)
         checkpoint = await self._read_checkpoint()
         replay_from = None if checkpoint is None else (
             checkpoint.replay_from if checkpoint.replay_from is not None else checkpoint.through + 1)
@@ -376,7 +382,7 @@ class Coordinator:
                 result = await self.offload.run(
                     commit_table, self.catalog, table, batch, group=self.group, epoch=self.epoch,
                     commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
-                    checkpoint=cp, log_id=self.log_id,
+                    checkpoint=cp, log_id=self.log_id, adopted=self._adopted,
                 )
             except FencedError:
                 self.status["phase"] = "fenced"

@@ -144,13 +144,24 @@ def test_recreated_control_topic_is_refused(broker, catalog_props, tmp_path):
 
         asyncio.run(recreate())  # the worker creates it again at start-up
         r = replicas.start("w2")
-        _send(broker.bootstrap, "clr-src", pizza_values(500, seed=42))
+        second = pizza_values(500, seed=42)
+        _send(broker.bootstrap, "clr-src", second)
         found = _wait("the coordinator to refuse", lambda: (s := _coordinator_status(replicas)) and
                       s[1].get("phase") == "refused" and s, replicas)
         assert "deleted and created again" in found[1]["error"], found[1]
         assert metric(r.metrics_port, "icesink_control_log_refused") == 1
         assert "coordinator refuses to commit" in r.log_path.read_text(errors="replace")
         _exact(catalog, table, keys)  # nothing committed on the new log, nothing lost from the first
+        # What the message says to do: adopt the new log; the group goes on from the tables' positions.
+        new_id = found[1]["control_log_id"]
+        replicas.stop_all()
+        replicas.start("w3", extra_env={"ICESINK_ICEBERG_CONTROL_ADOPT_LOG_ID": new_id})
+        keys |= {json.loads(v)["order_id"] for v in second}
+        _wait("2500 rows", lambda: total_rows(catalog, table) >= 2500, replicas)
+        keys |= _send(broker.bootstrap, "clr-src", pizza_values(500, seed=43))
+        _wait("3000 rows", lambda: total_rows(catalog, table) >= 3000, replicas)
+        time.sleep(5)  # two more rounds
+        _exact(catalog, table, keys)
     finally:
         replicas.stop_all()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.recovery import as_checkpoint, check_log_identity, from_tables, table_positions
+from coordinator.recovery import adopt_states, as_checkpoint, check_log_identity, from_tables, table_positions
 from coordinator.state import CoordinatorState
 from icesink.control import check_control_configs
 from icesink.errors import ControlLogError
@@ -106,3 +106,29 @@ def test_control_topic_replication_factor_setting() -> None:
     assert build(base | {"iceberg.control.topic.replication-factor": 1}).control_replication_factor == 1
     with pytest.raises(ConfigError, match="iceberg.control.topic.replication-factor"):
         build(base | {"iceberg.control.topic.replication-factor": 0})
+
+
+def test_an_adopted_log_starts_the_group_over_from_the_tables_positions() -> None:
+    """iceberg.control.adopt-log-id names the recreated topic: no refusal; every table's state of
+    the old log becomes a state of the new one as of its start, at the tables' positions."""
+    states = {
+        "db.a": state(40, 42, 41, {A: 9, B: 3}, commit_id="r2", round_tables={"db.a": 40}),
+        "db.b": state(20, 22, 21, {A: 5, B: 3}, commit_id="r1", round_tables={"db.b": 20}),
+    }
+    with pytest.raises(ControlLogError, match="set iceberg.control.adopt-log-id"):
+        check_log_identity(states, "L2", 3, "ctl", adopt="other")
+    assert check_log_identity(states, "L2", 3, "ctl", adopt="L2") is True
+    adopted = adopt_states(states, "L2", 0)
+    base = from_tables(adopted, 0, "ctl")
+    assert base.checkpoint is not None and base.start == 0 and base.checkpoint.through == -1
+    assert CoordinatorState.from_checkpoint(base.checkpoint).accepted == {A: 9, B: 3}
+    assert all(st.log_id == "L2" and st.watermark == -1 for st in adopted.values())
+
+
+def test_a_round_in_doubt_cannot_be_adopted() -> None:
+    states = {
+        "db.a": state(40, 42, 38, {A: 9}, commit_id="r2", round_tables={"db.a": 40, "db.b": 39}),
+        "db.b": state(20, 22, 21, {A: 5}, commit_id="r1", round_tables={"db.b": 20}),
+    }
+    with pytest.raises(ControlLogError, match="cannot adopt control log L2: table.s. db.b lack round r2"):
+        adopt_states(states, "L2", 0)

@@ -131,3 +131,17 @@ def test_a_damaged_property_is_an_error_that_says_what_to_do(catalog) -> None:
         tx.set_properties({state_property("g"): "{not json"})
     with pytest.raises(ProtocolError, match="Remove it to fall back"):
         latest_sink_summary(catalog.load_table("db.t"), "g")
+
+
+def test_an_adopted_log_commits_over_state_of_the_old_one(catalog) -> None:
+    """After iceberg.control.adopt-log-id: the old log's watermark counts for nothing on the new
+    log (its offsets restart), the epoch still fences, the state then names the new log."""
+    _commit(catalog, [_accepted(catalog, 50, range(0, 10))], log_id="log-a", epoch=2)
+    done = commit_table(catalog, "db.t", [_accepted(catalog, 3, range(10, 20))], group="g", epoch=3,
+                        commit_id="n1", positions={TP: 20}, valid_through_ms=None, log_id="log-b", adopted=True)
+    assert done.snapshot_id is not None and _rows(catalog) == 20
+    state = latest_sink_summary(catalog.load_table("db.t"), "g")
+    assert state is not None and (state.log_id, state.watermark) == ("log-b", 3)
+    with pytest.raises(FencedError):
+        commit_table(catalog, "db.t", [_accepted(catalog, 4, range(20, 30))], group="g", epoch=1,
+                     commit_id="n2", positions={TP: 30}, valid_through_ms=None, log_id="log-b", adopted=True)
