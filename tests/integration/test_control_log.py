@@ -256,3 +256,39 @@ def test_two_sink_groups_write_one_table(broker, catalog_props, tmp_path):
     finally:
         one.stop_all()
         two.stop_all()
+
+
+def test_control_topic_shape_and_identity_on_the_broker(broker):
+    """Created with delete policy and no retention; a compacted or multi-partition one is refused;
+    the topic id (Metadata v10) changes when the topic is deleted and created again."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    from icesink.control import ensure_control_topic
+    from icesink.errors import ControlLogError
+    from icesink.kafka_admin import TopicError, ensure_topic, topic_configs, topic_id
+
+    bs = broker.bootstrap
+
+    async def go() -> None:
+        await ensure_control_topic(bs, "shape-ctl", {}, replication_factor=3)
+        configs = await topic_configs(bs, "shape-ctl")
+        assert configs["cleanup.policy"] == "delete" and configs["retention.ms"] == "-1", configs
+        first = await topic_id(bs, "shape-ctl")
+        assert first is not None and first == await topic_id(bs, "shape-ctl")
+        admin = AIOKafkaAdminClient(bootstrap_servers=bs)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic("shape-compacted", 1, 1, topic_configs={"cleanup.policy": "compact"})])
+            await admin.delete_topics(["shape-ctl"])
+        finally:
+            await admin.close()
+        with pytest.raises(ControlLogError, match="expected cleanup.policy=delete, found 'compact'"):
+            await ensure_control_topic(bs, "shape-compacted", {})
+        await ensure_topic(bs, "shape-two", 2)
+        with pytest.raises(TopicError, match="expected 1 partitions, found 2"):
+            await ensure_control_topic(bs, "shape-two", {})
+        await ensure_control_topic(bs, "shape-ctl", {})
+        second = await topic_id(bs, "shape-ctl")
+        assert second is not None and second != first
+
+    asyncio.run(go())
