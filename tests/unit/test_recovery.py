@@ -132,3 +132,21 @@ def test_a_round_in_doubt_cannot_be_adopted() -> None:
     }
     with pytest.raises(ControlLogError, match="cannot adopt control log L2: table.s. db.b lack round r2"):
         adopt_states(states, "L2", 0)
+
+
+def test_a_partition_the_tables_hold_starts_at_their_position_not_the_hint() -> None:
+    """_initial_positions asks no consumer group for a partition the tables' state holds."""
+    import asyncio
+
+    from coordinator.service import Coordinator
+    from icesink.config import build
+    from icesink.events import Position
+    from icesink.metrics import Metrics
+
+    async def go() -> list[Position]:
+        settings = build({"topics": "src", "iceberg.tables": "db.t", "bootstrap.servers": "127.0.0.1:1"})
+        coordinator = Coordinator(settings, "127.0.0.1:1", None, None, None, Metrics())  # type: ignore[arg-type]
+        coordinator._table_positions = {A: 9, B: 4}
+        return await coordinator._initial_positions([A, B])
+
+    assert asyncio.run(go()) == [Position(A, 9), Position(B, 4)]
