@@ -15,7 +15,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from icesink import events
 from icesink.errors import ControlLogError, ProtocolError
-from icesink.kafka_admin import ensure_topic, topic_configs
+from icesink.kafka_admin import TopicError, ensure_topic, topic_configs
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,13 @@ async def ensure_control_topic(
         bootstrap, topic, 1, replication_factor=replication_factor, configs=CONTROL_TOPIC_CONFIGS,
         client_kwargs=client_kwargs,
     )
-    check_control_configs(topic, await topic_configs(bootstrap, topic, client_kwargs=client_kwargs))
+    try:
+        configs = await topic_configs(bootstrap, topic, client_kwargs=client_kwargs)
+    except TopicError as exc:  # e.g. no DescribeConfigs permission: the check is lost, not the sink
+        log.warning("control topic %r: its cleanup policy could not be checked (%s); it must be "
+                    "cleanup.policy=delete", topic, exc)
+        return
+    check_control_configs(topic, configs)
 
 
 def check_control_configs(topic: str, configs: dict[str, str]) -> None:
