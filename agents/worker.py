@@ -233,7 +233,8 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         client = self.settings.kafka_client_kwargs()
-        await ensure_control_topic(self.bootstrap, self.settings.control_topic, client)
+        await ensure_control_topic(self.bootstrap, self.settings.control_topic, client,
+                                   replication_factor=self.settings.control_replication_factor)
         self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client)
         self.reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id, client)
         await self.producer.start()

@@ -1,8 +1,15 @@
 """One Iceberg table commit of a round (blocking; run through Offload).
 
-The commit preconditions are checked against the table's own snapshot summary, refreshed on
-every attempt: a newer coordinator epoch fences us; responses at or below the table's
-control watermark are already in the table and are skipped (replay is idempotent).
+The commit preconditions are checked against the table's own sink state (the table property
+``icesink.<group>.state``, else the snapshot summaries), refreshed on every attempt: a newer
+coordinator epoch fences us; state that names another control log stops us (its watermark
+does not compare with this log's offsets); responses at or below the table's control
+watermark are already in the table and are skipped (replay is idempotent).
+
+The state goes into the snapshot summary and into the table property in one commit (one
+pyiceberg transaction: the property update and the snapshot are sent in one request, and
+a retried commit keeps the property update), so snapshot expiry by another tool cannot
+hide it (docs/commits.md).
 """
 
 from __future__ import annotations
@@ -14,10 +21,10 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table, Transaction
 
-from coordinator.state import Accepted
-from icesink.errors import FencedError
+from coordinator.state import Accepted, Checkpoint
+from icesink.errors import ControlLogError, FencedError
 from icesink.events import TopicPartition
-from icesink.iceberg import latest_sink_summary, summary_properties, to_data_file
+from icesink.iceberg import SinkState, latest_sink_summary, state_property, summary_properties, to_data_file
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +48,33 @@ def commit_table(
     commit_id: str,
     positions: dict[TopicPartition, int],
     valid_through_ms: int | None,
+    checkpoint: Checkpoint | None = None,
+    log_id: str | None = None,
+    adopted: bool = False,
 ) -> TableCommit:
+    """``checkpoint``: the state the round's CommitComplete will record (kept in the table so
+    a coordinator that cannot read its checkpoint recovers from the tables); ``log_id``: the
+    control log's identity (None: unknown, not checked); ``adopted``: the operator adopted this
+    log (iceberg.control.adopt-log-id), so state of another log counts as nothing on it."""
     table = catalog.load_table(table_name)
-    applied = _applied_watermark(table, table_name, group, epoch)
+    applied = _applied_watermark(table, table_name, group, epoch, log_id, adopted)
     todo = [a for a in batch if a.offset > applied and a.files.get(table_name)]
     watermark = max((a.offset for a in batch), default=applied)
     files = [f for a in todo for f in a.files[table_name]]
     if not files:
         return TableCommit(table_name, None, 0, 0, applied)
-    props = summary_properties(group, commit_id, watermark, positions, epoch, valid_through_ms)
+    props = summary_properties(group, commit_id, watermark, positions, epoch, valid_through_ms, log_id=log_id)
+    state = SinkState(
+        snapshot_id=None, commit_id=commit_id, watermark=watermark, positions=dict(positions), epoch=epoch,
+        valid_through_ms=valid_through_ms, log_id=log_id,
+        through=checkpoint.through if checkpoint else None,
+        replay_from=checkpoint.replay_from if checkpoint else None,
+        owners=dict(checkpoint.owners) if checkpoint else {},
+        round_tables=round_tables(batch),
+    )
     with table.transaction() as tx:
-        _recheck_on_retry(tx, table_name, group, epoch, applied)
+        _recheck_on_retry(tx, table_name, group, epoch, applied, log_id, adopted)
+        tx.set_properties({state_property(group): state.to_json()})
         with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
             for f in files:
                 append.append_data_file(to_data_file(f, table))
@@ -65,18 +88,43 @@ def commit_table(
     )
 
 
-def _applied_watermark(table: Table, table_name: str, group: str, epoch: int) -> int:
-    """The control watermark the table holds for ``group``; fences an older coordinator."""
+def round_tables(batch: list[Accepted]) -> dict[str, int]:
+    """Each table of a round with the highest control offset of a response naming it."""
+    out: dict[str, int] = {}
+    for a in batch:
+        for t, files in a.files.items():
+            if files:
+                out[t] = max(out.get(t, -1), a.offset)
+    return out
+
+
+def _applied_watermark(
+    table: Table, table_name: str, group: str, epoch: int, log_id: str | None = None, adopted: bool = False
+) -> int:
+    """The control watermark the table holds for ``group``; fences an older coordinator and
+    refuses state that names another control log."""
     summary = latest_sink_summary(table, group)
     if summary is not None and summary.epoch > epoch:
         raise FencedError(
             f"table {table_name}: expected coordinator epoch <= {epoch}, found {summary.epoch} "
             "(a newer coordinator owns the group)"
         )
+    if summary is not None and adopted and summary.log_id != log_id:
+        return -1  # the state of the old log: none of this log's responses is in the table yet
+    if summary is not None and log_id is not None and summary.log_id is not None and summary.log_id != log_id:
+        raise ControlLogError(
+            f"table {table_name}: expected sink state of control log {log_id}, found state of log "
+            f"{summary.log_id} (watermark {summary.watermark}); the control topic was deleted and created "
+            "again, so its offsets do not compare with the table's. Nothing is committed. See docs/commits.md "
+            "(\"The control log's identity\")"
+        )
     return summary.watermark if summary is not None else -1
 
 
-def _recheck_on_retry(tx: Transaction, table_name: str, group: str, epoch: int, applied: int) -> None:
+def _recheck_on_retry(
+    tx: Transaction, table_name: str, group: str, epoch: int, applied: int, log_id: str | None = None,
+    adopted: bool = False,
+) -> None:
     """pyiceberg retries a conflicting commit by itself, re-applying the same files on the
     refreshed table. Re-check icesink's preconditions first: if another coordinator committed
     meanwhile (newer epoch: fenced; moved watermark: the plan is stale), stop, so the caller
@@ -85,7 +133,7 @@ def _recheck_on_retry(tx: Transaction, table_name: str, group: str, epoch: int, 
     rebuild = tx._rebuild_snapshot_updates
 
     def checked_rebuild() -> None:
-        now = _applied_watermark(tx._table, table_name, group, epoch)
+        now = _applied_watermark(tx._table, table_name, group, epoch, log_id, adopted)
         if now != applied:
             raise CommitFailedException(
                 f"table {table_name}: control watermark moved from {applied} to {now} during the commit "

@@ -22,10 +22,11 @@ from coordinator.committer import TableCommit, commit_table
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import normalize
+from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
 from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader
-from icesink.errors import FencedError
+from icesink.errors import ControlLogError, FencedError
 from icesink.events import (
     Claim,
     CommitComplete,
@@ -39,7 +40,8 @@ from icesink.events import (
     TopicPartition,
 )
 from icesink.faults import crash_point, hold_point
-from icesink.iceberg import latest_sink_summary
+from icesink.iceberg import SinkState, latest_sink_summary
+from icesink.kafka_admin import end_offsets, topic_id
 from icesink.metrics import Metrics
 from icesink.offload import Offload
 
@@ -80,6 +82,9 @@ class Coordinator:
         self._round_deadline: float | None = None
         self._round_sent: str | None = None
         self._next_round_at = 0.0
+        self.log_id: str | None = None  # the control topic's id (None: the broker has none)
+        self._table_positions: dict[TopicPartition, int] = {}
+        self._adopted = False  # iceberg.control.adopt-log-id names this log and a table's state another
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -87,7 +92,10 @@ class Coordinator:
         await self._reader.start()
         try:
             self.metrics.coordinator_active.set(1)
-            await self._recover()
+            try:
+                await self._recover()
+            except ControlLogError as exc:
+                await self._refuse(exc)
             await self._loop()
         finally:
             self.metrics.coordinator_active.set(0)
@@ -97,21 +105,39 @@ class Coordinator:
             await self._reader.stop()
 
     async def _recover(self) -> None:
-        """Rebuild state from the last checkpoint and the log after it; roll forward any
+        """Rebuild state from the last checkpoint and the log after it, or from the tables' sink
+        state when the checkpoint cannot be used (coordinator/recovery.py); roll forward any
         accepted responses not yet in every table; answer claims left unanswered."""
+        states = await self.offload.run(self._table_states)
+        self._table_positions = table_positions(states)
+        client = self.settings.kafka_client_kwargs()
+        topic = self.settings.control_topic
+        self.log_id = await topic_id(self.bootstrap, topic, client_kwargs=client)
+        self.status["control_log_id"] = self.log_id
+        log_end = (await end_offsets(self.bootstrap, topic, client_kwargs=client)).get(0, 0)
+        self._adopted = check_log_identity(states, self.log_id, log_end, topic, self.settings.control_adopt_log_id)
+        log_start = await self._reader.seek_to_beginning()
+        if self._adopted:
+            states = adopt_states(states, str(self.log_id), log_start)
+            log.warning("adopting control log %s (iceberg.control.adopt-log-id): tables holding state of another "
+                        "log start over on it from their positions", self.log_id)
+        checkpoint = await self._read_checkpoint()
+        replay_from = None if checkpoint is None else (
+            checkpoint.replay_from if checkpoint.replay_from is not None else checkpoint.through + 1)
+        if checkpoint is not None and replay_from is not None and replay_from >= log_start:
+            base = Base(checkpoint, replay_from, f"checkpoint at control offset {checkpoint.through}")
+        else:
+            if checkpoint is not None:
+                log.warning("control log starts at %d, past the checkpoint's replay start %s: recovering from the tables",
+                            log_start, checkpoint.replay_from)
+            base = from_tables(states, log_start, topic)
+            if base.checkpoint is not None:
+                self.metrics.recovered_from_tables.inc()
         checkpoint_through = -1
-        committed = await self._reader.committed()
-        start: int | None = None
-        if committed is not None:
-            ev = await self._reader.read_one(committed)
-            if isinstance(ev, CommitComplete):
-                self.state = CoordinatorState.from_checkpoint(ev)
-                checkpoint_through = ev.through
-                start = ev.replay_from if ev.replay_from is not None else ev.through + 1
-            else:
-                log.warning("coordinator checkpoint at control offset %s is not a CommitComplete; replaying the whole log", committed)
-        if start is None:
-            start = await self._reader.seek_to_beginning()
+        if base.checkpoint is not None:
+            self.state = CoordinatorState.from_checkpoint(base.checkpoint)
+            checkpoint_through = base.checkpoint.through
+        start = base.start
         await self._reader.seek(start)
         end = await self._reader.end_offset()
         replayed = 0
@@ -122,26 +148,60 @@ class Coordinator:
                 replayed += 1
             if not batch and await self._reader.position() >= end:
                 break
-        epochs = [self.state.log_epoch]
-        for name in self.settings.tables:
-            summary = await self.offload.run(self._summary, name)
-            if summary is not None:
-                epochs.append(summary.epoch)
+        epochs = [self.state.log_epoch] + [st.epoch for st in states.values()]
         self.epoch = max(epochs) + 1
         self.metrics.coordinator_epoch.set(self.epoch)
         # Rewinds were sent by the previous coordinator; the files may not be deleted yet.
         decided = [f for r in self.state.take_rejected() for f in r.files]
         await self._delete_files(decided + self.state.take_orphans())
         log.info(
-            "coordinator epoch %d recovered from control offset %d (%d events, %d accepted responses to roll forward)",
-            self.epoch, start, replayed, len(self.state.pending),
+            "coordinator epoch %d recovered from control offset %d (%s; control log %s; %d events, "
+            "%d accepted responses to roll forward)",
+            self.epoch, start, base.reason, self.log_id, replayed, len(self.state.pending),
         )
+        self.status.update(recovered_from=base.reason, control_log_id=self.log_id)
         if self.state.pending:
             await self._commit(f"recovery-{uuid.uuid4()}", partial=False)
         for claim in list(self.state.unanswered.values()):
             await self._answer(claim)
         self._next_round_at = time.monotonic() + self.settings.commit_interval_ms / 1000
         self.status["phase"] = "running"
+
+    async def _read_checkpoint(self) -> CommitComplete | None:
+        """The CommitComplete the coordinator group's committed offset points to, or None (no
+        offset: a first start or expired group offsets; not readable: deleted or timed out)."""
+        committed = await self._reader.committed()
+        if committed is None:
+            log.warning("no committed offset for %s-coordinator: no checkpoint", self.group)
+            return None
+        ev = await self._reader.read_one(committed)
+        if isinstance(ev, CommitComplete):
+            return ev
+        log.warning("coordinator checkpoint at control offset %s is not readable (found %s)", committed,
+                    type(ev).__name__ if ev is not None else "nothing")
+        return None
+
+    def _table_states(self) -> dict[str, SinkState]:
+        """Every table's sink state for this group: the configured tables, and the tables the
+        newest rounds name (dynamic tables)."""
+        out: dict[str, SinkState] = {}
+        todo = list(self.settings.tables)
+        while todo:
+            name = todo.pop()
+            if name in out:
+                continue
+            st = self._summary(name)
+            if st is not None:
+                out[name] = st
+                todo += [t for t in st.round_tables if t not in out]
+        return out
+
+    async def _refuse(self, exc: ControlLogError) -> None:
+        """Refuse to commit: say so (log, /status, metric) and wait to be stopped."""
+        log.error("coordinator refuses to commit: %s", exc)
+        self.status.update(phase="refused", error=str(exc))
+        self.metrics.control_log_refused.set(1)
+        await asyncio.Event().wait()
 
     def _summary(self, name: str):  # type: ignore[no-untyped-def]
         try:
@@ -191,8 +251,15 @@ class Coordinator:
         await self.producer.send(Resume(self.epoch, claim.worker, claim.generation, tuple(known)))
 
     async def _initial_positions(self, tps: list[TopicPartition]) -> list[Position]:
-        """Where a never-seen partition starts: the source group's committed offset (a hint
-        from an earlier deployment), else the earliest offset. Fixed in the Resume event."""
+        """Where a partition the log does not know starts: its position in the tables' sink
+        state (the truth, when the log lost its Resume); for a partition no table has seen,
+        the source group's committed offset (a hint from an earlier deployment), else the
+        earliest offset. Fixed in the Resume event."""
+        known = [Position(tp, self._table_positions[tp]) for tp in tps if tp in self._table_positions]
+        rest = [tp for tp in tps if tp not in self._table_positions]
+        return known + (await self._hint_positions(rest) if rest else [])
+
+    async def _hint_positions(self, tps: list[TopicPartition]) -> list[Position]:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=self.group, enable_auto_commit=False,
             **self.settings.kafka_client_kwargs(),
@@ -367,7 +434,7 @@ class Coordinator:
         for i, table in enumerate(tables):
             if i:
                 crash_point(self.settings, "coordinator.between-table-commits")
-            result = await self._commit_table_with_retry(table, batch, commit_id, cp.positions, valid_through)
+            result = await self._commit_table_with_retry(table, batch, commit_id, cp, valid_through)
             await hold_point(self.settings, "coordinator.after-table-commit")
             if result.snapshot_id is not None:
                 await self.producer.send(CommitToTable(
@@ -385,7 +452,7 @@ class Coordinator:
         table: str,
         batch: list[Accepted],
         commit_id: str,
-        positions: dict[TopicPartition, int],
+        cp: Checkpoint,
         valid_through: int | None,
     ) -> TableCommit:
         attempt = 0
@@ -394,11 +461,19 @@ class Coordinator:
             try:
                 result = await self.offload.run(
                     commit_table, self.catalog, table, batch, group=self.group, epoch=self.epoch,
-                    commit_id=commit_id, positions=positions, valid_through_ms=valid_through,
+                    commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
+                    checkpoint=cp, log_id=self.log_id, adopted=self._adopted,
                 )
             except FencedError:
                 self.status["phase"] = "fenced"
                 raise
+            except ControlLogError as exc:  # keep the accepted files pending; say so; retry
+                attempt += 1
+                self.metrics.control_log_refused.set(1)
+                self.status.update(phase="refused", table=table, error=str(exc), attempt=attempt)
+                log.error("coordinator refuses to commit round %s to %s: %s", commit_id, table, exc)
+                await asyncio.sleep(RETRY_CAP_S)
+                continue
             except Exception as exc:  # conflict, catalog down: retry, never drop accepted files
                 attempt += 1
                 delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10))
@@ -413,6 +488,7 @@ class Coordinator:
                 await asyncio.sleep(delay)
                 continue
             self.metrics.commit_retrying.labels(table=table).set(0)
+            self.metrics.control_log_refused.set(0)
             self.status.update(phase="running", error=None)
             self.metrics.commit_duration.labels(table=table).observe(time.monotonic() - started)
             if result.snapshot_id is not None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from icesink.errors import ConfigError
+from icesink.errors import ConfigError, ControlLogError
 
 log = logging.getLogger("icesink")
 
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     _setup_logging(args.log_level)
     try:
         code = args.fn(args)
-    except ConfigError as exc:
+    except (ConfigError, ControlLogError) as exc:
         log.error("%s", exc)
         code = 2
     except KeyboardInterrupt:

@@ -94,6 +94,12 @@ class Settings(BaseSettings):
     default_id_columns: str | None = Field(None, alias="iceberg.tables.default-id-columns")
     table_id_columns: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.id-columns")
     control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
+    # As Kafka Connect's internal topics: 3. A cluster with fewer brokers refuses to create the
+    # topic (set it to the broker count); Tansu (the embedded broker) accepts any value.
+    control_replication_factor: int = Field(3, alias="iceberg.control.topic.replication-factor", ge=1)
+    # After a refusal because the control topic was recreated: its new topic id, to start the group
+    # over on it from the positions in the tables (docs/commits.md).
+    control_adopt_log_id: str | None = Field(None, alias="iceberg.control.adopt-log-id")
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
     commit_timeout_ms: int = Field(30_000, alias="iceberg.control.commit.timeout-ms", ge=100)

@@ -14,14 +14,51 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition as Kafka
 from aiokafka.structs import OffsetAndMetadata
 
 from icesink import events
-from icesink.errors import ProtocolError
-from icesink.kafka_admin import ensure_topic
+from icesink.errors import ControlLogError, ProtocolError
+from icesink.kafka_admin import TopicError, ensure_topic, topic_configs
 
 log = logging.getLogger(__name__)
 
+#: The control topic is the commit log: never deleted by time or size, never compacted (every
+#: event of a group has the same key, so compaction would keep one event per group).
+CONTROL_TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 
-async def ensure_control_topic(bootstrap: str, topic: str, client_kwargs: dict[str, Any]) -> None:
-    await ensure_topic(bootstrap, topic, 1, client_kwargs=client_kwargs)
+
+async def ensure_control_topic(
+    bootstrap: str, topic: str, client_kwargs: dict[str, Any], replication_factor: int = 3
+) -> None:
+    """Create the control topic (one partition, :data:`CONTROL_TOPIC_CONFIGS`) unless it exists;
+    refuse an existing one with more than one partition (ensure_topic) or a compacting cleanup
+    policy, and warn about a time or size retention."""
+    await ensure_topic(
+        bootstrap, topic, 1, replication_factor=replication_factor, configs=CONTROL_TOPIC_CONFIGS,
+        client_kwargs=client_kwargs,
+    )
+    try:
+        configs = await topic_configs(bootstrap, topic, client_kwargs=client_kwargs)
+    except TopicError as exc:  # e.g. no DescribeConfigs permission: the check is lost, not the sink
+        log.warning("control topic %r: its cleanup policy could not be checked (%s); it must be "
+                    "cleanup.policy=delete", topic, exc)
+        return
+    check_control_configs(topic, configs)
+
+
+def check_control_configs(topic: str, configs: dict[str, str]) -> None:
+    policy = configs.get("cleanup.policy", "delete")
+    if "compact" in policy:
+        raise ControlLogError(
+            f"control topic {topic!r}: expected cleanup.policy=delete, found {policy!r}. Compaction keeps one "
+            "event per key (per sink group) and loses the commit log. Set cleanup.policy=delete and "
+            "retention.ms=-1 on the topic (kafka-configs --alter), or use a new iceberg.control.topic."
+        )
+    for key in ("retention.ms", "retention.bytes"):
+        value = configs.get(key)
+        if value is not None and value != "-1":
+            log.warning(
+                "control topic %r has %s=%s: events may be deleted before a coordinator reads them; "
+                "icesink detects it and recovers from the tables' state where that is safe, "
+                "but -1 (keep for ever) is recommended", topic, key, value,
+            )
 
 
 class ControlProducer:

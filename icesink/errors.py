@@ -88,6 +88,12 @@ class FencedError(IcesinkError):
     """A newer coordinator epoch holds the table: this coordinator must stop committing."""
 
 
+class ControlLogError(IcesinkError):
+    """The control log is not the one the tables' sink state came from (recreated, emptied,
+    compacted or truncated past what is needed): its offsets no longer compare with the
+    tables' watermarks. The coordinator refuses to commit; an operator must act."""
+
+
 class SparkWriteError(IcesinkError):
     """Spark failed to write data files. The round's response is not sent; the data is retried."""
 

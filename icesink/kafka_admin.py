@@ -31,11 +31,12 @@ from typing import Any, Final
 
 from icesink.errors import IcesinkError
 
-__all__ = ["TopicError", "end_offsets", "ensure_topic", "topic_exists"]
+__all__ = ["TopicError", "end_offsets", "ensure_topic", "topic_configs", "topic_exists", "topic_id"]
 
 logger = logging.getLogger(__name__)
 
 _TOPIC_ALREADY_EXISTS: Final = 36
+_INVALID_REPLICATION_FACTOR: Final = 38
 _POLL_INTERVAL_S: Final = 0.05
 _MAX_BACKOFF_S: Final = 1.0
 #: A partition-count mismatch on an existing topic must persist this long before it is an error
@@ -57,10 +58,12 @@ async def ensure_topic(
     partitions: int,
     *,
     replication_factor: int = 1,
+    configs: Mapping[str, str] | None = None,
     client_kwargs: Mapping[str, Any] | None = None,
     timeout_s: float = 30.0,
 ) -> None:
-    """Create topic ``name`` with ``partitions`` partitions unless it exists, then wait for it.
+    """Create topic ``name`` with ``partitions`` partitions (and topic ``configs``) unless it
+    exists, then wait for it.
 
     Returns once the broker's metadata lists all ``partitions`` partitions with a leader.
     Raises :class:`TopicError` if the topic exists with another partition count, if the broker
@@ -75,7 +78,7 @@ async def ensure_topic(
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
-            created = await _create_topic(admin, name, partitions, replication_factor)
+            created = await _create_topic(admin, name, partitions, replication_factor, configs or {})
             await _wait_for_partitions(admin, name, partitions, created=created)
     except TimeoutError:
         raise TopicError(
@@ -179,14 +182,18 @@ async def _true_end_offsets(consumer: Any, tps: list[Any]) -> dict[Any, int]:
     return result
 
 
-async def _create_topic(admin: Any, name: str, partitions: int, replication_factor: int) -> bool:
+async def _create_topic(
+    admin: Any, name: str, partitions: int, replication_factor: int, configs: Mapping[str, str]
+) -> bool:
     """Send CreateTopics until it succeeds; True if this call created the topic."""
     from aiokafka.admin import NewTopic
     from aiokafka.errors import for_code
 
     backoff = 0.05
     while True:
-        response = await admin.create_topics([NewTopic(name, partitions, replication_factor)])
+        response = await admin.create_topics(
+            [NewTopic(name, partitions, replication_factor, topic_configs=dict(configs))]
+        )
         # topic_errors rows are (topic, error_code) or (topic, error_code, error_message).
         row = next(r for r in response.topic_errors if r[0] == name)
         code, message = int(row[1]), (row[2] if len(row) > 2 else None)
@@ -195,6 +202,12 @@ async def _create_topic(admin: Any, name: str, partitions: int, replication_fact
         if code == _TOPIC_ALREADY_EXISTS:
             return False
         error = for_code(code)
+        if code == _INVALID_REPLICATION_FACTOR:
+            raise TopicError(
+                f"topic {name!r}: expected a cluster with at least {replication_factor} brokers for replication "
+                f"factor {replication_factor}, the broker refused: {message}. Lower the topic's replication-factor "
+                "setting to the number of brokers."
+            )
         if not getattr(error, "retriable", False):
             raise TopicError(
                 f"topic {name!r}: broker refused to create it: {error.__name__} "
@@ -241,3 +254,141 @@ def _ready_partitions(meta: Mapping[str, Any] | None) -> int:
         for p in meta["partitions"]
         if int(p.get("error_code", 0)) == 0 and int(p.get("leader", -1)) >= 0
     )
+
+
+async def topic_configs(
+    bootstrap: str, name: str, *, client_kwargs: Mapping[str, Any] | None = None, timeout_s: float = 30.0
+) -> dict[str, str]:
+    """The configs of topic ``name`` (DescribeConfigs), as the broker reports them."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(client_kwargs or {}))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
+    except TimeoutError:
+        raise TopicError(f"topic {name!r}: configs not read within {timeout_s:.1f} s", retriable=True) from None
+    finally:
+        await admin.close()
+    out: dict[str, str] = {}
+    for response in responses:
+        for resource in response.resources:
+            if int(resource[0]) != 0:
+                raise TopicError(f"topic {name!r}: DescribeConfigs answered error {resource[0]}: {resource[1]}")
+            for entry in resource[4]:
+                if entry[1] is not None:
+                    out[str(entry[0])] = str(entry[1])
+    return out
+
+
+async def topic_id(
+    bootstrap: str, name: str, *, client_kwargs: Mapping[str, Any] | None = None, timeout_s: float = 30.0
+) -> str | None:
+    """The topic id (a UUID given at creation; a recreated topic gets a new one) of ``name``,
+    from Metadata v10+ (Kafka 2.8+, Tansu). None if the broker has no topic ids (older
+    versions answer no Metadata v10, or an all-zero id). Never creates the topic."""
+    import uuid
+
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import IncompatibleBrokerVersion
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(client_kwargs or {}))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            node = admin._client.get_random_node()
+            try:
+                response = await admin._client.send(node, _TopicIdRequest([name]))
+            except (NotImplementedError, IncompatibleBrokerVersion):
+                return None  # the broker speaks no Metadata v10: no topic ids
+    except TimeoutError:
+        raise TopicError(f"topic {name!r}: metadata not read within {timeout_s:.1f} s", retriable=True) from None
+    finally:
+        await admin.close()
+    for error_code, topic, raw_id in ((t[0], t[1], t[2]) for t in response.topics):
+        if topic != name:
+            continue
+        if int(error_code) != 0:
+            raise TopicError(f"topic {name!r}: expected it to exist, metadata answered error {error_code}")
+        found = uuid.UUID(bytes=raw_id)
+        return None if found.int == 0 else str(found)
+    raise TopicError(f"topic {name!r}: expected it in the metadata answer, found {[t[1] for t in response.topics]}")
+
+
+def _metadata_v10() -> Any:
+    """aiokafka 0.14 speaks Metadata up to v5, which has no topic ids: v10 (the first with them,
+    flexible encoding) is declared here from the Kafka protocol's MetadataRequest.json."""
+    from io import BytesIO
+
+    from aiokafka.protocol.api import Request, RequestStruct, Response
+    from aiokafka.protocol.types import (
+        AbstractType, Boolean, CompactArray, CompactString, Int16, Int32, Schema, TaggedFields,
+    )
+
+    class Uuid(AbstractType[bytes]):
+        @classmethod
+        def encode(cls, value: bytes) -> bytes:
+            return value
+
+        @classmethod
+        def decode(cls, data: BytesIO) -> bytes:
+            return data.read(16)
+
+    class MetadataResponse_v10(Response):
+        API_KEY = 3
+        API_VERSION = 10
+        SCHEMA = Schema(
+            ("throttle_time_ms", Int32),
+            ("brokers", CompactArray(("node_id", Int32), ("host", CompactString("utf-8")), ("port", Int32),
+                                     ("rack", CompactString("utf-8")), ("tags", TaggedFields))),
+            ("cluster_id", CompactString("utf-8")),
+            ("controller_id", Int32),
+            ("topics", CompactArray(
+                ("error_code", Int16), ("name", CompactString("utf-8")), ("topic_id", Uuid),
+                ("is_internal", Boolean),
+                ("partitions", CompactArray(
+                    ("error_code", Int16), ("partition_index", Int32), ("leader_id", Int32),
+                    ("leader_epoch", Int32), ("replica_nodes", CompactArray(Int32)),
+                    ("isr_nodes", CompactArray(Int32)), ("offline_replicas", CompactArray(Int32)),
+                    ("tags", TaggedFields))),
+                ("topic_authorized_operations", Int32), ("tags", TaggedFields))),
+            ("cluster_authorized_operations", Int32),
+            ("tags", TaggedFields),
+        )
+
+    class MetadataRequest_v10(RequestStruct):
+        FLEXIBLE_VERSION = True
+        API_KEY = 3
+        API_VERSION = 10
+        RESPONSE_TYPE = MetadataResponse_v10
+        SCHEMA = Schema(
+            ("topics", CompactArray(("topic_id", Uuid), ("name", CompactString("utf-8")), ("tags", TaggedFields))),
+            ("allow_auto_topic_creation", Boolean),
+            ("include_cluster_authorized_operations", Boolean),
+            ("include_topic_authorized_operations", Boolean),
+            ("tags", TaggedFields),
+        )
+
+    class TopicIdRequest(Request[MetadataRequest_v10]):
+        API_KEY = 3
+
+        def __init__(self, names: list[str]) -> None:
+            self.names = names
+
+        def build(self, request_struct_class: type[MetadataRequest_v10]) -> MetadataRequest_v10:
+            # allow_auto_topic_creation=False: asking never creates the topic.
+            return request_struct_class([(b"\0" * 16, n, {}) for n in self.names], False, False, False, {})
+
+    return TopicIdRequest
+
+
+def _TopicIdRequest(names: list[str]) -> Any:  # noqa: N802 - builds the request class once
+    global _TOPIC_ID_REQUEST
+    if _TOPIC_ID_REQUEST is None:
+        _TOPIC_ID_REQUEST = _metadata_v10()
+    return _TOPIC_ID_REQUEST(names)
+
+
+_TOPIC_ID_REQUEST: Any = None

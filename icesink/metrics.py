@@ -107,6 +107,15 @@ class Metrics:
             "All records older than this are committed to the table", ["table"], registry=r)
         self.coordinator_active = Gauge(
             "icesink_coordinator_active", "1 on the replica running the coordinator", registry=r)
+        self.control_log_refused = Gauge(
+            "icesink_control_log_refused",
+            "1 while the coordinator refuses to commit: the control log is not the one the tables' "
+            "state came from (recreated, emptied, compacted or truncated); see /status",
+            registry=r)
+        self.recovered_from_tables = Counter(
+            "icesink_recovered_from_tables_total",
+            "Coordinator recoveries that took their state from the tables (checkpoint unreadable or truncated)",
+            registry=r)
         self.coordinator_epoch = Gauge(
             "icesink_coordinator_epoch", "Epoch of the coordinator on this replica", registry=r)
         # Schema evolution (agents/evolution.py, coordinator/evolution.py).

@@ -16,7 +16,6 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
 from coordinator import service
-from coordinator.files import TableRoots
 from coordinator.service import Coordinator
 from coordinator.state import CoordinatorState
 from icesink.config import load_settings
@@ -78,12 +77,12 @@ def two_tables(tmp_path):
 def coordinator_with_round(tmp_path, catalog, producer) -> Coordinator:
     settings = load_settings(None, None, {"topics": "src", "iceberg.tables": "db.a,db.b",
                                           "iceberg.catalog.type": "sql", "state.dir": str(tmp_path / "state")})
-    coord = Coordinator.__new__(Coordinator)
-    coord.settings, coord.producer, coord.catalog = settings, producer, catalog
-    coord.offload, coord.metrics = Offload(2), Metrics(CollectorRegistry())
-    coord.group, coord.epoch, coord.status = settings.group_id, 1, {}
+    async def make() -> Coordinator:  # aiokafka builds its (unused) control consumer on a loop
+        return Coordinator(settings, "127.0.0.1:9", producer, catalog, Offload(2), Metrics(CollectorRegistry()))
+
+    coord = asyncio.run(make())
+    coord.epoch = 1
     coord._reader = FakeReader()  # type: ignore[assignment]
-    coord._roots, coord._manifests = TableRoots(catalog), {}
     files = {t: data_file(catalog.load_table(t), t, [1, 2, 3]) for t in ("db.a", "db.b")}
     st = CoordinatorState()
     log = [Claim("w1", 1, (TP,)), Resume(1, "w1", 1, (Position(TP, 0),)), StartCommit(1, "r1"),

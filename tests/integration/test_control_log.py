@@ -1,0 +1,294 @@
+"""The control log's identity, recovery from the tables, snapshot expiry by another tool, and two
+sink groups on one table, with real processes (Tansu, Faust + Spark workers, SQLite catalog),
+checked with DuckDB and pyiceberg: exact row count and key set.
+
+- A control topic deleted and created again while the sink is stopped: the coordinator refuses
+  to commit (log, /status, metric); the table keeps exactly what it had (design "the log's
+  identity is part of the state").
+- The coordinator's checkpoint cannot be read: Tansu implements neither DeleteRecords (it closes
+  the connection) nor time retention in memory storage, so the early log cannot be deleted here;
+  the test deletes the coordinator group (its committed offset, the checkpoint pointer: what an
+  expired offset retention does) and the source group (the hint), and checks that recovery takes
+  the positions from the tables. The truncated-log rules are unit tests (tests/unit/test_recovery.py).
+- Commit, foreign append, expiry of the sink's snapshot, coordinator failover mid-round: exact.
+- Two sink groups writing one table: exact each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pyarrow as pa
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _setup(broker, catalog_props, tmp_path, name: str, tables: tuple[str, ...], partitions: int = 2, **extra):  # type: ignore[no-untyped-def]
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import PIZZA_SCHEMA
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import write_config
+
+    catalog = load_catalog("it", **catalog_props)
+    for ns in {t.split(".")[0] for t in tables}:
+        catalog.create_namespace_if_not_exists(ns)
+    for t in tables:
+        if not catalog.table_exists(t):
+            catalog.create_table(t, schema=PIZZA_SCHEMA)
+    asyncio.run(ensure_topic(broker.bootstrap, f"{name}-src", partitions))
+    cfg = write_config(tmp_path / f"{name}.json", topics=f"{name}-src", tables=",".join(tables),
+                       bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / f"{name}-state",
+                       group=name, **extra)
+    return catalog, ReplicaSet(cfg, tmp_path / f"{name}-logs")
+
+
+def _send(bootstrap: str, topic: str, values: list[bytes], partitions: int = 2) -> set[str]:
+    from icesink.pizzas import produce
+
+    asyncio.run(produce(bootstrap, topic, values, partitions=partitions))
+    return {json.loads(v)["order_id"] for v in values}
+
+
+def _exact(catalog, table: str, keys: set[str]) -> None:  # type: ignore[no-untyped-def]
+    """DuckDB (assert_exact) and pyiceberg agree: every key once, nothing else."""
+    from tests.support.sinkrun import assert_exact
+
+    assert_exact(catalog, table, keys)
+    got = catalog.load_table(table).scan(selected_fields=("order_id",)).to_arrow()["order_id"].to_pylist()
+    assert len(got) == len(keys) and set(got) == keys, f"{table}: pyiceberg read {len(got)} rows for {len(keys)} keys"
+
+
+def _wait(what: str, check, replicas, timeout_s: float = 180):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        replicas.check_alive()
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    logs = "\n".join(f"--- {r.name}\n" + r.log_path.read_text(errors="replace")[-4000:] for r in replicas.replicas.values())
+    raise AssertionError(f"expected {what} within {timeout_s} s\n{logs}")
+
+
+def _coordinator_status(replicas):  # type: ignore[no-untyped-def]
+    from tests.support.sinkrun import http_json
+
+    for r in replicas.replicas.values():
+        try:
+            st = http_json(r.metrics_port)
+        except OSError:
+            continue
+        if st.get("coordinator"):
+            return r, st["coordinator"]
+    return None
+
+
+def _delete_groups(bootstrap: str, groups: list[str]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.protocol.admin import DeleteGroupsRequest
+
+    async def go() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            resp = await admin._client.send(admin._client.get_random_node(), DeleteGroupsRequest(groups))
+            assert all(code == 0 for _, code in resp.results), resp
+        finally:
+            await admin.close()
+
+    asyncio.run(go())
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int | None:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def go() -> int | None:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        await c.start()
+        try:
+            return await c.committed(TopicPartition(topic, 0))
+        finally:
+            await c.stop()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.timeout(600)
+def test_recreated_control_topic_is_refused(broker, catalog_props, tmp_path):
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from icesink.pizzas import pizza_values
+    from tests.support.sinkrun import metric, total_rows
+
+    table = "cl.recreated"
+    catalog, replicas = _setup(broker, catalog_props, tmp_path, "clr", (table,))
+    first = pizza_values(2000, seed=41)
+    try:
+        replicas.start("w1")
+        keys = _send(broker.bootstrap, "clr-src", first)
+        _wait("2000 rows", lambda: total_rows(catalog, table) >= 2000, replicas)
+        replicas.stop_all()
+
+        async def recreate() -> None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+            await admin.start()
+            try:
+                await admin.delete_topics(["clr-control"])
+            finally:
+                await admin.close()
+
+        asyncio.run(recreate())  # the worker creates it again at start-up
+        r = replicas.start("w2")
+        second = pizza_values(500, seed=42)
+        _send(broker.bootstrap, "clr-src", second)
+        found = _wait("the coordinator to refuse", lambda: (s := _coordinator_status(replicas)) and
+                      s[1].get("phase") == "refused" and s, replicas)
+        assert "deleted and created again" in found[1]["error"], found[1]
+        assert metric(r.metrics_port, "icesink_control_log_refused") == 1
+        assert "coordinator refuses to commit" in r.log_path.read_text(errors="replace")
+        _exact(catalog, table, keys)  # nothing committed on the new log, nothing lost from the first
+        # What the message says to do: adopt the new log; the group goes on from the tables' positions.
+        new_id = found[1]["control_log_id"]
+        replicas.stop_all()
+        replicas.start("w3", extra_env={"ICESINK_ICEBERG_CONTROL_ADOPT_LOG_ID": new_id})
+        keys |= {json.loads(v)["order_id"] for v in second}
+        _wait("2500 rows", lambda: total_rows(catalog, table) >= 2500, replicas)
+        time.sleep(5)  # two more rounds
+        _exact(catalog, table, keys)
+    finally:
+        replicas.stop_all()
+
+
+@pytest.mark.timeout(600)
+def test_unreadable_checkpoint_recovers_positions_from_the_tables(broker, catalog_props, tmp_path):
+    from icesink.pizzas import pizza_values
+    from tests.support.sinkrun import metric, total_rows
+
+    table = "cl.nockpt"
+    catalog, replicas = _setup(broker, catalog_props, tmp_path, "clc", (table,))
+    first, second = pizza_values(2000, seed=51), pizza_values(1000, seed=52)
+    try:
+        replicas.start("w1")
+        keys = _send(broker.bootstrap, "clc-src", first)
+        _wait("2000 rows", lambda: total_rows(catalog, table) >= 2000, replicas)
+        replicas.stop_all()
+        assert _committed(broker.bootstrap, "clc-coordinator", "clc-control") is not None
+        # The checkpoint pointer and the source group's hint are gone (expired group offsets).
+        _delete_groups(broker.bootstrap, ["clc-coordinator", "clc"])
+        assert _committed(broker.bootstrap, "clc-coordinator", "clc-control") is None
+        r = replicas.start("w2")
+        keys |= _send(broker.bootstrap, "clc-src", second)
+        _wait("3000 rows", lambda: total_rows(catalog, table) >= 3000, replicas)
+        assert metric(r.metrics_port, "icesink_recovered_from_tables_total") == 1
+        assert "state of table cl.nockpt" in r.log_path.read_text(errors="replace")
+        _exact(catalog, table, keys)
+    finally:
+        replicas.stop_all()
+
+
+@pytest.mark.timeout(600)
+def test_foreign_append_and_expiry_of_the_sink_snapshot_then_failover(broker, catalog_props, tmp_path):
+    """The coordinator's replica is killed between the two table commits of a round; meanwhile
+    another writer appends to the committed table and expires the sink's snapshot. The next
+    coordinator rolls the round forward: the first table must not get it twice."""
+    from icesink.pizzas import PIZZA_SCHEMA, pizza_values
+    from tests.support.sinkrun import total_rows
+
+    t1, t2 = "cl.exp_a", "cl.exp_b"
+    catalog, replicas = _setup(broker, catalog_props, tmp_path, "cle", (t1, t2),
+                               **{"fault.crash-at": "coordinator.between-table-commits"})
+    fired = tmp_path / "cle-state" / "fault-coordinator.between-table-commits.fired"
+    try:
+        replicas.start("w1")
+        keys = _send(broker.bootstrap, "cle-src", pizza_values(2000, seed=61))
+        _wait("the crash between table commits", lambda: fired.exists() and not replicas.replicas["w1"].alive,
+              type("NoCheck", (), {"check_alive": staticmethod(lambda: None), "replicas": replicas.replicas})())
+        replicas.kill("w1")
+        first = next(t for t in (t1, t2) if total_rows(catalog, t) > 0)  # the table committed before the crash
+        table = catalog.load_table(first)
+        sink_snapshot = table.current_snapshot().snapshot_id
+        table.append(pa.Table.from_pylist([{"order_id": "ext-1", "store_id": 0}], schema=PIZZA_SCHEMA.as_arrow()))
+        catalog.load_table(first).maintenance.expire_snapshots().by_id(sink_snapshot).commit()
+        assert catalog.load_table(first).snapshot_by_id(sink_snapshot) is None
+        replicas.start("w2")
+        _wait("every row", lambda: total_rows(catalog, t1) >= 2000 + (first == t1)
+              and total_rows(catalog, t2) >= 2000 + (first == t2), replicas)
+        time.sleep(5)  # two more rounds: a duplicate roll-forward would land by then
+        for t in (t1, t2):
+            _exact(catalog, t, keys | ({"ext-1"} if t == first else set()))
+    finally:
+        replicas.stop_all()
+
+
+@pytest.mark.timeout(600)
+def test_two_sink_groups_write_one_table(broker, catalog_props, tmp_path):
+    from icesink.iceberg import latest_sink_summary
+    from icesink.pizzas import pizza_values
+    from tests.support.sinkrun import total_rows
+
+    table = "cl.shared"
+    catalog, one = _setup(broker, catalog_props, tmp_path, "clg1", (table,))
+    _, two = _setup(broker, catalog_props, tmp_path, "clg2", (table,))
+    v1, v2 = pizza_values(1500, seed=71), pizza_values(1500, seed=72)
+    try:
+        one.start("a1")
+        two.start("b1")
+        k1 = _send(broker.bootstrap, "clg1-src", v1[:1000])
+        k2 = _send(broker.bootstrap, "clg2-src", v2[:1000])
+        assert not k1 & k2
+        _wait("2000 rows", lambda: total_rows(catalog, table) >= 2000, one)
+        two.kill("b1")  # group 2's coordinator fails over to a new replica
+        two.start("b2")
+        k1 |= _send(broker.bootstrap, "clg1-src", v1[1000:])
+        k2 |= _send(broker.bootstrap, "clg2-src", v2[1000:])
+        _wait("3000 rows", lambda: total_rows(catalog, table) >= 3000, two)
+        time.sleep(5)
+        _exact(catalog, table, k1 | k2)
+        loaded = catalog.load_table(table)
+        s1, s2 = latest_sink_summary(loaded, "clg1"), latest_sink_summary(loaded, "clg2")
+        assert s1 is not None and s2 is not None and s1.log_id != s2.log_id
+        assert sum(s1.positions.values()) == 1500 and sum(s2.positions.values()) == 1500
+    finally:
+        one.stop_all()
+        two.stop_all()
+
+
+def test_control_topic_shape_and_identity_on_the_broker(broker):
+    """Created with delete policy and no retention; a compacted or multi-partition one is refused;
+    the topic id (Metadata v10) changes when the topic is deleted and created again."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    from icesink.control import ensure_control_topic
+    from icesink.errors import ControlLogError
+    from icesink.kafka_admin import TopicError, ensure_topic, topic_configs, topic_id
+
+    bs = broker.bootstrap
+
+    async def go() -> None:
+        await ensure_control_topic(bs, "shape-ctl", {}, replication_factor=3)
+        configs = await topic_configs(bs, "shape-ctl")
+        assert configs["cleanup.policy"] == "delete" and configs["retention.ms"] == "-1", configs
+        first = await topic_id(bs, "shape-ctl")
+        assert first is not None and first == await topic_id(bs, "shape-ctl")
+        admin = AIOKafkaAdminClient(bootstrap_servers=bs)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic("shape-compacted", 1, 1, topic_configs={"cleanup.policy": "compact"})])
+            await admin.delete_topics(["shape-ctl"])
+        finally:
+            await admin.close()
+        with pytest.raises(ControlLogError, match="expected cleanup.policy=delete, found 'compact'"):
+            await ensure_control_topic(bs, "shape-compacted", {})
+        await ensure_topic(bs, "shape-two", 2)
+        with pytest.raises(TopicError, match="expected 1 partitions, found 2"):
+            await ensure_control_topic(bs, "shape-two", {})
+        await ensure_control_topic(bs, "shape-ctl", {})
+        second = await topic_id(bs, "shape-ctl")
+        assert second is not None and second != first
+
+    asyncio.run(go())
