@@ -430,6 +430,25 @@ def if_else(cond: pa.Array, a: pa.Array, b: pa.Array) -> pa.Array:
     return pc.if_else(cond, a.cast(storage), b.cast(storage)).cast(a.type)
 
 
+def struct_array(
+    children: Sequence[pa.Array], t: pa.StructType, length: int, mask: pa.Array | None = None,
+) -> pa.StructArray:
+    """A struct array of ``length`` rows of type ``t`` from its ``children`` (``mask``: True
+    where the struct itself is null). Every struct built from parts goes through here.
+
+    ``pa.StructArray.from_arrays`` counts rows from the children, or the mask when there is
+    one, so a ``struct<>`` (a JSON object that is always empty; a Debezium row image routing
+    only needs to be there) without nulls came back with no rows and failed the whole batch."""
+    if t.num_fields:
+        if any(len(c) != length for c in children):
+            raise ValueError(f"struct {t}: expected {length} rows in every child, found {[len(c) for c in children]}")
+        return pa.StructArray.from_arrays(list(children), fields=list(t), mask=mask)
+    if mask is not None and len(mask) != length:
+        raise ValueError(f"struct {t}: expected a null mask of {length} rows, found {len(mask)}")
+    valid = None if mask is None else ~np.asarray(mask.to_numpy(zero_copy_only=False), dtype=np.bool_)
+    return pa.StructArray.from_buffers(t, length, [None if valid is None else _validity(valid)], children=[])
+
+
 def _null_where(arr: pa.Array, bad: Mask | None) -> pa.Array:
     if bad is None:
         return arr
@@ -1106,7 +1125,7 @@ def _convert(arr: pa.Array, f: pa.Field, unit: EpochUnit) -> tuple[pa.Array, Mas
         mask = arr.is_null() if arr.null_count else None
         if mask is not None:  # required children are null under null parents
             children = [c if f.nullable else _unmasked(c) for c, f in zip(children, t, strict=True)]
-        return pa.StructArray.from_arrays(children, fields=list(t), mask=mask), bad
+        return struct_array(children, t, len(arr), mask), bad
     if _is_list(t):
         return _convert_list(arr, t, unit)
     if pa.types.is_map(t):
@@ -1194,7 +1213,7 @@ def _unmasked(arr: pa.Array) -> pa.Array:
         return pa.ExtensionArray.from_storage(arr.type, _unmasked(arr.storage))
     t = arr.type
     if pa.types.is_struct(t):
-        return pa.StructArray.from_arrays([arr.field(i) for i in range(t.num_fields)], fields=list(t))
+        return struct_array([arr.field(i) for i in range(t.num_fields)], t, len(arr))
     if pa.types.is_map(t):
         return pa.MapArray.from_arrays(arr.offsets, arr.keys, arr.items, type=t)
     if _is_list(t):

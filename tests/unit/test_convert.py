@@ -702,6 +702,31 @@ def test_unsupported_types_fail_fast() -> None:
         decode_json([b"{}"], pa.schema([("t", pa.timestamp("us", tz="Europe/Paris"))]))
 
 
+@pytest.mark.parametrize("nulls", [False, True], ids=["never-null", "some-null"])
+def test_fields_of_empty_struct_type_keep_every_row_in_bulk(nulls: bool) -> None:
+    """A ``struct<>`` field (how routing reads a Debezium row image it only needs to be there)
+    has no child to carry the row count: every row stays, at any depth, null or not."""
+    empty = pa.struct([])
+    schema = pa.schema([
+        pa.field("e", empty), pa.field("s", pa.struct([pa.field("e", empty), pa.field("n", pa.int64())])),
+        pa.field("l", pa.list_(empty)), pa.field("m", pa.map_(pa.string(), empty)),
+        pa.field("r", empty, nullable=False), pa.field("id", pa.int64()),
+    ])
+    docs = [{"e": None if nulls and i % 3 == 0 else {"x": i}, "s": {"e": {}, "n": i}, "l": [{}, {"y": 1}],
+             "m": {"k": {}}, "r": {}, "id": i} for i in range(BULK)]
+    result = decode_json([enc(d) for d in docs], schema)
+    assert result.rejects == ()
+    assert result.table.to_pylist() == [
+        {"e": None if nulls and i % 3 == 0 else {}, "s": {"e": {}, "n": i}, "l": [{}, {}], "m": [("k", {})],
+         "r": {}, "id": i} for i in range(BULK)]
+
+
+def test_an_object_that_is_always_empty_infers_and_decodes_in_bulk() -> None:
+    result = decode_json([enc({"a": i, "m": {}}) for i in range(BULK)])
+    assert result.table.schema == pa.schema([("a", pa.int64()), ("m", pa.struct([]))])
+    assert result.table.to_pylist() == [{"a": i, "m": {}} for i in range(BULK)]
+
+
 # --------------------------------------------------------------------------------------------
 # Bulk adaptation: batches whose kinds differ from the schema
 # --------------------------------------------------------------------------------------------
