@@ -294,6 +294,15 @@ _DENSE_LIMIT: Final = 3
 _DENSE_GAP: Final = 16
 _DENSE_WINDOW: Final = 256
 _MAX_SINGLE_BLOCK: Final = 2**31 - 2
+#: The block a threaded read parses at a time (pyarrow's default). pyarrow infers a block's
+#: types from that block alone and cannot carry a field that was null all through one block
+#: into a later block where it is an object or an array (ArrowNotImplementedError "JSON
+#: conversion to struct<...> is not supported"): a read that fails so is read again as one
+#: block (see :data:`_READ_FAILURES`). Tests make it small to cross blocks in small batches.
+_BLOCK_SIZE: Final = 1 << 20
+#: What a failed pyarrow.json read raises: both send the scan to its fallbacks (one block, then
+#: splitting at the row named or bisecting, down to the reference path), never out of decode_json.
+_READ_FAILURES: Final = (pa.ArrowInvalid, pa.ArrowNotImplementedError)
 
 # Each grammar is written once: Python's ``re`` (per-record path) and RE2 (pyarrow.compute)
 # read the same text.
@@ -919,7 +928,7 @@ def _read(data: pa.Buffer, schema: pa.Schema | None, multiline: bool, single: bo
     if single:
         read = pj.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 16))
     else:
-        read = pj.ReadOptions(use_threads=True)
+        read = pj.ReadOptions(use_threads=True, block_size=_BLOCK_SIZE)
     return pj.read_json(pa.BufferReader(data), read_options=read, parse_options=parse)
 
 
@@ -2020,7 +2029,7 @@ class _Decoder:
             single = not threaded and view.size <= _MAX_SINGLE_BLOCK
             try:
                 table = _read(view, self.plan.schema(), run.multiline, single=single)
-            except pa.ArrowInvalid as exc:
+            except _READ_FAILURES as exc:
                 message = str(exc)
                 adapted = self.plan.adapt(message)
                 if adapted is not None:
@@ -2214,7 +2223,7 @@ class _Inference:
             single = not threaded and view.size <= _MAX_SINGLE_BLOCK
             try:
                 table = _read(view, None, run.multiline, single=single)
-            except pa.ArrowInvalid as exc:
+            except _READ_FAILURES as exc:
                 if threaded:
                     threaded = False
                     continue

@@ -153,6 +153,23 @@ def test_validate_catches_a_row_that_is_also_rejected() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def test_inference_across_read_blocks_takes_a_field_null_in_the_first_block() -> None:
+    """pyarrow reads a big batch in blocks (``_BLOCK_SIZE``, 1 MiB) and infers each block's
+    types alone: a field null all through the first block and an object or array later once
+    failed the whole batch (ArrowNotImplementedError "JSON conversion to struct<a: int64> is
+    not supported"), at the batch size of a busy partition."""
+    pad = "p" * 100
+    first = [enc({"id": i, "x": None, "l": None, "pad": pad}) for i in range(16_000)]
+    later = [enc({"id": i, "x": {"a": i}, "l": [{"b": i}], "pad": pad}) for i in range(10)]
+    assert sum(map(len, first)) > 2 * convert._BLOCK_SIZE
+    result = decode_json(first + later)
+    assert result.rejects == ()
+    assert result.table.schema == pa.schema([
+        ("id", pa.int64()), ("x", pa.struct([("a", pa.int64())])), ("l", pa.list_(pa.struct([("b", pa.int64())]))),
+        ("pad", pa.string())])
+    assert result.table.column("x").to_pylist()[-2:] == [{"a": 8}, {"a": 9}]
+
+
 @pytest.mark.parametrize("size", [1, BULK])
 def test_infer_sample_record(size: int) -> None:
     result = decode_json([enc(SAMPLE)] * size)
