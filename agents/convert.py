@@ -35,7 +35,9 @@ are isolated by bisection.
 
 Inference (``schema=None``) parses once with pyarrow's inference to find the schema, then decodes
 the batch against that schema as above. Conflicting kinds are resolved in Python by merging the
-types of the pieces a failing batch splits into.
+types of the pieces a failing batch splits into. pyarrow infers each 1 MiB block of a threaded
+read on its own, and fails a batch whose later block makes an object or array of a field that
+was null all through an earlier one; such a read is done again as one block.
 
 What each column type accepts
 -----------------------------
@@ -294,15 +296,16 @@ _DENSE_LIMIT: Final = 3
 _DENSE_GAP: Final = 16
 _DENSE_WINDOW: Final = 256
 _MAX_SINGLE_BLOCK: Final = 2**31 - 2
-#: The block a threaded read parses at a time (pyarrow's default). pyarrow infers a block's
-#: types from that block alone and cannot carry a field that was null all through one block
-#: into a later block where it is an object or an array (ArrowNotImplementedError "JSON
-#: conversion to struct<...> is not supported"): a read that fails so is read again as one
-#: block (see :data:`_READ_FAILURES`). Tests make it small to cross blocks in small batches.
+#: The block a threaded read parses at a time (pyarrow's default). Inferring, pyarrow types
+#: each block from that block alone and cannot carry a field that was null all through one
+#: block into a later block where it is an object or an array (ArrowNotImplementedError "JSON
+#: conversion to struct<...> is not supported"): an inferring read that fails so is read again
+#: as one block (see :data:`_INFER_FAILURES`). Tests make it small to cross blocks in small batches.
 _BLOCK_SIZE: Final = 1 << 20
-#: What a failed pyarrow.json read raises: both send the scan to its fallbacks (one block, then
-#: splitting at the row named or bisecting, down to the reference path), never out of decode_json.
-_READ_FAILURES: Final = (pa.ArrowInvalid, pa.ArrowNotImplementedError)
+#: What a failed inferring read raises: both send the scan to its fallbacks (one block, then
+#: splitting at the row named or bisecting), never out of decode_json. A read against an
+#: explicit schema fails only with ArrowInvalid; anything else there is a bug in the parse schema.
+_INFER_FAILURES: Final = (pa.ArrowInvalid, pa.ArrowNotImplementedError)
 
 # Each grammar is written once: Python's ``re`` (per-record path) and RE2 (pyarrow.compute)
 # read the same text.
@@ -2029,7 +2032,7 @@ class _Decoder:
             single = not threaded and view.size <= _MAX_SINGLE_BLOCK
             try:
                 table = _read(view, self.plan.schema(), run.multiline, single=single)
-            except _READ_FAILURES as exc:
+            except pa.ArrowInvalid as exc:
                 message = str(exc)
                 adapted = self.plan.adapt(message)
                 if adapted is not None:
@@ -2223,7 +2226,7 @@ class _Inference:
             single = not threaded and view.size <= _MAX_SINGLE_BLOCK
             try:
                 table = _read(view, None, run.multiline, single=single)
-            except _READ_FAILURES as exc:
+            except _INFER_FAILURES as exc:
                 if threaded:
                     threaded = False
                     continue
