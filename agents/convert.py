@@ -35,7 +35,9 @@ are isolated by bisection.
 
 Inference (``schema=None``) parses once with pyarrow's inference to find the schema, then decodes
 the batch against that schema as above. Conflicting kinds are resolved in Python by merging the
-types of the pieces a failing batch splits into.
+types of the pieces a failing batch splits into. pyarrow infers each 1 MiB block of a threaded
+read on its own, and fails a batch whose later block makes an object or array of a field that
+was null all through an earlier one; such a read is done again as one block.
 
 What each column type accepts
 -----------------------------
@@ -294,6 +296,16 @@ _DENSE_LIMIT: Final = 3
 _DENSE_GAP: Final = 16
 _DENSE_WINDOW: Final = 256
 _MAX_SINGLE_BLOCK: Final = 2**31 - 2
+#: The block a threaded read parses at a time (pyarrow's default). Inferring, pyarrow types
+#: each block from that block alone and cannot carry a field that was null all through one
+#: block into a later block where it is an object or an array (ArrowNotImplementedError "JSON
+#: conversion to struct<...> is not supported"): an inferring read that fails so is read again
+#: as one block (see :data:`_INFER_FAILURES`). Tests make it small to cross blocks in small batches.
+_BLOCK_SIZE: Final = 1 << 20
+#: What a failed inferring read raises: both send the scan to its fallbacks (one block, then
+#: splitting at the row named or bisecting), never out of decode_json. A read against an
+#: explicit schema fails only with ArrowInvalid; anything else there is a bug in the parse schema.
+_INFER_FAILURES: Final = (pa.ArrowInvalid, pa.ArrowNotImplementedError)
 
 # Each grammar is written once: Python's ``re`` (per-record path) and RE2 (pyarrow.compute)
 # read the same text.
@@ -428,6 +440,25 @@ def if_else(cond: pa.Array, a: pa.Array, b: pa.Array) -> pa.Array:
     if storage == a.type:
         return pc.if_else(cond, a, b)
     return pc.if_else(cond, a.cast(storage), b.cast(storage)).cast(a.type)
+
+
+def struct_array(
+    children: Sequence[pa.Array], t: pa.StructType, length: int, mask: pa.Array | None = None,
+) -> pa.StructArray:
+    """A struct array of ``length`` rows of type ``t`` from its ``children`` (``mask``: True
+    where the struct itself is null). Every struct built from parts goes through here.
+
+    ``pa.StructArray.from_arrays`` counts rows from the children, or the mask when there is
+    one, so a ``struct<>`` (a JSON object that is always empty; a Debezium row image routing
+    only needs to be there) without nulls came back with no rows and failed the whole batch."""
+    if t.num_fields:
+        if any(len(c) != length for c in children):
+            raise ValueError(f"struct {t}: expected {length} rows in every child, found {[len(c) for c in children]}")
+        return pa.StructArray.from_arrays(list(children), fields=list(t), mask=mask)
+    if mask is not None and len(mask) != length:
+        raise ValueError(f"struct {t}: expected a null mask of {length} rows, found {len(mask)}")
+    valid = None if mask is None else ~np.asarray(mask.to_numpy(zero_copy_only=False), dtype=np.bool_)
+    return pa.StructArray.from_buffers(t, length, [None if valid is None else _validity(valid)], children=[])
 
 
 def _null_where(arr: pa.Array, bad: Mask | None) -> pa.Array:
@@ -900,7 +931,7 @@ def _read(data: pa.Buffer, schema: pa.Schema | None, multiline: bool, single: bo
     if single:
         read = pj.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 16))
     else:
-        read = pj.ReadOptions(use_threads=True)
+        read = pj.ReadOptions(use_threads=True, block_size=_BLOCK_SIZE)
     return pj.read_json(pa.BufferReader(data), read_options=read, parse_options=parse)
 
 
@@ -1106,7 +1137,7 @@ def _convert(arr: pa.Array, f: pa.Field, unit: EpochUnit) -> tuple[pa.Array, Mas
         mask = arr.is_null() if arr.null_count else None
         if mask is not None:  # required children are null under null parents
             children = [c if f.nullable else _unmasked(c) for c, f in zip(children, t, strict=True)]
-        return pa.StructArray.from_arrays(children, fields=list(t), mask=mask), bad
+        return struct_array(children, t, len(arr), mask), bad
     if _is_list(t):
         return _convert_list(arr, t, unit)
     if pa.types.is_map(t):
@@ -1194,7 +1225,7 @@ def _unmasked(arr: pa.Array) -> pa.Array:
         return pa.ExtensionArray.from_storage(arr.type, _unmasked(arr.storage))
     t = arr.type
     if pa.types.is_struct(t):
-        return pa.StructArray.from_arrays([arr.field(i) for i in range(t.num_fields)], fields=list(t))
+        return struct_array([arr.field(i) for i in range(t.num_fields)], t, len(arr))
     if pa.types.is_map(t):
         return pa.MapArray.from_arrays(arr.offsets, arr.keys, arr.items, type=t)
     if _is_list(t):
@@ -2195,7 +2226,7 @@ class _Inference:
             single = not threaded and view.size <= _MAX_SINGLE_BLOCK
             try:
                 table = _read(view, None, run.multiline, single=single)
-            except pa.ArrowInvalid as exc:
+            except _INFER_FAILURES as exc:
                 if threaded:
                     threaded = False
                     continue

@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agents.convert import Converted, Reject, decode_json, if_else, infer_schema
+from agents.convert import Converted, Reject, decode_json, if_else, infer_schema, struct_array
 from agents.formats import ConnectSchemaError, Envelopes, Grow, connect_arrow_schema, decode_envelopes, decode_schema
 from icesink.config import CDC_ROUTE_FIELDS
 
@@ -340,4 +340,4 @@ def _fit_struct(arr: pa.StructArray, t: pa.StructType) -> pa.StructArray:
         idx = arr.type.get_field_index(f.name)
         child = arr.field(idx) if idx >= 0 else pa.nulls(len(arr), f.type)
         children.append(child.cast(f.type) if child.type != f.type else child)
-    return pa.StructArray.from_arrays(children, fields=list(t))
+    return struct_array(children, t, len(arr), arr.is_null() if arr.null_count else None)

@@ -41,7 +41,7 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 
 from agents.buffer import Buffers, Chunk
-from agents.convert import Converted, decode_json, infer_schema
+from agents.convert import Converted, decode_json, infer_schema, struct_array
 from icesink.events import SchemaProposal
 
 __all__ = [
@@ -217,7 +217,7 @@ def _cast(arr: pa.Array, t: pa.DataType, ci: bool) -> pa.Array:
                 pa.nulls(len(arr), f.type) if src is None
                 else _cast(arr.field(arr.type.get_field_index(src.name)), f.type, ci)
             )
-        return pa.StructArray.from_arrays(children, fields=list(t), mask=arr.is_null() if arr.null_count else None)
+        return struct_array(children, t, len(arr), arr.is_null() if arr.null_count else None)
     if _is_list(t) and _is_list(arr.type):
         values = _cast(arr.values, t.value_type, ci)
         cls = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray

@@ -71,7 +71,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from agents.convert import Converted, Reject, decode_json, infer_schema
+from agents.convert import Converted, Reject, decode_json, infer_schema, struct_array
 from agents.tables import iceberg_schema
 from icesink.config import BYTES_CONVERTER, Settings
 from icesink.errors import ConfigError, UnsupportedTypeError
@@ -563,7 +563,7 @@ class _Extras:
                                   f"a struct column for nested Kafka metadata (the table has {t})")
             children = [_fit(meta[c.name], c.type, f"{self.metadata}.{c.name}") if c.name in meta
                         else pa.nulls(len(messages), c.type) for c in t]
-            out[self.metadata] = pa.StructArray.from_arrays(children, fields=list(t))
+            out[self.metadata] = struct_array(children, t, len(messages))
         else:
             for k in wanted:
                 name = f"{self.metadata}_{k}"

@@ -270,6 +270,46 @@ def test_debezium_events_of_two_source_tables_are_routed_on_cdc_target(broker, c
     assert "email" not in orders_columns and "amount" in orders_columns
 
 
+#: Real events captured by Debezium 3.6 (tests/support/debezium_capture.py), for tests that need
+#: more of one kind than a capture is worth starting for.
+FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "debezium"
+
+
+def _inserts(form: str, n: int) -> list[dict[str, Any]]:
+    """The fixture's real insert of ``public.orders`` (id 3) as ``n`` inserts, ids 0..n-1,
+    in Debezium's own key and value shapes."""
+    insert = json.loads((FIXTURES / f"{form}.jsonl").read_text().splitlines()[2])
+    out = []
+    for i in range(n):
+        key, value = json.loads(insert["key"]), json.loads(insert["value"])
+        k, v = (key["payload"], value["payload"]) if form == "schema" else (key, value)
+        assert v["op"] == "c" and v["after"]["id"] == k["id"] == 3
+        k["id"] = v["after"]["id"] = i
+        v["source"]["lsn"] += i
+        out.append({"key": json.dumps(key), "value": json.dumps(value)})
+    return out
+
+
+@pytest.mark.parametrize("form", ["plain", "schema"])
+def test_a_batch_of_twenty_events_routed_on_cdc_target_lands_whole(broker, catalog_props, tmp_path, form):
+    """Issue 11 item 14: past 16 records the bulk path reads a batch, and routing on
+    ``_cdc.target`` once failed every batch of 17 or more change events, exiting every replica
+    that took the partition. Twenty real-shaped inserts, produced before the worker starts so
+    its first poll reads them together, all land in the routed table."""
+    from icesink import duck
+
+    events = _inserts(form, 20)
+    catalog = _sink(broker, catalog_props, tmp_path, f"{form}-twenty", events, "", {"mirror.public_orders": 20}, **{
+        "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "_cdc.target",
+    })
+    location = duck.plain_path(catalog.load_table("mirror.public_orders").metadata_location)
+    with duck.connect() as con:
+        rows = con.execute(f"""SELECT id, name, _cdc.op, _cdc.target, _cdc.lsn, _cdc."offset"
+                               FROM iceberg_scan('{location}') ORDER BY id""").fetchall()
+    lsn = json.loads(events[0]["value"]).get("payload", json.loads(events[0]["value"]))["source"]["lsn"]
+    assert rows == [(i, "c", "I", "mirror.public_orders", lsn + i, i) for i in range(20)]
+
+
 # Schema evolution: a column added in PostgreSQL ---------------------------------------------------
 
 ALTER_DDL = "CREATE TABLE public.items (id int PRIMARY KEY, name text)"

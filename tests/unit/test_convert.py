@@ -153,6 +153,23 @@ def test_validate_catches_a_row_that_is_also_rejected() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def test_inference_across_read_blocks_takes_a_field_null_in_the_first_block() -> None:
+    """pyarrow reads a big batch in blocks (``_BLOCK_SIZE``, 1 MiB) and infers each block's
+    types alone: a field null all through the first block and an object or array later once
+    failed the whole batch (ArrowNotImplementedError "JSON conversion to struct<a: int64> is
+    not supported"), at the batch size of a busy partition."""
+    pad = "p" * 100
+    first = [enc({"id": i, "x": None, "l": None, "pad": pad}) for i in range(16_000)]
+    later = [enc({"id": i, "x": {"a": i}, "l": [{"b": i}], "pad": pad}) for i in range(10)]
+    assert sum(map(len, first)) > 2 * convert._BLOCK_SIZE
+    result = decode_json(first + later)
+    assert result.rejects == ()
+    assert result.table.schema == pa.schema([
+        ("id", pa.int64()), ("x", pa.struct([("a", pa.int64())])), ("l", pa.list_(pa.struct([("b", pa.int64())]))),
+        ("pad", pa.string())])
+    assert result.table.column("x").to_pylist()[-2:] == [{"a": 8}, {"a": 9}]
+
+
 @pytest.mark.parametrize("size", [1, BULK])
 def test_infer_sample_record(size: int) -> None:
     result = decode_json([enc(SAMPLE)] * size)
@@ -700,6 +717,31 @@ def test_unsupported_types_fail_fast() -> None:
         decode_json([b"{}"], schema)
     with pytest.raises(UnsupportedTypeError, match="field 't'"):
         decode_json([b"{}"], pa.schema([("t", pa.timestamp("us", tz="Europe/Paris"))]))
+
+
+@pytest.mark.parametrize("nulls", [False, True], ids=["never-null", "some-null"])
+def test_fields_of_empty_struct_type_keep_every_row_in_bulk(nulls: bool) -> None:
+    """A ``struct<>`` field (how routing reads a Debezium row image it only needs to be there)
+    has no child to carry the row count: every row stays, at any depth, null or not."""
+    empty = pa.struct([])
+    schema = pa.schema([
+        pa.field("e", empty), pa.field("s", pa.struct([pa.field("e", empty), pa.field("n", pa.int64())])),
+        pa.field("l", pa.list_(empty)), pa.field("m", pa.map_(pa.string(), empty)),
+        pa.field("r", empty, nullable=False), pa.field("id", pa.int64()),
+    ])
+    docs = [{"e": None if nulls and i % 3 == 0 else {"x": i}, "s": {"e": {}, "n": i}, "l": [{}, {"y": 1}],
+             "m": {"k": {}}, "r": {}, "id": i} for i in range(BULK)]
+    result = decode_json([enc(d) for d in docs], schema)
+    assert result.rejects == ()
+    assert result.table.to_pylist() == [
+        {"e": None if nulls and i % 3 == 0 else {}, "s": {"e": {}, "n": i}, "l": [{}, {}], "m": [("k", {})],
+         "r": {}, "id": i} for i in range(BULK)]
+
+
+def test_an_object_that_is_always_empty_infers_and_decodes_in_bulk() -> None:
+    result = decode_json([enc({"a": i, "m": {}}) for i in range(BULK)])
+    assert result.table.schema == pa.schema([("a", pa.int64()), ("m", pa.struct([]))])
+    assert result.table.to_pylist() == [{"a": i, "m": {}} for i in range(BULK)]
 
 
 # --------------------------------------------------------------------------------------------

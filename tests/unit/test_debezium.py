@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+import agents.convert as convert
 from agents.convert import decode_json
 from agents.debezium import CDC_TYPE, DebeziumTransform
 from icesink.config import build
@@ -352,3 +353,19 @@ def test_case_insensitive_row_fields_fill_columns_spelt_otherwise(form: str) -> 
     assert folded.table.column("ID").to_pylist() == [1, 2, 3, 1, 2]
     exact = t.apply(values(form), OFFSETS, upper)  # without folding nothing matches
     assert exact.table.column("ID").null_count == exact.table.num_rows
+
+
+@pytest.mark.parametrize("form", ["plain", "schema"])
+def test_a_batch_of_many_inserts_then_deletes_infers_the_row_schema(form: str) -> None:
+    """Thousands of inserts (``before`` null) then deletes (``before`` the row): read in 1 MiB
+    blocks, the first blocks never see ``before`` as an object, which once failed inference of
+    a schemaless batch (auto-create, schema evolution) with ArrowNotImplementedError."""
+    insert, delete = (v for v in values(form)[2:5:2])  # the fixture's insert and delete
+    batch = [insert] * 6000 + [delete] * 10
+    assert sum(map(len, batch)) > 2 * convert._BLOCK_SIZE
+    t = DebeziumTransform(schemas=form == "schema")
+    schema = t.infer_schema(batch)
+    assert schema == t.infer_schema(values(form))
+    out = t.apply(batch, list(range(len(batch))), schema)
+    assert out.rejects == () and out.table.num_rows == len(batch)
+    assert out.table.column("_cdc").combine_chunks().field("op").to_pylist()[-11:] == ["I"] + ["D"] * 10

@@ -78,3 +78,35 @@ def test_route_on_a_cdc_field_routing_cannot_read_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"iceberg.tables.route-field.*_cdc.target.*found .?_cdc.ts"):
         build({**DEBEZIUM, "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "_cdc.ts"},
               warn_unknown=False)
+
+
+def insert_event(i: int) -> dict[str, object]:
+    """An insert as Debezium 3.6 emits it for PostgreSQL without schemas (issue 11, item 14)."""
+    return {
+        "before": None, "after": {"id": i, "name": f"n{i}", "city": "Oslo", "score": i},
+        "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": "dbz", "ts_ms": 1795000001000 + i,
+                   "snapshot": "false", "db": "shop", "sequence": f'[null,"{1000 + i}"]', "ts_us": 1, "ts_ns": 1,
+                   "schema": "public", "table": "customers", "txId": 1, "lsn": 1000 + i, "xmin": None},
+        "transaction": None, "op": "c", "ts_ms": 1, "ts_us": 1, "ts_ns": 1,
+    }
+
+
+@pytest.mark.parametrize("form", ["plain", "schema"])
+@pytest.mark.parametrize("field", ["_cdc.target", "_cdc.source", "_cdc.op"])
+def test_a_batch_of_more_than_sixteen_events_routes_on_a_cdc_field(form: str, field: str) -> None:
+    """Past 16 records the bulk path reads the batch; routing on a ``_cdc`` field reads the row
+    images as empty structs, which once came back with no rows ("Arrays were not all the same
+    length: 0 vs 20") and stopped every replica that took the partition."""
+    if form == "plain":
+        values = [json.dumps(insert_event(i)).encode() for i in range(20)]
+    else:  # the fixture's real insert (with its Connect schema), twenty times
+        values = [e["value"].encode() for e in events("schema") if e["value"] is not None][2:3] * 20
+    r = router(form, **{"iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": field}) \
+        if field == "_cdc.target" else router(form, **{
+            "iceberg.tables": "db.t", "iceberg.tables.route-field": field,
+            "iceberg.table.db.t.route-regex": "I|public\\..*"})
+    routes = r.route(values)
+    expected = "mirror.public_customers" if form == "plain" else "mirror.public_orders"
+    assert {t: i.tolist() for t, i in routes.by_table.items()} == {
+        expected if field == "_cdc.target" else "db.t": list(range(20))}
+    assert routes.unrouted == ()
