@@ -182,3 +182,10 @@ def test_replay_never_reopens_a_response_accepted_at_or_below_the_checkpoint():
     assert orphans == {"dead.parquet"}
     assert [p.offset for p in recovered.pending] == [len(events) + 2]  # z only, y is not rolled forward
     assert recovered.accepted[C] == 9 and not recovered.partial
+
+
+def test_a_range_with_start_past_end_is_rejected_not_raised():
+    """Decoding refuses it (icesink/events.py); an event built in code must not crash apply either."""
+    st = run(log_with_owners() + response("x", "w1", 1, [OffsetRange(A, 5, 2)]))
+    [rej] = st.take_rejected()
+    assert "range of t[0]: expected 0 <= start <= end, found [5, 2)" in rej.reason and not st.pending
