@@ -55,6 +55,7 @@ def test_bad_control_records_are_skipped_and_counted_without_a_coordinator_resta
     from tests.support.sinkrun import assert_exact, control_events, metric, wait_rows, write_config
 
     catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("cv")  # two replicas creating it at once can race in the SQL catalog
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 4))
     cfg = write_config(tmp_path / "sink.json", topics=TOPIC, tables=TABLE, bootstrap=broker.bootstrap,
                        catalog_props=catalog_props, state_dir=tmp_path / "state", group=GROUP)
