@@ -10,6 +10,8 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Coroutine
 
+from faust.types import TP
+
 from icesink.events import CommitComplete, CommitToTable, Event, Resume, Rewind, StartCommit
 from icesink.metrics import Metrics
 
@@ -96,6 +98,15 @@ async def unless_moved(step: Awaitable[None], owned: Callable[[], bool], what: s
             raise
         log.info("%s skipped, the partition moved meanwhile (%s)", what, exc)
         return False
+
+
+def highwater(consumer: Any, topic: str, partition: int) -> int | None:
+    """A partition's high watermark; None if unknown, or if a rebalance in the consumer's
+    thread took the partition before this loop heard of it (aiokafka asserts it is assigned)."""
+    try:
+        return consumer.highwater(TP(topic, partition))  # type: ignore[no-any-return]
+    except AssertionError:
+        return None
 
 
 class EpochGate:

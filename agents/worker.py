@@ -34,7 +34,7 @@ from agents.debezium import CDC_COLUMN, DebeziumTransform
 from agents.evolution import Evolver, identifier_paths
 from agents.formats import RecordFormat
 from agents.routing import Router, Routes
-from agents.tasks import EpochGate, TaskOwner, supervise_coordinator, unless_moved
+from agents.tasks import EpochGate, TaskOwner, highwater, supervise_coordinator, unless_moved
 from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
@@ -453,8 +453,8 @@ class Worker:
                 st.suspect_gap(suspect)
                 log.info("%s: fresh record at %d while expecting %d; seeking again", tp, suspect, st.next_offset)
                 st.reseeking = True
-                self._owner.spawn(unless_moved(self._seek(st, st.next_offset), lambda st=st, g=self.generation: self._owns(st, g),
-                                               f"seek of {tp}"), "reseek")
+                owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
+                self._owner.spawn(unless_moved(self._seek(st, st.next_offset), owned, f"seek of {tp}"), "reseek")
         self._update_gauges()
         if self.buffers.full:
             await self._apply_backpressure()
@@ -635,7 +635,12 @@ class Worker:
             # Mid-rebalance: answer once the new assignment is settled, never skip a round.
             await self._rebalanced.wait()
             await self._spark_ready
-            snap = self.buffers.take(self.generation, await self._evolution_ready())
+            try:
+                ready = await self._evolution_ready()
+            except Exception as exc:  # the catalog is down: the data waits for the next round
+                log.error("round %s not answered, data kept: reloading tables failed: %s", commit_id, exc)
+                return
+            snap = self.buffers.take(self.generation, ready)
             if not snap.ranges:
                 return
             try:  # at-least-once: dead letters are acknowledged before their offsets are reported
@@ -691,7 +696,7 @@ class Worker:
         for tp, st in self.buffers.partitions.items():
             if not st.active:
                 return None
-            hw = self.app.consumer.highwater(TP(tp.topic, tp.partition))
+            hw = highwater(self.app.consumer, tp.topic, tp.partition)
             if hw is not None and st.next_offset < hw:
                 out = min(out, st.last_record_ms or 0)
         return out
@@ -766,7 +771,7 @@ class Worker:
         consumer = self.app.consumer
         for tp, st in self.buffers.partitions.items():
             if st.active:
-                hw = consumer.highwater(TP(tp.topic, tp.partition))
+                hw = highwater(consumer, tp.topic, tp.partition)
                 if hw is not None:
                     self.metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, hw - st.next_offset))
 

@@ -201,3 +201,34 @@ def test_a_seek_that_fails_after_the_partition_moved_is_not_an_error():
     assert asyncio.run(unless_moved(fails(), lambda: False, "seek of t[0]")) is False
     with pytest.raises(RuntimeError):
         asyncio.run(unless_moved(fails(), lambda: True, "seek of t[0]"))
+
+
+def test_the_high_watermark_of_a_partition_a_rebalance_just_took_is_unknown_not_an_error():
+    from agents.tasks import highwater
+
+    class Consumer:
+        def highwater(self, tp):
+            assert tp.partition == 0, "Partition is not assigned"  # as aiokafka does
+            return 42
+
+    assert highwater(Consumer(), "t", 0) == 42
+    assert highwater(Consumer(), "t", 1) is None
+
+
+def test_a_round_met_by_a_catalog_outage_is_not_answered_and_the_replica_goes_on(tmp_path):
+    async def go():
+        w = make_worker(tmp_path)
+        del w._respond  # the real one
+        w._rebalanced.set()
+        w._spark_ready = asyncio.get_running_loop().create_future()
+        w._spark_ready.set_result(None)
+
+        async def evolution_ready():
+            raise ConnectionError("catalog unreachable")
+
+        w._evolution_ready = evolution_ready
+        await w._respond("r1")
+        return w
+
+    w = asyncio.run(go())
+    assert not w.stops and w.exit_code == 0
