@@ -3,8 +3,11 @@
 Leaf module shared by ``agents/`` and ``coordinator/``; it imports nothing with I/O.
 Events are frozen, tagged models. On the wire each is one JSON object
 ``{"v": 1, "type": "<tag>", ...fields}`` with sorted keys, so bytes are stable and old
-events stay readable (golden bytes in tests/unit/test_events.py). A reader refuses a newer
-version or an unknown type with a :class:`ProtocolError`.
+events stay readable (golden bytes in tests/unit/test_events.py). The control topic is
+input, not trust: :func:`decode` checks every field against its declared type and range and
+raises a :class:`ProtocolError` naming the control offset, the event type and the field for
+anything else (a newer version, an unknown type, more than :data:`MAX_EVENT_BYTES`); fields it
+does not know are ignored, so events of a newer minor change stay readable.
 
 The protocol (design/exactly-once.md, docs/commits.md):
   Claim -> Resume                                 partition ownership
@@ -348,12 +351,12 @@ def _value(tp: Any, raw: Any, path: str, minimum: int | None) -> Any:
         return raw
     origin = get_origin(tp)
     if origin in (Union, UnionType):
-        inner = [a for a in get_args(tp) if a is not type(None)]
         if raw is None:
             return None
-        if type(raw) is not int or (minimum is not None and raw < minimum):
-            raise _Invalid(path, _expected(tp, minimum), _found(raw))
-        return _value(inner[0], raw, path, minimum)
+        try:
+            return _value(next(a for a in get_args(tp) if a is not type(None)), raw, path, minimum)
+        except _Invalid:
+            raise _Invalid(path, _expected(tp, minimum), _found(raw)) from None
     if origin is tuple:
         args = get_args(tp)
         if not isinstance(raw, list) or (args[-1] is not Ellipsis and len(raw) != len(args)):
