@@ -35,6 +35,7 @@ from agents.evolution import Evolver, identifier_paths
 from agents.formats import RecordFormat
 from agents.routing import Router, Routes
 from agents.source_consumer import ConsumerGuard, inject_faults, isolation_level
+from agents.tasks import EpochGate, TaskOwner, highwater, supervise_coordinator, unless_moved
 from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
@@ -102,7 +103,8 @@ class Worker:
         self.exit_code = 0  # of the process, once run() returns
         self._stop = asyncio.Event()
         self._rebalanced = asyncio.Event()
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._owner = TaskOwner(lambda exc: self.fail(exc, exit_code=1))  # every background task, the coordinator too
+        self._epochs = EpochGate(metrics)
         self._respond_lock = asyncio.Lock()
         self._coordinator: Coordinator | None = None
         self._coordinator_task: asyncio.Task[None] | None = None
@@ -236,7 +238,8 @@ class Worker:
         await ensure_control_topic(self.bootstrap, self.settings.control_topic, client,
                                    replication_factor=self.settings.control_replication_factor)
         self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client)
-        self.reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id, client)
+        self.reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id, client,
+                                    metrics=self.metrics, reader="worker")
         await self.producer.start()
         await self.reader.start()
         await self.reader.seek_to_end()
@@ -247,8 +250,8 @@ class Worker:
             target = await self.offload.run(load_target, self.catalog, name)
             if target is not None:
                 self.targets[name] = target
-        self._tasks.append(asyncio.create_task(self._control_loop(), name="control"))
-        self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+        self._owner.spawn(self._control_loop(), "control")
+        self._owner.spawn(self._housekeeping(), "housekeeping")
         faust_worker = await self._start_faust()
         await spark_started
         self.status["phase"] = "running"
@@ -319,9 +322,7 @@ class Worker:
             return max(0.1, deadline - (time.monotonic() - started))
 
         await self._stop_coordinator()
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._owner.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(faust_worker.stop(), left())
         with contextlib.suppress(Exception):
@@ -360,7 +361,7 @@ class Worker:
         for tp in mine:
             self.buffers.claim(tp, self.generation)
         if mine:
-            asyncio.ensure_future(self._send_claim(sorted(mine)))
+            self._owner.spawn(self._send_claim(sorted(mine)), "claim")
 
     async def _send_claim(self, tps: Sequence[TopicPartition]) -> None:
         now = time.monotonic()
@@ -391,17 +392,20 @@ class Worker:
                 continue
             # Active from here, but no gap is taken until the seek is done (activated_at).
             seek_to = self.buffers.resume(pos.tp, pos.offset, now=float("inf"))
-            ftp = TP(pos.tp.topic, pos.tp.partition)
-            await self._seek(st, seek_to)
+            if not await unless_moved(self._seek(st, seek_to), lambda: self._owns(st, ev.generation), f"seek of {pos.tp}"):
+                continue
             self._claimed_at.pop(pos.tp, None)
             if not self._backpressure:
-                self.app.consumer.resume_partitions([ftp])
+                self.app.consumer.resume_partitions([TP(pos.tp.topic, pos.tp.partition)])
             log.info("resumed %s at offset %d (generation %d)", pos.tp, seek_to, ev.generation)
         self._update_paused()
         if self._open_round is not None:
             # Partitions that became active during a round answer it too, so the round
             # does not wait for its timeout after a rebalance.
-            asyncio.ensure_future(self._respond(self._open_round))
+            self._owner.spawn(self._respond(self._open_round), "respond")
+
+    def _owns(self, st: PartitionState, generation: int) -> bool:
+        return generation == self.generation and st.active and self.buffers.partitions.get(st.tp) is st
 
     async def _seek(self, st: PartitionState, offset: int) -> None:
         await self._seek_all([(st, offset)])
@@ -457,7 +461,8 @@ class Worker:
                 st.suspect_gap(suspect)
                 log.info("%s: fresh record at %d while expecting %d; seeking again", tp, suspect, st.next_offset)
                 st.reseeking = True
-                asyncio.ensure_future(self._seek(st, st.next_offset))
+                owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
+                self._owner.spawn(unless_moved(self._seek(st, st.next_offset), owned, f"seek of {tp}"), "reseek")
         self._update_gauges()
         if self.buffers.full:
             await self._apply_backpressure()
@@ -612,28 +617,38 @@ class Worker:
 
     async def _control_loop(self) -> None:
         while True:
-            for _offset, ev in await self.reader.read(1.0):
-                match ev:
-                    case Resume():
-                        asyncio.ensure_future(self._on_resume(ev))
-                    case StartCommit():
-                        self._open_round = ev.commit_id
-                        asyncio.ensure_future(self._respond(ev.commit_id))
-                    case CommitComplete():
-                        if self._open_round == ev.commit_id:
-                            self._open_round = None
-                        await self._on_commit_complete(ev)
-                    case Rewind():
-                        await self._on_rewind(ev)
-                    case _:
-                        pass
+            for offset, ev in await self.reader.read(1.0):
+                await self._on_control(offset, ev)
+
+    async def _on_control(self, offset: int, ev: Any) -> None:
+        if not self._epochs.admit(offset, ev):  # from a coordinator that was replaced
+            return
+        match ev:
+            case Resume():
+                self._owner.spawn(self._on_resume(ev), "resume")
+            case StartCommit():
+                self._open_round = ev.commit_id
+                self._owner.spawn(self._respond(ev.commit_id), "respond")
+            case CommitComplete():
+                if self._open_round == ev.commit_id:
+                    self._open_round = None
+                await self._on_commit_complete(ev)
+            case Rewind():
+                await self._on_rewind(ev)
+            case _:
+                pass
 
     async def _respond(self, commit_id: str) -> None:
         async with self._respond_lock:
             # Mid-rebalance: answer once the new assignment is settled, never skip a round.
             await self._rebalanced.wait()
             await self._spark_ready
-            snap = self.buffers.take(self.generation, await self._evolution_ready())
+            try:
+                ready = await self._evolution_ready()
+            except Exception as exc:  # the catalog is down: the data waits for the next round
+                log.error("round %s not answered, data kept: reloading tables failed: %s", commit_id, exc)
+                return
+            snap = self.buffers.take(self.generation, ready)
             if not snap.ranges:
                 return
             try:  # at-least-once: dead letters are acknowledged before their offsets are reported
@@ -689,7 +704,7 @@ class Worker:
         for tp, st in self.buffers.partitions.items():
             if not st.active:
                 return None
-            hw = self.app.consumer.highwater(TP(tp.topic, tp.partition))
+            hw = highwater(self.app.consumer, tp.topic, tp.partition)
             if hw is not None and st.next_offset < hw:
                 out = min(out, st.last_record_ms or 0)
         return out
@@ -713,28 +728,19 @@ class Worker:
     async def _supervise_coordinator(self) -> None:
         leader = self.app.is_leader()
         if leader and self._coordinator_task is None:
-            self._coordinator = Coordinator(self.settings, self.bootstrap, self.producer, self.catalog, self.offload, self.metrics)
-            self._coordinator_task = asyncio.create_task(self._run_coordinator(self._coordinator), name="coordinator")
+            self._coordinator_task = self._owner.spawn(supervise_coordinator(self._run_coordinator, self.metrics), "coordinator")
             log.info("this replica is the leader: coordinator started")
         elif not leader and self._coordinator_task is not None:
             log.info("leadership moved: coordinator stopped")
             await self._stop_coordinator()
 
-    async def _run_coordinator(self, coordinator: Coordinator) -> None:
-        while True:
-            try:
-                await coordinator.run()
-                return
-            except asyncio.CancelledError:
-                raise
-            except FencedError as exc:
-                log.error("coordinator fenced, stopping it: %s", exc)
-                return
-            except Exception:
-                log.exception("coordinator failed; restarting it in 2s")
-                await asyncio.sleep(2)
-                coordinator = Coordinator(self.settings, self.bootstrap, self.producer, self.catalog, self.offload, self.metrics)
-                self._coordinator = coordinator
+    async def _run_coordinator(self) -> None:
+        """One coordinator run (agents/tasks.py restarts it after an unexpected error)."""
+        self._coordinator = Coordinator(self.settings, self.bootstrap, self.producer, self.catalog, self.offload, self.metrics)
+        try:
+            await self._coordinator.run()
+        except FencedError as exc:
+            log.error("coordinator fenced, stopping it: %s", exc)
 
     async def _stop_coordinator(self) -> None:
         task, self._coordinator_task = self._coordinator_task, None
@@ -773,7 +779,7 @@ class Worker:
         consumer = self.app.consumer
         for tp, st in self.buffers.partitions.items():
             if st.active:
-                hw = consumer.highwater(TP(tp.topic, tp.partition))
+                hw = highwater(consumer, tp.topic, tp.partition)
                 if hw is not None:
                     self.metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, hw - st.next_offset))
 

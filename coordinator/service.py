@@ -74,7 +74,7 @@ class Coordinator:
         self.status: dict[str, Any] = {"role": "coordinator", "phase": "starting"}
         self._reader = ControlReader(
             bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
-            commit_group=f"{self.group}-coordinator",
+            commit_group=f"{self.group}-coordinator", metrics=metrics, reader="coordinator",
         )
         self._commit_task: asyncio.Task[None] | None = None
         self._roots = TableRoots(catalog)

@@ -91,7 +91,8 @@ def check_range(
 ) -> None:
     """Commit precondition for one range: sender owns the partition, and the range starts
     exactly where the accepted data ends (no gap, no overlap)."""
-    r.validate()
+    if not 0 <= r.start <= r.end:  # refused when decoded; checked again so apply never raises
+        raise PreconditionFailed(f"range of {r.tp}", "0 <= start <= end", f"[{r.start}, {r.end})")
     owner = owners.get(r.tp)
     if owner != (worker, generation):
         raise PreconditionFailed(f"owner of {r.tp}", owner, (worker, generation))

@@ -2,6 +2,10 @@
 
 The control topic has one partition, so its offsets give every event of a sink group one
 total order. Events are keyed by the group id; readers skip other groups' events.
+
+The topic is input, not trust: a record whose key is not UTF-8, whose value is null, not
+JSON, too large or not a valid event (icesink/events.py) is logged once with its control
+offset, counted in ``icesink_control_events_invalid_total`` and skipped by every reader.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from aiokafka.structs import OffsetAndMetadata
 from icesink import events
 from icesink.errors import ControlLogError, ProtocolError
 from icesink.kafka_admin import TopicError, ensure_topic, topic_configs
+from icesink.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +75,7 @@ class ControlProducer:
             enable_idempotence=False,  # brokers without InitProducerId must work
             acks="all",
             linger_ms=0,
-            max_request_size=16 * 1024 * 1024,
+            max_request_size=events.MAX_EVENT_BYTES + 1024 * 1024,  # key and batch framing
             **client_kwargs,
         )
 
@@ -91,7 +96,9 @@ class ControlProducer:
 class ControlReader:
     """Reads the control partition from a given offset. With ``commit_group`` it can also
     store and fetch a committed offset (the coordinator's checkpoint pointer); it never joins
-    a consumer group (manual assignment), so readers never rebalance each other."""
+    a consumer group (manual assignment), so readers never rebalance each other.
+
+    ``reader`` names it in the invalid-event metric and log (``worker``, ``coordinator``)."""
 
     def __init__(
         self,
@@ -100,8 +107,13 @@ class ControlReader:
         group: str,
         client_kwargs: dict[str, Any],
         commit_group: str | None = None,
+        metrics: Metrics | None = None,
+        reader: str = "tool",
     ) -> None:
         self.group = group
+        self.reader = reader
+        self._invalid = metrics.control_events_invalid.labels(reader=reader) if metrics is not None else None
+        self._reported: dict[int, None] = {}  # offsets of invalid events already logged and counted
         self.tp = KafkaTP(topic, 0)
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
@@ -109,7 +121,7 @@ class ControlReader:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_uncommitted",
-            max_partition_fetch_bytes=16 * 1024 * 1024,
+            max_partition_fetch_bytes=events.MAX_EVENT_BYTES + 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,
             **client_kwargs,
         )
@@ -146,17 +158,30 @@ class ControlReader:
         await self._consumer.commit({self.tp: OffsetAndMetadata(offset, "")})
 
     async def read(self, timeout_s: float) -> list[tuple[int, events.Event]]:
-        """The next batch of this group's events (possibly empty after ``timeout_s``)."""
+        """The next batch of this group's events (possibly empty after ``timeout_s``); invalid
+        records are skipped (see the module docstring)."""
         batches = await self._consumer.getmany(self.tp, timeout_ms=int(timeout_s * 1000), max_records=5000)
         out: list[tuple[int, events.Event]] = []
         for record in batches.get(self.tp, []):
-            if record.key is not None and record.key.decode() != self.group:
-                continue
             try:
-                out.append((record.offset, events.decode(record.value)))
+                event = decode_record(record.key, record.value, record.offset, self.group)
             except ProtocolError as exc:
-                log.error("control offset %d unreadable, skipped: %s", record.offset, exc)
+                self._skip(record.offset, exc)
+                continue
+            if event is not None:
+                out.append((record.offset, event))
         return out
+
+    def _skip(self, offset: int, exc: ProtocolError) -> None:
+        """Log and count an invalid event once per reader, however often it is read again."""
+        if offset in self._reported:
+            return
+        self._reported[offset] = None
+        if len(self._reported) > 10_000:
+            del self._reported[next(iter(self._reported))]
+        if self._invalid is not None:
+            self._invalid.inc()
+        log.error("invalid control event skipped by the %s reader: %s", self.reader, exc)
 
     async def read_one(self, offset: int, timeout_s: float = 10.0) -> events.Event | None:
         await self.seek(offset)
@@ -168,3 +193,18 @@ class ControlReader:
                 if off > offset:
                     return None
         return None
+
+
+def decode_record(key: bytes | None, value: bytes | None, offset: int, group: str) -> events.Event | None:
+    """The event of one control record, None if it belongs to another group; ProtocolError
+    (naming the offset) if it is not a valid event. Records without a key count as ours."""
+    if key is not None:
+        try:
+            name = key.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError(
+                f"control offset {offset}: key: expected UTF-8 text (a sink group id), found {key[:40]!r}"
+            ) from None
+        if name != group:
+            return None
+    return events.decode(value, offset=offset)

@@ -3,8 +3,11 @@
 Leaf module shared by ``agents/`` and ``coordinator/``; it imports nothing with I/O.
 Events are frozen, tagged models. On the wire each is one JSON object
 ``{"v": 1, "type": "<tag>", ...fields}`` with sorted keys, so bytes are stable and old
-events stay readable (golden bytes in tests/unit/test_events.py). A reader refuses a newer
-version or an unknown type with a :class:`ProtocolError`.
+events stay readable (golden bytes in tests/unit/test_events.py). The control topic is
+input, not trust: :func:`decode` checks every field against its declared type and range and
+raises a :class:`ProtocolError` naming the control offset, the event type and the field for
+anything else (a newer version, an unknown type, more than :data:`MAX_EVENT_BYTES`); fields it
+does not know are ignored, so events of a newer minor change stay readable.
 
 The protocol (design/exactly-once.md, docs/commits.md):
   Claim -> Resume                                 partition ownership
@@ -21,8 +24,9 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Union, assert_never
+from dataclasses import MISSING, dataclass, fields
+from types import UnionType
+from typing import Any, ClassVar, Union, assert_never, get_args, get_origin, get_type_hints
 
 from icesink.errors import ProtocolError
 
@@ -212,15 +216,10 @@ EVENT_TYPES: dict[str, type] = {
     )
 }
 
-# Nested value types by (event class, field name), for decoding.
-_NESTED: dict[str, type] = {
-    "partitions": TopicPartition,
-    "positions": Position,
-    "owners": Owner,
-    "ranges": OffsetRange,
-    "files": FileInfo,
-}
-_PAIR_INT = {"column_sizes", "value_counts", "null_value_counts", "nan_value_counts"}
+# The largest encoded event a reader accepts (and a writer may send). The control producer's
+# max_request_size (icesink/control.py) is 1 MiB more: room for the key and the batch framing.
+MAX_EVENT_BYTES = 15 * 1024 * 1024
+
 _PAIR_BYTES = {"lower_bounds", "upper_bounds"}
 
 
@@ -242,63 +241,169 @@ def _to_json(value: Any) -> Any:
 
 
 def encode(event: Event) -> bytes:
-    """Stable bytes for one event: sorted keys, no spaces."""
+    """Stable bytes for one event: sorted keys, no spaces. Refuses an event larger than
+    :data:`MAX_EVENT_BYTES`, which no reader would accept."""
     body: dict[str, Any] = {"v": VERSION, "type": event.TYPE}
     for f in fields(event):
         body[f.name] = _to_json(getattr(event, f.name))
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    if len(data) > MAX_EVENT_BYTES:
+        raise ProtocolError(
+            f"{event.TYPE} event: expected at most {MAX_EVENT_BYTES} bytes encoded, found {len(data)}"
+        )
+    return data
 
 
-def _tp(raw: dict[str, Any]) -> TopicPartition:
-    return TopicPartition(str(raw["topic"]), int(raw["partition"]))
+# Decoding: every field is checked against its declared type (int never bool, str as UTF-8
+# text, tuples as JSON lists, bytes as base64); unknown fields are ignored (forward
+# compatibility). Integers are >= 0 unless listed here (None: any integer).
+_INT_MIN: dict[tuple[type, str], int | None] = {
+    (CommitToTable, "snapshot_id"): None,
+    (CommitToTable, "watermark"): -1,  # -1: nothing applied yet
+    (CommitComplete, "through"): -1,
+}
 
 
-def _from_json(cls: type, raw: dict[str, Any]) -> Any:
+class _Invalid(Exception):
+    def __init__(self, path: str, expected: str, found: str) -> None:
+        super().__init__(f"field {path}: expected {expected}, found {found}")
+
+
+def _found(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "an object"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = get_type_hints(cls)
+    return hints
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _object(cls: type, raw: Any, path: str) -> Any:
+    if not isinstance(raw, dict):
+        raise _Invalid(path or "(event)", "an object", _found(raw))
+    hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for f in fields(cls):
+        where = f"{path}.{f.name}" if path else f.name
         if f.name not in raw:
+            if f.default is MISSING:
+                raise _Invalid(where, _expected(hints[f.name], _INT_MIN.get((cls, f.name), 0)), "nothing (the field is missing)")
             continue  # optional field with a default (added in a later minor change)
-        v = raw[f.name]
-        if f.name == "tp":
-            kwargs["tp"] = _tp(v)
-        elif f.name in _NESTED and isinstance(v, list) and cls is not FileInfo:
-            inner = _NESTED[f.name]
-            kwargs[f.name] = tuple(
-                _tp(x) if inner is TopicPartition else _from_json(inner, x) for x in v
-            )
-        elif f.name in _PAIR_INT:
-            kwargs[f.name] = tuple((int(k), int(n)) for k, n in v)
-        elif f.name in _PAIR_BYTES:
-            kwargs[f.name] = tuple((int(k), base64.b64decode(b)) for k, b in v)
-        elif f.name in ("partition", "split_offsets") and cls is FileInfo:
-            kwargs[f.name] = tuple(v)
-        else:
-            kwargs[f.name] = v
-    return cls(**kwargs)
+        kwargs[f.name] = _value(hints[f.name], raw[f.name], where, _INT_MIN.get((cls, f.name), 0))
+    out = cls(**kwargs)
+    if isinstance(out, OffsetRange) and out.start > out.end:
+        raise _Invalid(path, "start <= end", f"start {out.start}, end {out.end}")
+    if isinstance(out, DataComplete):
+        seen: set[TopicPartition] = set()
+        for i, r in enumerate(out.ranges):
+            if r.tp in seen:
+                raise _Invalid(f"ranges[{i}].tp", "each partition once", f"{r.tp} again")
+            seen.add(r.tp)
+    return out
 
 
-def decode(data: bytes) -> Event:
+def _expected(tp: Any, minimum: int | None) -> str:
+    if tp is int:
+        return "int" if minimum is None else f"int >= {minimum}"
+    if tp is str:
+        return "str"
+    if tp is bytes:
+        return "base64 text"
+    if tp is Any:
+        return "a JSON scalar"
+    if get_origin(tp) in (Union, UnionType):
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        return f"{_expected(inner[0], minimum)} or null"
+    if get_origin(tp) is tuple:
+        args = get_args(tp)
+        return "a list" if args[-1] is Ellipsis else f"a list of {len(args)} items"
+    return "an object"
+
+
+def _value(tp: Any, raw: Any, path: str, minimum: int | None) -> Any:
+    if tp is int:
+        if type(raw) is not int or (minimum is not None and raw < minimum):
+            raise _Invalid(path, _expected(tp, minimum), _found(raw))
+        return raw
+    if tp is str:
+        if not isinstance(raw, str):
+            raise _Invalid(path, "str", _found(raw))
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Invalid(path, "UTF-8 text", "a lone surrogate") from None
+        return raw
+    if tp is bytes:
+        try:
+            if not isinstance(raw, str):
+                raise ValueError
+            return base64.b64decode(raw, validate=True)
+        except ValueError:  # binascii.Error too
+            raise _Invalid(path, "base64 text", _found(raw)) from None
+    if tp is Any:  # a partition value: a JSON scalar as Iceberg stores it
+        if raw is not None and not isinstance(raw, (bool, int, float, str)):
+            raise _Invalid(path, "a JSON scalar", _found(raw))
+        return raw
+    origin = get_origin(tp)
+    if origin in (Union, UnionType):
+        if raw is None:
+            return None
+        try:
+            return _value(next(a for a in get_args(tp) if a is not type(None)), raw, path, minimum)
+        except _Invalid:
+            raise _Invalid(path, _expected(tp, minimum), _found(raw)) from None
+    if origin is tuple:
+        args = get_args(tp)
+        if not isinstance(raw, list) or (args[-1] is not Ellipsis and len(raw) != len(args)):
+            raise _Invalid(path, _expected(tp, minimum), _found(raw))
+        if args[-1] is Ellipsis:
+            return tuple(_value(args[0], x, f"{path}[{i}]", minimum) for i, x in enumerate(raw))
+        return tuple(_value(a, x, f"{path}[{i}]", minimum) for i, (a, x) in enumerate(zip(args, raw)))
+    return _object(tp, raw, path)
+
+
+def decode(data: bytes | None, offset: int | None = None) -> Event:
+    """The event encoded in ``data``, checked field by field; anything else raises a
+    :class:`ProtocolError` that names the control ``offset`` (if given), the event type and
+    the field: ``control offset 123: data-complete field ranges[0].start: expected int >= 0,
+    found 'x'``."""
+    where = f"control offset {offset}: " if offset is not None else "control event: "
+    if data is None:
+        raise ProtocolError(f"{where}value: expected a JSON event, found null")
+    if len(data) > MAX_EVENT_BYTES:
+        raise ProtocolError(f"{where}expected at most {MAX_EVENT_BYTES} bytes, found {len(data)}")
     try:
         raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"control event is not JSON: {exc}") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"{where}expected a JSON event, found text that is not JSON ({exc})") from exc
     if not isinstance(raw, dict):
-        raise ProtocolError(f"control event: expected a JSON object, found {type(raw).__name__}")
+        raise ProtocolError(f"{where}expected a JSON object, found {_found(raw)}")
     version = raw.get("v")
-    if not isinstance(version, int) or version > VERSION or version < 1:
+    if type(version) is not int or version > VERSION or version < 1:
         raise ProtocolError(
-            f"control event version: expected 1..{VERSION}, found {version!r} "
+            f"{where}version: expected 1..{VERSION}, found {_found(version)} "
             "(upgrade icesink to read events written by a newer version)"
         )
-    cls = EVENT_TYPES.get(raw.get("type", ""))
+    tag = raw.get("type")
+    cls = EVENT_TYPES.get(tag) if isinstance(tag, str) else None
     if cls is None:
-        raise ProtocolError(
-            f"control event type: expected one of {sorted(EVENT_TYPES)}, found {raw.get('type')!r}"
-        )
+        raise ProtocolError(f"{where}type: expected one of {sorted(EVENT_TYPES)}, found {_found(tag)}")
     try:
-        return _from_json(cls, raw)  # type: ignore[no-any-return]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed {cls.TYPE} event: {exc}") from exc
+        return _object(cls, raw, "")  # type: ignore[no-any-return]
+    except _Invalid as exc:
+        raise ProtocolError(f"{where}{cls.TYPE} {exc}") from None
 
 
 def describe(event: Event) -> str:
@@ -350,5 +455,5 @@ __all__ = [
     "VERSION", "TopicPartition", "OffsetRange", "Position", "Owner", "FileInfo",
     "Claim", "Resume", "StartCommit", "DataWritten", "DataComplete", "CommitToTable",
     "CommitComplete", "Rewind", "CommitRequest", "SchemaProposal", "Event", "EVENT_TYPES",
-    "encode", "decode", "describe",
+    "MAX_EVENT_BYTES", "encode", "decode", "describe",
 ]

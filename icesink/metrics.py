@@ -87,6 +87,18 @@ class Metrics:
             "icesink_files_kept_total",
             "Files the coordinator was asked to delete but kept: outside the table's location, "
             "referenced by a snapshot, or named by an accepted response", ["reason"], registry=r)
+        self.control_events_invalid = Counter(
+            "icesink_control_events_invalid_total",
+            "Control records skipped because they are not valid events (key not UTF-8, null or non-JSON "
+            "value, too large, a bad field); logged once each with their control offset",
+            ["reader"], registry=r)
+        self.coordinator_restarts = Counter(
+            "icesink_coordinator_restarts_total",
+            "Times this replica restarted its coordinator after an unexpected error", registry=r)
+        self.control_events_stale = Counter(
+            "icesink_control_events_stale_total",
+            "Resume, StartCommit and Rewind events from a coordinator epoch older than the newest this "
+            "worker has seen, ignored", ["type"], registry=r)
         self.responses_rejected = Counter(
             "icesink_responses_rejected_total", "Worker responses rejected", ["reason"], registry=r)
         self.orphans_deleted = Counter(

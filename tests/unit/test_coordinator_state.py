@@ -214,3 +214,10 @@ def test_a_stale_claim_of_a_known_member_never_takes_ownership():
     st = run([Claim("w1", 3, (A,), member="m1"), Claim("w2", 4, (A,), member="m2")])
     st.apply(2, Claim("w1", 3, (A,), member="m1"))  # a zombie's late re-claim
     assert st.owners[A] == ("w2", 4) and st.group_resets == 0
+
+
+def test_a_range_with_start_past_end_is_rejected_not_raised():
+    """Decoding refuses it (icesink/events.py); an event built in code must not crash apply either."""
+    st = run(log_with_owners() + response("x", "w1", 1, [OffsetRange(A, 5, 2)]))
+    [rej] = st.take_rejected()
+    assert "range of t[0]: expected 0 <= start <= end, found [5, 2)" in rej.reason and not st.pending

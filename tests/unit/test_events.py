@@ -60,8 +60,8 @@ def test_optional_field_missing_in_old_bytes_takes_its_default():
         (b"not json", "not JSON"),
         (b"[1]", "expected a JSON object"),
         (b'{"v":2,"type":"claim"}', "version"),
-        (b'{"v":1,"type":"nope"}', "control event type"),
-        (b'{"v":1,"type":"claim","worker":"w"}', "malformed claim"),
+        (b'{"v":1,"type":"nope"}', "type: expected one of"),
+        (b'{"v":1,"type":"claim","worker":"w"}', "claim field generation: expected int >= 0, found nothing"),
     ],
 )
 def test_bad_events_are_refused_with_a_reason(raw, message):

@@ -1,0 +1,134 @@
+"""Owners for a worker's background tasks and its coordinator, and the epoch gate of its
+control loop. No task dies unnoticed: one that fails with an unexpected exception is logged
+with its traceback and stops the replica (``on_failure``: Worker.fail, exit code 1); the
+owner cancels and awaits the rest on stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable, Coroutine
+
+from faust.types import TP
+
+from icesink.events import CommitComplete, CommitToTable, Event, Resume, Rewind, StartCommit
+from icesink.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+# A coordinator that fails is restarted after a backoff (2 s doubling to 30 s); after this many
+# failures in a row (each within COORDINATOR_STABLE_S of its start, about 3.5 min in all) the
+# replica stops with exit code 1 instead of crash-looping for ever.
+COORDINATOR_FAILURES = 10
+COORDINATOR_STABLE_S = 60.0
+
+
+class TaskOwner:
+    def __init__(self, on_failure: Callable[[Exception], None]) -> None:
+        self._on_failure = on_failure
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            return
+        if self._closing:
+            log.warning("background task %s failed while stopping: %r", task.get_name(), exc)
+            return
+        log.error("background task %s failed; stopping the replica", task.get_name(), exc_info=exc)
+        self._on_failure(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+
+    async def close(self) -> None:
+        """Cancel every task and wait for them (failures now are logged, not escalated)."""
+        self._closing = True
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+
+async def supervise_coordinator(
+    run: Callable[[], Awaitable[None]], metrics: Metrics, *, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Run a coordinator (``run`` makes a new one each time), restarting it with a backoff
+    after an unexpected error. Raises the last error after COORDINATOR_FAILURES quick failures
+    in a row: its task owner then stops the replica (a crash loop is never silent)."""
+    failures = 0
+    while True:
+        started = time.monotonic()
+        try:
+            await run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            failures = 1 if time.monotonic() - started >= COORDINATOR_STABLE_S else failures + 1
+            if failures >= COORDINATOR_FAILURES:
+                log.error("coordinator failed %d times in a row; giving up", failures)
+                raise
+            delay = min(30.0, 2.0 * 2 ** (failures - 1))
+            metrics.coordinator_restarts.inc()
+            log.exception("coordinator failed (%d in a row); restarting it in %.0fs", failures, delay)
+            await sleep(delay)
+
+
+async def unless_moved(step: Awaitable[None], owned: Callable[[], bool], what: str) -> bool:
+    """Await a step on a partition (a seek); False if it failed after the partition moved away
+    meanwhile (a rebalance: the consumer refuses seeks of partitions it lost), which is
+    expected, not an error. A failure while the partition is still owned is raised."""
+    try:
+        await step
+        return True
+    except Exception as exc:
+        if owned():
+            raise
+        log.info("%s skipped, the partition moved meanwhile (%s)", what, exc)
+        return False
+
+
+def highwater(consumer: Any, topic: str, partition: int) -> int | None:
+    """A partition's high watermark; None if unknown, or if a rebalance in the consumer's
+    thread took the partition before this loop heard of it (aiokafka asserts it is assigned)."""
+    try:
+        return consumer.highwater(TP(topic, partition))  # type: ignore[no-any-return]
+    except AssertionError:
+        return None
+
+
+class EpochGate:
+    """The newest coordinator epoch a worker has seen (from StartCommit, Resume, Rewind,
+    CommitToTable, CommitComplete). Resume, StartCommit and Rewind from an older epoch come
+    from a coordinator that was replaced: ignored, logged and counted."""
+
+    OBEYED = (Resume, StartCommit, Rewind)
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.newest = 0
+        self._metrics = metrics
+
+    def admit(self, offset: int, event: Event) -> bool:
+        if not isinstance(event, (Resume, StartCommit, Rewind, CommitToTable, CommitComplete)):
+            return True
+        if event.epoch >= self.newest:
+            self.newest = event.epoch
+            return True
+        if not isinstance(event, self.OBEYED):
+            return True
+        self._metrics.control_events_stale.labels(type=event.TYPE).inc()
+        log.info("control offset %d: %s of coordinator epoch %d ignored: epoch %d seen already",
+                 offset, event.TYPE, event.epoch, self.newest)
+        return False

@@ -1,0 +1,90 @@
+"""The control topic is input, not trust (docs/commits.md): bad control records written by
+someone else (a key that is not UTF-8, a value that is not JSON, a null value, a data-complete
+whose range start is a string) are logged, counted and skipped by every reader. With real
+processes (Tansu, 2 Faust + Spark workers, SQLite catalog): the coordinator does not restart,
+the workers keep answering, and every record lands exactly once (DuckDB)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "cv-pizzas"
+TABLE = "cv.pizzas"
+GROUP = "cv-sink"
+CONTROL = f"{GROUP}-control"
+BAD = [
+    (b"\xff\xfe", b'{"type":"commit-request","v":1,"worker":"x","buffered_bytes":1}'),  # key not UTF-8
+    (GROUP.encode(), b"not json"),
+    (GROUP.encode(), None),
+    (GROUP.encode(), json.dumps({  # would pass the owner checks if its start were an int
+        "v": 1, "type": "data-complete", "commit_id": "r", "response_id": "bad", "worker": "x",
+        "generation": 1, "events_sent": 0, "ranges": [{"tp": {"topic": TOPIC, "partition": 0}, "start": "x", "end": 5}],
+    }).encode()),
+]
+
+
+def send_raw(bootstrap: str) -> int:
+    """Write the bad records to the control partition; the offset of the first."""
+    from aiokafka import AIOKafkaProducer
+
+    async def go() -> int:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks="all")
+        await producer.start()
+        try:
+            offsets = [(await producer.send_and_wait(CONTROL, value, key=key, partition=0)).offset for key, value in BAD]
+        finally:
+            await producer.stop()
+        return offsets[0]
+
+    return asyncio.run(go())
+
+
+@pytest.mark.timeout(600)
+def test_bad_control_records_are_skipped_and_counted_without_a_coordinator_restart(broker, catalog_props, tmp_path):
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.events import StartCommit
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import pizza_values, produce
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, control_events, metric, wait_rows, write_config
+
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("cv")  # two replicas creating it at once can race in the SQL catalog
+    asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 4))
+    cfg = write_config(tmp_path / "sink.json", topics=TOPIC, tables=TABLE, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=GROUP)
+    values = pizza_values(8_000, seed=11)
+    keys = {json.loads(v)["order_id"] for v in values}
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        replicas.start("c1")
+        replicas.start("c2")
+        asyncio.run(produce(broker.bootstrap, TOPIC, values[:4_000], partitions=4))
+        wait_rows(catalog, replicas, (TABLE,), 4_000, timeout_s=300)
+        first_bad = send_raw(broker.bootstrap)
+        asyncio.run(produce(broker.bootstrap, TOPIC, values[4_000:], partitions=4))
+        wait_rows(catalog, replicas, (TABLE,), 8_000, timeout_s=120)
+        ports = [r.metrics_port for r in replicas.replicas.values()]
+        by_worker = [metric(p, 'icesink_control_events_invalid_total{reader="worker"}') for p in ports]
+        by_coordinator = sum(metric(p, 'icesink_control_events_invalid_total{reader="coordinator"}') for p in ports)
+        restarts = sum(metric(p, "icesink_coordinator_restarts_total") for p in ports)
+    finally:
+        replicas.stop_all()
+    assert by_worker == [len(BAD), len(BAD)]
+    assert by_coordinator == len(BAD)
+    assert restarts == 0
+    log = control_events(broker.bootstrap, CONTROL, GROUP)
+    epochs = {ev.epoch for off, ev in log if isinstance(ev, StartCommit) and off > first_bad}
+    assert len(epochs) == 1, f"the coordinator restarted: epochs {sorted(epochs)} after the bad records"
+    text = "".join(r.read_text(errors="replace") for r in (tmp_path / "logs").glob("*.log"))
+    assert "coordinator failed" not in text
+    for offset in range(first_bad, first_bad + len(BAD)):
+        assert f"control offset {offset}:" in text
+    assert "data-complete field ranges[0].start: expected int >= 0, found 'x'" in text
+    assert_exact(catalog, TABLE, keys)

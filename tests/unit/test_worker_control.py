@@ -1,0 +1,234 @@
+"""A worker's control loop and background tasks (agents/tasks.py): Resume, StartCommit and
+Rewind from an older coordinator epoch are ignored; a background task that fails stops the
+replica (exit code 1) instead of dying unnoticed; a coordinator that keeps failing is not
+restarted for ever."""
+
+import asyncio
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agents import tasks
+from agents.tasks import TaskOwner, supervise_coordinator, unless_moved
+from agents.worker import Worker
+from icesink.config import build
+from icesink.events import CommitComplete, CommitToTable, Position, Resume, Rewind, StartCommit, TopicPartition
+from icesink.metrics import Metrics
+
+A = TopicPartition("t", 0)
+
+
+class Reader:
+    """Hands out the given batches, then waits for ever (as a quiet control topic does)."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+        self.drained = asyncio.Event()
+
+    async def read(self, timeout_s):
+        if self.batches:
+            batch = self.batches.pop(0)
+            if isinstance(batch, Exception):
+                raise batch
+            return batch
+        self.drained.set()
+        await asyncio.Event().wait()
+
+
+def make_worker(tmp_path):
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
+    w = Worker(settings, "127.0.0.1:1", Metrics(CollectorRegistry()))
+    w.worker_id = "w1"
+    w.calls = []
+    w.stops = []
+
+    async def on_resume(ev):
+        w.calls.append(("resume", ev.epoch))
+
+    async def respond(commit_id):
+        w.calls.append(("respond", commit_id))
+
+    async def on_rewind(ev):
+        w.calls.append(("rewind", ev.epoch))
+
+    async def on_commit_complete(ev):
+        w.calls.append(("commit-complete", ev.epoch))
+
+    w._on_resume, w._respond, w._on_rewind, w._on_commit_complete = on_resume, respond, on_rewind, on_commit_complete
+    w.request_stop = lambda: w.stops.append(True)
+    return w
+
+
+async def drive(w, batches):
+    """Run the worker's real control loop as run() starts it, until the reader is drained."""
+    w.reader = Reader(batches)
+    loop = asyncio.create_task(w._control_loop())
+    done, _ = await asyncio.wait([loop, asyncio.create_task(w.reader.drained.wait())], return_when=asyncio.FIRST_COMPLETED)
+    for _ in range(5):
+        await asyncio.sleep(0)  # let spawned handlers run
+    loop.cancel()
+    await asyncio.gather(loop, return_exceptions=True)
+
+
+def stale(w, tag):
+    return w.metrics.registry.get_sample_value("icesink_control_events_stale_total", {"type": tag}) or 0
+
+
+def test_resume_start_commit_and_rewind_of_an_older_epoch_are_ignored(tmp_path, caplog):
+    async def go():
+        w = make_worker(tmp_path)
+        events = [
+            StartCommit(5, "r5"),
+            Resume(4, "w1", 1, (Position(A, 3),)),   # the replaced coordinator's answers
+            StartCommit(4, "r4"),
+            Rewind(4, "w1", (A,), "old"),
+            CommitToTable(4, "r4", "db.t", 1, 1, 1, 0),  # not obeyed, only tracked
+            CommitComplete(4, "r4", 9, ()),              # a hint, handled whatever its epoch
+            Resume(5, "w1", 1, (Position(A, 3),)),
+            Rewind(6, "w1", (A,), "new"),
+            StartCommit(5, "late"),                       # 6 seen meanwhile
+        ]
+        await drive(w, [list(enumerate(events))])
+        return w
+
+    with caplog.at_level(logging.INFO, logger="agents.tasks"):
+        w = asyncio.run(go())
+    assert sorted(w.calls) == sorted([("respond", "r5"), ("commit-complete", 4), ("resume", 5), ("rewind", 6)])
+    assert w._open_round == "r5"
+    assert (stale(w, "resume"), stale(w, "start-commit"), stale(w, "rewind")) == (1, 2, 1)
+    assert "control offset 1: resume of coordinator epoch 4 ignored: epoch 5 seen already" in caplog.text
+
+
+def test_a_handler_task_that_fails_stops_the_replica_with_exit_code_1(tmp_path):
+    async def go():
+        w = make_worker(tmp_path)
+
+        async def respond(commit_id):
+            raise RuntimeError("control send failed half-way")
+
+        w._respond = respond
+        await drive(w, [[(0, StartCommit(1, "r1"))]])
+        return w
+
+    w = asyncio.run(go())
+    assert w.stops and w.exit_code == 1
+    assert "control send failed half-way" in w.status["error"]
+
+
+def test_a_control_loop_that_fails_stops_the_replica(tmp_path):
+    async def go():
+        w = make_worker(tmp_path)
+        w.reader = Reader([UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")])
+        w._owner.spawn(w._control_loop(), "control")  # as run() starts it
+        for _ in range(5):
+            await asyncio.sleep(0)
+        await w._owner.close()
+        return w
+
+    w = asyncio.run(go())
+    assert w.stops and w.exit_code == 1 and "invalid start byte" in w.status["error"]
+
+
+def test_tasks_cancelled_on_stop_are_not_failures():
+    failures = []
+
+    async def go():
+        owner = TaskOwner(failures.append)
+
+        async def forever():
+            await asyncio.Event().wait()
+
+        async def fails_when_cancelled():
+            try:
+                await asyncio.Event().wait()
+            finally:
+                raise RuntimeError("cleanup failed")
+
+        owner.spawn(forever(), "a")
+        owner.spawn(fails_when_cancelled(), "b")
+        await asyncio.sleep(0)
+        await owner.close()
+        return len(owner)
+
+    assert asyncio.run(go()) == 0 and failures == []
+
+
+def test_a_coordinator_that_keeps_failing_is_restarted_with_a_backoff_then_raised():
+    metrics = Metrics(CollectorRegistry())
+    delays = []
+    runs = []
+
+    async def run():
+        runs.append(1)
+        raise RuntimeError("deterministic bug")
+
+    async def sleep(s):
+        delays.append(s)
+
+    with pytest.raises(RuntimeError, match="deterministic bug"):
+        asyncio.run(supervise_coordinator(run, metrics, sleep=sleep))
+    assert len(runs) == tasks.COORDINATOR_FAILURES
+    assert delays == [2, 4, 8, 16, 30, 30, 30, 30, 30]
+    assert metrics.registry.get_sample_value("icesink_coordinator_restarts_total") == tasks.COORDINATOR_FAILURES - 1
+
+
+def test_a_coordinator_that_recovers_is_not_given_up(monkeypatch):
+    metrics = Metrics(CollectorRegistry())
+    clock = [0.0]
+    monkeypatch.setattr(tasks.time, "monotonic", lambda: clock[0])
+    outcomes = iter([RuntimeError("catalog down")] * 9 + ["ran long"] + [RuntimeError("again")] * 3 + [None])
+
+    async def run():
+        out = next(outcomes)
+        if out == "ran long":
+            clock[0] += tasks.COORDINATOR_STABLE_S
+            raise RuntimeError("broker gone after a long run")
+        if out is not None:
+            raise out
+
+    async def sleep(s):
+        pass
+
+    asyncio.run(supervise_coordinator(run, metrics, sleep=sleep))  # returns: fenced or stopped
+    assert metrics.registry.get_sample_value("icesink_coordinator_restarts_total") == 13
+
+
+def test_a_seek_that_fails_after_the_partition_moved_is_not_an_error():
+    async def fails():
+        raise RuntimeError("IllegalStateError: no current assignment")
+
+    assert asyncio.run(unless_moved(fails(), lambda: False, "seek of t[0]")) is False
+    with pytest.raises(RuntimeError):
+        asyncio.run(unless_moved(fails(), lambda: True, "seek of t[0]"))
+
+
+def test_the_high_watermark_of_a_partition_a_rebalance_just_took_is_unknown_not_an_error():
+    from agents.tasks import highwater
+
+    class Consumer:
+        def highwater(self, tp):
+            assert tp.partition == 0, "Partition is not assigned"  # as aiokafka does
+            return 42
+
+    assert highwater(Consumer(), "t", 0) == 42
+    assert highwater(Consumer(), "t", 1) is None
+
+
+def test_a_round_met_by_a_catalog_outage_is_not_answered_and_the_replica_goes_on(tmp_path):
+    async def go():
+        w = make_worker(tmp_path)
+        del w._respond  # the real one
+        w._rebalanced.set()
+        w._spark_ready = asyncio.get_running_loop().create_future()
+        w._spark_ready.set_result(None)
+
+        async def evolution_ready():
+            raise ConnectionError("catalog unreachable")
+
+        w._evolution_ready = evolution_ready
+        await w._respond("r1")
+        return w
+
+    w = asyncio.run(go())
+    assert not w.stops and w.exit_code == 0
