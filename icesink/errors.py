@@ -84,6 +84,15 @@ class CommitFailed(IcesinkError):
     retriable = True
 
 
+class TableChangedError(IcesinkError):
+    """Another writer dropped a table or changed it so that accepted files no longer fit it
+    (their partition spec is gone). The commit is retried (the accepted files are never
+    dropped) and the error shown in the log, ``icesink_commit_failures_total`` and /status
+    until an operator restores the table."""
+
+    retriable = True
+
+
 class FencedError(IcesinkError):
     """A newer coordinator epoch holds the table: this coordinator must stop committing."""
 
