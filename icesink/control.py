@@ -19,6 +19,10 @@ from icesink.kafka_admin import ensure_topic
 
 log = logging.getLogger(__name__)
 
+#: The control producer's max_request_size; responses split their events well below it
+#: (agents/respond.py).
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
 
 async def ensure_control_topic(bootstrap: str, topic: str, client_kwargs: dict[str, Any]) -> None:
     await ensure_topic(bootstrap, topic, 1, client_kwargs=client_kwargs)
@@ -33,7 +37,7 @@ class ControlProducer:
             enable_idempotence=False,  # brokers without InitProducerId must work
             acks="all",
             linger_ms=0,
-            max_request_size=16 * 1024 * 1024,
+            max_request_size=MAX_REQUEST_BYTES,
             **client_kwargs,
         )
 

@@ -97,6 +97,13 @@ class FencedError(IcesinkError):
     """A newer coordinator epoch holds the table: this coordinator must stop committing."""
 
 
+class ResponseSendError(IcesinkError):
+    """A worker could not send its response to the control topic. The response stays
+    incomplete (never accepted); the worker keeps its buffers and answers the next round."""
+
+    retriable = True
+
+
 class SparkWriteError(IcesinkError):
     """Spark failed to write data files. The round's response is not sent; the data is retried."""
 
