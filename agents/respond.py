@@ -72,7 +72,10 @@ async def send_response(
     DataWritten (a fault-test hook), then ``complete(number of DataWritten sent)``. Returns
     that number. Raises :class:`ResponseSendError` when a send fails: the response is then
     incomplete, never accepted, and the caller keeps its data for the next round."""
-    parts = [p for ev in written for p in split_written(ev, max_bytes)]
+    try:
+        parts = [p for ev in written for p in split_written(ev, max_bytes)]
+    except ProtocolError as exc:  # a file that fits no event: loud every round, data kept
+        raise ResponseSendError(f"response not sent: {exc}") from exc
     sent = 0
     try:
         for part in parts:

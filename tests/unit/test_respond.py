@@ -95,6 +95,15 @@ def test_the_coordinator_accepts_a_split_response_counting_every_data_written():
     assert st.accepted[P] == 50
 
 
+def test_a_response_with_a_file_that_fits_no_event_is_not_sent():
+    producer = Producer()
+    written = [DataWritten("r1", "x", "w1", TABLE, (stats_file(0, columns=600),))]
+    with pytest.raises(ResponseSendError, match="response not sent: table db.t: expected a DataWritten"):
+        asyncio.run(send_response(producer, written, lambda n: DataComplete("r1", "x", "w1", 1, (), n, None),
+                                  max_bytes=50_000))
+    assert producer.sent == []
+
+
 @pytest.mark.parametrize("fail_at", [1, 2, 3])  # first DataWritten, second one, the DataComplete
 def test_send_response_raises_on_a_failed_send(fail_at):
     written = [DataWritten("r1", "x", "w1", t, (stats_file(0),)) for t in ("db.t", "db.u")]
