@@ -25,8 +25,8 @@ _SECRET_WORDS = ("key", "token", "secret", "password", "credential")
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)(?P<pw>[^/?#\s]*)(?=@)")
 # Spark Connect: sc://host:port/;token=...;user_id=...
 _URL_TOKEN = re.compile(r"(?P<head>[;?&]token=)(?P<pw>[^;&\s]*)", re.IGNORECASE)
-#: Secret values shorter than this are masked where settings are shown, but not searched for
-#: in free text (a one-letter password would blank every log line).
+#: Secret values shorter than this (or numbers, booleans) are masked where settings are shown,
+#: but not searched for in free text (a one-letter password would blank every log line).
 MIN_REDACT_LEN = 3
 
 
@@ -65,17 +65,26 @@ class Hidden:
         return f"<secret of type {self.type_name}, not shown>"
 
 
+def _searchable(value: str) -> bool:
+    """Whether a secret value is searched for in free text: not too short, and not a number or
+    boolean (``spark.io.encryption.keySizeBits=256`` names a setting, not a secret; blanking
+    every "256" would garble the logs)."""
+    return len(value) >= MIN_REDACT_LEN and not _NOT_SECRET.match(value)
+
+
+_NOT_SECRET = re.compile(r"^(\d+|true|false)$", re.IGNORECASE)
+
+
 class Redactor:
     """Replaces every known secret value in a text by :data:`MASK` (longest first)."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        values = sorted({s for s in secrets if s and len(s) >= MIN_REDACT_LEN}, key=len, reverse=True)
+        values = sorted({s for s in secrets if _searchable(s)}, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(s) for s in values)) if values else None
 
     def __call__(self, text: str) -> str:
-        if self._pattern is None:
-            return text
-        return self._pattern.sub(MASK, mask_url(text))
+        text = mask_url(text)
+        return text if self._pattern is None else self._pattern.sub(MASK, text)
 
     def __bool__(self) -> bool:
         return self._pattern is not None
@@ -91,7 +100,11 @@ class RedactingFilter(logging.Filter):
         self._formatter = logging.Formatter()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = self.redact(record.getMessage())
+        try:
+            message = record.getMessage()
+        except Exception:  # bad arguments: logging would report it in emit; never raise here
+            message = f"{record.msg} (log arguments that do not fit: {record.args!r})"
+        record.msg = self.redact(message)
         record.args = None
         if record.exc_info and not record.exc_text:
             record.exc_text = self._formatter.formatException(record.exc_info)

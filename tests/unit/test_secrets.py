@@ -74,6 +74,7 @@ def test_log_records_are_redacted_also_in_errors_and_tracebacks(tmp_path):
     s = settings_with_secrets(tmp_path)
     logger = logging.getLogger("test-secrets")
     logger.propagate = False
+    logger.setLevel(logging.INFO)
     records: list[str] = []
 
     class Keep(logging.Handler):
@@ -89,6 +90,7 @@ def test_log_records_are_redacted_also_in_errors_and_tracebacks(tmp_path):
     try:
         logger.warning("could not connect to %s", s.catalog_props["uri"])
         logger.info("conf %s", dict(s.spark_conf))
+        logger.info("bad arguments %d", s.catalog_props["token"])  # a %d for a str: must not raise
         try:
             raise RuntimeError(f"auth failed with header {s.catalog_props['header.Authorization']}")
         except RuntimeError:
@@ -97,6 +99,7 @@ def test_log_records_are_redacted_also_in_errors_and_tracebacks(tmp_path):
         logger.removeHandler(handler)
     text = "\n".join(records)
     assert "could not connect" in text and "auth failed with header" in text and "RuntimeError" in text
+    assert "bad arguments" in text
     leaked = [v for v in secret_values() if v in text]
     assert not leaked, f"expected no secret in the log, found {leaked} in {text}"
 
@@ -106,6 +109,8 @@ def test_redactor_masks_url_passwords_it_was_not_told_about():
     assert mask_url("kafka://127.0.0.1:9092 and sc://h:1/;user_id=a;token=t") == (
         f"kafka://127.0.0.1:9092 and sc://h:1/;user_id=a;token={MASK}")
     assert Redactor(["ab", "longer-secret"])("ab longer-secret") == f"ab {MASK}"  # too short: kept
+    assert Redactor(["256", "true"])("256 bits: true") == "256 bits: true"  # numbers, booleans: kept
+    assert Redactor([])("at postgresql://u:pw@h/d") == f"at postgresql://u:{MASK}@h/d"
     assert not Redactor([])
 
 
