@@ -8,17 +8,16 @@ control watermark are already in the table and are skipped (replay is idempotent
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-
 from collections import defaultdict
+from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.typedef import EMPTY_DICT, Record
 
 from coordinator.state import Accepted
 from icesink.errors import FencedError, TableChangedError
@@ -126,8 +125,8 @@ class _SpecAwareAppend(_FastAppendFiles):
     spec, which mislabels the partitions of files written before another writer changed the
     spec. Files of other specs get one manifest per spec here (a table may hold files of
     several specs); the snapshot summary still counts them all. Pinned to pyiceberg 0.12's
-    ``_SnapshotProducer._manifests`` and ``_added_data_files`` (pyproject.toml);
-    tests/integration/test_partition_types.py fails if they change."""
+    ``_SnapshotProducer._manifests``, ``_summary`` and ``_added_data_files`` (pyproject.toml);
+    tests/integration/test_table_changes.py fails if they change."""
 
     @classmethod
     def of(cls, tx: Transaction, props: dict[str, str]) -> "_SpecAwareAppend":
