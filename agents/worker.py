@@ -33,6 +33,7 @@ from agents.deadletter import DeadLetters, DeadLetterSendError, screen
 from agents.debezium import CDC_COLUMN, DebeziumTransform
 from agents.evolution import Evolver, identifier_paths
 from agents.formats import RecordFormat
+from agents.respond import send_response
 from agents.routing import Router, Routes
 from agents.source_consumer import ConsumerGuard, inject_faults, isolation_level
 from agents.tasks import EpochGate, TaskOwner, highwater, supervise_coordinator, unless_moved
@@ -40,7 +41,7 @@ from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
-from icesink.errors import ConfigError, DataError, FencedError, UnsupportedTypeError
+from icesink.errors import ConfigError, DataError, FencedError, ResponseSendError, UnsupportedTypeError
 from icesink.faults import crash_point, die, should_crash
 from icesink.events import (
     Claim,
@@ -674,8 +675,7 @@ class Worker:
                         self.spark.write, self.targets[name].table, data, file_prefix=prefix,
                         target_file_size_bytes=self.settings.target_file_size_bytes,
                     )
-                    spec_id = self.targets[name].table.spec().spec_id
-                    infos = tuple(to_file_info(f, spec_id) for f in files)
+                    infos = tuple(to_file_info(f, f.spec_id) for f in files)  # the spec it was written with
                     self.metrics.files_written.labels(table=name).inc(len(infos))
                     self.metrics.bytes_written.labels(table=name).inc(sum(f.size_bytes for f in infos))
                     written.append(DataWritten(commit_id, response_id, self.worker_id, name, infos))
@@ -685,16 +685,17 @@ class Worker:
                 self.buffers.restore(snap)
                 return
             self.metrics.write_duration.observe(time.monotonic() - started)
-            for ev in written:
-                await self.producer.send(ev)
-                crash_point(self.settings, "worker.mid-response")
-            await self.producer.send(DataComplete(
-                commit_id, response_id, self.worker_id, snap.generation, snap.ranges, len(written),
-                self._valid_through_ms(),
-            ))
+            try:  # DataWritten split to fit the control topic, then DataComplete
+                sent = await send_response(self.producer, written, lambda n: DataComplete(
+                    commit_id, response_id, self.worker_id, snap.generation, snap.ranges, n, self._valid_through_ms(),
+                ), lambda: crash_point(self.settings, "worker.mid-response"))
+            except ResponseSendError as exc:
+                log.error("round %s not answered, data kept for the next round: %s", commit_id, exc)
+                self.buffers.restore(snap)
+                return
             self._update_gauges()
-            log.info("round %s: answered %d partitions, %d rows in %d files", commit_id, len(snap.ranges),
-                     snap.rows, sum(len(w.files) for w in written))
+            log.info("round %s: answered %d partitions, %d rows in %d files (%d DataWritten)", commit_id,
+                     len(snap.ranges), snap.rows, sum(len(w.files) for w in written), sent)
 
     def _valid_through_ms(self) -> int | None:
         """All records older than this are in the response or earlier ones: now, if every

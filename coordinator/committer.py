@@ -15,14 +15,19 @@ hide it (docs/commits.md).
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table, Transaction
+from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.typedef import EMPTY_DICT, Record
 
 from coordinator.state import Accepted, Checkpoint
-from icesink.errors import ControlLogError, FencedError
+from icesink.errors import ControlLogError, FencedError, TableChangedError
 from icesink.events import TopicPartition
 from icesink.iceberg import SinkState, latest_sink_summary, state_property, summary_properties, to_data_file
 
@@ -56,7 +61,7 @@ def commit_table(
     a coordinator that cannot read its checkpoint recovers from the tables); ``log_id``: the
     control log's identity (None: unknown, not checked); ``adopted``: the operator adopted this
     log (iceberg.control.adopt-log-id), so state of another log counts as nothing on it."""
-    table = catalog.load_table(table_name)
+    table = _load_table(catalog, table_name, batch)
     applied = _applied_watermark(table, table_name, group, epoch, log_id, adopted)
     todo = [a for a in batch if a.offset > applied and a.files.get(table_name)]
     watermark = max((a.offset for a in batch), default=applied)
@@ -75,7 +80,7 @@ def commit_table(
     with table.transaction() as tx:
         _recheck_on_retry(tx, table_name, group, epoch, applied, log_id, adopted)
         tx.set_properties({state_property(group): state.to_json()})
-        with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+        with _SpecAwareAppend.of(tx, props) as append:
             for f in files:
                 append.append_data_file(to_data_file(f, table))
     snap = table.current_snapshot()
@@ -142,3 +147,88 @@ def _recheck_on_retry(
         rebuild()
 
     tx._rebuild_snapshot_updates = checked_rebuild  # type: ignore[method-assign]
+
+
+# Tables changed by other writers ---------------------------------------------------------
+
+
+def _load_table(catalog: Catalog, table_name: str, batch: list[Accepted]) -> Table:
+    """The table, or a :class:`TableChangedError` that says it was dropped (retried: accepted
+    files are never dropped, and commit once the table is back)."""
+    try:
+        return catalog.load_table(table_name)
+    except NoSuchTableError as exc:
+        waiting = sum(len(a.files.get(table_name, ())) for a in batch)
+        raise TableChangedError(
+            f"table {table_name}: expected it in catalog {catalog.name}, found none ({exc}): another "
+            f"writer dropped or renamed it; {waiting} accepted data files wait for it. Recreate it with "
+            "the same schema and partition spec (or restore it) and the commit goes through; the "
+            "coordinator retries until then"
+        ) from exc
+
+
+class _SpecAwareAppend(_FastAppendFiles):
+    """A fast append that writes each file under the partition spec it was written with.
+    pyiceberg 0.12 writes every added file into one manifest of the table's current default
+    spec, which mislabels the partitions of files written before another writer changed the
+    spec. Files of other specs get one manifest per spec here (a table may hold files of
+    several specs); the snapshot summary still counts them all. Pinned to pyiceberg 0.12's
+    ``_SnapshotProducer._manifests``, ``_summary`` and ``_added_data_files`` (pyproject.toml);
+    tests/integration/test_table_changes.py fails if they change."""
+
+    @classmethod
+    def of(cls, tx: Transaction, props: dict[str, str]) -> "_SpecAwareAppend":
+        update = tx.update_snapshot(snapshot_properties=props)
+        return cls(
+            operation=Operation.APPEND, transaction=tx, io=update._io, branch=update._branch,
+            snapshot_properties=update._snapshot_properties,
+        )
+
+    def _manifests(self) -> list[ManifestFile]:
+        metadata = self._transaction.table_metadata
+        default = metadata.default_spec_id
+        every = self._added_data_files
+        others: dict[int, list] = defaultdict(list)  # type: ignore[type-arg]
+        for f in every:
+            if f.spec_id != default:
+                others[f.spec_id].append(f)
+        if not others:
+            return super()._manifests()
+        specs = metadata.specs()
+        extra: list[ManifestFile] = []
+        for spec_id, files in sorted(others.items()):
+            if spec_id not in specs:  # to_data_file checked it; the table changed since
+                raise TableChangedError(
+                    f"table {'.'.join(self._transaction._table.name())}: expected partition spec id {spec_id} "
+                    f"of {len(files)} files, found spec ids {sorted(specs)}")
+            with self.new_manifest_writer(spec=specs[spec_id]) as writer:
+                for f in files:
+                    writer.add(ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
+                        sequence_number=None, file_sequence_number=None, data_file=f,
+                    ))
+            extra.append(writer.to_manifest_file())
+        self._added_data_files = [f for f in every if f.spec_id == default]
+        try:
+            return extra + super()._manifests()
+        finally:
+            self._added_data_files = every
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        # pyiceberg reads every added file's partition with the default spec (partition
+        # metrics); files of another spec are counted without their partition tuple.
+        default = self._transaction.table_metadata.default_spec_id
+        every = self._added_data_files
+        self._added_data_files = [f if f.spec_id == default else _unpartitioned_copy(f) for f in every]
+        try:
+            return super()._summary(snapshot_properties)
+        finally:
+            self._added_data_files = every
+
+
+def _unpartitioned_copy(f: DataFile) -> DataFile:
+    """``f`` for the snapshot summary's counts only: same size and records, no partition."""
+    return DataFile.from_args(
+        content=f.content, file_path=f.file_path, file_format=f.file_format, partition=Record(),
+        record_count=f.record_count, file_size_in_bytes=f.file_size_in_bytes,
+    )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from icesink.errors import ConfigError, ControlLogError
+from icesink.secrets import install_log_redaction
 
 log = logging.getLogger("icesink")
 
@@ -36,12 +37,15 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
 
 
 def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The settings; from here on every log record is redacted of their secrets."""
     from icesink.config import load_settings
 
     overrides = _overrides(args.set or [])
     if getattr(args, "metrics_port", None) is not None:
         overrides["metrics.port"] = args.metrics_port
-    return load_settings(args.config, os.environ, overrides)
+    settings = load_settings(args.config, os.environ, overrides)
+    install_log_redaction(settings.redactor())
+    return settings
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -51,12 +55,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from icesink.status import serve
 
     settings = _settings(args)
+    redact = settings.redactor()
     log.info("settings: %s", settings.masked())
     bootstrap, broker = resolve_bootstrap(settings)
     metrics = Metrics()
     worker = Worker(settings, bootstrap, metrics)
     if settings.metrics_port:
-        serve(settings.metrics_port, metrics.registry, worker.status_report)
+        serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
     try:
         asyncio.run(worker.run())
     finally:
@@ -212,4 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         code = 2
     except KeyboardInterrupt:
         code = 130
+    except Exception:  # logged through the redacting handlers, not Python's bare traceback
+        log.exception("icesink %s stopped by an unexpected error", args.command)
+        code = 1
     sys.exit(code)

@@ -21,6 +21,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from icesink.errors import ConfigError
+from icesink.secrets import MASK, Hidden, Redactor, is_secret_key, mask_setting, mask_url, url_secrets
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,8 @@ class Settings(BaseSettings):
     # Object-store tables with a local Spark: write under state.dir, then upload (see README).
     write_staging: Literal["auto", "always", "never"] = Field("auto", alias="write.staging")
     metrics_port: int = Field(9400, alias="metrics.port", ge=0, le=65535)
+    # Interface of /metrics and /status: all (IPv4) by default, as Prometheus exporters do.
+    metrics_host: str = Field("0.0.0.0", alias="metrics.host", min_length=1)
     state_dir: Path = Field(Path("var"), alias="state.dir")
     worker_id: str | None = Field(None, alias="worker.id")
     shutdown_timeout_ms: int = Field(30_000, alias="shutdown.timeout-ms", ge=100)
@@ -374,12 +377,26 @@ class Settings(BaseSettings):
         return kw
 
     def masked(self) -> dict[str, Any]:
-        """Settings for logs and status output; secrets are masked by SecretStr."""
+        """Settings for logs and status output, secrets masked (icesink/secrets.py)."""
         out = self.model_dump(by_alias=True)
-        for k, v in list(out["iceberg.catalog.*"].items()):
-            if any(s in k.lower() for s in ("secret", "password", "token", "credential")):
-                out["iceberg.catalog.*"][k] = "**********"
-        return {k: (str(v) if isinstance(v, SecretStr) else v) for k, v in out.items()}
+        for field in ("iceberg.catalog.*", "spark.*"):
+            out[field] = {k: mask_setting(k, v) for k, v in out[field].items()}
+        return {k: (MASK if isinstance(v, SecretStr) else mask_url(v) if isinstance(v, str) else v)
+                for k, v in out.items()}
+
+    def secret_values(self) -> set[str]:
+        """Every secret value in these settings: what must never leave the process."""
+        out = {s.get_secret_value() for s in (self.sasl_password, self.ssl_password) if s is not None}
+        for props in (self.catalog_props, self.spark_conf):
+            for k, v in props.items():
+                if is_secret_key(k):
+                    out.add(v)
+                out.update(url_secrets(v))
+        out.update(url_secrets(self.spark_remote or ""))
+        return {v for v in out if v}
+
+    def redactor(self) -> Redactor:
+        return Redactor(self.secret_values())
 
 
 def _reraise_as(key: str, fn: Any, value: str) -> None:
@@ -488,10 +505,20 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
         key = str(loc)
         if key in Settings.model_fields:
             key = Settings.model_fields[key].alias or key
-        found = err.get("input", fields.get(key))
+        found = _shown(key, err.get("input", fields.get(key)))
         if err["type"] == "missing":
             raise ConfigError(key, None, "a value (the setting is required)") from None
         raise ConfigError(key, found, err["msg"].removeprefix("Value error, ")) from None
+
+
+_SECRET_FIELDS = {"sasl.password", "ssl.password"}
+
+
+def _shown(key: str, value: Any) -> Any:
+    """A value as a config error may quote it: secrets only by type, URL passwords masked."""
+    if key in _SECRET_FIELDS or (key.startswith((_PREFIX_CATALOG, "spark.")) and is_secret_key(key.removeprefix(_PREFIX_CATALOG))):
+        return Hidden(value)
+    return mask_url(value) if isinstance(value, str) else value
 
 
 def load_settings(

@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 #: The control topic is the commit log: never deleted by time or size, never compacted (every
 #: event of a group has the same key, so compaction would keep one event per group).
 CONTROL_TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
+#: The control producer's max_request_size: the largest event plus key and batch framing;
+#: responses split their events well below it (agents/respond.py).
+MAX_REQUEST_BYTES = events.MAX_EVENT_BYTES + 1024 * 1024
+
 
 
 async def ensure_control_topic(
@@ -75,7 +79,7 @@ class ControlProducer:
             enable_idempotence=False,  # brokers without InitProducerId must work
             acks="all",
             linger_ms=0,
-            max_request_size=events.MAX_EVENT_BYTES + 1024 * 1024,  # key and batch framing
+            max_request_size=MAX_REQUEST_BYTES,
             **client_kwargs,
         )
 

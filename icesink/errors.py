@@ -84,6 +84,15 @@ class CommitFailed(IcesinkError):
     retriable = True
 
 
+class TableChangedError(IcesinkError):
+    """Another writer dropped a table or changed it so that accepted files no longer fit it
+    (their partition spec is gone). The commit is retried (the accepted files are never
+    dropped) and the error shown in the log, ``icesink_commit_failures_total`` and /status
+    until an operator restores the table."""
+
+    retriable = True
+
+
 class FencedError(IcesinkError):
     """A newer coordinator epoch holds the table: this coordinator must stop committing."""
 
@@ -92,6 +101,13 @@ class ControlLogError(IcesinkError):
     """The control log is not the one the tables' sink state came from (recreated, emptied,
     compacted or truncated past what is needed): its offsets no longer compare with the
     tables' watermarks. The coordinator refuses to commit; an operator must act."""
+
+
+class ResponseSendError(IcesinkError):
+    """A worker could not send its response to the control topic. The response stays
+    incomplete (never accepted); the worker keeps its buffers and answers the next round."""
+
+    retriable = True
 
 
 class SparkWriteError(IcesinkError):

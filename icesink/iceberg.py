@@ -6,18 +6,23 @@ Blocking calls; callers run them off the event loop.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Mapping
+from uuid import UUID
 
 from pyiceberg.catalog import Catalog, load_catalog as _load_catalog
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
+from pyiceberg.types import BinaryType, DecimalType, FixedType, IcebergType, UUIDType
 
 from icesink.config import Settings
-from icesink.errors import ProtocolError
+from icesink.errors import ProtocolError, TableChangedError
 from icesink.events import FileInfo, TopicPartition
 
 # Snapshot summary keys (design/exactly-once.md, "Durable state" item 2).
@@ -60,9 +65,52 @@ def split_name(table: str) -> tuple[str, str]:
 
 
 def _json_value(v: Any) -> Any:
+    """A partition Record value as a JSON scalar: decimals as their exact text, binary, fixed
+    and uuid (bytes, or a UUID) as base64; :func:`_partition_value` reads them back by type."""
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
-    raise TypeError(f"partition value {v!r} of type {type(v).__name__} is not supported yet")
+    if isinstance(v, Decimal):
+        return str(v)
+    if isinstance(v, UUID):
+        v = v.bytes
+    if isinstance(v, (bytes, bytearray)):
+        return base64.b64encode(v).decode("ascii")
+    raise TypeError(f"partition value {v!r} of type {type(v).__name__}: expected a JSON scalar, "
+                    "Decimal, bytes or UUID (the partition Record types of Iceberg)")
+
+
+def _partition_value(v: Any, result_type: IcebergType) -> Any:
+    """A FileInfo partition value back as the partition Record holds it, for its field's
+    result type (the inverse of :func:`_json_value`)."""
+    if v is None:
+        return None
+    if isinstance(result_type, DecimalType):
+        return Decimal(v) if isinstance(v, str) else Decimal(str(v))
+    if isinstance(result_type, (BinaryType, FixedType, UUIDType)):
+        return base64.b64decode(v, validate=True) if isinstance(v, str) else v
+    return v
+
+
+def file_spec(fi: FileInfo, table: Table) -> PartitionSpec:
+    """The partition spec ``fi`` was written with, checked against its partition tuple. Raises
+    :class:`TableChangedError` when the table no longer has it (dropped and recreated, or its
+    metadata replaced): committing the file under another spec would mislabel its partition."""
+    spec = table.specs().get(fi.spec_id)
+    name = ".".join(table.name())
+    if spec is None:
+        raise TableChangedError(
+            f"table {name}: expected partition spec id {fi.spec_id} (the spec file {fi.path} was written "
+            f"with), found spec ids {sorted(table.specs())}: the table was dropped and recreated or its "
+            "metadata replaced by another writer; restore it, or stop the sink and delete the group's "
+            "control topic and state to start over"
+        )
+    if len(fi.partition) != len(spec.fields):
+        raise TableChangedError(
+            f"table {name}: expected {len(spec.fields)} partition values for spec id {fi.spec_id} "
+            f"({_fields(spec)}), found {len(fi.partition)} in file {fi.path}: the table was recreated with "
+            "other partitioning by another writer; restore it, or start the group over"
+        )
+    return spec
 
 
 def to_file_info(df: DataFile, spec_id: int) -> FileInfo:
@@ -84,13 +132,27 @@ def to_file_info(df: DataFile, spec_id: int) -> FileInfo:
     )
 
 
+def _fields(spec: PartitionSpec) -> str:
+    return ", ".join(f"{f.name}={f.transform}" for f in spec.fields) or "unpartitioned"
+
+
 def to_data_file(fi: FileInfo, table: Table) -> DataFile:
+    """The DataFile to commit, under the spec it was written with (:func:`file_spec`)."""
+    spec = file_spec(fi, table)
+    types = [f.field_type for f in spec.partition_type(table.schema()).fields]
+    try:
+        partition = Record(*(_partition_value(v, t) for v, t in zip(fi.partition, types, strict=True)))
+    except (ValueError, ArithmeticError) as exc:  # binascii.Error is a ValueError
+        raise TableChangedError(
+            f"table {'.'.join(table.name())}: partition values {fi.partition!r} of file {fi.path} do not "
+            f"fit spec id {fi.spec_id} ({_fields(spec)}): {exc}; the table was recreated by another writer"
+        ) from exc
     df = DataFile.from_args(
         _table_format_version=table.format_version,
         content=DataFileContent.DATA,
         file_path=fi.path,
         file_format=FileFormat.PARQUET,
-        partition=Record(*fi.partition),
+        partition=partition,
         record_count=fi.record_count,
         file_size_in_bytes=fi.size_bytes,
         column_sizes=dict(fi.column_sizes),

@@ -1,11 +1,14 @@
-"""The HTTP endpoint of a replica, on ``metrics.port``: ``/metrics`` (Prometheus text format)
-and ``/status`` (JSON: this worker's phase and partitions, and the coordinator's phase, last
-commit and any failing commit with its error and attempt count, when this replica runs it)."""
+"""The HTTP endpoint of a replica, on ``metrics.host``:``metrics.port``: ``/metrics``
+(Prometheus text format) and ``/status`` (JSON: this worker's phase and partitions, and the
+coordinator's phase, last commit and any failing commit with its error and attempt count, when
+this replica runs it). Both bodies pass through the settings' :class:`Redactor`: an error that
+quotes a secret setting shows it masked."""
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -15,14 +18,24 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 log = logging.getLogger(__name__)
 
 
-def serve(port: int, registry: CollectorRegistry, status: Callable[[], dict[str, Any]]) -> ThreadingHTTPServer:
+def serve(
+    host: str,
+    port: int,
+    registry: CollectorRegistry,
+    status: Callable[[], dict[str, Any]],
+    redact: Callable[[str], str] = str,
+) -> ThreadingHTTPServer:
+    """Serve on ``host`` (``0.0.0.0``: every IPv4 interface; ``::``: every interface) and
+    ``port`` from a daemon thread."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                body, ctype = generate_latest(registry), CONTENT_TYPE_LATEST
+                body, ctype = redact(generate_latest(registry).decode()).encode(), CONTENT_TYPE_LATEST
             elif path == "/status":
-                body, ctype = json.dumps(_snapshot(status), indent=2, default=str).encode(), "application/json"
+                text = json.dumps(_snapshot(status), indent=2, default=str)
+                body, ctype = redact(text).encode(), "application/json"
             else:
                 self.send_error(404, "try /metrics or /status")
                 return
@@ -35,10 +48,14 @@ def serve(port: int, registry: CollectorRegistry, status: Callable[[], dict[str,
         def log_message(self, *_: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    server = Server((host, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="icesink-http", daemon=True).start()
-    log.info("metrics on http://0.0.0.0:%d/metrics, status on /status", port)
+    shown = f"[{host}]" if ":" in host else host
+    log.info("metrics on http://%s:%d/metrics, status on /status", shown, server.server_address[1])
     return server
 
 

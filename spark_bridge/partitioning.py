@@ -307,6 +307,16 @@ def _source_array(data: pa.Table, schema: Schema, source: NestedField) -> pa.Chu
     return array
 
 
+def _storage(array: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """An extension array (identity of a uuid column) as its storage (fixed_size_binary(16)):
+    Arrow's unique/index_in/group_by have no kernels for extension types."""
+    if not isinstance(array.type, pa.BaseExtensionType):
+        return array
+    if isinstance(array, pa.ChunkedArray):
+        return pa.chunked_array([c.storage for c in array.chunks], type=array.type.storage_type)
+    return array.storage
+
+
 def partition_values(data: pa.Table, spec: PartitionSpec, schema: Schema) -> pa.Table:
     """One column per partition field (named like the field), computed vectorised."""
     columns: list[pa.ChunkedArray | pa.Array] = []
@@ -320,6 +330,6 @@ def partition_values(data: pa.Table, spec: PartitionSpec, schema: Schema) -> pa.
             result = pc.binary_slice(array, 0, field.transform.width)
         else:
             result = field.transform.pyarrow_transform(source.field_type)(array)
-        columns.append(result)
+        columns.append(_storage(result))
         names.append(field.name)
     return pa.Table.from_arrays(columns, names=names)
