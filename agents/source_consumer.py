@@ -1,5 +1,7 @@
 """The source consumer (Faust's, over aiokafka): read committed records only, and a consumer
 that can no longer consume stops the replica.
+The small pieces of Faust glue about the consumer live here too: its credentials, this
+replica's group member id (for claims), and read offsets Faust must not keep.
 
 Faust builds its AIOKafkaConsumer with ``isolation_level=read_uncommitted`` unless the app runs
 Faust's own transactions (``processing_guarantee=exactly_once``, which needs InitProducerId and
@@ -24,6 +26,7 @@ import logging
 from typing import Any, Callable
 
 import aiokafka.codec
+import faust
 from aiokafka.consumer.fetcher import FetchResult
 from aiokafka.errors import ConsumerStoppedError
 
@@ -152,3 +155,34 @@ def inject_faults(settings: Settings) -> None:
     if should_crash(settings, "worker.lz4-unavailable"):
         log.warning("fault injection: the lz4 codec is unavailable in this replica")
         aiokafka.codec.has_lz4 = lambda: False  # type: ignore[assignment]
+
+
+def group_member_id(app: faust.App) -> str | None:
+    """This replica's consumer-group member id (Claim.member: tells a group reset from a zombie)."""
+    try:
+        return str(app.consumer._thread._ensure_consumer()._coordinator.member_id) or None
+    except AttributeError:
+        return None
+
+
+class NoReadOffsets(dict):  # type: ignore[type-arg]
+    """Faust's per-partition read offsets, always unknown (see _install_fetch_stamp)."""
+
+    def __getitem__(self, key: Any) -> None:
+        return None
+
+    def get(self, key: Any, default: Any = None) -> None:  # type: ignore[override]
+        return None
+
+
+def faust_credentials(s: Settings) -> Any:
+    if s.sasl_mechanism:
+        return faust.SASLCredentials(
+            username=s.sasl_username,
+            password=s.sasl_password.get_secret_value() if s.sasl_password else None,
+            mechanism=s.sasl_mechanism,
+            ssl_context=s.kafka_client_kwargs().get("ssl_context"),
+        )
+    if s.security_protocol == "SSL":
+        return faust.SSLCredentials(s.kafka_client_kwargs()["ssl_context"])
+    return None

@@ -35,7 +35,9 @@ from agents.evolution import Evolver, identifier_paths
 from agents.formats import RecordFormat
 from agents.respond import send_response
 from agents.routing import Router, Routes
-from agents.source_consumer import ConsumerGuard, inject_faults, isolation_level
+from agents.source_consumer import (
+    ConsumerGuard, NoReadOffsets, faust_credentials, group_member_id, inject_faults, isolation_level,
+)
 from agents.tasks import EpochGate, TaskOwner, highwater, supervise_coordinator, unless_moved
 from agents.tables import Target, create_target, load_target
 from coordinator.service import Coordinator
@@ -125,7 +127,7 @@ class Worker:
         app = faust.App(
             s.group_id,
             broker=";".join(f"kafka://{b.strip()}" for b in self.bootstrap.split(",")),
-            broker_credentials=_faust_credentials(s),
+            broker_credentials=faust_credentials(s),
             value_serializer="raw",
             key_serializer="raw",
             store="memory://",
@@ -200,7 +202,7 @@ class Worker:
         # Faust drops records below its own "read offset", which its drain loop can set
         # after one of our seeks, silently dropping the re-fetched records. Offsets are
         # checked strictly by PartitionState.select, so Faust's check is switched off.
-        consumer._read_offset = _NoReadOffsets()
+        consumer._read_offset = NoReadOffsets()
 
     def _install_no_leave_group(self) -> None:
         """Never send LeaveGroup: a stopped replica leaves the group when its session times out.
@@ -353,7 +355,7 @@ class Worker:
     async def _on_assigned(self, sender: Any, assigned: set[Any], **_: Any) -> None:
         self._rebalanced.clear()
         self.generation = int(self.app.consumer_generation_id or 0)
-        self.member_id = _group_member_id(self.app)
+        self.member_id = group_member_id(self.app)
         mine = self._source(assigned)
         for tp in list(self.buffers.partitions):
             if tp not in mine:
@@ -791,39 +793,8 @@ class Worker:
         self.metrics.paused_partitions.set(paused)
 
 
-def _group_member_id(app: faust.App) -> str | None:
-    """This replica's consumer-group member id (Claim.member: tells a group reset from a zombie)."""
-    try:
-        return str(app.consumer._thread._ensure_consumer()._coordinator.member_id) or None
-    except AttributeError:
-        return None
-
-
 def _exit_hard(limit: float) -> None:
     log.error("shutdown did not finish within %.1fs; exiting now (uncommitted work is re-read by the next owner)", limit)
     for h in logging.getLogger().handlers:
         h.flush()
     os._exit(70)
-
-
-class _NoReadOffsets(dict):  # type: ignore[type-arg]
-    """Faust's per-partition read offsets, always unknown (see _install_fetch_stamp)."""
-
-    def __getitem__(self, key: Any) -> None:
-        return None
-
-    def get(self, key: Any, default: Any = None) -> None:  # type: ignore[override]
-        return None
-
-
-def _faust_credentials(s: Settings) -> Any:
-    if s.sasl_mechanism:
-        return faust.SASLCredentials(
-            username=s.sasl_username,
-            password=s.sasl_password.get_secret_value() if s.sasl_password else None,
-            mechanism=s.sasl_mechanism,
-            ssl_context=s.kafka_client_kwargs().get("ssl_context"),
-        )
-    if s.security_protocol == "SSL":
-        return faust.SSLCredentials(s.kafka_client_kwargs()["ssl_context"])
-    return None
