@@ -244,3 +244,77 @@ def test_ownership_survives_a_consumer_group_reset(broker, catalog_props, tmp_pa
     finally:
         replicas.stop_all()
     assert_exact(catalog, table, keys)
+
+
+@pytest.mark.timeout(600)
+def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_deleted(broker, catalog_props, tmp_path):
+    """Someone who is not a group member writes a complete response (DataWritten + DataComplete)
+    and a half one (DataWritten only) naming Parquet files outside the table. Neither is committed,
+    and neither file is deleted: not when the complete one is rejected, not when the half one's
+    writer owns nothing at the next rebalance, not in the replay of a coordinator failover."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from aiokafka import AIOKafkaProducer
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.events import DataComplete, DataWritten, FileInfo, OffsetRange, TopicPartition, encode
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import pizza_values, produce
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, http_json, metric, wait_rows, write_config
+
+    topic, table, group = "fg-orders", "fg.orders", "fg-sink"
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("fg")
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=group)
+    values = pizza_values(3000, seed=14)
+    keys = {json.loads(v)["order_id"] for v in values}
+    victims = []
+    for name in ("complete", "half"):
+        path = tmp_path / "elsewhere" / f"{name}.parquet"
+        path.parent.mkdir(exist_ok=True)
+        pq.write_table(pa.table({"order_id": ["forged-1", "forged-2"]}), path)
+        victims.append(FileInfo(f"file://{path}", 2, path.stat().st_size, 0))
+    tp = TopicPartition(topic, 0)
+    forged = [
+        DataWritten("r", "forged-1", "intruder", table, (victims[0],)),
+        DataComplete("r", "forged-1", "intruder", 99, (OffsetRange(tp, 0, 0),), 1, None),
+        DataWritten("r", "forged-2", "intruder", table, (victims[1],)),
+    ]
+
+    async def inject() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False, acks="all")
+        await producer.start()
+        try:
+            for ev in forged:
+                await producer.send_and_wait(f"{group}-control", encode(ev), key=group.encode(), partition=0)
+        finally:
+            await producer.stop()
+
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        replicas.start()
+        asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
+        wait_rows(catalog, replicas, (table,), 1000, timeout_s=240)
+        asyncio.run(inject())
+        replicas.start()  # a rebalance: the intruder owns nothing
+        asyncio.run(produce(broker.bootstrap, topic, values[1000:2000], partitions=2))
+        wait_rows(catalog, replicas, (table,), 2000, timeout_s=180)
+        refused = sum(metric(r.metrics_port, "icesink_control_events_refused_total") for r in replicas.replicas.values())
+        coord = leader(replicas, http_json)
+        assert coord is not None
+        replicas.kill(coord.name)  # the next coordinator replays the forged events
+        replicas.start()
+        asyncio.run(produce(broker.bootstrap, topic, values[2000:], partitions=2))
+        wait_rows(catalog, replicas, (table,), len(values), timeout_s=240)
+        time.sleep(4)
+    finally:
+        replicas.stop_all()
+    assert refused >= 2  # each coordinator that reads them (a new leader replays them too)
+    for v in victims:
+        assert os.path.exists(v.path.removeprefix("file://")), f"{v.path} was deleted"
+    assert_exact(catalog, table, keys)  # no forged row
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
+    assert "names 1 files outside the table's location" in logs
