@@ -240,9 +240,10 @@ class Worker:
         client = self.settings.kafka_client_kwargs()
         await ensure_control_topic(self.bootstrap, self.settings.control_topic, client,
                                    replication_factor=self.settings.control_replication_factor)
-        self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client)
+        secret = self.settings.control_signing_key()
+        self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client, secret)
         self.reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id, client,
-                                    metrics=self.metrics, reader="worker")
+                                    metrics=self.metrics, reader="worker", secret=secret)
         await self.producer.start()
         await self.reader.start()
         await self.reader.seek_to_end()

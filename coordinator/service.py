@@ -75,6 +75,7 @@ class Coordinator:
         self._reader = ControlReader(
             bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
             commit_group=f"{self.group}-coordinator", metrics=metrics, reader="coordinator",
+            secret=settings.control_signing_key(),
         )
         self._commit_task: asyncio.Task[None] | None = None
         self._roots = TableRoots(catalog)

@@ -91,7 +91,8 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
         bootstrap, _ = resolve_bootstrap(settings)
 
     async def tail() -> None:
-        reader = ControlReader(bootstrap, settings.control_topic, settings.group_id, settings.kafka_client_kwargs())
+        reader = ControlReader(bootstrap, settings.control_topic, settings.group_id, settings.kafka_client_kwargs(),
+                               secret=settings.control_signing_key())
         await reader.start()
         try:
             end = await reader.end_offset()

@@ -101,6 +101,7 @@ class Settings(BaseSettings):
     # After a refusal because the control topic was recreated: its new topic id, to start the group
     # over on it from the positions in the tables (docs/commits.md).
     control_adopt_log_id: str | None = Field(None, alias="iceberg.control.adopt-log-id")
+    control_secret: SecretStr | None = Field(None, alias="iceberg.control.secret")
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
     commit_timeout_ms: int = Field(30_000, alias="iceberg.control.commit.timeout-ms", ge=100)
@@ -384,9 +385,13 @@ class Settings(BaseSettings):
         return {k: (MASK if isinstance(v, SecretStr) else mask_url(v) if isinstance(v, str) else v)
                 for k, v in out.items()}
 
+    def control_signing_key(self) -> bytes | None:
+        """The key that signs and checks control events (icesink/signing.py), if set."""
+        return self.control_secret.get_secret_value().encode() if self.control_secret is not None else None
+
     def secret_values(self) -> set[str]:
         """Every secret value in these settings: what must never leave the process."""
-        out = {s.get_secret_value() for s in (self.sasl_password, self.ssl_password) if s is not None}
+        out = {s.get_secret_value() for s in (self.sasl_password, self.ssl_password, self.control_secret) if s is not None}
         for props in (self.catalog_props, self.spark_conf):
             for k, v in props.items():
                 if is_secret_key(k):

@@ -17,7 +17,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition as KafkaTP
 from aiokafka.structs import OffsetAndMetadata
 
-from icesink import events
+from icesink import events, signing
 from icesink.errors import ControlLogError, ProtocolError
 from icesink.kafka_admin import TopicError, ensure_topic, topic_configs
 from icesink.metrics import Metrics
@@ -71,9 +71,14 @@ def check_control_configs(topic: str, configs: dict[str, str]) -> None:
 
 
 class ControlProducer:
-    def __init__(self, bootstrap: str, topic: str, group: str, client_kwargs: dict[str, Any]) -> None:
+    """Sends this group's events; with ``secret`` (iceberg.control.secret) each is signed."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, group: str, client_kwargs: dict[str, Any], secret: bytes | None = None,
+    ) -> None:
         self.topic = topic
         self.group = group
+        self._secret = secret
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             enable_idempotence=False,  # brokers without InitProducerId must work
@@ -91,9 +96,9 @@ class ControlProducer:
 
     async def send(self, event: events.Event) -> int:
         """Send one event and wait until the broker has it; returns its control offset."""
-        meta = await self._producer.send_and_wait(
-            self.topic, events.encode(event), key=self.group.encode(), partition=0
-        )
+        key, value = self.group.encode(), events.encode(event)
+        headers = [(signing.HEADER, signing.sign(self._secret, key, value))] if self._secret else None
+        meta = await self._producer.send_and_wait(self.topic, value, key=key, partition=0, headers=headers)
         return int(meta.offset)
 
 
@@ -102,7 +107,8 @@ class ControlReader:
     store and fetch a committed offset (the coordinator's checkpoint pointer); it never joins
     a consumer group (manual assignment), so readers never rebalance each other.
 
-    ``reader`` names it in the invalid-event metric and log (``worker``, ``coordinator``)."""
+    ``reader`` names it in the invalid-event metric and log (``worker``, ``coordinator``). With
+    ``secret`` (iceberg.control.secret), an event without a valid signature is invalid."""
 
     def __init__(
         self,
@@ -113,8 +119,10 @@ class ControlReader:
         commit_group: str | None = None,
         metrics: Metrics | None = None,
         reader: str = "tool",
+        secret: bytes | None = None,
     ) -> None:
         self.group = group
+        self._secret = secret
         self.reader = reader
         self._invalid = metrics.control_events_invalid.labels(reader=reader) if metrics is not None else None
         self._reported: dict[int, None] = {}  # offsets of invalid events already logged and counted
@@ -168,7 +176,8 @@ class ControlReader:
         out: list[tuple[int, events.Event]] = []
         for record in batches.get(self.tp, []):
             try:
-                event = decode_record(record.key, record.value, record.offset, self.group)
+                event = decode_record(record.key, record.value, record.offset, self.group,
+                                      headers=record.headers, secret=self._secret)
             except ProtocolError as exc:
                 self._skip(record.offset, exc)
                 continue
@@ -199,9 +208,13 @@ class ControlReader:
         return None
 
 
-def decode_record(key: bytes | None, value: bytes | None, offset: int, group: str) -> events.Event | None:
+def decode_record(
+    key: bytes | None, value: bytes | None, offset: int, group: str,
+    headers: Any = None, secret: bytes | None = None,
+) -> events.Event | None:
     """The event of one control record, None if it belongs to another group; ProtocolError
-    (naming the offset) if it is not a valid event. Records without a key count as ours."""
+    (naming the offset) if it is not a valid event, or with ``secret`` not signed with it.
+    Records without a key count as ours."""
     if key is not None:
         try:
             name = key.decode("utf-8")
@@ -211,4 +224,12 @@ def decode_record(key: bytes | None, value: bytes | None, offset: int, group: st
             ) from None
         if name != group:
             return None
+    if secret is not None:
+        wrong = signing.problem(secret, key, value, headers)
+        if wrong is not None:
+            raise ProtocolError(
+                f"control offset {offset}: signature: expected an HMAC-SHA256 under the group's "
+                f"iceberg.control.secret, found {wrong} (written from outside the group, or by a replica "
+                "with another secret)"
+            )
     return events.decode(value, offset=offset)

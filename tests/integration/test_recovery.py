@@ -318,3 +318,51 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
     assert_exact(catalog, table, keys)  # no forged row
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
     assert "names 1 files outside the table's location" in logs
+
+
+@pytest.mark.timeout(600)
+def test_with_a_group_secret_a_forged_start_commit_from_outside_is_ignored(broker, catalog_props, tmp_path):
+    """``iceberg.control.secret``: a well-formed but unsigned StartCommit with a huge epoch, which
+    would otherwise make every reader take it as the newest coordinator's and ignore the real one
+    (no round would close again), is skipped and counted by every reader; data keeps landing."""
+    from aiokafka import AIOKafkaProducer
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.events import StartCommit, encode
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import pizza_values, produce
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config
+
+    topic, table, group = "sg-orders", "sg.orders", "sg-sink"
+    catalog = load_catalog("it", **catalog_props)
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=group,
+                       **{"iceberg.control.secret": "it-group-secret"})
+    values = pizza_values(2000, seed=15)
+    keys = {json.loads(v)["order_id"] for v in values}
+
+    async def forge() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False, acks="all")
+        await producer.start()
+        try:
+            await producer.send_and_wait(f"{group}-control", encode(StartCommit(10**6, "forged")),
+                                         key=group.encode(), partition=0)
+        finally:
+            await producer.stop()
+
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        w = replicas.start()
+        asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
+        wait_rows(catalog, replicas, (table,), 1000, timeout_s=240)
+        asyncio.run(forge())
+        asyncio.run(produce(broker.bootstrap, topic, values[1000:], partitions=2))
+        wait_rows(catalog, replicas, (table,), len(values), timeout_s=120)
+        invalid = {r: metric(w.metrics_port, f'icesink_control_events_invalid_total{{reader="{r}"}}')
+                   for r in ("worker", "coordinator")}
+    finally:
+        replicas.stop_all()
+    assert invalid == {"worker": 1, "coordinator": 1}
+    assert_exact(catalog, table, keys)

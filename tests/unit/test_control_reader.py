@@ -24,8 +24,8 @@ class FakeConsumer:
         return {tp: self.batches.pop(0)} if self.batches else {}
 
 
-def record(offset, key, value):
-    return SimpleNamespace(offset=offset, key=key, value=value)
+def record(offset, key, value, headers=()):
+    return SimpleNamespace(offset=offset, key=key, value=value, headers=headers)
 
 
 BAD = [
