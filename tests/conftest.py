@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -31,3 +31,16 @@ def catalog_props(tmp_path: Path) -> dict[str, str]:
     from icesink.embedded import sqlite_catalog_properties
 
     return sqlite_catalog_properties(tmp_path / "catalog")
+
+
+@pytest.fixture
+def postgres() -> Iterator[Any]:
+    """A PostgreSQL server of this test's own (a catalog shared by processes, a CDC source)."""
+    from tests.support.postgres import PostgresServer
+
+    server = PostgresServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()

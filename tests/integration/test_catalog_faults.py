@@ -19,18 +19,6 @@ TOPIC = "pg-pizzas"
 TABLE = "pg.pizzas"
 
 
-@pytest.fixture
-def postgres():
-    from tests.support.postgres import PostgresServer
-
-    server = PostgresServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.destroy()
-
-
 class OtherWriter(threading.Thread):
     """Appends 5 rows with keys ext-<n>-<i> every 0.7 s through its own catalog object."""
 

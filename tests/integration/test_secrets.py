@@ -26,18 +26,6 @@ SECRETS = {
 PG_PASSWORD = "pg-pass-g7"
 
 
-@pytest.fixture
-def postgres():
-    from tests.support.postgres import PostgresServer
-
-    server = PostgresServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.destroy()
-
-
 def _connects(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=5):
