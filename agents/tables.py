@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import (
+    NamespaceAlreadyExistsError, NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError,
+)
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
@@ -75,6 +77,14 @@ def load_target(catalog: Catalog, name: str) -> Target | None:
         return None
 
 
+def _namespace_exists(catalog: Catalog, namespace: str) -> bool:
+    try:
+        catalog.load_namespace_properties(namespace)
+        return True
+    except NoSuchNamespaceError:
+        return False
+
+
 def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.Schema | Schema) -> Target:
     """Create ``name`` from an inferred Arrow (or Iceberg) schema; another replica may win the race."""
     if not settings.auto_create:
@@ -87,6 +97,10 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
         catalog.create_namespace(namespace)
     except NamespaceAlreadyExistsError:
         pass
+    except Exception:  # a lost race: some catalogs (SQL) report it as a database integrity error
+        if not _namespace_exists(catalog, namespace):
+            raise
+        log.info("namespace %s was created meanwhile by another replica", namespace)
     schema = iceberg_schema(inferred)
     schema = with_identifier_fields(schema, settings.id_columns(name), settings.id_columns_key(name), name)
     if settings.schema_force_optional:
@@ -108,6 +122,12 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
         log.info("created table %s with schema %s and partition spec %s", name, table.schema(), table.spec())
     except TableAlreadyExistsError:
         table = catalog.load_table(name)
+    except Exception as exc:  # a lost race reported as a database integrity error (SQL catalog)
+        try:
+            table = catalog.load_table(name)
+        except NoSuchTableError:
+            raise exc from None
+        log.info("table %s was created meanwhile by another replica", name)
     # Readers map columns by name where a file lacks field ids (e.g. list elements).
     if "schema.name-mapping.default" not in table.properties:
         try:
