@@ -267,12 +267,6 @@ class CoordinatorState:
         """Every owned partition has answered the current round."""
         return bool(self.owners) and set(self.owners) <= self.round_covered
 
-    def take_pending(self) -> tuple[list[Accepted], Checkpoint]:
-        """Hand every accepted response to a commit, with the checkpoint it will establish."""
-        batch, cp = self.plan_commit()
-        self.committed(batch)
-        return batch, cp
-
     def committed(self, batch: list[Accepted]) -> None:
         """Every table holds ``batch`` and its CommitComplete is sent: no longer pending."""
         done = {id(a) for a in batch}

@@ -24,6 +24,12 @@ class ConfigError(IcesinkError):
         super().__init__(f"invalid setting {key!r}: expected {expected}, found {value!r}")
 
 
+def _placed(reason: str, **where: object) -> str:
+    """``reason (topic=t, partition=0, offset=5, ...)``: where it happened, the known parts."""
+    known = [f"{k}={v}" for k, v in where.items() if v is not None]
+    return f"{reason} ({', '.join(known)})" if known else reason
+
+
 class DataError(IcesinkError):
     """A record that cannot be decoded or coerced. Names where it came from and which field."""
 
@@ -41,17 +47,7 @@ class DataError(IcesinkError):
         self.partition = partition
         self.offset = offset
         self.field = field
-        where = []
-        if topic is not None:
-            where.append(f"topic={topic}")
-        if partition is not None:
-            where.append(f"partition={partition}")
-        if offset is not None:
-            where.append(f"offset={offset}")
-        if field is not None:
-            where.append(f"field={field}")
-        suffix = f" ({', '.join(where)})" if where else ""
-        super().__init__(f"{reason}{suffix}")
+        super().__init__(_placed(reason, topic=topic, partition=partition, offset=offset, field=field))
 
 
 class UnsupportedTypeError(IcesinkError):
@@ -134,6 +130,4 @@ class ConsumerError(IcesinkError):
         self.topic = topic
         self.partition = partition
         self.offset = offset
-        where = [f"{k}={v}" for k, v in (("topic", topic), ("partition", partition), ("offset", offset),
-                                         ("in", service)) if v is not None]
-        super().__init__(f"{reason} ({', '.join(where)})" if where else reason)
+        super().__init__(_placed(reason, topic=topic, partition=partition, offset=offset, **{"in": service}))

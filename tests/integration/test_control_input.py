@@ -28,22 +28,6 @@ BAD = [
 ]
 
 
-def send_raw(bootstrap: str) -> int:
-    """Write the bad records to the control partition; the offset of the first."""
-    from aiokafka import AIOKafkaProducer
-
-    async def go() -> int:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks="all")
-        await producer.start()
-        try:
-            offsets = [(await producer.send_and_wait(CONTROL, value, key=key, partition=0)).offset for key, value in BAD]
-        finally:
-            await producer.stop()
-        return offsets[0]
-
-    return asyncio.run(go())
-
-
 @pytest.mark.timeout(600)
 def test_bad_control_records_are_skipped_and_counted_without_a_coordinator_restart(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
@@ -52,7 +36,7 @@ def test_bad_control_records_are_skipped_and_counted_without_a_coordinator_resta
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import pizza_values, produce
     from icesink.replicas import ReplicaSet
-    from tests.support.sinkrun import assert_exact, control_events, metric, wait_rows, write_config
+    from tests.support.sinkrun import assert_exact, control_events, metric, wait_rows, write_config, write_control
 
     catalog = load_catalog("it", **catalog_props)
     catalog.create_namespace("cv")  # two replicas creating it at once can race in the SQL catalog
@@ -67,7 +51,7 @@ def test_bad_control_records_are_skipped_and_counted_without_a_coordinator_resta
         replicas.start("c2")
         asyncio.run(produce(broker.bootstrap, TOPIC, values[:4_000], partitions=4))
         wait_rows(catalog, replicas, (TABLE,), 4_000, timeout_s=300)
-        first_bad = send_raw(broker.bootstrap)
+        first_bad = write_control(broker.bootstrap, CONTROL, BAD)[0]
         asyncio.run(produce(broker.bootstrap, TOPIC, values[4_000:], partitions=4))
         wait_rows(catalog, replicas, (TABLE,), 8_000, timeout_s=120)
         ports = [r.metrics_port for r in replicas.replicas.values()]

@@ -254,14 +254,13 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
     writer owns nothing at the next rebalance, not in the replay of a coordinator failover."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from aiokafka import AIOKafkaProducer
     from pyiceberg.catalog import load_catalog
 
     from icesink.events import DataComplete, DataWritten, FileInfo, OffsetRange, TopicPartition, encode
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import pizza_values, produce
     from icesink.replicas import ReplicaSet
-    from tests.support.sinkrun import assert_exact, http_json, metric, wait_rows, write_config
+    from tests.support.sinkrun import assert_exact, http_json, metric, wait_rows, write_config, write_control
 
     topic, table, group = "fg-orders", "fg.orders", "fg-sink"
     catalog = load_catalog("it", **catalog_props)
@@ -284,21 +283,12 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
         DataWritten("r", "forged-2", "intruder", table, (victims[1],)),
     ]
 
-    async def inject() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False, acks="all")
-        await producer.start()
-        try:
-            for ev in forged:
-                await producer.send_and_wait(f"{group}-control", encode(ev), key=group.encode(), partition=0)
-        finally:
-            await producer.stop()
-
     replicas = ReplicaSet(cfg, tmp_path / "logs")
     try:
         replicas.start()
         asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
         wait_rows(catalog, replicas, (table,), 1000, timeout_s=240)
-        asyncio.run(inject())
+        write_control(broker.bootstrap, f"{group}-control", [(group.encode(), encode(ev)) for ev in forged])
         replicas.start()  # a rebalance: the intruder owns nothing
         asyncio.run(produce(broker.bootstrap, topic, values[1000:2000], partitions=2))
         wait_rows(catalog, replicas, (table,), 2000, timeout_s=180)
@@ -325,14 +315,13 @@ def test_with_a_group_secret_a_forged_start_commit_from_outside_is_ignored(broke
     """``iceberg.control.secret``: a well-formed but unsigned StartCommit with a huge epoch, which
     would otherwise make every reader take it as the newest coordinator's and ignore the real one
     (no round would close again), is skipped and counted by every reader; data keeps landing."""
-    from aiokafka import AIOKafkaProducer
     from pyiceberg.catalog import load_catalog
 
     from icesink.events import StartCommit, encode
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import pizza_values, produce
     from icesink.replicas import ReplicaSet
-    from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config
+    from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config, write_control
 
     topic, table, group = "sg-orders", "sg.orders", "sg-sink"
     catalog = load_catalog("it", **catalog_props)
@@ -343,21 +332,12 @@ def test_with_a_group_secret_a_forged_start_commit_from_outside_is_ignored(broke
     values = pizza_values(2000, seed=15)
     keys = {json.loads(v)["order_id"] for v in values}
 
-    async def forge() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False, acks="all")
-        await producer.start()
-        try:
-            await producer.send_and_wait(f"{group}-control", encode(StartCommit(10**6, "forged")),
-                                         key=group.encode(), partition=0)
-        finally:
-            await producer.stop()
-
     replicas = ReplicaSet(cfg, tmp_path / "logs")
     try:
         w = replicas.start()
         asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
         wait_rows(catalog, replicas, (table,), 1000, timeout_s=240)
-        asyncio.run(forge())
+        write_control(broker.bootstrap, f"{group}-control", [(group.encode(), encode(StartCommit(10**6, "forged")))])
         asyncio.run(produce(broker.bootstrap, topic, values[1000:], partitions=2))
         wait_rows(catalog, replicas, (table,), len(values), timeout_s=120)
         invalid = {r: metric(w.metrics_port, f'icesink_control_events_invalid_total{{reader="{r}"}}')

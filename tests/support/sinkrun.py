@@ -93,6 +93,24 @@ def control_events(bootstrap: str, topic: str, group: str) -> list[tuple[int, An
     return asyncio.run(read())
 
 
+def write_control(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]]) -> list[int]:
+    """Write raw (key, value) records to a control topic as someone outside the group would
+    (no signature); their offsets."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    async def go() -> list[int]:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks="all")
+        await producer.start()
+        try:
+            return [(await producer.send_and_wait(topic, value, key=key, partition=0)).offset for key, value in records]
+        finally:
+            await producer.stop()
+
+    return asyncio.run(go())
+
+
 def read_topic(bootstrap: str, topic: str, want: int, timeout_s: float) -> list[Any]:
     """Every record of ``topic`` once at least ``want`` are there (or the timeout passed)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition

@@ -146,7 +146,8 @@ def test_any_decoded_sequence_applied_to_the_state_never_raises(log):
     state.round_answered()
     state.take_rejected()
     state.take_orphans()
-    batch, cp = state.take_pending()
+    batch, cp = state.plan_commit()
+    state.committed(batch)
     checkpoint = checkpoint_event(1, "r", cp, None)
     assert decode(encode(checkpoint)) == checkpoint  # the state it checkpoints is valid input too
     recovered = CoordinatorState.from_checkpoint(checkpoint)

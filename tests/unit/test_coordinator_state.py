@@ -105,7 +105,8 @@ def test_replay_from_checkpoint_reaches_the_same_state():
     events = log_with_owners() + response("x", "w1", 1, [OffsetRange(A, 0, 5), OffsetRange(B, 10, 12)])
     events += [DataWritten("r2", "y", "w1", "db.t", (f("late"),))]  # its DataComplete comes later
     live = run(events)
-    batch, cp = live.take_pending()
+    batch, cp = live.plan_commit()
+    live.committed(batch)
     assert len(batch) == 1
     done = checkpoint_event(1, "r1", cp, None)
     assert done.replay_from == len(events) - 1  # the open response's first event
@@ -129,7 +130,8 @@ def test_open_response_abandoned_by_a_later_completed_one_is_expired_with_its_fi
     st = run(events)
     assert [o.path for o in st.take_orphans()] == ["file:///x/lost.parquet"]
     assert not st.partial and len(st.pending) == 1
-    batch, cp = st.take_pending()
+    batch, cp = st.plan_commit()
+    st.committed(batch)
     assert cp.replay_from == len(events)  # nothing open pins the replay any more
 
 
@@ -165,7 +167,8 @@ def test_replay_never_reopens_a_response_accepted_at_or_below_the_checkpoint():
     ]
     events += response("y", "w2", 1, [OffsetRange(C, 0, 5)], files=("committed",))
     live = run(events)
-    batch, cp = live.take_pending()
+    batch, cp = live.plan_commit()
+    live.committed(batch)
     assert [a.worker for a in batch] == ["w2"]
     done = checkpoint_event(1, "r1", cp, None)
     assert done.replay_from < done.through  # the open response pins the replay start
@@ -201,7 +204,8 @@ def test_claims_after_a_consumer_group_reset_take_ownership():
 
 def test_a_reset_is_remembered_across_a_checkpoint():
     st = run([Claim("w1", 7, (A,), member="m1"), Resume(1, "w1", 7, (Position(A, 0),))])
-    _, cp = st.take_pending()
+    batch, cp = st.plan_commit()
+    st.committed(batch)
     recovered = CoordinatorState.from_checkpoint(checkpoint_event(1, "r", cp, None))
     assert recovered.owners == {A: ("w1", 7)}
     recovered.apply(5, Claim("w1", 6, (A,), member="m1"))  # a stale claim of a known member
