@@ -9,7 +9,7 @@ transaction markers), never when it is a stale prefetch from before a seek.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,25 +43,31 @@ class PartitionState:
     gap_probe: tuple[int, int] | None = None  # (offset, seeks when seen) of a suspected gap
     confirmed_gap: int | None = None  # an offset seen first after two separate seeks
 
-    def select(self, messages: list[Any]) -> tuple[list[Any], int | None]:
-        """The messages to take, in order (each has .offset and .time_in, its fetch stamp),
-        and the offset of a suspected gap if a fresh fetch skipped the expected offset.
+    def select(self, records: Sequence[Any], fetched_at: float) -> tuple[Sequence[Any], int | None]:
+        """The records of one fetch to take, in order (each has .offset), and the offset of a
+        suspected gap if a fresh fetch (``fetched_at``, after the last activation) skipped the
+        expected offset.
 
         A record above the expected offset is never taken on one sight: a stale prefetch
         looks the same. The worker seeks again; only when the same first offset comes back
         after two separate seeks is it a real gap (compaction, transaction markers)."""
-        if not self.active:
+        if not self.active or not records:
             return [], None
+        expected = self.next_offset
+        first = records[0].offset
+        if first == expected and records[-1].offset - first == len(records) - 1:
+            self.confirmed_gap = None  # the common case: the whole fetch follows on, no gap
+            return records, None
         taken = []
         suspect = None
-        expected = self.next_offset
-        for m in messages:
+        fresh = fetched_at > self.activated_at
+        for m in records:
             off = m.offset
             if off == expected or (off > expected and off == self.confirmed_gap):
                 taken.append(m)
                 expected = off + 1
                 self.confirmed_gap = None
-            elif off > expected and suspect is None and (m.time_in or 0.0) > self.activated_at:
+            elif off > expected and suspect is None and fresh:
                 suspect = off
         return taken, suspect
 

@@ -598,11 +598,10 @@ def _metadata_arrays(messages: Sequence[Any], wanted: set[str]) -> dict[str, pa.
         out["partition"] = pa.array(np.fromiter((m.partition for m in messages), np.int32, n))
     if "offset" in wanted:
         out["offset"] = pa.array(np.fromiter((m.offset for m in messages), np.int64, n))
-    if "timestamp" in wanted:  # Faust gives seconds as a float; Kafka's -1 means none
-        seconds = np.fromiter((np.nan if m.timestamp is None else m.timestamp for m in messages), np.float64, n)
-        ms = np.rint(seconds * 1000)
-        missing = np.isnan(ms) | (ms < 0)
-        out["timestamp"] = pa.array(np.where(missing, 0, ms).astype(np.int64), mask=missing)
+    if "timestamp" in wanted:  # aiokafka's records: ms since the epoch; Kafka's -1 means none
+        ms = np.fromiter((-1 if m.timestamp is None else m.timestamp for m in messages), np.int64, n)
+        missing = ms < 0
+        out["timestamp"] = pa.array(np.where(missing, 0, ms), mask=missing)
     if "headers" in wanted:
         out["headers"] = _headers(messages)
     return out

@@ -36,7 +36,7 @@ from agents.formats import RecordFormat
 from agents.respond import send_response
 from agents.routing import Router, Routes
 from agents.source_consumer import (
-    ConsumerGuard, NoReadOffsets, faust_credentials, group_member_id, inject_faults, isolation_level,
+    ConsumerGuard, Fetched, faust_credentials, group_member_id, inject_faults, install_batch_drain, isolation_level,
 )
 from agents.tasks import EpochGate, TaskOwner, highwater, supervise_coordinator, unless_moved
 from agents.tables import Target, create_target, load_target
@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 CLAIM_RETRY_S = 15.0
 REQUEST_EVERY_S = 5.0
+FETCHES_QUEUED = 2  # fetches waiting for the ingest agent
 
 
 def _tp(t: Any) -> TopicPartition:
@@ -143,20 +144,24 @@ class Worker:
             # see _install_no_leave_group.
             broker_max_poll_interval=60.0,
             broker_rebalance_timeout=max(20.0, 2 * s.session_timeout_ms / 1000),
-            stream_buffer_maxsize=max(4096, s.consumer_max_batch * 2),
+            broker_max_poll_records=s.consumer_max_batch,  # records of one fetch handed to the agent
             producer_acks=-1,
             logging_config=None,
         )
         # acks=False: Faust never tracks or commits these offsets; icesink commits them only
-        # after CommitComplete.
-        source = app.topic(*s.topics, value_serializer="raw", key_serializer="raw", acks=False)
+        # after CommitComplete. The topic is subscribed through the conductor (_start_faust); its records
+        # reach the agent as whole fetches (source_consumer.install_batch_drain), through an
+        # in-memory channel of at most FETCHES_QUEUED fetches: a slow agent holds the drain
+        # back, so fetched bytes waiting for conversion stay bounded.
+        self.source = app.topic(*s.topics, value_serializer="raw", key_serializer="raw", acks=False)
+        self.fetches = app.channel(maxsize=FETCHES_QUEUED)
         worker = self
 
-        @app.agent(source, name="icesink-ingest")
+        @app.agent(self.fetches, name="icesink-ingest")
         async def ingest(stream: faust.Stream) -> None:
-            async for batch in stream.take_events(s.consumer_max_batch, within=0.2):
+            async for fetched in stream:
                 try:
-                    await worker.on_events(batch)
+                    await worker.on_fetch(fetched)
                 except (ConfigError, DataError, UnsupportedTypeError) as exc:
                     # A setting that cannot apply to the data (say a day() partition of a string
                     # column), or a bad record under errors.tolerance=none: retrying cannot
@@ -167,7 +172,7 @@ class Worker:
                     # A bug. Faust would restart the agent without this batch and the replica
                     # would answer empty rounds for ever: stop instead (exit code 1), so the
                     # failure is seen and the records are read again by the next owner.
-                    log.exception("ingest failed on a batch of %d records", len(batch))
+                    log.exception("ingest failed on a fetch of %d records", len(fetched))
                     worker.fail(exc, exit_code=1)
                     return
 
@@ -175,34 +180,6 @@ class Worker:
         app.on_partitions_assigned.connect(self._on_assigned)
         app.on_rebalance_complete.connect(self._on_rebalance_complete)
         return app
-
-    def _install_fetch_stamp(self) -> None:
-        """Stamp every message with the monotonic time its fetch returned to the event loop,
-        so a record fetched before a partition was (re)activated is known as stale.
-        Pinned to faust-streaming 0.15.3 internals (pyproject.toml)."""
-        consumer = self.app.consumer
-        wait, to_message = consumer._wait_next_records, consumer._to_message
-
-        async def stamped_wait(timeout: float) -> Any:
-            records, active = await wait(timeout)
-            if records:
-                now = time.monotonic()
-                for batch in records.values():
-                    for record in batch:
-                        record.icesink_fetched_at = now
-            return records, active
-
-        def stamped_message(tp: Any, record: Any) -> Any:
-            message = to_message(tp, record)
-            message.time_in = getattr(record, "icesink_fetched_at", 0.0)
-            return message
-
-        consumer._wait_next_records = stamped_wait
-        consumer._to_message = stamped_message
-        # Faust drops records below its own "read offset", which its drain loop can set
-        # after one of our seeks, silently dropping the re-fetched records. Offsets are
-        # checked strictly by PartitionState.select, so Faust's check is switched off.
-        consumer._read_offset = NoReadOffsets()
 
     def _install_no_leave_group(self) -> None:
         """Never send LeaveGroup: a stopped replica leaves the group when its session times out.
@@ -273,7 +250,10 @@ class Worker:
         # Ours only request a stop; Faust's would stop Faust alone (and a SIGTERM during
         # its start-up was lost, the replica running on without consuming).
         faust_worker.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self._install_fetch_stamp()
+        # Subscribed here, on the running loop: the conductor binds its events to the loop
+        # that first touches it (touched in __init__, it waited on another loop for ever).
+        self.app.topics.add(self.source)
+        install_batch_drain(self.app, lambda fetched: self.fetches.send(value=fetched))
         inject_faults(self.settings)  # fault tests only
         # read_committed; a consumer that can no longer consume stops the replica (exit code 1)
         ConsumerGuard(self.app, self.metrics, lambda exc: self.fail(exc, exit_code=1), self._stop.is_set).install()
@@ -441,16 +421,12 @@ class Worker:
 
     # Consuming -------------------------------------------------------------------------------
 
-    async def on_events(self, batch: Sequence[Any]) -> None:
+    async def on_fetch(self, fetched: Fetched) -> None:
         """Take the records of active partitions in offset order, convert them in bulk."""
         if should_crash(self.settings, "worker.ingest-bug"):
             raise RuntimeError("fault injection: an unexpected error while converting a batch")
-        by_tp: dict[TopicPartition, list[Any]] = {}
-        for ev in batch:
-            m = ev.message
-            by_tp.setdefault(TopicPartition(m.topic, m.partition), []).append(m)
-        for tp, messages in by_tp.items():
-            self.metrics.records_consumed.labels(topic=tp.topic).inc(len(messages))
+        for tp, records in fetched.records.items():
+            self.metrics.records_consumed.labels(topic=tp.topic).inc(len(records))
             st = self.buffers.partitions.get(tp)
             if st is None or not st.active:
                 continue
@@ -458,7 +434,7 @@ class Worker:
                 # Paused because the buffers are full: records still in flight would grow
                 # them past the bound. They are read again: the release seeks back.
                 continue
-            taken, suspect = st.select(messages)
+            taken, suspect = st.select(records, fetched.fetched_at)
             if taken:
                 await self._buffer(st, taken)
             if suspect is not None and not st.reseeking:
@@ -506,7 +482,7 @@ class Worker:
             await self.deadletters.reject(messages, rejects)
         self.metrics.records_converted.labels(topic=st.tp.topic).inc(int(landed.sum()))
         last = messages[-1]
-        ts = int(last.timestamp * 1000) if last.timestamp else None
+        ts = last.timestamp if last.timestamp is not None and last.timestamp >= 0 else None
         self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
 
     async def _decode(self, name: str, target: Target | None, values: list[bytes], messages: list[Any]) -> Converted:

@@ -15,6 +15,7 @@ from faust.types import TP
 
 from agents import worker as worker_module
 from agents.buffer import Buffers
+from agents.source_consumer import Fetched
 from agents.routing import Router
 from agents.tables import Target
 from agents.worker import Worker
@@ -76,11 +77,10 @@ def make_worker(max_bytes: int) -> Worker:
     return w
 
 
-def batch(start: int, end: int) -> list:
-    now = time.monotonic()
-    return [SimpleNamespace(message=SimpleNamespace(
-        topic=P.topic, partition=P.partition, offset=o, value=b'{"id": %d}' % o, timestamp=None, time_in=now,
-    )) for o in range(start, end)]
+def batch(start: int, end: int) -> Fetched:
+    return Fetched({P: [SimpleNamespace(
+        topic=P.topic, partition=P.partition, offset=o, value=b'{"id": %d}' % o, timestamp=None, key=None, headers=(),
+    ) for o in range(start, end)]}, time.monotonic())
 
 
 def requests(w: Worker) -> list:
@@ -91,12 +91,12 @@ def test_full_buffers_pause_ask_once_and_stop_growing():
     w = make_worker(max_bytes=100)  # 8 bytes a row: full after 13 rows
 
     async def run():
-        await w.on_events(batch(0, 20))
+        await w.on_fetch(batch(0, 20))
         assert w._backpressure and w.buffers.full and w.buffers.rows == 20
         assert ("pause", [FP]) in w.app.consumer.calls
         assert len(requests(w)) == 1 and requests(w)[0].buffered_bytes == w.buffers.nbytes
         # Records still in flight after the pause are not taken: the buffers stay as they are.
-        await w.on_events(batch(20, 40))
+        await w.on_fetch(batch(20, 40))
         assert w.buffers.rows == 20 and w.buffers.partitions[P].next_offset == 20
         assert len(requests(w)) == 1  # a repeat only after REQUEST_EVERY_S
 
@@ -109,8 +109,8 @@ def test_a_round_resumes_where_the_buffer_ends_and_the_next_fill_asks_at_once():
     w = make_worker(max_bytes=100)
 
     async def run():
-        await w.on_events(batch(0, 20))
-        await w.on_events(batch(20, 40))  # skipped while paused
+        await w.on_fetch(batch(0, 20))
+        await w.on_fetch(batch(20, 40))  # skipped while paused
         w.buffers.take(1)  # a round takes the buffers (Worker._respond) ...
         await w._release_backpressure()  # ... and releases them
         calls = w.app.consumer.calls
@@ -118,7 +118,7 @@ def test_a_round_resumes_where_the_buffer_ends_and_the_next_fill_asks_at_once():
         # the rest of a fetch for a partition paused mid-way) before resuming.
         assert calls[-2:] == [("seek", {FP: 20}), ("resume", [FP])]
         assert not w._backpressure
-        await w.on_events(batch(20, 40))
+        await w.on_fetch(batch(20, 40))
         assert w.buffers.rows == 20 and w.buffers.partitions[P].next_offset == 40
         # Full again within REQUEST_EVERY_S of the first request: asked at once. (It used to
         # be rate-limited; with partitions paused no batch came to ask again: stalled until
@@ -132,7 +132,7 @@ def test_housekeeping_asks_again_while_full_and_resumes_when_no_longer_full(monk
     w = make_worker(max_bytes=100)
 
     async def run():
-        await w.on_events(batch(0, 20))
+        await w.on_fetch(batch(0, 20))
         await w._check_backpressure()
         assert len(requests(w)) == 1  # too soon for a repeat
         monkeypatch.setattr(worker_module, "REQUEST_EVERY_S", 0.0)
@@ -150,7 +150,7 @@ def test_a_failed_seek_keeps_partitions_paused():
     w = make_worker(max_bytes=100)
 
     async def run():
-        await w.on_events(batch(0, 20))
+        await w.on_fetch(batch(0, 20))
         w.buffers.take(1)
         w.app.consumer.fail_seek = True
         await w._release_backpressure()

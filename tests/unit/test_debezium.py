@@ -232,7 +232,7 @@ def _messages(vals: list[bytes]) -> list[Any]:
     from types import SimpleNamespace
 
     return [SimpleNamespace(value=v, key=b'{"id":%d}' % i, offset=OFFSETS[i], partition=0, topic="dbz.public.orders",
-                            timestamp=1_700_000_000.0, headers=()) for i, v in enumerate(vals)]
+                            timestamp=1_700_000_000_000, headers=()) for i, v in enumerate(vals)]
 
 
 def _format(form: str):

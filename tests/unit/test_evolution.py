@@ -418,7 +418,7 @@ def _envelope(fields: list[dict], payload: dict) -> bytes:
 
 def _msg(value: bytes, i: int) -> SimpleNamespace:
     return SimpleNamespace(value=value, key=f"k{i}".encode(), offset=100 + i, partition=2, topic="orders",
-                           timestamp=1_700_000_000.0 + i, headers=())
+                           timestamp=1_700_000_000_000 + 1000 * i, headers=())
 
 
 OLD_FIELDS = [

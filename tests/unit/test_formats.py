@@ -64,7 +64,7 @@ class Msg:
     offset: int = 0
     partition: int = 3
     topic: str = "orders"
-    timestamp: float | None = 1_700_000_000.123
+    timestamp: int | None = 1_700_000_000_123  # ms, as aiokafka gives it
     headers: Any = field(default_factory=list)
 
 
@@ -413,7 +413,7 @@ def test_key_and_flat_metadata_columns_on_plain_json():
     fmt = RecordFormat(settings(**{"iceberg.tables.kafka-metadata-enabled": "true", "iceberg.tables.key-column": "_key"}))
     values = [json.dumps({"id": i}).encode() for i in range(30)]
     values[4] = b"not json"
-    msgs = [Msg(v, key=None if i == 1 else f"k{i}".encode(), offset=500 + i, timestamp=1_700_000_000.5 + i,
+    msgs = [Msg(v, key=None if i == 1 else f"k{i}".encode(), offset=500 + i, timestamp=1_700_000_000_500 + 1000 * i,
                 headers=[("trace", b"t%d" % i), ("trace", b"\xff")] if i == 2 else ())
             for i, v in enumerate(values)]
     msgs[3].timestamp = None
@@ -473,7 +473,7 @@ def test_an_existing_table_gets_the_metadata_columns_it_has_in_its_types():
         NestedField(4, "_kafka_metadata_partition", LongType()),
     )
     values = [b'{"id": 1}'] * 20
-    msgs = [Msg(v, offset=i, timestamp=1_700_000_000.123) for i, v in enumerate(values)]
+    msgs = [Msg(v, offset=i, timestamp=1_700_000_000_123) for i, v in enumerate(values)]
     out = fmt.convert(msgs, values, schema_to_pyarrow(table))
     row = out.table.to_pylist()[3]
     assert row == {"id": 1, "_kafka_metadata_offset": 3, "_kafka_metadata_timestamp": 1_700_000_000_123,
