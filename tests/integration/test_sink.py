@@ -341,6 +341,6 @@ def test_unexpected_error_in_ingest_stops_the_replica_instead_of_stalling(broker
     finally:
         replicas.stop_all()
     log_text = r.log_path.read_text(errors="replace")
-    assert "ingest failed on a batch of" in log_text and "Traceback" in log_text
+    assert "ingest failed on a fetch of" in log_text and "Traceback" in log_text
     assert "RuntimeError: fault injection: an unexpected error while converting a batch" in log_text
     assert total_rows(load_catalog("it", **props), "rpc.bug") == 0

@@ -13,7 +13,7 @@ from icesink.config import build
 import pyarrow as pa
 from faust.types import TP
 
-from agents import worker as worker_module
+from agents import ingest as ingest_module
 from agents.buffer import Buffers
 from agents.source_consumer import Fetched
 from agents.routing import Router
@@ -135,7 +135,7 @@ def test_housekeeping_asks_again_while_full_and_resumes_when_no_longer_full(monk
         await w.on_fetch(batch(0, 20))
         await w._check_backpressure()
         assert len(requests(w)) == 1  # too soon for a repeat
-        monkeypatch.setattr(worker_module, "REQUEST_EVERY_S", 0.0)
+        monkeypatch.setattr(ingest_module, "REQUEST_EVERY_S", 0.0)
         await w._check_backpressure()
         assert len(requests(w)) == 2  # no round came: asked again though no batch arrives
         w.buffers.rewind(P)  # the buffers shrink without a round (rejected response)

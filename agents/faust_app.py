@@ -1,0 +1,132 @@
+"""The Faust app of a worker replica and the patches it runs with.
+
+The app subscribes the source topics through its conductor; the records reach the agent
+``icesink-ingest`` as whole fetches (:func:`agents.source_consumer.install_batch_drain`), one
+channel event per fetch. Faust owns group membership, rebalances (the worker's
+:class:`agents.ownership.Ownership` answers them) and leader election (the leader runs the
+coordinator). Pinned to faust-streaming 0.15.3 and aiokafka 0.14 internals (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import faust
+
+from agents.source_consumer import ConsumerGuard, faust_credentials, inject_faults, install_batch_drain, isolation_level
+from icesink.errors import ConfigError, DataError, UnsupportedTypeError
+
+log = logging.getLogger(__name__)
+
+FETCHES_QUEUED = 2  # fetches waiting for the ingest agent
+
+
+class FaustApp:
+    """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
+
+    def _make_app(self) -> faust.App:
+        s = self.settings
+        datadir = (s.state_dir / "faust" / self.worker_id).resolve()
+        datadir.parent.mkdir(parents=True, exist_ok=True)
+        app = faust.App(
+            s.group_id,
+            broker=";".join(f"kafka://{b.strip()}" for b in self.bootstrap.split(",")),
+            broker_credentials=faust_credentials(s),
+            value_serializer="raw",
+            key_serializer="raw",
+            store="memory://",
+            web_enabled=False,
+            datadir=str(datadir),
+            consumer_auto_offset_reset="earliest",
+            topic_partitions=1,
+            topic_replication_factor=1,
+            broker_session_timeout=s.session_timeout_ms / 1000,
+            broker_heartbeat_interval=max(0.5, s.session_timeout_ms / 10_000),
+            # Shorter than Faust's defaults (1000 s poll interval, 60 s rebalance): the agent
+            # never blocks long (Spark writes run beside it). Whole-group restarts on Tansu:
+            # see _install_no_leave_group.
+            broker_max_poll_interval=60.0,
+            broker_rebalance_timeout=max(20.0, 2 * s.session_timeout_ms / 1000),
+            broker_max_poll_records=s.consumer_max_batch,  # records of one fetch handed to the agent
+            producer_acks=-1,
+            logging_config=None,
+        )
+        # acks=False: Faust never tracks or commits these offsets; icesink commits them only
+        # after CommitComplete. The topic is subscribed through the conductor (_start_faust); its records
+        # reach the agent as whole fetches (source_consumer.install_batch_drain), through an
+        # in-memory channel of at most FETCHES_QUEUED fetches: a slow agent holds the drain
+        # back, so fetched bytes waiting for conversion stay bounded.
+        self.source = app.topic(*s.topics, value_serializer="raw", key_serializer="raw", acks=False)
+        self.fetches = app.channel(maxsize=FETCHES_QUEUED)
+        worker = self
+
+        @app.agent(self.fetches, name="icesink-ingest")
+        async def ingest(stream: faust.Stream) -> None:
+            async for fetched in stream:
+                try:
+                    await worker.on_fetch(fetched)
+                except (ConfigError, DataError, UnsupportedTypeError) as exc:
+                    # A setting that cannot apply to the data (say a day() partition of a string
+                    # column), or a bad record under errors.tolerance=none: retrying cannot
+                    # help, so the replica stops, saying why.
+                    worker.fail(exc)
+                    return
+                except Exception as exc:
+                    # A bug. Faust would restart the agent without this batch and the replica
+                    # would answer empty rounds for ever: stop instead (exit code 1), so the
+                    # failure is seen and the records are read again by the next owner.
+                    log.exception("ingest failed on a fetch of %d records", len(fetched))
+                    worker.fail(exc, exit_code=1)
+                    return
+
+        app.on_partitions_revoked.connect(self._on_revoked)
+        app.on_partitions_assigned.connect(self._on_assigned)
+        app.on_rebalance_complete.connect(self._on_rebalance_complete)
+        return app
+
+    def _install_no_leave_group(self) -> None:
+        """Never send LeaveGroup: a stopped replica leaves the group when its session times out.
+
+        Tansu (v0.6.0) drops a member that sends LeaveGroup while the group is rebalancing, but
+        if that member was the leader it stays the leader. When a whole group stops, the first
+        LeaveGroup starts a rebalance; if the leader's comes later, the group is left with no
+        members and a departed leader. New members are then all told to follow that leader,
+        and their SyncGroups answer REBALANCE_IN_PROGRESS until Tansu happens to reload the
+        group from storage: minutes, or never (bench/group_restart_repro.py). A member whose
+        session expires stops being the leader, so the next member to join leads. The cost:
+        a stopped replica's partitions move after ``consumer.session-timeout-ms``, not at
+        once. Pinned to aiokafka 0.14 internals (GroupCoordinator._maybe_leave_group)."""
+        try:
+            coordinator = self.app.consumer._thread._consumer._coordinator
+        except AttributeError:
+            coordinator = None
+        if not hasattr(coordinator, "_maybe_leave_group"):
+            log.warning("no aiokafka group coordinator found: this replica will send LeaveGroup")
+            return
+
+        async def stop_without_leaving() -> None:
+            coordinator.reset_generation()  # what _maybe_leave_group does after its request
+
+        coordinator._maybe_leave_group = stop_without_leaving
+
+    async def _start_faust(self) -> faust.Worker:
+        """Start the Faust worker: from here on this replica is a member of the consumer group."""
+        loop = asyncio.get_running_loop()
+        faust_worker = faust.Worker(
+            self.app, loop=loop, override_logging=False, quiet=True, redirect_stdouts=False, daemon=False,
+        )
+        # Ours only request a stop; Faust's would stop Faust alone (and a SIGTERM during
+        # its start-up was lost, the replica running on without consuming).
+        faust_worker.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        # Subscribed here, on the running loop: the conductor binds its events to the loop
+        # that first touches it (touched in __init__, it waited on another loop for ever).
+        self.app.topics.add(self.source)
+        install_batch_drain(self.app, lambda fetched: self.fetches.send(value=fetched))
+        inject_faults(self.settings)  # fault tests only
+        # read_committed; a consumer that can no longer consume stops the replica (exit code 1)
+        ConsumerGuard(self.app, self.metrics, lambda exc: self.fail(exc, exit_code=1), self._stop.is_set).install()
+        await faust_worker.start()
+        self._install_no_leave_group()
+        self.status["isolation_level"] = isolation_level(self.app)
+        return faust_worker

@@ -1,0 +1,220 @@
+"""The ingest pipeline of a worker replica: each fetch's records of active partitions, in
+offset order, screened (tombstones, oversized values), routed to their tables, converted to
+Arrow in bulk (agents/convert, agents/formats, the Debezium transform, schema evolution) and
+buffered (agents/buffer.py); bad records go to the dead letters. Full buffers pause the
+partitions and ask for an early round (backpressure)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+from faust.types import TP
+
+from agents.buffer import Chunk, PartitionState
+from agents.convert import Converted, Reject
+from agents.deadletter import screen
+from agents.debezium import CDC_COLUMN
+from agents.evolution import identifier_paths
+from agents.routing import Routes
+from agents.source_consumer import Fetched
+from agents.tables import Target, create_target, load_target
+from agents.tasks import unless_moved
+from icesink.events import CommitRequest, SchemaProposal
+from icesink.faults import should_crash
+
+log = logging.getLogger(__name__)
+
+REQUEST_EVERY_S = 5.0  # while the buffers stay full, an early round is asked this often
+
+
+class Ingest:
+    """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
+
+    async def on_fetch(self, fetched: Fetched) -> None:
+        """Take the records of active partitions in offset order, convert them in bulk."""
+        if should_crash(self.settings, "worker.ingest-bug"):
+            raise RuntimeError("fault injection: an unexpected error while converting a batch")
+        for tp, records in fetched.records.items():
+            self.metrics.records_consumed.labels(topic=tp.topic).inc(len(records))
+            st = self.buffers.partitions.get(tp)
+            if st is None or not st.active:
+                continue
+            if self._backpressure:
+                # Paused because the buffers are full: records still in flight would grow
+                # them past the bound. They are read again: the release seeks back.
+                continue
+            taken, suspect = st.select(records, fetched.fetched_at)
+            if taken:
+                await self._buffer(st, taken)
+            if suspect is not None and not st.reseeking:
+                st.suspect_gap(suspect)
+                log.info("%s: fresh record at %d while expecting %d; seeking again", tp, suspect, st.next_offset)
+                st.reseeking = True
+                owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
+                self._owner.spawn(unless_moved(self._seek(st, st.next_offset), owned, f"seek of {tp}"), "reseek")
+        self._update_gauges()
+        if self.buffers.full:
+            await self._apply_backpressure()
+
+    async def _buffer(self, st: PartitionState, messages: list[Any]) -> None:
+        # Tombstones and too-large values never reach conversion; their offsets still count.
+        screened = screen(messages, self.settings.max_record_bytes)
+        values = screened.values
+        self.deadletters.tombstones(st.tp.topic, screened.tombstones)
+        rejects: list[tuple[Reject, str | None]] = [(r, None) for r in screened.rejects]
+        tables: dict[str, pa.Table] = {}
+        nbytes = 0
+        rows = 0
+        landed = np.zeros(len(values), dtype=bool)
+        self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(screened.nbytes)
+        routes = self.router.route(values) if values else Routes({}, ())
+        if routes.unrouted:
+            no_route = sum(1 for r in routes.unrouted if r.reason.startswith("no route"))
+            self.metrics.records_unrouted.labels(topic=st.tp.topic).inc(no_route)
+            rejects += [(r, None) for r in screened.at_messages(routes.unrouted)]
+        for name, idx in routes.by_table.items():
+            whole = len(idx) == len(values)
+            subset = values if whole else [values[i] for i in idx]
+            target = self.targets.get(name) or await self._target(name, subset)
+            sub_messages = [messages[screened.positions[i]] for i in idx]
+            converted = await self._decode(name, target, subset, sub_messages)
+            if converted.rejects:
+                in_values = converted.rejects if whole else [
+                    dataclasses.replace(r, index=int(idx[r.index])) for r in converted.rejects]
+                rejects += [(r, name) for r in screened.at_messages(in_values)]
+            if target is not None and converted.table.num_rows:  # None: no record could create it
+                tables[name] = converted.table
+                nbytes += converted.table.nbytes
+                rows += converted.table.num_rows
+                landed[idx[converted.indices.to_numpy(zero_copy_only=False)]] = True
+        if rejects:  # errors.tolerance=none raises here: nothing of this batch is buffered
+            await self.deadletters.reject(messages, rejects)
+        self.metrics.records_converted.labels(topic=st.tp.topic).inc(int(landed.sum()))
+        last = messages[-1]
+        ts = last.timestamp if last.timestamp is not None and last.timestamp >= 0 else None
+        self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
+
+    async def _decode(self, name: str, target: Target | None, values: list[bytes], messages: list[Any]) -> Converted:
+        """Decode against the table's schema (through the Debezium transform or the record
+        format; key and metadata columns around either), or with evolution against what the
+        data needs (agents/evolution.py): the records' Connect schemas say it (envelopes,
+        Debezium with schemas), else their values do; schema changes are proposed to the
+        coordinator."""
+        unit = self.settings.timestamp_unit_of(name)
+        if target is None:
+            return self.format.convert(messages, values, None, epoch_unit=unit)
+        schema, dbz = target.arrow_schema, self.debezium
+        rows = None if dbz is None else (
+            lambda s, grow: dbz.apply(values, [m.offset for m in messages], s, grow=grow))
+        if self.evolver is None:
+            return self.format.convert(messages, values, schema, epoch_unit=unit, decode_values=rows)
+        keep = identifier_paths(target.table)
+        frozen = frozenset(self.format.extras.names() | ({CDC_COLUMN} if dbz is not None else set()))
+        if self.format.envelope:  # each record states its schema
+            growth = self.evolver.growth(name, schema, keep, frozen)
+            out = growth.done(self.format.convert(
+                messages, values, growth.schema, epoch_unit=unit, grow=growth, decode_values=rows))
+        elif self.format.plain and dbz is None:
+            out = self.evolver.decode(name, schema, values, keep)
+        else:
+            out = self.evolver.decode(
+                name, schema, values, keep, frozen=frozen, infer=None if dbz is None else lambda: dbz.row_schema(values),
+                decode=lambda probe: self.format.convert(messages, values, probe, epoch_unit=unit, decode_values=rows))
+        if out.proposal is not None:
+            await self._propose(out.proposal)
+        return out.converted
+
+    async def _propose(self, proposal: SchemaProposal) -> None:
+        try:
+            await self.producer.send(proposal)
+            self.metrics.schema_proposals.labels(table=proposal.table).inc()
+        except Exception as exc:  # re-sent at the next round while the data waits for it
+            log.warning("schema proposal for %s not sent (%s); retried at the next round", proposal.table, exc)
+
+    async def _evolution_ready(self) -> Callable[[Chunk], bool] | None:
+        """At a round: reload the tables buffered data was decoded for with an evolved schema
+        (the coordinator applied the proposals before this round); a chunk is ready when its
+        tables can hold it. Data not ready waits; its proposal is sent again."""
+        if self.evolver is None:
+            return None
+        for name in self.evolver.tables_to_reload(self.buffers, self.targets):
+            target = await self.offload.run(load_target, self.catalog, name)
+            if target is not None:
+                self.targets[name] = target
+                self.evolver.refreshed(name, target.arrow_schema)
+        for name in list(self.evolver.schemas):
+            proposal = self.evolver.pending_proposal(name, self.targets[name].arrow_schema)
+            if proposal is not None:
+                await self._propose(proposal)
+        return self.evolver.ready(self.targets)
+
+    async def _target(self, name: str, values: list[bytes]) -> Target | None:
+        """The table ``name``: loaded if it exists (a dynamic route to an existing table), else
+        auto-created from these records (None: no record tells its schema)."""
+        target = await self.offload.run(load_target, self.catalog, name)
+        if target is None:
+            if self.debezium is not None:
+                inferred = self.format.with_extras(self.debezium.infer_schema(values))
+            else:
+                inferred = self.format.table_schema(values, timestamp_fields=self.settings.timestamp_fields_of(name))
+            if inferred is None:
+                return None
+            target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
+        self.targets[name] = target
+        return target
+
+    async def _apply_backpressure(self) -> None:
+        if not self._backpressure:
+            self._backpressure = True
+            active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active]
+            self.app.consumer.pause_partitions(active)
+            log.info("buffers full (%d bytes): pausing %d partitions until the next round", self.buffers.nbytes, len(active))
+            self._update_paused()
+        await self._request_commit()
+
+    async def _request_commit(self) -> None:
+        """Ask for an early round: at once the first time the buffers fill after a release,
+        then again every REQUEST_EVERY_S while they stay full (from _housekeeping too: paused
+        partitions bring no more batches to on_events)."""
+        now = time.monotonic()
+        if now - self._last_request >= REQUEST_EVERY_S:
+            self._last_request = now
+            self.metrics.early_commit_requests.inc()
+            await self.producer.send(CommitRequest(self.worker_id, self.buffers.nbytes))
+
+    async def _release_backpressure(self) -> None:
+        """Resume reading where each buffer ends. The seek is needed: records that arrived
+        while paused were skipped (on_events), and Faust silently drops the rest of a fetch
+        for a partition paused while that fetch is handed out (Consumer.getmany checks the
+        live set of active partitions), so the consumer's position is past them."""
+        if not self._backpressure or self.buffers.full:
+            return
+        try:
+            await self._seek_all([(st, st.next_offset) for st in self.buffers.partitions.values() if st.active])
+        except Exception as exc:  # stay paused: _housekeeping tries again
+            log.warning("seek before resuming failed (%s); partitions stay paused", exc)
+            return
+        if not self._backpressure or self.buffers.full:
+            return
+        self._backpressure = False
+        self._last_request = 0.0  # the next fill is a new request, not a repeat
+        active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active]
+        self.app.consumer.resume_partitions(active)
+        self._update_paused()
+
+    async def _check_backpressure(self) -> None:
+        """Paused for full buffers: ask again while no round has come (the send failed, the
+        coordinator failed over and lost the request, the round found no active partition),
+        or resume if the buffers shrank without one (partitions released or rewound)."""
+        if not self.buffers.full:
+            await self._release_backpressure()
+            return
+        try:
+            await self._request_commit()
+        except Exception as exc:
+            log.warning("commit request not sent (%s); retried", exc)
