@@ -9,6 +9,7 @@ transaction markers), never when it is a stale prefetch from before a seek.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,15 +106,33 @@ class Snapshot:
 
 
 class Buffers:
+    """Every partition's state and chunks. The bound (``buffer.max-bytes``) counts the Arrow
+    bytes of the chunks and the raw bytes of fetches handed to the worker and not yet converted
+    (:meth:`hold`): a fetch dropped before conversion (a rebalance clears Faust's queue) stops
+    counting once nothing references it."""
+
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.partitions: dict[TopicPartition, PartitionState] = {}
         self.nbytes = 0
         self.rows = 0
+        self._fetches: weakref.WeakSet[Any] = weakref.WeakSet()  # each with .nbytes
 
     @property
     def full(self) -> bool:
-        return self.nbytes >= self.max_bytes
+        return self.nbytes + self.fetched_bytes >= self.max_bytes
+
+    @property
+    def fetched_bytes(self) -> int:
+        """Raw bytes of the fetches held, not yet converted."""
+        return sum(f.nbytes for f in list(self._fetches))
+
+    def hold(self, fetch: Any) -> None:
+        """Count a fetch's raw bytes against the bound until :meth:`converted` (or until it is dropped)."""
+        self._fetches.add(fetch)
+
+    def converted(self, fetch: Any) -> None:
+        self._fetches.discard(fetch)
 
     def claim(self, tp: TopicPartition, generation: int) -> PartitionState:
         """Assignment (or re-claim): keep buffered chunks until the Resume says where to go."""

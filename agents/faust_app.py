@@ -14,7 +14,7 @@ import logging
 
 import faust
 
-from agents.source_consumer import ConsumerGuard, faust_credentials, inject_faults, install_batch_drain, isolation_level
+from agents.source_consumer import ConsumerGuard, Fetched, faust_credentials, inject_faults, install_batch_drain, isolation_level
 from icesink.errors import ConfigError, DataError, UnsupportedTypeError
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class FaustApp:
         # Subscribed here, on the running loop: the conductor binds its events to the loop
         # that first touches it (touched in __init__, it waited on another loop for ever).
         self.app.topics.add(self.source)
-        install_batch_drain(self.app, lambda fetched: self.fetches.send(value=fetched))
+        install_batch_drain(self.app, self._deliver)
         inject_faults(self.settings)  # fault tests only
         # read_committed; a consumer that can no longer consume stops the replica (exit code 1)
         ConsumerGuard(self.app, self.metrics, lambda exc: self.fail(exc, exit_code=1), self._stop.is_set).install()
@@ -130,3 +130,9 @@ class FaustApp:
         self._install_no_leave_group()
         self.status["isolation_level"] = isolation_level(self.app)
         return faust_worker
+
+    async def _deliver(self, fetched: Fetched) -> None:
+        """A fetch to the ingest agent; its raw bytes count against the buffers' bound until
+        it is converted (Ingest.on_fetch)."""
+        self.buffers.hold(fetched)
+        await self.fetches.send(value=fetched)

@@ -57,6 +57,7 @@ class Ingest:
                 st.reseeking = True
                 owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
                 self._owner.spawn(unless_moved(self._seek(st, st.next_offset), owned, f"seek of {tp}"), "reseek")
+        self.buffers.converted(fetched)
         self._update_gauges()
         if self.buffers.full:
             await self._apply_backpressure()

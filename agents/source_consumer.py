@@ -177,13 +177,15 @@ def group_member_id(app: faust.App) -> str | None:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Fetched:
     """One fetch of the source consumer, as it came: aiokafka ``ConsumerRecord`` lists (offset
-    order, ``timestamp`` in ms) of the partitions that were active when it was asked for."""
+    order, ``timestamp`` in ms) of the partitions that were active when it was asked for.
+    Compared and hashed by identity: the buffers hold it in a weak set until it is converted."""
 
     records: Mapping[TopicPartition, Sequence[Any]]
     fetched_at: float  # monotonic time the fetch returned to the event loop (stale-prefetch check)
+    nbytes: int = 0  # serialized key and value bytes: counted against buffer.max-bytes until converted
 
     def __len__(self) -> int:
         return sum(len(r) for r in self.records.values())
@@ -211,7 +213,9 @@ def install_batch_drain(app: faust.App, deliver: Callable[[Fetched], Awaitable[A
                 batch = {TopicPartition(tp.topic, tp.partition): recs for tp, recs in records.items()
                          if recs and (active is None or tp in active)}
                 if batch:
-                    await consumer.wait_first(deliver(Fetched(batch, fetched_at)), consumer.suspend_flow.wait())
+                    nbytes = sum(max(0, r.serialized_value_size) + max(0, r.serialized_key_size)
+                                 for recs in batch.values() for r in recs)
+                    await consumer.wait_first(deliver(Fetched(batch, fetched_at, nbytes)), consumer.suspend_flow.wait())
         except consumer.consumer_stopped_errors:
             if app.should_stop:
                 return

@@ -144,7 +144,8 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             str(tp): {"active": st.active, "next_offset": st.next_offset}
             for tp, st in list(self.buffers.partitions.items())
         }
-        out["buffered"] = {"rows": self.buffers.rows, "bytes": self.buffers.nbytes, "backpressure": self._backpressure}
+        out["buffered"] = {"rows": self.buffers.rows, "bytes": self.buffers.nbytes,
+                           "fetched_bytes": self.buffers.fetched_bytes, "backpressure": self._backpressure}
         coordinator = self._coordinator if self._coordinator_task is not None else None
         out["coordinator"] = dict(coordinator.status) if coordinator is not None else None
         return out

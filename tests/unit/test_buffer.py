@@ -144,3 +144,34 @@ def test_snapshot_tables_cast_each_chunk_before_concatenating():
 
     out = b.take(1).tables(lambda name, t: conform(t, target))["db.t"]
     assert out.to_pylist() == [{"x": 1, "y": None}, {"x": 2**40, "y": "new"}]
+
+
+def test_a_fetch_that_follows_on_is_taken_whole_and_clears_a_confirmed_gap():
+    b = Buffers(10**9)
+    active(b, P, 5)
+    st = b.partitions[P]
+    st.confirmed_gap = 9
+    records = [M(o) for o in range(5, 9)]
+    taken, suspect = st.select(records, 20.0)
+    assert taken == records and suspect is None and st.confirmed_gap is None
+
+
+class Fetch:  # agents.source_consumer.Fetched, as far as Buffers looks
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+
+def test_fetched_bytes_count_against_the_bound_until_converted_or_dropped():
+    b = Buffers(100)
+    active(b, P, 0)
+    f = Fetch(60)
+    b.hold(f)
+    b.add(chunk(P, 0, 5), 4, None)  # 40 bytes of Arrow
+    assert b.nbytes == 40 and b.fetched_bytes == 60 and b.full
+    b.converted(f)
+    assert not b.full
+    g = Fetch(70)
+    b.hold(g)
+    assert b.full
+    del g  # dropped unconverted (a rebalance clears Faust's queue): no longer counted
+    assert b.fetched_bytes == 0 and not b.full

@@ -153,3 +153,52 @@ def test_a_crash_outside_the_fetch_path_is_reported_and_cancellation_or_a_stop_i
 
     asyncio.run(stopping())
     assert reported == []
+
+
+def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(tmp_path):
+    """install_batch_drain replaces Faust's per-record drain loop (pinned to faust-streaming
+    0.15.3): each fetch reaches ``deliver`` whole, only for the partitions active when it was
+    asked for, with its raw bytes; a fetch that spans a generation change is dropped."""
+    from faust.types import TP as FaustTP
+
+    from agents.source_consumer import Fetched, install_batch_drain
+    from icesink.events import TopicPartition
+
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
+    t0, t1 = FaustTP("t", 0), FaustTP("t", 1)
+
+    def rec(offset: int) -> SimpleNamespace:
+        return SimpleNamespace(offset=offset, serialized_value_size=10, serialized_key_size=-1)
+
+    fetches = [
+        ({t0: [rec(0), rec(1)], t1: [rec(5)]}, {t0}, None),  # t1 was paused when asked for
+        ({t0: [rec(2)]}, {t0, t1}, 7),  # the generation changes while fetching: dropped
+        ({t0: [rec(3)], t1: [rec(6), rec(7)]}, {t0, t1}, None),
+    ]
+    delivered: list[Fetched] = []
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+
+    async def wait_next_records(timeout: float):
+        records, active, new_generation = fetches.pop(0)
+        if new_generation is not None:
+            app.consumer_generation_id = new_generation
+        if not fetches:
+            fetcher._stopped.set()
+        return records, active
+
+    async def deliver(fetched: Fetched) -> None:
+        delivered.append(fetched)
+
+    async def drain() -> None:
+        nonlocal app
+        app = Worker(settings, "127.0.0.1:9", Metrics()).app  # Faust binds its services to this loop
+        app.consumer._wait_next_records = wait_next_records
+        install_batch_drain(app, deliver)
+        await app.consumer._drain_messages(fetcher)
+
+    app = None
+    asyncio.run(drain())
+    got = [{str(tp): [r.offset for r in recs] for tp, recs in f.records.items()} for f in delivered]
+    assert got == [{"t[0]": [0, 1]}, {"t[0]": [3], "t[1]": [6, 7]}]
+    assert [f.nbytes for f in delivered] == [20, 30]
+    assert all(isinstance(tp, TopicPartition) for f in delivered for tp in f.records)
