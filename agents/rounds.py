@@ -79,13 +79,16 @@ class Rounds:
                 asyncio.get_running_loop().call_later(0.5, die, "worker.during-write")
             try:
                 cast = self.evolver.conformer(self.targets) if self.evolver is not None else None
-                for name, data in snap.tables(cast).items():
+                tables = snap.tables(cast)
+                writes = []
+                for name, data in tables.items():
                     self._seq += 1
-                    prefix = f"{commit_id[:8]}-{self.worker_id}-{self._seq}"
-                    files = await self.offload.run(
-                        self.spark.write, self.targets[name].table, data, file_prefix=prefix,
-                        target_file_size_bytes=self.settings.target_file_size_bytes,
-                    )
+                    writes.append((self.targets[name].table, data, f"{commit_id[:8]}-{self.worker_id}-{self._seq}"))
+                # every table of the round at once: alike tables share one Spark job
+                results = await self.offload.run(
+                    self.spark.write_many, writes, target_file_size_bytes=self.settings.target_file_size_bytes,
+                ) if writes else []
+                for name, files in zip(tables, results, strict=True):
                     infos = tuple(to_file_info(f, f.spec_id) for f in files)  # the spec it was written with
                     self.metrics.files_written.labels(table=name).inc(len(infos))
                     self.metrics.bytes_written.labels(table=name).inc(sum(f.size_bytes for f in infos))

@@ -85,6 +85,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             app_name=f"icesink-{self.worker_id}",
             stage=settings.write_staging,
             staging_dir=str(settings.state_dir / "staging" / self.worker_id),
+            warm_up_rows=settings.write_warm_up_rows,
         ))
         self.generation = -1
         self.member_id: str | None = None

@@ -36,6 +36,8 @@ import logging
 import math
 import re
 import shutil
+import tempfile
+import time
 import uuid
 from pathlib import Path
 from collections.abc import Iterator, Mapping, Sequence
@@ -56,13 +58,11 @@ from pyiceberg.io.pyarrow import (
     schema_to_pyarrow,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.partitioning import PartitionField, PartitionSpec, partition_record_value
-from pyiceberg.schema import Schema
 from pyiceberg.typedef import Record
 from pyspark.sql import types as st
 
 from icesink.errors import ConfigError, SparkWriteError
-from spark_bridge.partitioning import partition_values
+from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories, with_label_columns
 from spark_bridge.schema import arrow_only_column, name_mapping_mismatch, requires_name_mapping, spark_schema
 
 if TYPE_CHECKING:
@@ -75,8 +75,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TARGET_FILE_SIZE_BYTES = 128 * 1024 * 1024
 
-# Spark's name for a null (or empty) partition value.
-HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 # SQL confs every session gets; all are runtime confs, so they also apply to Spark Connect.
 _RUNTIME_CONF: dict[str, str] = {
@@ -117,11 +115,6 @@ _ICEBERG_CODECS = {
 }
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
-_SPARK_ESCAPED = frozenset(
-    [chr(c) for c in range(0x01, 0x20)]
-    + ['"', "#", "%", "'", "*", "/", ":", "=", "?", "\\", "\x7f", "{", "[", "]", "^"]
-)
-_UNESCAPE_RE = re.compile(r"%([0-9A-Fa-f]{2})")
 
 
 @dataclass(frozen=True)
@@ -141,6 +134,9 @@ class SparkSettings:
     # (s3://, gs://, ...: Spark would need the user's hadoop-aws jars) and Spark runs locally.
     stage: Literal["auto", "always", "never"] = "auto"
     staging_dir: str | None = None  # owned by this writer: emptied on start
+    # Rows of a throw-away write run twice at start() by a local session (0: none): the JVM
+    # loads and compiles the Arrow-to-Parquet path then instead of during the first round.
+    warm_up_rows: int = 20_000
 
     def validate(self) -> None:
         if self.remote is not None and not self.remote.startswith("sc://"):
@@ -153,6 +149,8 @@ class SparkSettings:
             raise ConfigError("write.staging", self.stage, "one of auto, always, never")
         if self.stage == "always" and self.staging_dir is None:
             raise ConfigError("write.staging", self.stage, "auto or never when no staging directory is given")
+        if self.warm_up_rows < 0:
+            raise ConfigError("write.warm-up-rows", self.warm_up_rows, "0 or a positive number of rows")
 
     def stages(self, location: str) -> bool:
         """Whether files for ``location`` are written locally first and then uploaded."""
@@ -165,11 +163,26 @@ class SparkSettings:
 
 
 @dataclass(frozen=True)
-class _PartitionLabels:
-    """Per partition field: the hidden column's name and label -> partition value."""
+class _Planned:
+    """One table's write, checked and worked out (SparkFileWriter._plan)."""
 
-    column: str
-    values: dict[str, Any]  # label -> value as stored in the partition Record
+    table: Table
+    data: pa.Table
+    extended: pa.Table  # data plus a label column per partition field
+    labels: list[PartitionLabels]
+    n_tuples: int
+    sp_schema: st.StructType | None  # None: pyarrow writes it (arrow_schema)
+    arrow_schema: pa.Schema | None
+    options: dict[str, str]  # Spark's Parquet options
+    out_uri: str
+    fs: pafs.FileSystem
+    out_path: str
+
+    def group_key(self) -> tuple[str, ...]:
+        """Writes with the same key can share one Spark job (SparkFileWriter.write_many)."""
+        assert self.sp_schema is not None
+        return (self.sp_schema.json(), *(lbl.column for lbl in self.labels), "|",
+                *sorted(f"{k}={v}" for k, v in self.options.items()))
 
 
 class SparkFileWriter:
@@ -221,6 +234,41 @@ class SparkFileWriter:
             _quiet_task_size_warnings(spark)
         self._spark = spark
         logger.info("spark session started (%s)", s.remote or s.master)
+        if s.remote is None and s.warm_up_rows:
+            self._warm_up(s.warm_up_rows)
+
+    def _warm_up(self, rows: int, times: int = 2) -> None:
+        """Write ``rows`` synthetic rows (the common column types, zstd) ``times`` into a
+        temporary directory and delete them. A fresh JVM takes about 6 s of CPU for its first
+        500k-row write and under 2 s once warm (bench/README.md): this moves that cost to
+        start-up, where it overlaps joining the group. A failure is logged, never raised: the
+        first real write then fails or succeeds on its own."""
+        started = time.monotonic()
+        ids = pa.array(np.arange(rows, dtype=np.int64))
+        text = pc.cast(ids, pa.string())
+        data = pa.table({
+            "id": ids, "name": pc.binary_join_element_wise("name-", text, ""), "amount": pc.divide(ids, 7.0),
+            "flag": pc.equal(pc.bit_wise_and(ids, 1), 0),
+            "at": pc.cast(pc.multiply(ids, 1_000_000), pa.int64()).cast(pa.timestamp("us")),
+        })
+        sp_schema = st.StructType([
+            st.StructField("id", st.LongType()), st.StructField("name", st.StringType()),
+            st.StructField("amount", st.DoubleType()), st.StructField("flag", st.BooleanType()),
+            st.StructField("at", st.TimestampNTZType()),
+        ])
+        base = self._settings.staging_dir  # else the system's temporary directory
+        if base is not None:
+            Path(base).mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="icesink-warm-up-", dir=base))
+        try:
+            for i in range(times):
+                self._run_job(sp_schema, data, [], 1, data, DEFAULT_TARGET_FILE_SIZE_BYTES,
+                              {**_WRITE_OPTIONS, **_parquet_options({})}, (root / str(i)).as_uri())
+            logger.info("spark warmed up: %d writes of %d rows in %.1f s", times, rows, time.monotonic() - started)
+        except Exception as e:  # noqa: BLE001 - an optimisation only
+            logger.warning("spark warm-up write failed (the first round pays the JVM's warm-up instead): %s", e)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
     def stop(self) -> None:
         spark, self._spark = self._spark, None
@@ -242,6 +290,52 @@ class SparkFileWriter:
         fresh prefix. Raises :class:`SparkWriteError` (retriable) if Spark fails; the partial
         output is then removed.
         """
+        planned = self._plan(table, data, file_prefix, target_file_size_bytes)
+        return [] if planned is None else self._write_one(planned, target_file_size_bytes)
+
+    def write_many(
+        self,
+        writes: Sequence[tuple[Table, pa.Table, str]],
+        *,
+        target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES,
+    ) -> list[list[DataFile]]:
+        """:meth:`write` for several ``(table, data, file_prefix)`` at once: the DataFiles of each,
+        in order. With a local Spark, tables whose files look alike (same Spark schema with field
+        ids, same partition fields, same Parquet options: a topic routed to many tables) are
+        written by ONE Spark job into a local scratch directory, one subdirectory per table,
+        and the files then moved (or uploaded) to each table's location: a round of 200
+        small tables costs one job, not 200. If any write fails, the files already placed for
+        the others are removed too and the error is raised."""
+        planned = [self._plan(t, d, p, target_file_size_bytes) for t, d, p in writes]
+        out: list[list[DataFile]] = [[] for _ in planned]
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for i, w in enumerate(planned):
+            if w is not None and w.sp_schema is not None and self._local_spark():
+                groups.setdefault(w.group_key(), []).append(i)
+        done: list[_Planned] = []
+        try:
+            for members in groups.values():
+                if len(members) > 1:
+                    files = self._write_group([planned[i] for i in members], target_file_size_bytes)
+                    for i, f in zip(members, files, strict=True):
+                        out[i] = f
+                        done.append(planned[i])  # type: ignore[arg-type]
+            grouped = {i for members in groups.values() if len(members) > 1 for i in members}
+            for i, w in enumerate(planned):
+                if w is not None and i not in grouped:
+                    out[i] = self._write_one(w, target_file_size_bytes)
+                    done.append(w)
+        except Exception:
+            for w in done:
+                _delete_quietly(w.fs, w.out_path)
+            raise
+        return out
+
+    def _local_spark(self) -> bool:
+        return self._settings.remote is None and self._settings.master.startswith("local")
+
+    def _plan(self, table: Table, data: pa.Table, file_prefix: str, target_file_size_bytes: int) -> _Planned | None:
+        """Check one write and work out how it goes (None: no rows)."""
         if not _PREFIX_RE.match(file_prefix):
             raise ValueError(
                 f"file_prefix must be a relative path of [A-Za-z0-9._-] segments not starting with '.' or '_', "
@@ -264,7 +358,9 @@ class SparkFileWriter:
                 f"found {data.column_names}"
             )
         if data.num_rows == 0:
-            return []
+            return None
+        sp_schema: st.StructType | None = None
+        arrow_schema: pa.Schema | None = None
         if by_arrow:
             table_name = ".".join(table.name())
             if table_name not in self._arrow_tables:
@@ -287,57 +383,99 @@ class SparkFileWriter:
         fs, out_path = _filesystem(table, out_uri)
         if fs.get_file_info(out_path).type != pafs.FileType.NotFound:
             raise FileExistsError(f"output directory {out_uri} already exists: each write needs a fresh file_prefix")
-
-        options = {**_WRITE_OPTIONS, **_parquet_options(metadata.properties)}
-        labels: list[_PartitionLabels] = []
+        labels: list[PartitionLabels] = []
         extended = data
         n_tuples = 1
         if not spec.is_unpartitioned():
-            extended, labels, n_tuples = _with_label_columns(data, spec, schema)
+            extended, labels, n_tuples = with_label_columns(data, spec, schema)
+        options = {**_WRITE_OPTIONS, **_parquet_options(metadata.properties)}
+        return _Planned(table, data, extended, labels, n_tuples, sp_schema, arrow_schema, options, out_uri, fs, out_path)
 
+    def _write_one(self, w: _Planned, target_file_size_bytes: int) -> list[DataFile]:
         def run_job(job_fs: pafs.FileSystem, job_path: str, job_uri: str) -> None:
-            if by_arrow:
-                self._run_arrow_job(
-                    arrow_schema, extended, labels, data, target_file_size_bytes, metadata.properties, job_fs, job_path
-                )
+            if w.sp_schema is None:
+                assert w.arrow_schema is not None
+                self._run_arrow_job(w.arrow_schema, w.extended, w.labels, w.data, target_file_size_bytes,
+                                    w.table.metadata.properties, job_fs, job_path)
             else:
-                self._run_job(sp_schema, extended, labels, n_tuples, data, target_file_size_bytes, options, job_uri)
+                self._run_job(w.sp_schema, w.extended, w.labels, w.n_tuples, w.data, target_file_size_bytes,
+                              w.options, job_uri)
 
-        if not self._settings.stages(out_uri):
+        if not self._settings.stages(w.out_uri):
             try:
-                run_job(fs, out_path, out_uri)
-                return self._data_files(table, fs, out_path, out_uri, labels)
+                run_job(w.fs, w.out_path, w.out_uri)
+                return self._data_files(w.table, w.fs, w.out_path, w.out_uri, w.labels)
             except FileExistsError:
                 raise  # another writer's output: never delete it
             except Exception:
-                _delete_quietly(fs, out_path)
+                _delete_quietly(w.fs, w.out_path)
                 raise
 
         # Staged: Spark writes locally; the footers are read there; then every file is uploaded.
         assert self._settings.staging_dir is not None
         stage_root = Path(self._settings.staging_dir).resolve() / uuid.uuid4().hex
-        stage_path = stage_root / file_prefix
+        stage_path = stage_root / "out"
         try:
             local_fs = pafs.LocalFileSystem()
             run_job(local_fs, str(stage_path), stage_path.as_uri())
-            data_files = self._data_files(table, local_fs, str(stage_path), out_uri, labels)
-            try:
-                for relative, _ in _list_data_files(local_fs, str(stage_path)):
-                    if fs.type_name == "local":  # object stores have no directories to make
-                        fs.create_dir(f"{out_path}/{relative}".rsplit("/", 1)[0], recursive=True)
-                    pafs.copy_files(
-                        str(stage_path / relative), f"{out_path}/{relative}",
-                        source_filesystem=local_fs, destination_filesystem=fs,
-                    )
-            except Exception as e:
-                _delete_quietly(fs, out_path)
-                raise SparkWriteError(f"could not upload {len(data_files)} staged files to {out_uri}: {e}") from e
+            data_files = self._data_files(w.table, local_fs, str(stage_path), w.out_uri, w.labels)
+            _place(local_fs, str(stage_path), w, len(data_files))
             return data_files
         finally:
             shutil.rmtree(stage_root, ignore_errors=True)
 
+    def _write_group(self, group: Sequence[_Planned], target_file_size_bytes: int) -> list[list[DataFile]]:
+        """One Spark job for tables whose files look alike (:meth:`write_many`): their rows
+        concatenated with a table-number column Spark partitions on first, written locally."""
+        first = group[0]
+        assert first.sp_schema is not None
+        column = "icesink_table"
+        while column in first.extended.column_names:
+            column += "_"
+        combined = pa.concat_tables([
+            pa.Table.from_arrays(w.extended.columns, schema=first.extended.schema)
+            .append_column(column, pa.array(np.full(w.data.num_rows, i, dtype=np.int32)))
+            for i, w in enumerate(group)
+        ])
+        rows = sum(w.data.num_rows for w in group)
+        nbytes = sum(w.data.nbytes for w in group)
+        partition_columns = [column, *(lbl.column for lbl in first.labels)]
+        sp_schema = st.StructType([*first.sp_schema.fields, *(st.StructField(c, st.StringType(), True) for c in partition_columns[1:]),
+                                   st.StructField(column, st.IntegerType(), False)])
+        base = self._settings.staging_dir  # else the system's temporary directory
+        if base is not None:
+            Path(base).mkdir(parents=True, exist_ok=True)
+        stage_root = Path(tempfile.mkdtemp(prefix="icesink-tables-", dir=base))
+        try:
+            n_tasks = max(1, min(sum(w.n_tuples for w in group), self._settings.max_write_tasks,
+                                 math.ceil(nbytes / self._settings.bytes_per_write_task)))
+            options = {**first.options, "maxRecordsPerFile": str(max(1, target_file_size_bytes // max(1, math.ceil(nbytes / rows))))}
+            try:
+                frame = self.spark.createDataFrame(combined, schema=sp_schema)
+                quoted = ["`" + c.replace("`", "``") + "`" for c in partition_columns]
+                frame = frame.coalesce(1) if n_tasks == 1 else frame.repartition(n_tasks, *quoted)
+                frame.write.partitionBy(*partition_columns).options(**options).mode("error").parquet(
+                    (stage_root / "out").as_uri())
+            except Exception as e:
+                raise SparkWriteError(f"Spark failed to write {rows} rows of {len(group)} tables: {e}") from e
+            local_fs = pafs.LocalFileSystem()
+            out: list[list[DataFile]] = []
+            try:
+                for i, w in enumerate(group):
+                    sub = f"{stage_root}/out/{column}={i}"
+                    data_files = self._data_files(w.table, local_fs, sub, w.out_uri, w.labels)
+                    _place(local_fs, sub, w, len(data_files), move=True)
+                    out.append(data_files)
+            except Exception:
+                for w in group[: len(out)]:
+                    _delete_quietly(w.fs, w.out_path)
+                raise
+            return out
+        finally:
+            shutil.rmtree(stage_root, ignore_errors=True)
+
     def _run_job(
-        self, sp_schema: st.StructType, extended: pa.Table, labels: Sequence[_PartitionLabels], n_tuples: int,
+        self, sp_schema: st.StructType, extended: pa.Table, labels: Sequence[PartitionLabels], n_tuples: int,
         data: pa.Table, target_file_size_bytes: int, options: dict[str, str], out_uri: str,
     ) -> None:
         """One Spark job writing ``extended`` (data plus label columns) under ``out_uri``."""
@@ -374,7 +512,7 @@ class SparkFileWriter:
 
     @staticmethod
     def _run_arrow_job(
-        arrow_schema: pa.Schema, extended: pa.Table, labels: Sequence[_PartitionLabels], data: pa.Table,
+        arrow_schema: pa.Schema, extended: pa.Table, labels: Sequence[PartitionLabels], data: pa.Table,
         target_file_size_bytes: int, properties: Mapping[str, str], fs: pafs.FileSystem, root: str,
     ) -> None:
         """pyarrow instead of Spark (:meth:`_run_job`) for a table with columns Spark cannot write:
@@ -386,7 +524,7 @@ class SparkFileWriter:
             rows = data.cast(arrow_schema)  # the field ids, in nested types too
             if fs.type_name == "local":  # object stores have no directories to make
                 fs.create_dir(root, recursive=True)
-            for directory, indices in _partition_directories(extended, labels):
+            for directory, indices in partition_directories(extended, labels):
                 part = rows if indices is None else rows.take(indices)
                 part_bytes = data.nbytes * part.num_rows / data.num_rows
                 n_files = max(1, math.ceil(part_bytes / target_file_size_bytes))
@@ -400,7 +538,7 @@ class SparkFileWriter:
             raise SparkWriteError(f"pyarrow failed to write {data.num_rows} rows to {root}: {e}") from e
 
     def _data_files(
-        self, table: Table, fs: pafs.FileSystem, out_path: str, out_uri: str, labels: Sequence[_PartitionLabels]
+        self, table: Table, fs: pafs.FileSystem, out_path: str, out_uri: str, labels: Sequence[PartitionLabels]
     ) -> list[DataFile]:
         metadata = table.metadata
         schema = table.schema()
@@ -411,7 +549,7 @@ class SparkFileWriter:
         checked_schema = False
         for relative, size in _list_data_files(fs, out_path):
             *dirs, _ = relative.split("/")
-            key = _parse_partition_dirs(dirs, labels, relative)
+            key = parse_partition_dirs(dirs, labels, relative)
             record = records.get(key)
             if record is None:
                 record = Record(*[None if lbl is None else p.values[lbl] for lbl, p in zip(key, labels, strict=True)])
@@ -466,122 +604,6 @@ def _quiet_task_size_warnings(spark: SparkSession) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Partition labels: Iceberg-like directory names that map back to exactly one value.
-
-
-def spark_escape(text: str) -> str:
-    """Spark's ``ExternalCatalogUtils.escapePathName``."""
-    return "".join(f"%{ord(c):02X}" if c in _SPARK_ESCAPED else c for c in text)
-
-
-def spark_unescape(text: str) -> str:
-    return _UNESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), text)
-
-
-def _label_column_names(spec: PartitionSpec, data_columns: Sequence[str]) -> list[str]:
-    """The partition field's name, unless a data column has it (identity): then a suffix."""
-    taken = set(data_columns)
-    names: list[str] = []
-    for pf in spec.fields:
-        name = pf.name
-        if name in taken:
-            base = f"{pf.name}_{'identity' if str(pf.transform) == 'identity' else 'part'}"
-            name, k = base, 0
-            while name in taken:
-                k += 1
-                name = f"{base}_{k}"
-        taken.add(name)
-        names.append(name)
-    return names
-
-
-def _assign_labels(pf: PartitionField, schema: Schema, values: list[Any]) -> tuple[list[str | None], dict[str, Any]]:
-    """A label per distinct value (None for null), unique and never empty or Spark's null name."""
-    source_type = schema.find_field(pf.source_id).field_type
-    stored = [None if v is None else partition_record_value(pf, v, schema) for v in values]
-    human = [None if v is None else pf.transform.to_human_string(source_type, v) for v in stored]
-    out: list[str | None] = [None] * len(values)
-    used: set[str] = set()
-    # Natural names first, so real values keep them; then the ones that need a suffix.
-    for i, h in enumerate(human):
-        if h is not None and h not in ("", HIVE_DEFAULT_PARTITION) and h not in used:
-            out[i] = h
-            used.add(h)
-    for i, h in enumerate(human):
-        if h is not None and out[i] is None:
-            k = 1
-            while f"{h}~{k}" in used:
-                k += 1
-            out[i] = f"{h}~{k}"
-            used.add(f"{h}~{k}")
-    mapping = {label: value for label, value in zip(out, stored, strict=True) if label is not None}
-    return out, mapping
-
-
-def _with_label_columns(
-    data: pa.Table, spec: PartitionSpec, schema: Schema
-) -> tuple[pa.Table, list[_PartitionLabels], int]:
-    values = partition_values(data, spec, schema)
-    names = _label_column_names(spec, data.column_names)
-    labels: list[_PartitionLabels] = []
-    extended = data
-    for pf, name, column in zip(spec.fields, names, values.columns, strict=True):
-        distinct = pc.unique(column)
-        label_list, mapping = _assign_labels(pf, schema, distinct.to_pylist())
-        index = pc.index_in(column, value_set=distinct, skip_nulls=False)
-        extended = extended.append_column(name, pa.array(label_list, pa.string()).take(index))
-        labels.append(_PartitionLabels(column=name, values=mapping))
-    n_tuples = extended.select(names).group_by(names).aggregate([]).num_rows
-    return extended, labels, n_tuples
-
-
-def _partition_directories(
-    extended: pa.Table, labels: Sequence[_PartitionLabels]
-) -> Iterator[tuple[str, pa.Array | None]]:
-    """(relative directory, row indices) per partition tuple, the way Spark names them
-    (``col=label/...``, escaped, ``__HIVE_DEFAULT_PARTITION__`` for null); ("", None): all rows."""
-    if not labels:
-        yield "", None
-        return
-    segments: list[pa.Array] = []
-    for lbl in labels:
-        column = extended.column(lbl.column).combine_chunks()
-        distinct = pc.unique(column)
-        names = [
-            f"{spark_escape(lbl.column)}={HIVE_DEFAULT_PARTITION if v is None else spark_escape(v)}"
-            for v in distinct.to_pylist()
-        ]
-        segments.append(pa.array(names, pa.string()).take(pc.index_in(column, value_set=distinct, skip_nulls=False)))
-    encoded = pc.dictionary_encode(pc.binary_join_element_wise(*segments, "/"))
-    codes = encoded.indices.to_numpy()
-    order = np.argsort(codes, kind="stable")
-    bounds = np.cumsum(np.bincount(codes, minlength=len(encoded.dictionary)))
-    for code, directory in enumerate(encoded.dictionary.to_pylist()):
-        start = 0 if code == 0 else int(bounds[code - 1])
-        yield directory, pa.array(order[start : int(bounds[code])])
-
-
-def _parse_partition_dirs(
-    dirs: Sequence[str], labels: Sequence[_PartitionLabels], relative: str
-) -> tuple[str | None, ...]:
-    if len(dirs) != len(labels):
-        raise SparkWriteError(f"unexpected file {relative!r}: expected {len(labels)} partition directories")
-    key: list[str | None] = []
-    for part, lbl in zip(dirs, labels, strict=True):
-        name, sep, value = part.partition("=")
-        if not sep or spark_unescape(name) != lbl.column:
-            raise SparkWriteError(f"unexpected directory {part!r} in {relative!r}: expected {lbl.column}=<value>")
-        if value == HIVE_DEFAULT_PARTITION:
-            key.append(None)
-            continue
-        label = spark_unescape(value)
-        if label not in lbl.values:
-            raise SparkWriteError(f"directory {part!r} in {relative!r} names no partition value of this write")
-        key.append(label)
-    return tuple(key)
-
-
-# --------------------------------------------------------------------------------------------
 # Files
 
 
@@ -624,6 +646,23 @@ def _list_data_files(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int]
             raise SparkWriteError(f"unexpected non-Parquet file {relative!r} in {root}")
         assert info.size is not None
         yield relative, info.size
+
+
+def _place(local_fs: pafs.FileSystem, stage_path: str, w: _Planned, n_files: int, *, move: bool = False) -> None:
+    """Every file under ``stage_path`` to the same relative path under ``w.out_path`` (moved
+    when that is a local path and ``move``, else copied); on failure nothing stays there."""
+    try:
+        for relative, _ in _list_data_files(local_fs, stage_path):
+            target = f"{w.out_path}/{relative}"
+            if w.fs.type_name == "local":  # object stores have no directories to make
+                w.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+                if move:
+                    shutil.move(f"{stage_path}/{relative}", target)
+                    continue
+            pafs.copy_files(f"{stage_path}/{relative}", target, source_filesystem=local_fs, destination_filesystem=w.fs)
+    except Exception as e:
+        _delete_quietly(w.fs, w.out_path)
+        raise SparkWriteError(f"could not upload {n_files} staged files to {w.out_uri}: {e}") from e
 
 
 def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:

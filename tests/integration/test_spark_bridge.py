@@ -222,6 +222,23 @@ def test_partitioned_pizzas_one_file_per_partition_read_back_by_pyiceberg_and_du
         writer.write(table, more, file_prefix="round-2/worker-a")
 
 
+def test_a_local_session_warms_up_with_a_throw_away_write_and_leaves_nothing(
+    writer: SparkFileWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """start() runs a small write twice so the JVM compiles the Arrow-to-Parquet path before
+    the first round (bench/README.md); its files are gone afterwards."""
+    staging = tmp_path / "staging"
+    warmed = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-test", staging_dir=str(staging),
+                                           warm_up_rows=5_000))
+    with caplog.at_level(logging.INFO, logger="spark_bridge.writer"):
+        warmed.start()  # getOrCreate: the module's session
+    assert "spark warmed up: 2 writes of 5000 rows" in caplog.text
+    assert "warm-up write failed" not in caplog.text
+    assert not any(staging.rglob("*"))
+    with pytest.raises(ConfigError, match="write.warm-up-rows"):
+        SparkFileWriter(SparkSettings(warm_up_rows=-1))
+
+
 def test_staged_write_uploads_files_and_cleans_the_staging_dir(
     writer: SparkFileWriter, catalog: SqlCatalog, tmp_path: Path
 ) -> None:
@@ -268,6 +285,46 @@ def test_unpartitioned_gives_one_file_or_ceil_of_target(writer: SparkFileWriter,
     assert table.scan().to_arrow().num_rows == 40_000
     assert duck_count_distinct(table, "order_id") == (40_000, 40_000)
     assert writer.write(table, data.slice(0, 0), file_prefix="r3") == []
+
+
+def test_write_many_writes_alike_tables_in_one_spark_job_and_each_reads_back_exactly(
+    writer: SparkFileWriter, catalog: SqlCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round routed to many tables: the tables with the same schema and partition fields
+    share one Spark job; every table gets its own files, partitions and rows, read back by
+    DuckDB; a table of another schema and an empty one are written on their own."""
+    alike = [create_pizza_table(catalog, f"db.many_{i}") for i in range(4)]
+    flat = catalog.create_table("db.many_flat", schema=PIZZA_SCHEMA)
+    datas = [pizzas(t, 2_000 + 500 * i, seed=20 + i, start=10_000 * i) for i, t in enumerate(alike)]
+    writes = [(t, d, f"r1/w-{i}") for i, (t, d) in enumerate(zip(alike, datas, strict=True))]
+    writes += [(flat, pizzas(flat, 3_000, seed=30), "r1/w-flat"), (flat, datas[0].slice(0, 0), "r1/w-none")]
+    tracker = writer.spark.sparkContext.statusTracker()
+    jobs_before = len(tracker.getJobIdsForGroup())
+    results = writer.write_many(writes)
+    assert len(tracker.getJobIdsForGroup()) - jobs_before == 2  # the four alike tables, then the flat one
+    assert results[-1] == []
+    for (table, data, prefix), files in zip(writes[:-1], results, strict=False):
+        assert files and all(f.file_path.startswith(f"{table.location()}/data/{prefix}/") for f in files)
+        if table is not flat:
+            assert file_partition_counts(files) == pizza_partition_counts(data.to_pylist())
+        assert sorted(files_under(local_path(table.location()) + f"/data/{prefix}")) == sorted(
+            f.file_path.split(f"/data/{prefix}/", 1)[1] for f in files)
+        table = commit(table, files, "c-1")
+        assert duck_count_distinct(table, "order_id") == (data.num_rows, data.num_rows)
+        assert_same_rows(table.scan().to_arrow(), data, "order_id")
+
+    # One write failing fails the call and removes the files already placed for the others.
+    again = [(t, d, f"r2/w-{i}") for i, (t, d) in enumerate(zip(alike, datas, strict=True))]
+    again.append((flat, pizzas(flat, 100, seed=31), "r2/w-flat"))
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise SparkWriteError("injected")
+
+    monkeypatch.setattr(writer, "_run_job", broken)  # the flat table's own job
+    with pytest.raises(SparkWriteError, match="injected"):
+        writer.write_many(again)
+    for table, _, prefix in again:
+        assert not os.path.exists(local_path(table.location()) + f"/data/{prefix}")
 
 
 def test_partition_larger_than_target_is_split(writer: SparkFileWriter, catalog: SqlCatalog) -> None:

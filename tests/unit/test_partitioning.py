@@ -334,7 +334,7 @@ def test_known_values_from_the_iceberg_spec() -> None:
 
 
 def test_spark_escape_matches_spark_and_round_trips() -> None:
-    from spark_bridge.writer import spark_escape, spark_unescape
+    from spark_bridge.labels import spark_escape, spark_unescape
 
     # ExternalCatalogUtils.escapePathName: these characters become %XX (upper-case hex).
     assert spark_escape("a/b:c=d%e f") == "a%2Fb%3Ac%3Dd%25e f"
@@ -345,7 +345,7 @@ def test_spark_escape_matches_spark_and_round_trips() -> None:
 
 
 def test_labels_are_iceberg_human_strings_and_unambiguous() -> None:
-    from spark_bridge.writer import HIVE_DEFAULT_PARTITION, _assign_labels, _label_column_names
+    from spark_bridge.labels import HIVE_DEFAULT_PARTITION, assign_labels, label_column_names
 
     schema = Schema(
         NestedField(1, "name", StringType()),
@@ -355,24 +355,24 @@ def test_labels_are_iceberg_human_strings_and_unambiguous() -> None:
     spec = build_partition_spec(parse_partition_by("name, hour(ts), day(ts), bucket(store_id, 8)"), schema)
     name_f, hour_f, day_f, bucket_f = spec.fields
 
-    assert _label_column_names(spec, ["name", "ts", "store_id"]) == [
+    assert label_column_names(spec, ["name", "ts", "store_id"]) == [
         "name_identity",
         "ts_hour",
         "ts_day",
         "store_id_bucket",
     ]
 
-    labels, mapping = _assign_labels(day_f, schema, [19726, None])
+    labels, mapping = assign_labels(day_f, schema, [19726, None])
     assert labels == ["2024-01-04", None]
     assert mapping == {"2024-01-04": 19726}
-    labels, _ = _assign_labels(hour_f, schema, [473434])
+    labels, _ = assign_labels(hour_f, schema, [473434])
     assert labels == ["2024-01-04-10"]
-    labels, _ = _assign_labels(bucket_f, schema, [3, 0])
+    labels, _ = assign_labels(bucket_f, schema, [3, 0])
     assert labels == ["3", "0"]
 
     # Spark writes "" and null both as __HIVE_DEFAULT_PARTITION__: labels must keep them apart.
     values = ["a/b", "", None, HIVE_DEFAULT_PARTITION, "~1", "x"]
-    labels, mapping = _assign_labels(name_f, schema, values)
+    labels, mapping = assign_labels(name_f, schema, values)
     assert labels[values.index(None)] is None
     real = [lbl for lbl in labels if lbl is not None]
     assert len(set(real)) == len(real) == 5

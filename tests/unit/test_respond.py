@@ -138,7 +138,12 @@ def make_worker(producer: Producer) -> Worker:
     w.evolver = None
     w.offload = Offload()
     writes: list[int] = []
-    w.spark = SimpleNamespace(write=lambda table, data, **kw: writes.append(data.num_rows) or [data_file(len(writes))])
+
+    def write_many(batch, **kw):
+        writes.extend(data.num_rows for _, data, _ in batch)
+        return [[data_file(len(writes))] for _ in batch]
+
+    w.spark = SimpleNamespace(write_many=write_many)
     w.writes = writes
     table = SimpleNamespace(spec=lambda: SimpleNamespace(spec_id=0))
     w.targets = {TABLE: Target(TABLE, table, pa.schema([("id", pa.int64())]))}
