@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Coroutine
 from typing import Any, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
@@ -78,6 +79,7 @@ class Coordinator:
             secret=settings.control_signing_key(),
         )
         self._commit_task: asyncio.Task[None] | None = None
+        self._commits = Offload(settings.table_commit_threads)  # a round's table commits run at once
         self._roots = TableRoots(catalog)
         self._manifests: dict[str, frozenset[str]] = {}  # manifest path -> its files (immutable)
         self._round_deadline: float | None = None
@@ -103,6 +105,7 @@ class Coordinator:
             if self._commit_task is not None:
                 self._commit_task.cancel()
                 await asyncio.gather(self._commit_task, return_exceptions=True)
+            self._commits.close()
             await self._reader.stop()
 
     async def _recover(self) -> None:
@@ -431,10 +434,12 @@ class Coordinator:
     async def _commit_round(
         self, commit_id: str, batch: list[Accepted], cp: Checkpoint, valid_through: int | None,
     ) -> None:
+        """The first table alone, then the others at once (iceberg.control.commit.threads at a
+        time; one snapshot each). Each is announced by a CommitToTable once it holds the round;
+        the CommitComplete goes out only when all of them do."""
         tables = sorted({t for a in batch for t in a.files})
-        for i, table in enumerate(tables):
-            if i:
-                crash_point(self.settings, "coordinator.between-table-commits")
+
+        async def commit_and_announce(table: str) -> None:
             result = await self._commit_table_with_retry(table, batch, commit_id, cp, valid_through)
             await hold_point(self.settings, "coordinator.after-table-commit")
             if result.snapshot_id is not None:
@@ -442,6 +447,12 @@ class Coordinator:
                     self.epoch, commit_id, table, result.snapshot_id, result.files, result.records,
                     result.watermark,
                 ))
+
+        if tables:
+            await commit_and_announce(tables[0])
+        if tables[1:]:
+            crash_point(self.settings, "coordinator.between-table-commits")
+            await _all_unless_fenced([commit_and_announce(t) for t in tables[1:]])
         done = checkpoint_event(self.epoch, commit_id, cp, valid_through)
         offset = await self.producer.send(done)
         await self._reader.commit(offset)
@@ -460,7 +471,7 @@ class Coordinator:
         started = time.monotonic()
         while True:
             try:
-                result = await self.offload.run(
+                result = await self._commits.run(
                     commit_table, self.catalog, table, batch, group=self.group, epoch=self.epoch,
                     commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
                     checkpoint=cp, log_id=self.log_id, adopted=self._adopted,
@@ -503,3 +514,23 @@ class Coordinator:
                 )
             return result
 
+
+async def _all_unless_fenced(coros: list[Coroutine[Any, Any, None]]) -> None:
+    """Run ``coros`` at once and wait for every one of them (a commit that went through is
+    announced even when another failed), then raise the first failure. Fencing stops the
+    others at once: a newer coordinator owns the group."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        pending: set[asyncio.Task[None]] = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                exc = None if task.cancelled() else task.exception()
+                if isinstance(exc, FencedError):
+                    raise exc
+        for task in tasks:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

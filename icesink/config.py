@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -105,6 +106,8 @@ class Settings(BaseSettings):
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
     commit_timeout_ms: int = Field(30_000, alias="iceberg.control.commit.timeout-ms", ge=100)
+    # Tables of a round committed at once (the reference sink's key); None: 2 x cores.
+    commit_threads: int | None = Field(None, alias="iceberg.control.commit.threads", ge=1)
     value_converter: str = Field(JSON_CONVERTER, alias="value.converter")
     value_converter_schemas_enable: bool = Field(False, alias="value.converter.schemas.enable")
     key_converter: str = Field(STRING_CONVERTER, alias="key.converter")
@@ -322,6 +325,11 @@ class Settings(BaseSettings):
             if props.get("type") in DEBEZIUM_TRANSFORMS:
                 return props.get("cdc.target.pattern") or "{db}.{table}"
         return None
+
+    @property
+    def table_commit_threads(self) -> int:
+        """Tables of a round committed at once: iceberg.control.commit.threads, else 2 x cores."""
+        return self.commit_threads or 2 * (os.cpu_count() or 1)
 
     @property
     def embedded_broker(self) -> bool:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -140,6 +142,112 @@ def test_a_fenced_commit_stops_the_coordinator_and_keeps_the_round_pending(tmp_p
     with pytest.raises(FencedError):
         asyncio.run(go())
     assert coord.status["phase"] == "fenced" and len(coord.state.pending) == 1
+
+
+# Tables of a round committed at once (iceberg.control.commit.threads) --------------------
+
+def round_of_tables(tmp_path, producer, names: list[str], threads: int) -> Coordinator:
+    settings = load_settings(None, None, {"topics": "src", "iceberg.tables": ",".join(names),
+                                          "iceberg.catalog.type": "sql", "state.dir": str(tmp_path / "state"),
+                                          "iceberg.control.commit.threads": str(threads)})
+
+    async def make() -> Coordinator:
+        return Coordinator(settings, "127.0.0.1:9", producer, None, Offload(2), Metrics(CollectorRegistry()))  # type: ignore[arg-type]
+
+    coord = asyncio.run(make())
+    coord.epoch = 1
+    coord._reader = FakeReader()  # type: ignore[assignment]
+    st = CoordinatorState()
+    log: list[Any] = [Claim("w1", 1, (TP,)), Resume(1, "w1", 1, (Position(TP, 0),)), StartCommit(1, "r1")]
+    log += [DataWritten("r1", "x", "w1", t, (FileInfo(f"file:///wh/{t}/data/f.parquet", 3, 1, 0),)) for t in names]
+    log.append(DataComplete("r1", "x", "w1", 1, (OffsetRange(TP, 0, 3),), len(names), None))
+    for off, ev in enumerate(log):
+        st.apply(off, ev)
+    coord.state = st
+    return coord
+
+
+class SlowCommits:
+    """A fake ``commit_table`` that takes 0.2 s and records how many ran at once and in what order."""
+
+    def __init__(self, fenced: str | None = None) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.events: list[str] = []
+        self.fenced = fenced
+
+    def __call__(self, catalog: Any, table: str, batch: list[Any], **kw: Any) -> Any:
+        from coordinator.committer import TableCommit
+
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.events.append(f"start {table}")
+        time.sleep(0.2)
+        with self.lock:
+            self.running -= 1
+            self.events.append(f"end {table}")
+        if table == self.fenced:
+            raise FencedError(f"table {table}: expected coordinator epoch <= 1, found 2")
+        return TableCommit(table, 7, 1, 3, max(a.offset for a in batch))
+
+
+def test_the_tables_of_a_round_are_committed_at_once_after_the_first(tmp_path, monkeypatch):
+    commits = SlowCommits()
+    monkeypatch.setattr(service, "commit_table", commits)
+    producer = FlakyProducer(CommitToTable, fail=0)
+    names = [f"db.t{i}" for i in range(7)]
+    coord = round_of_tables(tmp_path, producer, names, threads=3)
+    asyncio.run(coord._commit("r1", partial=False))
+    assert commits.events[:2] == ["start db.t0", "end db.t0"]  # alone: the between-tables crash point follows it
+    assert commits.most == 3  # iceberg.control.commit.threads at a time
+    announced = [e.table for e in producer.sent if isinstance(e, CommitToTable)]
+    assert sorted(announced) == names
+    assert isinstance(producer.sent[-1], CommitComplete)  # only once every table holds the round
+    assert not coord.state.pending
+
+
+def test_commit_threads_default_to_twice_the_cores():
+    settings = load_settings(None, None, {"topics": "src", "iceberg.tables": "db.a"})
+    assert settings.table_commit_threads == 2 * (os.cpu_count() or 1)
+
+
+def test_a_failed_announcement_of_one_table_lets_the_others_finish_and_the_round_retries(tmp_path, monkeypatch):
+    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    commits = SlowCommits()
+    monkeypatch.setattr(service, "commit_table", commits)
+    producer = FlakyProducer(CommitToTable, fail=0)
+    send = producer.send
+    failed: list[str] = []
+
+    async def t2_fails_once(event: Any) -> int:
+        if isinstance(event, CommitToTable) and event.table == "db.t2" and not failed:
+            failed.append(event.table)
+            raise TimeoutError("control send timed out (broker unreachable)")
+        return await send(event)
+
+    producer.send = t2_fails_once  # type: ignore[method-assign]
+    names = [f"db.t{i}" for i in range(4)]
+    coord = round_of_tables(tmp_path, producer, names, threads=4)
+    asyncio.run(coord._commit("r1", partial=False))
+    first = commits.events[:commits.events.index("start db.t0", 1)]  # the first attempt
+    assert sorted(e for e in first if e.startswith("end")) == [f"end {t}" for t in names]
+    first_sent = [e.table for e in producer.sent if isinstance(e, CommitToTable)][:3]
+    assert sorted(first_sent) == ["db.t0", "db.t1", "db.t3"]  # the others were announced all the same
+    assert coord.metrics.round_failures._value.get() == 1
+    assert sum(isinstance(e, CommitComplete) for e in producer.sent) == 1 and not coord.state.pending
+
+
+def test_fencing_of_one_table_among_parallel_commits_stops_the_round(tmp_path, monkeypatch):
+    commits = SlowCommits(fenced="db.t2")
+    monkeypatch.setattr(service, "commit_table", commits)
+    producer = FlakyProducer(CommitToTable, fail=0)
+    coord = round_of_tables(tmp_path, producer, [f"db.t{i}" for i in range(4)], threads=4)
+    with pytest.raises(FencedError):
+        asyncio.run(coord._commit("r1", partial=False))
+    assert coord.status["phase"] == "fenced" and len(coord.state.pending) == 1
+    assert not any(isinstance(e, CommitComplete) for e in producer.sent)
 
 
 # Files the coordinator may commit and delete (coordinator/files.py) --------------------------
