@@ -27,7 +27,6 @@ import base64
 import json
 import logging
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from agents.convert import Reject

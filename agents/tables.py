@@ -4,7 +4,7 @@ When a table exists its schema is the truth and records are coerced to it. Auto-
 tables take the schema inferred from the first batch and the configured partition spec.
 
 How a column's JSON values are encoded can be stated in table properties, which become
-field metadata of the target's Arrow schema (see agents/convert.py):
+field metadata of the target's Arrow schema (see agents/convert/):
 ``icesink.epoch-unit.<dotted column>`` = ``s`` | ``ms`` | ``us`` | ``ns`` for a timestamp, date or
 time column whose numbers count another unit than ``iceberg.tables.timestamp-unit``;
 ``icesink.decimal-encoding.<dotted column>`` = ``connect-bytes`` for a decimal column that

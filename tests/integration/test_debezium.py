@@ -219,17 +219,6 @@ def test_debezium_events_without_schema(broker, catalog_props, tmp_path, capture
     print(f"Debezium: snapshot events {captured['snapshot_s']:.1f}s after start, all {captured['all_s']:.1f}s")
 
 
-def _decode_json_reads_epoch_units() -> bool:
-    import pyarrow as pa
-
-    from agents.convert import decode_json
-
-    schema = pa.schema([pa.field("t", pa.timestamp("us"), metadata={b"icesink.epoch-unit": b"us"})])
-    return not decode_json([b'{"t": 1}'], schema).rejects
-
-
-@pytest.mark.skipif(not _decode_json_reads_epoch_units(), reason="needs decode_json's icesink.epoch-unit / "
-                    "connect-bytes support (the type-fidelity change to agents/convert.py)")
 def test_debezium_events_with_schema(broker, catalog_props, tmp_path, captured):
     events = captured["events"]["schema"]
     _check(_run_sink(broker, catalog_props, tmp_path, "schema", events), events)

@@ -5,20 +5,18 @@ import asyncio
 import time
 from types import SimpleNamespace
 
-from agents.deadletter import DeadLetters
-from agents.formats import RecordFormat
-from agents.routing import Router
-from icesink.config import build
-
 import pyarrow as pa
 from faust.types import TP
 
 from agents import ingest as ingest_module
 from agents.buffer import Buffers
-from agents.source_consumer import Fetched
+from agents.deadletter import DeadLetters
+from agents.formats import RecordFormat
 from agents.routing import Router
+from agents.source_consumer import Fetched
 from agents.tables import Target
 from agents.worker import Worker
+from icesink.config import build
 from icesink.events import CommitRequest, TopicPartition
 from icesink.metrics import Metrics
 

@@ -3,7 +3,7 @@ that decodes a batch: plain JSON against a table schema and inferred, Kafka Conn
 and Debezium change events with and without schemas (the transform, its schema inference and
 routing on ``_cdc`` and row fields).
 
-Each batch is decoded twice: in bulk (``agents.convert._SMALL_RUN`` 1, so every run of two or
+Each batch is decoded twice: in bulk (``agents.common._SMALL_RUN`` 1, so every run of two or
 more records goes through pyarrow.json, whatever the batch size; ``_BLOCK_SIZE`` sometimes
 small, so a batch spans many of pyarrow's blocks) and by the reference path
 alone (``_SMALL_RUN`` past any batch: every record through ``_Oracle``, inference through
@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeVar
 
-import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import agents.convert as convert
+from agents.convert import common
 from agents.convert import Converted, decode_json
 from agents.debezium import DebeziumTransform
 from agents.formats import Envelopes, connect_arrow_schema, decode_envelopes
@@ -50,12 +49,12 @@ BLOCKS = st.sampled_from([1 << 20, 256, 1024, 4096])
 
 @contextmanager
 def tuned(small_run: int, block: int) -> Iterator[None]:
-    saved = convert._SMALL_RUN, convert._BLOCK_SIZE
-    convert._SMALL_RUN, convert._BLOCK_SIZE = small_run, block  # type: ignore[misc]
+    saved = common._SMALL_RUN, common._BLOCK_SIZE
+    common._SMALL_RUN, common._BLOCK_SIZE = small_run, block  # type: ignore[misc]
     try:
         yield
     finally:
-        convert._SMALL_RUN, convert._BLOCK_SIZE = saved  # type: ignore[misc]
+        common._SMALL_RUN, common._BLOCK_SIZE = saved  # type: ignore[misc]
 
 
 def outcome(fn: Callable[[], T]) -> T | tuple[str, str]:

@@ -33,7 +33,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-import agents.convert as convert
+from agents.convert import common, reference, wrapped
 from agents.convert import Converted, Reject, decode_json, infer_schema
 from icesink.errors import UnsupportedTypeError
 
@@ -47,7 +47,7 @@ SAMPLE = {
     "date_ordered": "2024-01-04 12:28:13",
 }
 #: Enough records that decode_json takes the bulk path (small batches go record by record).
-BULK = 3 * convert._SMALL_RUN
+BULK = 3 * common._SMALL_RUN
 
 
 class Raw(str):
@@ -108,13 +108,13 @@ def same(a: object, b: object) -> bool:
 def oracle_calls(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Values that went through the per-record reference path."""
     calls: list[bytes] = []
-    original = convert._Oracle.row
+    original = reference._Oracle.row
 
-    def spy(self: convert._Oracle, value: bytes) -> dict[str, object]:
+    def spy(self: reference._Oracle, value: bytes) -> dict[str, object]:
         calls.append(value)
         return original(self, value)
 
-    monkeypatch.setattr(convert._Oracle, "row", spy)
+    monkeypatch.setattr(reference._Oracle, "row", spy)
     return calls
 
 
@@ -161,7 +161,7 @@ def test_inference_across_read_blocks_takes_a_field_null_in_the_first_block() ->
     pad = "p" * 100
     first = [enc({"id": i, "x": None, "l": None, "pad": pad}) for i in range(16_000)]
     later = [enc({"id": i, "x": {"a": i}, "l": [{"b": i}], "pad": pad}) for i in range(10)]
-    assert sum(map(len, first)) > 2 * convert._BLOCK_SIZE
+    assert sum(map(len, first)) > 2 * common._BLOCK_SIZE
     result = decode_json(first + later)
     assert result.rejects == ()
     assert result.table.schema == pa.schema([
@@ -805,13 +805,13 @@ def test_mixed_kinds_are_quoted_in_bulk_not_per_record(oracle_calls: list[bytes]
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Sizes (bytes) of the pyarrow.json reads decode_json makes."""
     sizes: list[int] = []
-    original = convert._read
+    original = wrapped._read
 
     def spy(data: pa.Buffer, *args: Any, **kwargs: Any) -> pa.Table:
         sizes.append(data.size)
         return original(data, *args, **kwargs)
 
-    monkeypatch.setattr(convert, "_read", spy)
+    monkeypatch.setattr(wrapped, "_read", spy)
     return sizes
 
 

@@ -15,9 +15,10 @@ import pyarrow as pa
 import pytest
 
 import agents.convert as convert
+from agents.convert import common, wrapped
 from agents.convert import decode_json
 
-BULK = 3 * convert._SMALL_RUN
+BULK = 3 * common._SMALL_RUN
 SIZES = [1, BULK]
 
 ADDRESS = pa.struct([pa.field("zip", pa.string()), pa.field("lines", pa.list_(pa.string()))])
@@ -100,7 +101,7 @@ def test_batch_spelt_exactly_is_not_rewritten(monkeypatch: pytest.MonkeyPatch) -
     """The byte-level fast path stays: only a batch with another spelling is rewritten. An
     optional struct column that is null in every record does not count as one."""
     calls: list[bool] = []
-    real = convert._rewritten
+    real = wrapped._rewritten
 
     def spy(values: Any, schema: pa.Schema, *, fold: bool) -> list[bytes]:
         calls.append(fold)

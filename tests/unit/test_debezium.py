@@ -18,8 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-import agents.convert as convert
-from agents.convert import decode_json
+from agents.convert import common
 from agents.debezium import CDC_TYPE, DebeziumTransform
 from icesink.config import build
 from icesink.errors import ConfigError
@@ -159,13 +158,6 @@ def test_schema_envelope_rows() -> None:
     assert rows[0]["seen"] == datetime(2024, 1, 4, 10, 28, 13, 654321, tzinfo=timezone.utc)
 
 
-def _decode_json_reads_epoch_units() -> bool:
-    schema = pa.schema([pa.field("t", pa.timestamp("us"), metadata={b"icesink.epoch-unit": b"us"})])
-    return not decode_json([b'{"t": 1}'], schema).rejects
-
-
-@pytest.mark.skipif(not _decode_json_reads_epoch_units(), reason="needs decode_json's icesink.epoch-unit / "
-                    "connect-bytes support (the type-fidelity change to agents/convert.py)")
 def test_schema_envelope_timestamps_and_decimals_exact() -> None:
     t = DebeziumTransform(schemas=True)
     vals = values("schema")
@@ -362,7 +354,7 @@ def test_a_batch_of_many_inserts_then_deletes_infers_the_row_schema(form: str) -
     a schemaless batch (auto-create, schema evolution) with ArrowNotImplementedError."""
     insert, delete = (v for v in values(form)[2:5:2])  # the fixture's insert and delete
     batch = [insert] * 6000 + [delete] * 10
-    assert sum(map(len, batch)) > 2 * convert._BLOCK_SIZE
+    assert sum(map(len, batch)) > 2 * common._BLOCK_SIZE
     t = DebeziumTransform(schemas=form == "schema")
     schema = t.infer_schema(batch)
     assert schema == t.infer_schema(values(form))

@@ -500,32 +500,11 @@ def test_settings():
 # ----------------------------------------------------------------------------------------------
 
 
-def _contract_supported() -> bool:
-    """Whether decode_json implements the epoch-unit / connect-bytes / binary contract (engineer 1)."""
-    probe = pa.schema([
-        pa.field("ts", pa.timestamp("us", tz="UTC"), metadata={"icesink.epoch-unit": "ms"}),
-        pa.field("amount", pa.decimal128(10, 2), metadata={"icesink.decimal-encoding": "connect-bytes"}),
-        pa.field("d", pa.date32()),
-    ])
-    try:
-        out = decode_json([b'{"ts": 1, "amount": "AQ==", "d": 1}'], probe)
-    except UnsupportedTypeError:
-        return False
-    return not out.rejects
-
-
-needs_contract = pytest.mark.skipif(
-    not _contract_supported(),
-    reason="needs decode_json's epoch-unit and connect-bytes support (engineer 1, agents/convert.py)",
-)
-
-
 def connect_decimal(value: Decimal, scale: int) -> str:
     unscaled = int(value.scaleb(scale))
     return base64.b64encode(unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)).decode()
 
 
-@needs_contract
 def test_connect_logical_values_decode_exactly():
     schema = struct(
         fld("id", "int64", optional=False),
