@@ -23,13 +23,17 @@ from agents.evolution import identifier_paths
 from agents.routing import Routes
 from agents.source_consumer import Fetched
 from agents.tables import Target, create_target, load_target
-from agents.tasks import unless_moved
+from agents.tasks import highwater, unless_moved
 from icesink.events import CommitRequest, SchemaProposal
 from icesink.faults import should_crash
 
 log = logging.getLogger(__name__)
 
 REQUEST_EVERY_S = 5.0  # while the buffers stay full, an early round is asked this often
+# An active partition behind its high watermark that took no record for this long is sought
+# again at its next offset (a fetch dropped in a rebalance or a broker restart would otherwise
+# hold it until a newer record shows the gap, for ever on a partition that went quiet).
+STALL_S = 15.0
 
 
 class Ingest:
@@ -61,6 +65,36 @@ class Ingest:
         self._update_gauges()
         if self.buffers.full:
             await self._apply_backpressure()
+
+    def _check_stalls(self, now: float) -> None:
+        """Seek again any active partition that is behind its high watermark and has taken no
+        record for STALL_S (called every few seconds by the worker's housekeeping)."""
+        if self._backpressure:
+            self._progress.clear()
+            return
+        consumer = self.app.consumer
+        for tp, st in list(self.buffers.partitions.items()):
+            hw = highwater(consumer, tp.topic, tp.partition) if st.active and not st.reseeking else None
+            seen = self._progress.get(tp)
+            if hw is None or hw <= st.next_offset or seen is None or seen[0] != st.next_offset:
+                self._progress[tp] = (st.next_offset, now)
+                continue
+            if now - seen[1] < STALL_S:
+                continue
+            self._progress[tp] = (st.next_offset, now)
+            self.metrics.partition_stalls.labels(topic=tp.topic, partition=str(tp.partition)).inc()
+            log.warning("%s: %d records behind its high watermark %d and none taken for %.0f s; seeking to %d again",
+                        tp, hw - st.next_offset, hw, now - seen[1], st.next_offset)
+            st.reseeking = True
+            owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
+            self._owner.spawn(unless_moved(self._reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")
+        for tp in set(self._progress) - set(self.buffers.partitions):
+            del self._progress[tp]
+
+    async def _reseek_and_resume(self, st: PartitionState) -> None:
+        await self._seek(st, st.next_offset)
+        if not self._backpressure and st.active:
+            self.app.consumer.resume_partitions([TP(st.tp.topic, st.tp.partition)])
 
     async def _buffer(self, st: PartitionState, messages: list[Any]) -> None:
         # Tombstones and too-large values never reach conversion; their offsets still count.

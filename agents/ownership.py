@@ -61,7 +61,12 @@ class Ownership:
             log.warning("claim for %s not sent (%s); retried", ",".join(map(str, tps)), exc)
 
     async def _on_rebalance_complete(self, sender: Any, **_: Any) -> None:
-        # Faust resumed and seeked every assigned partition; keep unclaimed ones paused.
+        # Pause what is not resumed yet. Faust sends this signal before it resumes every
+        # assigned partition and seeks them to the group's committed offsets (Recovery.
+        # _resume_streams), which undoes the pause: records of a partition still claiming are
+        # then read and dropped (on_fetch), and its Resume seeks to the accepted position. A
+        # committed offset is never past that position, so a seek of Faust's that lands after
+        # ours only makes records be read twice (select drops the repeats).
         claiming = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if not st.active]
         if claiming:
             self.app.consumer.pause_partitions(claiming)

@@ -195,7 +195,8 @@ def install_batch_drain(app: faust.App, deliver: Callable[[Fetched], Awaitable[A
     """Replace Faust's per-record drain loop (``Consumer._drain_messages``, run by its Fetcher
     service and restarted by it after every rebalance) with one that hands whole fetches to
     ``deliver``. Records of a fetch that spans a rebalance (the flow stopped or the generation
-    changed) are dropped like Faust drops them: the new owner seeks to the accepted position."""
+    changed after the fetch returned) are dropped like Faust drops them: the new owner seeks to
+    the accepted position."""
     consumer = app.consumer
 
     async def drain_batches(fetcher: Any) -> None:
@@ -203,8 +204,11 @@ def install_batch_drain(app: faust.App, deliver: Callable[[Fetched], Awaitable[A
         fetcher_stopped = fetcher._stopped.is_set
         try:
             while not (stopped() or fetcher_stopped()):
-                generation = app.consumer_generation_id
                 records, active = await consumer._wait_next_records(1.0)
+                # As Faust's getmany: the generation the records were handed out in, read after
+                # the wait (which waits for the flow a rebalance stopped), so a fetch of the new
+                # assignment is never taken for one that spans the rebalance.
+                generation = app.consumer_generation_id
                 fetched_at = time.monotonic()
                 await asyncio.sleep(0)  # an empty fetch must not starve the loop
                 if (not records or consumer.should_stop or not consumer.flow_active

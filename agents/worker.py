@@ -100,6 +100,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._coordinator_task: asyncio.Task[None] | None = None
         self._open_round: str | None = None  # latest StartCommit without its CommitComplete
         self._claimed_at: dict[TopicPartition, float] = {}
+        self._progress: dict[TopicPartition, tuple[int, float]] = {}  # next offset, since when (stalls)
         self._backpressure = False
         self._last_request = 0.0
         self._seq = 0
@@ -231,6 +232,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
                 await self._send_claim(stale)
             if self._backpressure:
                 await self._check_backpressure()
+            self._check_stalls(now)
             self._update_gauges()
 
     def _update_gauges(self) -> None:

@@ -312,6 +312,23 @@ def first_reaching(curve: list[tuple[float, float]], level: float) -> str:
     return next((f"{at:.1f}" for at, value in curve if value >= level), "-")
 
 
+def commit_walls(log_path: Path) -> list[float]:
+    """Per round with rows: seconds from the worker's answer (its Spark write done) to the
+    coordinator's last table commit of that round (all tables of the round, in parallel)."""
+    answered: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for line in log_path.read_text(errors="replace").splitlines():
+        try:
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        if (m := _ROUND_ANSWERED.search(line)) is not None and int(m["rows"]):
+            answered[m["round"]] = stamp
+        elif (m := _ROUND_COMMITTED.search(line)) is not None:
+            last[m["round"]] = stamp
+    return [last[r] - at for r, at in answered.items() if r in last]
+
+
 def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4) -> list[str]:
     """Milestones and commit rounds from the worker's log, in seconds since process start.
 
@@ -469,6 +486,12 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
           f"{m['icesink_write_duration_seconds_sum']:.1f} s in all; "
           f"table commits {m['icesink_commit_duration_seconds_count']:.0f}, "
           f"{m['icesink_commit_duration_seconds_sum']:.1f} s in all")
+    walls = commit_walls(b.log_path)
+    writes = m["icesink_write_duration_seconds_count"]
+    if walls and writes:
+        print(f"    a round with rows: Spark write {m['icesink_write_duration_seconds_sum'] / writes:.2f} s on average, "
+              f"then its table commits {sum(walls) / len(walls):.2f} s on average (answer to last commit, "
+              f"{len(walls)} rounds)")
     levels = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
     print("    progress, seconds since process start (consumed: icesink_records_consumed_total,")
     print("    polled every 0.2 s; committed: the table's total-records, polled every 0.5 s):")

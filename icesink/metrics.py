@@ -54,6 +54,10 @@ class Metrics:
         self.consumer_lag = Gauge(
             "icesink_consumer_lag", "High watermark minus next offset to read",
             ["topic", "partition"], registry=r)
+        self.partition_stalls = Counter(
+            "icesink_partition_stalls_total",
+            "Active partitions behind their high watermark that took no record for a while (sought again)",
+            ["topic", "partition"], registry=r)
         # Spark bridge.
         self.files_written = Counter(
             "icesink_files_written_total", "Data files written by Spark", ["table"], registry=r)

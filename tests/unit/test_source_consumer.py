@@ -172,15 +172,21 @@ def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(t
 
     fetches = [
         ({t0: [rec(0), rec(1)], t1: [rec(5)]}, {t0}, None),  # t1 was paused when asked for
-        ({t0: [rec(2)]}, {t0, t1}, 7),  # the generation changes while fetching: dropped
-        ({t0: [rec(3)], t1: [rec(6), rec(7)]}, {t0, t1}, None),
+        # A rebalance completes while the loop waits for the flow: the fetch that follows is of
+        # the new generation and is taken (once dropped: a partition already resumed at its
+        # accepted position then waited for ever, its position past the dropped records).
+        ({t0: [rec(2)]}, {t0, t1}, 7),
+        ({t0: [rec(3)], t1: [rec(6), rec(7)]}, {t0, t1}, "after"),  # changes after the fetch: dropped
+        ({t0: [rec(4)]}, {t0}, None),
     ]
     delivered: list[Fetched] = []
     fetcher = SimpleNamespace(_stopped=asyncio.Event())
 
     async def wait_next_records(timeout: float):
         records, active, new_generation = fetches.pop(0)
-        if new_generation is not None:
+        if new_generation == "after":  # a rebalance starts between the fetch and its delivery
+            asyncio.get_running_loop().call_soon(setattr, app, "consumer_generation_id", 8)
+        elif new_generation is not None:
             app.consumer_generation_id = new_generation
         if not fetches:
             fetcher._stopped.set()
@@ -199,6 +205,6 @@ def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(t
     app = None
     asyncio.run(drain())
     got = [{str(tp): [r.offset for r in recs] for tp, recs in f.records.items()} for f in delivered]
-    assert got == [{"t[0]": [0, 1]}, {"t[0]": [3], "t[1]": [6, 7]}]
-    assert [f.nbytes for f in delivered] == [20, 30]
+    assert got == [{"t[0]": [0, 1]}, {"t[0]": [2]}, {"t[0]": [4]}]
+    assert [f.nbytes for f in delivered] == [20, 10, 10]
     assert all(isinstance(tp, TopicPartition) for f in delivered for tp in f.records)
