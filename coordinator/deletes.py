@@ -1,0 +1,101 @@
+"""Position deletes for mirror tables, the coordinator's half of the representation (format
+version 2, merge-on-read; never equality deletes: pyiceberg 0.12 refuses to read them).
+
+A position delete file is Parquet with ``file_path`` (string, field id 2147483546) and ``pos``
+(long, field id 2147483545), sorted by path then position; it applies to the rows of data files
+whose data sequence number is at most its own, so it may sit in the same snapshot as new data.
+pyiceberg 0.12 can read such files but has no public API to write them: :class:`DeletesManifest`
+is its V2 manifest writer with DELETES content, and :func:`add_position_deletes` adds one
+manifest of delete files to a snapshot producer (a fast append), so a round's data files and
+its deletes go into one snapshot. Pinned to pyiceberg 0.12's ``ManifestWriterV2`` and
+``_SnapshotProducer._manifests`` / ``new_manifest_output`` (pyproject.toml); the tests in
+tests/unit/test_position_deletes.py fail if they change.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.manifest import (
+    DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile,
+    ManifestWriterV2,
+)
+from pyiceberg.table import Table
+from pyiceberg.typedef import Record
+
+__all__ = ["DELETE_SCHEMA", "DeletesManifest", "WithPositionDeletes", "add_position_deletes", "write_position_deletes"]
+
+FILE_PATH_ID = 2147483546
+POS_ID = 2147483545
+DELETE_SCHEMA = pa.schema([
+    pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(FILE_PATH_ID).encode()}),
+    pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_ID).encode()}),
+])
+
+
+class DeletesManifest(ManifestWriterV2):
+    """A V2 manifest of delete files (``content`` DELETES in the manifest list and its metadata)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+def write_position_deletes(table: Table, deletes: pa.Table) -> DataFile:
+    """Write ``deletes`` (columns ``file_path``, ``pos``) as one position delete file under the
+    table's data location and describe it for a commit. The table must be unpartitioned or
+    every deleted row's file of one partition: a position delete file belongs to a partition."""
+    if table.format_version < 2:
+        raise ValueError(f"table {'.'.join(table.name())}: position deletes need format version 2, "
+                         f"found {table.format_version}")
+    rows = deletes.select(["file_path", "pos"]).cast(DELETE_SCHEMA)
+    rows = rows.take(pc.sort_indices(rows, sort_keys=[("file_path", "ascending"), ("pos", "ascending")]))
+    path = table.location_provider().new_data_location(f"delete-{uuid.uuid4()}.parquet")
+    output = table.io.new_output(path)
+    with output.create() as stream:
+        pq.write_table(rows, stream)
+    size = len(table.io.new_input(path))
+    df = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES, file_path=path, file_format=FileFormat.PARQUET,
+        partition=Record(), record_count=rows.num_rows, file_size_in_bytes=size,
+    )
+    df.spec_id = table.metadata.default_spec_id  # from_args does not keep it
+    return df
+
+
+def add_position_deletes(producer: object, delete_files: Iterable[DataFile]) -> list[ManifestFile]:
+    """One DELETES manifest listing ``delete_files`` as added in ``producer``'s snapshot (a
+    pyiceberg snapshot producer inside its ``_manifests``)."""
+    files = list(delete_files)
+    if not files:
+        return []
+    tx = producer._transaction  # type: ignore[attr-defined]
+    spec = tx.table_metadata.specs()[files[0].spec_id]
+    writer = DeletesManifest(
+        spec=spec, schema=producer.schema(), output_file=producer.new_manifest_output(),  # type: ignore[attr-defined]
+        snapshot_id=producer._snapshot_id, avro_compression=producer._compression,  # type: ignore[attr-defined]
+    )
+    with writer:
+        for f in files:
+            writer.add(ManifestEntry.from_args(
+                status=ManifestEntryStatus.ADDED, snapshot_id=producer._snapshot_id,  # type: ignore[attr-defined]
+                sequence_number=None, file_sequence_number=None, data_file=f,
+            ))
+    return [writer.to_manifest_file()]
+
+
+class WithPositionDeletes:
+    """Mixed in before a pyiceberg snapshot producer (``class P(WithPositionDeletes,
+    _FastAppendFiles)``): its snapshot also adds ``position_deletes`` in a DELETES manifest."""
+
+    position_deletes: list[DataFile] = []
+
+    def _manifests(self) -> list[ManifestFile]:
+        return super()._manifests() + add_position_deletes(self, self.position_deletes)  # type: ignore[misc]
