@@ -33,6 +33,7 @@ REQUEST_EVERY_S = 5.0  # while the buffers stay full, an early round is asked th
 # An active partition behind its high watermark that took no record for this long is sought
 # again at its next offset (a fetch dropped in a rebalance or a broker restart would otherwise
 # hold it until a newer record shows the gap, for ever on a partition that went quiet).
+# Offsets below the high watermark need not be records: transaction markers take offsets too.
 STALL_S = 15.0
 
 
@@ -67,24 +68,31 @@ class Ingest:
             await self._apply_backpressure()
 
     def _check_stalls(self, now: float) -> None:
-        """Seek again any active partition that is behind its high watermark and has taken no
-        record for STALL_S (called every few seconds by the worker's housekeeping)."""
+        """Probe any active partition that is behind its high watermark and has taken no
+        record for STALL_S: seek it again at its next offset (called every few seconds by the
+        worker's housekeeping). Records taken after a probe mean the partition was stalled
+        (warned, counted). If none come, what lies below the high watermark is no record at
+        all (transaction markers, a compacted tail): that partition is not probed again until
+        its high watermark moves."""
         if self._backpressure:
             self._progress.clear()
             return
         consumer = self.app.consumer
         for tp, st in list(self.buffers.partitions.items()):
             hw = highwater(consumer, tp.topic, tp.partition) if st.active and not st.reseeking else None
-            seen = self._progress.get(tp)
+            seen = self._progress.get(tp)  # next offset, high watermark, since when, probed
+            if seen is not None and seen[3] and st.next_offset > seen[0]:
+                self.metrics.partition_stalls.labels(topic=tp.topic, partition=str(tp.partition)).inc()
+                log.warning("%s was stalled: records from offset %d were taken only after seeking again",
+                            tp, seen[0])
             if hw is None or hw <= st.next_offset or seen is None or seen[0] != st.next_offset:
-                self._progress[tp] = (st.next_offset, now)
+                self._progress[tp] = (st.next_offset, hw, now, False)
                 continue
-            if now - seen[1] < STALL_S:
+            if (seen[3] and seen[1] == hw) or now - seen[2] < STALL_S:
                 continue
-            self._progress[tp] = (st.next_offset, now)
-            self.metrics.partition_stalls.labels(topic=tp.topic, partition=str(tp.partition)).inc()
-            log.warning("%s: %d records behind its high watermark %d and none taken for %.0f s; seeking to %d again",
-                        tp, hw - st.next_offset, hw, now - seen[1], st.next_offset)
+            self._progress[tp] = (st.next_offset, hw, now, True)
+            log.info("%s: %d offsets behind its high watermark %d and no record taken for %.0f s; seeking to %d again",
+                     tp, hw - st.next_offset, hw, now - seen[2], st.next_offset)
             st.reseeking = True
             owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
             self._owner.spawn(unless_moved(self._reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")

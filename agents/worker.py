@@ -100,7 +100,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._coordinator_task: asyncio.Task[None] | None = None
         self._open_round: str | None = None  # latest StartCommit without its CommitComplete
         self._claimed_at: dict[TopicPartition, float] = {}
-        self._progress: dict[TopicPartition, tuple[int, float]] = {}  # next offset, since when (stalls)
+        self._progress: dict[TopicPartition, tuple[int, int | None, float, bool]] = {}  # stall probes (ingest)
         self._backpressure = False
         self._last_request = 0.0
         self._seq = 0

@@ -1,6 +1,8 @@
 """An active partition behind its high watermark that takes no record for STALL_S is sought
 again at its next offset and resumed (a fetch dropped in a rebalance or a broker restart must
-not hold a partition that went quiet for ever)."""
+not hold a partition that went quiet for ever). Records taken after that probe make it a stall
+(warned, counted); none mean the offsets were no records (transaction markers), and the
+partition is not probed again until its high watermark moves."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import asyncio
 from agents.ingest import STALL_S
 from agents.tasks import TaskOwner
 from tests.unit.test_backpressure import FP, P, batch, make_worker
+
+T0 = 1000.0
 
 
 def stalled_worker(hw: int):
@@ -25,25 +29,52 @@ def seeks(w) -> list:
     return [c for c in w.app.consumer.calls if c[0] in ("seek", "resume")]
 
 
-def test_a_partition_behind_its_high_watermark_that_takes_nothing_is_sought_again():
+def stalls(w) -> float:
+    return w.metrics.partition_stalls.labels(topic="t", partition="0")._value.get()
+
+
+def test_a_partition_behind_its_high_watermark_that_takes_nothing_is_probed_and_a_recovery_counts():
     w = stalled_worker(hw=100)
 
     async def run():
         await w.on_fetch(batch(0, 20))
-        w._check_stalls(1000.0)
-        w._check_stalls(1000.0 + STALL_S - 1)
+        w._check_stalls(T0)
+        w._check_stalls(T0 + STALL_S - 1)
         assert seeks(w) == []  # not yet
-        w._check_stalls(1000.0 + STALL_S)
+        w._check_stalls(T0 + STALL_S)
         await asyncio.sleep(0.01)
         assert seeks(w) == [("seek", {FP: 20}), ("resume", [FP])]
-        assert not w.buffers.partitions[P].reseeking
-        w._check_stalls(1000.0 + STALL_S + 1)  # the clock starts again after a seek
-        await asyncio.sleep(0.01)
-        assert len(seeks(w)) == 2
+        assert not w.buffers.partitions[P].reseeking and stalls(w) == 0
+        await w.on_fetch(batch(20, 100))  # the probe brought the records back: it was a stall
+        w._check_stalls(T0 + STALL_S + 2)
+        assert stalls(w) == 1
 
     asyncio.run(run())
     assert w.failures == []
-    assert w.metrics.partition_stalls.labels(topic="t", partition="0")._value.get() == 1
+
+
+def test_offsets_that_are_no_records_are_probed_once_until_the_high_watermark_moves():
+    hw = [21]  # offset 20 is a transaction marker: no record will ever come for it
+    w = stalled_worker(hw=0)
+    w.app.consumer.highwater = lambda tp: hw[0]
+
+    async def run():
+        await w.on_fetch(batch(0, 20))
+        w._check_stalls(T0)
+        w._check_stalls(T0 + STALL_S)
+        await asyncio.sleep(0.01)
+        assert len(seeks(w)) == 2  # one probe
+        for k in range(2, 10):
+            w._check_stalls(T0 + k * STALL_S)
+        await asyncio.sleep(0.01)
+        assert len(seeks(w)) == 2 and stalls(w) == 0  # not probed again, nothing counted
+        hw[0] = 40  # new records arrive but are not taken: probe again after STALL_S
+        w._check_stalls(T0 + 10 * STALL_S)
+        w._check_stalls(T0 + 11 * STALL_S)
+        await asyncio.sleep(0.01)
+        assert len(seeks(w)) == 4
+
+    asyncio.run(run())
 
 
 def test_a_partition_taking_records_or_caught_up_is_left_alone():
@@ -51,16 +82,16 @@ def test_a_partition_taking_records_or_caught_up_is_left_alone():
 
     async def run():
         await w.on_fetch(batch(0, 20))
-        w._check_stalls(1000.0)
+        w._check_stalls(T0)
         await w.on_fetch(batch(20, 40))
-        w._check_stalls(1000.0 + STALL_S)  # progress since: the clock starts again
+        w._check_stalls(T0 + STALL_S)  # progress since: the clock starts again
         await asyncio.sleep(0.01)
         assert seeks(w) == []
         w.app.consumer.highwater = lambda tp: 40  # caught up
-        w._check_stalls(1000.0 + 3 * STALL_S)
-        w._check_stalls(1000.0 + 5 * STALL_S)
+        w._check_stalls(T0 + 3 * STALL_S)
+        w._check_stalls(T0 + 5 * STALL_S)
         await asyncio.sleep(0.01)
-        assert seeks(w) == []
+        assert seeks(w) == [] and stalls(w) == 0
 
     asyncio.run(run())
 
@@ -71,8 +102,8 @@ def test_no_stall_is_seen_while_the_buffers_are_full():
     async def run():
         await w.on_fetch(batch(0, 20))
         w._backpressure = True
-        w._check_stalls(1000.0)
-        w._check_stalls(1000.0 + 2 * STALL_S)
+        w._check_stalls(T0)
+        w._check_stalls(T0 + 2 * STALL_S)
         await asyncio.sleep(0.01)
         assert seeks(w) == []
 
