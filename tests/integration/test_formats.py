@@ -56,13 +56,13 @@ BAD_MAP = 200  # a map value that is not an int64: dead-lettered naming the entr
 AT0 = 1_700_000_000_000  # ms
 
 
-def payload(i: int, logical: bool) -> dict:
+def payload(i: int) -> dict:
     return {
         "id": i,
         "customer": f"c{i % 7}",
-        "at": AT0 + i * 1001 if logical else None,
-        "day": 19_000 + i if logical else None,
-        "amount": connect_decimal(Decimal(i * 137 - 5000).scaleb(-2), 2) if logical else None,
+        "at": AT0 + i * 1001,
+        "day": 19_000 + i,
+        "amount": connect_decimal(Decimal(i * 137 - 5000).scaleb(-2), 2),
         "shipped": f"2024-03-01T10:00:{i % 60:02d}.25+02:00",
         "tags": [f"t{i % 3}"] * (i % 3),
         "ref": None if i % 9 == 0 else str(uuid.UUID(int=i * 0x9E3779B97F4A7C15 << 32)),
@@ -112,16 +112,11 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
     from icesink.kafka_admin import ensure_topic
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import wait_rows, write_config
-    from tests.unit.test_formats import _contract_supported
-
-    # Timestamp (ms), Date (days) and Decimal (connect-bytes) values need decode_json's side of
-    # the contract (engineer 1); without it they are sent as null and only the types are checked.
-    logical = _contract_supported()
     catalog = load_catalog("it", **catalog_props)
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 1))
     records = []
     for i in range(N):
-        body = payload(i, logical)
+        body = payload(i)
         if i == BAD_MAP:
             body["counts"] = {"a": 1, "b": "two"}
         schema, body = shout(SCHEMA, body) if i % 4 == 3 else (SCHEMA, body)
@@ -179,14 +174,11 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
     assert [r[0] for r in rows] == ids  # each record exactly once
     for r in rows:
         i = r[0]
-        p = payload(i, logical)
+        p = payload(i)
         at, day, amount = r[2], r[3], r[4]
-        if logical:
-            assert at == datetime.fromtimestamp((AT0 + i * 1001) / 1000, UTC), i
-            assert day == date.fromordinal(date(1970, 1, 1).toordinal() + 19_000 + i), i
-            assert amount == Decimal(i * 137 - 5000).scaleb(-2), i
-        else:
-            assert (at, day, amount) == (None, None, None), i
+        assert at == datetime.fromtimestamp((AT0 + i * 1001) / 1000, UTC), i
+        assert day == date.fromordinal(date(1970, 1, 1).toordinal() + 19_000 + i), i
+        assert amount == Decimal(i * 137 - 5000).scaleb(-2), i
         assert r[1] == p["customer"]
         assert r[5] == datetime(2024, 3, 1, 8, 0, i % 60, 250_000, tzinfo=UTC), i
         assert list(r[6] or []) == p["tags"]
