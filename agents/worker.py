@@ -133,6 +133,8 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._owner.spawn(self._housekeeping(), "housekeeping")
         faust_worker = await self._start_faust()
         await spark_started
+        # Warming the JVM up does not hold start-up or a stop (rounds may write meanwhile).
+        self._owner.spawn(self.offload.run(self.spark.warm_up), "spark warm-up")
         self.status["phase"] = "running"
         log.info("worker %s running (group %s, topics %s, tables %s)", self.worker_id,
                  self.settings.group_id, ",".join(self.settings.topics), ",".join(self.settings.tables))

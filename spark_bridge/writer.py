@@ -234,7 +234,13 @@ class SparkFileWriter:
             _quiet_task_size_warnings(spark)
         self._spark = spark
         logger.info("spark session started (%s)", s.remote or s.master)
-        if s.remote is None and s.warm_up_rows:
+
+    def warm_up(self) -> None:
+        """A local session's throw-away writes (``write.warm-up-rows``; see :meth:`_warm_up`).
+        Separate from :meth:`start` so a replica is running, and can stop within its bound,
+        while the JVM warms up; :meth:`stop` ends it between writes."""
+        s = self._settings
+        if self._spark is not None and s.remote is None and s.warm_up_rows:
             self._warm_up(s.warm_up_rows)
 
     def _warm_up(self, rows: int, times: int = 2) -> None:
@@ -262,6 +268,8 @@ class SparkFileWriter:
         root = Path(tempfile.mkdtemp(prefix="icesink-warm-up-", dir=base))
         try:
             for i in range(times):
+                if self._spark is None:  # stopped meanwhile
+                    return
                 self._run_job(sp_schema, data, [], 1, data, DEFAULT_TARGET_FILE_SIZE_BYTES,
                               {**_WRITE_OPTIONS, **_parquet_options({})}, (root / str(i)).as_uri())
             logger.info("spark warmed up: %d writes of %d rows in %.1f s", times, rows, time.monotonic() - started)

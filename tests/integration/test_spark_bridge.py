@@ -225,13 +225,16 @@ def test_partitioned_pizzas_one_file_per_partition_read_back_by_pyiceberg_and_du
 def test_a_local_session_warms_up_with_a_throw_away_write_and_leaves_nothing(
     writer: SparkFileWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """start() runs a small write twice so the JVM compiles the Arrow-to-Parquet path before
-    the first round (bench/README.md); its files are gone afterwards."""
+    """warm_up() runs a small write twice so the JVM compiles the Arrow-to-Parquet path before
+    the first round (bench/README.md); its files are gone afterwards. start() does not: a
+    replica asked to stop while starting must not wait for it (test_faults.py)."""
     staging = tmp_path / "staging"
     warmed = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-test", staging_dir=str(staging),
                                            warm_up_rows=5_000))
     with caplog.at_level(logging.INFO, logger="spark_bridge.writer"):
         warmed.start()  # getOrCreate: the module's session
+        assert "spark warmed up" not in caplog.text
+        warmed.warm_up()
     assert "spark warmed up: 2 writes of 5000 rows" in caplog.text
     assert "warm-up write failed" not in caplog.text
     assert not any(staging.rglob("*"))
