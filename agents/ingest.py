@@ -18,12 +18,14 @@ from faust.types import TP
 from agents.buffer import Chunk, PartitionState
 from agents.convert import Converted, Reject
 from agents.deadletter import screen
+from agents import mirror
 from agents.debezium import CDC_COLUMN
 from agents.evolution import identifier_paths
 from agents.routing import Routes
 from agents.source_consumer import Fetched
 from agents.tables import Target, create_target, load_target
 from agents.tasks import highwater, unless_moved
+from icesink.errors import ConfigError
 from icesink.events import CommitRequest, SchemaProposal
 from icesink.faults import should_crash
 
@@ -126,6 +128,8 @@ class Ingest:
             target = self.targets.get(name) or await self._target(name, subset)
             sub_messages = [messages[screened.positions[i]] for i in idx]
             converted = await self._decode(name, target, subset, sub_messages)
+            if target is not None and target.keys is not None:  # a mirror table: keys and operations
+                converted = self._screen_changes(name, target.keys, converted)
             if converted.rejects:
                 in_values = converted.rejects if whole else [
                     dataclasses.replace(r, index=int(idx[r.index])) for r in converted.rejects]
@@ -141,6 +145,14 @@ class Ingest:
         last = messages[-1]
         ts = last.timestamp if last.timestamp is not None and last.timestamp >= 0 else None
         self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
+
+    def _screen_changes(self, name: str, keys: tuple[str, ...], converted: Converted) -> Converted:
+        """A mirror table's changes without a key value or a readable operation become rejects."""
+        try:
+            return mirror.screen(converted, keys, self.settings.cdc_field)
+        except ValueError as exc:  # the setting does not fit the table: stop the replica, saying so
+            raise ConfigError("iceberg.tables.cdc-field", self.settings.cdc_field,
+                              f"a field of the rows of mirror table {name} ({exc})") from None
 
     async def _decode(self, name: str, target: Target | None, values: list[bytes], messages: list[Any]) -> Converted:
         """Decode against the table's schema (through the Debezium transform or the record
@@ -186,7 +198,7 @@ class Ingest:
         if self.evolver is None:
             return None
         for name in self.evolver.tables_to_reload(self.buffers, self.targets):
-            target = await self.offload.run(load_target, self.catalog, name)
+            target = await self.offload.run(load_target, self.catalog, name, self.settings)
             if target is not None:
                 self.targets[name] = target
                 self.evolver.refreshed(name, target.arrow_schema)
@@ -199,7 +211,7 @@ class Ingest:
     async def _target(self, name: str, values: list[bytes]) -> Target | None:
         """The table ``name``: loaded if it exists (a dynamic route to an existing table), else
         auto-created from these records (None: no record tells its schema)."""
-        target = await self.offload.run(load_target, self.catalog, name)
+        target = await self.offload.run(load_target, self.catalog, name, self.settings)
         if target is None:
             if self.debezium is not None:
                 inferred = self.format.with_extras(self.debezium.infer_schema(values))

@@ -28,9 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agents.convert import Reject
+from agents.convert import Converted, Reject
 
-__all__ = ["Collapsed", "collapse", "column_at"]
+__all__ = ["Collapsed", "collapse", "column_at", "operations", "screen"]
 
 _INDEX = "__icesink_index"
 _DELETES = "__icesink_deletes"
@@ -57,25 +57,31 @@ def column_at(table: pa.Table, path: str) -> pa.Array | None:
     return arr
 
 
-def collapse(changes: pa.Table, keys: Sequence[str], cdc_field: str, *, upsert: bool) -> Collapsed:
-    """Collapse ``changes`` (one table's change rows of a round, in source order) by ``keys``
-    (top-level column names). See the module docstring."""
+def operations(changes: pa.Table, keys: Sequence[str], cdc_field: str | None) -> tuple[pa.Array, list[Reject]]:
+    """The operation of each change (``U``, ``D``, or anything else: an insert; every change
+    an insert without ``cdc_field``) and the changes that have none or lack a key value, as
+    rejects by row index. Raises ``ValueError`` when the rows lack a key column or the field
+    altogether (a setting that does not fit the table, not a bad record)."""
     if not keys:
-        raise ValueError("collapse: expected key columns, found none")
+        raise ValueError("expected key columns, found none")
     missing = [k for k in keys if k not in changes.column_names]
     if missing:
-        raise ValueError(f"collapse: expected key columns {list(keys)}, the rows lack {missing}")
+        raise ValueError(f"expected key columns {list(keys)}, the rows lack {missing}")
     n = changes.num_rows
-    op_column = column_at(changes, cdc_field)
-    if op_column is None:
-        raise ValueError(f"collapse: expected the operation field {cdc_field!r} in the rows")
-    if not pa.types.is_string(op_column.type):
-        try:
-            op_column = pc.cast(op_column, pa.string())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ValueError(f"collapse: expected the operation field {cdc_field!r} to hold text, "
-                             f"found {op_column.type}") from exc
-    ops = pc.utf8_upper(pc.utf8_slice_codeunits(op_column, 0, 1))
+    if cdc_field is None:
+        ops: pa.Array = pa.array(["I"] * n, pa.string()) if n else pa.array([], pa.string())
+    else:
+        op_column = column_at(changes, cdc_field)
+        if op_column is None:
+            raise ValueError(f"expected the operation field {cdc_field!r} in the rows, found columns "
+                             f"{', '.join(changes.column_names)}")
+        if not pa.types.is_string(op_column.type):
+            try:
+                op_column = pc.cast(op_column, pa.string())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ValueError(f"expected the operation field {cdc_field!r} to hold text, "
+                                 f"found {op_column.type}") from exc
+        ops = pc.utf8_upper(pc.utf8_slice_codeunits(op_column, 0, 1))
     bad_op = _mask(pc.or_kleene(pc.is_null(ops), pc.equal(ops, "")), n)
     bad_key = np.zeros(n, dtype=bool)
     for k in keys:
@@ -84,7 +90,35 @@ def collapse(changes: pa.Table, keys: Sequence[str], cdc_field: str, *, upsert: 
                       _first_null(changes, keys, int(i))) for i in np.flatnonzero(bad_key)]
     rejects += [Reject(int(i), f"operation field {cdc_field} holds no operation", cdc_field)
                 for i in np.flatnonzero(bad_op & ~bad_key)]
-    good = ~(bad_key | bad_op)
+    return ops, sorted(rejects, key=lambda r: r.index)
+
+
+def screen(converted: Converted, keys: Sequence[str], cdc_field: str | None) -> Converted:
+    """``converted`` without the changes :func:`operations` rejects (added to its rejects, by
+    input index): checked as records arrive, so they are dead-lettered with the rest."""
+    _, bad = operations(converted.table, keys, cdc_field)
+    if not bad:
+        return converted
+    keep = np.ones(converted.table.num_rows, dtype=bool)
+    keep[[r.index for r in bad]] = False
+    mask = pa.array(keep)
+    indices = converted.indices.to_numpy(zero_copy_only=False)
+    moved = [Reject(int(indices[r.index]), r.reason, r.field) for r in bad]
+    return Converted(converted.table.filter(mask), converted.indices.filter(mask),
+                     tuple(sorted((*converted.rejects, *moved), key=lambda r: r.index)))
+
+
+def collapse(changes: pa.Table, keys: Sequence[str], cdc_field: str | None, *, upsert: bool) -> Collapsed:
+    """Collapse ``changes`` (one table's change rows of a round, in source order) by ``keys``
+    (top-level column names). See the module docstring."""
+    try:
+        ops, rejects = operations(changes, keys, cdc_field)
+    except ValueError as exc:
+        raise ValueError(f"collapse: {exc}") from None
+    n = changes.num_rows
+    bad = np.zeros(n, dtype=bool)
+    bad[[r.index for r in rejects]] = True
+    good = ~bad
     # Every operation replaces the committed row in upsert mode (inserts included); else only
     # updates and deletes do.
     deletes_old = pa.array(np.ones(n, dtype=bool)) if upsert else pc.is_in(ops, pa.array(["U", "D"]))
@@ -99,7 +133,7 @@ def collapse(changes: pa.Table, keys: Sequence[str], cdc_field: str, *, upsert: 
     kept = pc.invert(pc.equal(last_ops, "D"))
     rows = changes.take(last_index).filter(kept)
     deleted = grouped.filter(grouped.column(f"{_DELETES}_any")).select(list(keys))
-    return Collapsed(rows, deleted, tuple(sorted(rejects, key=lambda r: r.index)))
+    return Collapsed(rows, deleted, tuple(rejects))
 
 
 def _mask(arr: pa.Array, n: int) -> np.ndarray:

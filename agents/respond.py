@@ -58,7 +58,8 @@ def split_written(ev: DataWritten, max_bytes: int = MAX_EVENT_BYTES) -> list[Dat
         current.append(f)
         size += extra
     out.append(dataclasses.replace(ev, files=tuple(current)))
-    return out
+    # a mirror table's keys files go once, with the first part (the others' sizes only shrink)
+    return [out[0], *(dataclasses.replace(p, deleted_keys=()) for p in out[1:])]
 
 
 async def send_response(

@@ -10,13 +10,16 @@ import time
 import uuid
 from typing import Any
 
+import pyarrow as pa
 from faust.types import TP
 
 from agents.deadletter import DeadLetterSendError
+from agents.keys_files import write_keys_file
+from agents.mirror import collapse
 from agents.respond import send_response
 from agents.tasks import highwater
 from icesink.errors import ResponseSendError
-from icesink.events import CommitComplete, DataComplete, DataWritten, Resume, Rewind, StartCommit
+from icesink.events import CommitComplete, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
 from icesink.faults import crash_point, die, should_crash
 from icesink.iceberg import to_file_info
 
@@ -80,6 +83,7 @@ class Rounds:
             try:
                 cast = self.evolver.conformer(self.targets) if self.evolver is not None else None
                 tables = snap.tables(cast)
+                deleted = self._collapse_mirrors(tables)
                 writes = []
                 for name, data in tables.items():
                     self._seq += 1
@@ -92,7 +96,12 @@ class Rounds:
                     infos = tuple(to_file_info(f, f.spec_id) for f in files)  # the spec it was written with
                     self.metrics.files_written.labels(table=name).inc(len(infos))
                     self.metrics.bytes_written.labels(table=name).inc(sum(f.size_bytes for f in infos))
-                    written.append(DataWritten(commit_id, response_id, self.worker_id, name, infos))
+                    keys_files: tuple[FileInfo, ...] = ()
+                    if name in deleted:  # a mirror table: the keys whose committed rows go
+                        keys_files = (await self.offload.run(
+                            write_keys_file, self.targets[name].table, deleted[name],
+                            f"{commit_id[:8]}-{self.worker_id}-{self._seq}"),)
+                    written.append(DataWritten(commit_id, response_id, self.worker_id, name, infos, keys_files))
             except Exception as exc:
                 self.metrics.write_failures.inc()
                 log.error("writing files for round %s failed, data kept for the next round: %s", commit_id, exc)
@@ -110,6 +119,20 @@ class Rounds:
             self._update_gauges()
             log.info("round %s: answered %d partitions, %d rows in %d files (%d DataWritten)", commit_id,
                      len(snap.ranges), snap.rows, sum(len(w.files) for w in written), sent)
+
+    def _collapse_mirrors(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        """Mirror tables' changes collapsed by key (agents/mirror.py), in place: each key's
+        last row; returns the keys whose committed rows go, by table."""
+        deleted: dict[str, pa.Table] = {}
+        for name, data in tables.items():
+            keys = self.targets[name].keys
+            if keys is None:
+                continue
+            out = collapse(data, keys, self.settings.cdc_field, upsert=self.settings.upsert_mode)
+            tables[name] = out.rows
+            if out.deleted_keys.num_rows:
+                deleted[name] = out.deleted_keys
+        return deleted
 
     def _valid_through_ms(self) -> int | None:
         """All records older than this are in the response or earlier ones: now, if every

@@ -31,7 +31,7 @@ from pyiceberg.types import DoubleType, FloatType, ListType, MapType, NestedFiel
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_field_metadata
 from icesink.config import Settings
 from icesink.errors import ConfigError, UnsupportedTypeError
-from icesink.iceberg import split_name
+from icesink.iceberg import mirror_keys, split_name
 from spark_bridge.partitioning import build_partition_spec, parse_partition_by
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,14 @@ class Target:
     name: str
     table: Table
     arrow_schema: pa.Schema  # what records are coerced to
+    keys: tuple[str, ...] | None = None  # a mirror table's key columns (agents/mirror.py)
 
 
-def target_of(name: str, table: Table) -> Target:
-    return Target(name, table, _with_column_metadata(name, schema_to_pyarrow(table.schema()), table.properties))
+def target_of(name: str, table: Table, settings: Settings | None = None) -> Target:
+    """The target ``name``; with ``settings`` making mirror tables, its key columns (a table
+    that cannot be a mirror table raises :class:`ConfigError` naming the key)."""
+    keys = None if settings is None else mirror_keys(settings, name, table)
+    return Target(name, table, _with_column_metadata(name, schema_to_pyarrow(table.schema()), table.properties), keys)
 
 
 def _with_column_metadata(name: str, schema: pa.Schema, properties: dict[str, str]) -> pa.Schema:
@@ -70,9 +74,9 @@ def _with_column_metadata(name: str, schema: pa.Schema, properties: dict[str, st
     return out
 
 
-def load_target(catalog: Catalog, name: str) -> Target | None:
+def load_target(catalog: Catalog, name: str, settings: Settings | None = None) -> Target | None:
     try:
-        return target_of(name, catalog.load_table(name))
+        return target_of(name, catalog.load_table(name), settings)
     except NoSuchTableError:
         return None
 
@@ -138,7 +142,7 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
         except Exception as exc:  # a concurrent creator set it first
             log.debug("name mapping not set on %s: %s", name, exc)
             table = catalog.load_table(name)
-    return target_of(name, catalog.load_table(name))
+    return target_of(name, catalog.load_table(name), settings)
 
 
 def with_identifier_fields(schema: Schema, columns: tuple[str, ...], key: str, table: str) -> Schema:

@@ -126,7 +126,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         spark_started = self._spark_ready = asyncio.ensure_future(self.offload.run(self.spark.start))
         self.catalog = await self.offload.run(load_catalog, self.settings)
         for name in self.settings.tables:
-            target = await self.offload.run(load_target, self.catalog, name)
+            target = await self.offload.run(load_target, self.catalog, name, self.settings)
             if target is not None:
                 self.targets[name] = target
         self._owner.spawn(self._control_loop(), "control")

@@ -6,9 +6,10 @@ A benchmark command, not a test: it prints figures. For a table of ``--rows`` ro
 version 2, a SQLite catalog on local files, written as 100k-row Parquet files), it builds the
 key index from the table (coordinator/key_index.py: what a coordinator does after a failover),
 then runs ``--rounds`` rounds of ``--changed`` changed keys each (half updates of existing keys,
-a quarter deletes, a quarter new keys): the old rows' positions taken from the index, one
-position delete file and one data file committed in one snapshot (coordinator/deletes.py), the
-new rows indexed. It prints the index build time and memory, each round's time, and the time
+a quarter deletes, a quarter new keys) through the coordinator's commit of a mirror table
+(coordinator/committer.py with coordinator/mirror.py): a worker's response of one data file and
+one keys file; the old rows' positions taken from the index, one position delete file written
+and committed with the data file in one snapshot, the new rows indexed. It prints the index build time and memory, each round's time, and the time
 to read the whole table with a pyiceberg scan and with DuckDB as delete files accumulate. It
 runs the same rounds on a table a tenth the size, so the growth with table size shows.
 Every read is checked against the expected row count.
@@ -38,12 +39,17 @@ from pyiceberg.table.snapshots import Operation  # noqa: E402
 from pyiceberg.table.update.snapshot import _FastAppendFiles  # noqa: E402
 from pyiceberg.types import LongType, NestedField, StringType  # noqa: E402
 
+from coordinator.committer import commit_table  # noqa: E402
 from coordinator.deletes import WithPositionDeletes, write_position_deletes  # noqa: E402
-from coordinator.key_index import KeyIndex  # noqa: E402
+from coordinator.mirror import MirrorIndexes  # noqa: E402
+from coordinator.state import Accepted  # noqa: E402
 from icesink import duck  # noqa: E402
+from icesink.config import load_settings  # noqa: E402
+from icesink.events import FileInfo, TopicPartition  # noqa: E402
 
-SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "v", StringType(), required=False))
-ARROW = pa.schema([pa.field("id", pa.int64(), metadata={b"PARQUET:field_id": b"1"}),
+SCHEMA = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "v", StringType(), required=False),
+                identifier_field_ids=[1])
+ARROW = pa.schema([pa.field("id", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": b"1"}),
                    pa.field("v", pa.string(), metadata={b"PARQUET:field_id": b"2"})])
 FILE_ROWS = 100_000
 
@@ -74,14 +80,20 @@ def run(directory: Path, rows: int, changed: int, rounds: int) -> None:
         ids = np.arange(start, min(rows, start + FILE_ROWS), dtype=np.int64)
         commit(table, f"load-{start}", pa.table({"id": ids, "v": pa.array(np.char.mod("v%d", ids))}), pa.table({}))
         table = table.refresh()
+    settings = load_settings(None, None, {"topics": "cdc", "iceberg.tables": "db.mirror", "iceberg.catalog.type": "sql",
+                                          "state.dir": str(directory / "state"), "iceberg.tables.cdc-field": "op",
+                                          "iceberg.tables.upsert-mode-enabled": "true",
+                                          "iceberg.tables.default-id-columns": "id"})
+    mirrors = MirrorIndexes(settings)
     gc.collect()
     tracemalloc.start()
     began = time.perf_counter()
-    index = KeyIndex.from_table(table, ["id"])
+    index = mirrors.take("db.mirror", table, ("id",))  # what a coordinator does after a failover
     build_s = time.perf_counter() - began
     _, peak = tracemalloc.get_traced_memory()
     current = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
+    mirrors.keep("db.mirror", table.current_snapshot().snapshot_id, index)
     print(f"  table of {rows:,} rows: index of {len(index):,} keys built from the table in {build_s:.2f} s, "
           f"{current / 1e6:.0f} MB held ({peak / 1e6:.0f} MB peak while building)")
     rng = np.random.default_rng(7)
@@ -94,14 +106,21 @@ def run(directory: Path, rows: int, changed: int, rounds: int) -> None:
         upd, dele = existing[:n_upd], existing[n_upd:]
         new = np.arange(next_id, next_id + n_new, dtype=np.int64)
         next_id += n_new
-        began = time.perf_counter()
-        positions = index.take(pa.table({"id": np.concatenate([upd, dele])}))
         ids = np.concatenate([upd, new])
         data = pa.table({"id": ids, "v": pa.array(np.char.mod(f"r{r}-%d", ids))})
-        path = commit(table, f"round-{r}", data, positions)
-        index.add_file(path, data.select(["id"]))
+        # what a worker's response brings: the collapsed rows and the keys whose old rows go
+        data_path = write(table, f"round-{r}", data.cast(ARROW))
+        keys_path = write(table, f"round-{r}-keys", pa.table({"id": np.concatenate([upd, dele])}))
+        response = Accepted(
+            r + 1, f"r{r}", "w1", (), {"db.mirror": (FileInfo(data_path, data.num_rows, 1, 0),)}, None,
+            {"db.mirror": (FileInfo(keys_path, n_upd + n_del, 1, 0),)})
+        began = time.perf_counter()
+        done = commit_table(catalog, "db.mirror", [response], group="bench", epoch=1, commit_id=f"r{r}",
+                            positions={TopicPartition("cdc", 0): r + 1}, valid_through_ms=None, mirrors=mirrors)
         round_s = time.perf_counter() - began
-        table = table.refresh()
+        table = catalog.load_table("db.mirror")
+        index = mirrors.take("db.mirror", table, ("id",))  # the kept one: the table did not move
+        mirrors.keep("db.mirror", done.snapshot_id, index)
         live += n_new - n_del
         began = time.perf_counter()
         scanned = table.scan().to_arrow().num_rows
@@ -113,9 +132,15 @@ def run(directory: Path, rows: int, changed: int, rounds: int) -> None:
         if scanned != live or counted != live or len(index) != live:
             raise SystemExit(f"expected {live:,} rows, found {scanned:,} (pyiceberg), {counted:,} (DuckDB), "
                              f"{len(index):,} keys indexed")
-        print(f"  round {r + 1}: {changed:,} changed keys ({positions.num_rows:,} rows deleted by position) in "
+        print(f"  round {r + 1}: {changed:,} changed keys ({n_upd + n_del:,} rows deleted by position) committed in "
               f"{round_s:.2f} s; then a full read: pyiceberg {scan_s:.2f} s, DuckDB {duck_s:.2f} s "
               f"({r + 1} delete files)")
+
+
+def write(table, name: str, data: pa.Table) -> str:
+    path = f"{table.location()}/data/{name}.parquet"
+    pq.write_table(data, path.removeprefix("file://"))
+    return path
 
 
 def main() -> int:

@@ -22,10 +22,14 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table, Transaction
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.update import update_table_metadata
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import EMPTY_DICT, Record
 
+from coordinator.deletes import add_position_deletes
+from coordinator.mirror import MirrorIndexes, position_deletes
 from coordinator.state import Accepted, Checkpoint
 from icesink.errors import ControlLogError, FencedError, TableChangedError
 from icesink.events import TopicPartition
@@ -56,17 +60,20 @@ def commit_table(
     checkpoint: Checkpoint | None = None,
     log_id: str | None = None,
     adopted: bool = False,
+    mirrors: MirrorIndexes | None = None,
 ) -> TableCommit:
     """``checkpoint``: the state the round's CommitComplete will record (kept in the table so
     a coordinator that cannot read its checkpoint recovers from the tables); ``log_id``: the
     control log's identity (None: unknown, not checked); ``adopted``: the operator adopted this
-    log (iceberg.control.adopt-log-id), so state of another log counts as nothing on it."""
+    log (iceberg.control.adopt-log-id), so state of another log counts as nothing on it.
+    ``mirrors``: the key indexes of mirror tables (None: the sink makes none); a mirror
+    table's snapshot also deletes, by position, the rows the round's changes replace."""
     table = _load_table(catalog, table_name, batch)
     applied = _applied_watermark(table, table_name, group, epoch, log_id, adopted)
-    todo = [a for a in batch if a.offset > applied and a.files.get(table_name)]
+    todo = [a for a in batch if a.offset > applied and (a.files.get(table_name) or a.deleted_keys.get(table_name))]
     watermark = max((a.offset for a in batch), default=applied)
-    files = [f for a in todo for f in a.files[table_name]]
-    if not files:
+    files = [f for a in todo for f in a.files.get(table_name, ())]
+    if not todo:
         return TableCommit(table_name, None, 0, 0, applied)
     props = summary_properties(group, commit_id, watermark, positions, epoch, valid_through_ms, log_id=log_id)
     state = SinkState(
@@ -77,13 +84,23 @@ def commit_table(
         owners=dict(checkpoint.owners) if checkpoint else {},
         round_tables=round_tables(batch),
     )
-    with table.transaction() as tx:
-        _recheck_on_retry(tx, table_name, group, epoch, applied, log_id, adopted)
-        tx.set_properties({state_property(group): state.to_json()})
-        with _SpecAwareAppend.of(tx, props) as append:
-            for f in files:
-                append.append_data_file(to_data_file(f, table))
+    keys = mirrors.keys(table_name, table) if mirrors is not None else None
+    index = mirrors.take(table_name, table, keys) if mirrors is not None and keys is not None else None
+    deletes = position_deletes(table, table_name, index, todo) if index is not None else []
+    try:
+        with _MemoTransaction(table) as tx:
+            _recheck_on_retry(tx, table_name, group, epoch, applied, log_id, adopted, replan=index is not None)
+            tx.set_properties({state_property(group): state.to_json()})
+            with _SpecAwareAppend.of(tx, props, deletes) as append:
+                for f in files:
+                    append.append_data_file(to_data_file(f, table))
+    except (CommitFailedException, FencedError, ControlLogError, TableChangedError):
+        for d in deletes:  # this commit surely did not go through (an unknown outcome: gc judges the file)
+            _delete_quietly(table, d.file_path)
+        raise
     snap = table.current_snapshot()
+    if index is not None:  # the index now describes the new snapshot (a failure above dropped it)
+        mirrors.keep(table_name, snap.snapshot_id if snap else None, index)  # type: ignore[union-attr]
     return TableCommit(
         table_name,
         snap.snapshot_id if snap else None,
@@ -97,8 +114,8 @@ def round_tables(batch: list[Accepted]) -> dict[str, int]:
     """Each table of a round with the highest control offset of a response naming it."""
     out: dict[str, int] = {}
     for a in batch:
-        for t, files in a.files.items():
-            if files:
+        for t in {*a.files, *a.deleted_keys}:
+            if a.files.get(t) or a.deleted_keys.get(t):
                 out[t] = max(out.get(t, -1), a.offset)
     return out
 
@@ -128,16 +145,21 @@ def _applied_watermark(
 
 def _recheck_on_retry(
     tx: Transaction, table_name: str, group: str, epoch: int, applied: int, log_id: str | None = None,
-    adopted: bool = False,
+    adopted: bool = False, replan: bool = False,
 ) -> None:
     """pyiceberg retries a conflicting commit by itself, re-applying the same files on the
     refreshed table. Re-check icesink's preconditions first: if another coordinator committed
     meanwhile (newer epoch: fenced; moved watermark: the plan is stale), stop, so the caller
-    re-plans from the table. Pinned to pyiceberg 0.12's Transaction._rebuild_snapshot_updates
+    re-plans from the table. ``replan``: stop on any conflict (a mirror table's position
+    deletes were planned against the snapshot the commit expected). Pinned to pyiceberg 0.12's Transaction._rebuild_snapshot_updates
     (pyproject.toml); tests/integration/test_commit_race.py fails if that hook is not called."""
     rebuild = tx._rebuild_snapshot_updates
 
     def checked_rebuild() -> None:
+        if replan:
+            raise CommitFailedException(
+                f"table {table_name}: another commit landed during a mirror commit; its position deletes are "
+                "re-planned against the new snapshot")
         now = _applied_watermark(tx._table, table_name, group, epoch, log_id, adopted)
         if now != applied:
             raise CommitFailedException(
@@ -147,6 +169,26 @@ def _recheck_on_retry(
         rebuild()
 
     tx._rebuild_snapshot_updates = checked_rebuild  # type: ignore[method-assign]
+
+
+class _MemoTransaction(Transaction):
+    """A transaction that computes its staged metadata once per change. pyiceberg 0.12
+    recomputes it (every update re-applied, then a deep copy of the whole metadata) on each
+    read of ``table_metadata``, which a fast append does about sixteen times: a third of a
+    commit's CPU, growing with the table's snapshot count. The result depends only on the
+    table's metadata and the staged updates, both replaced (never mutated) on change, so it is
+    cached on their identity. Pinned to pyiceberg 0.12's ``Transaction.table_metadata``
+    (pyproject.toml); tests/unit/test_coordinator_commit.py checks the cache against it."""
+
+    _memo: tuple[object, object, TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        base, updates = self._table.metadata, self._updates
+        memo = self._memo
+        if memo is None or memo[0] is not base or memo[1] is not updates:
+            memo = self._memo = (base, updates, update_table_metadata(base, updates))
+        return memo[2]
 
 
 # Tables changed by other writers ---------------------------------------------------------
@@ -176,13 +218,19 @@ class _SpecAwareAppend(_FastAppendFiles):
     ``_SnapshotProducer._manifests``, ``_summary`` and ``_added_data_files`` (pyproject.toml);
     tests/integration/test_table_changes.py fails if they change."""
 
+    position_deletes: list[DataFile] = []
+
     @classmethod
-    def of(cls, tx: Transaction, props: dict[str, str]) -> "_SpecAwareAppend":
+    def of(cls, tx: Transaction, props: dict[str, str], deletes: list[DataFile] = []) -> "_SpecAwareAppend":  # noqa: B006
+        """With ``deletes`` (a mirror table's position delete files) the snapshot also adds
+        them, in a DELETES manifest, as an overwrite."""
         update = tx.update_snapshot(snapshot_properties=props)
-        return cls(
-            operation=Operation.APPEND, transaction=tx, io=update._io, branch=update._branch,
-            snapshot_properties=update._snapshot_properties,
+        out = cls(
+            operation=Operation.OVERWRITE if deletes else Operation.APPEND, transaction=tx, io=update._io,
+            branch=update._branch, snapshot_properties=update._snapshot_properties,
         )
+        out.position_deletes = list(deletes)
+        return out
 
     def _manifests(self) -> list[ManifestFile]:
         metadata = self._transaction.table_metadata
@@ -193,7 +241,7 @@ class _SpecAwareAppend(_FastAppendFiles):
             if f.spec_id != default:
                 others[f.spec_id].append(f)
         if not others:
-            return super()._manifests()
+            return super()._manifests() + add_position_deletes(self, self.position_deletes)
         specs = metadata.specs()
         extra: list[ManifestFile] = []
         for spec_id, files in sorted(others.items()):
@@ -210,7 +258,7 @@ class _SpecAwareAppend(_FastAppendFiles):
             extra.append(writer.to_manifest_file())
         self._added_data_files = [f for f in every if f.spec_id == default]
         try:
-            return extra + super()._manifests()
+            return extra + super()._manifests() + add_position_deletes(self, self.position_deletes)
         finally:
             self._added_data_files = every
 
@@ -224,6 +272,13 @@ class _SpecAwareAppend(_FastAppendFiles):
             return super()._summary(snapshot_properties)
         finally:
             self._added_data_files = every
+
+
+def _delete_quietly(table: Table, path: str) -> None:
+    try:
+        table.io.delete(path)
+    except Exception as exc:  # noqa: BLE001 - an orphan for icesink gc
+        log.warning("could not delete unused position delete file %s (icesink gc will): %s", path, exc)
 
 
 def _unpartitioned_copy(f: DataFile) -> DataFile:

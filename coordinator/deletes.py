@@ -48,10 +48,13 @@ class DeletesManifest(ManifestWriterV2):
         return {**super()._meta, "content": "deletes"}
 
 
-def write_position_deletes(table: Table, deletes: pa.Table) -> DataFile:
+def write_position_deletes(
+    table: Table, deletes: pa.Table, partition: Record | None = None, spec_id: int | None = None,
+) -> DataFile:
     """Write ``deletes`` (columns ``file_path``, ``pos``) as one position delete file under the
-    table's data location and describe it for a commit. The table must be unpartitioned or
-    every deleted row's file of one partition: a position delete file belongs to a partition."""
+    table's data location and describe it for a commit. A position delete file belongs to one
+    partition: every deleted row's data file must be of ``partition`` under spec ``spec_id``
+    (default: unpartitioned, the table's default spec)."""
     if table.format_version < 2:
         raise ValueError(f"table {'.'.join(table.name())}: position deletes need format version 2, "
                          f"found {table.format_version}")
@@ -64,31 +67,35 @@ def write_position_deletes(table: Table, deletes: pa.Table) -> DataFile:
     size = len(table.io.new_input(path))
     df = DataFile.from_args(
         content=DataFileContent.POSITION_DELETES, file_path=path, file_format=FileFormat.PARQUET,
-        partition=Record(), record_count=rows.num_rows, file_size_in_bytes=size,
+        partition=partition if partition is not None else Record(), record_count=rows.num_rows,
+        file_size_in_bytes=size,
     )
-    df.spec_id = table.metadata.default_spec_id  # from_args does not keep it
+    df.spec_id = table.metadata.default_spec_id if spec_id is None else spec_id  # from_args does not keep it
     return df
 
 
 def add_position_deletes(producer: object, delete_files: Iterable[DataFile]) -> list[ManifestFile]:
-    """One DELETES manifest listing ``delete_files`` as added in ``producer``'s snapshot (a
-    pyiceberg snapshot producer inside its ``_manifests``)."""
-    files = list(delete_files)
-    if not files:
-        return []
+    """DELETES manifests listing ``delete_files`` as added in ``producer``'s snapshot (a
+    pyiceberg snapshot producer inside its ``_manifests``): one per partition spec."""
+    by_spec: dict[int, list[DataFile]] = {}
+    for f in delete_files:
+        by_spec.setdefault(f.spec_id, []).append(f)
     tx = producer._transaction  # type: ignore[attr-defined]
-    spec = tx.table_metadata.specs()[files[0].spec_id]
-    writer = DeletesManifest(
-        spec=spec, schema=producer.schema(), output_file=producer.new_manifest_output(),  # type: ignore[attr-defined]
-        snapshot_id=producer._snapshot_id, avro_compression=producer._compression,  # type: ignore[attr-defined]
-    )
-    with writer:
-        for f in files:
-            writer.add(ManifestEntry.from_args(
-                status=ManifestEntryStatus.ADDED, snapshot_id=producer._snapshot_id,  # type: ignore[attr-defined]
-                sequence_number=None, file_sequence_number=None, data_file=f,
-            ))
-    return [writer.to_manifest_file()]
+    out: list[ManifestFile] = []
+    for spec_id, files in sorted(by_spec.items()):
+        writer = DeletesManifest(
+            spec=tx.table_metadata.specs()[spec_id], schema=producer.schema(),  # type: ignore[attr-defined]
+            output_file=producer.new_manifest_output(),  # type: ignore[attr-defined]
+            snapshot_id=producer._snapshot_id, avro_compression=producer._compression,  # type: ignore[attr-defined]
+        )
+        with writer:
+            for f in files:
+                writer.add(ManifestEntry.from_args(
+                    status=ManifestEntryStatus.ADDED, snapshot_id=producer._snapshot_id,  # type: ignore[attr-defined]
+                    sequence_number=None, file_sequence_number=None, data_file=f,
+                ))
+        out.append(writer.to_manifest_file())
+    return out
 
 
 class WithPositionDeletes:

@@ -124,7 +124,7 @@ async def in_flight_files(settings: Settings, bootstrap: str) -> set[str]:
         out: set[str] = set()
         while True:
             batch = await reader.read(1.0)
-            out.update(f.path for _, ev in batch if isinstance(ev, DataWritten) for f in ev.files)
+            out.update(f.path for _, ev in batch if isinstance(ev, DataWritten) for f in (*ev.files, *ev.deleted_keys))
             if not batch and await reader.position() >= end:
                 return out
     finally:

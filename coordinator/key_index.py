@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.table import Table
+from pyiceberg.typedef import Record
 
 __all__ = ["KeyIndex"]
 
@@ -35,6 +36,7 @@ class KeyIndex:
         self.keys = tuple(keys)
         self._files: list[str] = []
         self._file_ids: dict[str, int] = {}
+        self._partitions: dict[str, tuple[int, Record]] = {}  # path -> (spec id, partition)
         self._where: dict[Any, int] = {}
 
     def __len__(self) -> int:
@@ -44,19 +46,26 @@ class KeyIndex:
     def from_table(cls, table: Table, keys: Sequence[str]) -> "KeyIndex":
         """The index of ``table``'s current snapshot."""
         index = cls(keys)
-        for task in table.scan().plan_files():
-            deleted = _deleted_positions(table, task.file.file_path, task.delete_files)
-            index.add_file(task.file.file_path, _read_keys(table, task.file.file_path, index.keys), skip=deleted)
+        tasks = list(table.scan().plan_files())
+        deletes = _read_deletes(table, {d.file_path for t in tasks for d in t.delete_files})
+        for task in tasks:
+            deleted = _deleted_positions(deletes, task.file.file_path, task.delete_files)
+            index.add_file(task.file.file_path, _read_keys(table, task.file.file_path, index.keys), skip=deleted,
+                           partition=(task.file.spec_id, task.file.partition))
         return index
 
-    def add_file(self, path: str, keys: pa.Table, skip: np.ndarray | None = None) -> None:
+    def add_file(self, path: str, keys: pa.Table, skip: np.ndarray | None = None,
+                 partition: tuple[int, Record] | None = None) -> None:
         """Index the rows of a data file: ``keys`` holds its key columns in row order; rows at
         the positions in ``skip`` (deleted) are left out. A key already indexed now points here
-        (the caller deleted its old row)."""
+        (the caller deleted its old row). ``partition``: the file's spec id and partition (a
+        position delete file belongs to one)."""
         file_id = self._file_ids.get(path)
         if file_id is None:
             file_id = self._file_ids[path] = len(self._files)
             self._files.append(path)
+        if partition is not None:
+            self._partitions[path] = partition
         positions = np.arange(keys.num_rows, dtype=np.int64)
         if skip is not None and len(skip):
             keep = np.ones(keys.num_rows, dtype=bool)
@@ -76,6 +85,10 @@ class KeyIndex:
             "pos": pa.array(packed & ((1 << _POS_BITS) - 1), pa.int64()),
         })
 
+    def partition(self, path: str) -> tuple[int, Record] | None:
+        """The spec id and partition of an indexed data file (None: not given)."""
+        return self._partitions.get(path)
+
     def _key_list(self, keys: pa.Table) -> list[Any]:
         columns = [keys.column(k).to_pylist() for k in self.keys]
         return columns[0] if len(columns) == 1 else list(zip(*columns))
@@ -86,12 +99,21 @@ def _read_keys(table: Table, path: str, keys: Sequence[str]) -> pa.Table:
         return pq.read_table(f, columns=list(keys))
 
 
-def _deleted_positions(table: Table, path: str, delete_files: Any) -> np.ndarray:
-    """Row positions of ``path`` that the position delete files delete."""
-    found: list[np.ndarray] = []
-    for d in delete_files:
-        with table.io.new_input(d.file_path).open() as f:
+def _read_deletes(table: Table, paths: set[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Each position delete file, read once: data file path -> deleted positions."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for path in paths:
+        with table.io.new_input(path).open() as f:
             rows = pq.read_table(f, columns=["file_path", "pos"])
-        mine = rows.filter(pc.equal(rows.column("file_path"), path))
-        found.append(mine.column("pos").to_numpy())
+        by_file: dict[str, np.ndarray] = {}
+        for target in pc.unique(rows.column("file_path")).to_pylist():
+            mine = rows.filter(pc.equal(rows.column("file_path"), target))
+            by_file[target] = mine.column("pos").to_numpy()
+        out[path] = by_file
+    return out
+
+
+def _deleted_positions(deletes: dict[str, dict[str, np.ndarray]], path: str, delete_files: Any) -> np.ndarray:
+    """Row positions of ``path`` that the position delete files that apply to it delete."""
+    found = [deletes[d.file_path][path] for d in delete_files if path in deletes[d.file_path]]
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)

@@ -23,6 +23,7 @@ from coordinator.committer import TableCommit, commit_table
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import normalize
+from coordinator.mirror import MirrorIndexes, delete_keys_files
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
 from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
 from icesink.config import Settings
@@ -81,6 +82,7 @@ class Coordinator:
         self._commit_task: asyncio.Task[None] | None = None
         self._commits = Offload(settings.table_commit_threads)  # a round's table commits run at once
         self._roots = TableRoots(catalog)
+        self._mirrors = MirrorIndexes(settings) if settings.mirror else None  # docs/mirror-tables.md
         self._manifests: dict[str, frozenset[str]] = {}  # manifest path -> its files (immutable)
         self._round_deadline: float | None = None
         self._round_sent: str | None = None
@@ -305,7 +307,7 @@ class Coordinator:
         and in replay alike; its response then counts as incomplete and is rejected."""
         if not isinstance(event, DataWritten):
             return True
-        paths = [f.path for f in event.files]
+        paths = [f.path for f in (*event.files, *event.deleted_keys)]
         if self._roots.known(event.table):
             outside = self._roots.outside(event.table, paths)
         else:
@@ -325,7 +327,8 @@ class Coordinator:
         outside its table, referenced by a snapshot or named by an accepted response."""
         if not files:
             return
-        accepted = {normalize(f.path) for a in self.state.pending for fs in a.files.values() for f in fs}
+        accepted = {normalize(f.path) for a in self.state.pending
+                    for fs in (*a.files.values(), *a.deleted_keys.values()) for f in fs}
         done = await self.offload.run(delete_uncommitted, self.catalog, files, accepted, self._manifests)
         self.metrics.orphans_deleted.inc(done.pop("deleted", 0))
         for reason, n in done.items():
@@ -427,9 +430,16 @@ class Coordinator:
                 )
                 await asyncio.sleep(delay)
         self.state.committed(batch)
+        keys_files = {t: [f.path for a in batch for f in a.deleted_keys.get(t, ())] for t in self._mirror_tables(batch)}
+        if keys_files:  # consumed by the round's commit, never part of a snapshot
+            await self.offload.run(delete_keys_files, self.catalog, keys_files)
         if attempt:
             self.status.update(phase="running", error=None)
             log.info("round %s finished after %d failed attempts", commit_id, attempt)
+
+    @staticmethod
+    def _mirror_tables(batch: list[Accepted]) -> set[str]:
+        return {t for a in batch for t, fs in a.deleted_keys.items() if fs}
 
     async def _commit_round(
         self, commit_id: str, batch: list[Accepted], cp: Checkpoint, valid_through: int | None,
@@ -474,7 +484,7 @@ class Coordinator:
                 result = await self._commits.run(
                     commit_table, self.catalog, table, batch, group=self.group, epoch=self.epoch,
                     commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
-                    checkpoint=cp, log_id=self.log_id, adopted=self._adopted,
+                    checkpoint=cp, log_id=self.log_id, adopted=self._adopted, mirrors=self._mirrors,
                 )
             except FencedError:
                 self.status["phase"] = "fenced"

@@ -42,6 +42,8 @@ class Accepted:
     ranges: tuple[OffsetRange, ...]
     files: dict[str, tuple[FileInfo, ...]]  # table -> files
     valid_through_ms: int | None
+    # mirror tables: table -> keys files (DataWritten.deleted_keys), never part of a snapshot
+    deleted_keys: dict[str, tuple[FileInfo, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ class CoordinatorState:
         part = self.partial.pop(event.response_id, None)
         self._expire_partials(completed_by=event.worker, before=offset)
         written = part.written if part else []
-        files = tuple(TableFile(w.table, f) for w in written for f in w.files)
+        files = tuple(TableFile(w.table, f) for w in written for f in (*w.files, *w.deleted_keys))
         if len(written) != event.events_sent:
             self.rejected.append(Rejected(
                 event.worker, tuple(r.tp for r in event.ranges),
@@ -238,10 +240,13 @@ class CoordinatorState:
             if event.commit_id == self.round_id:
                 self.round_covered.add(r.tp)
         by_table: dict[str, tuple[FileInfo, ...]] = {}
+        keys: dict[str, tuple[FileInfo, ...]] = {}
         for w in written:
             by_table[w.table] = by_table.get(w.table, ()) + w.files
+            if w.deleted_keys:
+                keys[w.table] = keys.get(w.table, ()) + w.deleted_keys
         self.pending.append(Accepted(
-            offset, event.commit_id, event.worker, event.ranges, by_table, event.valid_through_ms))
+            offset, event.commit_id, event.worker, event.ranges, by_table, event.valid_through_ms, keys))
 
     def _expire_partials(self, completed_by: str | None = None, before: int = -1) -> None:
         """Drop responses that can never be accepted, and hand their files to deletion:
@@ -255,7 +260,7 @@ class CoordinatorState:
             later = part.worker == completed_by and part.first_offset < before
             if later or (self.owners and part.worker not in owning):
                 del self.partial[rid]
-                self.orphans.extend(TableFile(w.table, f) for w in part.written for f in w.files)
+                self.orphans.extend(TableFile(w.table, f) for w in part.written for f in (*w.files, *w.deleted_keys))
 
     def take_orphans(self) -> list[TableFile]:
         out, self.orphans = self.orphans, []

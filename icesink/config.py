@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     schema_case_insensitive: bool = Field(False, alias="iceberg.tables.schema-case-insensitive")
     auto_create_props: dict[str, str] = Field(default_factory=dict, alias="iceberg.tables.auto-create-props.*")
     default_id_columns: str | None = Field(None, alias="iceberg.tables.default-id-columns")
+    # Mirror tables (CDC, docs/mirror-tables.md): changes applied by key with position deletes.
+    cdc_field: str | None = Field(None, alias="iceberg.tables.cdc-field", min_length=1)
+    upsert_mode: bool = Field(False, alias="iceberg.tables.upsert-mode-enabled")
     table_id_columns: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.id-columns")
     control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
     # As Kafka Connect's internal topics: 3. A cluster with fewer brokers refuses to create the
@@ -362,6 +365,12 @@ class Settings(BaseSettings):
         """Identifier fields of ``table`` when auto-created (comma-separated column names)."""
         raw = self.table_id_columns.get(table, self.default_id_columns) or ""
         return tuple(c.strip() for c in raw.split(",") if c.strip())
+
+    @property
+    def mirror(self) -> bool:
+        """Whether tables are mirror tables: a change field or upsert mode is set (then every
+        table of the sink is one, as in the reference sink)."""
+        return self.cdc_field is not None or self.upsert_mode
 
     def id_columns_key(self, table: str) -> str:
         return f"iceberg.table.{table}.id-columns" if table in self.table_id_columns else "iceberg.tables.default-id-columns"

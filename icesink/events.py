@@ -2,8 +2,8 @@
 
 Leaf module shared by ``agents/`` and ``coordinator/``; it imports nothing with I/O.
 Events are frozen, tagged models. On the wire each is one JSON object
-``{"v": 1, "type": "<tag>", ...fields}`` with sorted keys, so bytes are stable and old
-events stay readable (golden bytes in tests/unit/test_events.py). The control topic is
+``{"v": 1, "type": "<tag>", ...fields}`` with sorted keys (``v`` 2 when it holds a field that
+older readers must not ignore: :data:`_SINCE`), so bytes are stable and old events stay readable (golden bytes in tests/unit/test_events.py). The control topic is
 input, not trust: :func:`decode` checks every field against its declared type and range and
 raises a :class:`ProtocolError` naming the control offset, the event type and the field for
 anything else (a newer version, an unknown type, more than :data:`MAX_EVENT_BYTES`); fields it
@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Union, assert_never, get_args, get_origin, get
 
 from icesink.errors import ProtocolError
 
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True, order=True)
@@ -132,6 +132,10 @@ class DataWritten:
     worker: str
     table: str
     files: tuple[FileInfo, ...]
+    # Mirror tables (docs/mirror-tables.md): Parquet files of the key columns whose committed
+    # rows this response replaces or deletes (record_count keys each). Version 2: a reader
+    # that would ignore them must refuse the event instead.
+    deleted_keys: tuple[FileInfo, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -240,12 +244,25 @@ def _to_json(value: Any) -> Any:
     return value
 
 
+#: Fields a reader of an older version must not ignore, with the version that added them. An
+#: event is written with the oldest version that holds it: such a field is left out while it
+#: has its default (the event's bytes stay those of version 1), and its presence raises the
+#: event's ``v``, so older readers refuse it (a reader ignores unknown fields otherwise).
+_SINCE: dict[tuple[type, str], int] = {(DataWritten, "deleted_keys"): 2}
+
+
 def encode(event: Event) -> bytes:
     """Stable bytes for one event: sorted keys, no spaces. Refuses an event larger than
     :data:`MAX_EVENT_BYTES`, which no reader would accept."""
-    body: dict[str, Any] = {"v": VERSION, "type": event.TYPE}
+    body: dict[str, Any] = {"v": 1, "type": event.TYPE}
     for f in fields(event):
-        body[f.name] = _to_json(getattr(event, f.name))
+        value = getattr(event, f.name)
+        since = _SINCE.get((type(event), f.name))
+        if since is not None:
+            if value == f.default:
+                continue
+            body["v"] = max(body["v"], since)
+        body[f.name] = _to_json(value)
     data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
     if len(data) > MAX_EVENT_BYTES:
         raise ProtocolError(
@@ -416,11 +433,12 @@ def describe(event: Event) -> str:
             return f"resume     epoch={e} worker={w} gen={g} {pos}"
         case StartCommit(epoch=e, commit_id=c):
             return f"start      epoch={e} round={c}"
-        case DataWritten(commit_id=c, worker=w, table=t, files=fs):
+        case DataWritten(commit_id=c, worker=w, table=t, files=fs, deleted_keys=dk):
             rows = sum(f.record_count for f in fs)
             names = " ".join(f.path.rsplit("/", 1)[-1] for f in fs[:3])
             more = f" (+{len(fs) - 3} more)" if len(fs) > 3 else ""
-            return f"written    round={c} worker={w} table={t} files={len(fs)} rows={rows} {names}{more}"
+            deletes = f" deleted_keys={sum(f.record_count for f in dk)}" if dk else ""
+            return f"written    round={c} worker={w} table={t} files={len(fs)} rows={rows}{deletes} {names}{more}"
         case DataComplete(commit_id=c, worker=w, generation=g, ranges=rs, events_sent=n):
             rng = " ".join(f"{r.tp}[{r.start},{r.end})" for r in rs)
             return f"complete   round={c} worker={w} gen={g} events={n} {rng}"

@@ -22,7 +22,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import BinaryType, DecimalType, FixedType, IcebergType, UUIDType
 
 from icesink.config import Settings
-from icesink.errors import ProtocolError, TableChangedError
+from icesink.errors import ConfigError, ProtocolError, TableChangedError
 from icesink.events import FileInfo, TopicPartition
 
 # Snapshot summary keys (design/exactly-once.md, "Durable state" item 2).
@@ -62,6 +62,33 @@ def split_name(table: str) -> tuple[str, str]:
 
 
 # Data files <-> control events ---------------------------------------------------------------
+
+
+def mirror_keys(settings: Settings, name: str, table: Table) -> tuple[str, ...] | None:
+    """The key columns of mirror table ``name`` (docs/mirror-tables.md), None when the sink
+    makes no mirror tables. The key: ``iceberg.table.<name>.id-columns``, else
+    ``iceberg.tables.default-id-columns``, else the table's identifier fields. Raises
+    :class:`ConfigError` naming the key for a table that cannot be a mirror table."""
+    if not settings.mirror:
+        return None
+    key = "iceberg.tables.cdc-field" if settings.cdc_field is not None else "iceberg.tables.upsert-mode-enabled"
+    value = settings.cdc_field if settings.cdc_field is not None else True
+    if table.format_version < 2:
+        raise ConfigError(key, value, f"tables of format version 2 (table {name} has format version "
+                          f"{table.format_version}; mirror tables need position deletes)")
+    schema = table.schema()
+    keys = settings.id_columns(name) or tuple(schema.find_column_name(i) or "" for i in schema.identifier_field_ids)
+    if not keys:
+        raise ConfigError("iceberg.tables.default-id-columns", None,
+                          f"the key columns of mirror table {name} (set it, iceberg.table.{name}.id-columns, or "
+                          f"the table's identifier fields; {key}={value} makes every table a mirror table)")
+    columns = [f.name for f in schema.fields]
+    for k in keys:
+        if k not in columns:
+            raise ConfigError(
+                settings.id_columns_key(name) if settings.id_columns(name) else f"table {name} identifier fields",
+                ",".join(keys), f"top-level columns of mirror table {name} ({k!r} is not one of {', '.join(columns)})")
+    return keys
 
 
 def _json_value(v: Any) -> Any:

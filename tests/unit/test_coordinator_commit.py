@@ -315,3 +315,45 @@ def test_a_data_written_naming_files_outside_its_table_is_refused_and_nothing_is
     assert victim.exists()
     assert rows(two_tables, "db.a") == 3  # the real response only
     assert coord.metrics.control_events_refused.labels(reason="file-outside-table")._value.get() == 1
+
+
+def test_a_commit_computes_the_staged_metadata_once_per_change_and_equal_to_pyicebergs(
+    tmp_path, two_tables, monkeypatch
+):
+    """pyiceberg 0.12 recomputes a transaction's staged metadata (all updates re-applied, then
+    a deep copy) on every read; a fast append reads it about sixteen times per commit. The
+    committer's transaction computes it once per staged change, and what it returns equals
+    what pyiceberg's own property returns (apart from the clock)."""
+    from pyiceberg.table import Transaction
+
+    from coordinator import committer
+
+    calls: list[int] = []
+    real = committer.update_table_metadata
+
+    def counted(base, updates, *a, **k):
+        calls.append(len(updates))
+        return real(base, updates, *a, **k)
+
+    seen: list[tuple[Any, Any]] = []
+    memo_property = committer._MemoTransaction.table_metadata
+
+    def checked(self):
+        mine = memo_property.fget(self)
+        seen.append((mine, Transaction.table_metadata.fget(self)))
+        return mine
+
+    monkeypatch.setattr(committer, "update_table_metadata", counted)
+    monkeypatch.setattr(committer._MemoTransaction, "table_metadata", property(checked))
+    table = two_tables.load_table("db.a")
+    acc = service.Accepted(offset=5, commit_id="r1", worker="w1", ranges=(), valid_through_ms=None,
+                           files={"db.a": (data_file(table, "m", [1, 2]),)})
+    committer.commit_table(two_tables, "db.a", [acc], group="g", epoch=1, commit_id="r1",
+                           positions={TP: 2}, valid_through_ms=None)
+    assert len(seen) > 8  # pyiceberg reads it many times per commit
+    # equal apart from the clock: pyiceberg stamps last_updated_ms with "now" on every read
+    # (the catalog stamps the committed metadata itself)
+    assert all(mine.model_copy(update={"last_updated_ms": 0}) == theirs.model_copy(update={"last_updated_ms": 0})
+               for mine, theirs in seen)
+    assert len(calls) <= 4, calls  # once per staged change, not once per read
+    assert rows(two_tables, "db.a") == 2

@@ -243,7 +243,7 @@ def worker_stub(tmp_path, producer, **extra: Any) -> Any:
     stub = Worker.__new__(Worker)  # a worker without clients: only what _buffer and _respond use
     for name, value in dict(
         settings=s, metrics=metrics, buffers=Buffers(10**9),
-        targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA)},
+        targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA, keys=None)},
         deadletters=DeadLetters(s, metrics, "w1", producer=producer),
         router=Router(s), format=RecordFormat(s), debezium=None, evolver=None,
     ).items():

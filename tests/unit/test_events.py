@@ -59,7 +59,7 @@ def test_optional_field_missing_in_old_bytes_takes_its_default():
     [
         (b"not json", "not JSON"),
         (b"[1]", "expected a JSON object"),
-        (b'{"v":2,"type":"claim"}', "version"),
+        (b'{"v":3,"type":"claim"}', "version"),
         (b'{"v":1,"type":"nope"}', "type: expected one of"),
         (b'{"v":1,"type":"claim","worker":"w"}', "claim field generation: expected int >= 0, found nothing"),
     ],
@@ -79,3 +79,28 @@ BEFORE_MEMBER = {
 @pytest.mark.parametrize("tag", sorted(BEFORE_MEMBER))
 def test_events_written_before_member_ids_decode(tag):
     assert decode(BEFORE_MEMBER[tag]) == SAMPLES[tag]
+
+
+def test_a_data_written_with_deleted_keys_is_version_2_and_round_trips():
+    """Mirror tables: a response's keys files travel in ``deleted_keys``, which a version-1
+    reader would ignore (and commit the rows without deleting the old ones). So an event that
+    has them is written as version 2, one without them keeps version 1's bytes."""
+    import dataclasses
+    import json
+
+    from icesink.events import DataWritten, FileInfo
+
+    plain = SAMPLES["data-written"]
+    assert encode(plain) == GOLDEN["data-written"]  # no deleted_keys: version 1, unchanged
+    keys = FileInfo(path="s3://w/db/t/data/r1-w1-1.keys.parquet", record_count=3, size_bytes=420, spec_id=0)
+    mirror = dataclasses.replace(plain, deleted_keys=(keys,))
+    body = json.loads(encode(mirror))
+    assert body["v"] == 2 and body["deleted_keys"][0]["record_count"] == 3
+    assert decode(encode(mirror)) == mirror
+    assert isinstance(decode(encode(mirror)), DataWritten)
+    older_reader = json.dumps({**body, "v": 3}).encode()  # what a newer writer's event looks like to us
+    with pytest.raises(ProtocolError, match="version"):
+        decode(older_reader)
+    bad = json.dumps({**body, "deleted_keys": [{"path": 5}]}).encode()
+    with pytest.raises(ProtocolError, match=r"deleted_keys\[0\]"):
+        decode(bad)

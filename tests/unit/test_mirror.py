@@ -103,3 +103,25 @@ def test_collapsed_rounds_applied_to_a_table_equal_the_changes_applied_one_by_on
     assert not set(rows) & set(table)  # no key twice
     table.update(rows)
     assert table == model
+
+
+def test_screen_moves_changes_without_key_or_operation_to_the_rejects_by_input_index():
+    """As records arrive: a mirror table's changes that cannot be applied are rejects (dead
+    letters, with the field named) and the rest of the batch flows."""
+    import numpy as np
+
+    from agents.convert import Converted, Reject
+    from agents.mirror import screen
+
+    rows = changes((1, "a", "c"), (None, "b", "u"), (3, "c", None), (4, "d", "d"))
+    before = Converted(rows, pa.array(np.array([0, 2, 5, 6], dtype=np.int64)), (Reject(1, "not JSON", None),))
+    out = screen(before, ["id"], OP)
+    assert out.table.column("id").to_pylist() == [1, 4]
+    assert out.indices.to_pylist() == [0, 6]
+    assert [(r.index, r.field) for r in out.rejects] == [(1, None), (2, "id"), (5, OP)]
+    assert "key column id" in out.rejects[1].reason and "holds no operation" in out.rejects[2].reason
+    out.validate()
+    every_insert = screen(before, ["id"], None)  # upsert mode without a change field: all inserts
+    assert every_insert.table.num_rows == 3
+    with pytest.raises(ValueError, match="operation field 'nope'"):
+        screen(before, ["id"], "nope")

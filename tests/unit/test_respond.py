@@ -56,6 +56,18 @@ def test_an_oversized_data_written_is_split_into_events_that_fit():
     assert split_written(DataWritten("r1", "x", "w1", TABLE, ())) == [DataWritten("r1", "x", "w1", TABLE, ())]
 
 
+def test_a_split_mirror_response_names_its_keys_files_once():
+    """A mirror table's keys files ride with the first part only: each part naming them would
+    make the coordinator read them twice."""
+    keys = FileInfo(path="file:///w/db/t/data/r1-w1-1-keys-0.parquet", record_count=5, size_bytes=300, spec_id=0)
+    ev = DataWritten("r1", "x", "w1", TABLE, tuple(stats_file(i) for i in range(400)), (keys,))
+    parts = split_written(ev)
+    assert len(parts) >= 3
+    assert [p.deleted_keys for p in parts] == [(keys,)] + [()] * (len(parts) - 1)
+    assert all(len(events.encode(p)) <= MAX_EVENT_BYTES for p in parts)
+    assert tuple(f for p in parts for f in p.files) == ev.files
+
+
 def test_a_file_too_large_for_any_event_is_refused_with_what_to_do():
     ev = DataWritten("r1", "x", "w1", TABLE, (stats_file(0, columns=600),))
     with pytest.raises(ProtocolError, match="expected a DataWritten of at most .* write.metadata.metrics"):
