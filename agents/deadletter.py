@@ -47,7 +47,7 @@ H_EXECUTING_CLASS = "__connect.errors.class.name"
 H_EXCEPTION = "__connect.errors.exception.class.name"
 H_MESSAGE = "__connect.errors.exception.message"
 # Ours.
-H_REASON = "icesink.errors.reason"  # the kind: malformed, uncoercible, missing-required, too-large, no-route
+H_REASON = "icesink.errors.reason"  # the kind: malformed, uncoercible, missing-required, missing-key, no-operation, too-large, no-route
 H_FIELD = "icesink.errors.field"  # dotted path of the field at fault, when there is one
 H_TABLE = "icesink.errors.table"  # the target table(s) that rejected it, comma-separated
 H_VALUE_OMITTED = "icesink.errors.value-omitted"  # set when the value was too large for the DLQ topic
@@ -72,6 +72,10 @@ def kind_of(reason: str, field: str | None) -> str:
         return "no-route"
     if field is None:
         return "malformed"
+    if reason.startswith("change without a value for key column"):  # mirror tables (agents/mirror.py)
+        return "missing-key"
+    if reason.startswith("operation field"):
+        return "no-operation"
     if reason.startswith("required field"):
         return "missing-required"
     return "uncoercible"

@@ -66,6 +66,8 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self.worker_id = settings.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
+        metrics.info.labels(group=settings.group_id, worker=self.worker_id).set(1)
+        metrics.commit_interval.set(settings.commit_interval_ms / 1000)
         self.offload = Offload()
         self.buffers = Buffers(settings.buffer_max_bytes)
         self.targets: dict[str, Target] = {}

@@ -83,6 +83,7 @@ class Coordinator:
         self._commits = Offload(settings.table_commit_threads)  # a round's table commits run at once
         self._roots = TableRoots(catalog)
         self._mirrors = MirrorIndexes(settings) if settings.mirror else None  # docs/mirror-tables.md
+        self._round_started_at: float | None = None  # the round's StartCommit, for icesink_round_duration_seconds
         self._manifests: dict[str, frozenset[str]] = {}  # manifest path -> its files (immutable)
         self._round_deadline: float | None = None
         self._round_sent: str | None = None
@@ -97,6 +98,7 @@ class Coordinator:
         await self._reader.start()
         try:
             self.metrics.coordinator_active.set(1)
+            self.metrics.last_round_committed.set(time.time())  # "no round since": counted from its start
             try:
                 await self._recover()
             except ControlLogError as exc:
@@ -347,6 +349,7 @@ class Coordinator:
         self._round_deadline = now + self.settings.commit_timeout_ms / 1000
         self._next_round_at = now + self.settings.commit_interval_ms / 1000
         self.metrics.rounds_started.inc()
+        self._round_started_at = time.monotonic()
         await self._evolve_schemas()  # before StartCommit: workers reload tables at it
         await self.producer.send(StartCommit(self.epoch, commit_id))
 
@@ -467,6 +470,9 @@ class Coordinator:
         offset = await self.producer.send(done)
         await self._reader.commit(offset)
         self.metrics.rounds_committed.inc()
+        self.metrics.last_round_committed.set(time.time())
+        if self._round_started_at is not None:
+            self.metrics.round_duration.observe(time.monotonic() - self._round_started_at)
         self.status.update(last_commit_id=commit_id, last_commit_at=time.time(), checkpoint=offset)
 
     async def _commit_table_with_retry(
@@ -510,6 +516,7 @@ class Coordinator:
                 await asyncio.sleep(delay)
                 continue
             self.metrics.commit_retrying.labels(table=table).set(0)
+            self.metrics.commit_failures.labels(table=table)  # the series exists (at 0) once the table commits
             self.metrics.control_log_refused.set(0)
             self.status.update(phase="running", error=None)
             self.metrics.commit_duration.labels(table=table).observe(time.monotonic() - started)

@@ -464,9 +464,30 @@ def _env_key_map() -> dict[str, str]:
     return {re.sub(r"[.\-]", "_", alias).upper(): alias for alias in _FIELD_KEYS}
 
 
+#: pyiceberg 0.12 catalog and FileIO properties whose names hold a ``-`` (from pyiceberg.io and
+#: its catalogs), so that ``ICESINK_ICEBERG_CATALOG_S3_ACCESS_KEY_ID`` means ``s3.access-key-id``.
+_HYPHENATED_CATALOG_PROPS = (
+    "adls.account-host", "adls.account-key", "adls.account-name", "adls.blob-storage-authority",
+    "adls.blob-storage-scheme", "adls.client-id", "adls.client-secret", "adls.connection-string",
+    "adls.dfs-storage-authority", "adls.dfs-storage-scheme", "adls.sas-token", "adls.tenant-id",
+    "client.access-key-id", "client.profile-name", "client.role-arn", "client.role-session-name",
+    "client.secret-access-key", "client.session-token", "gcs.cache-timeout", "gcs.default-bucket-location",
+    "gcs.oauth2.token-expires-at", "gcs.project-id", "gcs.requester-pays", "gcs.version-aware",
+    "glue.access-key-id", "glue.max-retries", "glue.profile-name", "glue.retry-mode", "glue.secret-access-key",
+    "glue.session-token", "glue.skip-archive", "oauth2-server-uri", "rest.signing-name", "rest.signing-region",
+    "rest.sigv4-enabled", "s3.access-key-id", "s3.connect-timeout", "s3.force-virtual-addressing",
+    "s3.profile-name", "s3.proxy-uri", "s3.request-timeout", "s3.resolve-region", "s3.role-arn",
+    "s3.role-session-name", "s3.secret-access-key", "s3.server-side-encryption", "s3.session-token",
+    "s3.sse-kms-key-id",
+)
+_CATALOG_ENV = {k.upper().replace(".", "_").replace("-", "_"): k for k in _HYPHENATED_CATALOG_PROPS}
+
+
 def keys_from_env(environ: Mapping[str, str]) -> dict[str, str]:
     """``ICESINK_<KEY>`` variables as config keys. Known keys map exactly; catalog properties
-    use ``ICESINK_ICEBERG_CATALOG_<PROP>`` with ``_`` read as ``.`` (s3.endpoint, client.region)."""
+    use ``ICESINK_ICEBERG_CATALOG_<PROP>``: pyiceberg's hyphenated properties by name
+    (``S3_ACCESS_KEY_ID``: ``s3.access-key-id``), any other with ``_`` read as ``.``
+    (s3.endpoint, client.region)."""
     known = _env_key_map()
     out: dict[str, str] = {}
     for name, value in environ.items():
@@ -476,7 +497,8 @@ def keys_from_env(environ: Mapping[str, str]) -> dict[str, str]:
         if rest in known:
             out[known[rest]] = value
         elif rest.startswith("ICEBERG_CATALOG_"):
-            out[_PREFIX_CATALOG + rest[len("ICEBERG_CATALOG_"):].lower().replace("_", ".")] = value
+            prop = rest[len("ICEBERG_CATALOG_"):]
+            out[_PREFIX_CATALOG + _CATALOG_ENV.get(prop, prop.lower().replace("_", "."))] = value
         elif rest.startswith("SPARK_"):
             out["spark." + rest[len("SPARK_"):].lower().replace("_", ".")] = value
         else:

@@ -6,7 +6,7 @@ The HTTP exporter is started by the worker runtime (``start_http_server``).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 # Commits take seconds to tens of seconds; Spark writes likewise.
 COMMIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
@@ -16,6 +16,15 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry if registry is not None else CollectorRegistry()
         self.registry = r
+        # process_start_time_seconds and friends (read from /proc at scrape time): restarts of a
+        # replica show as changes of its start time (deploy/prometheus/alerts.yml, flapping).
+        ProcessCollector(registry=r)
+        # The replica itself.
+        self.info = Gauge(
+            "icesink_info", "1 per replica: its sink group (group.id) and worker id", ["group", "worker"], registry=r)
+        self.commit_interval = Gauge(
+            "icesink_commit_interval_seconds", "iceberg.control.commit.interval-ms of this replica's group, in seconds",
+            registry=r)
         # Workers: consuming and converting.
         self.records_consumed = Counter(
             "icesink_records_consumed_total", "Source records consumed", ["topic"], registry=r)
@@ -71,6 +80,10 @@ class Metrics:
         # Coordinator.
         self.rounds_started = Counter(
             "icesink_rounds_started_total", "Commit rounds started", registry=r)
+        self.round_duration = Histogram(
+            "icesink_round_duration_seconds",
+            "A commit round from its StartCommit to its CommitComplete (answers, writes, table commits, retries)",
+            buckets=COMMIT_BUCKETS, registry=r)
         self.rounds_committed = Counter(
             "icesink_rounds_committed_total", "Commit rounds completed", registry=r)
         self.rounds_partial = Counter(
@@ -121,6 +134,9 @@ class Metrics:
         self.valid_through = Gauge(
             "icesink_valid_through_timestamp_seconds",
             "All records older than this are committed to the table", ["table"], registry=r)
+        self.last_round_committed = Gauge(
+            "icesink_last_round_committed_timestamp_seconds",
+            "When the coordinator on this replica last completed a commit round (its start until the first)", registry=r)
         self.coordinator_active = Gauge(
             "icesink_coordinator_active", "1 on the replica running the coordinator", registry=r)
         self.control_log_refused = Gauge(

@@ -182,3 +182,55 @@ def test_a_random_postgres_workload_is_mirrored_exactly(broker, catalog_props, t
         assert len(table.snapshots()) >= 2  # the changes spanned several rounds
     rows = {t: len(history["final"][t]) for t in TABLES}
     print(f"mirror ({form}): {len(events)} Debezium events, final rows {rows}")
+
+
+def test_changes_without_key_or_operation_are_dead_lettered_and_the_rest_mirrored(broker, catalog_props, tmp_path):
+    """Plain JSON changes (no Debezium) into a mirror table keyed by ``id``: a change with a
+    null key or an empty operation goes to the dead-letter topic with the reason and field; the
+    others are applied in order around it."""
+    import json
+
+    from pyiceberg.catalog import load_catalog
+
+    from icesink import duck
+    from icesink.kafka_admin import ensure_topic
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import read_topic, write_config
+
+    topic, dlq = "mirror-plain", "mirror-plain-dlq"
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
+    changes = [{"id": 1, "v": "a", "op": "c"}, {"id": 2, "v": "b", "op": "c"}, {"id": None, "v": "x", "op": "u"},
+               {"id": 1, "v": "a2", "op": "u"}, {"id": 2, "v": "b", "op": ""}, {"id": 2, "v": None, "op": "d"},
+               {"id": 3, "v": "c", "op": "c"}, {"id": 2, "v": "b3", "op": "c"}]
+    asyncio.run(_produce(broker.bootstrap, topic, [{"key": None, "value": json.dumps(c)} for c in changes]))
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables="mirror.plain", bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group="mirror-plain",
+                       **{"iceberg.tables.cdc-field": "op", "iceberg.tables.default-id-columns": "id",
+                          "errors.deadletterqueue.topic.name": dlq,
+                          "errors.deadletterqueue.topic.replication.factor": 1})
+    catalog = load_catalog("it", **catalog_props)
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    want = {1: "a2", 2: "b3", 3: "c"}
+    try:
+        replicas.start()
+        deadline = time.monotonic() + 120
+        got: Any = None
+        while time.monotonic() < deadline:
+            replicas.check_alive()
+            if catalog.table_exists("mirror.plain"):
+                rows = duck.scan_rows(catalog.load_table("mirror.plain").metadata_location)
+                got = {r["id"]: r["v"] for r in rows}
+                if got == want and len(rows) == len(want):
+                    break
+            time.sleep(1)
+        assert got == want
+        letters = read_topic(broker.bootstrap, dlq, 2, timeout_s=60)
+    finally:
+        replicas.stop_all()
+    seen = {(json.loads(r.value)["v"], dict(r.headers)["icesink.errors.reason"].decode(),
+             dict(r.headers)["icesink.errors.field"].decode()) for r in letters}
+    # the auto-created table's key column is a required identifier field: a null key is a
+    # missing required field before it is a missing key (tables/keys given by id-columns on
+    # optional columns get "missing-key": tests/unit/test_mirror.py)
+    assert seen == {("x", "missing-required", "id"), ("b", "no-operation", "op")}, seen
+    assert {int(dict(r.headers)["__connect.errors.offset"]) for r in letters} == {2, 4}  # where they were

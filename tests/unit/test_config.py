@@ -125,3 +125,16 @@ def test_invalid_values_refuse_to_start_naming_key_value_and_valid(tmp_path, ext
 def test_missing_required_key(tmp_path):
     with pytest.raises(ConfigError, match="topics"):
         load_settings(write(tmp_path, {"iceberg.tables": "db.t"}), {})
+
+
+def test_hyphenated_catalog_properties_can_come_from_the_environment():
+    """pyiceberg spells credentials with hyphens (s3.access-key-id); reading every ``_`` of
+    the variable as ``.`` made ICESINK_ICEBERG_CATALOG_S3_ACCESS_KEY_ID the unknown
+    property s3.access.key.id, so the credential was silently not used."""
+    from icesink.config import keys_from_env
+
+    env = {"ICESINK_ICEBERG_CATALOG_S3_ACCESS_KEY_ID": "a", "ICESINK_ICEBERG_CATALOG_S3_SECRET_ACCESS_KEY": "b",
+           "ICESINK_ICEBERG_CATALOG_S3_ENDPOINT": "http://minio:9000", "ICESINK_ICEBERG_CATALOG_CLIENT_REGION": "eu"}
+    assert keys_from_env(env) == {
+        "iceberg.catalog.s3.access-key-id": "a", "iceberg.catalog.s3.secret-access-key": "b",
+        "iceberg.catalog.s3.endpoint": "http://minio:9000", "iceberg.catalog.client.region": "eu"}

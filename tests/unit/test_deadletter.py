@@ -100,6 +100,8 @@ def test_reason_kinds_are_bounded_labels():
     assert kind_of("malformed JSON: Expecting value at line 1 column 1", None) == "malformed"
     assert kind_of("cannot coerce 'abc' to long", "store_id") == "uncoercible"
     assert kind_of("required field is null or missing", "order_id") == "missing-required"
+    assert kind_of("change without a value for key column id", "id") == "missing-key"
+    assert kind_of("operation field _cdc.op holds no operation", "_cdc.op") == "no-operation"
 
 
 # Settings ----------------------------------------------------------------------------------

@@ -1,0 +1,134 @@
+"""deploy/, checked offline: the alert rules with promtool (``check rules`` and the unit tests in
+tests/prometheus/alerts_test.yml), the Prometheus configs, the Kubernetes manifests built by
+``kubectl kustomize`` and checked against each other and against icesink's settings, the
+compose file's references, and every metric the dashboard and the rules name exists.
+(tests/integration/test_observability.py runs the dashboard and rules on a real Prometheus.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from icesink.config import load_settings
+from icesink.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} is missing: ./dev test installs it from Debian"
+    return path
+
+
+def run(*args: str) -> str:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_alert_rules_pass_promtool_and_their_unit_tests():
+    out = run(tool("promtool"), "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml"))
+    assert "SUCCESS: 7 rules found" in out
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())["groups"][0]["rules"]
+    tests = yaml.safe_load((ROOT / "tests" / "prometheus" / "alerts_test.yml").read_text())["tests"]
+    tested = {t["alertname"] for case in tests for t in case["alert_rule_test"] if t.get("exp_alerts")}
+    assert tested == {r["alert"] for r in rules}, "every rule needs a unit test that makes it fire"
+    run(tool("promtool"), "test", "rules", str(ROOT / "tests" / "prometheus" / "alerts_test.yml"))
+
+
+@pytest.mark.parametrize("config", ["prometheus.yml", "compose.yml"])
+def test_prometheus_configs_check(config):
+    run(tool("promtool"), "check", "config", str(DEPLOY / "prometheus" / config))
+
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+def metric_names() -> set[str]:
+    """Every series name icesink's registry can export (labelled series appear only once used)."""
+    names = set()
+    for family in Metrics().registry.collect():
+        names.update(family.name + suffix for suffix in SUFFIXES.get(family.type, ("",)))
+        names.update(s.name for s in family.samples)
+    return names
+
+
+@pytest.mark.parametrize("source", ["grafana/icesink.json", "prometheus/alerts.yml"])
+def test_every_metric_the_dashboard_and_the_rules_name_exists(source):
+    text = (DEPLOY / source).read_text()
+    used = set(re.findall(r"\b(?:icesink|process)_[a-z_]+\b", text))
+    assert used, source
+    known = metric_names()
+    assert used - known == set(), f"{source} names metrics icesink does not export"
+
+
+def test_the_dashboard_has_the_panels_users_need():
+    dashboard = json.loads((DEPLOY / "grafana" / "icesink.json").read_text())
+    titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
+    for needed in ("records in", "dead letters", "lag", "round duration", "commit", "retries", "buffered",
+                   "backpressure", "files per round", "freshness", "replicas", "coordinator"):
+        assert needed in titles, needed
+    assert all(t["expr"] and t["refId"] for p in dashboard["panels"] for t in p["targets"])
+
+
+def k8s() -> dict[str, dict]:
+    out = run(tool("kubectl"), "kustomize", str(DEPLOY / "k8s"))
+    return {d["kind"]: d for d in yaml.safe_load_all(out)}
+
+
+def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
+    docs = k8s()
+    assert set(docs) == {"ConfigMap", "Secret", "StatefulSet", "Service"}
+    config = json.loads(docs["ConfigMap"]["data"]["sink.json"])
+    (tmp_path / "sink.json").write_text(json.dumps(config))
+    settings = load_settings(tmp_path / "sink.json", None, {})  # a valid sink config
+    pod = docs["StatefulSet"]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["args"][:2] == ["icesink", "worker"]
+    port = next(p for p in container["ports"] if p["name"] == "metrics")["containerPort"]
+    assert port == settings.metrics_port == int(pod["metadata"]["annotations"]["prometheus.io/port"])
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    service = docs["Service"]["spec"]
+    assert service["ports"][0]["targetPort"] == "metrics"
+    assert service["selector"].items() <= pod["metadata"]["labels"].items()
+    assert docs["StatefulSet"]["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert container["envFrom"][0]["secretRef"]["name"] == docs["Secret"]["metadata"]["name"]
+    mounted = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert mounted["config"]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
+    # every credential is a setting icesink knows (ICESINK_<KEY>), so none is silently ignored
+    env = {k: f"value-of-{k}" for k in docs["Secret"]["stringData"]}
+    with_env = load_settings(tmp_path / "sink.json", env, {})
+    assert with_env.catalog_props["s3.access-key-id"] == "value-of-ICESINK_ICEBERG_CATALOG_S3_ACCESS_KEY_ID"
+    assert with_env.catalog_props["s3.secret-access-key"] == "value-of-ICESINK_ICEBERG_CATALOG_S3_SECRET_ACCESS_KEY"
+    assert with_env.control_secret is not None
+
+
+def test_the_compose_file_refers_to_files_that_exist(tmp_path):
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            if source.startswith("./"):
+                assert (DEPLOY / source).exists(), f"service {name}: {source} does not exist"
+    build = compose["services"]["icesink"]["build"]
+    dockerfile = (DEPLOY / build["context"] / build["dockerfile"]).resolve()
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), f"Dockerfile copies {source}, which does not exist"
+    load_settings(DEPLOY / "compose-sink.json", None, {})
+
+
+def test_the_systemd_unit_and_the_examples_start_a_known_command():
+    unit = (DEPLOY / "icesink@.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert " worker --config " in exec_start
+    load_settings(DEPLOY / "sink.example.json", None, {})
