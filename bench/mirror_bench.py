@@ -9,7 +9,8 @@ then runs ``--rounds`` rounds of ``--changed`` changed keys each (half updates o
 a quarter deletes, a quarter new keys) through the coordinator's commit of a mirror table
 (coordinator/committer.py with coordinator/mirror.py): a worker's response of one data file and
 one keys file; the old rows' positions taken from the index, one position delete file written
-and committed with the data file in one snapshot, the new rows indexed. It prints the index build time and memory, each round's time, and the time
+and committed with the data file in one snapshot, the new rows indexed. It prints the index build time and memory, each round's time (with ``--trace-memory``
+also its peak Python memory, rounds then run slower), and the time
 to read the whole table with a pyiceberg scan and with DuckDB as delete files accumulate. It
 runs the same rounds on a table a tenth the size, so the growth with table size shows.
 Every read is checked against the expected row count.
@@ -72,7 +73,7 @@ def commit(table, name: str, data: pa.Table, deletes: pa.Table):
     return path
 
 
-def run(directory: Path, rows: int, changed: int, rounds: int) -> None:
+def run(directory: Path, rows: int, changed: int, rounds: int, trace: bool = False) -> None:
     catalog = SqlCatalog("m", uri=f"sqlite:///{directory}/cat.db", warehouse=f"file://{directory}/wh")
     catalog.create_namespace("db")
     table = catalog.create_table("db.mirror", schema=SCHEMA, properties={"format-version": "2"})
@@ -114,10 +115,16 @@ def run(directory: Path, rows: int, changed: int, rounds: int) -> None:
         response = Accepted(
             r + 1, f"r{r}", "w1", (), {"db.mirror": (FileInfo(data_path, data.num_rows, 1, 0),)}, None,
             {"db.mirror": (FileInfo(keys_path, n_upd + n_del, 1, 0),)})
+        if trace:
+            tracemalloc.start()
         began = time.perf_counter()
         done = commit_table(catalog, "db.mirror", [response], group="bench", epoch=1, commit_id=f"r{r}",
                             positions={TopicPartition("cdc", 0): r + 1}, valid_through_ms=None, mirrors=mirrors)
         round_s = time.perf_counter() - began
+        memory = ""
+        if trace:
+            memory = f" ({tracemalloc.get_traced_memory()[1] / 1e6:.1f} MB peak Python memory)"
+            tracemalloc.stop()
         table = catalog.load_table("db.mirror")
         index = mirrors.take("db.mirror", table, ("id",))  # the kept one: the table did not move
         mirrors.keep("db.mirror", done.snapshot_id, index)
@@ -133,7 +140,7 @@ def run(directory: Path, rows: int, changed: int, rounds: int) -> None:
             raise SystemExit(f"expected {live:,} rows, found {scanned:,} (pyiceberg), {counted:,} (DuckDB), "
                              f"{len(index):,} keys indexed")
         print(f"  round {r + 1}: {changed:,} changed keys ({n_upd + n_del:,} rows deleted by position) committed in "
-              f"{round_s:.2f} s; then a full read: pyiceberg {scan_s:.2f} s, DuckDB {duck_s:.2f} s "
+              f"{round_s:.2f} s{memory}; then a full read: pyiceberg {scan_s:.2f} s, DuckDB {duck_s:.2f} s "
               f"({r + 1} delete files)")
 
 
@@ -148,13 +155,15 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--changed", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--trace-memory", action="store_true",
+                        help="also trace each round's peak Python memory (tracemalloc: rounds run slower)")
     args = parser.parse_args()
     if args.rows < 10 * args.changed:
         parser.error("expected --rows >= 10 x --changed")
     for rows in (args.rows // 10, args.rows):
         directory = Path(tempfile.mkdtemp(prefix="icesink-mirror-"))
         try:
-            run(directory, rows, args.changed, args.rounds)
+            run(directory, rows, args.changed, args.rounds, args.trace_memory)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     return 0
