@@ -175,6 +175,19 @@ def test_a_random_postgres_workload_is_mirrored_exactly(broker, catalog_props, t
         _wait_equal(catalog, replicas, history["final"], 120)
     finally:
         replicas.stop_all()
+    # each row's _cdc holds its latest change: the operation of the key's last event
+    from icesink import duck
+    from tests.integration.test_debezium import _payload
+
+    last_op: dict[tuple[str, int], str] = {}
+    for e in events:
+        if e["value"] is not None:
+            p = _payload(e)
+            image = p["before"] if p["op"] == "d" else p["after"]
+            last_op[(p["source"]["table"], image["id"])] = {"c": "I", "r": "I", "u": "U", "d": "D"}[p["op"]]
+    for t in TABLES:
+        rows = duck.scan_rows(catalog.load_table(f"mirror.public_{t}").metadata_location)
+        assert {(r["id"], r["_cdc"]["op"]) for r in rows} == {(k, last_op[(t, k)]) for k in history["final"][t]}
     for t in TABLES:
         table = catalog.load_table(f"mirror.public_{t}")
         assert [f.name for f in table.schema().fields if f.field_id in table.schema().identifier_field_ids] == ["id"]
@@ -234,3 +247,33 @@ def test_changes_without_key_or_operation_are_dead_lettered_and_the_rest_mirrore
     # optional columns get "missing-key": tests/unit/test_mirror.py)
     assert seen == {("x", "missing-required", "id"), ("b", "no-operation", "op")}, seen
     assert {int(dict(r.headers)["__connect.errors.offset"]) for r in letters} == {2, 4}  # where they were
+
+
+def test_a_mirror_table_without_key_columns_stops_the_replica_at_start_up_naming_the_key(
+        broker, catalog_props, tmp_path):
+    """Mirror settings on an existing table with no identifier fields and no id-columns: the
+    replica refuses to start (exit code 2) and says which setting gives the key."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from icesink.kafka_admin import ensure_topic
+    from icesink.replicas import ReplicaSet
+    from tests.support.sinkrun import write_config
+
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace_if_not_exists("mirror")
+    catalog.create_table("mirror.nokey", Schema(NestedField(1, "id", LongType()), NestedField(2, "op", StringType())))
+    asyncio.run(ensure_topic(broker.bootstrap, "mirror-nokey", 1))
+    cfg = write_config(tmp_path / "sink.json", topics="mirror-nokey", tables="mirror.nokey", bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group="mirror-nokey",
+                       **{"iceberg.tables.cdc-field": "op"})
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    replica = replicas.start()
+    try:
+        code = replica.proc.wait(120)
+    finally:
+        replicas.stop_all()
+    log = replica.log_path.read_text()
+    assert code == 2, log[-3000:]
+    assert "iceberg.tables.default-id-columns" in log and "key columns of mirror table mirror.nokey" in log
