@@ -210,14 +210,14 @@ def test_changes_without_key_or_operation_are_dead_lettered_and_the_rest_mirrore
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import read_topic, write_config
 
-    topic, dlq = "mirror-plain", "mirror-plain-dlq"
+    topic, dlq = "mirror-badrows", "mirror-badrows-dlq"
     asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
     changes = [{"id": 1, "v": "a", "op": "c"}, {"id": 2, "v": "b", "op": "c"}, {"id": None, "v": "x", "op": "u"},
                {"id": 1, "v": "a2", "op": "u"}, {"id": 2, "v": "b", "op": ""}, {"id": 2, "v": None, "op": "d"},
                {"id": 3, "v": "c", "op": "c"}, {"id": 2, "v": "b3", "op": "c"}]
     asyncio.run(_produce(broker.bootstrap, topic, [{"key": None, "value": json.dumps(c)} for c in changes]))
     cfg = write_config(tmp_path / "sink.json", topics=topic, tables="mirror.plain", bootstrap=broker.bootstrap,
-                       catalog_props=catalog_props, state_dir=tmp_path / "state", group="mirror-plain",
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group="mirror-badrows",
                        **{"iceberg.tables.cdc-field": "op", "iceberg.tables.default-id-columns": "id",
                           "errors.deadletterqueue.topic.name": dlq,
                           "errors.deadletterqueue.topic.replication.factor": 1})
