@@ -1,4 +1,4 @@
-"""The ``icesink`` command: ``worker``, ``demo``, ``control tail``, ``gc``."""
+"""The ``icesink`` command: ``worker``, ``connect``, ``demo``, ``pizzas``, ``control tail``, ``gc``."""
 
 from __future__ import annotations
 
@@ -68,6 +68,42 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if broker is not None:
             broker.stop()
     return worker.exit_code
+
+
+def cmd_connect(args: argparse.Namespace) -> int:
+    from icesink.connect import load_connect_settings, run_connect
+    from icesink.stack import resolve_bootstrap
+
+    overrides = _overrides(args.set or [])
+    settings = load_connect_settings(args.config, os.environ, overrides)
+    defaults = settings.process_settings()
+    install_log_redaction(defaults.redactor())
+    bootstrap, broker = resolve_bootstrap(defaults)
+    try:
+        return asyncio.run(run_connect(settings, bootstrap))
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def cmd_pizzas(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from icesink.kafka_admin import ensure_topic
+    from icesink.pizzas import pizza_values, produce
+
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        record = args.state_dir.resolve() / "broker.json"
+        if not record.exists():
+            raise ConfigError("--bootstrap", None, f"a broker address (no embedded broker is recorded in {record})")
+        bootstrap = json.loads(record.read_text())["bootstrap"]
+    asyncio.run(ensure_topic(bootstrap, args.topic, args.partitions))
+    values = pizza_values(args.count, seed=int(time.time()))
+    asyncio.run(produce(bootstrap, args.topic, values, partitions=args.partitions))
+    print(f"produced {len(values)} pizza orders to {args.topic} at {bootstrap}", file=sys.stderr)
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -166,6 +202,17 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--metrics-port", type=int, help="port of /metrics (0 disables); same as metrics.port")
     w.set_defaults(fn=cmd_worker)
 
+    k = sub.add_parser(
+        "connect", help="run a Kafka Connect-compatible REST API and cluster process",
+        description="Serve Kafka Connect's REST API (listeners, default http://0.0.0.0:8083) and run "
+        "the connectors PUT to it as worker replicas. Processes with the same group.id form one "
+        "cluster through the config topic (config.storage.topic, default icesink-connect-configs): "
+        "each serves the whole API, and tasks (tasks.max replicas per connector) spread over them. "
+        "Keys other than the connect settings are defaults for every connector's tasks.",
+    )
+    common(k)
+    k.set_defaults(fn=cmd_connect)
+
     d = sub.add_parser(
         "demo", help="run the pizza demo on the embedded stack",
         description="Start an embedded broker and SQLite catalog, produce random pizza orders to "
@@ -178,6 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--interval-ms", type=int, default=10_000, help="commit interval (default 10000)")
     d.add_argument("--state-dir", type=Path, default=None, help="where to keep demo state (default: a temp dir)")
     d.set_defaults(fn=cmd_demo)
+
+    z = sub.add_parser("pizzas", help="produce random pizza orders (for the quickstarts)",
+                       description="Produce random pizza orders (the tutorial's events) to a topic, created "
+                       "if missing; by default to the embedded broker recorded in STATE_DIR/broker.json.")
+    z.add_argument("--count", type=int, default=10_000, help="orders to produce (default 10000)")
+    z.add_argument("--topic", default="completed-pizzas", help="topic (default completed-pizzas)")
+    z.add_argument("--partitions", type=int, default=6, help="partitions if it is created (default 6)")
+    z.add_argument("--bootstrap", help="bootstrap servers (default: the embedded broker of --state-dir)")
+    z.add_argument("--state-dir", type=Path, default=Path("var"), help="state.dir of the embedded stack (default var)")
+    z.set_defaults(fn=cmd_pizzas)
 
     c = sub.add_parser("control", help="inspect the control topic (the commit log)",
                        description="Inspect the control topic, the commit log of a sink group.")

@@ -61,24 +61,30 @@ class Replica:
 
 
 class ReplicaSet:
-    def __init__(self, config: Path, directory: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, config: Path, directory: Path, env: Mapping[str, str] | None = None, *,
+                 inherit_settings: bool = True) -> None:
         self.config = config
+        self.inherit_settings = inherit_settings
         self.directory = directory
         self.env = dict(env or {})
         self.replicas: dict[str, Replica] = {}
         self._count = 0
 
-    def start(self, name: str | None = None, extra_env: Mapping[str, str] | None = None) -> Replica:
+    def start(self, name: str | None = None, extra_env: Mapping[str, str] | None = None,
+              config: Path | None = None) -> Replica:
+        """Start a replica with the set's config file (or ``config``). Unless the set was made
+        with ``inherit_settings=False``, it also reads this process's ``ICESINK_*`` variables."""
         self._count += 1
         name = name or f"w{self._count}"
         port = free_port()
         log_path = self.directory / f"{name}.log"
         self.directory.mkdir(parents=True, exist_ok=True)
         handle = log_path.open("ab")
-        env = {**os.environ, **self.env, **(extra_env or {}),
+        inherited = {k: v for k, v in os.environ.items() if self.inherit_settings or not k.startswith("ICESINK_")}
+        env = {**inherited, **self.env, **(extra_env or {}),
                "ICESINK_METRICS_PORT": str(port), "ICESINK_WORKER_ID": name}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "icesink", "worker", "--config", str(self.config)],
+            [sys.executable, "-m", "icesink", "worker", "--config", str(config or self.config)],
             stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             preexec_fn=_die_with_parent_hook(),  # never outlive the test or demo that started it
         )

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from icesink.config import load_settings
+
 from icesink.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,31 +82,44 @@ def test_the_dashboard_has_the_panels_users_need():
 
 def k8s() -> dict[str, dict]:
     out = run(tool("kubectl"), "kustomize", str(DEPLOY / "k8s"))
-    return {d["kind"]: d for d in yaml.safe_load_all(out)}
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(out)}
 
 
 def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
+    from icesink.connect import load_connect_settings
+
     docs = k8s()
-    assert set(docs) == {"ConfigMap", "Secret", "StatefulSet", "Service"}
-    config = json.loads(docs["ConfigMap"]["data"]["sink.json"])
-    (tmp_path / "sink.json").write_text(json.dumps(config))
-    settings = load_settings(tmp_path / "sink.json", None, {})  # a valid sink config
-    pod = docs["StatefulSet"]["spec"]["template"]
+    assert set(docs) == {"ConfigMap/icesink-config", "Secret/icesink-credentials", "StatefulSet/icesink",
+                         "Service/icesink-connect", "Service/icesink"}
+    data = docs["ConfigMap/icesink-config"]["data"]
+    (tmp_path / "connect.json").write_text(data["connect.json"])
+    pod = docs["StatefulSet/icesink"]["spec"]["template"]
     container = pod["spec"]["containers"][0]
-    assert container["args"][:2] == ["icesink", "worker"]
-    port = next(p for p in container["ports"] if p["name"] == "metrics")["containerPort"]
-    assert port == settings.metrics_port == int(pod["metadata"]["annotations"]["prometheus.io/port"])
+    assert container["args"] == ["icesink", "connect", "--config", "/etc/icesink/connect.json"]
+    env = {e["name"]: "10.0.0.7" for e in container["env"]}
+    settings = load_connect_settings(tmp_path / "connect.json", env, {})  # valid connect settings
+    assert settings.worker_id == f"10.0.0.7:{settings.listen_port}"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"api": settings.listen_port, "metrics": settings.metrics_port}
+    assert settings.metrics_port == int(pod["metadata"]["annotations"]["prometheus.io/port"])
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
-    service = docs["Service"]["spec"]
-    assert service["ports"][0]["targetPort"] == "metrics"
-    assert service["selector"].items() <= pod["metadata"]["labels"].items()
-    assert docs["StatefulSet"]["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
-    assert container["envFrom"][0]["secretRef"]["name"] == docs["Secret"]["metadata"]["name"]
+    api = docs["Service/icesink-connect"]
+    assert {p["targetPort"] for p in api["spec"]["ports"]} == {"api", "metrics"}
+    assert api["metadata"]["annotations"]["prometheus.io/port"] == str(settings.metrics_port)
+    assert docs["StatefulSet/icesink"]["spec"]["serviceName"] == "icesink"
+    for service in (api, docs["Service/icesink"]):
+        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert docs["StatefulSet/icesink"]["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert container["envFrom"][0]["secretRef"]["name"] == docs["Secret/icesink-credentials"]["metadata"]["name"]
     mounted = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert mounted["config"]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
+    assert mounted["config"]["configMap"]["name"] == "icesink-config"
+    # the example connector, with the cluster's defaults, is a valid sink config
+    connector = json.loads(data["pizzas-connector.json"])
+    sink = settings.sink_settings(connector)
+    assert sink.topics == ("completed-pizzas",) and sink.catalog_props["type"] == "rest"
     # every credential is a setting icesink knows (ICESINK_<KEY>), so none is silently ignored
-    env = {k: f"value-of-{k}" for k in docs["Secret"]["stringData"]}
-    with_env = load_settings(tmp_path / "sink.json", env, {})
+    secrets = {k: f"value-of-{k}" for k in docs["Secret/icesink-credentials"]["stringData"]}
+    with_env = load_connect_settings(tmp_path / "connect.json", secrets, {}).sink_settings(connector)
     assert with_env.catalog_props["s3.access-key-id"] == "value-of-ICESINK_ICEBERG_CATALOG_S3_ACCESS_KEY_ID"
     assert with_env.catalog_props["s3.secret-access-key"] == "value-of-ICESINK_ICEBERG_CATALOG_S3_SECRET_ACCESS_KEY"
     assert with_env.control_secret is not None
@@ -125,10 +139,18 @@ def test_the_compose_file_refers_to_files_that_exist(tmp_path):
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), f"Dockerfile copies {source}, which does not exist"
     load_settings(DEPLOY / "compose-sink.json", None, {})
+    from icesink.connect import load_connect_settings
+
+    connect = compose["services"]["connect"]
+    assert connect["command"][1:3] == ["connect", "--config"] and "8083:8083" in connect["ports"]
+    load_connect_settings(DEPLOY / "compose-connect.json", {}, {})
 
 
 def test_the_systemd_unit_and_the_examples_start_a_known_command():
     unit = (DEPLOY / "icesink@.service").read_text()
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     assert " worker --config " in exec_start
+    unit = (DEPLOY / "icesink-connect.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.endswith(" connect --config /etc/icesink/connect.json")
     load_settings(DEPLOY / "sink.example.json", None, {})

@@ -1,0 +1,235 @@
+"""``icesink connect`` without processes: the cluster state read from the config topic, the
+shared assignment, the settings, and the REST API's Kafka Connect shapes on a fake backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from icesink.connect import connect_settings, load_connect_settings
+from icesink.connect_state import (
+    FAILED, PAUSED, RUNNING, UNASSIGNED, ClusterState, assign, connector_key, status_key, status_of, worker_key,
+)
+from icesink.errors import ConfigError
+
+
+def _record(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+def _state(*workers: str, now: float = 100.0) -> ClusterState:
+    s = ClusterState()
+    for i, w in enumerate(workers):
+        s.apply(i, worker_key(w), _record({"url": f"http://{w}"}), now)
+    return s
+
+
+def test_connectors_are_put_changed_and_deleted_with_their_statuses():
+    s = _state("a:1")
+    s.apply(5, connector_key("c"), _record({"config": {"tasks.max": "2", "topics": "t"}, "generation": 7}), 100)
+    assert s.connectors["c"].tasks == 2 and s.connectors["c"].target == RUNNING and s.position == 6
+    s.apply(6, status_key("c", 0), _record({"state": RUNNING, "worker_id": "a:1", "generation": 7}), 100)
+    s.apply(7, connector_key("c"), _record({"config": {"tasks.max": "2"}, "target": PAUSED, "generation": 7}), 100)
+    assert s.connectors["c"].target == PAUSED and ("c", 0) in s.statuses
+    s.apply(8, connector_key("c"), None, 100)
+    assert not s.connectors and not s.statuses
+
+
+@pytest.mark.parametrize("key, value", [
+    (None, _record({})), (b"connector/x", b"not json"), (b"connector/x", _record([1])),
+    (b"connector/x", _record({"config": {"tasks.max": 2}})),  # values are strings, as Connect's
+    (b"connector/x", _record({"config": {"tasks.max": "0"}})),
+    (b"connector/x", _record({"config": {}, "target": "STOPPED"})),
+    (b"status/x/zero", _record({"state": RUNNING})), (b"status/x/0", _record({"state": "HAPPY"})),
+    (b"worker/w", _record({"no": "url"})), (b"something/else", _record({})),
+])
+def test_unreadable_config_records_are_skipped_and_counted(key, value, caplog):
+    s = ClusterState()
+    s.apply(41, key, value, 100)
+    assert s.skipped == 1 and s.position == 42 and not s.connectors and not s.statuses
+    assert "config topic offset 41" in caplog.text
+
+
+def test_heartbeats_make_processes_alive_only_while_they_keep_coming():
+    s = _state("b:1", "a:1", now=100)
+    s.apply(9, worker_key("old:1"), _record({"url": "http://old:1"}), 100, live=False)  # history
+    assert s.alive(105, 10) == ["a:1", "b:1"]
+    assert s.alive(111, 10) == []
+    s.apply(10, worker_key("a:1"), None, 105)  # left
+    assert s.alive(105, 10) == ["b:1"]
+
+
+def test_tasks_spread_over_processes_the_same_way_everywhere():
+    alive = ["a:1", "b:1", "c:1"]
+    owners = assign("pizzas", 6, alive)
+    assert sorted(owners) == sorted(alive * 2)  # type: ignore[type-var]
+    assert assign("pizzas", 6, list(alive)) == owners
+    assert len(set(assign("pizzas", 2, alive))) == 2
+    assert assign("pizzas", 2, []) == [None, None]
+
+
+def test_status_is_connects_json_and_stale_reports_are_unassigned():
+    s = _state("a:1", "b:1")
+    s.apply(3, connector_key("c"), _record({"config": {"tasks.max": "2"}, "generation": 4}), 100)
+    owners = assign("c", 2, ["a:1", "b:1"])
+    s.apply(4, status_key("c", 0), _record({"state": RUNNING, "worker_id": owners[0], "generation": 4}), 100)
+    s.apply(5, status_key("c", 1), _record({"state": FAILED, "worker_id": owners[1], "generation": 4,
+                                             "trace": "boom"}), 100)
+    st = status_of(s, "c", 101, 10)
+    assert st["type"] == "sink" and st["connector"]["state"] == RUNNING
+    assert st["tasks"] == [{"id": 0, "state": RUNNING, "worker_id": owners[0]},
+                           {"id": 1, "state": FAILED, "worker_id": owners[1], "trace": "boom"}]
+    s.apply(6, connector_key("c"), _record({"config": {"tasks.max": "2"}, "generation": 5}), 100)  # restarted
+    assert [t["state"] for t in status_of(s, "c", 101, 10)["tasks"]] == [UNASSIGNED, UNASSIGNED]
+    assert status_of(s, "c", 200, 10)["connector"]["state"] == UNASSIGNED  # nobody alive
+
+
+def test_connect_settings_defaults_and_task_defaults(tmp_path):
+    s = connect_settings({"bootstrap.servers": "k:9092", "state.dir": str(tmp_path), "sasl.username": "u",
+                          "spark.master": "local[1]"})
+    assert (s.listen_host, s.listen_port, s.group_id, s.config_topic) == ("0.0.0.0", 8083, "icesink-connect",
+                                                                       "icesink-connect-configs")
+    assert s.task_defaults == {"state.dir": str(tmp_path), "sasl.username": "u", "spark.master": "local[1]"}
+    assert s.worker_id.endswith(":8083") and s.bootstrap_servers == "k:9092"
+    sink = s.sink_settings({"topics": "t", "iceberg.tables": "db.t", "tasks.max": "3", "connector.class": "x"})
+    assert sink.topics == ("t",) and sink.bootstrap_servers == "k:9092" and sink.spark_master == "local[1]"
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"listeners": "https://0.0.0.0:8443"}, "listeners"),
+    ({"listeners": "localhost"}, "listeners"),
+    ({"heartbeat.interval-ms": "often"}, "heartbeat.interval-ms"),
+    ({"heartbeat.interval-ms": 5000, "session.timeout-ms": 6000}, "session.timeout-ms"),
+    ({"security.protocol": "CARRIER_PIGEON"}, "security.protocol"),
+])
+def test_bad_connect_settings_name_the_key(raw, key):
+    with pytest.raises(ConfigError) as info:
+        connect_settings(raw)
+    assert key in str(info.value)
+
+
+def test_connect_settings_from_file_environment_and_flags(tmp_path):
+    path = tmp_path / "connect.json"
+    path.write_text(json.dumps({"listeners": "http://127.0.0.1:1", "group.id": "file"}))
+    env = {"ICESINK_LISTENERS": "http://127.0.0.1:2", "ICESINK_CONFIG_STORAGE_TOPIC": "cfg",
+           "ICESINK_SPARK_MASTER": "local[2]", "OTHER": "x"}
+    s = load_connect_settings(path, env, {"group.id": "flag"})
+    assert (s.listen_port, s.config_topic, s.group_id) == (2, "cfg", "flag")
+    assert s.task_defaults["spark.master"] == "local[2]"
+
+
+class FakeBackend:
+    worker_id = "here:8083"
+
+    def __init__(self) -> None:
+        self.connectors: dict[str, dict[str, str]] = {}
+        self.targets: dict[str, str] = {}
+        self.restarts: list[str] = []
+        self.synced = 0
+
+    async def sync(self) -> None:
+        self.synced += 1
+
+    def names(self) -> list[str]:
+        return list(self.connectors)
+
+    def config(self, name: str) -> dict[str, str] | None:
+        return self.connectors.get(name)
+
+    def tasks(self, name: str) -> int:
+        return int(self.connectors[name].get("tasks.max", "1"))
+
+    def status(self, name: str) -> dict[str, Any]:
+        return {"name": name, "connector": {"state": self.targets.get(name, RUNNING), "worker_id": self.worker_id},
+                "tasks": [], "type": "sink"}
+
+    def check(self, name: str, config: dict[str, str]) -> None:
+        if "topics" not in config:
+            raise ConfigError("topics", None, "a value (the setting is required)")
+
+    async def put(self, name: str, config: dict[str, str]) -> bool:
+        created = name not in self.connectors
+        self.connectors[name] = config
+        return created
+
+    async def set_target(self, name: str, target: str) -> None:
+        self.targets[name] = target
+
+    async def restart(self, name: str) -> None:
+        self.restarts.append(name)
+
+    async def delete(self, name: str) -> None:
+        del self.connectors[name]
+
+
+def _api(calls: list[tuple[str, str, Any]]) -> tuple[list[tuple[int, Any]], FakeBackend]:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from icesink.connect_api import app
+
+    backend = FakeBackend()
+
+    async def go() -> list[tuple[int, Any]]:
+        out = []
+        async with TestClient(TestServer(app(backend))) as client:
+            for method, path, body in calls:
+                kwargs = {} if body is None else {"data": body if isinstance(body, str) else json.dumps(body)}
+                resp = await client.request(method, path, **kwargs)
+                text = await resp.text()
+                out.append((resp.status, json.loads(text) if text else None))
+        return out
+
+    return asyncio.run(go()), backend
+
+
+def test_the_api_answers_with_kafka_connects_paths_codes_and_json():
+    config = {"topics": "t", "tasks.max": "2", "iceberg.tables": "db.t", "iceberg.control.commit.interval-ms": 1000}
+    out, backend = _api([
+        ("GET", "/", None),
+        ("POST", "/connectors", {"name": "c", "config": config}),
+        ("POST", "/connectors", {"name": "c", "config": config}),
+        ("GET", "/connectors", None),
+        ("GET", "/connectors/c", None),
+        ("GET", "/connectors/c/config", None),
+        ("GET", "/connectors/c/tasks", None),
+        ("PUT", "/connectors/c/config", {**config, "tasks.max": "1"}),
+        ("PUT", "/connectors/d/config", {"topics": "u"}),
+        ("GET", "/connectors?expand=status&expand=info", None),
+        ("PUT", "/connectors/c/pause", None),
+        ("PUT", "/connectors/c/resume", None),
+        ("POST", "/connectors/c/restart", None),
+        ("DELETE", "/connectors/c", None),
+        ("GET", "/connectors/c/status", None),
+    ])
+    codes = [code for code, _ in out]
+    assert codes == [200, 201, 409, 200, 200, 200, 200, 200, 201, 200, 202, 202, 204, 204, 404]
+    assert "version" in out[0][1]
+    assert out[1][1] == {"name": "c", "type": "sink", "config": {**{k: str(v) for k, v in config.items()}, "name": "c"},
+                         "tasks": [{"connector": "c", "task": 0}, {"connector": "c", "task": 1}]}
+    assert out[2][1] == {"error_code": 409, "message": "Connector c already exists"}
+    assert out[3][1] == ["c"]
+    assert out[6][1][1] == {"id": {"connector": "c", "task": 1}, "config": out[5][1]}
+    assert set(out[9][1]) == {"c", "d"} and set(out[9][1]["c"]) == {"status", "info"}
+    assert backend.targets == {"c": RUNNING} and backend.restarts == ["c"]
+    assert out[14][1] == {"error_code": 404, "message": "Connector c not found"}
+    assert backend.synced == len(out)  # every request caught up with the config topic first
+
+
+def test_bad_requests_are_400s_naming_what_is_wrong():
+    out, backend = _api([
+        ("PUT", "/connectors/c/config", {"iceberg.tables": "db.t"}),
+        ("PUT", "/connectors/c/config", {"topics": "t", "name": "other"}),
+        ("PUT", "/connectors/c/config", "{not json"),
+        ("PUT", "/connectors/c/config", [1, 2]),
+        ("POST", "/connectors", {"config": {"topics": "t"}}),
+        ("PUT", "/connectors/nope/pause", None),
+        ("DELETE", "/connectors/nope", None),
+    ])
+    assert [code for code, _ in out] == [400, 400, 400, 400, 400, 404, 404]
+    assert all(body["error_code"] == code for code, body in out)
+    assert "topics" in out[0][1]["message"] and "other" in out[1][1]["message"]
+    assert "JSON" in out[2][1]["message"] and "name" in out[4][1]["message"]
+    assert not backend.connectors
