@@ -213,11 +213,17 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
 
     async def _run_coordinator(self) -> None:
         """One coordinator run (agents/tasks.py restarts it after an unexpected error)."""
-        self._coordinator = Coordinator(self.settings, self.bootstrap, self.producer, self.catalog, self.offload, self.metrics)
+        self._coordinator = Coordinator(self.settings, self.bootstrap, self.producer, self.catalog, self.offload,
+                                        self.metrics, rewrite=self._rewrite)
         try:
             await self._coordinator.run()
         except FencedError as exc:
             log.error("coordinator fenced, stopping it: %s", exc)
+
+    def _rewrite(self, table: Any, data: Any, prefix: str) -> Any:
+        """Compaction's writer: this replica's Spark session (coordinator/maintenance.py)."""
+        return self.spark.write(table, data, file_prefix=prefix,
+                                target_file_size_bytes=self.settings.target_file_size_bytes)
 
     async def _stop_coordinator(self) -> None:
         task, self._coordinator_task = self._coordinator_task, None

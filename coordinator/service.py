@@ -22,7 +22,8 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from coordinator.committer import TableCommit, commit_table
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
-from coordinator.gc import normalize
+from coordinator.gc import in_flight_files, normalize
+from coordinator.maintenance import Maintainer, TableLocks, Writer
 from coordinator.mirror import MirrorIndexes, delete_keys_files
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
 from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
@@ -63,7 +64,10 @@ class Coordinator:
         catalog: Catalog,
         offload: Offload,
         metrics: Metrics,
+        rewrite: Writer | None = None,
     ) -> None:
+        """``rewrite``: writes data files with the hosting replica's Spark session, for
+        compaction (None: no compaction; expiry and orphan sweeps still run)."""
         self.settings = settings
         self.bootstrap = bootstrap
         self.producer = producer
@@ -91,6 +95,9 @@ class Coordinator:
         self.log_id: str | None = None  # the control topic's id (None: the broker has none)
         self._table_positions: dict[TopicPartition, int] = {}
         self._adopted = False  # iceberg.control.adopt-log-id names this log and a table's state another
+        self._locks = TableLocks()  # every commit to a table holds its lock: rounds and maintenance
+        self._maintainer = Maintainer(settings, catalog, metrics, self.status, self._locks, rewrite,
+                                      lambda: in_flight_files(settings, bootstrap))
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -109,6 +116,7 @@ class Coordinator:
             if self._commit_task is not None:
                 self._commit_task.cancel()
                 await asyncio.gather(self._commit_task, return_exceptions=True)
+            await self._maintainer.stop()
             self._commits.close()
             await self._reader.stop()
 
@@ -240,6 +248,7 @@ class Coordinator:
             await self._delete_files(self.state.take_orphans())
             await self._maybe_close_round()
             await self._maybe_start_round()
+            self._maintainer.poll()
 
     # Claims and rejections -----------------------------------------------------------------
 
@@ -433,6 +442,7 @@ class Coordinator:
                 )
                 await asyncio.sleep(delay)
         self.state.committed(batch)
+        self._maintainer.due(sorted({t for a in batch for t in (*a.files, *a.deleted_keys)}))
         keys_files = {t: [f.path for a in batch for f in a.deleted_keys.get(t, ())] for t in self._mirror_tables(batch)}
         if keys_files:  # consumed by the round's commit, never part of a snapshot
             await self.offload.run(delete_keys_files, self.catalog, keys_files)
@@ -488,7 +498,7 @@ class Coordinator:
         while True:
             try:
                 result = await self._commits.run(
-                    commit_table, self.catalog, table, batch, group=self.group, epoch=self.epoch,
+                    _locked, self._locks.of(table), commit_table, self.catalog, table, batch, group=self.group, epoch=self.epoch,
                     commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
                     checkpoint=cp, log_id=self.log_id, adopted=self._adopted, mirrors=self._mirrors,
                 )
@@ -530,6 +540,11 @@ class Coordinator:
                     commit_id, table, result.snapshot_id, result.files, result.records,
                 )
             return result
+
+
+def _locked(lock: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    with lock:
+        return fn(*args, **kwargs)
 
 
 async def _all_unless_fenced(coros: list[Coroutine[Any, Any, None]]) -> None:

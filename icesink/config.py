@@ -163,6 +163,19 @@ class Settings(BaseSettings):
     worker_id: str | None = Field(None, alias="worker.id")
     shutdown_timeout_ms: int = Field(30_000, alias="shutdown.timeout-ms", ge=100)
 
+    # Table maintenance by the coordinator (coordinator/maintenance.py, docs/maintenance.md).
+    maintenance_enabled: bool = Field(True, alias="maintenance.enabled")
+    maintenance_min_input_files: int = Field(16, alias="maintenance.compaction.min-input-files", ge=2)
+    maintenance_max_rewrite_bytes: int = Field(
+        512 * 1024 * 1024, alias="maintenance.compaction.max-bytes", ge=1024
+    )
+    maintenance_snapshot_max_age_ms: int = Field(24 * 3600 * 1000, alias="maintenance.snapshots.max-age-ms", ge=0)
+    maintenance_retain_last: int = Field(10, alias="maintenance.snapshots.retain-last", ge=1)
+    maintenance_orphans_older_than_ms: int = Field(
+        3 * 24 * 3600 * 1000, alias="maintenance.orphans.older-than-ms", ge=60_000
+    )
+    maintenance_orphans_every_ms: int = Field(24 * 3600 * 1000, alias="maintenance.orphans.interval-ms", ge=1000)
+
     # Bad records (Kafka Connect's keys, plus errors.max-record-bytes). errors.tolerance unset:
     # "all" when a dead-letter topic is set, else "none" (see agents/deadletter.py, README).
     errors_tolerance: Literal["none", "all"] | None = Field(None, alias="errors.tolerance")

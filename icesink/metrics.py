@@ -84,6 +84,32 @@ class Metrics:
             "icesink_round_duration_seconds",
             "A commit round from its StartCommit to its CommitComplete (answers, writes, table commits, retries)",
             buckets=COMMIT_BUCKETS, registry=r)
+        # Coordinator: table maintenance (coordinator/maintenance.py).
+        self.maintenance_files_rewritten = Counter(
+            "icesink_maintenance_files_rewritten_total", "Small data files replaced by compaction", ["table"],
+            registry=r)
+        self.maintenance_files_written = Counter(
+            "icesink_maintenance_files_written_total", "Data files written by compaction", ["table"], registry=r)
+        self.maintenance_bytes_rewritten = Counter(
+            "icesink_maintenance_bytes_rewritten_total", "Bytes of the data files compaction replaced", ["table"],
+            registry=r)
+        self.maintenance_snapshots_expired = Counter(
+            "icesink_maintenance_snapshots_expired_total", "Snapshots removed by expiry", ["table"], registry=r)
+        self.maintenance_files_deleted = Counter(
+            "icesink_maintenance_files_deleted_total",
+            "Files deleted because only expired snapshots referenced them", ["table"], registry=r)
+        self.maintenance_orphans_deleted = Counter(
+            "icesink_maintenance_orphans_deleted_total", "Orphan files deleted by the scheduled sweep", ["table"],
+            registry=r)
+        self.maintenance_failures = Counter(
+            "icesink_maintenance_failures_total", "Maintenance steps that failed (retried with backoff)",
+            ["table", "step"], registry=r)
+        self.maintenance_duration = Histogram(
+            "icesink_maintenance_duration_seconds", "One table's maintenance pass (expiry, compaction step)",
+            ["table"], buckets=COMMIT_BUCKETS, registry=r)
+        self.maintenance_last = Gauge(
+            "icesink_maintenance_last_timestamp_seconds", "When the table's last maintenance pass finished",
+            ["table"], registry=r)
         self.rounds_committed = Counter(
             "icesink_rounds_committed_total", "Commit rounds completed", registry=r)
         self.rounds_partial = Counter(

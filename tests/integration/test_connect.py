@@ -171,6 +171,21 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(broker, c
         _wait_rows(catalog, 2500, procs)
         assert_exact(catalog, TABLE, {json.loads(v)["order_id"] for v in values[:2500]})
 
+        # PUT of a changed config restarts both tasks (a new generation), which carry on exactly once
+        def starts() -> int:
+            return sum(1 for n in ("c1", "c2") for line in (tmp_path / f"{n}.log").read_text().splitlines()
+                       if "connector pizzas task" in line and "started as replica" in line)
+
+        started = starts()
+        changed = {**connector, "iceberg.control.commit.interval-ms": 2500}
+        assert _call(second[1], "PUT", "/connectors/pizzas/config", changed)[0] == 200
+        deadline = time.monotonic() + 90
+        while starts() < started + 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert starts() >= started + 2, "the tasks did not restart on the changed config"
+        assert _call(first[1], "GET", "/connectors/pizzas/config")[1]["iceberg.control.commit.interval-ms"] == "2500"
+        _wait_status(first[1], "RUNNING", workers=2)
+
         # a connect process killed -9: its task (and its replica with it) moves to the other process
         os.kill(first[0].pid, signal.SIGKILL)
         first[0].wait()
