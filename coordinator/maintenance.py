@@ -11,14 +11,16 @@ rounds, never inside one:
   every round's commit (docs/commits.md), so expiry never touches it.
 - :func:`plan_compaction` picks, in the current partition spec, a partition with at least
   ``min-input-files`` data files smaller than three quarters of the target size (at most
-  ``max-bytes`` of them per step, so one step's time is bounded); :func:`read_files` reads them
+  ``max-bytes`` of them per step, so one step's time is bounded); delete files (a mirror
+  table's) count toward ``min-input-files``, and a partition holding them is rewritten whole with
+  the deletes applied, the delete files going with it; :func:`read_files` reads them
   with pyiceberg (schema evolution applied) and the coordinator's Spark writer writes files of
   the target size; :func:`commit_rewrite` commits them as ONE replace snapshot that removes the
   inputs. The rows never change. The commit holds the table's lock, which the rounds' commits
   take too, so a round waits at most for one maintenance metadata commit, never for a rewrite.
-  If an input is no longer live (another writer replaced it) the rewrite is dropped and its new
-  files deleted: never half-applied. Partitions holding delete files (mirror tables) are left to
-  a later step that folds them (not done yet: docs/maintenance.md).
+  If an input is no longer live (another writer replaced it), or the partition gained delete
+  files meanwhile, the rewrite is dropped and its new files deleted: never half-applied. A
+  mirror table's key index is rebuilt after a rewrite (its positions changed).
 - Orphan files: ``icesink gc``'s rules (:mod:`coordinator.gc`) on their schedule.
 """
 
@@ -37,12 +39,15 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
-from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.manifest import (
+    DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile,
+)
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 
+from coordinator.deletes import DeletesManifest
 from coordinator.gc import normalize
 from icesink.config import Settings
 
@@ -180,36 +185,72 @@ def live_files(table: Table) -> list[DataFile]:
     return [e.data_file for m in snap.manifests(table.io) for e in m.fetch_manifest_entry(table.io, discard_deleted=True)]
 
 
-def plan_compaction(table: Table, s: MaintenanceSettings) -> list[DataFile]:
-    """The small data files of one partition of the current spec to rewrite (empty: nothing
-    is due). The partition with the most small files goes first."""
+@dataclass(frozen=True)
+class Plan:
+    """One compaction step: data files to rewrite, and the position delete files folded into
+    the rewrite (all of the partition's; they reference only its data files)."""
+
+    data: list[DataFile]
+    deletes: list[DataFile]
+    partition: tuple[Any, ...]
+
+
+def _partition_key(f: DataFile) -> tuple[Any, ...]:
+    return (f.spec_id, tuple(f.partition) if f.partition is not None else ())
+
+
+_TOLD: set[tuple[str, tuple[Any, ...]]] = set()  # partitions too big to fold, logged once
+
+
+def plan_compaction(table: Table, s: MaintenanceSettings) -> Plan | None:
+    """One partition of the current spec to compact (None: nothing is due). A partition is due
+    once its small data files and its delete files together number ``min-input-files``. With
+    delete files, ALL its data files are rewritten with the deletes applied and the delete
+    files go (skipped, logged once, when its data exceeds ``max-bytes``: the step would not be
+    bounded); without, its smallest small files up to ``max-bytes``. The partition with the
+    most such files goes first."""
     small_below = s.target_file_size_bytes * 3 // 4
     spec_id = table.metadata.default_spec_id
-    groups: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
-    has_deletes: set[tuple[Any, ...]] = set()
+    data: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
+    deletes: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
     for f in live_files(table):
-        key = (f.spec_id, tuple(f.partition) if f.partition is not None else ())
-        if f.content != DataFileContent.DATA:
-            has_deletes.add(key)
-        elif f.spec_id == spec_id and f.file_size_in_bytes < small_below:
-            groups[key].append(f)
-    due = [(len(fs), k) for k, fs in groups.items() if len(fs) >= s.min_input_files and k not in has_deletes]
+        if f.spec_id == spec_id:
+            (data if f.content == DataFileContent.DATA else deletes)[_partition_key(f)].append(f)
+    due = []
+    for key in set(data) | set(deletes):
+        small = [f for f in data.get(key, ()) if f.file_size_in_bytes < small_below]
+        count = len(small) + len(deletes.get(key, ()))
+        if count < s.min_input_files:
+            continue
+        if deletes.get(key):
+            size = sum(f.file_size_in_bytes for f in data.get(key, ()))
+            if size > s.max_rewrite_bytes:
+                name = ".".join(table.name())
+                if (name, key) not in _TOLD:
+                    _TOLD.add((name, key))
+                    log.warning("%s: partition %s holds %d delete files but %d bytes of data, over maintenance."
+                                "compaction.max-bytes: not folded", name, key[1], len(deletes[key]), size)
+                continue
+            due.append((count, key, Plan(list(data.get(key, [])), list(deletes[key]), key)))
+            continue
+        chosen, total = [], 0
+        for f in sorted(small, key=lambda f: f.file_size_in_bytes):
+            if chosen and total + f.file_size_in_bytes > s.max_rewrite_bytes:
+                break
+            chosen.append(f)
+            total += f.file_size_in_bytes
+        if len(chosen) >= 2:
+            due.append((count, key, Plan(chosen, [], key)))
     if not due:
-        return []
-    _, key = max(due)
-    chosen, total = [], 0
-    for f in sorted(groups[key], key=lambda f: f.file_size_in_bytes):
-        if chosen and total + f.file_size_in_bytes > s.max_rewrite_bytes:
-            break
-        chosen.append(f)
-        total += f.file_size_in_bytes
-    return chosen if len(chosen) >= 2 else []
+        return None
+    return max(due, key=lambda d: (d[0], d[1]))[2]
 
 
-def read_files(table: Table, files: Sequence[DataFile]) -> pa.Table:
-    """The rows of ``files`` in the table's current schema (pyiceberg applies evolution)."""
+def read_files(table: Table, files: Sequence[DataFile], deletes: Sequence[DataFile] = ()) -> pa.Table:
+    """The live rows of ``files`` (position ``deletes`` applied) in the table's current schema
+    (pyiceberg applies evolution)."""
     scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
-    data = scan.to_table([FileScanTask(f) for f in files])
+    data = scan.to_table([FileScanTask(f, set(deletes)) for f in files])
     return data.cast(schema_to_pyarrow(table.schema()))
 
 
@@ -219,36 +260,43 @@ class Rewritten:
     files_out: int
     bytes_in: int
     snapshot_id: int | None  # None: dropped (an input was no longer live)
+    deletes_folded: int = 0
 
 
 def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock, write: Writer) -> Rewritten | None:
     """One compaction step of table ``name`` (None: nothing due)."""
     table = catalog.load_table(name)
-    files = plan_compaction(table, s)
-    if not files:
+    plan = plan_compaction(table, s)
+    if plan is None:
         return None
-    data = read_files(table, files)
+    data = read_files(table, plan.data, plan.deletes)
     prefix = f"compacted-{int(time.time() * 1000)}-{threading.get_ident() % 100000}"
-    new = write(table, data, prefix)
-    if sum(f.record_count for f in new) != sum(f.record_count for f in files):
+    new = write(table, data, prefix) if data.num_rows else []
+    if sum(f.record_count for f in new) != data.num_rows:
         _delete_all(table, new)
-        raise RuntimeError(f"{name}: compaction wrote {sum(f.record_count for f in new)} rows for "
-                           f"{sum(f.record_count for f in files)}; dropped")
-    snapshot_id = commit_rewrite(catalog, name, files, new, lock)
-    return Rewritten(len(files), len(new), sum(f.file_size_in_bytes for f in files), snapshot_id)
+        raise RuntimeError(f"{name}: compaction wrote {sum(f.record_count for f in new)} rows for {data.num_rows}; dropped")
+    snapshot_id = commit_rewrite(catalog, name, plan, new, lock)
+    return Rewritten(len(plan.data), len(new), sum(f.file_size_in_bytes for f in plan.data), snapshot_id,
+                     len(plan.deletes))
 
 
-def commit_rewrite(catalog: Catalog, name: str, old: Sequence[DataFile], new: Sequence[DataFile],
+def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFile],
                    lock: threading.Lock) -> int | None:
-    """Replace ``old`` by ``new`` in one REPLACE snapshot; retried on a conflict, dropped (the
-    new files deleted) when an input is no longer live. Never half-applied."""
-    wanted = {normalize(f.file_path) for f in old}
+    """Replace the plan's data and delete files by ``new`` in one REPLACE snapshot; retried on
+    a conflict, dropped (the new files deleted) when an input is no longer live or the
+    partition gained delete files meanwhile (they name rows of the inputs). Never half-applied."""
+    wanted = {normalize(f.file_path) for f in plan.data}
+    folded = {normalize(f.file_path) for f in plan.deletes}
     for attempt in range(1, _COMMIT_ATTEMPTS + 1):
         with lock:
             table = catalog.load_table(name)
-            live = {normalize(f.file_path) for f in live_files(table) if f.content == DataFileContent.DATA}
-            if not wanted <= live:
-                log.warning("%s: compaction dropped, %d of its inputs are no longer live", name, len(wanted - live))
+            live = live_files(table)
+            data = {normalize(f.file_path) for f in live if f.content == DataFileContent.DATA}
+            deletes = {normalize(f.file_path) for f in live
+                       if f.content != DataFileContent.DATA and _partition_key(f) == plan.partition}
+            if not wanted <= data or deletes != folded:
+                log.warning("%s: compaction dropped: %d inputs no longer live, %d delete files added meanwhile",
+                            name, len(wanted - data), len(deletes - folded))
                 _delete_all(table, new)
                 return None
             try:
@@ -257,7 +305,7 @@ def commit_rewrite(catalog: Catalog, name: str, old: Sequence[DataFile], new: Se
                     rewrite = _Replace(operation=Operation.OVERWRITE, transaction=tx, io=update._io,
                                        branch=update._branch, snapshot_properties=update._snapshot_properties)
                     with rewrite:
-                        for f in old:
+                        for f in (*plan.data, *plan.deletes):
                             rewrite.delete_data_file(f)
                         for f in new:
                             rewrite.append_data_file(f)
@@ -271,13 +319,63 @@ def commit_rewrite(catalog: Catalog, name: str, old: Sequence[DataFile], new: Se
 
 
 class _Replace(_OverwriteFiles):
-    """pyiceberg's overwrite, recorded as what it is: a ``replace`` (same rows, other files).
-    pyiceberg 0.12 computes summary totals for overwrites only, so the totals are computed as
-    one and the operation then named ``replace``."""
+    """pyiceberg's overwrite, recorded as what it is (``replace``: same rows, other files), and
+    able to remove delete files: pyiceberg 0.12 drops only data files and rewrites every
+    manifest as a data manifest, so the manifests are written here by content (DELETES
+    manifests with :class:`coordinator.deletes.DeletesManifest`). Summary totals are computed
+    as for an overwrite (pyiceberg 0.12 computes none for replace), then the operation named."""
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         summary = super()._summary(snapshot_properties)
         return Summary(Operation.REPLACE, **summary.additional_properties)
+
+    def _writer(self, content: ManifestContent, spec_id: int) -> Any:
+        if content == ManifestContent.DATA:
+            return self.new_manifest_writer(self.spec(spec_id))
+        return DeletesManifest(spec=self.spec(spec_id), schema=self.schema(), output_file=self.new_manifest_output(),
+                               snapshot_id=self._snapshot_id, avro_compression=self._compression)
+
+    def _manifests(self) -> list[ManifestFile]:
+        meta = self._transaction.table_metadata
+        parent = meta.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        removed = set(self._deleted_data_files)
+        out: list[ManifestFile] = []
+        found: set[DataFile] = set()
+        gone: dict[tuple[ManifestContent, int], list[ManifestEntry]] = defaultdict(list)
+        for m in parent.manifests(self._io) if parent is not None else []:
+            entries = m.fetch_manifest_entry(self._io, discard_deleted=True)
+            hit = [e for e in entries if e.data_file in removed]
+            if not hit:
+                out.append(m)
+                continue
+            found.update(e.data_file for e in hit)
+            gone[(m.content, m.partition_spec_id)] += hit
+            keep = [e for e in entries if e.data_file not in removed]
+            if keep:
+                with self._writer(m.content, m.partition_spec_id) as writer:
+                    for e in keep:
+                        writer.add_entry(ManifestEntry.from_args(
+                            status=ManifestEntryStatus.EXISTING, snapshot_id=e.snapshot_id,
+                            sequence_number=e.sequence_number, file_sequence_number=e.file_sequence_number,
+                            data_file=e.data_file))
+                out.append(writer.to_manifest_file())
+        if missing := sorted(f.file_path for f in removed - found):
+            raise CommitFailedException(f"files to replace are no longer live: {', '.join(missing)}")
+        for (content, spec_id), entries in sorted(gone.items(), key=lambda kv: (kv[0][0].value, kv[0][1])):
+            with self._writer(content, spec_id) as writer:
+                for e in entries:
+                    writer.add_entry(ManifestEntry.from_args(
+                        status=ManifestEntryStatus.DELETED, snapshot_id=self._snapshot_id,
+                        sequence_number=e.sequence_number, file_sequence_number=e.file_sequence_number,
+                        data_file=e.data_file))
+            out.append(writer.to_manifest_file())
+        if self._added_data_files:
+            with self.new_manifest_writer(meta.spec()) as writer:
+                for f in self._added_data_files:
+                    writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
+                                                       sequence_number=None, file_sequence_number=None, data_file=f))
+            out.append(writer.to_manifest_file())
+        return out
 
 
 def _delete_all(table: Table, files: Sequence[DataFile]) -> None:
@@ -393,7 +491,8 @@ class Maintainer:
                 self.metrics.maintenance_bytes_rewritten.labels(table=table).inc(rewritten.bytes_in)
                 self._due.add(table)  # maybe more small files: the next pass takes another step
                 out["compaction"] = {"files_in": rewritten.files_in, "files_out": rewritten.files_out,
-                                     "bytes_in": rewritten.bytes_in, "snapshot_id": rewritten.snapshot_id}
+                                     "bytes_in": rewritten.bytes_in, "deletes_folded": rewritten.deletes_folded,
+                                     "snapshot_id": rewritten.snapshot_id}
                 log.info("%s: compacted %d files (%d bytes) into %d, snapshot %s", table, rewritten.files_in,
                          rewritten.bytes_in, rewritten.files_out, rewritten.snapshot_id)
         return out

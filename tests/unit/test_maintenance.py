@@ -19,7 +19,8 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
 from coordinator.maintenance import (
-    MAINTENANCE_KEY, MaintenanceSettings, commit_rewrite, compact, due_snapshots, expire, live_files, plan_compaction,
+    MAINTENANCE_KEY, MaintenanceSettings, Plan, _partition_key, commit_rewrite, compact, due_snapshots, expire,
+    live_files, plan_compaction,
 )
 from tests.support.tables import local_path, sqlite_catalog
 
@@ -72,8 +73,8 @@ def test_compaction_replaces_one_partitions_small_files_without_changing_a_row(t
     table = catalog.load_table("db.t")
     before = _ids(table)
     s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=1 << 20)
-    assert len(plan_compaction(table, s)) == 5
-    assert plan_compaction(table, MaintenanceSettings(min_input_files=6, target_file_size_bytes=1 << 20)) == []
+    assert len(plan_compaction(table, s).data) == 5
+    assert plan_compaction(table, MaintenanceSettings(min_input_files=6, target_file_size_bytes=1 << 20)) is None
     out = compact(catalog, "db.t", s, threading.Lock(), _write)
     table = catalog.load_table("db.t")
     assert out is not None and out.files_in == 5 and out.files_out == 1 and out.snapshot_id is not None
@@ -88,7 +89,7 @@ def test_compaction_replaces_one_partitions_small_files_without_changing_a_row(t
     assert out is not None and out.files_in == 5
     assert len(live_files(catalog.load_table("db.t"))) == 2 and _ids(catalog.load_table("db.t")) == before
     # after expiry, the replaced small files are gone from disk too
-    old = [local_path(f.file_path) for f in plan_compaction(table, s)] or []
+    old = [local_path(f.file_path) for f in plan_compaction(table, s).data]
     s2 = MaintenanceSettings(snapshot_max_age_ms=0, retain_last=1)
     expire(catalog, "db.t", s2, threading.Lock(), {})
     table = catalog.load_table("db.t")
@@ -107,33 +108,89 @@ def test_a_rewrite_whose_inputs_are_gone_is_dropped_and_its_files_deleted(table_
     old = live_files(table)
     new = _write(table, table.scan().to_arrow(), "x")
     table.delete("id < 5")  # another writer rewrites one of the inputs meanwhile
-    assert commit_rewrite(catalog, "db.t", old, new, threading.Lock()) is None
+    assert commit_rewrite(catalog, "db.t", Plan(old, [], _partition_key(old[0])), new, threading.Lock()) is None
     assert not any(os.path.exists(local_path(f.file_path)) for f in new)
     assert _ids(catalog.load_table("db.t")) == list(range(5, 30))
 
 
-def test_partitions_with_delete_files_are_not_compacted_yet(table_and_catalog):
-    from pyiceberg.manifest import DataFileContent
+def test_a_mirror_partition_with_delete_files_is_folded_and_reads_the_same(tmp_path):
+    """Position deletes (as the coordinator writes them for mirror tables) over several rounds;
+    one compaction step rewrites the partition with the deletes applied and drops the delete
+    files: pyiceberg and DuckDB read the same rows before and after, and no delete file is live."""
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import parquet_file_to_data_file
+    from pyiceberg.manifest import DataFileContent, ManifestContent
+    from pyiceberg.table.snapshots import Operation
+    from pyiceberg.table.update.snapshot import _FastAppendFiles
 
+    from coordinator.deletes import WithPositionDeletes, write_position_deletes
+    from icesink import duck
+
+    class MirrorAppend(WithPositionDeletes, _FastAppendFiles):
+        pass
+
+    catalog = sqlite_catalog(tmp_path)
+    table = catalog.create_table("db.m", schema=SCHEMA, properties={"format-version": "2"})
+    arrow = pa.schema([pa.field("id", pa.int64(), metadata={b"PARQUET:field_id": b"1"}),
+                       pa.field("shop", pa.string(), metadata={b"PARQUET:field_id": b"2"})])
+    files = []
+    for r in range(4):  # round r: ids 10r..10r+9; then the even ids of the previous round are deleted
+        path = f"{table.location()}/data/round-{r}.parquet"
+        os.makedirs(os.path.dirname(local_path(path)), exist_ok=True)
+        pq.write_table(pa.table({"id": list(range(10 * r, 10 * r + 10)), "shop": [f"v{r}"] * 10}, schema=arrow),
+                       local_path(path))
+        new = parquet_file_to_data_file(table.io, table.metadata, path)
+        deletes = [write_position_deletes(table, pa.table({"file_path": [files[-1]] * 5,
+                                                           "pos": pa.array([0, 2, 4, 6, 8], pa.int64())}))] if files else []
+        with table.transaction() as tx:
+            update = tx.update_snapshot()
+            producer = MirrorAppend(operation=Operation.OVERWRITE if deletes else Operation.APPEND, transaction=tx,
+                                    io=update._io, branch=update._branch)
+            producer.position_deletes = deletes
+            with producer as append:
+                append.append_data_file(new)
+        files.append(path)
+        table = catalog.load_table("db.m")
+    expected = sorted(i for r in range(4) for i in range(10 * r, 10 * r + 10) if r == 3 or i % 2)
+    assert _ids(table) == expected
+
+    def duck_ids() -> list[int]:
+        t = catalog.load_table("db.m")
+        with duck.connect(t.io.properties) as con:
+            return sorted(r[0] for r in con.execute(
+                f"SELECT id FROM iceberg_scan('{duck.plain_path(t.metadata_location)}')").fetchall())
+
+    assert duck_ids() == expected
+    assert plan_compaction(table, MaintenanceSettings(min_input_files=8, target_file_size_bytes=1 << 20)) is None
+    s = MaintenanceSettings(min_input_files=7, target_file_size_bytes=1 << 20)
+    plan = plan_compaction(table, s)  # 4 small data files + 3 delete files: due, and folded whole
+    assert plan is not None and len(plan.data) == 4 and len(plan.deletes) == 3
+    out = compact(catalog, "db.m", s, threading.Lock(), _write)
+    assert out is not None and out.snapshot_id is not None and out.deletes_folded == 3 and out.files_out == 1
+    table = catalog.load_table("db.m")
+    assert _ids(table) == expected and duck_ids() == expected
+    assert [f.content for f in live_files(table)] == [DataFileContent.DATA]
+    assert {m.content for m in table.current_snapshot().manifests(table.io)} <= {ManifestContent.DATA,
+                                                                                  ManifestContent.DELETES}
+    summary = table.current_snapshot().summary
+    assert summary.operation == Operation.REPLACE and summary["total-data-files"] == "1"
+    assert summary["total-records"] == str(len(expected))
+    assert plan_compaction(table, s) is None  # nothing left to do
+
+
+def test_a_partition_that_gains_delete_files_meanwhile_is_not_rewritten(table_and_catalog):
     catalog, table = table_and_catalog
-    for i in range(5):
+    for i in range(3):
         table.append(_rows(i * 10, 10))
     table = catalog.load_table("db.t")
-
-    files = live_files(table)
-    fake_delete = files[0].__class__.from_args(content=DataFileContent.POSITION_DELETES, file_path="x",
-                                               file_format=files[0].file_format, partition=files[0].partition,
-                                               record_count=1, file_size_in_bytes=10)
-    fake_delete.spec_id = files[0].spec_id
-    import coordinator.maintenance as m
-
-    real = m.live_files
-    assert len(plan_compaction(table, MaintenanceSettings(min_input_files=2, target_file_size_bytes=1 << 20))) == 5
-    m.live_files = lambda t: files + [fake_delete]
-    try:
-        assert plan_compaction(table, MaintenanceSettings(min_input_files=2, target_file_size_bytes=1 << 20)) == []
-    finally:
-        m.live_files = real
+    old = live_files(table)
+    plan = Plan(old, [], _partition_key(old[0]))
+    stale = Plan(old, [old[0]], _partition_key(old[0]))  # planned with a delete file that is not there
+    new = _write(table, table.scan().to_arrow(), "x")
+    assert commit_rewrite(catalog, "db.t", stale, new, threading.Lock()) is None
+    new = _write(table, table.scan().to_arrow(), "y")
+    assert commit_rewrite(catalog, "db.t", plan, new, threading.Lock()) is not None
+    assert _ids(catalog.load_table("db.t")) == list(range(30))
 
 
 def test_maintenance_settings_are_on_by_default_and_named_in_errors(tmp_path):
@@ -154,3 +211,62 @@ def test_maintenance_settings_are_on_by_default_and_named_in_errors(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_settings(path, {}, {"maintenance.snapshots.retain-last": "0"})
     assert "maintenance.snapshots.retain-last" in str(info.value)
+
+
+def test_the_maintainer_runs_passes_sweeps_orphans_and_retries_failures_with_backoff(table_and_catalog, tmp_path):
+    """The coordinator's schedule: a due table gets expiry and a compaction step (metrics and
+    /status report them); the orphan sweep deletes an old unreferenced file but keeps what the
+    control log names in flight; a table that fails is retried after a backoff and reported."""
+    import asyncio
+    import json
+    import time as clock
+
+    from prometheus_client import CollectorRegistry
+
+    from coordinator.maintenance import Maintainer, TableLocks
+    from icesink.config import load_settings
+    from icesink.metrics import Metrics
+
+    catalog, table = table_and_catalog
+    for i in range(5):
+        table.append(_rows(i * 10, 10))
+    data_dir = local_path(catalog.load_table("db.t").location()) + "/data"
+    orphan, in_flight = os.path.join(data_dir, "orphan.parquet"), os.path.join(data_dir, "in-flight.parquet")
+    for path in (orphan, in_flight):
+        with open(path, "wb") as f:
+            f.write(b"x")
+        os.utime(path, (clock.time() - 7200, clock.time() - 7200))
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"topics": "t", "iceberg.tables": "db.t"}))
+    metrics = Metrics(CollectorRegistry())
+    status: dict = {}
+
+    async def protected() -> set[str]:
+        return {"file://" + in_flight}
+
+    m = Maintainer(load_settings(path, {}), catalog, metrics, status, TableLocks(), _write, protected)
+    m.s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=1 << 20, snapshot_max_age_ms=0, retain_last=2,
+                              orphans_older_than_ms=3_600_000, orphans_every_s=0.0)
+
+    async def run() -> None:
+        m.due(["db.t", "db.missing"])
+        deadline = clock.monotonic() + 30
+        while clock.monotonic() < deadline:
+            m.poll()
+            await asyncio.sleep(0.05)
+            if status["maintenance"].get("db.t", {}).get("orphans_deleted") is not None and \
+                    "db.missing" in status["maintenance"]:
+                break
+        await m.stop()
+
+    asyncio.run(run())
+    report = status["maintenance"]
+    assert report["db.t"]["error"] is None and report["db.t"]["expired_snapshots"] >= 3
+    assert report["db.t"]["compaction"]["files_in"] == 5
+    assert report["db.t"]["orphans_deleted"] == 1
+    assert not os.path.exists(orphan) and os.path.exists(in_flight)
+    assert "NoSuchTable" in report["db.missing"]["error"] and report["db.missing"]["attempt"] >= 1
+    assert metrics.maintenance_failures.labels(table="db.missing", step="maintain")._value.get() >= 1
+    assert metrics.maintenance_files_rewritten.labels(table="db.t")._value.get() == 5
+    assert metrics.maintenance_orphans_deleted.labels(table="db.t")._value.get() == 1
+    assert _ids(catalog.load_table("db.t")) == list(range(50))
