@@ -335,6 +335,18 @@ class _Replace(_OverwriteFiles):
         return DeletesManifest(spec=self.spec(spec_id), schema=self.schema(), output_file=self.new_manifest_output(),
                                snapshot_id=self._snapshot_id, avro_compression=self._compression)
 
+    def _rewritten(self, content: ManifestContent, spec_id: int, entries: list[ManifestEntry],
+                   status: ManifestEntryStatus) -> ManifestFile:
+        """A manifest of ``entries`` again, as EXISTING (kept) or DELETED (by this snapshot)."""
+        with self._writer(content, spec_id) as writer:
+            for e in entries:
+                writer.add_entry(ManifestEntry.from_args(
+                    status=status,
+                    snapshot_id=e.snapshot_id if status == ManifestEntryStatus.EXISTING else self._snapshot_id,
+                    sequence_number=e.sequence_number, file_sequence_number=e.file_sequence_number,
+                    data_file=e.data_file))
+        return writer.to_manifest_file()
+
     def _manifests(self) -> list[ManifestFile]:
         meta = self._transaction.table_metadata
         parent = meta.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
@@ -352,23 +364,11 @@ class _Replace(_OverwriteFiles):
             gone[(m.content, m.partition_spec_id)] += hit
             keep = [e for e in entries if e.data_file not in removed]
             if keep:
-                with self._writer(m.content, m.partition_spec_id) as writer:
-                    for e in keep:
-                        writer.add_entry(ManifestEntry.from_args(
-                            status=ManifestEntryStatus.EXISTING, snapshot_id=e.snapshot_id,
-                            sequence_number=e.sequence_number, file_sequence_number=e.file_sequence_number,
-                            data_file=e.data_file))
-                out.append(writer.to_manifest_file())
+                out.append(self._rewritten(m.content, m.partition_spec_id, keep, ManifestEntryStatus.EXISTING))
         if missing := sorted(f.file_path for f in removed - found):
             raise CommitFailedException(f"files to replace are no longer live: {', '.join(missing)}")
         for (content, spec_id), entries in sorted(gone.items(), key=lambda kv: (kv[0][0].value, kv[0][1])):
-            with self._writer(content, spec_id) as writer:
-                for e in entries:
-                    writer.add_entry(ManifestEntry.from_args(
-                        status=ManifestEntryStatus.DELETED, snapshot_id=self._snapshot_id,
-                        sequence_number=e.sequence_number, file_sequence_number=e.file_sequence_number,
-                        data_file=e.data_file))
-            out.append(writer.to_manifest_file())
+            out.append(self._rewritten(content, spec_id, entries, ManifestEntryStatus.DELETED))
         if self._added_data_files:
             with self.new_manifest_writer(meta.spec()) as writer:
                 for f in self._added_data_files:

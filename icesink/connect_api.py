@@ -155,19 +155,19 @@ def app(backend: Backend) -> web.Application:
         config = known(name)
         return _json([{"id": {"connector": name, "task": i}, "config": config} for i in range(backend.tasks(name))])
 
-    @routes.put("/connectors/{name}/pause")
-    async def pause(request: web.Request) -> web.Response:
+    async def set_target(request: web.Request, target: str) -> web.Response:
         name = request.match_info["name"]
         known(name)
-        await backend.set_target(name, "PAUSED")
+        await backend.set_target(name, target)
         return web.Response(status=202)
+
+    @routes.put("/connectors/{name}/pause")
+    async def pause(request: web.Request) -> web.Response:
+        return await set_target(request, "PAUSED")
 
     @routes.put("/connectors/{name}/resume")
     async def resume(request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        known(name)
-        await backend.set_target(name, "RUNNING")
-        return web.Response(status=202)
+        return await set_target(request, "RUNNING")
 
     @routes.post("/connectors/{name}/restart")
     async def restart(request: web.Request) -> web.Response:

@@ -76,16 +76,9 @@ def _wait(what: str, check, replicas, timeout_s: float = 180):  # type: ignore[n
 
 
 def _coordinator_status(replicas):  # type: ignore[no-untyped-def]
-    from tests.support.sinkrun import http_json
+    from tests.support.sinkrun import coordinator_status
 
-    for r in replicas.replicas.values():
-        try:
-            st = http_json(r.metrics_port)
-        except OSError:
-            continue
-        if st.get("coordinator"):
-            return r, st["coordinator"]
-    return None
+    return coordinator_status(replicas)
 
 
 def _delete_groups(bootstrap: str, groups: list[str]) -> None:

@@ -18,19 +18,6 @@ pytestmark = pytest.mark.integration
 TOPIC, TABLE = "maint-pizzas", "maint.pizzas"
 
 
-def _coordinator(replicas):  # type: ignore[no-untyped-def]
-    from tests.support.sinkrun import http_json
-
-    for r in list(replicas.replicas.values()):
-        try:
-            st = http_json(r.metrics_port)
-        except OSError:
-            continue
-        if st.get("coordinator"):
-            return r, st["coordinator"]
-    return None
-
-
 def test_maintenance_keeps_files_and_snapshots_bounded_and_the_table_exact_through_a_coordinator_kill(
         broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
@@ -39,7 +26,7 @@ def test_maintenance_keeps_files_and_snapshots_bounded_and_the_table_exact_throu
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import pizza_values, produce
     from icesink.replicas import ReplicaSet
-    from tests.support.sinkrun import assert_exact, metric, total_rows, wait_rows, write_config
+    from tests.support.sinkrun import assert_exact, coordinator_status, metric, total_rows, wait_rows, write_config
 
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 3))
     values = pizza_values(11_000, seed=14)
@@ -90,7 +77,7 @@ def test_maintenance_keeps_files_and_snapshots_bounded_and_the_table_exact_throu
         assert late, sizes
         assert max(files for files, _ in late) <= 30, sizes  # without compaction: hundreds
         assert max(snaps for _, snaps in late) <= 25, sizes  # without expiry: one per round
-        found = _coordinator(replicas)
+        found = coordinator_status(replicas)
         assert found is not None
         coord_replica, status = found
         assert status["maintenance"][TABLE]["error"] is None, status["maintenance"]

@@ -63,6 +63,18 @@ def http_json(port: int, path: str = "/status") -> Any:
     return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).read())
 
 
+def coordinator_status(replicas: ReplicaSet) -> tuple[Any, dict[str, Any]] | None:
+    """The replica running the coordinator and the coordinator's part of its /status."""
+    for r in list(replicas.replicas.values()):
+        try:
+            st = http_json(r.metrics_port)
+        except OSError:
+            continue
+        if st.get("coordinator"):
+            return r, st["coordinator"]
+    return None
+
+
 def metric(port: int, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
