@@ -69,7 +69,8 @@ class _Decoder:
             view = run.view(lo, hi)
             single = not threaded and view.size <= _MAX_SINGLE_BLOCK
             try:
-                table = wrapped._read(view, self.plan.schema(), run.multiline, single=single)
+                table = wrapped._read(view, self.plan.schema(), run.multiline, single=single,
+                                      longest=run.longest(lo, hi))
             except pa.ArrowInvalid as exc:
                 message = str(exc)
                 adapted = self.plan.adapt(message)

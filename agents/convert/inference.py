@@ -129,7 +129,7 @@ class _Inference:
             view = run.view(lo, hi)
             single = not threaded and view.size <= _MAX_SINGLE_BLOCK
             try:
-                table = wrapped._read(view, None, run.multiline, single=single)
+                table = wrapped._read(view, None, run.multiline, single=single, longest=run.longest(lo, hi))
             except _INFER_FAILURES as exc:
                 if threaded:
                     threaded = False

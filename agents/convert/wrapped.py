@@ -62,6 +62,10 @@ class _Run:
         start = int(self.starts[lo])
         return pa.py_buffer(self.buf).slice(start, int(self.starts[hi]) - 1 - start)
 
+    def longest(self, lo: int, hi: int) -> int:
+        """Bytes of the longest record in ``[lo, hi)`` (with its newline)."""
+        return int(np.max(np.diff(self.starts[lo : hi + 1]))) if hi > lo else 0
+
     def quoted(self, lo: int, hi: int, keys: frozenset[str]) -> _Run:
         """Records ``[lo, hi)`` with bare numbers and booleans of ``keys`` quoted as strings.
 
@@ -324,8 +328,11 @@ def _prepare(values: Sequence[bytes]) -> tuple[_Run | None, list[Reject]]:
     return _Run(buf, _starts(parts), positions, multiline), rejects
 
 
-def _read(data: pa.Buffer, schema: pa.Schema | None, multiline: bool, single: bool) -> pa.Table:
-    """One pyarrow.json read. ``single``: one block, no threads, so errors name the row."""
+def _read(data: pa.Buffer, schema: pa.Schema | None, multiline: bool, single: bool, longest: int) -> pa.Table:
+    """One pyarrow.json read. ``single``: one block, no threads, so errors name the row.
+    ``longest``: bytes of the longest record. A block is always at least twice that: pyarrow
+    26 crashes the process (a segfault or abort, not an error) on some inputs where a record
+    spans more than two blocks (tests/unit/test_convert_blocks.py), so a record never does."""
     if schema is None:
         parse = pj.ParseOptions(newlines_in_values=multiline)
     else:
@@ -333,9 +340,9 @@ def _read(data: pa.Buffer, schema: pa.Schema | None, multiline: bool, single: bo
             explicit_schema=schema, newlines_in_values=multiline, unexpected_field_behavior="ignore"
         )
     if single:
-        read = pj.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 16))
+        read = pj.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 16, 2 * longest))
     else:
-        read = pj.ReadOptions(use_threads=True, block_size=common._BLOCK_SIZE)
+        read = pj.ReadOptions(use_threads=True, block_size=max(common._BLOCK_SIZE, 2 * longest))
     return pj.read_json(pa.BufferReader(data), read_options=read, parse_options=parse)
 
 
