@@ -51,6 +51,7 @@ from icesink.events import TopicPartition
 from icesink.iceberg import load_catalog
 from icesink.metrics import Metrics
 from icesink.offload import Offload
+from spark_bridge.rewrite import rewrite_files
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 
 log = logging.getLogger(__name__)
@@ -220,10 +221,11 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         except FencedError as exc:
             log.error("coordinator fenced, stopping it: %s", exc)
 
-    def _rewrite(self, table: Any, data: Any, prefix: str) -> Any:
-        """Compaction's writer: this replica's Spark session (coordinator/maintenance.py)."""
-        return self.spark.write(table, data, file_prefix=prefix,
-                                target_file_size_bytes=self.settings.target_file_size_bytes)
+    def _rewrite(self, table: Any, data_files: Any, delete_files: Any, prefix: str) -> Any:
+        """Compaction's rewrite: this replica's Spark session reads and writes the files
+        (coordinator/maintenance.py, spark_bridge/rewrite.py)."""
+        return rewrite_files(self.spark, table, data_files, delete_files, file_prefix=prefix,
+                             target_file_size_bytes=self.settings.target_file_size_bytes)
 
     async def _stop_coordinator(self) -> None:
         task, self._coordinator_task = self._coordinator_task, None

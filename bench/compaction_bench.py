@@ -33,6 +33,7 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType  # noq
 
 from coordinator.maintenance import MaintenanceSettings, compact, expire, live_files  # noqa: E402
 from icesink import duck  # noqa: E402
+from spark_bridge.rewrite import rewrite_files  # noqa: E402
 from spark_bridge.writer import SparkFileWriter, SparkSettings  # noqa: E402
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "store", StringType(), required=False),
@@ -95,15 +96,15 @@ def main() -> None:
         s = MaintenanceSettings(min_input_files=16, target_file_size_bytes=target, snapshot_max_age_ms=0,
                                 retain_last=1)
 
-        def write(t, data, prefix):  # type: ignore[no-untyped-def]
-            return spark.write(t, data, file_prefix=prefix, target_file_size_bytes=target)
+        def rewrite(t, files, deletes, prefix):  # type: ignore[no-untyped-def]
+            return rewrite_files(spark, t, files, deletes, file_prefix=prefix, target_file_size_bytes=target)
 
         lock = threading.Lock()
         steps = []
         t0 = time.perf_counter()
         while True:
             t = time.perf_counter()
-            out = compact(catalog, "db.t", s, lock, write)
+            out = compact(catalog, "db.t", s, lock, rewrite)
             if out is None:
                 break
             steps.append((time.perf_counter() - t, out.files_in, out.files_out, out.bytes_in))

@@ -13,9 +13,9 @@ rounds, never inside one:
   ``min-input-files`` data files smaller than three quarters of the target size (at most
   ``max-bytes`` of them per step, so one step's time is bounded); delete files (a mirror
   table's) count toward ``min-input-files``, and a partition holding them is rewritten whole with
-  the deletes applied, the delete files going with it; :func:`read_files` reads them
-  with pyiceberg (schema evolution applied) and the coordinator's Spark writer writes files of
-  the target size; :func:`commit_rewrite` commits them as ONE replace snapshot that removes the
+  the deletes applied, the delete files going with it; the hosting replica's Spark session
+  reads them (by field id, so schema evolution applies; the deletes anti-joined) and writes
+  files of the target size (spark_bridge/rewrite.py); :func:`commit_rewrite` commits them as ONE replace snapshot that removes the
   inputs. The rows never change. The commit holds the table's lock, which the rounds' commits
   take too, so a round waits at most for one maintenance metadata commit, never for a rewrite.
   If an input is no longer live (another writer replaced it), or the partition gained delete
@@ -34,15 +34,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.manifest import (
     DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile,
 )
-from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.table.update.snapshot import _OverwriteFiles
@@ -57,8 +54,9 @@ log = logging.getLogger(__name__)
 MAINTENANCE_KEY = "icesink.maintenance"
 _COMMIT_ATTEMPTS = 4
 
-#: Writes an Arrow table (the table's schema) as data files of the table under a fresh prefix.
-Writer = Callable[[Table, pa.Table, str], list[DataFile]]
+#: Rewrites the live rows of data files (position delete files applied) as new data files of the
+#: table under a fresh prefix (spark_bridge/rewrite.py: the hosting replica's Spark session).
+Rewriter = Callable[[Table, Sequence[DataFile], Sequence[DataFile], str], list[DataFile]]
 
 
 @dataclass(frozen=True)
@@ -246,14 +244,6 @@ def plan_compaction(table: Table, s: MaintenanceSettings) -> Plan | None:
     return max(due, key=lambda d: (d[0], d[1]))[2]
 
 
-def read_files(table: Table, files: Sequence[DataFile], deletes: Sequence[DataFile] = ()) -> pa.Table:
-    """The live rows of ``files`` (position ``deletes`` applied) in the table's current schema
-    (pyiceberg applies evolution)."""
-    scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
-    data = scan.to_table([FileScanTask(f, set(deletes)) for f in files])
-    return data.cast(schema_to_pyarrow(table.schema()))
-
-
 @dataclass(frozen=True)
 class Rewritten:
     files_in: int
@@ -263,18 +253,18 @@ class Rewritten:
     deletes_folded: int = 0
 
 
-def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock, write: Writer) -> Rewritten | None:
+def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock, rewrite: Rewriter) -> Rewritten | None:
     """One compaction step of table ``name`` (None: nothing due)."""
     table = catalog.load_table(name)
     plan = plan_compaction(table, s)
     if plan is None:
         return None
-    data = read_files(table, plan.data, plan.deletes)
     prefix = f"compacted-{int(time.time() * 1000)}-{threading.get_ident() % 100000}"
-    new = write(table, data, prefix) if data.num_rows else []
-    if sum(f.record_count for f in new) != data.num_rows:
+    new = rewrite(table, plan.data, plan.deletes, prefix)
+    written, inputs = sum(f.record_count for f in new), sum(f.record_count for f in plan.data)
+    if written > inputs or (not plan.deletes and written != inputs):  # the rewriter counts exactly; a guard
         _delete_all(table, new)
-        raise RuntimeError(f"{name}: compaction wrote {sum(f.record_count for f in new)} rows for {data.num_rows}; dropped")
+        raise RuntimeError(f"{name}: compaction wrote {written} rows for {inputs} input rows; dropped")
     snapshot_id = commit_rewrite(catalog, name, plan, new, lock)
     return Rewritten(len(plan.data), len(new), sum(f.file_size_in_bytes for f in plan.data), snapshot_id,
                      len(plan.deletes))
@@ -404,11 +394,11 @@ class Maintainer:
     RETRY_BASE_S, RETRY_CAP_S = 1.0, 300.0
 
     def __init__(self, settings: Settings, catalog: Catalog, metrics: Any, status: dict[str, Any],
-                 locks: TableLocks, write: Writer | None, in_flight: Callable[[], Any]) -> None:
+                 locks: TableLocks, rewrite: Rewriter | None, in_flight: Callable[[], Any]) -> None:
         from icesink.offload import Offload
 
         self.s = MaintenanceSettings.of(settings)
-        self.catalog, self.metrics, self.locks, self.write = catalog, metrics, locks, write
+        self.catalog, self.metrics, self.locks, self.rewrite = catalog, metrics, locks, rewrite
         self.in_flight = in_flight  # async () -> set of paths the control log names, not yet committed
         self.report: dict[str, dict[str, Any]] = status.setdefault("maintenance", {})
         self._due: set[str] = set()
@@ -483,8 +473,8 @@ class Maintainer:
         self.metrics.maintenance_snapshots_expired.labels(table=table).inc(expired.snapshots)
         self.metrics.maintenance_files_deleted.labels(table=table).inc(expired.files_deleted)
         out: dict[str, Any] = {"expired_snapshots": expired.snapshots, "deleted_files": expired.files_deleted}
-        if self.write is not None:
-            rewritten = await run(compact, self.catalog, table, self.s, self.locks.of(table), self.write)
+        if self.rewrite is not None:
+            rewritten = await run(compact, self.catalog, table, self.s, self.locks.of(table), self.rewrite)
             if rewritten is not None and rewritten.snapshot_id is not None:
                 self.metrics.maintenance_files_rewritten.labels(table=table).inc(rewritten.files_in)
                 self.metrics.maintenance_files_written.labels(table=table).inc(rewritten.files_out)

@@ -23,7 +23,7 @@ from coordinator.committer import TableCommit, commit_table
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import in_flight_files, normalize
-from coordinator.maintenance import Maintainer, TableLocks, Writer
+from coordinator.maintenance import Maintainer, Rewriter, TableLocks
 from coordinator.mirror import MirrorIndexes, delete_keys_files
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
 from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
@@ -64,7 +64,7 @@ class Coordinator:
         catalog: Catalog,
         offload: Offload,
         metrics: Metrics,
-        rewrite: Writer | None = None,
+        rewrite: Rewriter | None = None,
     ) -> None:
         """``rewrite``: writes data files with the hosting replica's Spark session, for
         compaction (None: no compaction; expiry and orphan sweeps still run)."""

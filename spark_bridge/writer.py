@@ -63,6 +63,7 @@ from pyspark.sql import types as st
 
 from icesink.errors import ConfigError, SparkWriteError
 from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories, with_label_columns
+from spark_bridge.localfs import session_conf
 from spark_bridge.schema import arrow_only_column, name_mapping_mismatch, requires_name_mapping, spark_schema
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ _RUNTIME_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.fieldId.write.enabled": "true",
+    # Compaction's reads (spark_bridge/rewrite.py) match columns by Iceberg field id.
+    "spark.sql.parquet.fieldId.read.enabled": "true",
     "spark.sql.caseSensitive": "true",
     "spark.sql.shuffle.partitions": "8",
 }
@@ -227,7 +230,9 @@ class SparkFileWriter:
                 {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
                 if s.master.startswith("local") else {}
             )
-            for key, value in {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf}.items():
+            # A local session's driver runs the tasks: its file: scheme can skip chmod processes.
+            fast_fs = session_conf(s.conf) if s.master.startswith("local") else {}
+            for key, value in {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs}.items():
                 builder = builder.config(key, value)
             spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("WARN")
@@ -427,7 +432,7 @@ class SparkFileWriter:
             local_fs = pafs.LocalFileSystem()
             run_job(local_fs, str(stage_path), stage_path.as_uri())
             data_files = self._data_files(w.table, local_fs, str(stage_path), w.out_uri, w.labels)
-            _place(local_fs, str(stage_path), w, len(data_files))
+            _place(local_fs, str(stage_path), w.fs, w.out_path, w.out_uri, len(data_files))
             return data_files
         finally:
             shutil.rmtree(stage_root, ignore_errors=True)
@@ -472,7 +477,7 @@ class SparkFileWriter:
                 for i, w in enumerate(group):
                     sub = f"{stage_root}/out/{column}={i}"
                     data_files = self._data_files(w.table, local_fs, sub, w.out_uri, w.labels)
-                    _place(local_fs, sub, w, len(data_files), move=True)
+                    _place(local_fs, sub, w.fs, w.out_path, w.out_uri, len(data_files), move=True)
                     out.append(data_files)
             except Exception:
                 for w in group[: len(out)]:
@@ -546,8 +551,11 @@ class SparkFileWriter:
             raise SparkWriteError(f"pyarrow failed to write {data.num_rows} rows to {root}: {e}") from e
 
     def _data_files(
-        self, table: Table, fs: pafs.FileSystem, out_path: str, out_uri: str, labels: Sequence[PartitionLabels]
+        self, table: Table, fs: pafs.FileSystem, out_path: str, out_uri: str, labels: Sequence[PartitionLabels],
+        *, partition: Record | None = None,
     ) -> list[DataFile]:
+        """A DataFile per Parquet file under ``out_path``, its partition from its directories
+        (``labels``), or ``partition`` for every file."""
         metadata = table.metadata
         schema = table.schema()
         stats_plan = compute_statistics_plan(schema, metadata.properties)
@@ -557,8 +565,8 @@ class SparkFileWriter:
         checked_schema = False
         for relative, size in _list_data_files(fs, out_path):
             *dirs, _ = relative.split("/")
-            key = parse_partition_dirs(dirs, labels, relative)
-            record = records.get(key)
+            key = parse_partition_dirs(dirs, labels, relative) if partition is None else ()
+            record = records.get(key) if partition is None else partition
             if record is None:
                 record = Record(*[None if lbl is None else p.values[lbl] for lbl, p in zip(key, labels, strict=True)])
                 records[key] = record
@@ -656,21 +664,22 @@ def _list_data_files(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int]
         yield relative, info.size
 
 
-def _place(local_fs: pafs.FileSystem, stage_path: str, w: _Planned, n_files: int, *, move: bool = False) -> None:
-    """Every file under ``stage_path`` to the same relative path under ``w.out_path`` (moved
-    when that is a local path and ``move``, else copied); on failure nothing stays there."""
+def _place(local_fs: pafs.FileSystem, stage_path: str, fs: pafs.FileSystem, out_path: str, out_uri: str,
+           n_files: int, *, move: bool = False) -> None:
+    """Every file under ``stage_path`` to the same relative path under ``out_path`` of ``fs``
+    (moved when that is a local path and ``move``, else copied); on failure nothing stays there."""
     try:
         for relative, _ in _list_data_files(local_fs, stage_path):
-            target = f"{w.out_path}/{relative}"
-            if w.fs.type_name == "local":  # object stores have no directories to make
-                w.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+            target = f"{out_path}/{relative}"
+            if fs.type_name == "local":  # object stores have no directories to make
+                fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
                 if move:
                     shutil.move(f"{stage_path}/{relative}", target)
                     continue
-            pafs.copy_files(f"{stage_path}/{relative}", target, source_filesystem=local_fs, destination_filesystem=w.fs)
+            pafs.copy_files(f"{stage_path}/{relative}", target, source_filesystem=local_fs, destination_filesystem=fs)
     except Exception as e:
-        _delete_quietly(w.fs, w.out_path)
-        raise SparkWriteError(f"could not upload {n_files} staged files to {w.out_uri}: {e}") from e
+        _delete_quietly(fs, out_path)
+        raise SparkWriteError(f"could not upload {n_files} staged files to {out_uri}: {e}") from e
 
 
 def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:

@@ -22,6 +22,7 @@ from coordinator.maintenance import (
     MAINTENANCE_KEY, MaintenanceSettings, Plan, _partition_key, commit_rewrite, compact, due_snapshots, expire,
     live_files, plan_compaction,
 )
+from spark_bridge.rewrite import read_files
 from tests.support.tables import local_path, sqlite_catalog
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "shop", StringType(), required=False))
@@ -41,6 +42,11 @@ def table_and_catalog(tmp_path):
 
 def _write(table, data, prefix):
     return list(_dataframe_to_data_files(table.metadata, data, table.io, write_uuid=uuid.uuid4()))
+
+
+def _rewrite(table, data_files, delete_files, prefix):
+    """Compaction's rewriter without Spark: pyiceberg reads (spark_bridge.rewrite's fallback)."""
+    return _write(table, read_files(table, data_files, delete_files), prefix)
 
 
 def _ids(table) -> list[int]:
@@ -75,7 +81,7 @@ def test_compaction_replaces_one_partitions_small_files_without_changing_a_row(t
     s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=1 << 20)
     assert len(plan_compaction(table, s).data) == 5
     assert plan_compaction(table, MaintenanceSettings(min_input_files=6, target_file_size_bytes=1 << 20)) is None
-    out = compact(catalog, "db.t", s, threading.Lock(), _write)
+    out = compact(catalog, "db.t", s, threading.Lock(), _rewrite)
     table = catalog.load_table("db.t")
     assert out is not None and out.files_in == 5 and out.files_out == 1 and out.snapshot_id is not None
     snap = table.current_snapshot()
@@ -85,7 +91,7 @@ def test_compaction_replaces_one_partitions_small_files_without_changing_a_row(t
     for f in live_files(table):
         by_shop[f.partition[0]] += 1
     assert sorted(by_shop.values()) == [1, 5]  # one step takes one partition
-    out = compact(catalog, "db.t", s, threading.Lock(), _write)  # the next step takes the other
+    out = compact(catalog, "db.t", s, threading.Lock(), _rewrite)  # the next step takes the other
     assert out is not None and out.files_in == 5
     assert len(live_files(catalog.load_table("db.t"))) == 2 and _ids(catalog.load_table("db.t")) == before
     # after expiry, the replaced small files are gone from disk too
@@ -165,7 +171,7 @@ def test_a_mirror_partition_with_delete_files_is_folded_and_reads_the_same(tmp_p
     s = MaintenanceSettings(min_input_files=7, target_file_size_bytes=1 << 20)
     plan = plan_compaction(table, s)  # 4 small data files + 3 delete files: due, and folded whole
     assert plan is not None and len(plan.data) == 4 and len(plan.deletes) == 3
-    out = compact(catalog, "db.m", s, threading.Lock(), _write)
+    out = compact(catalog, "db.m", s, threading.Lock(), _rewrite)
     assert out is not None and out.snapshot_id is not None and out.deletes_folded == 3 and out.files_out == 1
     table = catalog.load_table("db.m")
     assert _ids(table) == expected and duck_ids() == expected
@@ -244,7 +250,7 @@ def test_the_maintainer_runs_passes_sweeps_orphans_and_retries_failures_with_bac
     async def protected() -> set[str]:
         return {"file://" + in_flight}
 
-    m = Maintainer(load_settings(path, {}), catalog, metrics, status, TableLocks(), _write, protected)
+    m = Maintainer(load_settings(path, {}), catalog, metrics, status, TableLocks(), _rewrite, protected)
     m.s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=1 << 20, snapshot_max_age_ms=0, retain_last=2,
                               orphans_older_than_ms=3_600_000, orphans_every_s=0.0)
 

@@ -1,0 +1,80 @@
+"""A local Spark session writes its files through spark_bridge/hadoop/'s file system: 200
+partition files and their directories without a chmod process each (the machine's fork
+counter, /proc/stat ``processes``, barely moves; with Hadoop's own file system it moves by
+hundreds), with the usual permissions, and the rows read back exactly."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import LongType, NestedField
+
+from spark_bridge.localfs import FILE_SYSTEM_CLASS
+from spark_bridge.writer import SparkFileWriter, SparkSettings
+from tests.support.tables import local_path, sqlite_catalog
+
+pytestmark = pytest.mark.skipif(shutil.which("javac") is None, reason="needs javac (./dev installs a JDK)")
+
+
+def _forks() -> int:
+    with open("/proc/stat") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("processes "))
+
+
+def _write_200_partitions(writer: SparkFileWriter, tmp_path: Path, name: str) -> tuple[int, list]:
+    (tmp_path / name).mkdir()
+    catalog = sqlite_catalog(tmp_path / name)
+    schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "part", LongType()))
+    table = catalog.create_table(f"db.{name}", schema=schema,
+                                 partition_spec=PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "part")))
+    data = pa.table({"id": pa.array(range(20_000), pa.int64()), "part": pa.array([i % 200 for i in range(20_000)], pa.int64())})
+    writer.write(table, data, file_prefix="warm")  # the JVM's first write of this shape
+    before = _forks()
+    files = writer.write(table, data, file_prefix="counted")
+    forks = _forks() - before
+    with table.transaction() as tx, tx.update_snapshot().fast_append() as append:
+        for f in files:
+            append.append_data_file(f)
+    table = catalog.load_table(f"db.{name}")
+    assert table.scan().to_arrow().num_rows == 20_000
+    return forks, files
+
+
+def test_a_local_session_writes_200_files_without_a_process_each(tmp_path: Path) -> None:
+    writer = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-localfs-test", warm_up_rows=0))
+    writer.start()
+    try:
+        spark = writer.spark
+        jvm, conf = spark.sparkContext._jvm, spark.sparkContext._jsc.hadoopConfiguration()
+        assert conf.get("fs.file.impl") == FILE_SYSTEM_CLASS
+        fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), conf)
+        assert fs.getClass().getName() == FILE_SYSTEM_CLASS
+        forks, files = _write_200_partitions(writer, tmp_path, "nio")
+        assert len(files) == 200
+        assert forks < 100, f"{forks} processes started while writing 200 files"
+        path = Path(local_path(files[0].file_path))
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644 and stat.S_IMODE(path.parent.stat().st_mode) == 0o755
+        assert not any(p.name.endswith(".crc") for p in path.parent.parent.rglob("*"))
+
+        # The measure sees Hadoop's chmod processes: the same write through Hadoop's own
+        # file system (the user's choice of spark.hadoop.fs.file.impl is kept) starts hundreds.
+        writer.stop()
+        stock = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-localfs-test", warm_up_rows=0, conf={
+            "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem",
+            "spark.hadoop.fs.file.impl.disable.cache": "true"}))
+        stock.start()
+        try:
+            assert stock.spark.sparkContext._jsc.hadoopConfiguration().get("fs.file.impl") != FILE_SYSTEM_CLASS
+            forks, _ = _write_200_partitions(stock, tmp_path, "stock")
+            assert forks >= 200, forks
+        finally:
+            stock.stop()
+    finally:
+        writer.stop()
