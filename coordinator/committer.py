@@ -15,6 +15,7 @@ hide it (docs/commits.md).
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
@@ -63,14 +64,36 @@ def commit_table(
     log_id: str | None = None,
     adopted: bool = False,
     mirrors: MirrorIndexes | None = None,
+    tables: TableCache | None = None,
 ) -> TableCommit:
     """``checkpoint``: the state the round's CommitComplete will record (kept in the table so
     a coordinator that cannot read its checkpoint recovers from the tables); ``log_id``: the
     control log's identity (None: unknown, not checked); ``adopted``: the operator adopted this
     log (iceberg.control.adopt-log-id), so state of another log counts as nothing on it.
     ``mirrors``: the key indexes of mirror tables (None: the sink makes none); a mirror
-    table's snapshot also deletes, by position, the rows the round's changes replace."""
-    table = _load_table(catalog, table_name, batch)
+    table's snapshot also deletes, by position, the rows the round's changes replace.
+    ``tables``: the coordinator's :class:`TableCache` (None: load the table every time)."""
+    table = tables.get(table_name) if tables is not None else None
+    if table is None or not _fits(table, table_name, batch) or (mirrors is not None and mirrors.keys(table_name, table)):
+        table = _load_table(catalog, table_name, batch)  # mirror tables plan deletes: always the newest snapshot
+    try:
+        out = _commit(table, table_name, batch, group=group, epoch=epoch, commit_id=commit_id,
+                      positions=positions, valid_through_ms=valid_through_ms, checkpoint=checkpoint, log_id=log_id,
+                      adopted=adopted, mirrors=mirrors)
+    except BaseException:
+        if tables is not None:
+            tables.drop(table_name)
+        raise
+    if tables is not None:
+        tables.put(table_name, table)  # pyiceberg updated it with the committed metadata
+    return out
+
+
+def _commit(
+    table: Table, table_name: str, batch: list[Accepted], *, group: str, epoch: int,
+    commit_id: str, positions: dict[TopicPartition, int], valid_through_ms: int | None,
+    checkpoint: Checkpoint | None, log_id: str | None, adopted: bool, mirrors: MirrorIndexes | None,
+) -> TableCommit:
     applied = _applied_watermark(table, table_name, group, epoch, log_id, adopted)
     todo = [a for a in batch if a.offset > applied and (a.files.get(table_name) or a.deleted_keys.get(table_name))]
     watermark = max((a.offset for a in batch), default=applied)
@@ -207,6 +230,39 @@ def _staged_metadata(base: TableMetadata, updates: tuple[TableUpdate, ...]) -> T
     staged.spec().check_compatible(staged.schema())
     staged.sort_order().check_compatible(staged.schema())
     return staged
+
+
+class TableCache:
+    """The tables as the coordinator's last successful commits left them, so a round's commit
+    starts from there instead of loading each table again (a fifth of a commit's CPU; a round
+    of 200 tables loads 200). A stale entry (another writer committed since) is safe: the
+    catalog refuses the commit (its metadata location and the main branch's snapshot are
+    required), pyiceberg refreshes the table and re-applies the append, and
+    :func:`_recheck_on_retry` re-checks fencing and the watermark on the refreshed table first.
+    Any failure drops the entry; maintenance drops the entries of tables it committed to; mirror
+    tables, whose deletes are planned against the current snapshot, are always loaded."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, Table] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Table | None:
+        with self._lock:
+            return self._tables.get(name)
+
+    def put(self, name: str, table: Table) -> None:
+        with self._lock:
+            self._tables[name] = table
+
+    def drop(self, name: str) -> None:
+        with self._lock:
+            self._tables.pop(name, None)
+
+
+def _fits(table: Table, table_name: str, batch: list[Accepted]) -> bool:
+    """Whether every file of ``batch`` names a partition spec the (cached) table knows."""
+    specs = table.metadata.specs()
+    return all(f.spec_id in specs for a in batch for f in a.files.get(table_name, ()))
 
 
 # Tables changed by other writers ---------------------------------------------------------

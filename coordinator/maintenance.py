@@ -394,12 +394,14 @@ class Maintainer:
     RETRY_BASE_S, RETRY_CAP_S = 1.0, 300.0
 
     def __init__(self, settings: Settings, catalog: Catalog, metrics: Any, status: dict[str, Any],
-                 locks: TableLocks, rewrite: Rewriter | None, in_flight: Callable[[], Any]) -> None:
+                 locks: TableLocks, rewrite: Rewriter | None, in_flight: Callable[[], Any],
+                 tables: Any = None) -> None:
         from icesink.offload import Offload
 
         self.s = MaintenanceSettings.of(settings)
         self.catalog, self.metrics, self.locks, self.rewrite = catalog, metrics, locks, rewrite
         self.in_flight = in_flight  # async () -> set of paths the control log names, not yet committed
+        self.tables = tables  # the rounds' TableCache: entries of tables a step committed to are dropped
         self.report: dict[str, dict[str, Any]] = status.setdefault("maintenance", {})
         self._due: set[str] = set()
         self._retry: dict[str, tuple[int, float]] = {}  # table -> (failed attempts, not before)
@@ -470,12 +472,16 @@ class Maintainer:
     async def _maintain(self, table: str) -> dict[str, Any]:
         run = self._offload.run
         expired = await run(expire, self.catalog, table, self.s, self.locks.of(table), self._manifests)
+        if expired.snapshots and self.tables is not None:
+            self.tables.drop(table)
         self.metrics.maintenance_snapshots_expired.labels(table=table).inc(expired.snapshots)
         self.metrics.maintenance_files_deleted.labels(table=table).inc(expired.files_deleted)
         out: dict[str, Any] = {"expired_snapshots": expired.snapshots, "deleted_files": expired.files_deleted}
         if self.rewrite is not None:
             rewritten = await run(compact, self.catalog, table, self.s, self.locks.of(table), self.rewrite)
             if rewritten is not None and rewritten.snapshot_id is not None:
+                if self.tables is not None:
+                    self.tables.drop(table)
                 self.metrics.maintenance_files_rewritten.labels(table=table).inc(rewritten.files_in)
                 self.metrics.maintenance_files_written.labels(table=table).inc(rewritten.files_out)
                 self.metrics.maintenance_bytes_rewritten.labels(table=table).inc(rewritten.bytes_in)

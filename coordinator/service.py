@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
-from coordinator.committer import TableCommit, commit_table
+from coordinator.committer import TableCache, TableCommit, commit_table
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import in_flight_files, normalize
@@ -96,8 +96,9 @@ class Coordinator:
         self._table_positions: dict[TopicPartition, int] = {}
         self._adopted = False  # iceberg.control.adopt-log-id names this log and a table's state another
         self._locks = TableLocks()  # every commit to a table holds its lock: rounds and maintenance
+        self._tables = TableCache()  # each table as this coordinator's last commit left it
         self._maintainer = Maintainer(settings, catalog, metrics, self.status, self._locks, rewrite,
-                                      lambda: in_flight_files(settings, bootstrap))
+                                      lambda: in_flight_files(settings, bootstrap), tables=self._tables)
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -500,7 +501,7 @@ class Coordinator:
                 result = await self._commits.run(
                     _locked, self._locks.of(table), commit_table, self.catalog, table, batch, group=self.group, epoch=self.epoch,
                     commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
-                    checkpoint=cp, log_id=self.log_id, adopted=self._adopted, mirrors=self._mirrors,
+                    checkpoint=cp, log_id=self.log_id, adopted=self._adopted, mirrors=self._mirrors, tables=self._tables,
                 )
             except FencedError:
                 self.status["phase"] = "fenced"

@@ -357,3 +357,55 @@ def test_a_commit_computes_the_staged_metadata_once_per_change_and_equal_to_pyic
                for mine, theirs in seen)
     assert len(calls) <= 4, calls  # once per staged change, not once per read
     assert rows(two_tables, "db.a") == 2
+
+
+def _accepted(table: Any, offset: int, name: str, ids: list[int]) -> Any:
+    return service.Accepted(offset=offset, commit_id=f"r{offset}", worker="w1", ranges=(), valid_through_ms=None,
+                            files={"db.a": (data_file(table, name, ids),)})
+
+
+def test_the_table_cache_saves_the_load_and_a_stale_entry_still_commits_exactly(two_tables, monkeypatch):
+    """A round's commit starts from the table the coordinator's last commit left (no load);
+    after another writer committed, the cached table is stale: the catalog refuses, pyiceberg
+    refreshes and re-applies, and the rows are exact."""
+    from coordinator import committer
+
+    cache = committer.TableCache()
+    loads: list[str] = []
+    real_load = two_tables.load_table
+    monkeypatch.setattr(two_tables, "load_table", lambda name: (loads.append(name), real_load(name))[1])
+    table = real_load("db.a")
+
+    def commit(offset: int, ids: list[int]) -> None:
+        committer.commit_table(two_tables, "db.a", [_accepted(table, offset, f"f{offset}", ids)], group="g", epoch=1,
+                               commit_id=f"r{offset}", positions={TP: offset}, valid_through_ms=None, tables=cache)
+
+    ours = lambda: [n for n in loads if n == "db.a"]  # noqa: E731 - the SQL catalog's own loads name a tuple
+    commit(1, [1, 2])
+    assert ours() == ["db.a"]
+    commit(2, [3])
+    assert ours() == ["db.a"]  # the second commit started from the cached table
+    other = real_load("db.a")  # another writer: a property change moves the metadata
+    with other.transaction() as tx:
+        tx.set_properties({"owner": "someone"})
+    commit(3, [4, 5])  # the cached table is stale: refused, refreshed, re-applied
+    assert ours() == ["db.a"]
+    assert rows(two_tables, "db.a") == 5
+    assert real_load("db.a").properties["owner"] == "someone"
+
+
+def test_a_stale_cached_table_is_still_fenced_by_a_newer_coordinator(two_tables):
+    from coordinator import committer
+
+    cache = committer.TableCache()
+    table = two_tables.load_table("db.a")
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 1, "f1", [1])], group="g", epoch=1,
+                           commit_id="r1", positions={TP: 1}, valid_through_ms=None, tables=cache)
+    # a newer coordinator (epoch 2) commits behind this one's cached table
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 5, "f5", [2])], group="g", epoch=2,
+                           commit_id="r5", positions={TP: 5}, valid_through_ms=None)
+    with pytest.raises(FencedError):
+        committer.commit_table(two_tables, "db.a", [_accepted(table, 9, "f9", [3])], group="g", epoch=1,
+                               commit_id="r9", positions={TP: 9}, valid_through_ms=None, tables=cache)
+    assert cache.get("db.a") is None  # a failure drops the entry
+    assert rows(two_tables, "db.a") == 2
