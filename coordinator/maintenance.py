@@ -176,11 +176,27 @@ def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.
 # Compaction ---------------------------------------------------------------------------------
 
 
-def live_files(table: Table) -> list[DataFile]:
+def live_files(table: Table, cache: dict[str, tuple[DataFile, ...]] | None = None,
+               manifests: Sequence[ManifestFile] | None = None) -> list[DataFile]:
+    """The data and delete files of the current snapshot. ``cache`` (manifest path -> its live
+    files, for one table) saves reading manifests again: they never change once written; it
+    is pruned to the current snapshot's manifests."""
     snap = table.current_snapshot()
     if snap is None:
         return []
-    return [e.data_file for m in snap.manifests(table.io) for e in m.fetch_manifest_entry(table.io, discard_deleted=True)]
+    manifests = snap.manifests(table.io) if manifests is None else manifests
+    out: list[DataFile] = []
+    fresh: dict[str, tuple[DataFile, ...]] = {}
+    for m in manifests:
+        entries = cache.get(m.manifest_path) if cache is not None else None
+        if entries is None:
+            entries = tuple(e.data_file for e in m.fetch_manifest_entry(table.io, discard_deleted=True))
+        fresh[m.manifest_path] = entries
+        out.extend(entries)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
+    return out
 
 
 @dataclass(frozen=True)
@@ -200,18 +216,26 @@ def _partition_key(f: DataFile) -> tuple[Any, ...]:
 _TOLD: set[tuple[str, tuple[Any, ...]]] = set()  # partitions too big to fold, logged once
 
 
-def plan_compaction(table: Table, s: MaintenanceSettings) -> Plan | None:
+def plan_compaction(table: Table, s: MaintenanceSettings,
+                    cache: dict[str, tuple[DataFile, ...]] | None = None) -> Plan | None:
     """One partition of the current spec to compact (None: nothing is due). A partition is due
     once its small data files and its delete files together number ``min-input-files``. With
     delete files, ALL its data files are rewritten with the deletes applied and the delete
     files go (skipped, logged once, when its data exceeds ``max-bytes``: the step would not be
     bounded); without, its smallest small files up to ``max-bytes``. The partition with the
-    most such files goes first."""
+    most such files goes first. ``cache``: :func:`live_files`'s, for this table."""
+    snap = table.current_snapshot()
+    if snap is None:
+        return None
+    manifests = snap.manifests(table.io)
+    counts = [(m.added_files_count, m.existing_files_count) for m in manifests]
+    if all(a is not None and e is not None for a, e in counts) and sum(a + e for a, e in counts) < s.min_input_files:  # type: ignore[operator]
+        return None  # fewer live files than a step needs: the manifest list says so, no manifest read
     small_below = s.target_file_size_bytes * 3 // 4
     spec_id = table.metadata.default_spec_id
     data: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
     deletes: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
-    for f in live_files(table):
+    for f in live_files(table, cache, manifests):
         if f.spec_id == spec_id:
             (data if f.content == DataFileContent.DATA else deletes)[_partition_key(f)].append(f)
     due = []
@@ -253,10 +277,12 @@ class Rewritten:
     deletes_folded: int = 0
 
 
-def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock, rewrite: Rewriter) -> Rewritten | None:
-    """One compaction step of table ``name`` (None: nothing due)."""
+def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock, rewrite: Rewriter,
+            cache: dict[str, tuple[DataFile, ...]] | None = None) -> Rewritten | None:
+    """One compaction step of table ``name`` (None: nothing due). ``cache``: the table's
+    manifest entries (:func:`live_files`), kept by the caller between steps."""
     table = catalog.load_table(name)
-    plan = plan_compaction(table, s)
+    plan = plan_compaction(table, s, cache)
     if plan is None:
         return None
     prefix = f"compacted-{int(time.time() * 1000)}-{threading.get_ident() % 100000}"
@@ -407,6 +433,7 @@ class Maintainer:
         self._retry: dict[str, tuple[int, float]] = {}  # table -> (failed attempts, not before)
         self._orphans_at: dict[str, float] = {}
         self._manifests: dict[str, frozenset[str]] = {}
+        self._live: dict[str, dict[str, tuple[DataFile, ...]]] = {}  # per table: manifest -> its live files
         self._task: Any = None
         self._offload = Offload(1)  # one step at a time, beside the rounds' threads
 
@@ -478,7 +505,8 @@ class Maintainer:
         self.metrics.maintenance_files_deleted.labels(table=table).inc(expired.files_deleted)
         out: dict[str, Any] = {"expired_snapshots": expired.snapshots, "deleted_files": expired.files_deleted}
         if self.rewrite is not None:
-            rewritten = await run(compact, self.catalog, table, self.s, self.locks.of(table), self.rewrite)
+            rewritten = await run(compact, self.catalog, table, self.s, self.locks.of(table), self.rewrite,
+                                  self._live.setdefault(table, {}))
             if rewritten is not None and rewritten.snapshot_id is not None:
                 if self.tables is not None:
                     self.tables.drop(table)

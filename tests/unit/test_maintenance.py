@@ -276,3 +276,36 @@ def test_the_maintainer_runs_passes_sweeps_orphans_and_retries_failures_with_bac
     assert metrics.maintenance_files_rewritten.labels(table="db.t")._value.get() == 5
     assert metrics.maintenance_orphans_deleted.labels(table="db.t")._value.get() == 1
     assert _ids(catalog.load_table("db.t")) == list(range(50))
+
+
+def test_compaction_planning_reads_each_manifest_once_and_none_while_too_few_files(table_and_catalog, monkeypatch):
+    """Planning runs after every round for every table: below min-input-files live files the
+    manifest list alone says nothing is due; above, each manifest is read once and then kept
+    (manifests never change)."""
+    from pyiceberg.manifest import ManifestFile
+
+    catalog, table = table_and_catalog
+    reads: list[str] = []
+    real = ManifestFile.fetch_manifest_entry
+
+    def counted(self, *a, **k):
+        reads.append(self.manifest_path)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(ManifestFile, "fetch_manifest_entry", counted)
+    s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=1 << 20)
+    cache: dict = {}
+    for i in range(3):
+        table.append(_rows(i * 10, 10))
+        table = catalog.load_table("db.t")
+        assert plan_compaction(table, s, cache) is None
+    assert reads == []  # 3 live files < 4: no manifest read
+    table.append(_rows(30, 10))
+    table = catalog.load_table("db.t")
+    assert plan_compaction(table, s, cache) is not None
+    assert len(reads) == 4 == len(set(reads))
+    table.append(_rows(40, 10))
+    table = catalog.load_table("db.t")
+    assert plan_compaction(table, s, cache) is not None
+    assert len(reads) == 5  # only the new manifest
+    assert len(cache) == 5
