@@ -80,6 +80,11 @@ def commit_table(
         out = _commit(table, table_name, batch, group=group, epoch=epoch, commit_id=commit_id,
                       positions=positions, valid_through_ms=valid_through_ms, checkpoint=checkpoint, log_id=log_id,
                       adopted=adopted, mirrors=mirrors)
+    except NoSuchTableError:
+        if tables is not None:
+            tables.drop(table_name)
+        _load_table(catalog, table_name, batch)  # a cached table was dropped: raises TableChangedError saying so
+        raise
     except BaseException:
         if tables is not None:
             tables.drop(table_name)
