@@ -231,7 +231,11 @@ class SparkFileWriter:
                 if s.master.startswith("local") else {}
             )
             # A local session's driver runs the tasks: its file: scheme can skip chmod processes.
-            fast_fs = session_conf(s.conf) if s.master.startswith("local") else {}
+            # Elsewhere executors lack the classes: Hadoop's own, also over a conf an earlier local
+            # session of this process left in the JVM's system properties.
+            fast_fs = (session_conf(s.conf) if s.master.startswith("local")
+                       else {} if "spark.hadoop.fs.file.impl" in s.conf
+                       else {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"})
             for key, value in {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs}.items():
                 builder = builder.config(key, value)
             spark = builder.getOrCreate()

@@ -260,7 +260,7 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import pizza_values, produce
     from icesink.replicas import ReplicaSet
-    from tests.support.sinkrun import assert_exact, http_json, metric, wait_rows, write_config, write_control
+    from tests.support.sinkrun import assert_exact, http_json, metric, wait_rows, wait_up, write_config, write_control
 
     topic, table, group = "fg-orders", "fg.orders", "fg-sink"
     catalog = load_catalog("it", **catalog_props)
@@ -290,6 +290,7 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
         wait_rows(catalog, replicas, (table,), 1000, timeout_s=240)
         write_control(broker.bootstrap, f"{group}-control", [(group.encode(), encode(ev)) for ev in forged])
         replicas.start()  # a rebalance: the intruder owns nothing
+        wait_up(replicas)  # (CI on 6c20e01 read w2's metrics before it had finished importing)
         asyncio.run(produce(broker.bootstrap, topic, values[1000:2000], partitions=2))
         wait_rows(catalog, replicas, (table,), 2000, timeout_s=180)
         refused = sum(metric(r.metrics_port, "icesink_control_events_refused_total") for r in replicas.replicas.values())

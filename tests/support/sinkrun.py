@@ -63,6 +63,23 @@ def http_json(port: int, path: str = "/status") -> Any:
     return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).read())
 
 
+def wait_up(replicas: ReplicaSet, timeout_s: float = 120.0) -> None:
+    """Until every replica's /status answers (a replica just started is still importing)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    for r in list(replicas.replicas.values()):
+        while True:
+            replicas.check_alive()
+            try:
+                http_json(r.metrics_port)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"replica {r.name}: /status on port {r.metrics_port} not up in {timeout_s} s")
+                time.sleep(0.5)
+
+
 def coordinator_status(replicas: ReplicaSet) -> tuple[Any, dict[str, Any]] | None:
     """The replica running the coordinator and the coordinator's part of its /status."""
     for r in list(replicas.replicas.values()):
