@@ -44,6 +44,7 @@ from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 
+from coordinator.committer import TableCache
 from coordinator.deletes import DeletesManifest
 from coordinator.gc import normalize
 from icesink.config import Settings
@@ -421,7 +422,7 @@ class Maintainer:
 
     def __init__(self, settings: Settings, catalog: Catalog, metrics: Any, status: dict[str, Any],
                  locks: TableLocks, rewrite: Rewriter | None, in_flight: Callable[[], Any],
-                 tables: Any = None) -> None:
+                 tables: TableCache | None = None) -> None:
         from icesink.offload import Offload
 
         self.s = MaintenanceSettings.of(settings)

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["live_rows", "read_files", "rewrite_files"]
+__all__ = ["read_files", "rewrite_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +100,6 @@ def read_files(table: Table, files: Sequence[DataFile], deletes: Sequence[DataFi
     scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
     data = scan.to_table([FileScanTask(f, set(deletes)) for f in files])
     return data.cast(schema_to_pyarrow(table.schema()))
-
-
-def live_rows(table: Table, data_files: Sequence[DataFile], delete_files: Sequence[DataFile] = ()) -> int:
-    """Rows of ``data_files`` that ``delete_files`` do not delete."""
-    return sum(f.record_count for f in data_files) - _deleted_positions(table, data_files, delete_files).num_rows
 
 
 # --------------------------------------------------------------------------------------------

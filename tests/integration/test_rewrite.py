@@ -79,10 +79,18 @@ def _duck_rows(table: Any, columns: str) -> list[tuple[Any, ...]]:
             f"SELECT {columns} FROM iceberg_scan('{duck.plain_path(table.metadata_location)}')").fetchall())
 
 
-def _rewriter(writer: SparkFileWriter):
+def _compact(writer: SparkFileWriter, catalog: Any, name: str, min_input_files: int,
+             caplog: pytest.LogCaptureFixture) -> Any:
+    """One compaction step through the coordinator's compact() with rewrite_files as its
+    rewriter; it must commit. The rewrite module's log goes to ``caplog``."""
     def rewrite(table, files, deletes, prefix):  # type: ignore[no-untyped-def]
         return rewrite_files(writer, table, files, deletes, file_prefix=prefix, target_file_size_bytes=128 << 20)
-    return rewrite
+
+    caplog.set_level(logging.INFO, logger="spark_bridge.rewrite")
+    out = compact(catalog, name, MaintenanceSettings(min_input_files=min_input_files, target_file_size_bytes=128 << 20),
+                  threading.Lock(), rewrite)
+    assert out is not None and out.snapshot_id is not None
+    return out
 
 
 def test_spark_rewrites_evolved_files_with_deletes_and_keeps_every_row_and_field_id(
@@ -124,10 +132,7 @@ def test_spark_rewrites_evolved_files_with_deletes_and_keeps_every_row_and_field
     assert len(before) == 500 - 5
     assert _duck_rows(table, "id, qty, label, shop, extra") == before
 
-    caplog.set_level(logging.INFO, logger="spark_bridge.rewrite")
-    s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=128 << 20)
-    out = compact(catalog, "db.r", s, threading.Lock(), _rewriter(writer))
-    assert out is not None and out.snapshot_id is not None
+    out = _compact(writer, catalog, "db.r", 4, caplog)
     assert FALLBACK not in caplog.text, caplog.text  # Spark read them
     assert (out.files_in, out.files_out, out.deletes_folded) == (5, 1, 2)
     table = catalog.load_table("db.r")
@@ -153,10 +158,8 @@ def test_a_table_spark_cannot_read_by_field_id_is_read_by_pyiceberg_and_said(
         table.append(pa.table({"id": pa.array([r, r + 10], pa.int64()), "tags": [[f"t{r}"], []]}))
         table = catalog.load_table("db.l")
     before = _rows(table)
-    caplog.set_level(logging.INFO, logger="spark_bridge.rewrite")
-    out = compact(catalog, "db.l", MaintenanceSettings(min_input_files=3, target_file_size_bytes=128 << 20),
-                  threading.Lock(), _rewriter(writer))
-    assert out is not None and out.snapshot_id is not None and out.files_out == 1
+    out = _compact(writer, catalog, "db.l", 3, caplog)
+    assert out.files_out == 1
     assert FALLBACK in caplog.text and "list or map" in caplog.text
     table = catalog.load_table("db.l")
     assert _rows(table) == before
@@ -186,10 +189,8 @@ def test_a_table_on_s3_is_rewritten_from_local_copies_and_uploaded(
         _delete(table, files[1], [1, 3])
         table = catalog.load_table("db.s")
         before = _rows(table)
-        caplog.set_level(logging.INFO, logger="spark_bridge.rewrite")
-        out = compact(catalog, "db.s", MaintenanceSettings(min_input_files=4, target_file_size_bytes=128 << 20),
-                      threading.Lock(), _rewriter(writer))
-        assert out is not None and out.snapshot_id is not None and out.files_out == 1
+        out = _compact(writer, catalog, "db.s", 4, caplog)
+        assert out.files_out == 1
         assert FALLBACK not in caplog.text, caplog.text
         table = catalog.load_table("db.s")
         live = live_files(table)
