@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
-__all__ = ["KeyIndex"]
+__all__ = ["KeyIndex", "read_keys"]
 
 _POS_BITS = 32
 
@@ -50,7 +50,7 @@ class KeyIndex:
         deletes = _read_deletes(table, {d.file_path for t in tasks for d in t.delete_files})
         for task in tasks:
             deleted = _deleted_positions(deletes, task.file.file_path, task.delete_files)
-            index.add_file(task.file.file_path, _read_keys(table, task.file.file_path, index.keys), skip=deleted,
+            index.add_file(task.file.file_path, read_keys(table, task.file.file_path, index.keys), skip=deleted,
                            partition=(task.file.spec_id, task.file.partition))
         return index
 
@@ -94,7 +94,8 @@ class KeyIndex:
         return columns[0] if len(columns) == 1 else list(zip(*columns))
 
 
-def _read_keys(table: Table, path: str, keys: Sequence[str]) -> pa.Table:
+def read_keys(table: Table, path: str, keys: Sequence[str]) -> pa.Table:
+    """The key columns of data file ``path``, in row order."""
     with table.io.new_input(path).open() as f:
         return pq.read_table(f, columns=list(keys))
 

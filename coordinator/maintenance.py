@@ -20,7 +20,8 @@ rounds, never inside one:
   take too, so a round waits at most for one maintenance metadata commit, never for a rewrite.
   If an input is no longer live (another writer replaced it), or the partition gained delete
   files meanwhile, the rewrite is dropped and its new files deleted: never half-applied. A
-  mirror table's key index is rebuilt after a rewrite (its positions changed).
+  mirror table's key index moves to the new files in place, under the lock (the same keys at
+  new positions), so the next round does not rebuild it.
 - Orphan files: ``icesink gc``'s rules (:mod:`coordinator.gc`) on their schedule.
 """
 
@@ -47,6 +48,8 @@ from pyiceberg.table.update.snapshot import _OverwriteFiles
 from coordinator.committer import TableCache
 from coordinator.deletes import DeletesManifest
 from coordinator.gc import normalize
+from coordinator.key_index import read_keys
+from coordinator.mirror import MirrorIndexes
 from icesink.config import Settings
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,7 @@ Rewriter = Callable[[Table, Sequence[DataFile], Sequence[DataFile], str], list[D
 class MaintenanceSettings:
     enabled: bool = True
     min_input_files: int = 16
+    min_delete_files: int = 1
     target_file_size_bytes: int = 128 * 1024 * 1024
     max_rewrite_bytes: int = 512 * 1024 * 1024
     snapshot_max_age_ms: int = 24 * 3600 * 1000
@@ -75,6 +79,7 @@ class MaintenanceSettings:
     def of(cls, s: Settings) -> "MaintenanceSettings":
         return cls(
             enabled=s.maintenance_enabled, min_input_files=s.maintenance_min_input_files,
+            min_delete_files=s.maintenance_min_delete_files,
             target_file_size_bytes=s.target_file_size_bytes, max_rewrite_bytes=s.maintenance_max_rewrite_bytes,
             snapshot_max_age_ms=s.maintenance_snapshot_max_age_ms, retain_last=s.maintenance_retain_last,
             orphans_older_than_ms=s.maintenance_orphans_older_than_ms,
@@ -220,18 +225,18 @@ _TOLD: set[tuple[str, tuple[Any, ...]]] = set()  # partitions too big to fold, l
 def plan_compaction(table: Table, s: MaintenanceSettings,
                     cache: dict[str, tuple[DataFile, ...]] | None = None) -> Plan | None:
     """One partition of the current spec to compact (None: nothing is due). A partition is due
-    once its small data files and its delete files together number ``min-input-files``. With
-    delete files, ALL its data files are rewritten with the deletes applied and the delete
-    files go (skipped, logged once, when its data exceeds ``max-bytes``: the step would not be
-    bounded); without, its smallest small files up to ``max-bytes``. The partition with the
-    most such files goes first. ``cache``: :func:`live_files`'s, for this table."""
+    once it holds ``min-input-files`` small data files, or ``min-delete-files`` delete files
+    (default 1: any). With delete files, ALL its data files are rewritten with the deletes
+    applied and the delete files go (skipped, logged once, when its data exceeds ``max-bytes``:
+    the step would not be bounded); without, its smallest small files up to ``max-bytes``. The
+    partition with the most small and delete files goes first. ``cache``: :func:`live_files`'s,
+    for this table."""
     snap = table.current_snapshot()
     if snap is None:
         return None
     manifests = snap.manifests(table.io)
-    counts = [(m.added_files_count, m.existing_files_count) for m in manifests]
-    if all(a is not None and e is not None for a, e in counts) and sum(a + e for a, e in counts) < s.min_input_files:  # type: ignore[operator]
-        return None  # fewer live files than a step needs: the manifest list says so, no manifest read
+    if _too_few(manifests, s):
+        return None  # the manifest list says no partition can be due: no manifest read
     small_below = s.target_file_size_bytes * 3 // 4
     spec_id = table.metadata.default_spec_id
     data: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
@@ -243,7 +248,7 @@ def plan_compaction(table: Table, s: MaintenanceSettings,
     for key in set(data) | set(deletes):
         small = [f for f in data.get(key, ()) if f.file_size_in_bytes < small_below]
         count = len(small) + len(deletes.get(key, ()))
-        if count < s.min_input_files:
+        if len(small) < s.min_input_files and len(deletes.get(key, ())) < s.min_delete_files:
             continue
         if deletes.get(key):
             size = sum(f.file_size_in_bytes for f in data.get(key, ()))
@@ -269,6 +274,18 @@ def plan_compaction(table: Table, s: MaintenanceSettings,
     return max(due, key=lambda d: (d[0], d[1]))[2]
 
 
+def _too_few(manifests: Sequence[ManifestFile], s: MaintenanceSettings) -> bool:
+    """Whether the manifest list's counts rule out a due partition: fewer live data files than
+    ``min-input-files`` and fewer live delete files than ``min-delete-files`` in the whole table
+    (False when a manifest has no counts)."""
+    live = {ManifestContent.DATA: 0, ManifestContent.DELETES: 0}
+    for m in manifests:
+        if m.added_files_count is None or m.existing_files_count is None:
+            return False
+        live[m.content] += m.added_files_count + m.existing_files_count
+    return live[ManifestContent.DATA] < s.min_input_files and live[ManifestContent.DELETES] < s.min_delete_files
+
+
 @dataclass(frozen=True)
 class Rewritten:
     files_in: int
@@ -279,9 +296,11 @@ class Rewritten:
 
 
 def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock, rewrite: Rewriter,
-            cache: dict[str, tuple[DataFile, ...]] | None = None) -> Rewritten | None:
+            cache: dict[str, tuple[DataFile, ...]] | None = None, mirrors: MirrorIndexes | None = None,
+            ) -> Rewritten | None:
     """One compaction step of table ``name`` (None: nothing due). ``cache``: the table's
-    manifest entries (:func:`live_files`), kept by the caller between steps."""
+    manifest entries (:func:`live_files`), kept by the caller between steps. ``mirrors``: the
+    coordinator's key indexes; a mirror table's index moves to the new files in place."""
     table = catalog.load_table(name)
     plan = plan_compaction(table, s, cache)
     if plan is None:
@@ -292,21 +311,42 @@ def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading
     if written > inputs or (not plan.deletes and written != inputs):  # the rewriter counts exactly; a guard
         _delete_all(table, new)
         raise RuntimeError(f"{name}: compaction wrote {written} rows for {inputs} input rows; dropped")
-    snapshot_id = commit_rewrite(catalog, name, plan, new, lock)
+    moved = None
+    if mirrors is not None and (keys := mirrors.keys(name, table)):
+        moved = _keys_of(table, name, new, keys, plan.data[0] if plan.data else None)
+    snapshot_id = commit_rewrite(
+        catalog, name, plan, new, lock,
+        None if mirrors is None else lambda parent, snap: mirrors.rewritten(name, parent, snap, moved))
     return Rewritten(len(plan.data), len(new), sum(f.file_size_in_bytes for f in plan.data), snapshot_id,
                      len(plan.deletes))
 
 
-def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFile],
-                   lock: threading.Lock) -> int | None:
+def _keys_of(table: Table, name: str, files: Sequence[DataFile], keys: Sequence[str],
+             like: DataFile | None) -> list[Any] | None:
+    """Each new file's path, key columns, and spec id and partition (those of the inputs,
+    ``like``: a step rewrites one partition). None: unreadable; the index is rebuilt."""
+    where = (like.spec_id, like.partition) if like is not None else (table.metadata.default_spec_id, None)
+    try:
+        return [(f.file_path, read_keys(table, f.file_path, keys), where) for f in files]
+    except Exception as exc:  # noqa: BLE001 - the next round rebuilds the index instead
+        log.warning("%s: could not read the key columns %s of the compacted files (%s: %s); the key index is "
+                    "rebuilt at the next round", name, list(keys), type(exc).__name__, exc)
+        return None
+
+
+def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFile], lock: threading.Lock,
+                   committed: Callable[[int | None, int | None], Any] | None = None) -> int | None:
     """Replace the plan's data and delete files by ``new`` in one REPLACE snapshot; retried on
     a conflict, dropped (the new files deleted) when an input is no longer live or the
-    partition gained delete files meanwhile (they name rows of the inputs). Never half-applied."""
+    partition gained delete files meanwhile (they name rows of the inputs). Never half-applied.
+    ``committed(parent, snapshot)`` runs under the lock once the snapshot is in (``parent``:
+    the snapshot the inputs were checked against; None if the commit landed on another)."""
     wanted = {normalize(f.file_path) for f in plan.data}
     folded = {normalize(f.file_path) for f in plan.deletes}
     for attempt in range(1, _COMMIT_ATTEMPTS + 1):
         with lock:
             table = catalog.load_table(name)
+            base = table.current_snapshot()
             live = live_files(table)
             data = {normalize(f.file_path) for f in live if f.content == DataFileContent.DATA}
             deletes = {normalize(f.file_path) for f in live
@@ -330,6 +370,10 @@ def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFi
                 log.info("%s: compaction commit conflicted (attempt %d): %s", name, attempt, exc)
                 continue
             snap = table.current_snapshot()
+            if committed is not None:
+                parent = base.snapshot_id if base is not None and snap is not None and \
+                    snap.parent_snapshot_id == base.snapshot_id else None
+                committed(parent, snap.snapshot_id if snap else None)
             return snap.snapshot_id if snap else None
     _delete_all(catalog.load_table(name), new)
     raise CommitFailedException(f"{name}: compaction commit conflicted {_COMMIT_ATTEMPTS} times; dropped")
@@ -422,13 +466,14 @@ class Maintainer:
 
     def __init__(self, settings: Settings, catalog: Catalog, metrics: Any, status: dict[str, Any],
                  locks: TableLocks, rewrite: Rewriter | None, in_flight: Callable[[], Any],
-                 tables: TableCache | None = None) -> None:
+                 tables: TableCache | None = None, mirrors: MirrorIndexes | None = None) -> None:
         from icesink.offload import Offload
 
         self.s = MaintenanceSettings.of(settings)
         self.catalog, self.metrics, self.locks, self.rewrite = catalog, metrics, locks, rewrite
         self.in_flight = in_flight  # async () -> set of paths the control log names, not yet committed
         self.tables = tables  # the rounds' TableCache: entries of tables a step committed to are dropped
+        self.mirrors = mirrors  # the rounds' key indexes: moved to a mirror table's compacted files
         self.report: dict[str, dict[str, Any]] = status.setdefault("maintenance", {})
         self._due: set[str] = set()
         self._retry: dict[str, tuple[int, float]] = {}  # table -> (failed attempts, not before)
@@ -507,7 +552,7 @@ class Maintainer:
         out: dict[str, Any] = {"expired_snapshots": expired.snapshots, "deleted_files": expired.files_deleted}
         if self.rewrite is not None:
             rewritten = await run(compact, self.catalog, table, self.s, self.locks.of(table), self.rewrite,
-                                  self._live.setdefault(table, {}))
+                                  self._live.setdefault(table, {}), self.mirrors)
             if rewritten is not None and rewritten.snapshot_id is not None:
                 if self.tables is not None:
                     self.tables.drop(table)

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -70,6 +71,26 @@ class MirrorIndexes:
     def forget(self, name: str) -> None:
         with self._lock:
             self._by_table.pop(name, None)
+
+    def rewritten(self, name: str, parent: int | None, snapshot: int | None,
+                  files: Sequence[tuple[str, pa.Table, tuple[int, Any]]] | None) -> bool:
+        """Compaction replaced data files of ``name`` in ``snapshot`` (whose parent is
+        ``parent``) by ``files`` (path, key columns in row order, spec id and partition): the same
+        live rows at new positions. The index kept for ``parent`` moves to them in place (each of
+        their keys, all live before, now points at its new row) and is kept for ``snapshot``; an
+        index of another snapshot, or ``files`` None (not read), is dropped and rebuilt at the
+        next round. Called under the table's commit lock, so no round holds the index. Returns
+        whether it moved."""
+        with self._lock:
+            kept = self._by_table.pop(name, None)
+        if kept is None or files is None or parent is None or kept[0] != parent:
+            return False
+        index = kept[1]
+        for path, keys, partition in files:
+            index.add_file(path, keys, partition=partition)
+        self.keep(name, snapshot, index)
+        log.info("table %s: key index moved to the %d files of compaction snapshot %s", name, len(files), snapshot)
+        return True
 
 
 def position_deletes(table: Table, name: str, index: KeyIndex, todo: Sequence[Accepted]) -> list[DataFile]:

@@ -98,7 +98,8 @@ class Coordinator:
         self._locks = TableLocks()  # every commit to a table holds its lock: rounds and maintenance
         self._tables = TableCache()  # each table as this coordinator's last commit left it
         self._maintainer = Maintainer(settings, catalog, metrics, self.status, self._locks, rewrite,
-                                      lambda: in_flight_files(settings, bootstrap), tables=self._tables)
+                                      lambda: in_flight_files(settings, bootstrap), tables=self._tables,
+                                      mirrors=self._mirrors)
 
     # Lifecycle ---------------------------------------------------------------------------
 

@@ -166,6 +166,7 @@ class Settings(BaseSettings):
     # Table maintenance by the coordinator (coordinator/maintenance.py, docs/maintenance.md).
     maintenance_enabled: bool = Field(True, alias="maintenance.enabled")
     maintenance_min_input_files: int = Field(16, alias="maintenance.compaction.min-input-files", ge=2)
+    maintenance_min_delete_files: int = Field(1, alias="maintenance.compaction.min-delete-files", ge=1)
     maintenance_max_rewrite_bytes: int = Field(
         512 * 1024 * 1024, alias="maintenance.compaction.max-bytes", ge=1024
     )

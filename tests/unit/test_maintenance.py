@@ -167,8 +167,8 @@ def test_a_mirror_partition_with_delete_files_is_folded_and_reads_the_same(tmp_p
                 f"SELECT id FROM iceberg_scan('{duck.plain_path(t.metadata_location)}')").fetchall())
 
     assert duck_ids() == expected
-    assert plan_compaction(table, MaintenanceSettings(min_input_files=8, target_file_size_bytes=1 << 20)) is None
-    s = MaintenanceSettings(min_input_files=7, target_file_size_bytes=1 << 20)
+    assert plan_compaction(table, MaintenanceSettings(min_delete_files=4, target_file_size_bytes=1 << 20)) is None
+    s = MaintenanceSettings(target_file_size_bytes=1 << 20)  # the default: due at the first delete file
     plan = plan_compaction(table, s)  # 4 small data files + 3 delete files: due, and folded whole
     assert plan is not None and len(plan.data) == 4 and len(plan.deletes) == 3
     out = compact(catalog, "db.m", s, threading.Lock(), _rewrite)
@@ -209,7 +209,7 @@ def test_maintenance_settings_are_on_by_default_and_named_in_errors(tmp_path):
     path.write_text(json.dumps({"topics": "t", "iceberg.tables": "db.t"}))
     s = MaintenanceSettings.of(load_settings(path, {}))
     assert s == MaintenanceSettings()  # the documented defaults
-    assert (s.min_input_files, s.retain_last, s.snapshot_max_age_ms) == (16, 10, 86_400_000)
+    assert (s.min_input_files, s.min_delete_files, s.retain_last, s.snapshot_max_age_ms) == (16, 1, 10, 86_400_000)
     assert s.orphans_older_than_ms == 3 * 86_400_000 and s.orphans_every_s == 86_400
     off = load_settings(path, {"ICESINK_MAINTENANCE_ENABLED": "false"},
                         {"maintenance.compaction.min-input-files": "4", "maintenance.snapshots.retain-last": "2"})

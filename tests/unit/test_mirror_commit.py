@@ -182,6 +182,58 @@ def test_a_partitioned_mirror_table_gets_one_delete_file_per_partition(tmp_path)
     assert rows_pyiceberg(catalog) == want and rows_duckdb(catalog) == want
 
 
+def _locations(index) -> dict:
+    """A key index as key -> (data file, row position)."""
+    return {k: (index._files[w >> 32], w & 0xFFFFFFFF) for k, w in index._where.items()}
+
+
+def test_compaction_folds_the_delete_files_and_moves_the_key_index_in_place(tmp_path, caplog):
+    """The default rule folds a partition at its first delete file; the compaction step moves
+    the coordinator's key index to the new files (no rebuild at the next round: the index kept
+    is the same object, at the replace snapshot, and equals one rebuilt from the table); the
+    next rounds' deletes then hit the rows in the new files: exact in pyiceberg and DuckDB."""
+    import logging
+    import threading
+
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    from coordinator.key_index import KeyIndex
+    from coordinator.maintenance import MaintenanceSettings, compact, live_files, plan_compaction
+    from spark_bridge.rewrite import read_files
+
+    def rewrite(table, data_files, delete_files, prefix):  # pyiceberg reads, pyiceberg writes: no Spark here
+        return list(_dataframe_to_data_files(table.metadata, read_files(table, data_files, delete_files), table.io,
+                                             write_uuid=uuid.uuid4()))
+
+    spec = PartitionSpec(PartitionField(source_id=3, field_id=1000, transform=IdentityTransform(), name="region"))
+    catalog = make_table(tmp_path, spec)
+    mirrors = MirrorIndexes(mirror_settings(tmp_path))
+    region = lambda k: "eu" if k % 2 else "us"  # noqa: E731
+    commit(catalog, mirrors, [response(catalog, [(k, f"v{k}", "c") for k in range(10)], region)])
+    s = MaintenanceSettings(target_file_size_bytes=1 << 20)  # the defaults: 16 small files, or 1 delete file
+    assert plan_compaction(catalog.load_table("db.m"), s) is None  # two data files, no delete file
+    commit(catalog, mirrors, [response(catalog, [(1, "w1", "u"), (3, None, "d"), (10, "v10", "c")], region)])
+    assert plan_compaction(catalog.load_table("db.m"), MaintenanceSettings(min_delete_files=2)) is None
+    plan = plan_compaction(catalog.load_table("db.m"), s)
+    assert plan is not None and len(plan.deletes) == 1 and plan.partition[1] == ("eu",) and len(plan.data) == 2
+    index = mirrors._by_table["db.m"][1]
+    out = compact(catalog, "db.m", s, threading.Lock(), rewrite, mirrors=mirrors)
+    assert out is not None and out.snapshot_id is not None and out.deletes_folded == 1
+    table = catalog.load_table("db.m")
+    assert not [f for f in live_files(table) if f.content != f.content.DATA]  # no delete file is live
+    kept_at, kept = mirrors._by_table["db.m"]
+    assert kept is index and kept_at == out.snapshot_id == table.current_snapshot().snapshot_id
+    assert _locations(kept) == _locations(KeyIndex.from_table(table, ["id"]))
+    want = {k: f"v{k}" for k in range(11) if k != 3} | {1: "w1"}
+    assert rows_pyiceberg(catalog) == want and rows_duckdb(catalog) == want
+    with caplog.at_level(logging.INFO, logger="coordinator.mirror"):
+        commit(catalog, mirrors, [response(catalog, [(1, None, "d"), (5, "x", "u"), (7, "y", "u")], region)])
+    assert "rebuilt" not in caplog.text
+    want.pop(1)
+    want.update({5: "x", 7: "y"})
+    assert rows_pyiceberg(catalog) == want and rows_duckdb(catalog) == want
+
+
 def test_tables_that_cannot_be_mirror_tables_are_refused_naming_the_key(tmp_path):
     catalog = make_table(tmp_path, version="1")
     with pytest.raises(ConfigError, match="format version 2") as e:
