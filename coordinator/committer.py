@@ -18,7 +18,6 @@ import logging
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
@@ -26,14 +25,13 @@ from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, Man
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update import TableUpdate, _apply_table_update, _TableMetadataUpdateContext
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import EMPTY_DICT, Record
-from pyiceberg.utils.datetime import datetime_to_millis
 
 from coordinator.deletes import add_position_deletes
 from coordinator.mirror import MirrorIndexes, position_deletes
 from coordinator.state import Accepted, Checkpoint
+from icesink.catalogs import staged_metadata
 from icesink.errors import ControlLogError, FencedError, TableChangedError
 from icesink.events import TopicPartition
 from icesink.iceberg import SinkState, latest_sink_summary, state_property, summary_properties, to_data_file
@@ -217,24 +215,8 @@ class _MemoTransaction(Transaction):
         base, updates = self._table.metadata, self._updates
         memo = self._memo
         if memo is None or memo[0] is not base or memo[1] is not updates:
-            memo = self._memo = (base, updates, _staged_metadata(base, updates))
+            memo = self._memo = (base, updates, staged_metadata(base, updates))
         return memo[2]
-
-
-def _staged_metadata(base: TableMetadata, updates: tuple[TableUpdate, ...]) -> TableMetadata:
-    """pyiceberg 0.12's ``update_table_metadata(base, updates)`` without its final deep copy of
-    the whole metadata (a quarter of a commit's CPU, growing with the snapshots): the models are
-    frozen and every update builds new containers, and the transaction only reads the result
-    (the catalog applies the updates again, with its copy, when it commits)."""
-    context = _TableMetadataUpdateContext()
-    staged = base
-    for update in updates:
-        staged = _apply_table_update(update, staged, context)
-    if context.has_changes() and base.last_updated_ms == staged.last_updated_ms:
-        staged = staged.model_copy(update={"last_updated_ms": datetime_to_millis(datetime.now().astimezone())})
-    staged.spec().check_compatible(staged.schema())
-    staged.sort_order().check_compatible(staged.schema())
-    return staged
 
 
 class TableCache:

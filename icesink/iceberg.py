@@ -45,7 +45,17 @@ def catalog_properties(settings: Settings) -> dict[str, str]:
 
 
 def load_catalog(settings: Settings) -> Catalog:
-    return _load_catalog(settings.catalog_name, **catalog_properties(settings))
+    """The sink's catalog; a SQL catalog as :class:`icesink.catalogs.SqlCatalog` (cheaper commits)."""
+    from pyiceberg.catalog.sql import SqlCatalog as _SqlCatalog
+
+    from icesink.catalogs import SqlCatalog
+
+    props = catalog_properties(settings)
+    catalog = _load_catalog(settings.catalog_name, **props)
+    if type(catalog) is _SqlCatalog and "py-catalog-impl" not in props:  # a user's own implementation is kept
+        catalog.engine.dispose()
+        catalog = SqlCatalog(catalog.name, **catalog.properties)
+    return catalog
 
 
 def total_rows(catalog: Catalog, name: str) -> int:

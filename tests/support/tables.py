@@ -13,13 +13,13 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import LongType, TimestampType
 
+from icesink.catalogs import SqlCatalog
 from icesink.pizzas import PIZZA_SCHEMA
 from spark_bridge.partitioning import build_partition_spec, parse_partition_by
 
@@ -30,7 +30,8 @@ pizza_bucket = BucketTransform(8).transform(LongType())
 
 
 def sqlite_catalog(directory: Path) -> SqlCatalog:
-    """A fresh SQLite SQL catalog with namespace ``db``, its warehouse under ``directory``."""
+    """A fresh SQLite SQL catalog (icesink's, as the sink uses) with namespace ``db``, its warehouse
+    under ``directory``."""
     cat = SqlCatalog("t", uri=f"sqlite:///{directory}/catalog.db", warehouse=f"file://{directory}/wh")
     cat.create_namespace("db")
     return cat

@@ -329,7 +329,7 @@ def test_a_commit_computes_the_staged_metadata_once_per_change_and_equal_to_pyic
     from coordinator import committer
 
     calls: list[int] = []
-    real = committer._staged_metadata
+    real = committer.staged_metadata
 
     def counted(base, updates, *a, **k):
         calls.append(len(updates))
@@ -343,7 +343,7 @@ def test_a_commit_computes_the_staged_metadata_once_per_change_and_equal_to_pyic
         seen.append((mine, Transaction.table_metadata.fget(self)))
         return mine
 
-    monkeypatch.setattr(committer, "_staged_metadata", counted)
+    monkeypatch.setattr(committer, "staged_metadata", counted)
     monkeypatch.setattr(committer._MemoTransaction, "table_metadata", property(checked))
     table = two_tables.load_table("db.a")
     acc = service.Accepted(offset=5, commit_id="r1", worker="w1", ranges=(), valid_through_ms=None,

@@ -1,0 +1,124 @@
+"""The coordinator's table commits of one round to many tables, alone: ``commit_table`` for each
+of ``--tables`` tables (one new data file each, with column statistics, as a round of a worker
+writing many dynamic tables gives), run on ``--threads`` commit threads as the coordinator runs
+them, against a SQLite SQL catalog and local files (the ingest benchmark's set-up). No data file
+is read by a fast append, so the files are only described.
+
+It runs the rounds on pyiceberg's SQL catalog, then on icesink's (icesink.catalogs.SqlCatalog,
+which the sink uses for SQL catalogs), each on a fresh catalog. Prints, per round, the wall time
+and the process CPU per table commit; ``--profile`` runs the
+rounds on one thread under cProfile and prints the functions with the most cumulative and own
+time. Use it to see what a table commit costs before and after a change:
+
+    .venv/bin/python bench/commit_bench.py --tables 200 --rounds 5
+    .venv/bin/python bench/commit_bench.py --tables 50 --rounds 3 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pyiceberg.catalog import load_catalog  # noqa: E402
+from pyiceberg.schema import Schema  # noqa: E402
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType  # noqa: E402
+
+from coordinator.committer import TableCache, commit_table  # noqa: E402
+from icesink.catalogs import SqlCatalog  # noqa: E402
+from coordinator.state import Accepted  # noqa: E402
+from icesink.embedded import sqlite_catalog_properties  # noqa: E402
+from icesink.events import FileInfo, TopicPartition  # noqa: E402
+
+SCHEMA = Schema(*(
+    NestedField(i + 1, name, kind, required=False) for i, (name, kind) in enumerate([
+        ("order_id", StringType()), ("shop", StringType()), ("pizza", StringType()), ("size", StringType()),
+        ("qty", LongType()), ("price", DoubleType()), ("customer", StringType()), ("city", StringType()),
+        ("status", StringType()), ("ordered_at", TimestamptzType()),
+    ])
+))
+
+
+def described_file(table_location: str, rows: int) -> FileInfo:
+    """A data file as a worker describes it: sizes, counts and bounds for every column."""
+    ids = range(1, len(SCHEMA.fields) + 1)
+    return FileInfo(
+        path=f"{table_location}/data/{uuid.uuid4().hex}.parquet", record_count=rows, size_bytes=rows * 60 + 4096,
+        spec_id=0, column_sizes=tuple((i, rows * 6) for i in ids), value_counts=tuple((i, rows) for i in ids),
+        null_value_counts=tuple((i, 0) for i in ids), nan_value_counts=(),
+        lower_bounds=tuple((i, b"a" * 8) for i in ids), upper_bounds=tuple((i, b"z" * 8) for i in ids),
+        split_offsets=(4,),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tables", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2 * (os.cpu_count() or 1))
+    ap.add_argument("--rows", type=int, default=300, help="rows per file (described, not written)")
+    ap.add_argument("--profile", action="store_true", help="one thread under cProfile; print the top functions")
+    args = ap.parse_args()
+
+    for kind in ("pyiceberg", "icesink"):
+        run(kind, args)
+
+
+def run(kind: str, args: argparse.Namespace) -> None:
+    """The rounds on ``kind``'s SQL catalog class: pyiceberg's own, or icesink.catalogs'."""
+    with tempfile.TemporaryDirectory(prefix="commit-bench-") as tmp:
+        props = sqlite_catalog_properties(Path(tmp))
+        catalog = load_catalog("bench", **props) if kind == "pyiceberg" else SqlCatalog("bench", **props)
+        catalog.create_namespace("bench")
+        names = [f"bench.t{i:03d}" for i in range(args.tables)]
+        locations = {n: catalog.create_table(n, schema=SCHEMA).location() for n in names}
+        cache = TableCache()
+        threads = 1 if args.profile else args.threads
+        profile = cProfile.Profile() if args.profile else None
+        print(f"{kind}: {type(catalog).__module__}.{type(catalog).__name__}, {args.tables} tables, "
+              f"{args.rounds} rounds, {threads} commit threads")
+        per_commit = []
+        with ThreadPoolExecutor(threads) as pool:
+            for r in range(args.rounds):
+                offset = 100 + r
+                batch = [Accepted(offset, f"round-{r}", "w1", (), {n: (described_file(locations[n], args.rows),)
+                                                                    for n in names}, None)]
+
+                def one(name: str, batch: list[Accepted] = batch, r: int = r) -> None:
+                    out = commit_table(catalog, name, batch, group="bench", epoch=1, commit_id=f"round-{r}",
+                                       positions={TopicPartition("t", 0): 1000 * (r + 1)}, valid_through_ms=None,
+                                       tables=cache)
+                    assert out.snapshot_id is not None
+
+                started, cpu = time.monotonic(), time.process_time()
+                if profile is not None:
+                    profile.enable()
+                if profile is not None:  # cProfile sees only its own thread: commit here, one by one
+                    for name in names:
+                        one(name)
+                else:
+                    list(pool.map(one, names))
+                if profile is not None:
+                    profile.disable()
+                wall, cpu = time.monotonic() - started, time.process_time() - cpu
+                per_commit.append(1000 * cpu / args.tables)
+                print(f"  round {r + 1}: {wall:.2f} s wall, {per_commit[-1]:.2f} ms CPU per table commit"
+                      f"{' (tables loaded from the catalog)' if r == 0 else ''}")
+        later = per_commit[1:] or per_commit
+        print(f"  {kind}: {sum(later) / len(later):.2f} ms CPU per table commit (rounds 2-{args.rounds})")
+        if profile is not None:
+            stats = pstats.Stats(profile)
+            stats.sort_stats("cumulative").print_stats(40)
+            stats.sort_stats("tottime").print_stats(25)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""icesink.catalogs.SqlCatalog against pyiceberg's own SQL catalog, on one real SQLite catalog
+database: a commit from a current table skips the reload and leaves what pyiceberg's commit
+leaves (snapshots, metadata log, the catalog row's previous location); a stale table, or a
+pointer that moved between the check and the update, never loses another writer's commit; the
+base metadata is never mutated; icesink.iceberg.load_catalog picks it for SQL catalogs only."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.sql import IcebergTables
+from pyiceberg.catalog.sql import SqlCatalog as PyicebergSqlCatalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
+from sqlalchemy import select
+
+from icesink.catalogs import SqlCatalog, staged_metadata
+
+SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
+
+
+def _catalogs(tmp_path):
+    props = {"uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh"}
+    ours, theirs = SqlCatalog("c", **props), PyicebergSqlCatalog("c", **props)
+    ours.create_namespace("db")
+    return ours, theirs
+
+
+def _ids(table) -> list[int]:
+    return sorted(table.scan().to_arrow()["id"].to_pylist())
+
+
+def _rows(*ids: int) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64())})
+
+
+def _row(catalog, name: str) -> tuple[str, str]:
+    with catalog.engine.connect() as c:
+        row = c.execute(select(IcebergTables.metadata_location, IcebergTables.previous_metadata_location)
+                        .where(IcebergTables.table_name == name)).one()
+    return row[0], row[1]
+
+
+def test_a_current_table_commits_without_a_reload_and_leaves_what_pyiceberg_leaves(tmp_path, monkeypatch):
+    ours, theirs = _catalogs(tmp_path)
+    table = ours.create_table("db.t", schema=SCHEMA)
+    table.append(_rows(1, 2))  # the first commit: the table is current, so the fast path
+    loads: list[object] = []
+    real_load = PyicebergSqlCatalog.load_table
+    monkeypatch.setattr(PyicebergSqlCatalog, "load_table", lambda self, i: loads.append(i) or real_load(self, i))
+    before = table.metadata_location
+    base = table.metadata
+    dumped = base.model_dump()
+    table.append(_rows(3))
+    table.transaction().set_properties(k="v").commit_transaction()
+    assert loads == []  # no reload of the table in either commit
+    assert base.model_dump() == dumped  # the metadata the commit started from is unchanged
+    monkeypatch.undo()
+    reread = theirs.load_table("db.t")  # pyiceberg's own catalog reads what ours wrote
+    assert _ids(reread) == [1, 2, 3] and reread.properties["k"] == "v"
+    assert reread.metadata == table.metadata and reread.metadata_location == table.metadata_location
+    assert len(reread.snapshots()) == 2
+    log = [e.metadata_file for e in reread.metadata.metadata_log]
+    assert before in log and len(log) == 3  # every earlier metadata file is in the metadata log
+    location, previous = _row(ours, "t")
+    assert location == table.metadata_location and previous in log
+    # the same commits on pyiceberg's catalog log the same number of metadata files
+    plain = theirs.create_table("db.p", schema=SCHEMA)
+    plain.append(_rows(1, 2))
+    plain.append(_rows(3))
+    plain.transaction().set_properties(k="v").commit_transaction()
+    assert len(theirs.load_table("db.p").metadata.metadata_log) == 3
+
+
+def test_a_stale_table_takes_pyicebergs_path_and_no_commit_is_lost(tmp_path):
+    ours, theirs = _catalogs(tmp_path)
+    ours.create_table("db.t", schema=SCHEMA)
+    stale = ours.load_table("db.t")
+    theirs.load_table("db.t").append(_rows(1))  # another writer commits meanwhile
+    stale.append(_rows(2))  # refused by the catalog, refreshed and re-applied by pyiceberg
+    assert _ids(ours.load_table("db.t")) == [1, 2]
+
+
+def test_a_pointer_that_moves_after_the_check_fails_the_commit_and_changes_nothing(tmp_path, monkeypatch):
+    ours, theirs = _catalogs(tmp_path)
+    ours.create_table("db.t", schema=SCHEMA)
+    mine = ours.load_table("db.t")
+    seen = mine.metadata_location
+    theirs.load_table("db.t").append(_rows(1))  # lands between our check and our update:
+    monkeypatch.setattr(SqlCatalog, "_location", lambda self, namespace, name: seen)  # the check saw the old one
+    with pytest.raises(CommitFailedException, match="updated by another process"):
+        ours.commit_table(mine, (), mine.transaction().set_properties(k="v")._updates)
+    monkeypatch.undo()
+    now = theirs.load_table("db.t")
+    assert _ids(now) == [1] and "k" not in now.properties
+
+
+def test_staged_metadata_equals_pyicebergs_update_apart_from_the_deep_copy(tmp_path):
+    from pyiceberg.table.update import update_table_metadata
+
+    ours, _ = _catalogs(tmp_path)
+    table = ours.create_table("db.t", schema=SCHEMA)
+    table.append(_rows(1))
+    updates = table.transaction().set_properties(a="1")._updates
+    mine = staged_metadata(table.metadata, updates, table.metadata_location)
+    theirs = update_table_metadata(table.metadata, updates, metadata_location=table.metadata_location)
+    assert mine.model_copy(update={"last_updated_ms": 0}) == theirs.model_copy(update={"last_updated_ms": 0})
+
+
+def test_load_catalog_uses_it_for_sql_catalogs_only(tmp_path):
+    from icesink.config import load_settings
+    from icesink.iceberg import load_catalog
+
+    base = {"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path / "state")}
+    sql = load_catalog(load_settings(None, None, {**base, "iceberg.catalog.uri": f"sqlite:///{tmp_path}/c.db",
+                                                  "iceberg.catalog.warehouse": f"file://{tmp_path}/wh"}))
+    assert type(sql) is SqlCatalog and sql.properties["uri"] == f"sqlite:///{tmp_path}/c.db"
+    custom = load_catalog(load_settings(None, None, {
+        **base, "iceberg.catalog.py-catalog-impl": "pyiceberg.catalog.sql.SqlCatalog",
+        "iceberg.catalog.uri": f"sqlite:///{tmp_path}/d.db", "iceberg.catalog.warehouse": f"file://{tmp_path}/wh"}))
+    assert type(custom) is PyicebergSqlCatalog  # a user's own implementation is kept
