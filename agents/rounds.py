@@ -107,7 +107,8 @@ class Rounds:
                 log.error("writing files for round %s failed, data kept for the next round: %s", commit_id, exc)
                 self.buffers.restore(snap)
                 return
-            self.metrics.write_duration.observe(time.monotonic() - started)
+            wrote_s = time.monotonic() - started
+            self.metrics.write_duration.observe(wrote_s)
             try:  # DataWritten split to fit the control topic, then DataComplete
                 sent = await send_response(self.producer, written, lambda n: DataComplete(
                     commit_id, response_id, self.worker_id, snap.generation, snap.ranges, n, self._valid_through_ms(),
@@ -117,8 +118,8 @@ class Rounds:
                 self.buffers.restore(snap)
                 return
             self._update_gauges()
-            log.info("round %s: answered %d partitions, %d rows in %d files (%d DataWritten)", commit_id,
-                     len(snap.ranges), snap.rows, sum(len(w.files) for w in written), sent)
+            log.info("round %s: answered %d partitions, %d rows in %d files (%d DataWritten; written in %.2f s)",
+                     commit_id, len(snap.ranges), snap.rows, sum(len(w.files) for w in written), sent, wrote_s)
 
     def _collapse_mirrors(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         """Mirror tables' changes collapsed by key (agents/mirror.py), in place: each key's

@@ -34,6 +34,8 @@ from icesink.errors import ConfigError, UnsupportedTypeError
 from icesink.iceberg import mirror_keys, split_name
 from spark_bridge.partitioning import build_partition_spec, parse_partition_by
 
+NAME_MAPPING = "schema.name-mapping.default"
+
 log = logging.getLogger(__name__)
 
 
@@ -97,14 +99,15 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
             f"true, or create table {name} before starting (it does not exist)",
         )
     namespace, _ = split_name(name)
-    try:
-        catalog.create_namespace(namespace)
-    except NamespaceAlreadyExistsError:
-        pass
-    except Exception:  # a lost race: some catalogs (SQL) report it as a database integrity error
-        if not _namespace_exists(catalog, namespace):
-            raise
-        log.info("namespace %s was created meanwhile by another replica", namespace)
+    if not _namespace_exists(catalog, namespace):  # one read; creating first fails every time but once
+        try:
+            catalog.create_namespace(namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        except Exception:  # a lost race: some catalogs (SQL) report it as a database integrity error
+            if not _namespace_exists(catalog, namespace):
+                raise
+            log.info("namespace %s was created meanwhile by another replica", namespace)
     schema = iceberg_schema(inferred)
     schema = with_identifier_fields(schema, settings.id_columns(name), settings.id_columns_key(name), name)
     if settings.schema_force_optional:
@@ -120,9 +123,12 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
             f"{exc.expected} (the column types were inferred from the first records of {name}; "
             "create the table yourself for other types)",
         ) from None
+    # Readers map columns by name where a file lacks field ids (e.g. list elements). The mapping
+    # is made from the schema as the catalog numbers it (fresh ids in order, as here); checked below.
+    properties = dict(settings.auto_create_props)
+    properties.setdefault(NAME_MAPPING, create_mapping_from_schema(assign_fresh_schema_ids(schema)).model_dump_json())
     try:
-        table = catalog.create_table(
-            name, schema=schema, partition_spec=spec, properties=dict(settings.auto_create_props))
+        table = catalog.create_table(name, schema=schema, partition_spec=spec, properties=properties)
         log.info("created table %s with schema %s and partition spec %s", name, table.schema(), table.spec())
     except TableAlreadyExistsError:
         table = catalog.load_table(name)
@@ -132,17 +138,16 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
         except NoSuchTableError:
             raise exc from None
         log.info("table %s was created meanwhile by another replica", name)
-    # Readers map columns by name where a file lacks field ids (e.g. list elements).
-    if "schema.name-mapping.default" not in table.properties:
-        try:
+    mapping = create_mapping_from_schema(table.schema()).model_dump_json()
+    if table.properties.get(NAME_MAPPING) is None or (
+            NAME_MAPPING not in settings.auto_create_props and table.properties[NAME_MAPPING] != mapping):
+        try:  # an older table, or a catalog that numbered the columns otherwise
             with table.transaction() as tx:
-                tx.set_properties(
-                    {"schema.name-mapping.default": create_mapping_from_schema(table.schema()).model_dump_json()}
-                )
+                tx.set_properties({NAME_MAPPING: mapping})
         except Exception as exc:  # a concurrent creator set it first
             log.debug("name mapping not set on %s: %s", name, exc)
             table = catalog.load_table(name)
-    return target_of(name, catalog.load_table(name), settings)
+    return target_of(name, table, settings)
 
 
 def with_identifier_fields(schema: Schema, columns: tuple[str, ...], key: str, table: str) -> Schema:

@@ -72,6 +72,7 @@ PROGRESS_EVERY_S: Final = 30.0  # a progress line on stderr
 
 _ROUND_ANSWERED = re.compile(
     r"round (?P<round>\S+): answered (?P<parts>\d+) partitions, (?P<rows>\d+) rows in (?P<files>\d+) files"
+    r"(?: \(\d+ DataWritten; written in (?P<write_s>[\d.]+) s\))?"
 )
 _ROUND_COMMITTED = re.compile(
     r"round (?P<round>\S+) committed to (?P<table>\S+): snapshot (?P<snap>\d+), "
@@ -312,10 +313,11 @@ def first_reaching(curve: list[tuple[float, float]], level: float) -> str:
     return next((f"{at:.1f}" for at, value in curve if value >= level), "-")
 
 
-def commit_walls(log_path: Path) -> list[float]:
-    """Per round with rows: seconds from the worker's answer (its Spark write done) to the
-    coordinator's last table commit of that round (all tables of the round, in parallel)."""
-    answered: dict[str, float] = {}
+def commit_walls(log_path: Path) -> list[tuple[float, float, int]]:
+    """Per round with rows: its Spark write (s), then the seconds from the worker's answer (the
+    write done) to the coordinator's last table commit of that round (all tables of the round,
+    in parallel), and its files."""
+    answered: dict[str, tuple[float, float, int]] = {}
     last: dict[str, float] = {}
     for line in log_path.read_text(errors="replace").splitlines():
         try:
@@ -323,10 +325,10 @@ def commit_walls(log_path: Path) -> list[float]:
         except ValueError:
             continue
         if (m := _ROUND_ANSWERED.search(line)) is not None and int(m["rows"]):
-            answered[m["round"]] = stamp
+            answered[m["round"]] = (stamp, float(m["write_s"] or "nan"), int(m["files"]))
         elif (m := _ROUND_COMMITTED.search(line)) is not None:
             last[m["round"]] = stamp
-    return [last[r] - at for r, at in answered.items() if r in last]
+    return [(write_s, last[r] - at, files) for r, (at, write_s, files) in answered.items() if r in last]
 
 
 def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4) -> list[str]:
@@ -487,11 +489,11 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
           f"table commits {m['icesink_commit_duration_seconds_count']:.0f}, "
           f"{m['icesink_commit_duration_seconds_sum']:.1f} s in all")
     walls = commit_walls(b.log_path)
-    writes = m["icesink_write_duration_seconds_count"]
-    if walls and writes:
-        print(f"    a round with rows: Spark write {m['icesink_write_duration_seconds_sum'] / writes:.2f} s on average, "
-              f"then its table commits {sum(walls) / len(walls):.2f} s on average (answer to last commit, "
-              f"{len(walls)} rounds)")
+    if walls:
+        write_s, commit_s = (sum(w[i] for w in walls) / len(walls) for i in (0, 1))
+        print(f"    a round with rows: Spark write {write_s:.2f} s on average, then its table commits "
+              f"{commit_s:.2f} s on average (answer to last commit), {write_s + commit_s:.2f} s in all "
+              f"({len(walls)} rounds of {', '.join(str(w[2]) for w in walls)} files)")
     levels = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
     print("    progress, seconds since process start (consumed: icesink_records_consumed_total,")
     print("    polled every 0.2 s; committed: the table's total-records, polled every 0.5 s):")

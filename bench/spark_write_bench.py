@@ -3,7 +3,8 @@
 Creates a throw-away SQLite catalog, writes one cold batch of pizza orders (JVM warm-up), then
 ``--repeat`` warm batches, and prints rows/s of each, with the CPU seconds used (local mode) and,
 as a yardstick from the same run, pyarrow writing the same rows to one Parquet file. Partitioned like the demo table
-(``day(date_ordered), bucket(store_id, 8)``) unless ``--partition-by ''``. Nothing is asserted:
+(``day(date_ordered), bucket(store_id, 8)``) unless ``--partition-by ''``. ``--tables K`` splits each batch over K unpartitioned
+tables written by one ``write_many`` (a round routed to many dynamic tables). Nothing is asserted:
 the figures depend on the machine and on what else runs on it.
 """
 
@@ -73,6 +74,9 @@ def main() -> None:
     parser.add_argument("--remote", default=None, help="Spark Connect URL sc://host:port")
     parser.add_argument("--partition-by", default="day(date_ordered), bucket(store_id, 8)")
     parser.add_argument("--conf", action="append", default=[], help="extra spark conf key=value")
+    parser.add_argument("--tables", type=int, default=1,
+                        help="split each batch over this many unpartitioned tables, written at once (write_many), "
+                             "as a round routed to many dynamic tables is")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="spark-bridge-bench-") as tmp:
@@ -80,6 +84,8 @@ def main() -> None:
         catalog.create_namespace("db")
         spec = build_partition_spec(parse_partition_by(args.partition_by), PIZZA_SCHEMA)
         table = catalog.create_table("db.pizzas", schema=PIZZA_SCHEMA, partition_spec=spec)
+        many = [catalog.create_table(f"db.t{k:03d}", schema=PIZZA_SCHEMA) for k in range(args.tables)] \
+            if args.tables > 1 else []
         conf = dict(item.split("=", 1) for item in args.conf)
         writer = SparkFileWriter(SparkSettings(master=args.master, remote=args.remote, conf=conf))
         started = time.perf_counter()
@@ -91,7 +97,12 @@ def main() -> None:
                 data = pizzas(table, args.rows, i * args.rows, rng)
                 cpu_before = _cpu_seconds(writer)
                 started = time.perf_counter()
-                files = writer.write(table, data, file_prefix=f"bench-{i}")
+                if many:
+                    per = -(-args.rows // len(many))
+                    files = [f for fs in writer.write_many(
+                        [(t, data.slice(k * per, per), f"bench-{i}") for k, t in enumerate(many)]) for f in fs]
+                else:
+                    files = writer.write(table, data, file_prefix=f"bench-{i}")
                 elapsed = time.perf_counter() - started
                 cpu_after = _cpu_seconds(writer)
                 label = "cold" if i == 0 else "warm"

@@ -48,3 +48,21 @@ def test_a_creation_failure_that_created_nothing_is_raised(tmp_path):
     catalog = Broken("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
     with pytest.raises(RuntimeError, match="catalog down"):
         create_target(catalog, settings(), "db.a", pa.schema([("id", pa.int64())]))
+
+
+def test_a_created_table_holds_its_name_mapping_from_its_first_metadata_file(tmp_path):
+    """The name mapping goes in with the creation (one metadata file, no second commit) and
+    names the ids the catalog gave the columns, nested ones included; a user's own is kept."""
+    from pyiceberg.table.name_mapping import create_mapping_from_schema
+
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    schema = pa.schema([("id", pa.int64()), ("tags", pa.list_(pa.string())),
+                        ("where", pa.struct([("city", pa.string()), ("zip", pa.int32())])), ("n", pa.float64())])
+    table = create_target(catalog, settings(), "db.a", schema).table
+    again = catalog.load_table("db.a")
+    assert again.metadata.metadata_log == []  # created with it: no later commit
+    assert again.properties["schema.name-mapping.default"] == create_mapping_from_schema(again.schema()).model_dump_json()
+    assert table.properties == again.properties
+    own = load_settings(None, None, {"topics": "t", "iceberg.tables": "db.b", "iceberg.tables.auto-create-enabled": "true",
+                                     "iceberg.tables.auto-create-props.schema.name-mapping.default": "[]"})
+    assert create_target(catalog, own, "db.b", schema).table.properties["schema.name-mapping.default"] == "[]"
