@@ -20,7 +20,6 @@ from agents.convert import Converted, Reject
 from agents.deadletter import screen
 from agents import mirror
 from agents.debezium import CDC_COLUMN
-from agents.evolution import identifier_paths
 from agents.routing import Routes
 from agents.source_consumer import Fetched
 from agents.tables import Target, create_target, load_target
@@ -28,6 +27,7 @@ from agents.tasks import highwater, unless_moved
 from icesink.errors import ConfigError
 from icesink.events import CommitRequest, SchemaProposal
 from icesink.faults import should_crash
+from icesink.schema_changes import identifier_paths
 
 log = logging.getLogger(__name__)
 

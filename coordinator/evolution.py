@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-from agents.evolution import (
+from icesink.schema_changes import (
     AddField, Change, MakeOptional, Path, Widen, apply_changes, changes, from_proposal, iceberg_type,
     identifier_paths,
 )

@@ -247,7 +247,8 @@ def test_added_source_column_evolves_the_table_with_key_and_metadata(form: str) 
     """With evolution on, a column added in the source reaches the table (its Connect schema
     says so, or without schemas its values do); _cdc never evolves; key and metadata columns
     are filled on the Debezium path too."""
-    from agents.evolution import Evolver, from_proposal
+    from agents.evolution import Evolver
+    from icesink.schema_changes import from_proposal
 
     t = DebeziumTransform(schemas=form == "schema")
     fmt = _format(form)
@@ -290,7 +291,8 @@ def test_without_evolution_an_added_source_column_is_dropped_but_key_and_metadat
 
 def test_schema_widening_in_the_source_widens_the_column() -> None:
     """``ALTER TABLE orders ALTER COLUMN id TYPE bigint``: the Connect schema says int64."""
-    from agents.evolution import Evolver, from_proposal
+    from agents.evolution import Evolver
+    from icesink.schema_changes import from_proposal
 
     t = DebeziumTransform(schemas=True)
     table = t.infer_schema(values("schema")[:3])

@@ -18,16 +18,16 @@ from pyiceberg.types import (
     DecimalType, FloatType, IntegerType, ListType, LongType, NestedField, StringType, StructType,
 )
 
-from agents.evolution import (
-    AddField, Evolver, MakeOptional, Widen, apply_changes, changes, conform, from_proposal, holds, identifier_paths,
-    to_proposal,
-)
+from agents.evolution import Evolver, conform
 from agents.tables import create_target, target_of
 from coordinator.evolution import apply_proposals, merge_proposals
 from coordinator.state import CoordinatorState
 from icesink.config import build
 from icesink.errors import ConfigError
 from icesink.events import SchemaProposal, decode, encode
+from icesink.schema_changes import (
+    AddField, MakeOptional, Widen, apply_changes, changes, from_proposal, holds, identifier_paths, to_proposal,
+)
 from icesink.metrics import Metrics
 
 

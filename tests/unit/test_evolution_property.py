@@ -23,7 +23,8 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import FloatType, IntegerType, LongType, NestedField, StringType, StructType
 
 from agents.buffer import Buffers, Chunk
-from agents.evolution import Evolver, identifier_paths
+from agents.evolution import Evolver
+from icesink.schema_changes import identifier_paths
 from agents.tables import target_of
 from coordinator.evolution import apply_proposals
 from icesink.events import TopicPartition
