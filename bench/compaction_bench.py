@@ -32,7 +32,7 @@ from pyiceberg.schema import Schema  # noqa: E402
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType  # noqa: E402
 
 from coordinator.maintenance import MaintenanceSettings, compact, expire, live_files  # noqa: E402
-from icesink import duck  # noqa: E402
+from tests.support import duck  # noqa: E402
 from spark_bridge.rewrite import rewrite_files  # noqa: E402
 from spark_bridge.writer import SparkFileWriter, SparkSettings  # noqa: E402
 

@@ -44,7 +44,7 @@ from coordinator.committer import commit_table  # noqa: E402
 from coordinator.deletes import WithPositionDeletes, write_position_deletes  # noqa: E402
 from coordinator.mirror import MirrorIndexes  # noqa: E402
 from coordinator.state import Accepted  # noqa: E402
-from icesink import duck  # noqa: E402
+from tests.support import duck  # noqa: E402
 from icesink.config import load_settings  # noqa: E402
 from icesink.events import FileInfo, TopicPartition  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The CI-sized chaos run: 3 worker replicas, SIGKILL (and some SIGTERM) at random instants every
 few seconds with restarts, 200,000 records; both tables must hold exactly what was produced
-(icesink/chaos.py; the long version is bench/chaos.py)."""
+(tests/support/chaos.py; the long version is bench/chaos.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.timeout(900)
 def test_chaos_200k_records_three_replicas_random_kills(broker, catalog_props, tmp_path):
-    from icesink.chaos import run_chaos
+    from tests.support.chaos import run_chaos
 
     report = run_chaos(
         tmp_path, bootstrap=broker.bootstrap, catalog_props=catalog_props, records=200_000,
@@ -31,7 +31,7 @@ def test_chaos_mirror_tables_random_kills_and_fault_points(broker, catalog_props
     themselves at the fault points (between two table commits, mid-response, during the Spark
     write). Both tables must then equal the state the events leave: no key twice, no deleted
     key back, every value the latest."""
-    from icesink.chaos import run_mirror_chaos
+    from tests.support.chaos import run_mirror_chaos
 
     report = run_mirror_chaos(
         tmp_path, bootstrap=broker.bootstrap, catalog_props=catalog_props, events=30_000, keys=3_000,

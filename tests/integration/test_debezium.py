@@ -179,7 +179,7 @@ def _sink(broker: Any, catalog_props: dict[str, str], tmp_path: Path, form: str,
 def _run_sink(broker: Any, catalog_props: dict[str, str], tmp_path: Path, form: str,
               events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """Every change row of ``events`` in one table, read back with DuckDB (ordered by offset)."""
-    from icesink import duck
+    from tests.support import duck
 
     table = f"cdc.orders_{form}"
     changes = sum(1 for e in events if e["value"] is not None)
@@ -229,7 +229,7 @@ def test_debezium_events_of_two_source_tables_are_routed_on_cdc_target(broker, c
     """The reference's CDC set-up: one topic carrying the change events of several source
     tables, ``route-field=_cdc.target`` with dynamic tables: each source table gets its own
     auto-created Iceberg table, with only its own change rows."""
-    from icesink import duck
+    from tests.support import duck
 
     events = captured["both"][form]
     assert {e["destination"].split(".", 1)[1] for e in events} == {"public.orders", "public.customers"}
@@ -285,7 +285,7 @@ def test_a_batch_of_twenty_events_routed_on_cdc_target_lands_whole(broker, catal
     ``_cdc.target`` once failed every batch of 17 or more change events, exiting every replica
     that took the partition. Twenty real-shaped inserts, produced before the worker starts so
     its first poll reads them together, all land in the routed table."""
-    from icesink import duck
+    from tests.support import duck
 
     events = _inserts(form, 20)
     catalog = _sink(broker, catalog_props, tmp_path, f"{form}-twenty", events, "", {"mirror.public_orders": 20}, **{
@@ -333,7 +333,7 @@ def test_added_column_evolves_the_table_with_key_and_metadata_columns(broker, ca
     their Connect schema, or seen in their values without schemas), earlier rows keep null."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink import duck
+    from tests.support import duck
     from icesink.kafka_admin import ensure_topic
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import metric, wait_rows, write_config

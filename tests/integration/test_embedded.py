@@ -314,7 +314,7 @@ def test_duckdb_reads_a_table_pyiceberg_committed(catalog_props: dict[str, str])
     import pyarrow.json as pj
     from pyiceberg.catalog import load_catalog
 
-    from icesink import duck
+    from tests.support import duck
 
     assert catalog_props["uri"].startswith("sqlite:////")
     assert catalog_props["warehouse"].startswith("file:///")

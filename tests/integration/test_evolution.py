@@ -77,7 +77,7 @@ def records() -> list[dict]:
 def test_fields_appear_nest_and_widen_under_two_replicas(broker, catalog_props, tmp_path: Path) -> None:
     from pyiceberg.types import LongType, StringType
 
-    from icesink.duck import connect, plain_path
+    from tests.support.duck import connect, plain_path
     from icesink.pizzas import produce
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
@@ -151,7 +151,7 @@ def _connect_envelope(record: dict, phase: int) -> bytes:
 def test_connect_envelopes_evolve_under_two_replicas_with_key_and_metadata(broker, catalog_props, tmp_path: Path) -> None:
     from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
-    from icesink.duck import connect, plain_path
+    from tests.support.duck import connect, plain_path
     from icesink.pizzas import produce
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
@@ -239,7 +239,7 @@ def test_case_insensitive_keys_fill_columns_at_every_level(broker, catalog_props
     column holding all its values. DuckDB reads every value back."""
     from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
-    from icesink.duck import connect, plain_path
+    from tests.support.duck import connect, plain_path
     from icesink.pizzas import produce
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config

@@ -108,7 +108,7 @@ async def send(bootstrap: str, records: list[tuple[bytes, bytes, list[tuple[str,
 def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink import duck
+    from tests.support import duck
     from icesink.kafka_admin import ensure_topic
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import wait_rows, write_config

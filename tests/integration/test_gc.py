@@ -42,7 +42,7 @@ def test_gc_deletes_only_old_unreferenced_unannounced_files(broker, catalog_prop
 
     from icesink.control import ControlProducer, ensure_control_topic
     from icesink.events import DataWritten, FileInfo
-    from icesink import duck
+    from tests.support import duck
 
     catalog = load_catalog("gc", **catalog_props)
     catalog.create_namespace("db")

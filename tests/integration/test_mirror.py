@@ -113,7 +113,7 @@ async def _produce(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> 
 
 def _mirrored(catalog: Any, name: str) -> tuple[dict[int, tuple[Any, ...]], dict[int, tuple[Any, ...]]]:
     """The table's rows by key, read by DuckDB and by pyiceberg (a key twice fails)."""
-    from icesink import duck
+    from tests.support import duck
 
     table = catalog.load_table(name)
     text, number = TABLES[name.rsplit("_", 1)[1]]
@@ -205,7 +205,7 @@ def test_a_random_postgres_workload_is_mirrored_exactly(broker, catalog_props, t
                and "from snapshot None" not in line]
     assert not rebuilt, f"expected the key indexes to follow compaction, found rebuilds: {rebuilt}"
     # each row's _cdc holds its latest change: the operation of the key's last event
-    from icesink import duck
+    from tests.support import duck
     from tests.integration.test_debezium import _payload
 
     last_op: dict[tuple[str, int], str] = {}
@@ -234,7 +234,7 @@ def test_changes_without_key_or_operation_are_dead_lettered_and_the_rest_mirrore
 
     from pyiceberg.catalog import load_catalog
 
-    from icesink import duck
+    from tests.support import duck
     from icesink.kafka_admin import ensure_topic
     from icesink.replicas import ReplicaSet
     from tests.support.sinkrun import read_topic, write_config

@@ -51,7 +51,7 @@ def expected(records: list[dict], columns: tuple[str, ...]) -> list[tuple]:
 
 
 def duck_rows(table, columns: tuple[str, ...]) -> list[tuple]:
-    from icesink import duck
+    from tests.support import duck
 
     select = ", ".join(f"CAST({c} AS VARCHAR)" if c in ("dec", "u") else c for c in columns)
     with duck.connect() as con:

@@ -26,7 +26,7 @@ from pyiceberg.types import DoubleType, IntegerType, ListType, LongType, NestedF
 
 from coordinator.deletes import WithPositionDeletes, write_position_deletes
 from coordinator.maintenance import MaintenanceSettings, compact, live_files
-from icesink import duck
+from tests.support import duck
 from spark_bridge.rewrite import rewrite_files
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 from tests.support.tables import sqlite_catalog

@@ -91,7 +91,7 @@ def test_three_event_types_fan_out_by_regex(broker, catalog_props, tmp_path: Pat
 def test_dynamic_routing_to_200_tables(broker, catalog_props, tmp_path: Path) -> None:
     from pyiceberg.catalog import load_catalog
 
-    from icesink.duck import connect, plain_path
+    from tests.support.duck import connect, plain_path
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import produce
     from icesink.replicas import ReplicaSet

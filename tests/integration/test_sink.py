@@ -94,7 +94,7 @@ def wait_rows(catalog, replicas, expected, timeout_s=900):
 
 
 def check_exact(catalog, name, order_ids):
-    from icesink import duck
+    from tests.support import duck
 
     table = catalog.load_table(name)
     count, distinct = duck.count_and_distinct(table.metadata_location, "order_id")

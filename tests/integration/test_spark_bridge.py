@@ -59,7 +59,7 @@ from spark_bridge.partitioning import build_partition_spec, parse_partition_by
 from icesink.errors import UnsupportedTypeError
 from spark_bridge.schema import arrow_only_column, name_mapping_properties, spark_schema
 from spark_bridge.writer import SparkFileWriter, SparkSettings
-from icesink import duck
+from tests.support import duck
 from icesink.embedded import free_port
 from tests.support.spark_cluster import spark_home
 from tests.support.tables import (

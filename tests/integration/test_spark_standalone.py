@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from icesink import duck
+from tests.support import duck
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 from tests.support.spark_cluster import SparkStandalone, stop_classic_spark
 from tests.support.tables import (

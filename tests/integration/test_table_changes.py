@@ -82,7 +82,7 @@ def _commit(catalog, name, infos, offset=10):
 
 
 def _duck_rows(table):
-    from icesink import duck
+    from tests.support import duck
 
     con = duck.connect()
     return con.execute(

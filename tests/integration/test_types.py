@@ -72,7 +72,7 @@ def test_every_type_lands_exactly(broker, catalog_props, tmp_path):
         UUIDType,
     )
 
-    from icesink import duck
+    from tests.support import duck
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import produce
     from icesink.replicas import ReplicaSet

@@ -39,7 +39,7 @@ def wait_rows(catalog: Any, replicas: ReplicaSet, tables: tuple[str, ...], expec
 
 
 def key_counts(catalog: Any, table: str, key: str = "order_id") -> Counter[str]:
-    from icesink.duck import connect, plain_path
+    from tests.support.duck import connect, plain_path
 
     loaded = catalog.load_table(table)
     location = plain_path(loaded.metadata_location)

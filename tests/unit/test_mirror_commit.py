@@ -27,7 +27,7 @@ from agents.mirror import collapse
 from coordinator.committer import commit_table
 from coordinator.mirror import MirrorIndexes
 from coordinator.state import Accepted
-from icesink import duck
+from tests.support import duck
 from icesink.config import load_settings
 from icesink.errors import ConfigError
 from icesink.events import FileInfo, TopicPartition

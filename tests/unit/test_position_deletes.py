@@ -16,7 +16,7 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.types import LongType, NestedField, StringType
 
 from coordinator.deletes import WithPositionDeletes, write_position_deletes
-from icesink import duck
+from tests.support import duck
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "v", StringType(), required=False))
 

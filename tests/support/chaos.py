@@ -158,7 +158,7 @@ def run_chaos(
 
 
 def _compare(report: ChaosReport, catalog: Any, name: str, keys: set[str]) -> None:
-    from icesink.duck import connect, plain_path
+    from tests.support.duck import connect, plain_path
 
     if not catalog.table_exists(name):
         report.rows[name], report.duplicates[name], report.missing[name], report.unexpected[name] = 0, 0, len(keys), 0
@@ -330,7 +330,7 @@ def run_mirror_chaos(
 
 
 def _mirror_rows(catalog: Any, name: str) -> dict[int, str] | None:
-    from icesink.duck import scan_rows
+    from tests.support.duck import scan_rows
 
     if not catalog.table_exists(name):
         return None
@@ -340,7 +340,7 @@ def _mirror_rows(catalog: Any, name: str) -> dict[int, str] | None:
 
 
 def _compare_mirror(report: MirrorReport, catalog: Any, name: str, want: dict[int, str]) -> None:
-    from icesink.duck import scan_rows
+    from tests.support.duck import scan_rows
 
     if not catalog.table_exists(name):
         report.rows[name], report.duplicates[name], report.wrong[name] = 0, 0, len(want)
