@@ -312,8 +312,8 @@ def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading
         _delete_all(table, new)
         raise RuntimeError(f"{name}: compaction wrote {written} rows for {inputs} input rows; dropped")
     moved = None
-    if mirrors is not None and (keys := mirrors.keys(name, table)):
-        moved = _keys_of(table, name, new, keys, plan.data[0] if plan.data else None)
+    if mirrors is not None and plan.data and (keys := mirrors.keys(name, table)):
+        moved = _keys_of(table, name, new, keys, (plan.data[0].spec_id, plan.data[0].partition))
     snapshot_id = commit_rewrite(
         catalog, name, plan, new, lock,
         None if mirrors is None else lambda parent, snap: mirrors.rewritten(name, parent, snap, moved))
@@ -322,10 +322,9 @@ def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading
 
 
 def _keys_of(table: Table, name: str, files: Sequence[DataFile], keys: Sequence[str],
-             like: DataFile | None) -> list[Any] | None:
-    """Each new file's path, key columns, and spec id and partition (those of the inputs,
-    ``like``: a step rewrites one partition). None: unreadable; the index is rebuilt."""
-    where = (like.spec_id, like.partition) if like is not None else (table.metadata.default_spec_id, None)
+             where: tuple[int, Any]) -> list[Any] | None:
+    """Each new file's path, key columns, and ``where``: the spec id and partition of the inputs
+    (a step rewrites one partition). None: unreadable; the index is rebuilt."""
     try:
         return [(f.file_path, read_keys(table, f.file_path, keys), where) for f in files]
     except Exception as exc:  # noqa: BLE001 - the next round rebuilds the index instead
