@@ -91,14 +91,27 @@ class Snapshot:
     chunks: list[Chunk]
 
     def tables(self, cast: Callable[[str, pa.Table], pa.Table] | None = None) -> dict[str, pa.Table]:
-        """Rows per table; ``cast(table, rows)`` first brings each chunk to the table's schema
-        (chunks decoded against an evolved schema differ from it)."""
-        parts: dict[str, list[pa.Table]] = {}
+        """Rows per table, in buffer order, one Arrow chunk per column. ``cast(table, rows)``
+        brings rows to the table's schema (chunks decoded against an evolved schema differ from
+        it): once per run of chunks of one schema, not per chunk. A table a round routes to
+        gets a small chunk from every fetch (200 tables at 6k records/s: 300 chunks of two rows
+        each, per table and round); cast one by one, that was 3.8 CPU-s a round."""
+        parts: dict[str, list[list[pa.Table]]] = {}
         for c in self.chunks:
             for name, t in c.tables.items():
                 if t.num_rows:
-                    parts.setdefault(name, []).append(cast(name, t) if cast is not None else t)
-        return {name: pa.concat_tables(ts) for name, ts in parts.items()}
+                    runs = parts.setdefault(name, [])
+                    if runs and runs[-1][-1].schema.equals(t.schema, check_metadata=True):
+                        runs[-1].append(t)
+                    else:
+                        runs.append([t])
+        out: dict[str, pa.Table] = {}
+        for name, runs in parts.items():
+            merged = [pa.concat_tables(run) for run in runs]
+            if cast is not None:
+                merged = [cast(name, m) for m in merged]
+            out[name] = pa.concat_tables(merged).combine_chunks()
+        return out
 
     @property
     def rows(self) -> int:

@@ -166,6 +166,7 @@ def freshness_ms(tables: list[Any]) -> list[float]:
 def run_worker(
     bootstrap: str, topic: str, n: int, directory: Path, timeout_s: float, broker_pid: int | None, *,
     tables: int = 1, buffer_max_bytes: int = 1 << 30, live: Any = None, profile: Path | None = None,
+    interval_ms: int = 5000,
 ) -> WorkerResult:
     """``live``: a callable run in a thread once the worker is running (it produces the records
     while the worker consumes: --rate); ``profile``: py-spy output file of the worker's Python
@@ -185,7 +186,7 @@ def run_worker(
         **{f"iceberg.catalog.{k}": v for k, v in props.items()},
         "iceberg.tables.auto-create-enabled": "true",
         "iceberg.control.topic": "bench-control",
-        "iceberg.control.commit.interval-ms": 5000,
+        "iceberg.control.commit.interval-ms": interval_ms,
         "group.id": "bench",
         "bootstrap.servers": bootstrap,
         "state.dir": str(directory / "state"),
@@ -540,6 +541,9 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of --rate (default 60)")
     parser.add_argument("--buffer-max-bytes", type=int, default=1 << 30,
                         help="the worker's buffer.max-bytes (default 1 GiB)")
+    parser.add_argument("--interval-ms", type=int, default=5000,
+                        help="the worker's commit interval (default 5000); a long one puts a whole small "
+                             "backlog in one round, to compare rounds of the same rows (--tables)")
     parser.add_argument("--profile", action="store_true",
                         help="profile the worker's Python process with py-spy and print where its time goes")
     args = parser.parse_args()
@@ -581,6 +585,7 @@ def main() -> int:
             baseline = baseline_in_child(broker.bootstrap, TOPIC, counts, tmp / "baseline", broker.pid)
         worker = run_worker(broker.bootstrap, TOPIC, n, tmp / "worker", args.timeout_s, broker.pid,
                             tables=args.tables, buffer_max_bytes=args.buffer_max_bytes, live=live,
+                            interval_ms=args.interval_ms,
                             profile=tmp / "profile.txt" if args.profile else None)
         ok = print_report(n, produce_s, baseline, worker)
     finally:

@@ -33,12 +33,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import (
-    DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile,
+    DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriter,
 )
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Summary
@@ -76,7 +77,7 @@ class MaintenanceSettings:
     orphans_every_s: float = 24 * 3600.0
 
     @classmethod
-    def of(cls, s: Settings) -> "MaintenanceSettings":
+    def of(cls, s: Settings) -> MaintenanceSettings:
         return cls(
             enabled=s.maintenance_enabled, min_input_files=s.maintenance_min_input_files,
             min_delete_files=s.maintenance_min_delete_files,
@@ -144,13 +145,17 @@ def _reachable(table: Table, snapshot_ids: Sequence[int], cache: dict[str, froze
 
 
 def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock,
-           cache: dict[str, frozenset[str]], now_ms: int | None = None) -> Expired:
-    """Expire what is due and delete the files only expired snapshots referenced."""
+           cache: dict[str, frozenset[str]], now_ms: int | None = None, *, seen: Table | None = None) -> Expired:
+    """Expire what is due and delete the files only expired snapshots referenced. ``seen``: the
+    table as the rounds' last commit left it (:class:`TableCache`); when nothing is due there,
+    the catalog is not asked (a stale view only delays an expiry to a later pass)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if seen is not None and not due_snapshots(seen, s.snapshot_max_age_ms, s.retain_last, now_ms):
+        return Expired(0, 0)  # the common case: no catalog read, no manifest read
     table = catalog.load_table(name)
     due = due_snapshots(table, s.snapshot_max_age_ms, s.retain_last, now_ms)
     if not due:
-        return Expired(0, 0)  # the common case: metadata only, no manifest read
+        return Expired(0, 0)  # metadata only, no manifest read
     before = {sn.snapshot_id for sn in table.metadata.snapshots}
     # Read the manifests outside the lock (the rounds' commits wait on it); under it, only the
     # snapshots committed meanwhile are read, and what they reference is kept.
@@ -216,7 +221,8 @@ class Plan:
 
 
 def _partition_key(f: DataFile) -> tuple[Any, ...]:
-    return (f.spec_id, tuple(f.partition) if f.partition is not None else ())
+    part = f.partition
+    return (f.spec_id, tuple(part[i] for i in range(len(part))) if part is not None else ())
 
 
 _TOLD: set[tuple[str, tuple[Any, ...]]] = set()  # partitions too big to fold, logged once
@@ -261,7 +267,8 @@ def plan_compaction(table: Table, s: MaintenanceSettings,
                 continue
             due.append((count, key, Plan(list(data.get(key, [])), list(deletes[key]), key)))
             continue
-        chosen, total = [], 0
+        chosen: list[DataFile] = []
+        total = 0
         for f in sorted(small, key=lambda f: f.file_size_in_bytes):
             if chosen and total + f.file_size_in_bytes > s.max_rewrite_bytes:
                 break
@@ -297,10 +304,13 @@ class Rewritten:
 
 def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock, rewrite: Rewriter,
             cache: dict[str, tuple[DataFile, ...]] | None = None, mirrors: MirrorIndexes | None = None,
-            ) -> Rewritten | None:
+            *, seen: Table | None = None) -> Rewritten | None:
     """One compaction step of table ``name`` (None: nothing due). ``cache``: the table's
     manifest entries (:func:`live_files`), kept by the caller between steps. ``mirrors``: the
-    coordinator's key indexes; a mirror table's index moves to the new files in place."""
+    coordinator's key indexes; a mirror table's index moves to the new files in place.
+    ``seen``: as for :func:`expire`: nothing due there, no catalog read."""
+    if seen is not None and plan_compaction(seen, s, cache) is None:
+        return None
     table = catalog.load_table(name)
     plan = plan_compaction(table, s, cache)
     if plan is None:
@@ -389,7 +399,7 @@ class _Replace(_OverwriteFiles):
         summary = super()._summary(snapshot_properties)
         return Summary(Operation.REPLACE, **summary.additional_properties)
 
-    def _writer(self, content: ManifestContent, spec_id: int) -> Any:
+    def _writer(self, content: ManifestContent, spec_id: int) -> ManifestWriter:
         if content == ManifestContent.DATA:
             return self.new_manifest_writer(self.spec(spec_id))
         return DeletesManifest(spec=self.spec(spec_id), schema=self.schema(), output_file=self.new_manifest_output(),
@@ -543,15 +553,20 @@ class Maintainer:
 
     async def _maintain(self, table: str) -> dict[str, Any]:
         run = self._offload.run
-        expired = await run(expire, self.catalog, table, self.s, self.locks.of(table), self._manifests)
+        # The rounds just committed to this table: most passes find nothing due in that view and
+        # read no catalog (a round of 200 tables would otherwise load each table twice).
+        seen = self.tables.get(table) if self.tables is not None else None
+        expired = await run(partial(expire, seen=seen), self.catalog, table, self.s, self.locks.of(table),
+                            self._manifests)
         if expired.snapshots and self.tables is not None:
             self.tables.drop(table)
         self.metrics.maintenance_snapshots_expired.labels(table=table).inc(expired.snapshots)
         self.metrics.maintenance_files_deleted.labels(table=table).inc(expired.files_deleted)
         out: dict[str, Any] = {"expired_snapshots": expired.snapshots, "deleted_files": expired.files_deleted}
         if self.rewrite is not None:
-            rewritten = await run(compact, self.catalog, table, self.s, self.locks.of(table), self.rewrite,
-                                  self._live.setdefault(table, {}), self.mirrors)
+            seen = self.tables.get(table) if self.tables is not None else None  # dropped if expired
+            rewritten = await run(partial(compact, seen=seen), self.catalog, table, self.s, self.locks.of(table),
+                                  self.rewrite, self._live.setdefault(table, {}), self.mirrors)
             if rewritten is not None and rewritten.snapshot_id is not None:
                 if self.tables is not None:
                     self.tables.drop(table)

@@ -100,6 +100,11 @@ _LOCAL_CONF: dict[str, str] = {
     "spark.sql.timeType.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    # createDataFrame(arrow) below this size (48 MB by default) becomes a LocalRelation: the
+    # driver turns every row into an UnsafeRow and each analyzer and optimizer rule walks all of
+    # them. 0 sends the Arrow batches to the write task as they are: a warm write of 60k rows
+    # took half the time (bench/README.md). Not for Spark Connect, whose servers cache relations.
+    "spark.sql.execution.arrow.localRelationThreshold": "0",
 }
 # Hadoop options passed with every write (they reach Spark Connect servers too).
 _WRITE_OPTIONS: dict[str, str] = {
@@ -163,6 +168,18 @@ class SparkSettings:
             return True
         local_spark = self.remote is None and self.master.startswith("local")
         return local_spark and not _is_local(location)
+
+
+_METRICS_PREFIX = "write.metadata.metrics."
+
+
+@dataclass
+class _FooterPlan:
+    """What reading a table's footers needs from its schema and properties (_data_files)."""
+
+    stats: dict[int, Any]  # compute_statistics_plan
+    ids: dict[str, int]  # parquet_path_to_id_mapping
+    checked: bool = False  # the files' Parquet schema was checked against the table's
 
 
 @dataclass(frozen=True)
@@ -325,19 +342,19 @@ class SparkFileWriter:
         the others are removed too and the error is raised."""
         planned = [self._plan(t, d, p, target_file_size_bytes) for t, d, p in writes]
         out: list[list[DataFile]] = [[] for _ in planned]
-        groups: dict[tuple[str, ...], list[int]] = {}
+        groups: dict[tuple[str, ...], list[tuple[int, _Planned]]] = {}
         for i, w in enumerate(planned):
             if w is not None and w.sp_schema is not None and self._local_spark():
-                groups.setdefault(w.group_key(), []).append(i)
+                groups.setdefault(w.group_key(), []).append((i, w))
         done: list[_Planned] = []
         try:
             for members in groups.values():
                 if len(members) > 1:
-                    files = self._write_group([planned[i] for i in members], target_file_size_bytes)
-                    for i, f in zip(members, files, strict=True):
+                    files = self._write_group([w for _, w in members], target_file_size_bytes)
+                    for (i, w), f in zip(members, files, strict=True):
                         out[i] = f
-                        done.append(planned[i])  # type: ignore[arg-type]
-            grouped = {i for members in groups.values() if len(members) > 1 for i in members}
+                        done.append(w)
+            grouped = {i for members in groups.values() if len(members) > 1 for i, _ in members}
             for i, w in enumerate(planned):
                 if w is not None and i not in grouped:
                     out[i] = self._write_one(w, target_file_size_bytes)
@@ -457,7 +474,8 @@ class SparkFileWriter:
         rows = sum(w.data.num_rows for w in group)
         nbytes = sum(w.data.nbytes for w in group)
         partition_columns = [column, *(lbl.column for lbl in first.labels)]
-        sp_schema = st.StructType([*first.sp_schema.fields, *(st.StructField(c, st.StringType(), True) for c in partition_columns[1:]),
+        sp_schema = st.StructType([*first.sp_schema.fields,
+                                   *(st.StructField(c, st.StringType(), True) for c in partition_columns[1:]),
                                    st.StructField(column, st.IntegerType(), False)])
         base = self._settings.staging_dir  # else the system's temporary directory
         if base is not None:
@@ -466,7 +484,8 @@ class SparkFileWriter:
         try:
             n_tasks = max(1, min(sum(w.n_tuples for w in group), self._settings.max_write_tasks,
                                  math.ceil(nbytes / self._settings.bytes_per_write_task)))
-            options = {**first.options, "maxRecordsPerFile": str(max(1, target_file_size_bytes // max(1, math.ceil(nbytes / rows))))}
+            per_file = max(1, target_file_size_bytes // max(1, math.ceil(nbytes / rows)))
+            options = {**first.options, "maxRecordsPerFile": str(per_file)}
             try:
                 frame = self.spark.createDataFrame(combined, schema=sp_schema)
                 quoted = ["`" + c.replace("`", "``") + "`" for c in partition_columns]
@@ -477,10 +496,11 @@ class SparkFileWriter:
                 raise SparkWriteError(f"Spark failed to write {rows} rows of {len(group)} tables: {e}") from e
             local_fs = pafs.LocalFileSystem()
             out: list[list[DataFile]] = []
+            job: dict[tuple[Any, ...], _FooterPlan] = {}
             try:
                 for i, w in enumerate(group):
                     sub = f"{stage_root}/out/{column}={i}"
-                    data_files = self._data_files(w.table, local_fs, sub, w.out_uri, w.labels)
+                    data_files = self._data_files(w.table, local_fs, sub, w.out_uri, w.labels, job=job)
                     _place(local_fs, sub, w.fs, w.out_path, w.out_uri, len(data_files), move=True)
                     out.append(data_files)
             except Exception:
@@ -556,17 +576,24 @@ class SparkFileWriter:
 
     def _data_files(
         self, table: Table, fs: pafs.FileSystem, out_path: str, out_uri: str, labels: Sequence[PartitionLabels],
-        *, partition: Record | None = None,
+        *, partition: Record | None = None, job: dict[tuple[Any, ...], _FooterPlan] | None = None,
     ) -> list[DataFile]:
         """A DataFile per Parquet file under ``out_path``, its partition from its directories
-        (``labels``), or ``partition`` for every file."""
+        (``labels``), or ``partition`` for every file. ``job``: shared by the tables one Spark job
+        wrote (:meth:`_write_group`; their files have one Parquet schema), so tables alike in
+        schema and metrics settings share their statistics plan and one schema check."""
         metadata = table.metadata
         schema = table.schema()
-        stats_plan = compute_statistics_plan(schema, metadata.properties)
-        id_mapping = parquet_path_to_id_mapping(schema)
+        metrics = tuple(sorted((k, v) for k, v in metadata.properties.items() if k.startswith(_METRICS_PREFIX)))
+        plan_key = (str(schema), metadata.format_version, metrics)  # str(schema) names every field id and type
+        plan = job.get(plan_key) if job is not None else None
+        if plan is None:
+            plan = _FooterPlan(compute_statistics_plan(schema, metadata.properties), parquet_path_to_id_mapping(schema))
+            if job is not None:
+                job[plan_key] = plan
+        stats_plan, id_mapping = plan.stats, plan.ids
         records: dict[tuple[str | None, ...], Record] = {}
         data_files: list[DataFile] = []
-        checked_schema = False
         for relative, size in _list_data_files(fs, out_path):
             *dirs, _ = relative.split("/")
             key = parse_partition_dirs(dirs, labels, relative) if partition is None else ()
@@ -577,11 +604,11 @@ class SparkFileWriter:
             file_uri = f"{out_uri}/{relative}"
             with fs.open_input_file(f"{out_path}/{relative}") as stream:
                 parquet_metadata = pq.read_metadata(stream)
-            if not checked_schema:
+            if not plan.checked:
                 _check_pyarrow_schema_compatible(
                     schema, parquet_metadata.schema.to_arrow_schema(), format_version=metadata.format_version
                 )
-                checked_schema = True
+                plan.checked = True
             statistics = data_file_statistics_from_parquet_metadata(
                 parquet_metadata=parquet_metadata,
                 stats_columns=stats_plan,

@@ -295,8 +295,12 @@ def test_write_many_writes_alike_tables_in_one_spark_job_and_each_reads_back_exa
 ) -> None:
     """A round routed to many tables: the tables with the same schema and partition fields
     share one Spark job; every table gets its own files, partitions and rows, read back by
-    DuckDB; a table of another schema and an empty one are written on their own."""
+    DuckDB; a table of another schema and an empty one are written on their own. A table of the
+    group whose metrics mode differs keeps its own column statistics."""
     alike = [create_pizza_table(catalog, f"db.many_{i}") for i in range(4)]
+    with alike[3].transaction() as tx:
+        tx.set_properties({"write.metadata.metrics.default": "counts"})
+    alike[3] = catalog.load_table("db.many_3")
     flat = catalog.create_table("db.many_flat", schema=PIZZA_SCHEMA)
     datas = [pizzas(t, 2_000 + 500 * i, seed=20 + i, start=10_000 * i) for i, t in enumerate(alike)]
     writes = [(t, d, f"r1/w-{i}") for i, (t, d) in enumerate(zip(alike, datas, strict=True))]
@@ -310,6 +314,9 @@ def test_write_many_writes_alike_tables_in_one_spark_job_and_each_reads_back_exa
         assert files and all(f.file_path.startswith(f"{table.location()}/data/{prefix}/") for f in files)
         if table is not flat:
             assert file_partition_counts(files) == pizza_partition_counts(data.to_pylist())
+        bounds = [bool(f.lower_bounds) and bool(f.upper_bounds) for f in files]
+        assert all(f.value_counts and f.null_value_counts is not None for f in files)
+        assert bounds == [table is not alike[3]] * len(files), f"{table.name()}: bounds as its metrics mode says"
         assert sorted(files_under(local_path(table.location()) + f"/data/{prefix}")) == sorted(
             f.file_path.split(f"/data/{prefix}/", 1)[1] for f in files)
         table = commit(table, files, "c-1")

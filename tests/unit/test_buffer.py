@@ -146,6 +146,31 @@ def test_snapshot_tables_cast_each_chunk_before_concatenating():
     assert out.to_pylist() == [{"x": 1, "y": None}, {"x": 2**40, "y": "new"}]
 
 
+def test_snapshot_tables_cast_once_per_schema_run_and_hand_over_one_chunk_per_column():
+    """A table gets a small chunk from every fetch of a round: casting each chunk (and handing
+    Spark hundreds of tiny batches) cost seconds a round with many tables."""
+    b = Buffers(10**9)
+    active(b, P, 0)
+    old = pa.schema([("x", pa.int32())])
+    new = pa.schema([("x", pa.int64()), ("y", pa.string())])
+    for i in range(100):  # 60 chunks of the old schema, then 40 of the evolved one
+        t = pa.table({"x": [i]}, schema=old) if i < 60 else pa.table({"x": [i], "y": [str(i)]}, schema=new)
+        b.add(Chunk(P, i + 1, {"db.t": t}, t.nbytes, 1), i, None)
+    from agents.evolution import conform
+
+    casts: list[int] = []
+
+    def cast(name: str, t: pa.Table) -> pa.Table:
+        casts.append(t.num_rows)
+        return conform(t, new)
+
+    out = b.take(1).tables(cast)["db.t"]
+    assert casts == [60, 40]
+    assert out["x"].to_pylist() == list(range(100))
+    assert out["y"].to_pylist() == [None] * 60 + [str(i) for i in range(60, 100)]
+    assert all(col.num_chunks == 1 for col in out.columns)
+
+
 def test_a_fetch_that_follows_on_is_taken_whole_and_clears_a_confirmed_gap():
     b = Buffers(10**9)
     active(b, P, 5)

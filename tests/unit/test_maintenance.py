@@ -309,3 +309,64 @@ def test_compaction_planning_reads_each_manifest_once_and_none_while_too_few_fil
     assert plan_compaction(table, s, cache) is not None
     assert len(reads) == 5  # only the new manifest
     assert len(cache) == 5
+
+
+def test_a_pass_with_nothing_due_in_the_rounds_view_reads_no_catalog(table_and_catalog, tmp_path):
+    """After every round the maintainer checks each committed table: when the rounds' cached
+    table (TableCache) shows nothing due, neither expiry nor compaction loads the table (a round
+    of 200 tables would load each twice); once something is due there, it loads the current
+    table and acts on that."""
+    import asyncio
+    import json
+
+    from prometheus_client import CollectorRegistry
+
+    from coordinator.committer import TableCache
+    from coordinator.maintenance import Maintainer, TableLocks
+    from icesink.config import load_settings
+    from icesink.metrics import Metrics
+
+    catalog, table = table_and_catalog
+    for i in range(3):
+        table.append(_rows(i * 10, 10))
+    loads: list[str] = []
+    real_load = catalog.load_table
+
+    def counted(name, *a, **k):
+        loads.append(str(name))
+        return real_load(name, *a, **k)
+
+    catalog.load_table = counted  # type: ignore[method-assign]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"topics": "t", "iceberg.tables": "db.t"}))
+    status: dict = {}
+    cache = TableCache()
+    cache.put("db.t", real_load("db.t"))
+
+    async def protected() -> set[str]:
+        return set()
+
+    m = Maintainer(load_settings(path, {}), catalog, Metrics(CollectorRegistry()), status, TableLocks(), _rewrite,
+                   protected, tables=cache)
+    m.s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=1 << 20, snapshot_max_age_ms=3_600_000,
+                              retain_last=10, orphans_every_s=3600.0)
+
+    async def one_pass() -> None:
+        m.due(["db.t"])
+        m.poll()
+        while m._task is not None and not m._task.done():
+            await asyncio.sleep(0.01)
+        m.poll()
+
+    async def run() -> None:
+        await one_pass()  # 3 small files, 3 snapshots: nothing due
+        assert loads == [] and status["maintenance"]["db.t"]["error"] is None
+        table.append(_rows(30, 10))  # a 4th small file: compaction is due
+        cache.put("db.t", real_load("db.t"))
+        await one_pass()
+        await m.stop()
+
+    asyncio.run(run())
+    assert loads, "a due compaction works on the table loaded from the catalog"
+    assert status["maintenance"]["db.t"]["compaction"]["files_in"] == 4
+    assert _ids(real_load("db.t")) == list(range(40))
