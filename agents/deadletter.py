@@ -26,8 +26,9 @@ import asyncio
 import base64
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from agents.convert import Reject
 from icesink.config import Settings
@@ -47,7 +48,8 @@ H_EXECUTING_CLASS = "__connect.errors.class.name"
 H_EXCEPTION = "__connect.errors.exception.class.name"
 H_MESSAGE = "__connect.errors.exception.message"
 # Ours.
-H_REASON = "icesink.errors.reason"  # the kind: malformed, uncoercible, missing-required, missing-key, no-operation, too-large, no-route
+# The kind: malformed, uncoercible, missing-required, missing-key, no-operation, too-large, no-route.
+H_REASON = "icesink.errors.reason"
 H_FIELD = "icesink.errors.field"  # dotted path of the field at fault, when there is one
 H_TABLE = "icesink.errors.table"  # the target table(s) that rejected it, comma-separated
 H_VALUE_OMITTED = "icesink.errors.value-omitted"  # set when the value was too large for the DLQ topic

@@ -177,7 +177,7 @@ class DebeziumTransform:
         out = []
         for f in schema:
             arr = arrays.get(f.name)
-            if arr is None or f.name == CDC_COLUMN and not pa.types.is_struct(f.type):
+            if arr is None or (f.name == CDC_COLUMN and not pa.types.is_struct(f.type)):
                 arr = pa.nulls(len(image), f.type)
             elif f.name == CDC_COLUMN:
                 arr = _fit_struct(arr, f.type)
@@ -298,7 +298,8 @@ def _first_connect_schema(values: Sequence[bytes]) -> dict[str, Any] | None:
         except ValueError:
             continue
         if isinstance(doc, dict) and isinstance(doc.get("schema"), dict):
-            return doc["schema"]
+            schema: dict[str, Any] = doc["schema"]
+            return schema
     return None
 
 

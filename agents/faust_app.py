@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import faust
 
-from agents.source_consumer import ConsumerGuard, Fetched, faust_credentials, inject_faults, install_batch_drain, isolation_level
+from agents.source_consumer import (
+    ConsumerGuard, Fetched, driver, faust_credentials, inject_faults, install_batch_drain, isolation_level,
+)
+from agents.worker_state import WorkerState
 from icesink.errors import ConfigError, DataError, UnsupportedTypeError
 
 log = logging.getLogger(__name__)
@@ -22,7 +26,7 @@ log = logging.getLogger(__name__)
 FETCHES_QUEUED = 2  # fetches waiting for the ingest agent
 
 
-class FaustApp:
+class FaustApp(WorkerState):
     """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
 
     def _make_app(self) -> faust.App:
@@ -62,7 +66,7 @@ class FaustApp:
         worker = self
 
         @app.agent(self.fetches, name="icesink-ingest")
-        async def ingest(stream: faust.Stream) -> None:
+        async def ingest(stream: faust.StreamT[Fetched]) -> None:
             async for fetched in stream:
                 try:
                     await worker.on_fetch(fetched)
@@ -80,9 +84,11 @@ class FaustApp:
                     worker.fail(exc, exit_code=1)
                     return
 
-        app.on_partitions_revoked.connect(self._on_revoked)
-        app.on_partitions_assigned.connect(self._on_assigned)
-        app.on_rebalance_complete.connect(self._on_rebalance_complete)
+        # mode types every receiver as (sender, *args, signal=, **kwargs): ours take just the
+        # arguments their signal sends (the revoked or assigned partitions, or none).
+        app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+        app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
+        app.on_rebalance_complete.connect(self._on_rebalance_complete)  # type: ignore[arg-type]
         return app
 
     def _install_no_leave_group(self) -> None:
@@ -98,9 +104,10 @@ class FaustApp:
         a stopped replica's partitions move after ``consumer.session-timeout-ms``, not at
         once. Pinned to aiokafka 0.14 internals (GroupCoordinator._maybe_leave_group)."""
         try:
-            coordinator = self.app.consumer._thread._consumer._coordinator
+            consumer = driver(self.app)._thread._consumer
         except AttributeError:
-            coordinator = None
+            consumer = None
+        coordinator: Any = getattr(consumer, "_coordinator", None)  # None: no consumer yet
         if not hasattr(coordinator, "_maybe_leave_group"):
             log.warning("no aiokafka group coordinator found: this replica will send LeaveGroup")
             return

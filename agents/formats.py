@@ -71,7 +71,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from agents.convert import Converted, Reject, decode_json, infer_schema, struct_array
+from agents.convert import Converted, EpochUnit, Reject, decode_json, infer_schema, struct_array
 from agents.tables import iceberg_schema
 from icesink.config import BYTES_CONVERTER, Settings
 from icesink.errors import ConfigError, UnsupportedTypeError
@@ -314,8 +314,8 @@ def _decode_fields(
     by_name = {c["field"]: c for c in listed}
     by_lower: dict[str, Mapping[str, Any]] = {}
     if fold_case:
-        for c in listed:
-            by_lower.setdefault(c["field"].lower(), c)  # the first spelling, as values fold
+        for entry in listed:
+            by_lower.setdefault(entry["field"].lower(), entry)  # the first spelling, as values fold
     out = []
     for f in fields:
         c = by_name.get(f.name) or by_lower.get(f.name.lower())
@@ -468,12 +468,12 @@ class Envelopes:
         for i, value in enumerate(values):
             parts = _split_fast(value) if value is not None else None
             parsed = self._parse(parts[0]) if parts is not None else _NOT_JSON
-            if parsed is _NOT_JSON:  # not compact JsonConverter output, or a wrong cut
+            if parts is None or parsed is _NOT_JSON:  # not compact JsonConverter output, or a wrong cut
                 slow.append(i)
                 continue
-            by_text.setdefault(parts[0], []).append(i)  # type: ignore[index]
-            schemas[parts[0]] = parsed  # type: ignore[index]
-            payloads[i] = parts[1]  # type: ignore[index]
+            by_text.setdefault(parts[0], []).append(i)
+            schemas[parts[0]] = parsed
+            payloads[i] = parts[1]
         rejects: list[Reject] = []
         for i in slow:
             found = split_envelope(values[i])
@@ -658,7 +658,7 @@ class RecordFormat:
         self._envelopes = Envelopes()
 
     def table_schema(
-        self, values: Sequence[bytes | None], *, timestamp_fields: str | None = None
+        self, values: Sequence[bytes], *, timestamp_fields: re.Pattern[str] | None = None
     ) -> pa.Schema | Schema | None:
         """The schema of an auto-created table for these records (None: no record tells it).
         ``timestamp_fields``: a regex of JSON string fields to create as timestamps."""
@@ -692,7 +692,7 @@ class RecordFormat:
 
     def convert(
         self, messages: Sequence[Any], values: Sequence[bytes], target: pa.Schema | None, *,
-        epoch_unit: str = "ms", grow: Grow | None = None, decode_values: ValueDecoder | None = None,
+        epoch_unit: EpochUnit = "ms", grow: Grow | None = None, decode_values: ValueDecoder | None = None,
     ) -> Converted:
         """Rows of ``target`` (a table's Arrow schema) for ``messages``; the rest are rejects.
         ``target`` None: the table does not exist and no record could create it.

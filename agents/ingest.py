@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,10 +25,14 @@ from agents.routing import Routes
 from agents.source_consumer import Fetched
 from agents.tables import Target, create_target, load_target
 from agents.tasks import highwater, unless_moved
+from agents.worker_state import WorkerState
 from icesink.errors import ConfigError
 from icesink.events import CommitRequest, SchemaProposal
 from icesink.faults import should_crash
 from icesink.schema_changes import identifier_paths
+
+if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +44,7 @@ REQUEST_EVERY_S = 5.0  # while the buffers stay full, an early round is asked th
 STALL_S = 15.0
 
 
-class Ingest:
+class Ingest(WorkerState):
     """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
 
     async def on_fetch(self, fetched: Fetched) -> None:
@@ -106,7 +111,7 @@ class Ingest:
         if not self._backpressure and st.active:
             self.app.consumer.resume_partitions([TP(st.tp.topic, st.tp.partition)])
 
-    async def _buffer(self, st: PartitionState, messages: list[Any]) -> None:
+    async def _buffer(self, st: PartitionState, messages: Sequence[Any]) -> None:
         # Tombstones and too-large values never reach conversion; their offsets still count.
         screened = screen(messages, self.settings.max_record_bytes)
         values = screened.values
@@ -213,6 +218,7 @@ class Ingest:
         auto-created from these records (None: no record tells its schema)."""
         target = await self.offload.run(load_target, self.catalog, name, self.settings)
         if target is None:
+            inferred: pa.Schema | Schema | None
             if self.debezium is not None:
                 inferred = self.format.with_extras(self.debezium.infer_schema(values))
             else:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from faust.types import TP
 
 from agents.buffer import PartitionState
 from agents.source_consumer import group_member_id
 from agents.tasks import unless_moved
+from agents.worker_state import WorkerState
 from icesink.events import Claim, Resume, Rewind, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -23,7 +25,7 @@ def _tp(t: Any) -> TopicPartition:
     return TopicPartition(t.topic, t.partition)
 
 
-class Ownership:
+class Ownership(WorkerState):
     """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
 
     def _source(self, tps: Iterable[Any]) -> set[TopicPartition]:
@@ -85,7 +87,8 @@ class Ownership:
                 continue
             # Active from here, but no gap is taken until the seek is done (activated_at).
             seek_to = self.buffers.resume(pos.tp, pos.offset, now=float("inf"))
-            if not await unless_moved(self._seek(st, seek_to), lambda: self._owns(st, ev.generation), f"seek of {pos.tp}"):
+            owned = lambda st=st, g=ev.generation: self._owns(st, g)  # noqa: E731
+            if not await unless_moved(self._seek(st, seek_to), owned, f"seek of {pos.tp}"):
                 continue
             self._claimed_at.pop(pos.tp, None)
             if not self._backpressure:

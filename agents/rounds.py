@@ -17,7 +17,9 @@ from agents.deadletter import DeadLetterSendError
 from agents.keys_files import write_keys_file
 from agents.mirror import collapse
 from agents.respond import send_response
+from agents.source_consumer import driver
 from agents.tasks import highwater
+from agents.worker_state import WorkerState
 from icesink.errors import ResponseSendError
 from icesink.events import CommitComplete, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
 from icesink.faults import crash_point, die, should_crash
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 
-class Rounds:
+class Rounds(WorkerState):
     """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
 
     async def _control_loop(self) -> None:
@@ -157,7 +159,7 @@ class Rounds:
                 offsets[TP(p.tp.topic, p.tp.partition)] = p.offset
         if offsets:
             try:
-                await self.app.consumer._commit(offsets)
+                await driver(self.app)._commit(offsets)
             except Exception as exc:  # a hint only; the truth is in the snapshot summaries
                 log.warning("consumer group offset commit failed: %s", exc)
         self.status.update(last_commit_id=ev.commit_id, valid_through_ms=ev.valid_through_ms)

@@ -107,9 +107,10 @@ class Router:
             assert self.field is not None
             converted = self.debezium.route_column(values, self.field)
             return converted, converted.table.column(0)
+        assert self._path is not None  # a route field is set whenever this router reads records
         converted = decode_json(values, self._schema)
         column = converted.table.column(0)
-        for _ in range(self._path.count(".")):  # type: ignore[union-attr]
+        for _ in range(self._path.count(".")):
             column = pc.struct_field(column, [0])
         return converted, column
 

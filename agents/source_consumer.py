@@ -32,9 +32,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import aiokafka.codec
 import faust
@@ -46,6 +46,9 @@ from icesink.errors import ConsumerError
 from icesink.events import TopicPartition
 from icesink.faults import should_crash
 from icesink.metrics import Metrics
+
+if TYPE_CHECKING:
+    from faust.transport.drivers.aiokafka import Consumer as AIOKafkaDriver
 
 log = logging.getLogger(__name__)
 
@@ -166,13 +169,19 @@ def inject_faults(settings: Settings) -> None:
     decoded, as when the codec library is not installed."""
     if should_crash(settings, "worker.lz4-unavailable"):
         log.warning("fault injection: the lz4 codec is unavailable in this replica")
-        aiokafka.codec.has_lz4 = lambda: False  # type: ignore[assignment]
+        aiokafka.codec.has_lz4 = lambda: False
+
+
+def driver(app: faust.App) -> AIOKafkaDriver:
+    """The app's consumer as what it is, Faust's aiokafka driver (the kafka:// transport): the
+    internals used here and in the worker are not in Faust's ConsumerT."""
+    return cast("AIOKafkaDriver", app.consumer)
 
 
 def group_member_id(app: faust.App) -> str | None:
     """This replica's consumer-group member id (Claim.member: tells a group reset from a zombie)."""
     try:
-        return str(app.consumer._thread._ensure_consumer()._coordinator.member_id) or None
+        return str(driver(app)._thread._ensure_consumer()._coordinator.member_id) or None
     except AttributeError:
         return None
 
@@ -197,7 +206,7 @@ def install_batch_drain(app: faust.App, deliver: Callable[[Fetched], Awaitable[A
     ``deliver``. Records of a fetch that spans a rebalance (the flow stopped or the generation
     changed after the fetch returned) are dropped like Faust drops them: the new owner seeks to
     the accepted position."""
-    consumer = app.consumer
+    consumer = driver(app)
 
     async def drain_batches(fetcher: Any) -> None:
         stopped = consumer._stopped.is_set
@@ -229,7 +238,7 @@ def install_batch_drain(app: faust.App, deliver: Callable[[Fetched], Awaitable[A
                 return
             raise
 
-    consumer._drain_messages = drain_batches
+    consumer._drain_messages = drain_batches  # type: ignore[method-assign]  # patches Faust (pinned internals)
 
 
 def faust_credentials(s: Settings) -> Any:

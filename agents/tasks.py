@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from faust.types import TP
 
@@ -104,7 +105,8 @@ def highwater(consumer: Any, topic: str, partition: int) -> int | None:
     """A partition's high watermark; None if unknown, or if a rebalance in the consumer's
     thread took the partition before this loop heard of it (aiokafka asserts it is assigned)."""
     try:
-        return consumer.highwater(TP(topic, partition))  # type: ignore[no-any-return]
+        hw: int | None = consumer.highwater(TP(topic, partition))
+        return hw
     except AssertionError:
         return None
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.chaos import run_chaos  # noqa: E402
-from icesink.embedded import EmbeddedBroker, sqlite_catalog_properties  # noqa: E402
+from tests.support.chaos import run_chaos
+from icesink.embedded import EmbeddedBroker, sqlite_catalog_properties
 
 
 def main() -> int:

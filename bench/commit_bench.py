@@ -29,15 +29,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pyiceberg.catalog import load_catalog  # noqa: E402
-from pyiceberg.schema import Schema  # noqa: E402
-from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType  # noqa: E402
+from pyiceberg.catalog import load_catalog
+from pyiceberg.schema import Schema
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
-from coordinator.committer import TableCache, commit_table  # noqa: E402
-from icesink.catalogs import SqlCatalog  # noqa: E402
-from coordinator.state import Accepted  # noqa: E402
-from icesink.embedded import sqlite_catalog_properties  # noqa: E402
-from icesink.events import FileInfo, TopicPartition  # noqa: E402
+from coordinator.committer import TableCache, commit_table
+from icesink.catalogs import SqlCatalog
+from coordinator.state import Accepted
+from icesink.embedded import sqlite_catalog_properties
+from icesink.events import FileInfo, TopicPartition
 
 SCHEMA = Schema(*(
     NestedField(i + 1, name, kind, required=False) for i, (name, kind) in enumerate([

@@ -27,14 +27,14 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
-from pyiceberg.schema import Schema  # noqa: E402
-from pyiceberg.types import DoubleType, LongType, NestedField, StringType  # noqa: E402
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.schema import Schema
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
-from coordinator.maintenance import MaintenanceSettings, compact, expire, live_files  # noqa: E402
-from tests.support import duck  # noqa: E402
-from spark_bridge.rewrite import rewrite_files  # noqa: E402
-from spark_bridge.writer import SparkFileWriter, SparkSettings  # noqa: E402
+from coordinator.maintenance import MaintenanceSettings, compact, expire, live_files
+from tests.support import duck
+from spark_bridge.rewrite import rewrite_files
+from spark_bridge.writer import SparkFileWriter, SparkSettings
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "store", StringType(), required=False),
                 NestedField(3, "price", DoubleType(), required=False))

@@ -29,8 +29,8 @@ from typing import Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coordinator.state import CoordinatorState  # noqa: E402
-from icesink.events import (  # noqa: E402
+from coordinator.state import CoordinatorState
+from icesink.events import (
     Claim, DataComplete, DataWritten, Event, FileInfo, OffsetRange, Position, Resume, StartCommit, TopicPartition,
     decode, encode,
 )
@@ -155,7 +155,8 @@ def main() -> int:
         return 0
     print()
     print("what the events of a round grow with (1 file per worker and table, median of 3):")
-    print(f"  {'workers':>7} {'partitions':>10} {'tables':>6} {'events':>8} {'MB':>7} {'decode ms':>9} {'apply ms':>9} {'plan ms':>8}")
+    print(f"  {'workers':>7} {'partitions':>10} {'tables':>6} {'events':>8} {'MB':>7} {'decode ms':>9} {'apply ms':>9}"
+          f" {'plan ms':>8}")
     for workers in (10, 50, 100):
         for partitions in (100, 1000):
             for tables in (20, 200):

@@ -9,8 +9,9 @@ then runs ``--rounds`` rounds of ``--changed`` changed keys each (half updates o
 a quarter deletes, a quarter new keys) through the coordinator's commit of a mirror table
 (coordinator/committer.py with coordinator/mirror.py): a worker's response of one data file and
 one keys file; the old rows' positions taken from the index, one position delete file written
-and committed with the data file in one snapshot, the new rows indexed. It prints the index build time and memory, each round's time (with ``--trace-memory``
-also its peak Python memory, rounds then run slower), and the time
+and committed with the data file in one snapshot, the new rows indexed. It prints the index
+build time and memory, each round's time (with ``--trace-memory`` also its peak Python memory,
+rounds then run slower), and the time
 to read the whole table with a pyiceberg scan and with DuckDB as delete files accumulate. It
 runs the same rounds on a table a tenth the size, so the growth with table size shows.
 Every read is checked against the expected row count.
@@ -33,20 +34,20 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
-from pyiceberg.io.pyarrow import parquet_file_to_data_file  # noqa: E402
-from pyiceberg.schema import Schema  # noqa: E402
-from pyiceberg.table.snapshots import Operation  # noqa: E402
-from pyiceberg.table.update.snapshot import _FastAppendFiles  # noqa: E402
-from pyiceberg.types import LongType, NestedField, StringType  # noqa: E402
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io.pyarrow import parquet_file_to_data_file
+from pyiceberg.schema import Schema
+from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.types import LongType, NestedField, StringType
 
-from coordinator.committer import commit_table  # noqa: E402
-from coordinator.deletes import WithPositionDeletes, write_position_deletes  # noqa: E402
-from coordinator.mirror import MirrorIndexes  # noqa: E402
-from coordinator.state import Accepted  # noqa: E402
-from tests.support import duck  # noqa: E402
-from icesink.config import load_settings  # noqa: E402
-from icesink.events import FileInfo, TopicPartition  # noqa: E402
+from coordinator.committer import commit_table
+from coordinator.deletes import WithPositionDeletes, write_position_deletes
+from coordinator.mirror import MirrorIndexes
+from coordinator.state import Accepted
+from tests.support import duck
+from icesink.config import load_settings
+from icesink.events import FileInfo, TopicPartition
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "v", StringType(), required=False),
                 identifier_field_ids=[1])
@@ -134,7 +135,8 @@ def run(directory: Path, rows: int, changed: int, rounds: int, trace: bool = Fal
         scan_s = time.perf_counter() - began
         began = time.perf_counter()
         with duck.connect() as con:
-            counted = con.execute("SELECT count(*) FROM iceberg_scan(?)", [duck.plain_path(table.metadata_location)]).fetchone()[0]
+            counted = con.execute("SELECT count(*) FROM iceberg_scan(?)",
+                                  [duck.plain_path(table.metadata_location)]).fetchone()[0]
         duck_s = time.perf_counter() - began
         if scanned != live or counted != live or len(index) != live:
             raise SystemExit(f"expected {live:,} rows, found {scanned:,} (pyiceberg), {counted:,} (DuckDB), "

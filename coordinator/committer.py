@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
@@ -127,8 +128,8 @@ def _commit(
             _delete_quietly(table, d.file_path)
         raise
     snap = table.current_snapshot()
-    if index is not None:  # the index now describes the new snapshot (a failure above dropped it)
-        mirrors.keep(table_name, snap.snapshot_id if snap else None, index)  # type: ignore[union-attr]
+    if mirrors is not None and index is not None:  # the index now describes the new snapshot (a failure above dropped it)
+        mirrors.keep(table_name, snap.snapshot_id if snap else None, index)
     return TableCommit(
         table_name,
         snap.snapshot_id if snap else None,
@@ -179,8 +180,9 @@ def _recheck_on_retry(
     refreshed table. Re-check icesink's preconditions first: if another coordinator committed
     meanwhile (newer epoch: fenced; moved watermark: the plan is stale), stop, so the caller
     re-plans from the table. ``replan``: stop on any conflict (a mirror table's position
-    deletes were planned against the snapshot the commit expected). Pinned to pyiceberg 0.12's Transaction._rebuild_snapshot_updates
-    (pyproject.toml); tests/integration/test_commit_race.py fails if that hook is not called."""
+    deletes were planned against the snapshot the commit expected). Pinned to pyiceberg 0.12's
+    Transaction._rebuild_snapshot_updates (pyproject.toml); tests/integration/test_commit_race.py
+    fails if that hook is not called."""
     rebuild = tx._rebuild_snapshot_updates
 
     def checked_rebuild() -> None:
@@ -279,10 +281,10 @@ class _SpecAwareAppend(_FastAppendFiles):
     ``_SnapshotProducer._manifests``, ``_summary`` and ``_added_data_files`` (pyproject.toml);
     tests/integration/test_table_changes.py fails if they change."""
 
-    position_deletes: list[DataFile] = []
+    position_deletes: Sequence[DataFile] = ()
 
     @classmethod
-    def of(cls, tx: Transaction, props: dict[str, str], deletes: list[DataFile] = []) -> "_SpecAwareAppend":  # noqa: B006
+    def of(cls, tx: Transaction, props: dict[str, str], deletes: list[DataFile] = []) -> _SpecAwareAppend:  # noqa: B006
         """With ``deletes`` (a mirror table's position delete files) the snapshot also adds
         them, in a DELETES manifest, as an overwrite."""
         update = tx.update_snapshot(snapshot_properties=props)
@@ -297,7 +299,7 @@ class _SpecAwareAppend(_FastAppendFiles):
         metadata = self._transaction.table_metadata
         default = metadata.default_spec_id
         every = self._added_data_files
-        others: dict[int, list] = defaultdict(list)  # type: ignore[type-arg]
+        others: dict[int, list[DataFile]] = defaultdict(list)
         for f in every:
             if f.spec_id != default:
                 others[f.spec_id].append(f)

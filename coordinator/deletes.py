@@ -15,7 +15,8 @@ tests/unit/test_position_deletes.py fail if they change.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,6 +27,13 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
+
+if TYPE_CHECKING:
+    from pyiceberg.table.update.snapshot import _SnapshotProducer
+
+    _Producer = _SnapshotProducer[Any]
+else:
+    _Producer = object  # at run time the mixin adds nothing but its methods
 
 __all__ = ["DELETE_SCHEMA", "DeletesManifest", "WithPositionDeletes", "add_position_deletes", "write_position_deletes"]
 
@@ -74,35 +82,35 @@ def write_position_deletes(
     return df
 
 
-def add_position_deletes(producer: object, delete_files: Iterable[DataFile]) -> list[ManifestFile]:
+def add_position_deletes(producer: _SnapshotProducer[Any], delete_files: Iterable[DataFile]) -> list[ManifestFile]:
     """DELETES manifests listing ``delete_files`` as added in ``producer``'s snapshot (a
     pyiceberg snapshot producer inside its ``_manifests``): one per partition spec."""
     by_spec: dict[int, list[DataFile]] = {}
     for f in delete_files:
         by_spec.setdefault(f.spec_id, []).append(f)
-    tx = producer._transaction  # type: ignore[attr-defined]
+    tx = producer._transaction
     out: list[ManifestFile] = []
     for spec_id, files in sorted(by_spec.items()):
         writer = DeletesManifest(
-            spec=tx.table_metadata.specs()[spec_id], schema=producer.schema(),  # type: ignore[attr-defined]
-            output_file=producer.new_manifest_output(),  # type: ignore[attr-defined]
-            snapshot_id=producer._snapshot_id, avro_compression=producer._compression,  # type: ignore[attr-defined]
+            spec=tx.table_metadata.specs()[spec_id], schema=producer.schema(),
+            output_file=producer.new_manifest_output(),
+            snapshot_id=producer._snapshot_id, avro_compression=producer._compression,
         )
         with writer:
             for f in files:
                 writer.add(ManifestEntry.from_args(
-                    status=ManifestEntryStatus.ADDED, snapshot_id=producer._snapshot_id,  # type: ignore[attr-defined]
+                    status=ManifestEntryStatus.ADDED, snapshot_id=producer._snapshot_id,
                     sequence_number=None, file_sequence_number=None, data_file=f,
                 ))
         out.append(writer.to_manifest_file())
     return out
 
 
-class WithPositionDeletes:
+class WithPositionDeletes(_Producer):
     """Mixed in before a pyiceberg snapshot producer (``class P(WithPositionDeletes,
     _FastAppendFiles)``): its snapshot also adds ``position_deletes`` in a DELETES manifest."""
 
-    position_deletes: list[DataFile] = []
+    position_deletes: Sequence[DataFile] = ()
 
     def _manifests(self) -> list[ManifestFile]:
-        return super()._manifests() + add_position_deletes(self, self.position_deletes)  # type: ignore[misc]
+        return super()._manifests() + add_position_deletes(self, self.position_deletes)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError

@@ -43,7 +43,7 @@ class KeyIndex:
         return len(self._where)
 
     @classmethod
-    def from_table(cls, table: Table, keys: Sequence[str]) -> "KeyIndex":
+    def from_table(cls, table: Table, keys: Sequence[str]) -> KeyIndex:
         """The index of ``table``'s current snapshot."""
         index = cls(keys)
         tasks = list(table.scan().plan_files())

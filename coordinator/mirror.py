@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
+from pyiceberg.typedef import Record
 
 from coordinator.deletes import write_position_deletes
 from coordinator.key_index import KeyIndex
@@ -112,7 +113,7 @@ def position_deletes(table: Table, name: str, index: KeyIndex, todo: Sequence[Ac
         return []
     by_partition: dict[tuple[int, object], list[int]] = {}
     paths = rows.column("file_path").to_pylist()
-    partitions: dict[str, tuple[int, object]] = {}
+    partitions: dict[str, tuple[int, Record | None]] = {}
     for i, path in enumerate(paths):
         where = partitions.get(path)
         if where is None:
@@ -122,12 +123,12 @@ def position_deletes(table: Table, name: str, index: KeyIndex, todo: Sequence[Ac
     for (spec_id, _), positions in by_partition.items():
         part = rows.take(pa.array(positions))
         record = (index.partition(part.column("file_path")[0].as_py()) or (spec_id, None))[1]
-        out.append(write_position_deletes(table, part, record, spec_id))  # type: ignore[arg-type]
+        out.append(write_position_deletes(table, part, record, spec_id))
     return out
 
 
-def _hashable(record: object) -> object:
-    return None if record is None else tuple(record[i] for i in range(len(record)))  # type: ignore[index, arg-type]
+def _hashable(record: Record | None) -> object:
+    return None if record is None else tuple(record[i] for i in range(len(record)))
 
 
 def _read(table: Table, f: FileInfo, keys: Sequence[str]) -> pa.Table:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Coroutine
-from typing import Any, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
 from pyiceberg.catalog import Catalog
@@ -49,6 +50,8 @@ from icesink.metrics import Metrics
 from icesink.offload import Offload
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 RETRY_BASE_S = 0.5
 RETRY_CAP_S = 30.0
@@ -221,7 +224,7 @@ class Coordinator:
         self.metrics.control_log_refused.set(1)
         await asyncio.Event().wait()
 
-    def _summary(self, name: str):  # type: ignore[no-untyped-def]
+    def _summary(self, name: str) -> SinkState | None:
         try:
             return latest_sink_summary(self.catalog.load_table(name), self.group)
         except NoSuchTableError:
@@ -499,7 +502,7 @@ class Coordinator:
         started = time.monotonic()
         while True:
             try:
-                result = await self._commits.run(
+                result: TableCommit = await self._commits.run(
                     _locked, self._locks.of(table), commit_table, self.catalog, table, batch, group=self.group, epoch=self.epoch,
                     commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
                     checkpoint=cp, log_id=self.log_id, adopted=self._adopted, mirrors=self._mirrors, tables=self._tables,
@@ -544,7 +547,7 @@ class Coordinator:
             return result
 
 
-def _locked(lock: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+def _locked(lock: threading.Lock, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     with lock:
         return fn(*args, **kwargs)
 

@@ -130,7 +130,7 @@ class CoordinatorState:
     group_resets: int = 0
 
     @classmethod
-    def from_checkpoint(cls, cp: CommitComplete) -> "CoordinatorState":
+    def from_checkpoint(cls, cp: CommitComplete) -> CoordinatorState:
         return cls(
             owners={o.tp: (o.worker, o.generation) for o in cp.owners},
             members={o.tp: o.member for o in cp.owners if o.member},

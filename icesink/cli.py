@@ -8,10 +8,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from icesink.errors import ConfigError, ControlLogError
 from icesink.secrets import install_log_redaction
+
+if TYPE_CHECKING:
+    from icesink.config import Settings
 
 log = logging.getLogger("icesink")
 
@@ -36,7 +39,7 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _settings(args: argparse.Namespace) -> Settings:
     """The settings; from here on every log record is redacted of their secrets."""
     from icesink.config import load_settings
 

@@ -15,11 +15,12 @@ import logging
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, cast
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from icesink.errors import ConfigError
 from icesink.secrets import MASK, Hidden, Redactor, is_secret_key, mask_setting, mask_url, url_secrets
@@ -193,7 +194,14 @@ class Settings(BaseSettings):
     fault_hold_at: tuple[Literal["coordinator.after-table-commit"], ...] = Field((), alias="fault.hold-at")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, **_: Any):  # type: ignore[no-untyped-def]
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         # load_settings() merges file, environment and flags itself; nothing else is read.
         return (init_settings,)
 
@@ -219,7 +227,7 @@ class Settings(BaseSettings):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> "Settings":
+    def _check(self) -> Settings:
         if self.value_converter not in VALUE_CONVERTERS:
             raise ConfigError("value.converter", self.value_converter, f"one of {VALUE_CONVERTERS}")
         self._check_transforms()
@@ -282,12 +290,12 @@ class Settings(BaseSettings):
         patterns = {"iceberg.tables.timestamp-fields": self.timestamp_fields} | {
             f"iceberg.table.{t}.timestamp-fields": p for t, p in self.table_timestamp_fields.items()
         }
-        for key, pattern in patterns.items():
-            if pattern is not None:
+        for key, fields_pattern in patterns.items():
+            if fields_pattern is not None:
                 try:
-                    re.compile(pattern)
+                    re.compile(fields_pattern)
                 except re.error as exc:
-                    raise ConfigError(key, pattern, f"a regular expression over dotted field names ({exc})") from None
+                    raise ConfigError(key, fields_pattern, f"a regular expression over dotted field names ({exc})") from None
         for table in self.tables:
             if "." not in table:
                 raise ConfigError("iceberg.tables", table, "namespace.table names, e.g. rpc.pizzas")
@@ -368,7 +376,8 @@ class Settings(BaseSettings):
 
     def timestamp_unit_of(self, table: str) -> Literal["s", "ms", "us", "ns"]:
         """The unit of epoch numbers in ``table``'s timestamp and time columns."""
-        return self.table_timestamp_unit.get(table, self.timestamp_unit)  # type: ignore[return-value]
+        unit = self.table_timestamp_unit.get(table, self.timestamp_unit)
+        return cast(Literal["s", "ms", "us", "ns"], unit)  # one of TIMESTAMP_UNITS: checked in _check
 
     def timestamp_fields_of(self, table: str) -> re.Pattern[str] | None:
         """Fields that auto-create makes timestamp columns (dotted names, full match)."""
@@ -576,7 +585,9 @@ _SECRET_FIELDS = {"sasl.password", "ssl.password"}
 
 def _shown(key: str, value: Any) -> Any:
     """A value as a config error may quote it: secrets only by type, URL passwords masked."""
-    if key in _SECRET_FIELDS or (key.startswith((_PREFIX_CATALOG, "spark.")) and is_secret_key(key.removeprefix(_PREFIX_CATALOG))):
+    if key in _SECRET_FIELDS or (
+        key.startswith((_PREFIX_CATALOG, "spark.")) and is_secret_key(key.removeprefix(_PREFIX_CATALOG))
+    ):
         return Hidden(value)
     return mask_url(value) if isinstance(value, str) else value
 

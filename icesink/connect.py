@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from icesink.config import build, keys_from_env, read_config_file
+from icesink.config import Settings, build, keys_from_env, read_config_file
 from icesink.connect_state import (
     FAILED, PAUSED, RUNNING, ClusterState, Connector, assign, connector_key, status_key, status_of, tasks_max,
     worker_key,
@@ -85,13 +85,13 @@ class ConnectSettings:
     def url(self) -> str:
         return f"http://{self.worker_id}"
 
-    def sink_settings(self, config: Mapping[str, Any]):  # type: ignore[no-untyped-def]
+    def sink_settings(self, config: Mapping[str, Any]) -> Settings:
         """A connector's config as ``icesink worker`` settings; ConfigError names a bad key."""
         raw = {**self.task_defaults, **{k: v for k, v in config.items() if k not in _CONNECTOR_ONLY}}
         raw.setdefault("bootstrap.servers", self.bootstrap_servers)
         return build(raw, warn_unknown=False)
 
-    def process_settings(self):  # type: ignore[no-untyped-def]
+    def process_settings(self) -> Settings:
         """The defaults as worker settings (Kafka clients, state dir, secrets to redact) for this
         process's own use; the topic and table only fill required keys."""
         return self.sink_settings({"topics": "-", "iceberg.tables": "icesink.connect", **self.task_defaults})
@@ -472,7 +472,7 @@ class Cluster:
                 return everything
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_All())  # type: ignore[arg-type]
+        registry.register(_All())
         return bytes(generate_latest(registry))
 
 

@@ -14,6 +14,7 @@ import logging
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from icesink.errors import ConfigError
 
@@ -48,9 +49,9 @@ def _json(body: Any, status: int = 200) -> web.Response:
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
-        return await handler(request)  # type: ignore[no-any-return]
+        return await handler(request)
     except ApiError as exc:
         return _json({"error_code": exc.code, "message": exc.message}, exc.code)
     except web.HTTPException as exc:
@@ -66,10 +67,10 @@ def app(backend: Backend) -> web.Application:
     routes = web.RouteTableDef()
 
     @web.middleware
-    async def synced(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def synced(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path != "/metrics":
             await backend.sync()
-        return await handler(request)  # type: ignore[no-any-return]
+        return await handler(request)
 
     def known(name: str) -> dict[str, str]:
         config = backend.config(name)

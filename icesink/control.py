@@ -150,11 +150,13 @@ class ControlReader:
 
     async def seek_to_end(self) -> int:
         await self._consumer.seek_to_end(self.tp)
-        return await self._consumer.position(self.tp)
+        position: int = await self._consumer.position(self.tp)
+        return position
 
     async def seek_to_beginning(self) -> int:
         await self._consumer.seek_to_beginning(self.tp)
-        return await self._consumer.position(self.tp)
+        position: int = await self._consumer.position(self.tp)
+        return position
 
     async def position(self) -> int:
         """The offset of the next event this reader will return."""
@@ -164,7 +166,8 @@ class ControlReader:
         return int((await self._consumer.end_offsets([self.tp]))[self.tp])
 
     async def committed(self) -> int | None:
-        return await self._consumer.committed(self.tp)
+        committed: int | None = await self._consumer.committed(self.tp)
+        return committed
 
     async def commit(self, offset: int) -> None:
         await self._consumer.commit({self.tp: OffsetAndMetadata(offset, "")})

@@ -11,8 +11,9 @@ import tempfile
 import threading
 import time
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +22,9 @@ from icesink.embedded import EmbeddedBroker, sqlite_catalog_properties
 from icesink.kafka_admin import ensure_topic
 from icesink.pizzas import pizza_event, produce
 from icesink.replicas import ReplicaSet
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +83,9 @@ def run_demo(duration_s: float, rate: float, replicas: int, interval_ms: int, st
         total = int(duration_s * rate)
         _say(f"producing {total} pizza orders to {TOPIC} (6 partitions) at {rate:.0f}/s for {duration_s:.0f}s")
         rng = random.Random()
-        values = [json.dumps(pizza_event(rng, when=datetime.now(timezone.utc))).encode() for _ in range(total)]
-        producer = threading.Thread(target=lambda: asyncio.run(produce(broker.bootstrap, TOPIC, values, partitions=6, rate_per_s=rate)))
+        values = [json.dumps(pizza_event(rng, when=datetime.now(UTC))).encode() for _ in range(total)]
+        producer = threading.Thread(
+            target=lambda: asyncio.run(produce(broker.bootstrap, TOPIC, values, partitions=6, rate_per_s=rate)))
         producer.start()
         started = time.monotonic()
         catalog = _catalog(root / "catalog")
@@ -127,13 +132,13 @@ def _wait_first_round(workers: ReplicaSet, timeout_s: float = 300) -> None:
     raise RuntimeError("the workers did not complete a commit round in time; see their logs")
 
 
-def _catalog(directory: Path):  # type: ignore[no-untyped-def]
+def _catalog(directory: Path) -> Catalog:
     from pyiceberg.catalog import load_catalog
 
     return load_catalog("demo", **sqlite_catalog_properties(directory))
 
 
-def _rows(catalog) -> int:  # type: ignore[no-untyped-def]
+def _rows(catalog: Catalog) -> int:
     from pyiceberg.exceptions import NoSuchTableError
 
     try:
@@ -141,14 +146,19 @@ def _rows(catalog) -> int:  # type: ignore[no-untyped-def]
     except NoSuchTableError:
         return 0
     snap = table.current_snapshot()
-    return int(snap.summary["total-records"]) if snap and snap.summary else 0
+    if not (snap and snap.summary):
+        return 0
+    total = snap.summary["total-records"]
+    assert total is not None  # pyiceberg writes every snapshot's summary with its totals
+    return int(total)
 
 
-def _report(catalog, produced: int) -> None:  # type: ignore[no-untyped-def]
+def _report(catalog: Catalog, produced: int) -> None:
     table = catalog.load_table(TABLE)
     data: pa.Table = table.scan().to_arrow()
     print()
-    print(f"rows in {TABLE}: {data.num_rows} (produced {produced}), distinct order_id: {pc.count_distinct(data['order_id']).as_py()}")
+    distinct = pc.count_distinct(data["order_id"]).as_py()
+    print(f"rows in {TABLE}: {data.num_rows} (produced {produced}), distinct order_id: {distinct}")
     print()
     print("top 5 stores (SELECT store_id, count(*) FROM rpc.pizzas GROUP BY store_id ORDER BY 2 DESC LIMIT 5):")
     top = data.group_by("store_id").aggregate([("order_id", "count")]).sort_by([("order_id_count", "descending")])
@@ -158,7 +168,7 @@ def _report(catalog, produced: int) -> None:  # type: ignore[no-untyped-def]
     print("snapshot history (one per commit interval with data):")
     for snap in table.snapshots():
         s = snap.summary
-        when = datetime.fromtimestamp(snap.timestamp_ms / 1000, timezone.utc).strftime("%H:%M:%S")
+        when = datetime.fromtimestamp(snap.timestamp_ms / 1000, UTC).strftime("%H:%M:%S")
         print(f"  {when}  snapshot {snap.snapshot_id}  +{s['added-records'] if s else '?'} rows  "
               f"{s['added-data-files'] if s else '?'} files  round {s['icesink.commit-id'] if s else '?'}")
     print()

@@ -3,9 +3,10 @@
 Leaf module shared by ``agents/`` and ``coordinator/``; it imports nothing with I/O.
 Events are frozen, tagged models. On the wire each is one JSON object
 ``{"v": 1, "type": "<tag>", ...fields}`` with sorted keys (``v`` 2 when it holds a field that
-older readers must not ignore: :data:`_SINCE`), so bytes are stable and old events stay readable (golden bytes in tests/unit/test_events.py). The control topic is
-input, not trust: :func:`decode` checks every field against its declared type and range and
-raises a :class:`ProtocolError` naming the control offset, the event type and the field for
+older readers must not ignore: :data:`_SINCE`), so bytes are stable and old events stay
+readable (golden bytes in tests/unit/test_events.py). The control topic is input, not trust:
+:func:`decode` checks every field against its declared type and range and raises a
+:class:`ProtocolError` naming the control offset, the event type and the field for
 anything else (a newer version, an unknown type, more than :data:`MAX_EVENT_BYTES`); fields it
 does not know are ignored, so events of a newer minor change stay readable.
 
@@ -208,11 +209,11 @@ class SchemaProposal:
     schema_json: str
 
 
-Event = Union[
-    Claim, Resume, StartCommit, DataWritten, DataComplete, CommitToTable, CommitComplete,
-    Rewind, CommitRequest, SchemaProposal,
-]
-EVENT_TYPES: dict[str, type] = {
+Event = (
+    Claim | Resume | StartCommit | DataWritten | DataComplete | CommitToTable | CommitComplete
+    | Rewind | CommitRequest | SchemaProposal
+)
+EVENT_TYPES: dict[str, type[Event]] = {
     cls.TYPE: cls
     for cls in (
         Claim, Resume, StartCommit, DataWritten, DataComplete, CommitToTable, CommitComplete,
@@ -418,7 +419,8 @@ def decode(data: bytes | None, offset: int | None = None) -> Event:
     if cls is None:
         raise ProtocolError(f"{where}type: expected one of {sorted(EVENT_TYPES)}, found {_found(tag)}")
     try:
-        return _object(cls, raw, "")  # type: ignore[no-any-return]
+        event: Event = _object(cls, raw, "")
+        return event
     except _Invalid as exc:
         raise ProtocolError(f"{where}{cls.TYPE} {exc}") from None
 

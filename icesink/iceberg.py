@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 from uuid import UUID
 
 from pyiceberg.catalog import Catalog, load_catalog as _load_catalog
@@ -63,7 +64,11 @@ def total_rows(catalog: Catalog, name: str) -> int:
     if not catalog.table_exists(name):
         return 0
     snap = catalog.load_table(name).current_snapshot()
-    return int(snap.summary["total-records"]) if snap else 0
+    if not snap:
+        return 0
+    total = snap.summary["total-records"] if snap.summary is not None else None
+    assert total is not None, name  # pyiceberg writes every snapshot's summary with its totals
+    return int(total)
 
 
 def split_name(table: str) -> tuple[str, str]:
@@ -265,7 +270,7 @@ class SinkState:
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> "SinkState":
+    def from_json(cls, text: str, where: str) -> SinkState:
         try:
             body = json.loads(text)
             if not isinstance(body, dict) or body.get("v") != STATE_VERSION:

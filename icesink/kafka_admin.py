@@ -327,7 +327,7 @@ def _metadata_v10() -> Any:
         AbstractType, Boolean, CompactArray, CompactString, Int16, Int32, Schema, TaggedFields,
     )
 
-    class Uuid(AbstractType[bytes]):
+    class Uuid(AbstractType[bytes]):  # type: ignore[misc]  # aiokafka has no type information
         @classmethod
         def encode(cls, value: bytes) -> bytes:
             return value
@@ -336,7 +336,7 @@ def _metadata_v10() -> Any:
         def decode(cls, data: BytesIO) -> bytes:
             return data.read(16)
 
-    class MetadataResponse_v10(Response):
+    class MetadataResponse_v10(Response):  # type: ignore[misc]  # aiokafka has no type information
         API_KEY = 3
         API_VERSION = 10
         SCHEMA = Schema(
@@ -358,7 +358,7 @@ def _metadata_v10() -> Any:
             ("tags", TaggedFields),
         )
 
-    class MetadataRequest_v10(RequestStruct):
+    class MetadataRequest_v10(RequestStruct):  # type: ignore[misc]  # aiokafka has no type information
         FLEXIBLE_VERSION = True
         API_KEY = 3
         API_VERSION = 10
@@ -371,7 +371,7 @@ def _metadata_v10() -> Any:
             ("tags", TaggedFields),
         )
 
-    class TopicIdRequest(Request[MetadataRequest_v10]):
+    class TopicIdRequest(Request[MetadataRequest_v10]):  # type: ignore[misc]  # aiokafka has no type information
         API_KEY = 3
 
         def __init__(self, names: list[str]) -> None:

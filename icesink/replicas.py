@@ -12,9 +12,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Mapping
+from typing import IO, Any
 
 from icesink.embedded import _die_with_parent_hook, free_port
 

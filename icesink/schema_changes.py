@@ -22,12 +22,13 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
+from pyiceberg.types import IcebergType
 
 from icesink.events import SchemaProposal
 
 __all__ = [
-    "ELEMENT", "MAX_DECIMAL_PRECISION", "AddField", "Change", "MakeOptional", "Path", "Widen", "apply_changes", "changes", "find_field",
-    "from_proposal", "holds", "iceberg_type", "identifier_paths", "is_list", "to_proposal",
+    "ELEMENT", "MAX_DECIMAL_PRECISION", "AddField", "Change", "MakeOptional", "Path", "Widen", "apply_changes", "changes",
+    "find_field", "from_proposal", "holds", "iceberg_type", "identifier_paths", "is_list", "to_proposal",
 ]
 
 Path: TypeAlias = tuple[str, ...]
@@ -60,7 +61,7 @@ Change: TypeAlias = AddField | Widen | MakeOptional
 
 
 def is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t)
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
 
 
 def find_field(struct_fields: Sequence[pa.Field], name: str, ci: bool) -> pa.Field | None:
@@ -196,7 +197,7 @@ def _strip(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def iceberg_type(t: pa.DataType):  # type: ignore[no-untyped-def]
+def iceberg_type(t: pa.DataType) -> IcebergType:
     """The Iceberg type of an Arrow type (fresh ids), for ``add_column``/``update_column``."""
     return _iceberg(pa.schema([pa.field("x", t)])).fields[0].field_type
 
@@ -215,4 +216,9 @@ def from_proposal(event: SchemaProposal) -> pa.Schema:
 def identifier_paths(table: Table) -> frozenset[Path]:
     """Identifier fields stay required (Iceberg refuses optional identifier fields)."""
     schema = table.schema()
-    return frozenset(tuple(schema.find_column_name(i).split(".")) for i in schema.identifier_field_ids)
+    paths = []
+    for field_id in schema.identifier_field_ids:
+        name = schema.find_column_name(field_id)
+        assert name is not None, field_id  # pyiceberg checks identifier fields are the schema's
+        paths.append(tuple(name.split(".")))
+    return frozenset(paths)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import unquote
 
 MASK = "**********"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -206,7 +207,7 @@ def parse_partition_by(text: str) -> tuple[PartitionExpr, ...]:
         raise _config_error(text, str(problem)) from None
 
 
-def _make_transform(expr: PartitionExpr) -> Transform:  # type: ignore[type-arg]
+def _make_transform(expr: PartitionExpr) -> Transform[Any, Any]:
     match expr.transform:
         case "identity":
             return IdentityTransform()

@@ -165,9 +165,9 @@ def _why_pyiceberg_reads(writer: SparkFileWriter, table: Table, data_files: Sequ
         return f"column {arrow_only[0]!r} has type {arrow_only[1]}, which Spark cannot write"
     if requires_name_mapping(schema):
         return "the table has list or map columns, whose Spark-written files lack field ids"
-    for f in schema.fields:
-        if _nested_required(f.field_type):
-            return f"column {f.name!r} has a required nested field"
+    for field in schema.fields:
+        if _nested_required(field.field_type):
+            return f"column {field.name!r} has a required nested field"
     names = [_base_name(f.file_path) for f in data_files]
     if len(set(names)) != len(names) or not all(_PLAIN_NAME.match(n) for n in names):
         return "input file names are not unique plain names (the deletes are matched by file name)"
@@ -277,9 +277,9 @@ def _zero(t: st.DataType) -> Column | None:
     if isinstance(t, st.DateType):
         return F.lit(dt.date(1970, 1, 1))
     if isinstance(t, st.TimestampType):
-        return F.lit(dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc))
+        return F.lit(dt.datetime(1970, 1, 1, tzinfo=dt.UTC))
     if isinstance(t, st.TimestampNTZType):
-        return F.lit(dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)).cast(t)
+        return F.lit(dt.datetime(1970, 1, 1, tzinfo=dt.UTC)).cast(t)
     return None
 
 

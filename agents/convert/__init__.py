@@ -163,8 +163,8 @@ def decode_json(
         run, rejects = _prepare(_rewritten(values, schema, fold=fold))
     else:
         run, rejects = _prepare(values)
-        if fold and run is not None and _miscased(run, values, schema):  # type: ignore[arg-type]
-            run, rejects = _prepare(_rewritten(values, schema, fold=True))  # type: ignore[arg-type]
+        if fold and run is not None and _miscased(run, values, schema):
+            run, rejects = _prepare(_rewritten(values, schema, fold=True))
     if schema is None:
         schema = _infer(run, values)
     decoder = _Decoder(values, schema, rejects, epoch_unit, fold=fold)

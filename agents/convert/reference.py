@@ -351,8 +351,8 @@ def _coerce_timestamp(v: object, t: pa.DataType, unit: str, path: str) -> int:
         raise _Bad(f"cannot coerce {_show(v)} to {name}: time of day out of range", path)
     shift = 0
     if offset and offset != "Z":
-        digits = offset[1:].replace(":", "")
-        off_hours, off_minutes = int(digits[:2]), int(digits[2:] or 0)
+        offset_digits = offset[1:].replace(":", "")
+        off_hours, off_minutes = int(offset_digits[:2]), int(offset_digits[2:] or 0)
         if off_hours > 23 or off_minutes > 59:
             raise _Bad(f"cannot coerce {_show(v)} to {name}: offset out of range", path)
         shift = (off_hours * 60 + off_minutes) * 60 * (1 if offset[0] == "+" else -1)
@@ -376,7 +376,8 @@ def _coerce_time(v: object, t: pa.DataType, unit: str, path: str) -> int:
         if hour > 23 or minute > 59 or second > 59:
             raise _Bad(f"cannot coerce {_show(v)} to {name}: time of day out of range", path)
         fraction = int(((match["f"] or "") + "0" * 9)[:digits] or 0)
-        return ((hour * 60 + minute) * 60 + second) * 10**digits + fraction
+        time_ticks: int = ((hour * 60 + minute) * 60 + second) * 10**digits + fraction
+        return time_ticks
     if not 0 <= ticks < _DAY_SECONDS * 10**digits:
         raise _Bad(f"cannot coerce {_show(v)} to {name}: {unit} since midnight out of range [0, 1 day)", path)
     return ticks

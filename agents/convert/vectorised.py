@@ -121,7 +121,8 @@ def _convert_map(arr: pa.ListArray, t: pa.MapType, unit: EpochUnit) -> tuple[pa.
     rows with other keys are flagged (the reference path converts them or finds duplicates)."""
     entries = pa.list_(pa.struct([t.key_field.with_name(_ENTRY_KEY), t.item_field.with_name(_ENTRY_VALUE)]))
     listed, bad = _convert_list(arr, entries, unit)
-    lengths = np.diff(np.asarray(listed.offsets, dtype=np.int64))
+    offsets: npt.NDArray[np.int64] = np.asarray(listed.offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
     if not _is_string(t.key_type):
         text = pc.struct_field(arr.flatten(), [0])
         if pa.types.is_integer(t.key_type):

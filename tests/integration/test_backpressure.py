@@ -76,9 +76,10 @@ class Sampler(threading.Thread):
 
 def _peak_rss_kib(pid: int) -> int | None:
     try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
     except OSError:
         pass
     return None

@@ -145,7 +145,8 @@ def test_bad_records_dead_lettered_with_headers_while_the_rest_land_exactly_once
             assert time.monotonic() < deadline, "tombstones not counted"
             time.sleep(1)
         assert sum(metric(p, "icesink_records_deadlettered_total") for p in ports) >= len(expected)
-        assert sum(metric(p, f'icesink_records_rejected_total{{reason="uncoercible",topic="{topic}"}}') for p in ports) >= kinds.count("uncoercible")
+        rejected = f'icesink_records_rejected_total{{reason="uncoercible",topic="{topic}"}}'
+        assert sum(metric(p, rejected) for p in ports) >= kinds.count("uncoercible")
         replicas.check_alive()
     finally:
         replicas.stop_all()

@@ -342,7 +342,7 @@ def test_added_column_evolves_the_table_with_key_and_metadata_columns(broker, ca
     assert len(events) == len(ALTER_ROWS) and all(e["value"] is not None for e in events)
     schema_form = form == "schema"
     if schema_form:  # the Connect schema after the ALTER states the new column
-        after = [f for f in json.loads(events[-1]["value"])["schema"]["fields"] if f["field"] == "after"][0]
+        after = next(f for f in json.loads(events[-1]["value"])["schema"]["fields"] if f["field"] == "after")
         assert "note" in [f["field"] for f in after["fields"]]
     topic, table, group = f"dbz-alter-{form}", f"cdc.items_{form}", f"dbz-alter-{form}"
     asyncio.run(ensure_topic(broker.bootstrap, topic, 1))

@@ -165,8 +165,9 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
 
     con = duck.connect()
     rows = con.execute(
-        "SELECT id, customer, \"at\", \"day\", amount, shipped, tags, counts, labels, _key, _kafka_metadata_topic, _kafka_metadata_partition,"
-        " _kafka_metadata_offset, _kafka_metadata_timestamp, _kafka_metadata_headers,"
+        "SELECT id, customer, \"at\", \"day\", amount, shipped, tags, counts, labels, _key,"
+        " _kafka_metadata_topic, _kafka_metadata_partition, _kafka_metadata_offset,"
+        " _kafka_metadata_timestamp, _kafka_metadata_headers,"
         " ref, slots"
         f" FROM iceberg_scan('{duck.plain_path(table.metadata_location)}') ORDER BY id"
     ).fetchall()

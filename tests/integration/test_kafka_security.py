@@ -142,7 +142,7 @@ def test_tansu_authentication_refuses_anonymous_clients_and_knows_no_scram_user(
 
             monkeypatch.setattr(aiokafka.conn.ScramAuthenticator, "process_server_final_message", record)
             scram = settings(bootstrap, **{"security.protocol": "SASL_PLAINTEXT"}, **sasl_keys("SCRAM-SHA-512"))
-            with pytest.raises(Exception):  # aiokafka 0.14 reads a server error as KeyError('v')
+            with pytest.raises(Exception):  # noqa: B017 - aiokafka 0.14 reads a server error as KeyError('v')
                 ensure(bootstrap, "scram", scram.kafka_client_kwargs())
             assert finals == ["e=unknown-user"]  # ...but the user was never stored
     finally:

@@ -16,9 +16,10 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from icesink.iceberg import total_rows
 from icesink.replicas import ReplicaSet, write_fast_config

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from icesink.iceberg import total_rows  # noqa: F401 - the tests import it from here
+from icesink.iceberg import total_rows  # the tests import it from here too
 from icesink.replicas import ReplicaSet, write_fast_config
 
 
@@ -74,9 +74,9 @@ def wait_up(replicas: ReplicaSet, timeout_s: float = 120.0) -> None:
             try:
                 http_json(r.metrics_port)
                 break
-            except OSError:
+            except OSError as exc:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"replica {r.name}: /status on port {r.metrics_port} not up in {timeout_s} s")
+                    raise AssertionError(f"replica {r.name}: /status on port {r.metrics_port} not up in {timeout_s} s") from exc
                 time.sleep(0.5)
 
 

@@ -22,9 +22,13 @@ SAMPLES = {
     "resume": Resume(2, "w1", 3, (Position(TP0, 100), Position(TP1, 0))),
     "start-commit": StartCommit(2, "r1"),
     "data-written": DataWritten("r1", "resp-1", "w1", "rpc.pizzas", (FILE,)),
-    "data-complete": DataComplete("r1", "resp-1", "w1", 3, (OffsetRange(TP0, 100, 110), OffsetRange(TP1, 0, 0)), 1, 1700000000000),
+    "data-complete": DataComplete(
+        "r1", "resp-1", "w1", 3, (OffsetRange(TP0, 100, 110), OffsetRange(TP1, 0, 0)), 1, 1700000000000,
+    ),
     "commit-to-table": CommitToTable(2, "r1", "rpc.pizzas", 123456789, 1, 10, 42),
-    "commit-complete": CommitComplete(2, "r1", 42, (Position(TP0, 110), Position(TP1, 0)), (Owner(TP0, "w1", 3),), 1700000000000, 40),
+    "commit-complete": CommitComplete(
+        2, "r1", 42, (Position(TP0, 110), Position(TP1, 0)), (Owner(TP0, "w1", 3),), 1700000000000, 40,
+    ),
     "rewind": Rewind(2, "w2", (TP1,), "range start of completed-pizzas[1]: expected 0, found 5"),
     "commit-request": CommitRequest("w1", 268435456),
     "schema-proposal": SchemaProposal(

@@ -333,4 +333,4 @@ def test_debezium_events_in_bulk_are_the_reference(
     offsets = list(range(5000, 5000 + n))
     check_converted(lambda: transform.apply(values, offsets, schema), values, block)
     for field in ("_cdc.target", "_cdc.source", "_cdc.op", row.children[0][0]):
-        check_converted(lambda: transform.route_column(values, field), values, block)
+        check_converted(lambda field=field: transform.route_column(values, field), values, block)

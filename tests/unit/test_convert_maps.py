@@ -35,7 +35,7 @@ def schema_of(t: pa.DataType, *, nullable: bool = True) -> pa.Schema:
     return pa.schema([pa.field("id", pa.int64()), pa.field("x", t, nullable=nullable)])
 
 
-def map_of(value: pa.DataType | pa.Field, key: pa.DataType = pa.string()) -> pa.DataType:
+def map_of(value: pa.DataType | pa.Field, key: pa.DataType = pa.string()) -> pa.DataType:  # noqa: B008 - immutable
     return pa.map_(key, value)
 
 

@@ -86,7 +86,8 @@ def iso_timestamp(draw: st.DrawFn, zoned: bool) -> tuple[object, object]:
     fraction = f"{nanos:09d}"[:digits]
     offset_minutes = draw(st.none() | st.integers(-(23 * 60 + 59), 23 * 60 + 59))
     sep = draw(st.sampled_from("T "))
-    text = f"{local.year:04d}-{local.month:02d}-{local.day:02d}{sep}" + local.strftime("%H:%M:%S") + ("." + fraction if digits else "")
+    text = (f"{local.year:04d}-{local.month:02d}-{local.day:02d}{sep}" + local.strftime("%H:%M:%S")
+            + ("." + fraction if digits else ""))
     if offset_minutes is not None:
         sign = "+" if offset_minutes >= 0 else "-"
         hours, minutes = divmod(abs(offset_minutes), 60)
@@ -350,7 +351,8 @@ def columns(draw: st.DrawFn, default_unit: str) -> list[Column]:
 
             inner = draw(st.sampled_from(["leaf", "leaf", "struct", "map", "list"]))
             if inner == "struct":
-                value = struct_column("value", [leaf_column(f"n{j}", draw(st.sampled_from(LEAVES))(draw, default_unit)) for j in range(draw(st.integers(1, 2)))])
+                value = struct_column("value", [leaf_column(f"n{j}", draw(st.sampled_from(LEAVES))(draw, default_unit))
+                                                for j in range(draw(st.integers(1, 2)))])
             elif inner == "map":
                 value = map_column("value", leaf(), draw(st.booleans()))
             elif inner == "list":
@@ -360,7 +362,8 @@ def columns(draw: st.DrawFn, default_unit: str) -> list[Column]:
             column = map_column(name, value, draw(st.booleans()))
             out.append(list_column(name, column) if draw(st.integers(0, 3)) == 0 else column)
         elif shape == "struct":
-            kids = [leaf_column(f"n{j}", draw(st.sampled_from(LEAVES))(draw, default_unit)) for j in range(draw(st.integers(1, 3)))]
+            kids = [leaf_column(f"n{j}", draw(st.sampled_from(LEAVES))(draw, default_unit))
+                    for j in range(draw(st.integers(1, 3)))]
             out.append(struct_column(name, kids))
         elif shape == "list":
             out.append(list_column(name, leaf_column("element", draw(st.sampled_from(LEAVES))(draw, default_unit))))

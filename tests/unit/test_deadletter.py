@@ -175,7 +175,7 @@ def test_context_headers_can_be_switched_off(tmp_path):
 
 def test_tolerance_none_raises_for_the_first_bad_record_and_sends_nothing(tmp_path):
     producer = FakeProducer()
-    dl, metrics = sink(tmp_path, producer, **DLQ, **{"errors.tolerance": "none"})
+    dl, _metrics = sink(tmp_path, producer, **DLQ, **{"errors.tolerance": "none"})
     msgs = [Msg(7, b"{}"), Msg(8, b"{}")]
     with pytest.raises(DataError) as info:
         run(dl.reject(msgs, [(Reject(1, "cannot coerce 'x' to long", "store_id"), "db.a"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ def payloads(form: str) -> list[dict[str, Any] | None]:
 
 
 def utc_micros(us: int) -> datetime:
-    return datetime.fromtimestamp(us // 1_000_000, tz=timezone.utc).replace(microsecond=us % 1_000_000)
+    return datetime.fromtimestamp(us // 1_000_000, tz=UTC).replace(microsecond=us % 1_000_000)
 
 
 def check_cdc(rows: list[dict[str, Any]], indices: list[int], form: str, target: str = "public.orders") -> None:
@@ -95,7 +95,9 @@ def test_existing_table_is_filled_by_name() -> None:
     ])
     out = DebeziumTransform("cdc_{db}.{table}_log").apply(values("plain"), OFFSETS, schema)
     assert out.table.schema == schema
-    assert out.table.to_pylist()[3] == {"ok": True, "id": 1, "extra": None, "_cdc": {"target": "cdc_public.orders_log", "op": "U"}}
+    assert out.table.to_pylist()[3] == {
+        "ok": True, "id": 1, "extra": None, "_cdc": {"target": "cdc_public.orders_log", "op": "U"},
+    }
 
 
 def test_required_field_missing_from_image_is_rejected() -> None:
@@ -130,10 +132,12 @@ def test_binlog_position_and_db_without_schema() -> None:
     """Hand-written in the MySQL connector's shape (source has db, file and pos, no schema)."""
     event = {"before": None, "after": {"id": 7}, "op": "c", "ts_ms": 1700000000999,
              "source": {"db": "inventory", "table": "customers", "ts_ms": 1700000000123, "file": "binlog.000003", "pos": 154}}
-    out = DebeziumTransform().apply([json.dumps(event).encode()], [0], pa.schema([pa.field("id", pa.int64()), pa.field("_cdc", CDC_TYPE)]))
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("_cdc", CDC_TYPE)])
+    out = DebeziumTransform().apply([json.dumps(event).encode()], [0], schema)
     cdc = out.table.to_pylist()[0]["_cdc"]
-    assert (cdc["source"], cdc["target"], cdc["lsn"], cdc["position"]) == ("inventory.customers", "inventory.customers", None, "binlog.000003:154")
-    assert cdc["ts"] == datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=timezone.utc)  # source.ts_ms, not ts_ms
+    assert (cdc["source"], cdc["target"], cdc["lsn"], cdc["position"]) == (
+        "inventory.customers", "inventory.customers", None, "binlog.000003:154")
+    assert cdc["ts"] == datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=UTC)  # source.ts_ms, not ts_ms
 
 
 def test_schema_envelope_gives_exact_types_and_encodings() -> None:
@@ -155,7 +159,7 @@ def test_schema_envelope_rows() -> None:
     rows = out.table.to_pylist()
     assert [(r["id"], r["_cdc"]["op"]) for r in rows] == [(1, "I"), (2, "I"), (3, "I"), (1, "U"), (2, "D")]
     check_cdc(rows, out.indices.to_pylist(), "schema")
-    assert rows[0]["seen"] == datetime(2024, 1, 4, 10, 28, 13, 654321, tzinfo=timezone.utc)
+    assert rows[0]["seen"] == datetime(2024, 1, 4, 10, 28, 13, 654321, tzinfo=UTC)
 
 
 def test_schema_envelope_timestamps_and_decimals_exact() -> None:

@@ -129,7 +129,7 @@ def test_any_sequence_of_batches_reads_back_as_written(plan):
             if (again := worker.pending_proposal("db.t", target.arrow_schema)) is not None:
                 proposals.append(again)
             snap = buffers.take(1, worker.ready(targets))
-            for name, data in snap.tables(worker.conformer(targets)).items():
+            for data in snap.tables(worker.conformer(targets)).values():
                 assert data.schema.equals(target.arrow_schema)  # real field ids, table order
                 append_parquet(target.table, data)
                 files += 1

@@ -103,7 +103,7 @@ def test_a_failing_fetch_names_the_first_partition_with_undelivered_records():
 
 
 def test_coordinator_errors_faust_never_consumes_are_raised_and_stopping_is_not_a_failure():
-    guard, app, reported, _ = _guard()
+    guard, app, _reported, _ = _guard()
     calls = []
 
     class Coordinator:

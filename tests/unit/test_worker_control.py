@@ -64,7 +64,7 @@ async def drive(w, batches):
     """Run the worker's real control loop as run() starts it, until the reader is drained."""
     w.reader = Reader(batches)
     loop = asyncio.create_task(w._control_loop())
-    done, _ = await asyncio.wait([loop, asyncio.create_task(w.reader.drained.wait())], return_when=asyncio.FIRST_COMPLETED)
+    _done, _ = await asyncio.wait([loop, asyncio.create_task(w.reader.drained.wait())], return_when=asyncio.FIRST_COMPLETED)
     for _ in range(5):
         await asyncio.sleep(0)  # let spawned handlers run
     loop.cancel()

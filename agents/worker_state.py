@@ -1,0 +1,99 @@
+"""The state a worker replica's mixins share (agents/worker.py), declared for the type checker.
+
+:class:`agents.worker.Worker` sets every attribute (in ``__init__``, ``run`` and
+``_make_app``); its mixins (agents/faust_app.py, agents/ownership.py, agents/ingest.py,
+agents/rounds.py) read them and call each other's methods. This base only says so: it has no
+state or behaviour of its own at run time (annotations, and method signatures under
+``TYPE_CHECKING``), and it comes last in the worker's method resolution order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+
+if TYPE_CHECKING:
+    import faust
+    from pyiceberg.catalog import Catalog
+
+    from agents.buffer import Buffers, Chunk, PartitionState
+    from agents.deadletter import DeadLetters
+    from agents.debezium import DebeziumTransform
+    from agents.evolution import Evolver
+    from agents.formats import RecordFormat
+    from agents.routing import Router
+    from agents.source_consumer import Fetched
+    from agents.tables import Target
+    from agents.tasks import EpochGate, TaskOwner
+    from icesink.config import Settings
+    from icesink.control import ControlProducer, ControlReader
+    from icesink.events import Resume, Rewind, TopicPartition
+    from icesink.metrics import Metrics
+    from icesink.offload import Offload
+    from spark_bridge.writer import SparkFileWriter
+
+
+class WorkerState:
+    """Mixed into :class:`agents.worker.Worker` through its mixins, last: declarations only."""
+
+    settings: Settings
+    bootstrap: str
+    metrics: Metrics
+    worker_id: str
+    offload: Offload
+    buffers: Buffers
+    targets: dict[str, Target]
+    format: RecordFormat
+    deadletters: DeadLetters
+    debezium: DebeziumTransform | None
+    router: Router
+    evolver: Evolver | None
+    spark: SparkFileWriter
+    generation: int
+    member_id: str | None
+    status: dict[str, Any]
+    app: faust.App
+    producer: ControlProducer
+    reader: ControlReader
+    catalog: Catalog
+    _stop: asyncio.Event
+    _rebalanced: asyncio.Event
+    _owner: TaskOwner
+    _epochs: EpochGate
+    _respond_lock: asyncio.Lock
+    _spark_ready: asyncio.Future[None]
+    _open_round: str | None
+    _claimed_at: dict[TopicPartition, float]
+    _progress: dict[TopicPartition, tuple[int, int | None, float, bool]]  # stall probes (ingest)
+    _backpressure: bool
+    _last_request: float
+    _seq: int
+
+    if TYPE_CHECKING:
+        # agents/worker.py
+        def fail(self, exc: Exception, exit_code: int = 2) -> None: ...
+        def _update_gauges(self) -> None: ...
+        def _update_paused(self) -> None: ...
+        async def _supervise_coordinator(self) -> None: ...
+
+        # agents/ownership.py
+        async def _on_revoked(self, sender: Any, revoked: set[Any], **_: Any) -> None: ...
+        async def _on_assigned(self, sender: Any, assigned: set[Any], **_: Any) -> None: ...
+        async def _on_rebalance_complete(self, sender: Any, **_: Any) -> None: ...
+        async def _send_claim(self, tps: Sequence[TopicPartition]) -> None: ...
+        async def _on_resume(self, ev: Resume) -> None: ...
+        async def _on_rewind(self, ev: Rewind) -> None: ...
+        def _owns(self, st: PartitionState, generation: int) -> bool: ...
+        async def _seek(self, st: PartitionState, offset: int) -> None: ...
+        async def _seek_all(self, targets: list[tuple[PartitionState, int]]) -> None: ...
+
+        # agents/ingest.py
+        async def on_fetch(self, fetched: Fetched) -> None: ...
+        def _check_stalls(self, now: float) -> None: ...
+        async def _evolution_ready(self) -> Callable[[Chunk], bool] | None: ...
+        async def _release_backpressure(self) -> None: ...
+        async def _check_backpressure(self) -> None: ...
+
+        # agents/rounds.py
+        async def _respond(self, commit_id: str) -> None: ...
