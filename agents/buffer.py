@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from icesink.events import OffsetRange, TopicPartition
+from icesink.protocol import OffsetRange, TopicPartition
 
 
 @dataclass

@@ -27,7 +27,7 @@ from agents.tables import Target, create_target, load_target
 from agents.tasks import highwater, unless_moved
 from agents.worker_state import WorkerState
 from icesink.errors import ConfigError
-from icesink.events import CommitRequest, SchemaProposal
+from icesink.protocol import CommitRequest, SchemaProposal
 from icesink.faults import should_crash
 from icesink.schema_changes import identifier_paths
 

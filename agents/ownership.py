@@ -15,7 +15,7 @@ from agents.buffer import PartitionState
 from agents.source_consumer import group_member_id
 from agents.tasks import unless_moved
 from agents.worker_state import WorkerState
-from icesink.events import Claim, Resume, Rewind, TopicPartition
+from icesink.protocol import Claim, Resume, Rewind, TopicPartition
 
 log = logging.getLogger(__name__)
 

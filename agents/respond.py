@@ -18,10 +18,10 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from icesink import events
+from icesink import protocol
 from icesink.control import MAX_REQUEST_BYTES
 from icesink.errors import ProtocolError, ResponseSendError
-from icesink.events import DataComplete, DataWritten
+from icesink.protocol import DataComplete, DataWritten
 
 #: Largest encoded DataWritten sent: under Kafka's default message.max.bytes (1 MiB) and far
 #: under the control producer's max_request_size.
@@ -30,22 +30,22 @@ assert MAX_EVENT_BYTES < MAX_REQUEST_BYTES
 
 
 class Sender(Protocol):
-    def send(self, event: events.Event) -> Awaitable[int]: ...
+    def send(self, event: protocol.Event) -> Awaitable[int]: ...
 
 
 def split_written(ev: DataWritten, max_bytes: int = MAX_EVENT_BYTES) -> list[DataWritten]:
     """``ev`` as one or more DataWritten of the same round, response and table, in file order,
     each encoding to at most ``max_bytes``. Raises :class:`ProtocolError` for a file whose
     statistics alone do not fit."""
-    if len(events.encode(ev)) <= max_bytes:
+    if len(protocol.encode(ev)) <= max_bytes:
         return [ev]
-    base = len(events.encode(dataclasses.replace(ev, files=())))
+    base = len(protocol.encode(dataclasses.replace(ev, files=())))
     out: list[DataWritten] = []
-    current: list[events.FileInfo] = []
+    current: list[protocol.FileInfo] = []
     size = base
     for f in ev.files:
         # what one more file adds: its JSON and a separating comma
-        extra = len(events.encode(dataclasses.replace(ev, files=(f,)))) - base + 1
+        extra = len(protocol.encode(dataclasses.replace(ev, files=(f,)))) - base + 1
         if base + extra > max_bytes:
             raise ProtocolError(
                 f"table {ev.table}: expected a DataWritten of at most {max_bytes} bytes, found {base + extra} "

@@ -21,7 +21,7 @@ from agents.source_consumer import driver
 from agents.tasks import highwater
 from agents.worker_state import WorkerState
 from icesink.errors import ResponseSendError
-from icesink.events import CommitComplete, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
+from icesink.protocol import CommitComplete, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
 from icesink.faults import crash_point, die, should_crash
 from icesink.iceberg import to_file_info
 

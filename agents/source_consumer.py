@@ -43,7 +43,7 @@ from aiokafka.errors import ConsumerStoppedError
 
 from icesink.config import Settings
 from icesink.errors import ConsumerError
-from icesink.events import TopicPartition
+from icesink.protocol import TopicPartition
 from icesink.faults import should_crash
 from icesink.metrics import Metrics
 

@@ -32,7 +32,7 @@ from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_fiel
 from icesink.config import Settings
 from icesink.errors import ConfigError, UnsupportedTypeError
 from icesink.iceberg import mirror_keys, split_name
-from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+from icesink.partitioning import build_partition_spec, parse_partition_by
 
 NAME_MAPPING = "schema.name-mapping.default"
 

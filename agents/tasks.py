@@ -13,7 +13,7 @@ from typing import Any
 
 from faust.types import TP
 
-from icesink.events import CommitComplete, CommitToTable, Event, Resume, Rewind, StartCommit
+from icesink.protocol import CommitComplete, CommitToTable, Event, Resume, Rewind, StartCommit
 from icesink.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ from coordinator.service import Coordinator
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
 from icesink.errors import FencedError
-from icesink.events import TopicPartition
+from icesink.protocol import TopicPartition
 from icesink.iceberg import load_catalog
 from icesink.metrics import Metrics
 from icesink.offload import Offload

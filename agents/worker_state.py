@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from agents.tasks import EpochGate, TaskOwner
     from icesink.config import Settings
     from icesink.control import ControlProducer, ControlReader
-    from icesink.events import Resume, Rewind, TopicPartition
+    from icesink.protocol import Resume, Rewind, TopicPartition
     from icesink.metrics import Metrics
     from icesink.offload import Offload
     from spark_bridge.writer import SparkFileWriter

@@ -37,7 +37,7 @@ from coordinator.committer import TableCache, commit_table
 from icesink.catalogs import SqlCatalog
 from coordinator.state import Accepted
 from icesink.embedded import sqlite_catalog_properties
-from icesink.events import FileInfo, TopicPartition
+from icesink.protocol import FileInfo, TopicPartition
 
 SCHEMA = Schema(*(
     NestedField(i + 1, name, kind, required=False) for i, (name, kind) in enumerate([

@@ -47,7 +47,7 @@ from coordinator.mirror import MirrorIndexes
 from coordinator.state import Accepted
 from tests.support import duck
 from icesink.config import load_settings
-from icesink.events import FileInfo, TopicPartition
+from icesink.protocol import FileInfo, TopicPartition
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "v", StringType(), required=False),
                 identifier_field_ids=[1])

@@ -23,7 +23,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
 
 from icesink.pizzas import PIZZA_SCHEMA
-from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+from icesink.partitioning import build_partition_spec, parse_partition_by
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 
 

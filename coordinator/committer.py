@@ -34,8 +34,9 @@ from coordinator.mirror import MirrorIndexes, position_deletes
 from coordinator.state import Accepted, Checkpoint
 from icesink.catalogs import staged_metadata
 from icesink.errors import ControlLogError, FencedError, TableChangedError
-from icesink.events import TopicPartition
-from icesink.iceberg import SinkState, latest_sink_summary, state_property, summary_properties, to_data_file
+from icesink.protocol import TopicPartition
+from icesink.iceberg import latest_sink_summary, to_data_file
+from icesink.protocol import SinkState, state_property, summary_properties
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from icesink.schema_changes import (
     identifier_paths,
 )
 from coordinator.committer import _applied_watermark
-from icesink.events import SchemaProposal
+from icesink.protocol import SchemaProposal
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from pyiceberg.table import Table
 from icesink.config import Settings
 from icesink.control import ControlReader
 from icesink.errors import ConfigError
-from icesink.events import CommitComplete, DataWritten
+from icesink.protocol import CommitComplete, DataWritten
 
 log = logging.getLogger(__name__)
 

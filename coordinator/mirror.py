@@ -29,7 +29,7 @@ from coordinator.key_index import KeyIndex
 from coordinator.state import Accepted
 from icesink.config import Settings
 from icesink.errors import TableChangedError
-from icesink.events import FileInfo
+from icesink.protocol import FileInfo
 from icesink.iceberg import mirror_keys, to_data_file
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from icesink.errors import ControlLogError
-from icesink.events import CommitComplete, Owner, Position, TopicPartition
-from icesink.iceberg import SinkState
+from icesink.protocol import CommitComplete, Owner, Position, TopicPartition
+from icesink.protocol import SinkState
 
 
 def check_log_identity(

@@ -31,7 +31,7 @@ from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile,
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader
 from icesink.errors import ControlLogError, FencedError
-from icesink.events import (
+from icesink.protocol import (
     Claim,
     CommitComplete,
     CommitToTable,
@@ -44,7 +44,8 @@ from icesink.events import (
     TopicPartition,
 )
 from icesink.faults import crash_point, hold_point
-from icesink.iceberg import SinkState, latest_sink_summary
+from icesink.iceberg import latest_sink_summary
+from icesink.protocol import SinkState
 from icesink.kafka_admin import end_offsets, topic_id
 from icesink.metrics import Metrics
 from icesink.offload import Offload

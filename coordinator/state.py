@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import assert_never
 
 from icesink.errors import PreconditionFailed
-from icesink.events import (
+from icesink.protocol import (
     Claim,
     CommitComplete,
     CommitRequest,

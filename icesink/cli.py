@@ -120,7 +120,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_control_tail(args: argparse.Namespace) -> int:
     from icesink.control import ControlReader
-    from icesink.events import describe
+    from icesink.protocol import describe
 
     settings = _settings(args)
     bootstrap = args.bootstrap or settings.bootstrap_servers

@@ -306,7 +306,7 @@ class Settings(BaseSettings):
                 "1 or 2 (format-version 3 tables cannot be committed by pyiceberg 0.12)",
             )
         # Partition expressions are parsed here so a typo stops the start-up, not a commit.
-        from spark_bridge.partitioning import parse_partition_by  # pure parser, no Spark
+        from icesink.partitioning import parse_partition_by  # pure parser
 
         if self.default_partition_by:
             _reraise_as("iceberg.tables.default-partition-by", parse_partition_by, self.default_partition_by)

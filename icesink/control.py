@@ -4,7 +4,7 @@ The control topic has one partition, so its offsets give every event of a sink g
 total order. Events are keyed by the group id; readers skip other groups' events.
 
 The topic is input, not trust: a record whose key is not UTF-8, whose value is null, not
-JSON, too large or not a valid event (icesink/events.py) is logged once with its control
+JSON, too large or not a valid event (icesink/protocol/codec.py) is logged once with its control
 offset, counted in ``icesink_control_events_invalid_total`` and skipped by every reader.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition as KafkaTP
 from aiokafka.structs import OffsetAndMetadata
 
-from icesink import events, signing
+from icesink import protocol, signing
 from icesink.errors import ControlLogError, ProtocolError
 from icesink.kafka_admin import TopicError, ensure_topic, topic_configs
 from icesink.metrics import Metrics
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 CONTROL_TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 #: The control producer's max_request_size: the largest event plus key and batch framing;
 #: responses split their events well below it (agents/respond.py).
-MAX_REQUEST_BYTES = events.MAX_EVENT_BYTES + 1024 * 1024
+MAX_REQUEST_BYTES = protocol.MAX_EVENT_BYTES + 1024 * 1024
 
 
 
@@ -94,9 +94,9 @@ class ControlProducer:
     async def stop(self) -> None:
         await self._producer.stop()
 
-    async def send(self, event: events.Event) -> int:
+    async def send(self, event: protocol.Event) -> int:
         """Send one event and wait until the broker has it; returns its control offset."""
-        key, value = self.group.encode(), events.encode(event)
+        key, value = self.group.encode(), protocol.encode(event)
         headers = [(signing.HEADER, signing.sign(self._secret, key, value))] if self._secret else None
         meta = await self._producer.send_and_wait(self.topic, value, key=key, partition=0, headers=headers)
         return int(meta.offset)
@@ -133,7 +133,7 @@ class ControlReader:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_uncommitted",
-            max_partition_fetch_bytes=events.MAX_EVENT_BYTES + 1024 * 1024,
+            max_partition_fetch_bytes=protocol.MAX_EVENT_BYTES + 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,
             **client_kwargs,
         )
@@ -172,11 +172,11 @@ class ControlReader:
     async def commit(self, offset: int) -> None:
         await self._consumer.commit({self.tp: OffsetAndMetadata(offset, "")})
 
-    async def read(self, timeout_s: float) -> list[tuple[int, events.Event]]:
+    async def read(self, timeout_s: float) -> list[tuple[int, protocol.Event]]:
         """The next batch of this group's events (possibly empty after ``timeout_s``); invalid
         records are skipped (see the module docstring)."""
         batches = await self._consumer.getmany(self.tp, timeout_ms=int(timeout_s * 1000), max_records=5000)
-        out: list[tuple[int, events.Event]] = []
+        out: list[tuple[int, protocol.Event]] = []
         for record in batches.get(self.tp, []):
             try:
                 event = decode_record(record.key, record.value, record.offset, self.group,
@@ -199,7 +199,7 @@ class ControlReader:
             self._invalid.inc()
         log.error("invalid control event skipped by the %s reader: %s", self.reader, exc)
 
-    async def read_one(self, offset: int, timeout_s: float = 10.0) -> events.Event | None:
+    async def read_one(self, offset: int, timeout_s: float = 10.0) -> protocol.Event | None:
         await self.seek(offset)
         deadline = asyncio.get_running_loop().time() + timeout_s
         while asyncio.get_running_loop().time() < deadline:
@@ -214,7 +214,7 @@ class ControlReader:
 def decode_record(
     key: bytes | None, value: bytes | None, offset: int, group: str,
     headers: Any = None, secret: bytes | None = None,
-) -> events.Event | None:
+) -> protocol.Event | None:
     """The event of one control record, None if it belongs to another group; ProtocolError
     (naming the offset) if it is not a valid event, or with ``secret`` not signed with it.
     Records without a key count as ours."""
@@ -235,4 +235,4 @@ def decode_record(
                 f"iceberg.control.secret, found {wrong} (written from outside the group, or by a replica "
                 "with another secret)"
             )
-    return events.decode(value, offset=offset)
+    return protocol.decode(value, offset=offset)

@@ -1,5 +1,6 @@
-"""pyiceberg glue shared by agents and coordinator: the catalog, data-file (de)serialisation
-for control events, and the icesink state kept in snapshot summaries.
+"""pyiceberg glue shared by agents and coordinator: the catalog, data files to and from the
+protocol's FileInfo, and the sink state read back from a table (its keys and format:
+icesink/protocol/summary.py).
 
 Blocking calls; callers run them off the event loop.
 """
@@ -8,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,16 +22,10 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import BinaryType, DecimalType, FixedType, IcebergType, UUIDType
 
 from icesink.config import Settings
-from icesink.errors import ConfigError, ProtocolError, TableChangedError
-from icesink.events import FileInfo, TopicPartition
+from icesink.errors import ConfigError, TableChangedError
+from icesink.protocol import COMMIT_ID, EPOCH, GROUP, LOG_ID, POSITIONS, VALID_THROUGH, WATERMARK, FileInfo, SinkState
+from icesink.protocol.summary import flat_positions, state_property
 
-# Snapshot summary keys (design/exactly-once.md, "Durable state" item 2).
-COMMIT_ID = "icesink.commit-id"
-WATERMARK = "icesink.control-watermark"
-POSITIONS = "icesink.positions"
-EPOCH = "icesink.epoch"
-VALID_THROUGH = "icesink.valid-through-ms"
-GROUP = "icesink.group"
 
 
 def catalog_properties(settings: Settings) -> dict[str, str]:
@@ -212,128 +205,7 @@ def to_data_file(fi: FileInfo, table: Table) -> DataFile:
     return df
 
 
-# Sink state: snapshot summaries and a table property ------------------------------------------
-
-LOG_ID = "icesink.control-log-id"
-STATE_VERSION = 1
-
-
-def state_property(group: str) -> str:
-    """The table property holding ``group``'s sink state (one key per sink group)."""
-    return f"icesink.{group}.state"
-
-
-@dataclass(frozen=True)
-class SinkState:
-    """icesink's exactly-once state for one sink group in one table (design "Durable state").
-
-    Written atomically with the data files twice: in the snapshot summary (readable per
-    snapshot) and in the table property :func:`state_property` (which snapshot expiry by
-    another tool cannot remove). Fields after ``valid_through_ms`` are None/empty in state
-    written by versions before the property existed."""
-
-    snapshot_id: int | None  # the snapshot whose summary it was read from (None: the property)
-    commit_id: str
-    watermark: int
-    positions: dict[TopicPartition, int]
-    epoch: int
-    valid_through_ms: int | None
-    log_id: str | None = None  # identity of the control log the offsets belong to
-    through: int | None = None  # the checkpoint this commit establishes (CommitComplete.through)
-    replay_from: int | None = None
-    owners: dict[TopicPartition, tuple[str, int]] = field(default_factory=dict)
-    # The round's tables: each with the highest control offset of a response naming it. A table
-    # of the round whose watermark is below its entry lacks the round (a round in doubt).
-    round_tables: dict[str, int] = field(default_factory=dict)
-    source: str = "summary"
-
-    def properties(self, group: str) -> dict[str, str]:
-        return summary_properties(
-            group, self.commit_id, self.watermark, self.positions, self.epoch, self.valid_through_ms,
-            log_id=self.log_id,
-        )
-
-    def to_json(self) -> str:
-        body: dict[str, Any] = {
-            "v": STATE_VERSION,
-            "commit-id": self.commit_id,
-            "watermark": self.watermark,
-            "epoch": self.epoch,
-            "positions": _nested(self.positions),
-            "valid-through-ms": self.valid_through_ms,
-            "log-id": self.log_id,
-            "through": self.through,
-            "replay-from": self.replay_from,
-            "owners": _nested({tp: [w, g] for tp, (w, g) in self.owners.items()}),
-            "round-tables": dict(sorted(self.round_tables.items())),
-        }
-        return json.dumps(body, sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str, where: str) -> SinkState:
-        try:
-            body = json.loads(text)
-            if not isinstance(body, dict) or body.get("v") != STATE_VERSION:
-                raise ValueError(f"expected a JSON object with v={STATE_VERSION}")
-            owners = {tp: (str(v[0]), int(v[1])) for tp, v in _flat(body.get("owners") or {}).items()}
-            return cls(
-                snapshot_id=None,
-                commit_id=str(body["commit-id"]),
-                watermark=int(body["watermark"]),
-                positions={tp: int(v) for tp, v in _flat(body["positions"]).items()},
-                epoch=int(body["epoch"]),
-                valid_through_ms=_opt_int(body.get("valid-through-ms")),
-                log_id=body.get("log-id"),
-                through=_opt_int(body.get("through")),
-                replay_from=_opt_int(body.get("replay-from")),
-                owners=owners,
-                round_tables={str(k): int(v) for k, v in (body.get("round-tables") or {}).items()},
-                source="property",
-            )
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            raise ProtocolError(
-                f"{where}: expected icesink sink state JSON (version {STATE_VERSION}), found {text[:200]!r} ({exc}). "
-                "Was the property edited by hand? Remove it to fall back to the snapshot summaries."
-            ) from None
-
-
-def _nested(values: Mapping[TopicPartition, Any]) -> dict[str, dict[str, Any]]:
-    nested: dict[str, dict[str, Any]] = {}
-    for tp, v in sorted(values.items()):
-        nested.setdefault(tp.topic, {})[str(tp.partition)] = v
-    return nested
-
-
-def _flat(nested: Mapping[str, Mapping[str, Any]]) -> dict[TopicPartition, Any]:
-    return {TopicPartition(topic, int(p)): v for topic, parts in nested.items() for p, v in parts.items()}
-
-
-def _opt_int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
-
-def summary_properties(
-    group: str,
-    commit_id: str,
-    watermark: int,
-    positions: dict[TopicPartition, int],
-    epoch: int,
-    valid_through_ms: int | None,
-    *,
-    log_id: str | None = None,
-) -> dict[str, str]:
-    props = {
-        GROUP: group,
-        COMMIT_ID: commit_id,
-        WATERMARK: str(watermark),
-        POSITIONS: json.dumps(_nested(positions), sort_keys=True, separators=(",", ":")),
-        EPOCH: str(epoch),
-    }
-    if valid_through_ms is not None:
-        props[VALID_THROUGH] = str(valid_through_ms)
-    if log_id is not None:
-        props[LOG_ID] = log_id
-    return props
+# Sink state: reading it back from a table ---------------------------------------------------
 
 
 def latest_sink_summary(table: Table, group: str) -> SinkState | None:
@@ -357,7 +229,7 @@ def _summary_walk(table: Table, group: str) -> SinkState | None:
                 snapshot_id=snap.snapshot_id,
                 commit_id=str(s[COMMIT_ID]),
                 watermark=int(s[WATERMARK] or -1),
-                positions={tp: int(off) for tp, off in _flat(json.loads(s[POSITIONS] or "{}")).items()},
+                positions={tp: int(off) for tp, off in flat_positions(json.loads(s[POSITIONS] or "{}")).items()},
                 epoch=int(s[EPOCH] or 0),
                 valid_through_ms=int(vt) if vt is not None else None,
                 log_id=s[LOG_ID],
@@ -366,10 +238,6 @@ def _summary_walk(table: Table, group: str) -> SinkState | None:
             return None
         snap = table.snapshot_by_id(snap.parent_snapshot_id)
     return None
-
-
-# Kept for callers of the earlier name.
-SinkSummary = SinkState
 
 
 def local_path(uri: str) -> Path:

@@ -1,6 +1,6 @@
-"""Spark as the Parquet file writer of icesink; pyiceberg commits the files.
+"""Spark as the Parquet file writer of icesink; pyiceberg commits the files. Partition
+expressions, specs and values are :mod:`icesink.partitioning` (pure, shared with the config).
 
-- :mod:`spark_bridge.partitioning`: partition expressions, specs and values (pure, no Spark).
 - :mod:`spark_bridge.schema`: Iceberg schema -> Spark schema with Parquet field ids.
 - :mod:`spark_bridge.labels`: partition directory names that map back to one value each.
 - :mod:`spark_bridge.writer`: :class:`~spark_bridge.writer.SparkFileWriter`, Arrow -> DataFiles.

@@ -16,7 +16,7 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec, partition_reco
 from pyiceberg.schema import Schema
 
 from icesink.errors import SparkWriteError
-from spark_bridge.partitioning import partition_values
+from icesink.partitioning import partition_values
 
 # Spark's name for a null (or empty) partition value.
 HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"

@@ -90,7 +90,7 @@ def test_full_buffers_pause_partitions_and_commit_early(broker, catalog_props, t
     from pyiceberg.catalog import load_catalog
 
     from icesink.control import ControlProducer
-    from icesink.events import CommitRequest, StartCommit
+    from icesink.protocol import CommitRequest, StartCommit
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import pizza_values, produce
     from icesink.replicas import ReplicaSet

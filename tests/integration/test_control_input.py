@@ -32,7 +32,7 @@ BAD = [
 def test_bad_control_records_are_skipped_and_counted_without_a_coordinator_restart(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.events import StartCommit
+    from icesink.protocol import StartCommit
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import pizza_values, produce
     from icesink.replicas import ReplicaSet

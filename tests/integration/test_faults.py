@@ -33,12 +33,12 @@ POINTS = ("coordinator.between-table-commits", "worker.mid-response", "worker.du
 def test_injected_crashes_zombie_and_rebalances(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.events import DataComplete, DataWritten, Rewind
+    from icesink.protocol import DataComplete, DataWritten, Rewind
     from icesink.iceberg import local_path
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import PIZZA_SCHEMA, pizza_values, produce
     from icesink.replicas import ReplicaSet
-    from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+    from icesink.partitioning import build_partition_spec, parse_partition_by
     from tests.support.sinkrun import assert_exact, control_events, http_json, wait_rows, write_config
 
     catalog = load_catalog("it", **catalog_props)

@@ -41,7 +41,7 @@ def test_gc_deletes_only_old_unreferenced_unannounced_files(broker, catalog_prop
     from pyiceberg.expressions import LessThan
 
     from icesink.control import ControlProducer, ensure_control_topic
-    from icesink.events import DataWritten, FileInfo
+    from icesink.protocol import DataWritten, FileInfo
     from tests.support import duck
 
     catalog = load_catalog("gc", **catalog_props)

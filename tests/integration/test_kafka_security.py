@@ -214,7 +214,7 @@ def test_icesink_clients_through_tls_and_sasl(tmp_path: Path, certs: Any, varian
                                                caplog: pytest.LogCaptureFixture) -> None:
     from coordinator.gc import in_flight_files
     from icesink.control import ControlProducer, ControlReader, ensure_control_topic
-    from icesink.events import Claim, TopicPartition
+    from icesink.protocol import Claim, TopicPartition
     from icesink.kafka_admin import end_offsets
 
     spec = VARIANTS[variant]

@@ -75,7 +75,7 @@ def assert_partitions_exact(table) -> set[int]:
     from pyiceberg.partitioning import partition_record_value
 
     from icesink.iceberg import local_path
-    from spark_bridge.partitioning import partition_values
+    from icesink.partitioning import partition_values
 
     def norm(v):
         return v.bytes if isinstance(v, uuid.UUID) else v
@@ -106,7 +106,7 @@ def test_decimal_binary_fixed_uuid_partitions_and_tables_changed_by_other_writer
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import produce
     from icesink.replicas import ReplicaSet
-    from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+    from icesink.partitioning import build_partition_spec, parse_partition_by
     from tests.support.sinkrun import http_json, metric, wait_rows, write_config
 
     catalog = load_catalog("it", **catalog_props)

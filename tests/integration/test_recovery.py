@@ -44,7 +44,7 @@ def leader(replicas, http_json):
 def test_failover_while_a_dead_workers_response_is_open_deletes_no_committed_file(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.events import CommitComplete
+    from icesink.protocol import CommitComplete
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import pizza_values, produce
     from icesink.replicas import ReplicaSet
@@ -256,7 +256,7 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
     import pyarrow.parquet as pq
     from pyiceberg.catalog import load_catalog
 
-    from icesink.events import DataComplete, DataWritten, FileInfo, OffsetRange, TopicPartition, encode
+    from icesink.protocol import DataComplete, DataWritten, FileInfo, OffsetRange, TopicPartition, encode
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import pizza_values, produce
     from icesink.replicas import ReplicaSet
@@ -318,7 +318,7 @@ def test_with_a_group_secret_a_forged_start_commit_from_outside_is_ignored(broke
     (no round would close again), is skipped and counted by every reader; data keeps landing."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.events import StartCommit, encode
+    from icesink.protocol import StartCommit, encode
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import pizza_values, produce
     from icesink.replicas import ReplicaSet

@@ -36,7 +36,7 @@ def env(broker, tmp_path):
     from icesink.embedded import sqlite_catalog_properties
     from icesink.kafka_admin import ensure_topic
     from icesink.pizzas import PIZZA_SCHEMA as schema
-    from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+    from icesink.partitioning import build_partition_spec, parse_partition_by
 
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 6))
     asyncio.run(ensure_topic(broker.bootstrap, IDLE, 2))
@@ -168,7 +168,7 @@ def test_pizzas_exactly_once_through_restarts(env):
 def check_snapshots(catalog, bootstrap):
     """One snapshot per table per round that had data; each summary holds icesink's state."""
     from icesink.control import ControlReader
-    from icesink.events import CommitToTable
+    from icesink.protocol import CommitToTable
 
     async def committed_rounds():
         reader = ControlReader(bootstrap, "it-control", GROUP, {})

@@ -55,7 +55,7 @@ from pyspark.sql import types as st
 
 from icesink.errors import ConfigError, SparkWriteError
 from icesink.pizzas import PIZZA_SCHEMA
-from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+from icesink.partitioning import build_partition_spec, parse_partition_by
 from icesink.errors import UnsupportedTypeError
 from spark_bridge.schema import arrow_only_column, name_mapping_properties, spark_schema
 from spark_bridge.writer import SparkFileWriter, SparkSettings

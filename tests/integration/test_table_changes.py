@@ -58,16 +58,16 @@ def _arrow(table, rows):
 def _file_infos(table, rows):
     """Parquet files of ``rows`` written for the table's current spec, as a worker reports
     them: FileInfo, through the control event's JSON encoding and back."""
-    from icesink import events
+    from icesink import protocol
     from icesink.iceberg import to_file_info
     from spark_bridge.writer import SparkFileWriter, SparkSettings
 
     # uuid and fixed columns: the worker's writer writes the table with pyarrow (no Spark session)
     writer = SparkFileWriter(SparkSettings(master="local[1]"))
     files = writer.write(table, _arrow(table, rows), file_prefix=f"p{uuid.uuid4().hex[:8]}")
-    ev = events.DataWritten("c1", "r1", "w1", ".".join(table.name()),
+    ev = protocol.DataWritten("c1", "r1", "w1", ".".join(table.name()),
                             tuple(to_file_info(f, table.metadata.default_spec_id) for f in files))
-    decoded = events.decode(events.encode(ev))
+    decoded = protocol.decode(protocol.encode(ev))
     assert decoded == ev
     return decoded.files
 
@@ -106,7 +106,7 @@ def catalog(catalog_props):
 
 
 def _create(catalog, name, spec_text=SPEC):
-    from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+    from icesink.partitioning import build_partition_spec, parse_partition_by
 
     schema = _schema()
     return catalog.create_table(name, schema=schema,

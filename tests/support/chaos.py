@@ -96,7 +96,7 @@ def run_chaos(
     catalog.create_namespace_if_not_exists("chaos")
     if not catalog.table_exists(TABLES[1]):  # typed and partitioned; TABLES[0] is auto-created
         from icesink.pizzas import PIZZA_SCHEMA
-        from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+        from icesink.partitioning import build_partition_spec, parse_partition_by
 
         spec = build_partition_spec(parse_partition_by("day(date_ordered), bucket(store_id, 4)"), PIZZA_SCHEMA)
         catalog.create_table(TABLES[1], schema=PIZZA_SCHEMA, partition_spec=spec)
@@ -270,7 +270,7 @@ def run_mirror_chaos(
     from pyiceberg.types import LongType, NestedField, StringType
 
     from icesink.kafka_admin import ensure_topic
-    from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+    from icesink.partitioning import build_partition_spec, parse_partition_by
 
     rng = random.Random(seed)
     changes, want = change_events(events, keys, seed)

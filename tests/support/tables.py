@@ -21,7 +21,7 @@ from pyiceberg.types import LongType, TimestampType
 
 from icesink.catalogs import SqlCatalog
 from icesink.pizzas import PIZZA_SCHEMA
-from spark_bridge.partitioning import build_partition_spec, parse_partition_by
+from icesink.partitioning import build_partition_spec, parse_partition_by
 
 #: The partitioning of pizza tables: both transforms, with null partition values.
 PIZZA_PARTITION_BY = "day(date_ordered), bucket(store_id, 8)"

@@ -17,7 +17,7 @@ from agents.source_consumer import Fetched
 from agents.tables import Target
 from agents.worker import Worker
 from icesink.config import build
-from icesink.events import CommitRequest, TopicPartition
+from icesink.protocol import CommitRequest, TopicPartition
 from icesink.metrics import Metrics
 
 P = TopicPartition("t", 0)

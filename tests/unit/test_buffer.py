@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from agents.buffer import Buffers, Chunk
-from icesink.events import OffsetRange, TopicPartition
+from icesink.protocol import OffsetRange, TopicPartition
 
 P = TopicPartition("t", 0)
 Q = TopicPartition("t", 1)

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from coordinator.state import CoordinatorState, checkpoint_event
 from icesink.errors import ProtocolError
-from icesink.events import (
+from icesink.protocol import (
     EVENT_TYPES, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, FileInfo,
     OffsetRange, Owner, Position, Resume, Rewind, SchemaProposal, StartCommit, TopicPartition, decode, encode,
 )

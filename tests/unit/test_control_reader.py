@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry
 
 from icesink.control import ControlReader
-from icesink.events import CommitRequest, StartCommit, encode
+from icesink.protocol import CommitRequest, StartCommit, encode
 from icesink.metrics import Metrics
 
 GROUP = "g"

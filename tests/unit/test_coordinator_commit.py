@@ -22,7 +22,7 @@ from coordinator.service import Coordinator
 from coordinator.state import CoordinatorState
 from icesink.config import load_settings
 from icesink.errors import FencedError
-from icesink.events import (
+from icesink.protocol import (
     Claim, CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, OffsetRange, Position,
     Resume, StartCommit, TopicPartition,
 )

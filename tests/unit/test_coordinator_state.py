@@ -2,7 +2,7 @@
 checkpoints and replay."""
 
 from coordinator.state import CoordinatorState, checkpoint_event
-from icesink.events import (
+from icesink.protocol import (
     Claim, CommitRequest, DataComplete, DataWritten, FileInfo, OffsetRange, Position, Resume,
     StartCommit, TopicPartition,
 )
@@ -221,7 +221,7 @@ def test_a_stale_claim_of_a_known_member_never_takes_ownership():
 
 
 def test_a_range_with_start_past_end_is_rejected_not_raised():
-    """Decoding refuses it (icesink/events.py); an event built in code must not crash apply either."""
+    """Decoding refuses it (icesink/protocol/codec.py); an event built in code must not crash apply either."""
     st = run(log_with_owners() + response("x", "w1", 1, [OffsetRange(A, 5, 2)]))
     [rej] = st.take_rejected()
     assert "range of t[0]: expected 0 <= start <= end, found [5, 2)" in rej.reason and not st.pending

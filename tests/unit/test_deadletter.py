@@ -25,7 +25,7 @@ from agents.deadletter import (
 from agents.worker import Worker
 from icesink.config import build
 from icesink.errors import ConfigError, DataError
-from icesink.events import TopicPartition
+from icesink.protocol import TopicPartition
 from icesink.metrics import Metrics
 
 TP = TopicPartition("orders", 3)

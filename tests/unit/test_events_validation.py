@@ -6,7 +6,7 @@ import json
 import pytest
 
 from icesink.errors import ProtocolError
-from icesink.events import MAX_EVENT_BYTES, Claim, CommitToTable, DataWritten, FileInfo, decode, encode
+from icesink.protocol import MAX_EVENT_BYTES, Claim, CommitToTable, DataWritten, FileInfo, decode, encode
 from tests.unit.event_samples import SAMPLES
 
 

@@ -24,7 +24,7 @@ from coordinator.evolution import apply_proposals, merge_proposals
 from coordinator.state import CoordinatorState
 from icesink.config import build
 from icesink.errors import ConfigError
-from icesink.events import SchemaProposal, decode, encode
+from icesink.protocol import SchemaProposal, decode, encode
 from icesink.schema_changes import (
     AddField, MakeOptional, Widen, apply_changes, changes, from_proposal, holds, identifier_paths, to_proposal,
 )

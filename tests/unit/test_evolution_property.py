@@ -27,7 +27,7 @@ from agents.evolution import Evolver
 from icesink.schema_changes import identifier_paths
 from agents.tables import target_of
 from coordinator.evolution import apply_proposals
-from icesink.events import TopicPartition
+from icesink.protocol import TopicPartition
 
 TP = TopicPartition("src", 0)
 INT32_MAX = 2**31 - 1

@@ -1,5 +1,6 @@
 """The layout a newcomer relies on: no module over about 800 lines; agents.convert a package
-along the steps it documents."""
+along the steps it documents; imports one way between the worker, the coordinator and the
+writer; leaf modules (the protocol package, config, errors, metrics) free of I/O."""
 
 from __future__ import annotations
 
@@ -68,3 +69,42 @@ def test_the_shared_schema_changes_import_no_side_and_no_io() -> None:
     hits = imported(ROOT / "icesink" / "schema_changes.py")
     assert not {m for m in hits if m.split(".")[0] in ("agents", "coordinator", "spark_bridge", "asyncio",
                                                         "aiokafka", "faust", "pyspark")}, hits
+
+
+#: The leaf modules: what every side imports. They import no I/O package and, of icesink's own
+#: code, only other leaves.
+LEAVES = ("icesink/errors.py", "icesink/config.py", "icesink/metrics.py", "icesink/secrets.py",
+          "icesink/partitioning.py", "icesink/schema_changes.py", "icesink/protocol")
+IO = ("asyncio", "aiokafka", "faust", "mode", "pyspark", "py4j", "socket", "http", "sqlalchemy", "requests")
+
+
+def leaf_modules() -> list[Path]:
+    out: list[Path] = []
+    for leaf in LEAVES:
+        path = ROOT / leaf
+        out.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    return out
+
+
+def test_leaf_modules_import_no_io_and_nothing_above_them() -> None:
+    leaves = {str(p.relative_to(ROOT))[:-3].replace("/", ".").removesuffix(".__init__") for p in leaf_modules()}
+    found = {}
+    for path in leaf_modules():
+        bad = sorted(m for m in imported(path)
+                     if m.split(".")[0] in IO
+                     or (m.split(".")[0] in PACKAGES and m not in leaves))
+        if bad:
+            found[str(path.relative_to(ROOT))] = bad
+    assert found == {}, f"leaf modules importing I/O or modules above them: {found}"
+
+
+def test_the_protocol_is_one_package_both_sides_import() -> None:
+    """Events, their codec, the snapshot-summary keys and FileInfo live in icesink/protocol/;
+    the worker and the coordinator both speak it."""
+    import icesink.protocol as protocol
+
+    for name in ("encode", "decode", "FileInfo", "DataWritten", "COMMIT_ID", "SinkState"):
+        assert hasattr(protocol, name), name
+    assert not (ROOT / "icesink" / "events.py").exists()
+    for side in ("agents", "coordinator"):
+        assert any(m.startswith("icesink.protocol") for p in modules(side) for m in imported(p)), side

@@ -30,7 +30,7 @@ from coordinator.state import Accepted
 from tests.support import duck
 from icesink.config import load_settings
 from icesink.errors import ConfigError
-from icesink.events import FileInfo, TopicPartition
+from icesink.protocol import FileInfo, TopicPartition
 from icesink.iceberg import mirror_keys
 
 SCHEMA = Schema(

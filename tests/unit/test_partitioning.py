@@ -38,7 +38,7 @@ from pyiceberg.types import (
 )
 
 from icesink.errors import ConfigError
-from spark_bridge.partitioning import (
+from icesink.partitioning import (
     PartitionExpr,
     build_partition_spec,
     parse_partition_by,

@@ -9,8 +9,8 @@ from coordinator.recovery import adopt_states, as_checkpoint, check_log_identity
 from coordinator.state import CoordinatorState
 from icesink.control import check_control_configs
 from icesink.errors import ControlLogError
-from icesink.events import TopicPartition
-from icesink.iceberg import SinkState
+from icesink.protocol import TopicPartition
+from icesink.protocol import SinkState
 
 A, B = TopicPartition("src", 0), TopicPartition("src", 1)
 
@@ -140,7 +140,7 @@ def test_a_partition_the_tables_hold_starts_at_their_position_not_the_hint() -> 
 
     from coordinator.service import Coordinator
     from icesink.config import build
-    from icesink.events import Position
+    from icesink.protocol import Position
     from icesink.metrics import Metrics
 
     async def go() -> list[Position]:

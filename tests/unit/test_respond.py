@@ -15,11 +15,11 @@ from agents.respond import MAX_EVENT_BYTES, send_response, split_written
 from agents.tables import Target
 from agents.worker import Worker
 from coordinator.state import CoordinatorState
-from icesink import events
+from icesink import protocol
 from icesink.config import build
 from icesink.control import MAX_REQUEST_BYTES
 from icesink.errors import ProtocolError, ResponseSendError
-from icesink.events import (
+from icesink.protocol import (
     Claim, DataComplete, DataWritten, FileInfo, OffsetRange, Position, Resume, StartCommit, TopicPartition,
 )
 from icesink.metrics import Metrics
@@ -43,12 +43,12 @@ def stats_file(i: int, columns: int = 60) -> FileInfo:
 
 def test_an_oversized_data_written_is_split_into_events_that_fit():
     ev = DataWritten("r1", "x", "w1", TABLE, tuple(stats_file(i) for i in range(400)))
-    assert len(events.encode(ev)) > 2 * MAX_EVENT_BYTES  # too large for one broker record
+    assert len(protocol.encode(ev)) > 2 * MAX_EVENT_BYTES  # too large for one broker record
     parts = split_written(ev)
     assert len(parts) >= 3 and MAX_EVENT_BYTES < MAX_REQUEST_BYTES
     for p in parts:
-        assert len(events.encode(p)) <= MAX_EVENT_BYTES
-        assert events.decode(events.encode(p)) == p
+        assert len(protocol.encode(p)) <= MAX_EVENT_BYTES
+        assert protocol.decode(protocol.encode(p)) == p
         assert (p.commit_id, p.response_id, p.worker, p.table) == ("r1", "x", "w1", TABLE)
     assert tuple(f for p in parts for f in p.files) == ev.files  # every file once, in order
     small = DataWritten("r1", "x", "w1", TABLE, ev.files[:2])
@@ -64,7 +64,7 @@ def test_a_split_mirror_response_names_its_keys_files_once():
     parts = split_written(ev)
     assert len(parts) >= 3
     assert [p.deleted_keys for p in parts] == [(keys,)] + [()] * (len(parts) - 1)
-    assert all(len(events.encode(p)) <= MAX_EVENT_BYTES for p in parts)
+    assert all(len(protocol.encode(p)) <= MAX_EVENT_BYTES for p in parts)
     assert tuple(f for p in parts for f in p.files) == ev.files
 
 
@@ -100,7 +100,7 @@ def test_the_coordinator_accepts_a_split_response_counting_every_data_written():
     st = CoordinatorState()
     log = [Claim("w1", 1, (P,)), Resume(1, "w1", 1, (Position(P, 0),)), StartCommit(1, "r1"), *producer.sent]
     for off, e in enumerate(log):
-        st.apply(off, events.decode(events.encode(e)))  # as read back from the control topic
+        st.apply(off, protocol.decode(protocol.encode(e)))  # as read back from the control topic
     assert st.take_rejected() == []
     [accepted] = st.pending
     assert accepted.files[TABLE] == ev.files and accepted.files["db.u"] == other.files

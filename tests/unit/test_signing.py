@@ -11,7 +11,7 @@ from icesink import signing
 from icesink.config import load_settings
 from icesink.control import ControlReader, decode_record
 from icesink.errors import ProtocolError
-from icesink.events import StartCommit, encode
+from icesink.protocol import StartCommit, encode
 from icesink.metrics import Metrics
 from tests.unit.test_control_reader import FakeConsumer, record
 

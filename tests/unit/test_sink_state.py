@@ -15,10 +15,9 @@ from coordinator.committer import commit_table
 from coordinator.state import Accepted, Checkpoint
 from icesink.embedded import sqlite_catalog_properties
 from icesink.errors import ControlLogError, FencedError, ProtocolError
-from icesink.events import OffsetRange, TopicPartition
-from icesink.iceberg import (
-    SinkState, latest_sink_summary, local_path, state_property, summary_properties, to_file_info, total_rows,
-)
+from icesink.protocol import OffsetRange, TopicPartition
+from icesink.iceberg import latest_sink_summary, local_path, to_file_info, total_rows
+from icesink.protocol import SinkState, state_property, summary_properties
 
 TP = TopicPartition("src", 0)
 

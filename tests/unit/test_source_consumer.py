@@ -162,7 +162,7 @@ def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(t
     from faust.types import TP as FaustTP
 
     from agents.source_consumer import Fetched, install_batch_drain
-    from icesink.events import TopicPartition
+    from icesink.protocol import TopicPartition
 
     settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
     t0, t1 = FaustTP("t", 0), FaustTP("t", 1)

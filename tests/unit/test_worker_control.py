@@ -13,7 +13,7 @@ from agents import tasks
 from agents.tasks import TaskOwner, supervise_coordinator, unless_moved
 from agents.worker import Worker
 from icesink.config import build
-from icesink.events import CommitComplete, CommitToTable, Position, Resume, Rewind, StartCommit, TopicPartition
+from icesink.protocol import CommitComplete, CommitToTable, Position, Resume, Rewind, StartCommit, TopicPartition
 from icesink.metrics import Metrics
 
 A = TopicPartition("t", 0)
