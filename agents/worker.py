@@ -5,7 +5,9 @@ Arrow in bulk and buffers them per partition. On each StartCommit the worker wri
 buffers through Spark, reports the files (DataWritten) and the consumed ranges of every
 partition it owns (DataComplete). Source offsets are committed to the consumer group only
 after CommitComplete, i.e. never past data that is not in Iceberg. The replica that is the
-Faust leader also runs the coordinator (coordinator/service.py).
+Faust leader also runs the coordinator: the composition root (icesink/app/cli.py) hands
+``coordinator.service.Coordinator`` in as ``leader`` (:class:`LeaderFactory`), so agents/
+never imports coordinator/.
 
 The replica's concerns live in their own modules, mixed into :class:`Worker` (one state):
 
@@ -27,9 +29,10 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 import faust
+from pyiceberg.catalog import Catalog
 
 from agents.buffer import Buffers
 from agents.deadletter import DeadLetters
@@ -43,7 +46,6 @@ from agents.rounds import Rounds
 from agents.routing import Router
 from agents.tables import Target, load_target
 from agents.tasks import EpochGate, TaskOwner, highwater, supervise_coordinator
-from coordinator.service import Coordinator
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
 from icesink.errors import FencedError
@@ -59,9 +61,29 @@ log = logging.getLogger(__name__)
 CLAIM_RETRY_S = 15.0
 
 
+class Leader(Protocol):
+    """What the group's leading replica runs beside its worker (the coordinator)."""
+
+    status: dict[str, Any]
+
+    async def run(self) -> None: ...
+
+
+class LeaderFactory(Protocol):
+    """Makes a :class:`Leader` from the replica's shared parts; ``rewrite`` writes compacted
+    files with this replica's Spark session. ``coordinator.service.Coordinator`` is one."""
+
+    def __call__(self, settings: Settings, bootstrap: str, producer: ControlProducer, catalog: Catalog,
+                 offload: Offload, metrics: Metrics, rewrite: Any = None) -> Leader: ...
+
+
 class Worker(FaustApp, Ownership, Ingest, Rounds):
-    def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics, *,
+                 leader: LeaderFactory | None = None) -> None:
+        """``leader``: what this replica runs while it leads the group (the coordinator); None:
+        a worker only, whoever leads."""
         self.settings = settings
+        self._leader = leader
         self.bootstrap = bootstrap
         self.metrics = metrics
         self.worker_id = settings.worker_id or (
@@ -99,7 +121,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._owner = TaskOwner(lambda exc: self.fail(exc, exit_code=1))  # every background task, the coordinator too
         self._epochs = EpochGate(metrics)
         self._respond_lock = asyncio.Lock()
-        self._coordinator: Coordinator | None = None
+        self._coordinator: Leader | None = None
         self._coordinator_task: asyncio.Task[None] | None = None
         self._open_round: str | None = None  # latest StartCommit without its CommitComplete
         self._claimed_at: dict[TopicPartition, float] = {}
@@ -204,7 +226,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         log.info("worker %s stopped in %.1fs", self.worker_id, time.monotonic() - started)
 
     async def _supervise_coordinator(self) -> None:
-        leader = self.app.is_leader()
+        leader = self.app.is_leader() and self._leader is not None
         if leader and self._coordinator_task is None:
             self._coordinator_task = self._owner.spawn(supervise_coordinator(self._run_coordinator, self.metrics), "coordinator")
             log.info("this replica is the leader: coordinator started")
@@ -214,8 +236,9 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
 
     async def _run_coordinator(self) -> None:
         """One coordinator run (agents/tasks.py restarts it after an unexpected error)."""
-        self._coordinator = Coordinator(self.settings, self.bootstrap, self.producer, self.catalog, self.offload,
-                                        self.metrics, rewrite=self._rewrite)
+        assert self._leader is not None  # only started with one (_supervise_coordinator)
+        self._coordinator = self._leader(self.settings, self.bootstrap, self.producer, self.catalog, self.offload,
+                                         self.metrics, rewrite=self._rewrite)
         try:
             await self._coordinator.run()
         except FencedError as exc:

@@ -20,7 +20,7 @@ from typing import Final
 ROOT: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from icesink.embedded import sqlite_catalog_properties  # noqa: E402
+from icesink.catalogs import sqlite_catalog_properties  # noqa: E402
 
 TABLE: Final = "bench.pizzas"
 SAMPLE_EVERY_S: Final = 0.2
@@ -33,7 +33,7 @@ _CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
 
 def per_partition_counts(n: int, partitions: int) -> dict[int, int]:
-    """:func:`icesink.pizzas.produce` sends record ``i`` to partition ``i % partitions``."""
+    """:func:`icesink.app.pizzas.produce` sends record ``i`` to partition ``i % partitions``."""
     return {p: n // partitions + (1 if p < n % partitions else 0) for p in range(partitions)}
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.chaos import run_chaos
-from icesink.embedded import EmbeddedBroker, sqlite_catalog_properties
+from icesink.catalogs import sqlite_catalog_properties
+from icesink.app.embedded import EmbeddedBroker
 
 
 def main() -> int:

@@ -36,7 +36,7 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType, Times
 from coordinator.committer import TableCache, commit_table
 from icesink.catalogs import SqlCatalog
 from coordinator.state import Accepted
-from icesink.embedded import sqlite_catalog_properties
+from icesink.catalogs import sqlite_catalog_properties
 from icesink.protocol import FileInfo, TopicPartition
 
 SCHEMA = Schema(*(

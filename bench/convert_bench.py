@@ -37,7 +37,7 @@ from pyiceberg.types import IntegerType, LongType, MapType, NestedField, StringT
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents.convert import _Oracle, decode_json
-from icesink.pizzas import pizza_values
+from icesink.app.pizzas import pizza_values
 
 PIZZA_SCHEMA = Schema(
     NestedField(1, "order_id", StringType(), required=True),

@@ -124,7 +124,7 @@ class Members:
         self.live: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
 
     def start(self) -> str:
-        from icesink.embedded import _die_with_parent_hook
+        from icesink.app.embedded import _die_with_parent_hook
 
         self.count += 1
         name = f"m{self.count}"
@@ -197,7 +197,7 @@ def wait_formed(members: Members, partitions: int, timeout_s: float) -> float | 
 
 
 def driver_main(args: argparse.Namespace) -> int:
-    from icesink.embedded import EmbeddedBroker
+    from icesink.app.embedded import EmbeddedBroker
     from icesink.kafka_admin import ensure_topic
 
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="group-restart-"))

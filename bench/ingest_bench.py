@@ -13,7 +13,7 @@ fresh Iceberg table in a SQLite SQL catalog:
     all values in one call, ``pyarrow.parquet`` writes ONE file, and pyiceberg commits it once
     (``create_table`` + ``add_files``: one snapshot). Each phase is timed.
 (b) one icesink worker (``python -m icesink worker``, Faust + a local Spark session + the
-    coordinator) started with :class:`icesink.replicas.ReplicaSet`, timed from process start
+    coordinator) started with :class:`icesink.app.replicas.ReplicaSet`, timed from process start
     until the table's current snapshot holds ``N`` rows. "Startup" is process start until the
     worker's ``icesink_records_consumed_total`` is first > 0 (its /metrics, polled every 0.2 s);
     "ingest" is the rest. Peak RSS is sampled every 0.2 s over the worker and all its
@@ -60,7 +60,8 @@ from bench.benchlib import (  # noqa: E402
     MIB, SAMPLE_EVERY_S, TABLE, BaselineResult, Interference, RssSampler, _cpu_seconds, baseline_in_child,
     Profiler, fmt_int, metric_total, per_partition_counts, process_cpu_s, system_cpu_s,
 )
-from icesink.embedded import EmbeddedBroker, sqlite_catalog_properties  # noqa: E402
+from icesink.catalogs import sqlite_catalog_properties  # noqa: E402
+from icesink.app.embedded import EmbeddedBroker  # noqa: E402
 
 TOPIC: Final = "bench-pizzas"
 NAMESPACE: Final = "bench"
@@ -175,7 +176,7 @@ def run_worker(
     import pyarrow.compute as pc
     from pyiceberg.catalog import load_catalog
 
-    from icesink.replicas import ReplicaSet
+    from icesink.app.replicas import ReplicaSet
 
     props = sqlite_catalog_properties(directory / "catalog")
     catalog = load_catalog("b2", **props)
@@ -558,7 +559,7 @@ def main() -> int:
     sys.stdout.flush()
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
+    from icesink.app.pizzas import pizza_values, produce
 
     tmp = Path(tempfile.mkdtemp(prefix="icesink-bench-"))
     broker = EmbeddedBroker(tmp / "broker")

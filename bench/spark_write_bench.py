@@ -22,7 +22,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
 
-from icesink.pizzas import PIZZA_SCHEMA
+from icesink.app.pizzas import PIZZA_SCHEMA
 from icesink.partitioning import build_partition_spec, parse_partition_by
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 

@@ -1,3 +1,3 @@
-from icesink.cli import main
+from icesink.app.cli import main
 
 main()

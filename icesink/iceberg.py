@@ -30,7 +30,7 @@ from icesink.protocol.summary import flat_positions, state_property
 
 def catalog_properties(settings: Settings) -> dict[str, str]:
     if settings.embedded_catalog:
-        from icesink.embedded import sqlite_catalog_properties
+        from icesink.catalogs import sqlite_catalog_properties
 
         directory = settings.state_dir.resolve() / "catalog"
         directory.mkdir(parents=True, exist_ok=True)

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from icesink.embedded import EmbeddedBroker
+    from icesink.app.embedded import EmbeddedBroker
 
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """One in-memory Tansu broker for the whole session; use a fresh topic name per test."""
-    from icesink.embedded import EmbeddedBroker
+    from icesink.app.embedded import EmbeddedBroker
 
     embedded = EmbeddedBroker(tmp_path_factory.mktemp("broker"))
     embedded.start()
@@ -28,7 +28,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 @pytest.fixture
 def catalog_props(tmp_path: Path) -> dict[str, str]:
     """Properties of a fresh SQLite SQL catalog for this test (``load_catalog(name, **props)``)."""
-    from icesink.embedded import sqlite_catalog_properties
+    from icesink.catalogs import sqlite_catalog_properties
 
     return sqlite_catalog_properties(tmp_path / "catalog")
 

@@ -92,8 +92,8 @@ def test_full_buffers_pause_partitions_and_commit_early(broker, catalog_props, t
     from icesink.control import ControlProducer
     from icesink.protocol import CommitRequest, StartCommit
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, control_events, metric, total_rows, write_config
 
     began = time.monotonic()

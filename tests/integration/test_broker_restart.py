@@ -19,7 +19,7 @@ TABLE = "br.pizzas"
 
 @pytest.fixture
 def durable_broker(tmp_path):
-    from icesink.embedded import EmbeddedBroker
+    from icesink.app.embedded import EmbeddedBroker
     from tests.support.seaweed import SeaweedS3
 
     s3 = SeaweedS3(tmp_path / "seaweed", "tansu")
@@ -38,8 +38,8 @@ def test_broker_restart_on_durable_storage_loses_and_duplicates_nothing(durable_
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, total_rows, wait_rows, write_config
 
     broker = durable_broker

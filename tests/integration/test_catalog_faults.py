@@ -34,7 +34,7 @@ class OtherWriter(threading.Thread):
         from pyiceberg.catalog import load_catalog
         from pyiceberg.exceptions import CommitFailedException
 
-        from icesink.pizzas import PIZZA_SCHEMA
+        from icesink.app.pizzas import PIZZA_SCHEMA
 
         # Same catalog name (tables are per name); pre-ping: pooled connections die with the server.
         catalog = load_catalog("it", **self.props, pool_pre_ping="true")
@@ -60,8 +60,8 @@ def test_concurrent_writer_and_postgres_outage(broker, postgres, tmp_path):
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import PIZZA_SCHEMA, pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import PIZZA_SCHEMA, pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, http_json, metric, total_rows, wait_rows, write_config
 
     props = {"type": "sql", "uri": postgres.uri, "warehouse": f"file://{tmp_path / 'warehouse'}"}

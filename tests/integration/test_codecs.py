@@ -47,8 +47,8 @@ def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(broker, catalog
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import PIZZA_SCHEMA, pizza_event
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import PIZZA_SCHEMA, pizza_event
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, http_json, wait_rows, write_config
 
     topic, table = "cx-pizzas", "cx.pizzas"
@@ -87,8 +87,8 @@ def test_a_batch_the_consumer_cannot_decode_stops_the_replica_loudly(broker, cat
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import PIZZA_SCHEMA, pizza_event
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import PIZZA_SCHEMA, pizza_event
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
 
     topic, table = "cxd-pizzas", "cxd.pizzas"

@@ -42,7 +42,7 @@ def _call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any
 
 
 def _start_connect(tmp_path: Path, name: str, bootstrap: str, state: Path) -> tuple[subprocess.Popen[bytes], int, int]:
-    from icesink.embedded import _die_with_parent_hook, free_port
+    from icesink.app.embedded import _die_with_parent_hook, free_port
 
     api, metrics = free_port(), free_port()
     config = tmp_path / f"{name}.json"
@@ -107,7 +107,7 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(broker, c
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
+    from icesink.app.pizzas import pizza_values, produce
     from tests.support.sinkrun import assert_exact, metric
 
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 4))

@@ -34,8 +34,8 @@ def test_bad_control_records_are_skipped_and_counted_without_a_coordinator_resta
 
     from icesink.protocol import StartCommit
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, control_events, metric, wait_rows, write_config, write_control
 
     catalog = load_catalog("it", **catalog_props)

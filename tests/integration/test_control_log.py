@@ -30,8 +30,8 @@ def _setup(broker, catalog_props, tmp_path, name: str, tables: tuple[str, ...], 
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import PIZZA_SCHEMA
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import PIZZA_SCHEMA
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import write_config
 
     catalog = load_catalog("it", **catalog_props)
@@ -48,7 +48,7 @@ def _setup(broker, catalog_props, tmp_path, name: str, tables: tuple[str, ...], 
 
 
 def _send(bootstrap: str, topic: str, values: list[bytes], partitions: int = 2) -> set[str]:
-    from icesink.pizzas import produce
+    from icesink.app.pizzas import produce
 
     asyncio.run(produce(bootstrap, topic, values, partitions=partitions))
     return {json.loads(v)["order_id"] for v in values}
@@ -115,7 +115,7 @@ def _committed(bootstrap: str, group: str, topic: str) -> int | None:
 def test_recreated_control_topic_is_refused(broker, catalog_props, tmp_path):
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from icesink.pizzas import pizza_values
+    from icesink.app.pizzas import pizza_values
     from tests.support.sinkrun import metric, total_rows
 
     table = "cl.recreated"
@@ -159,7 +159,7 @@ def test_recreated_control_topic_is_refused(broker, catalog_props, tmp_path):
 
 @pytest.mark.timeout(600)
 def test_unreadable_checkpoint_recovers_positions_from_the_tables(broker, catalog_props, tmp_path):
-    from icesink.pizzas import pizza_values
+    from icesink.app.pizzas import pizza_values
     from tests.support.sinkrun import metric, total_rows
 
     table = "cl.nockpt"
@@ -189,7 +189,7 @@ def test_foreign_append_and_expiry_of_the_sink_snapshot_then_failover(broker, ca
     """The coordinator's replica is killed between the two table commits of a round; meanwhile
     another writer appends to the committed table and expires the sink's snapshot. The next
     coordinator rolls the round forward: the first table must not get it twice."""
-    from icesink.pizzas import PIZZA_SCHEMA, pizza_values
+    from icesink.app.pizzas import PIZZA_SCHEMA, pizza_values
     from tests.support.sinkrun import total_rows
 
     t1, t2 = "cl.exp_a", "cl.exp_b"
@@ -221,7 +221,7 @@ def test_foreign_append_and_expiry_of_the_sink_snapshot_then_failover(broker, ca
 @pytest.mark.timeout(600)
 def test_two_sink_groups_write_one_table(broker, catalog_props, tmp_path):
     from icesink.iceberg import latest_sink_summary
-    from icesink.pizzas import pizza_values
+    from icesink.app.pizzas import pizza_values
     from tests.support.sinkrun import total_rows
 
     table = "cl.shared"

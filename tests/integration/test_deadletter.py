@@ -29,7 +29,7 @@ def _setup(broker: Any, catalog_props: dict[str, str], namespace: str, topic: st
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import PIZZA_SCHEMA
+    from icesink.app.pizzas import PIZZA_SCHEMA
 
     catalog = load_catalog("it", **catalog_props)
     catalog.create_namespace(namespace)
@@ -56,7 +56,7 @@ def _send(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, byt
 
 
 def _pizza(rng: Any, **fields: Any) -> tuple[str, bytes]:
-    from icesink.pizzas import pizza_event
+    from icesink.app.pizzas import pizza_event
 
     event = {**pizza_event(rng), **fields}
     return event["order_id"], json.dumps(event).encode()
@@ -67,7 +67,7 @@ def test_bad_records_dead_lettered_with_headers_while_the_rest_land_exactly_once
     import random
 
     from agents import deadletter as dl
-    from icesink.replicas import ReplicaSet
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, metric, read_topic, wait_rows, write_config
 
     topic, dlq, table = "dl-pizzas", "dl-pizzas-dlq", "dl.pizzas"
@@ -162,7 +162,7 @@ def test_crash_after_dead_letters_went_out_duplicates_letters_never_rows(broker,
     import signal
 
     from agents import deadletter as dl
-    from icesink.replicas import ReplicaSet
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, read_topic, wait_rows, write_config
 
     topic, dlq, table = "dlc-pizzas", "dlc-pizzas-dlq", "dlc.pizzas"
@@ -218,7 +218,7 @@ def test_crash_after_dead_letters_went_out_duplicates_letters_never_rows(broker,
 def test_tolerance_none_stops_the_replica_at_the_first_bad_record(broker, catalog_props, tmp_path):
     import random
 
-    from icesink.replicas import ReplicaSet
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import key_counts, wait_rows, write_config
 
     topic, table = "dln-pizzas", "dln.pizzas"

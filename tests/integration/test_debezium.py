@@ -152,7 +152,7 @@ def _sink(broker: Any, catalog_props: dict[str, str], tmp_path: Path, form: str,
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.replicas import ReplicaSet
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import wait_rows, write_config
 
     topic, group = f"dbz-{form}", f"dbz-sink-{form}"
@@ -335,7 +335,7 @@ def test_added_column_evolves_the_table_with_key_and_metadata_columns(broker, ca
 
     from tests.support import duck
     from icesink.kafka_admin import ensure_topic
-    from icesink.replicas import ReplicaSet
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import metric, wait_rows, write_config
 
     events = altered[form]

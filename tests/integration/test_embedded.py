@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from icesink.embedded import BrokerStartError, EmbeddedBroker
+from icesink.app.embedded import BrokerStartError, EmbeddedBroker
 from icesink.kafka_admin import TopicError, end_offsets, ensure_topic
-from icesink.pizzas import pizza_values, produce
+from icesink.app.pizzas import pizza_values, produce
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
@@ -110,7 +110,7 @@ def test_broker_dies_with_its_parent(tmp_path: Path) -> None:
     script = (
         "import sys, time\n"
         f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-        "from icesink.embedded import EmbeddedBroker\n"
+        "from icesink.app.embedded import EmbeddedBroker\n"
         f"b = EmbeddedBroker({str(tmp_path / 'b')!r})\n"
         "b.start()\n"
         "print(b.pid, b.port, flush=True)\n"

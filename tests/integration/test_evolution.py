@@ -78,8 +78,8 @@ def test_fields_appear_nest_and_widen_under_two_replicas(broker, catalog_props, 
     from pyiceberg.types import LongType, StringType
 
     from tests.support.duck import connect, plain_path
-    from icesink.pizzas import produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
 
     topic, table_name = "evolving", "ev.items"
@@ -152,8 +152,8 @@ def test_connect_envelopes_evolve_under_two_replicas_with_key_and_metadata(broke
     from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
     from tests.support.duck import connect, plain_path
-    from icesink.pizzas import produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
 
     n_phase = 800
@@ -240,8 +240,8 @@ def test_case_insensitive_keys_fill_columns_at_every_level(broker, catalog_props
     from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
     from tests.support.duck import connect, plain_path
-    from icesink.pizzas import produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
 
     topic, table_name = "shouting", "ci.items"

@@ -36,8 +36,8 @@ def test_injected_crashes_zombie_and_rebalances(broker, catalog_props, tmp_path)
     from icesink.protocol import DataComplete, DataWritten, Rewind
     from icesink.iceberg import local_path
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import PIZZA_SCHEMA, pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import PIZZA_SCHEMA, pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from icesink.partitioning import build_partition_spec, parse_partition_by
     from tests.support.sinkrun import assert_exact, control_events, http_json, wait_rows, write_config
 

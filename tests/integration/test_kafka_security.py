@@ -165,7 +165,7 @@ def start_secured(
     tmp_path: Path, certs: Any, *, tls: bool, client_cert: bool, sasl: str | None,
 ) -> tuple[Any, Any, dict[str, str]]:
     """A Tansu behind a front; returns (front, tansu, the security config keys to use)."""
-    from icesink.embedded import free_port
+    from icesink.app.embedded import free_port
     from tests.support.kafka_front import SecurityFront, Tansu
 
     upstream = free_port()
@@ -281,8 +281,8 @@ def test_worker_replica_end_to_end_over_sasl_ssl_with_client_certificate(
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, total_rows, write_config
 
     topic, table, rows = "sec-pizzas", "sec.pizzas", 3000

@@ -24,8 +24,8 @@ def test_maintenance_keeps_files_and_snapshots_bounded_and_the_table_exact_throu
 
     from coordinator.maintenance import live_files
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, coordinator_status, metric, total_rows, wait_rows, write_config
 
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 3))

@@ -170,7 +170,7 @@ def test_a_random_postgres_workload_is_mirrored_exactly(broker, catalog_props, t
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.replicas import ReplicaSet
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import write_config
 
     events = history["events"][form]
@@ -236,7 +236,7 @@ def test_changes_without_key_or_operation_are_dead_lettered_and_the_rest_mirrore
 
     from tests.support import duck
     from icesink.kafka_admin import ensure_topic
-    from icesink.replicas import ReplicaSet
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import read_topic, write_config
 
     topic, dlq = "mirror-badrows", "mirror-badrows-dlq"
@@ -287,7 +287,7 @@ def test_a_mirror_table_without_key_columns_stops_the_replica_at_start_up_naming
     from pyiceberg.types import LongType, NestedField, StringType
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.replicas import ReplicaSet
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import write_config
 
     catalog = load_catalog("it", **catalog_props)

@@ -36,7 +36,7 @@ def _query(port: int, path: str, **params: str) -> Any:
 
 
 def _start_prometheus(tmp_path: Path, targets: list[int]) -> tuple[subprocess.Popen[bytes], int]:
-    from icesink.replicas import free_port
+    from icesink.app.replicas import free_port
 
     binary = shutil.which("prometheus")
     assert binary, "prometheus is missing: ./dev test installs Debian's prometheus package"
@@ -67,8 +67,8 @@ def test_every_dashboard_panel_returns_data_and_every_alert_rule_evaluates(broke
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import wait_rows, write_config
 
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 3))

@@ -104,8 +104,8 @@ def test_decimal_binary_fixed_uuid_partitions_and_tables_changed_by_other_writer
     from pyiceberg.types import BinaryType, DecimalType, FixedType, LongType, NestedField, UUIDType
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import produce
+    from icesink.app.replicas import ReplicaSet
     from icesink.partitioning import build_partition_spec, parse_partition_by
     from tests.support.sinkrun import http_json, metric, wait_rows, write_config
 

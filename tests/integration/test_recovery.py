@@ -46,8 +46,8 @@ def test_failover_while_a_dead_workers_response_is_open_deletes_no_committed_fil
 
     from icesink.protocol import CommitComplete
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, control_events, http_json, wait_rows, write_config
 
     topic, table, group = "rc-orders", "rc.orders", "rc-sink"
@@ -123,10 +123,10 @@ def test_failover_while_a_dead_workers_response_is_open_deletes_no_committed_fil
 def test_a_control_send_failing_after_one_table_committed_keeps_the_round_for_the_other(catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.embedded import EmbeddedBroker
+    from icesink.app.embedded import EmbeddedBroker
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config
 
     topic, tables, group = "rs-orders", ("rs.a", "rs.b"), "rs-sink"
@@ -209,8 +209,8 @@ def test_ownership_survives_a_consumer_group_reset(broker, catalog_props, tmp_pa
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config
 
     topic, table, group = "gr-orders", "gr.orders", "gr-sink"
@@ -258,8 +258,8 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
 
     from icesink.protocol import DataComplete, DataWritten, FileInfo, OffsetRange, TopicPartition, encode
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, http_json, metric, wait_rows, wait_up, write_config, write_control
 
     topic, table, group = "fg-orders", "fg.orders", "fg-sink"
@@ -320,8 +320,8 @@ def test_with_a_group_secret_a_forged_start_commit_from_outside_is_ignored(broke
 
     from icesink.protocol import StartCommit, encode
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config, write_control
 
     topic, table, group = "sg-orders", "sg.orders", "sg-sink"

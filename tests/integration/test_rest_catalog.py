@@ -38,8 +38,8 @@ def test_rest_catalog_with_s3_tables_exact(seaweed, broker, tmp_path: Path) -> N
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, total_rows, wait_rows, write_config
 
     props = seaweed.rest_catalog_props()

@@ -39,8 +39,8 @@ def test_worker_log_status_and_control_topic_hold_no_secret(broker, postgres, tm
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import http_json, read_topic, wait_rows, write_config
 
     # trust auth: PostgreSQL ignores the password, but it is in the uri the worker must use

@@ -33,9 +33,9 @@ GROUP = "it-sink"
 def env(broker, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.embedded import sqlite_catalog_properties
+    from icesink.catalogs import sqlite_catalog_properties
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import PIZZA_SCHEMA as schema
+    from icesink.app.pizzas import PIZZA_SCHEMA as schema
     from icesink.partitioning import build_partition_spec, parse_partition_by
 
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 6))
@@ -69,7 +69,7 @@ def env(broker, tmp_path):
 
 
 def produce(bootstrap, values):
-    from icesink.pizzas import produce as send
+    from icesink.app.pizzas import produce as send
 
     asyncio.run(send(bootstrap, TOPIC, values, partitions=6))
 
@@ -121,8 +121,8 @@ def metric(port, name):
 # leader kept as leader; see Worker._install_no_leave_group); the timeouts stay generous.
 @pytest.mark.timeout(1800)
 def test_pizzas_exactly_once_through_restarts(env):
-    from icesink.pizzas import pizza_values
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values
+    from icesink.app.replicas import ReplicaSet
 
     broker, catalog, cfg, tmp = env
     values = pizza_values(100_000, seed=7, spread_days=3)
@@ -242,11 +242,11 @@ def test_idle_partitions_do_not_delay_commits(broker, tmp_path):
     no round closes on the timeout: idle partitions answer every round."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.embedded import sqlite_catalog_properties
+    from icesink.catalogs import sqlite_catalog_properties
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values
-    from icesink.pizzas import produce as send
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values
+    from icesink.app.pizzas import produce as send
+    from icesink.app.replicas import ReplicaSet
 
     asyncio.run(ensure_topic(broker.bootstrap, "idle-data", 2))
     asyncio.run(ensure_topic(broker.bootstrap, "idle-never", 2))
@@ -294,11 +294,11 @@ def wait_metric(port, name, at_least, replicas, timeout_s=120):
 def test_partition_spec_that_cannot_apply_stops_the_replica_naming_the_key(broker, tmp_path):
     """day() of a column the first records make a string: no retry can mend that, so the
     replica exits with code 2 and a message naming the key, instead of idling on."""
-    from icesink.embedded import sqlite_catalog_properties
+    from icesink.catalogs import sqlite_catalog_properties
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values
-    from icesink.pizzas import produce as send
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values
+    from icesink.app.pizzas import produce as send
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import write_config
 
     asyncio.run(ensure_topic(broker.bootstrap, "badspec", 1))
@@ -323,12 +323,12 @@ def test_unexpected_error_in_ingest_stops_the_replica_instead_of_stalling(broker
     It stops with exit code 1 and the traceback instead, and nothing of the batch is committed."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.embedded import sqlite_catalog_properties
+    from icesink.catalogs import sqlite_catalog_properties
     from icesink.iceberg import total_rows
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values
-    from icesink.pizzas import produce as send
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import pizza_values
+    from icesink.app.pizzas import produce as send
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import write_config
 
     asyncio.run(ensure_topic(broker.bootstrap, "bug", 1))

@@ -54,13 +54,13 @@ from pyiceberg.types import (
 from pyspark.sql import types as st
 
 from icesink.errors import ConfigError, SparkWriteError
-from icesink.pizzas import PIZZA_SCHEMA
+from icesink.app.pizzas import PIZZA_SCHEMA
 from icesink.partitioning import build_partition_spec, parse_partition_by
 from icesink.errors import UnsupportedTypeError
 from spark_bridge.schema import arrow_only_column, name_mapping_properties, spark_schema
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 from tests.support import duck
-from icesink.embedded import free_port
+from icesink.app.embedded import free_port
 from tests.support.spark_cluster import spark_home
 from tests.support.tables import (
     assert_same_rows,

@@ -74,8 +74,8 @@ def test_every_type_lands_exactly(broker, catalog_props, tmp_path):
 
     from tests.support import duck
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import produce
-    from icesink.replicas import ReplicaSet
+    from icesink.app.pizzas import produce
+    from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import wait_rows, write_config
 
     catalog = load_catalog("it", **catalog_props)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from icesink.iceberg import total_rows
-from icesink.replicas import ReplicaSet, write_fast_config
+from icesink.app.replicas import ReplicaSet, write_fast_config
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def run_chaos(
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
+    from icesink.app.pizzas import pizza_values, produce
 
     rng = random.Random(seed)
     report = ChaosReport(produced=records)
@@ -95,7 +95,7 @@ def run_chaos(
     catalog = load_catalog("chaos", **catalog_props)
     catalog.create_namespace_if_not_exists("chaos")
     if not catalog.table_exists(TABLES[1]):  # typed and partitioned; TABLES[0] is auto-created
-        from icesink.pizzas import PIZZA_SCHEMA
+        from icesink.app.pizzas import PIZZA_SCHEMA
         from icesink.partitioning import build_partition_spec, parse_partition_by
 
         spec = build_partition_spec(parse_partition_by("day(date_ordered), bucket(store_id, 4)"), PIZZA_SCHEMA)

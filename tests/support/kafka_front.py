@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from icesink.embedded import _die_with_parent_hook, free_port
+from icesink.app.embedded import _die_with_parent_hook, free_port
 
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 UNSUPPORTED_SASL_MECHANISM, SASL_AUTHENTICATION_FAILED = 33, 58
@@ -98,7 +98,7 @@ def make_certs(directory: Path) -> Certs:
 
 class Tansu:
     """A Tansu broker listening on ``port`` and advertising ``advertised_port`` (a front's),
-    with extra ``broker`` flags. Unlike icesink.embedded.EmbeddedBroker it never sends a Kafka
+    with extra ``broker`` flags. Unlike icesink.app.embedded.EmbeddedBroker it never sends a Kafka
     request itself (that would fail against ``--authentication``): it is ready when it logs
     ``ready in`` and its port accepts connections."""
 

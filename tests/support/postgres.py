@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from icesink.embedded import free_port
+from icesink.app.embedded import free_port
 
 
 def _bin(name: str) -> str:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from icesink.embedded import free_port
+from icesink.app.embedded import free_port
 
 ACCESS_KEY = "icesink"
 SECRET_KEY = "icesink-secret"

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from icesink.iceberg import total_rows  # the tests import it from here too
-from icesink.replicas import ReplicaSet, write_fast_config
+from icesink.app.replicas import ReplicaSet, write_fast_config
 
 
 
 
 def write_config(path: Path, **kwargs: Any) -> Path:
-    """The fast local-group config (icesink.replicas.write_fast_config), catalog named "it"."""
+    """The fast local-group config (icesink.app.replicas.write_fast_config), catalog named "it"."""
     return write_fast_config(path, catalog_name="it", **kwargs)
 
 

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from icesink.embedded import free_port
+from icesink.app.embedded import free_port
 
 
 def spark_home() -> str:

@@ -20,7 +20,7 @@ from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import LongType, TimestampType
 
 from icesink.catalogs import SqlCatalog
-from icesink.pizzas import PIZZA_SCHEMA
+from icesink.app.pizzas import PIZZA_SCHEMA
 from icesink.partitioning import build_partition_spec, parse_partition_by
 
 #: The partitioning of pizza tables: both transforms, with null partition values.

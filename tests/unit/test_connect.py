@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from icesink.connect import connect_settings, load_connect_settings
-from icesink.connect_state import (
+from icesink.app.connect import connect_settings, load_connect_settings
+from icesink.app.connect_state import (
     FAILED, PAUSED, RUNNING, UNASSIGNED, ClusterState, assign, connector_key, status_key, status_of, worker_key,
 )
 from icesink.errors import ConfigError
@@ -168,7 +168,7 @@ class FakeBackend:
 def _api(calls: list[tuple[str, str, Any]]) -> tuple[list[tuple[int, Any]], FakeBackend]:
     from aiohttp.test_utils import TestClient, TestServer
 
-    from icesink.connect_api import app
+    from icesink.app.connect_api import app
 
     backend = FakeBackend()
 

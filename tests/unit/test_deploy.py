@@ -86,7 +86,7 @@ def k8s() -> dict[str, dict]:
 
 
 def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
-    from icesink.connect import load_connect_settings
+    from icesink.app.connect import load_connect_settings
 
     docs = k8s()
     assert set(docs) == {"ConfigMap/icesink-config", "Secret/icesink-credentials", "StatefulSet/icesink",
@@ -139,7 +139,7 @@ def test_the_compose_file_refers_to_files_that_exist(tmp_path):
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), f"Dockerfile copies {source}, which does not exist"
     load_settings(DEPLOY / "compose-sink.json", None, {})
-    from icesink.connect import load_connect_settings
+    from icesink.app.connect import load_connect_settings
 
     connect = compose["services"]["connect"]
     assert connect["command"][1:3] == ["connect", "--config"] and "8083:8083" in connect["ports"]

@@ -37,7 +37,7 @@ def js(*records: dict) -> list[bytes]:
 
 @pytest.fixture
 def catalog(tmp_path):
-    from icesink.embedded import sqlite_catalog_properties
+    from icesink.catalogs import sqlite_catalog_properties
 
     cat = load_catalog("t", **sqlite_catalog_properties(tmp_path / "catalog"))
     cat.create_namespace("db")

@@ -94,7 +94,7 @@ def append_parquet(table, data: pa.Table) -> None:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
 def test_any_sequence_of_batches_reads_back_as_written(plan):
-    from icesink.embedded import sqlite_catalog_properties
+    from icesink.catalogs import sqlite_catalog_properties
 
     with tempfile.TemporaryDirectory() as tmp:
         catalog = load_catalog("p", **sqlite_catalog_properties(Path(tmp)))

@@ -54,15 +54,30 @@ def importers(package: str, of: tuple[str, ...]) -> dict[str, list[str]]:
     return found
 
 
-#: The worker hosts the coordinator on the leading replica; this goes when a composition root
-#: runs both (issue 15).
-HOSTING = {"agents/worker.py": ["coordinator.service"]}
-
-
 def test_imports_go_one_way_between_the_worker_the_coordinator_and_the_writer() -> None:
     assert importers("coordinator", ("agents",)) == {}, "coordinator/ must not import agents/"
     assert importers("spark_bridge", ("agents", "coordinator")) == {}, "spark_bridge/ imports neither side"
-    assert importers("agents", ("coordinator",)) == HOSTING
+    assert importers("agents", ("coordinator",)) == {}, "agents/ must not import coordinator/ (the app hands it in)"
+
+
+def test_only_the_composition_root_imports_everything() -> None:
+    """icesink/app/ (the CLI, the replica that runs a worker and the coordinator, the embedded
+    stack, the demo, icesink connect) wires the sides together; nothing imports it back, and
+    the rest of icesink/ (the protocol, leaves and shared glue) imports no side."""
+    outside_app = {}
+    for package in PACKAGES:
+        for path in modules(package):
+            rel = str(path.relative_to(ROOT))
+            if rel.startswith("icesink/app/") or rel == "icesink/__main__.py":  # `python -m icesink`: app.cli
+                continue
+            hits = sorted(m for m in imported(path) if m == "icesink.app" or m.startswith("icesink.app."))
+            if package == "icesink":
+                hits += sorted(m for m in imported(path) if m.split(".")[0] in ("agents", "coordinator", "spark_bridge"))
+            if hits:
+                outside_app[rel] = hits
+    assert outside_app == {}, f"only icesink/app/ imports icesink.app, and the sides together: {outside_app}"
+    wired = {m.split(".")[0] for p in modules("icesink/app") for m in imported(p)}
+    assert {"agents", "coordinator"} <= wired
 
 
 def test_the_shared_schema_changes_import_no_side_and_no_io() -> None:

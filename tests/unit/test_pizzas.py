@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from icesink.pizzas import (
+from icesink.app.pizzas import (
     CHEESES,
     DATE_FORMAT,
     DEFAULT_START,

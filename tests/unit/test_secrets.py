@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from icesink.config import load_settings
 from icesink.errors import ConfigError
 from icesink.secrets import MASK, Redactor, RedactingFilter, install_log_redaction, mask_url
-from icesink.status import serve
+from icesink.app.status import serve
 
 SECRETS = {
     "iceberg.catalog.uri": ("postgresql+psycopg2://icesink:pg-Pass%40word@db:5432/cat", "pg-Pass%40word"),

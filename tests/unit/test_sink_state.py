@@ -13,7 +13,7 @@ from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
 from coordinator.committer import commit_table
 from coordinator.state import Accepted, Checkpoint
-from icesink.embedded import sqlite_catalog_properties
+from icesink.catalogs import sqlite_catalog_properties
 from icesink.errors import ControlLogError, FencedError, ProtocolError
 from icesink.protocol import OffsetRange, TopicPartition
 from icesink.iceberg import latest_sink_summary, local_path, to_file_info, total_rows

@@ -53,16 +53,18 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from agents.worker import Worker
+    from coordinator.service import Coordinator
     from icesink.metrics import Metrics
-    from icesink.stack import resolve_bootstrap
-    from icesink.status import serve
+    from icesink.app.stack import resolve_bootstrap
+    from icesink.app.status import serve
 
     settings = _settings(args)
     redact = settings.redactor()
     log.info("settings: %s", settings.masked())
     bootstrap, broker = resolve_bootstrap(settings)
     metrics = Metrics()
-    worker = Worker(settings, bootstrap, metrics)
+    # A replica is a worker, and the coordinator while it leads the group.
+    worker = Worker(settings, bootstrap, metrics, leader=Coordinator)
     if settings.metrics_port:
         serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
     try:
@@ -74,8 +76,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_connect(args: argparse.Namespace) -> int:
-    from icesink.connect import load_connect_settings, run_connect
-    from icesink.stack import resolve_bootstrap
+    from icesink.app.connect import load_connect_settings, run_connect
+    from icesink.app.stack import resolve_bootstrap
 
     overrides = _overrides(args.set or [])
     settings = load_connect_settings(args.config, os.environ, overrides)
@@ -94,7 +96,7 @@ def cmd_pizzas(args: argparse.Namespace) -> int:
     import time
 
     from icesink.kafka_admin import ensure_topic
-    from icesink.pizzas import pizza_values, produce
+    from icesink.app.pizzas import pizza_values, produce
 
     bootstrap = args.bootstrap
     if bootstrap is None:
@@ -110,7 +112,7 @@ def cmd_pizzas(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from icesink.demo import run_demo
+    from icesink.app.demo import run_demo
 
     return run_demo(
         duration_s=args.duration, rate=args.rate, replicas=args.replicas,
@@ -125,7 +127,7 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
     settings = _settings(args)
     bootstrap = args.bootstrap or settings.bootstrap_servers
     if bootstrap is None:
-        from icesink.stack import resolve_bootstrap
+        from icesink.app.stack import resolve_bootstrap
 
         bootstrap, _ = resolve_bootstrap(settings)
 
@@ -160,7 +162,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if not args.no_control:
         bootstrap = settings.bootstrap_servers
         if bootstrap is None:
-            from icesink.stack import resolve_bootstrap
+            from icesink.app.stack import resolve_bootstrap
 
             bootstrap, _ = resolve_bootstrap(settings)
         protected = asyncio.run(in_flight_files(settings, bootstrap))

@@ -1,6 +1,6 @@
 """The REST API of ``icesink connect``, shaped as Kafka Connect's (same paths, status codes and
 JSON): what users of the reference sink's tutorial ``curl``. The cluster behind it
-(:class:`icesink.connect.Cluster`) keeps connectors in the config topic and runs their tasks;
+(:class:`icesink.app.connect.Cluster`) keeps connectors in the config topic and runs their tasks;
 this module only maps requests to it and its answers to Kafka Connect's JSON.
 
 Errors are ``{"error_code": N, "message": "..."}``; an invalid connector config is a 400 whose

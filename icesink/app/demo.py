@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from icesink.embedded import EmbeddedBroker, sqlite_catalog_properties
+from icesink.catalogs import sqlite_catalog_properties
+from icesink.app.embedded import EmbeddedBroker
 from icesink.kafka_admin import ensure_topic
-from icesink.pizzas import pizza_event, produce
-from icesink.replicas import ReplicaSet
+from icesink.app.pizzas import pizza_event, produce
+from icesink.app.replicas import ReplicaSet
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

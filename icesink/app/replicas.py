@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from icesink.embedded import _die_with_parent_hook, free_port
+from icesink.app.embedded import _die_with_parent_hook, free_port
 
 
 def write_fast_config(

@@ -1,7 +1,7 @@
 """``icesink connect``: a Kafka Connect-compatible cluster of icesink processes.
 
-Each process serves the whole REST API (:mod:`icesink.connect_api`) and reads the cluster's
-config topic (:mod:`icesink.connect_state` describes its records) into the same state. A
+Each process serves the whole REST API (:mod:`icesink.app.connect_api`) and reads the cluster's
+config topic (:mod:`icesink.app.connect_state` describes its records) into the same state. A
 connector's ``tasks.max`` tasks are spread over the alive processes; each task is an
 ``icesink worker`` replica (a child process, as ``ReplicaSet`` starts them) in the connector's
 sink group (``connect-<name>`` unless its config sets ``group.id``), so everything exactly-once
@@ -35,12 +35,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from icesink.config import Settings, build, keys_from_env, read_config_file
-from icesink.connect_state import (
+from icesink.app.connect_state import (
     FAILED, PAUSED, RUNNING, ClusterState, Connector, assign, connector_key, status_key, status_of, tasks_max,
     worker_key,
 )
 from icesink.errors import ConfigError
-from icesink.replicas import Replica, ReplicaSet
+from icesink.app.replicas import Replica, ReplicaSet
 
 log = logging.getLogger(__name__)
 
@@ -484,7 +484,7 @@ async def run_connect(settings: ConnectSettings, bootstrap: str) -> int:
     """Serve the API and run tasks until SIGTERM or SIGINT (0) or a failed background loop (1)."""
     from aiohttp import web
 
-    from icesink.connect_api import app
+    from icesink.app.connect_api import app
 
     cluster = Cluster(settings, bootstrap)
     await cluster.start()

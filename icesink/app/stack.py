@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 
 from icesink.config import Settings
-from icesink.embedded import EmbeddedBroker
+from icesink.app.embedded import EmbeddedBroker
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -36,9 +35,7 @@ from icesink.errors import IcesinkError
 __all__ = [
     "BrokerStartError",
     "EmbeddedBroker",
-    "SQLITE_BUSY_TIMEOUT_S",
     "free_port",
-    "sqlite_catalog_properties",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,9 +44,6 @@ _T = TypeVar("_T")
 
 #: In-memory storage: everything is lost when the broker stops.
 MEMORY_STORAGE: Final = "memory://tansu/"
-
-#: How long a SQLite connection of the catalog waits for another process's lock (seconds).
-SQLITE_BUSY_TIMEOUT_S: Final = 30
 
 _LOG_FILE_NAME: Final = "tansu.log"
 _LOG_TAIL_LINES: Final = 30
@@ -414,47 +408,3 @@ class EmbeddedBroker:
 
 class _PortTaken(Exception):
     """Internal: the broker's port was taken between free_port() and its bind."""
-
-
-def sqlite_catalog_properties(
-    directory: str | os.PathLike[str], *, initialize: bool = True
-) -> dict[str, str]:
-    """Properties of a pyiceberg SQL catalog in a SQLite file inside ``directory``.
-
-    Returns ``{"type": "sql", "uri": "sqlite:////<dir>/catalog.db?timeout=30",
-    "warehouse": "file:///<dir>/warehouse"}`` for ``load_catalog(name, **props)``. Every
-    process must use the same catalog *name*: the SQL catalog keys its rows by it.
-
-    Several processes may open the catalog at once, so:
-
-    - the ``timeout`` query parameter (SQLAlchemy passes it to ``sqlite3.connect``) makes a
-      connection wait up to ``SQLITE_BUSY_TIMEOUT_S`` seconds for another process's lock instead
-      of failing with "database is locked";
-    - the file is switched to WAL journal mode (persistent in the file), so readers do not block
-      the committer;
-    - with ``initialize`` (default) the catalog tables are created here, once, so concurrent
-      first opens do not race to create them.
-
-    The directory must be on a local filesystem (SQLite locking and WAL need one).
-    """
-    root = Path(directory).resolve()
-    warehouse = root / "warehouse"
-    warehouse.mkdir(parents=True, exist_ok=True)
-    database = root / "catalog.db"
-    props = {
-        "type": "sql",
-        "uri": f"sqlite:///{database}?timeout={SQLITE_BUSY_TIMEOUT_S}",
-        "warehouse": f"file://{warehouse}",
-    }
-    try:
-        with sqlite3.connect(database, timeout=SQLITE_BUSY_TIMEOUT_S) as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-        conn.close()
-    except sqlite3.Error as exc:
-        logger.warning("could not switch %s to WAL mode (%s); continuing without", database, exc)
-    if initialize:
-        from pyiceberg.catalog.sql import SqlCatalog
-
-        catalog = SqlCatalog("icesink-init", **props)
-        catalog.engine.dispose()
-    return props
