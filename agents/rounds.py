@@ -20,7 +20,7 @@ from agents.respond import send_response
 from agents.source_consumer import driver
 from agents.tasks import highwater
 from agents.worker_state import WorkerState
-from icesink.errors import ResponseSendError
+from icesink.errors import ResponseSendError, is_retriable
 from icesink.protocol import CommitComplete, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
 from icesink.faults import crash_point, die, should_crash
 from icesink.iceberg import to_file_info
@@ -106,8 +106,13 @@ class Rounds(WorkerState):
                     written.append(DataWritten(commit_id, response_id, self.worker_id, name, infos, keys_files))
             except Exception as exc:
                 self.metrics.write_failures.inc()
-                log.error("writing files for round %s failed, data kept for the next round: %s", commit_id, exc)
                 self.buffers.restore(snap)
+                if not is_retriable(exc):  # every round would fail alike: stop loudly; nothing is committed
+                    log.error("writing files for round %s failed with an error no retry mends; stopping the "
+                              "replica (its partitions' data is read again by their next owner): %s", commit_id, exc)
+                    self.fail(exc)
+                    return
+                log.error("writing files for round %s failed, data kept for the next round: %s", commit_id, exc)
                 return
             wrote_s = time.monotonic() - started
             self.metrics.write_duration.observe(wrote_s)

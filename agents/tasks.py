@@ -50,13 +50,21 @@ class TaskOwner:
         log.error("background task %s failed; stopping the replica", task.get_name(), exc_info=exc)
         self._on_failure(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
 
-    async def close(self) -> None:
-        """Cancel every task and wait for them (failures now are logged, not escalated)."""
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Cancel every task and wait for them, at most ``timeout_s`` (the replica's shutdown
+        deadline; failures now are logged, not escalated). Tasks still running then (a step
+        that does not yield to its cancellation) are named in the log and left to the process
+        exit that follows."""
         self._closing = True
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if not tasks:
+            return
+        _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        if pending:
+            log.error("background tasks still running %.1fs after they were cancelled: %s", timeout_s or 0.0,
+                      ", ".join(sorted(t.get_name() for t in pending)))
 
     def __len__(self) -> int:
         return len(self._tasks)

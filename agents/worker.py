@@ -210,8 +210,10 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         def left() -> float:
             return max(0.1, deadline - (time.monotonic() - started))
 
-        await self._stop_coordinator()
-        await self._owner.close()
+        # Every background task (the coordinator too) is cancelled and awaited within the deadline.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop_coordinator(), left())
+        await self._owner.close(left())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(faust_worker.stop(), left())
         with contextlib.suppress(Exception):

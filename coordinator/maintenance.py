@@ -52,6 +52,7 @@ from coordinator.gc import normalize
 from coordinator.key_index import read_keys
 from coordinator.mirror import MirrorIndexes
 from icesink.config import Settings
+from icesink.errors import is_retriable
 
 log = logging.getLogger(__name__)
 
@@ -537,19 +538,23 @@ class Maintainer:
             report = await fn(table)
         except Exception as exc:  # noqa: BLE001 - retried with backoff, surfaced, never fatal
             attempts = self._retry.get(table, (0, 0.0))[0] + 1
-            delay = min(self.RETRY_CAP_S, self.RETRY_BASE_S * 2 ** min(attempts, 12))
+            # An error no retry mends (a hand-edited sink state, a type no writer has) waits the
+            # longest backoff at once: maintenance never stops the coordinator; an operator may.
+            delay = (min(self.RETRY_CAP_S, self.RETRY_BASE_S * 2 ** min(attempts, 12)) if is_retriable(exc)
+                     else self.RETRY_CAP_S)
             self._retry[table] = (attempts, time.monotonic() + delay)
             self._due.add(table)
             self.metrics.maintenance_failures.labels(table=table, step=step).inc()
             self.report[table] = {**self.report.get(table, {}), "error": f"{type(exc).__name__}: {exc}",
-                                  "attempt": attempts}
+                                  "attempt": attempts, "retriable": is_retriable(exc)}
             log.warning("maintenance of %s (%s) failed (attempt %d, %s: %s); retrying in %.0fs", table, step,
                         attempts, type(exc).__name__, exc, delay)
             return
         self._retry.pop(table, None)
         self.metrics.maintenance_duration.labels(table=table).observe(time.monotonic() - started)
         self.metrics.maintenance_last.labels(table=table).set(time.time())
-        self.report[table] = {**self.report.get(table, {}), **report, "at": time.time(), "error": None}
+        last = {k: v for k, v in self.report.get(table, {}).items() if k not in ("attempt", "retriable")}
+        self.report[table] = {**last, **report, "at": time.time(), "error": None}
 
     async def _maintain(self, table: str) -> dict[str, Any]:
         run = self._offload.run

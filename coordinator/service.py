@@ -30,7 +30,7 @@ from coordinator.recovery import Base, adopt_states, check_log_identity, from_ta
 from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader
-from icesink.errors import ControlLogError, FencedError
+from icesink.errors import ControlLogError, FencedError, is_retriable
 from icesink.protocol import (
     Claim,
     CommitComplete,
@@ -384,10 +384,10 @@ class Coordinator:
                     self.metrics.schema_change_failures.labels(table=table).inc()
                     log.warning("schema update of %s failed (attempt %d/%d, %s: %s)",
                                 table, attempt, SCHEMA_ATTEMPTS, type(exc).__name__, exc)
-                    if attempt == SCHEMA_ATTEMPTS:
+                    if attempt == SCHEMA_ATTEMPTS or not is_retriable(exc):  # the next round tries again
                         self.state.return_proposals(table, proposals)
-                    else:
-                        await asyncio.sleep(RETRY_BASE_S * 2 ** attempt)
+                        break
+                    await asyncio.sleep(RETRY_BASE_S * 2 ** attempt)
                     continue
                 if done:
                     self.metrics.schema_changes.labels(table=table).inc()
@@ -439,8 +439,14 @@ class Coordinator:
                 raise
             except Exception as exc:  # noqa: BLE001 - retried; never dropped
                 attempt += 1
-                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10))
                 self.metrics.round_failures.inc()
+                if not is_retriable(exc):  # no retry mends it: stop this coordinator loudly, round pending
+                    self.status.update(phase="round-failed", round=commit_id, error=f"{type(exc).__name__}: {exc}",
+                                       attempt=attempt, retriable=False)
+                    log.error("round %s not finished (%s: %s), which no retry mends: stopping the coordinator; "
+                              "its %d accepted responses stay pending", commit_id, type(exc).__name__, exc, len(batch))
+                    raise
+                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10))
                 self.status.update(phase="round-retrying", round=commit_id, error=f"{type(exc).__name__}: {exc}", attempt=attempt)
                 log.error(
                     "round %s not finished (attempt %d, %s: %s); its %d accepted responses stay pending, retrying in %.1fs",
@@ -520,9 +526,15 @@ class Coordinator:
                 continue
             except Exception as exc:  # conflict, catalog down: retry, never drop accepted files
                 attempt += 1
-                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10))
                 kind = "conflict" if isinstance(exc, CommitFailedException) else type(exc).__name__
                 self.metrics.commit_failures.labels(table=table).inc()
+                if not is_retriable(exc):  # e.g. a sink state no reader can parse: the round stops (_commit)
+                    self.status.update(phase="commit-failed", table=table, error=f"{kind}: {exc}", attempt=attempt,
+                                       retriable=False)
+                    log.error("commit of round %s to %s failed (%s: %s), which no retry mends", commit_id, table,
+                              kind, exc)
+                    raise
+                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10))
                 self.metrics.commit_retrying.labels(table=table).set(1)
                 self.status.update(phase="commit-retrying", table=table, error=f"{kind}: {exc}", attempt=attempt)
                 log.warning(

@@ -1,6 +1,7 @@
 """One error root for icesink. Leaf module: imports nothing with I/O.
 
-Every subclass says whether retrying the same operation may succeed (``retriable``).
+Every subclass says whether retrying the same operation may succeed (``retriable``), and
+retry loops branch on it (:func:`is_retriable`).
 A bad record is a :class:`DataError` (dead-letter or fail the record, keep going);
 a bad configuration is a :class:`ConfigError` (fatal at start-up).
 """
@@ -12,6 +13,16 @@ class IcesinkError(Exception):
     """Root of every error icesink raises on purpose."""
 
     retriable: bool = False
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Whether doing again what raised ``exc`` may succeed, as retry loops decide it: an
+    icesink error says so itself (``retriable``); any other error (a catalog's, a broker's, the
+    operating system's: a conflict, a timeout, a refused connection) is taken as transient.
+    Retry loops retry the transient with capped backoff and stop on the rest, loudly: the
+    coordinator's commits (coordinator/service.py), its schema updates, the worker's writes
+    (agents/rounds.py); maintenance, never fatal, waits its longest backoff instead."""
+    return exc.retriable if isinstance(exc, IcesinkError) else True
 
 
 class ConfigError(IcesinkError):

@@ -144,6 +144,45 @@ def test_a_fenced_commit_stops_the_coordinator_and_keeps_the_round_pending(tmp_p
     assert coord.status["phase"] == "fenced" and len(coord.state.pending) == 1
 
 
+def test_a_commit_error_no_retry_mends_stops_the_round_loudly_and_a_transient_one_is_retried(
+        tmp_path, two_tables, monkeypatch):
+    """Retry loops branch on ``retriable``: a catalog conflict or outage is retried with capped
+    backoff; an error that says no retry mends it (here a sink state property edited by hand)
+    stops the coordinator after one attempt, surfaced in /status, the round kept pending."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    from icesink.errors import ProtocolError
+
+    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    real = service.commit_table
+    calls: list[str] = []
+
+    def conflicts_once(catalog: Any, table: str, *a: Any, **k: Any) -> Any:
+        calls.append(table)
+        if calls.count(table) == 1:
+            raise CommitFailedException("requirement failed: branch main has changed")
+        return real(catalog, table, *a, **k)
+
+    monkeypatch.setattr(service, "commit_table", conflicts_once)
+    coord = coordinator_with_round(tmp_path, two_tables, FlakyProducer(CommitToTable, fail=0))
+    asyncio.run(coord._commit("r1", partial=False))
+    assert rows(two_tables, "db.a") == 3 and not coord.state.pending and sorted(calls).count("db.a") == 2
+
+    unreadable: list[str] = []
+
+    def hand_edited(catalog: Any, table: str, *a: Any, **k: Any) -> Any:
+        unreadable.append(table)
+        raise ProtocolError(f"table {table} property icesink.g.state: expected icesink sink state JSON, found 'x'")
+
+    monkeypatch.setattr(service, "commit_table", hand_edited)
+    coord = coordinator_with_round(tmp_path / "2", two_tables, FlakyProducer(CommitToTable, fail=0))
+    with pytest.raises(ProtocolError):
+        asyncio.run(asyncio.wait_for(coord._commit("r1", partial=False), 10))
+    assert unreadable == ["db.a"]  # the round's first table (committed alone, first), once, not again
+    assert coord.status["phase"] == "round-failed" and coord.status["retriable"] is False
+    assert "expected icesink sink state JSON" in coord.status["error"] and len(coord.state.pending) == 1
+
+
 # Tables of a round committed at once (iceberg.control.commit.threads) --------------------
 
 def round_of_tables(tmp_path, producer, names: list[str], threads: int) -> Coordinator:

@@ -370,3 +370,43 @@ def test_a_pass_with_nothing_due_in_the_rounds_view_reads_no_catalog(table_and_c
     assert loads, "a due compaction works on the table loaded from the catalog"
     assert status["maintenance"]["db.t"]["compaction"]["files_in"] == 4
     assert _ids(real_load("db.t")) == list(range(40))
+
+
+def test_a_maintenance_error_no_retry_mends_waits_the_longest_backoff_at_once(table_and_catalog, tmp_path):
+    """Maintenance never stops the coordinator, but it branches on ``retriable`` too: a
+    transient failure is retried after a short backoff that doubles; one no retry mends waits
+    the cap at once, and /status says which it was."""
+    import asyncio
+    import json
+    import time as clock
+
+    from prometheus_client import CollectorRegistry
+
+    from coordinator.maintenance import Maintainer, TableLocks
+    from icesink.config import load_settings
+    from icesink.errors import ProtocolError
+    from icesink.metrics import Metrics
+
+    catalog, _ = table_and_catalog
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"topics": "t", "iceberg.tables": "db.t"}))
+    status: dict = {}
+
+    async def protected() -> set[str]:
+        return set()
+
+    m = Maintainer(load_settings(path, {}), catalog, Metrics(CollectorRegistry()), status, TableLocks(), _rewrite,
+                   protected)
+
+    async def fails(error: Exception):
+        async def step(table: str) -> dict:
+            raise error
+        before = clock.monotonic()
+        await m._step("db.t", "maintain", step)
+        return m._retry["db.t"][1] - before
+
+    transient = asyncio.run(fails(OSError("catalog unreachable")))
+    assert transient < 10 and status["maintenance"]["db.t"]["retriable"] is True
+    m._retry.clear()
+    lasting = asyncio.run(fails(ProtocolError("table db.t property icesink.g.state: expected sink state JSON")))
+    assert lasting >= m.RETRY_CAP_S - 1 and status["maintenance"]["db.t"]["retriable"] is False

@@ -154,6 +154,33 @@ def test_tasks_cancelled_on_stop_are_not_failures():
     assert asyncio.run(go()) == 0 and failures == []
 
 
+def test_closing_the_owner_is_bounded_by_the_shutdown_deadline(caplog):
+    """A task that does not yield to its cancellation (a blocking step finishing first) cannot
+    hold the replica's stop past its deadline: the owner names it and returns."""
+    async def go():
+        owner = TaskOwner(lambda exc: None)
+        release = asyncio.Event()
+
+        async def stubborn():
+            while not release.is_set():
+                try:
+                    await asyncio.sleep(10)
+                except asyncio.CancelledError:
+                    continue  # swallows the cancellation
+            return None
+
+        owner.spawn(stubborn(), "stubborn-step")
+        await asyncio.sleep(0)
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(owner.close(timeout_s=0.2), 5)
+        took = asyncio.get_running_loop().time() - started
+        release.set()
+        return took
+
+    assert asyncio.run(go()) < 2
+    assert "stubborn-step" in caplog.text
+
+
 def test_a_coordinator_that_keeps_failing_is_restarted_with_a_backoff_then_raised():
     metrics = Metrics(CollectorRegistry())
     delays = []
@@ -232,3 +259,49 @@ def test_a_round_met_by_a_catalog_outage_is_not_answered_and_the_replica_goes_on
 
     w = asyncio.run(go())
     assert not w.stops and w.exit_code == 0
+
+
+def _worker_with_a_buffered_round(tmp_path, error):
+    """A worker holding one buffered chunk whose Spark write raises ``error``."""
+    import pyarrow as pa
+
+    from agents.buffer import Chunk
+    from icesink.protocol import TopicPartition
+
+    w = make_worker(tmp_path)
+    del w._respond  # the real one
+    tp = TopicPartition("t", 0)
+    w.generation = 1
+    w.buffers.claim(tp, 1)
+    w.buffers.resume(tp, 0, now=0.0)
+    rows = pa.table({"id": [1, 2]})
+    w.buffers.add(Chunk(tp, 2, {"db.t": rows}, rows.nbytes, 2), 0, None)
+    w.targets = {"db.t": type("Target", (), {"table": object(), "keys": None})()}
+    w._rebalanced.set()
+
+    class Spark:
+        def write_many(self, *a, **k):
+            raise error
+
+    w.spark = Spark()
+    return w
+
+
+def test_a_write_error_no_retry_mends_stops_the_replica_loudly_with_the_data_kept(tmp_path):
+    """Retry loops branch on ``retriable``: a Spark failure is retried with the next round; a
+    column no writer can write would fail every round, so the replica stops (exit code 2)
+    instead of holding its partitions for ever. Nothing was reported: the data stays."""
+    from icesink.errors import SparkWriteError, UnsupportedTypeError
+
+    async def go(error):
+        w = _worker_with_a_buffered_round(tmp_path, error)
+        w._spark_ready = asyncio.get_running_loop().create_future()
+        w._spark_ready.set_result(None)
+        await w._respond("r1")
+        return w
+
+    w = asyncio.run(go(SparkWriteError("executor lost")))
+    assert not w.stops and w.exit_code == 0 and w.buffers.rows == 2
+    w = asyncio.run(go(UnsupportedTypeError("v", "interval", "Spark cannot write", "the Iceberg types", "drop it")))
+    assert w.stops and w.exit_code == 2 and w.buffers.rows == 2
+    assert "field 'v'" in w.status["error"]
