@@ -32,11 +32,10 @@ from pyiceberg.typedef import EMPTY_DICT, Record
 from coordinator.deletes import add_position_deletes
 from coordinator.mirror import MirrorIndexes, position_deletes
 from coordinator.state import Accepted, Checkpoint
-from icesink.catalogs import staged_metadata
+from icesink.catalogs import manifests_of, staged_metadata
 from icesink.errors import ControlLogError, FencedError, TableChangedError
-from icesink.protocol import TopicPartition
 from icesink.iceberg import latest_sink_summary, to_data_file
-from icesink.protocol import SinkState, state_property, summary_properties
+from icesink.protocol import SinkState, TopicPartition, state_property, summary_properties
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +294,17 @@ class _SpecAwareAppend(_FastAppendFiles):
         )
         out.position_deletes = list(deletes)
         return out
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        """pyiceberg 0.12's, reading the parent's manifest list once per process
+        (:func:`icesink.catalogs.manifests_of`)."""
+        if self._parent_snapshot_id is None:
+            return []
+        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id)
+        if parent is None:
+            raise ValueError(f"Snapshot could not be found: {self._parent_snapshot_id}")
+        return [m for m in manifests_of(parent, self._io)
+                if m.has_added_files() or m.has_existing_files() or m.added_snapshot_id == self._snapshot_id]
 
     def _manifests(self) -> list[ManifestFile]:
         metadata = self._transaction.table_metadata

@@ -51,6 +51,7 @@ from coordinator.deletes import DeletesManifest
 from coordinator.gc import normalize
 from coordinator.key_index import read_keys
 from coordinator.mirror import MirrorIndexes
+from icesink.catalogs import manifests_of
 from icesink.config import Settings
 from icesink.errors import is_retriable
 
@@ -130,7 +131,7 @@ def _reachable(table: Table, snapshot_ids: Sequence[int], cache: dict[str, froze
         if snap is None:
             continue
         out.add(normalize(snap.manifest_list))
-        for manifest in snap.manifests(io):
+        for manifest in manifests_of(snap, io):
             out.add(normalize(manifest.manifest_path))
             if manifest.manifest_path in seen:
                 continue
@@ -196,7 +197,7 @@ def live_files(table: Table, cache: dict[str, tuple[DataFile, ...]] | None = Non
     snap = table.current_snapshot()
     if snap is None:
         return []
-    manifests = snap.manifests(table.io) if manifests is None else manifests
+    manifests = manifests_of(snap, table.io) if manifests is None else manifests
     out: list[DataFile] = []
     fresh: dict[str, tuple[DataFile, ...]] = {}
     for m in manifests:
@@ -241,7 +242,7 @@ def plan_compaction(table: Table, s: MaintenanceSettings,
     snap = table.current_snapshot()
     if snap is None:
         return None
-    manifests = snap.manifests(table.io)
+    manifests = manifests_of(snap, table.io)
     if _too_few(manifests, s):
         return None  # the manifest list says no partition can be due: no manifest read
     small_below = s.target_file_size_bytes * 3 // 4
@@ -425,7 +426,7 @@ class _Replace(_OverwriteFiles):
         out: list[ManifestFile] = []
         found: set[DataFile] = set()
         gone: dict[tuple[ManifestContent, int], list[ManifestEntry]] = defaultdict(list)
-        for m in parent.manifests(self._io) if parent is not None else []:
+        for m in manifests_of(parent, self._io) if parent is not None else []:
             entries = m.fetch_manifest_entry(self._io, discard_deleted=True)
             hit = [e for e in entries if e.data_file in removed]
             if not hit:

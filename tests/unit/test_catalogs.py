@@ -120,3 +120,41 @@ def test_load_catalog_uses_it_for_sql_catalogs_only(tmp_path):
         **base, "iceberg.catalog.py-catalog-impl": "pyiceberg.catalog.sql.SqlCatalog",
         "iceberg.catalog.uri": f"sqlite:///{tmp_path}/d.db", "iceberg.catalog.warehouse": f"file://{tmp_path}/wh"}))
     assert type(custom) is PyicebergSqlCatalog  # a user's own implementation is kept
+
+
+def test_each_manifest_list_is_read_once_by_the_commits_and_maintenance(tmp_path, monkeypatch):
+    """The coordinator reads the current manifest list of every table it commits to twice a
+    round (the append's existing manifests, maintenance's check): a manifest list never
+    changes, so the process reads each once. The table still reads back every row."""
+    import uuid
+
+    import pyiceberg.manifest as manifest
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    from coordinator.committer import _SpecAwareAppend
+    from coordinator.maintenance import MaintenanceSettings, plan_compaction
+
+    reads: list[str] = []
+    real = manifest.read_manifest_list
+
+    def counted(input_file):  # type: ignore[no-untyped-def]
+        reads.append(input_file.location)
+        return real(input_file)
+
+    monkeypatch.setattr(manifest, "read_manifest_list", counted)
+    catalog = SqlCatalog("c", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.t", schema=Schema(NestedField(1, "id", LongType(), required=False)))
+    settings = MaintenanceSettings(min_input_files=100)
+    for i in range(4):
+        files = list(_dataframe_to_data_files(table.metadata, _rows(i), table.io, write_uuid=uuid.uuid4()))
+        with table.transaction() as tx:
+            with _SpecAwareAppend.of(tx, {}) as append:
+                for f in files:
+                    f.spec_id = table.metadata.default_spec_id
+                    append.append_data_file(f)
+        table = catalog.load_table("db.t")
+        assert plan_compaction(table, MaintenanceSettings(min_input_files=2), {}) is not None or i == 0
+        assert plan_compaction(table, settings, {}) is None
+    assert reads and len(reads) == len(set(reads)), reads
+    assert _ids(table) == [0, 1, 2, 3]
