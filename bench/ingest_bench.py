@@ -15,7 +15,8 @@ fresh Iceberg table in a SQLite SQL catalog:
 (b) one icesink worker (``python -m icesink worker``, Faust + a local Spark session + the
     coordinator) started with :class:`icesink.app.replicas.ReplicaSet`, timed from process start
     until the table's current snapshot holds ``N`` rows. "Startup" is process start until the
-    worker's ``icesink_records_consumed_total`` is first > 0 (its /metrics, polled every 0.2 s);
+    worker's ``icesink_records_consumed_total`` is first > 0 (its /metrics, polled every 0.2 s
+    until then, every second after);
     "ingest" is the rest. Peak RSS is sampled every 0.2 s over the worker and all its
     descendants (the Spark JVM); VmHWM is the Python worker process's own high-water mark.
 
@@ -508,7 +509,8 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
               f"({len(walls)} rounds of {', '.join(str(w[2]) for w in walls)} files)")
     levels = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
     print("    progress, seconds since process start (consumed: icesink_records_consumed_total,")
-    print("    polled every 0.2 s; committed: the table's total-records, polled every 0.5 s):")
+    print("    polled every 0.2 s until it is > 0, then every 1 s; committed: the table's total-records, "
+          "polled every 0.5 s):")
     print(f"      {'':<9}" + "".join(f"{f'{level:.0%} of N':>10}" for level in levels))
     for label, curve in (("consumed", b.consumed_curve), ("committed", b.committed_curve)):
         print(f"      {label:<9}" + "".join(f"{first_reaching(curve, level * n):>10}" for level in levels))
