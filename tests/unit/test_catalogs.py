@@ -148,11 +148,10 @@ def test_each_manifest_list_is_read_once_by_the_commits_and_maintenance(tmp_path
     settings = MaintenanceSettings(min_input_files=100)
     for i in range(4):
         files = list(_dataframe_to_data_files(table.metadata, _rows(i), table.io, write_uuid=uuid.uuid4()))
-        with table.transaction() as tx:
-            with _SpecAwareAppend.of(tx, {}) as append:
-                for f in files:
-                    f.spec_id = table.metadata.default_spec_id
-                    append.append_data_file(f)
+        with table.transaction() as tx, _SpecAwareAppend.of(tx, {}) as append:
+            for f in files:
+                f.spec_id = table.metadata.default_spec_id
+                append.append_data_file(f)
         table = catalog.load_table("db.t")
         assert plan_compaction(table, MaintenanceSettings(min_input_files=2), {}) is not None or i == 0
         assert plan_compaction(table, settings, {}) is None
