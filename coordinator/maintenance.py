@@ -131,7 +131,9 @@ def _reachable(table: Table, snapshot_ids: Sequence[int], cache: dict[str, froze
         if snap is None:
             continue
         out.add(normalize(snap.manifest_list))
-        for manifest in manifests_of(snap, io):
+        # Read directly: expiry walks every retained snapshot, which would push the current
+        # lists of the other tables out of manifests_of's cache (the rounds' hot path).
+        for manifest in snap.manifests(io):
             out.add(normalize(manifest.manifest_path))
             if manifest.manifest_path in seen:
                 continue
