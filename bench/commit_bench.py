@@ -8,9 +8,12 @@ It runs the rounds on pyiceberg's SQL catalog, then on icesink's (icesink.catalo
 which the sink uses for SQL catalogs), each on a fresh catalog. Prints, per round, the wall time
 and the process CPU per table commit; ``--profile`` runs the
 rounds on one thread under cProfile and prints the functions with the most cumulative and own
-time. Use it to see what a table commit costs before and after a change:
+time. ``--busy`` adds a thread that holds the GIL 4 ms out of every 10 (as a worker's event loop
+decoding records does while the coordinator commits in the same process): every call a commit
+makes that releases the GIL (a file, a SQL statement, a hand-off to another thread) then waits
+to get it back. Use it to see what a table commit costs before and after a change:
 
-    .venv/bin/python bench/commit_bench.py --tables 200 --rounds 5
+    .venv/bin/python bench/commit_bench.py --tables 200 --rounds 5 [--busy]
     .venv/bin/python bench/commit_bench.py --tables 50 --rounds 3 --profile
 """
 
@@ -22,6 +25,7 @@ import os
 import pstats
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -67,10 +71,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2 * (os.cpu_count() or 1))
     ap.add_argument("--rows", type=int, default=300, help="rows per file (described, not written)")
     ap.add_argument("--profile", action="store_true", help="one thread under cProfile; print the top functions")
+    ap.add_argument("--busy", action="store_true", help="a thread holding the GIL 4 ms of every 10 meanwhile")
     args = ap.parse_args()
 
-    for kind in ("pyiceberg", "icesink"):
-        run(kind, args)
+    stop = threading.Event()
+    if args.busy:
+        threading.Thread(target=hold_the_gil, args=(stop,), daemon=True).start()
+    try:
+        for kind in ("pyiceberg", "icesink"):
+            run(kind, args)
+    finally:
+        stop.set()
+
+
+def hold_the_gil(stop: threading.Event) -> None:
+    """Pure-Python work 4 ms of every 10 until ``stop`` (--busy)."""
+    while not stop.is_set():
+        began = time.perf_counter()
+        while time.perf_counter() - began < 0.004:
+            sum(i * i for i in range(200))
+        time.sleep(0.006)
 
 
 def run(kind: str, args: argparse.Namespace) -> None:

@@ -277,7 +277,8 @@ class _SpecAwareAppend(_FastAppendFiles):
     pyiceberg 0.12 writes every added file into one manifest of the table's current default
     spec, which mislabels the partitions of files written before another writer changed the
     spec. Files of other specs get one manifest per spec here (a table may hold files of
-    several specs); the snapshot summary still counts them all. Pinned to pyiceberg 0.12's
+    several specs); the snapshot summary still counts them all. The manifests are written in
+    the committing thread (:meth:`_appended_manifests`). Pinned to pyiceberg 0.12's
     ``_SnapshotProducer._manifests``, ``_summary`` and ``_added_data_files`` (pyproject.toml);
     tests/integration/test_table_changes.py fails if they change."""
 
@@ -306,6 +307,23 @@ class _SpecAwareAppend(_FastAppendFiles):
         return [m for m in manifests_of(parent, self._io)
                 if m.has_added_files() or m.has_existing_files() or m.added_snapshot_id == self._snapshot_id]
 
+    def _appended_manifests(self) -> list[ManifestFile]:
+        """pyiceberg 0.12's ``_SnapshotProducer._manifests`` for a fast append (nothing deleted,
+        no post-processing), run in this thread: pyiceberg hands the new manifest's write and
+        the parent's manifest list to its executor and waits, thread hand-offs that each wait
+        for the GIL again while a busy process's other threads hold it (a 200-table round's
+        commits, bench/README.md)."""
+        added: list[ManifestFile] = []
+        if self._added_data_files:
+            with self.new_manifest_writer(spec=self._transaction.table_metadata.spec()) as writer:
+                for f in self._added_data_files:
+                    writer.add(ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
+                        sequence_number=None, file_sequence_number=None, data_file=f,
+                    ))
+            added.append(writer.to_manifest_file())
+        return added + self._existing_manifests()
+
     def _manifests(self) -> list[ManifestFile]:
         metadata = self._transaction.table_metadata
         default = metadata.default_spec_id
@@ -315,7 +333,7 @@ class _SpecAwareAppend(_FastAppendFiles):
             if f.spec_id != default:
                 others[f.spec_id].append(f)
         if not others:
-            return super()._manifests() + add_position_deletes(self, self.position_deletes)
+            return self._appended_manifests() + add_position_deletes(self, self.position_deletes)
         specs = metadata.specs()
         extra: list[ManifestFile] = []
         for spec_id, files in sorted(others.items()):
@@ -332,7 +350,7 @@ class _SpecAwareAppend(_FastAppendFiles):
             extra.append(writer.to_manifest_file())
         self._added_data_files = [f for f in every if f.spec_id == default]
         try:
-            return extra + super()._manifests() + add_position_deletes(self, self.position_deletes)
+            return extra + self._appended_manifests() + add_position_deletes(self, self.position_deletes)
         finally:
             self._added_data_files = every
 

@@ -12,6 +12,7 @@ from pyiceberg.catalog.sql import IcebergTables
 from pyiceberg.catalog.sql import SqlCatalog as PyicebergSqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
+from pyiceberg.table.update import AssertRefSnapshotId
 from pyiceberg.types import LongType, NestedField
 from sqlalchemy import select
 
@@ -79,21 +80,44 @@ def test_a_stale_table_takes_pyicebergs_path_and_no_commit_is_lost(tmp_path):
     stale = ours.load_table("db.t")
     theirs.load_table("db.t").append(_rows(1))  # another writer commits meanwhile
     stale.append(_rows(2))  # refused by the catalog, refreshed and re-applied by pyiceberg
-    assert _ids(ours.load_table("db.t")) == [1, 2]
+    now = ours.load_table("db.t")
+    assert _ids(now) == [1, 2]
+    # the metadata file written for the refused compare-and-set is deleted again
+    files = {str(f) for f in (tmp_path / "wh" / "db" / "t" / "metadata").glob("*.metadata.json")}
+    logged = {e.metadata_file.removeprefix("file://") for e in now.metadata.metadata_log}
+    assert files == logged | {now.metadata_location.removeprefix("file://")}
 
 
-def test_a_pointer_that_moves_after_the_check_fails_the_commit_and_changes_nothing(tmp_path, monkeypatch):
+def test_a_commit_from_a_current_table_runs_one_statement(tmp_path):
+    from sqlalchemy import event
+
+    ours, _ = _catalogs(tmp_path)
+    table = ours.create_table("db.t", schema=SCHEMA)
+    statements: list[str] = []
+    event.listen(ours.engine, "before_cursor_execute", lambda *a: statements.append(a[2].split()[0]))
+    table.append(_rows(1))
+    table.append(_rows(2))
+    assert statements == ["UPDATE", "UPDATE"]  # the compare-and-set only: no read of the pointer first
+
+
+def test_a_pointer_that_moved_since_the_table_was_read_loses_no_commit(tmp_path, monkeypatch):
     ours, theirs = _catalogs(tmp_path)
     ours.create_table("db.t", schema=SCHEMA)
     mine = ours.load_table("db.t")
-    seen = mine.metadata_location
-    theirs.load_table("db.t").append(_rows(1))  # lands between our check and our update:
-    monkeypatch.setattr(SqlCatalog, "_location", lambda self, namespace, name: seen)  # the check saw the old one
-    with pytest.raises(CommitFailedException, match="updated by another process"):
-        ours.commit_table(mine, (), mine.transaction().set_properties(k="v")._updates)
+    theirs.load_table("db.t").append(_rows(1))  # lands after we read the table
+    loads: list[object] = []
+    real_load = PyicebergSqlCatalog.load_table
+    monkeypatch.setattr(PyicebergSqlCatalog, "load_table", lambda self, i: loads.append(i) or real_load(self, i))
+    ours.commit_table(mine, (), mine.transaction().set_properties(k="v")._updates)  # refused, then pyiceberg's path
+    assert loads  # the refused compare-and-set sent the commit through pyiceberg's reload
     monkeypatch.undo()
     now = theirs.load_table("db.t")
-    assert _ids(now) == [1] and "k" not in now.properties
+    assert _ids(now) == [1] and now.properties["k"] == "v"
+    # a snapshot-bound commit from the stale table is refused outright, the other's data kept
+    with pytest.raises(CommitFailedException):
+        ours.commit_table(mine, (AssertRefSnapshotId(snapshot_id=None, ref="main"),),  # main was empty
+                          mine.transaction().set_properties(j="w")._updates)
+    assert _ids(theirs.load_table("db.t")) == [1] and "j" not in theirs.load_table("db.t").properties
 
 
 def test_staged_metadata_equals_pyicebergs_update_apart_from_the_deep_copy(tmp_path):

@@ -448,3 +448,28 @@ def test_a_stale_cached_table_is_still_fenced_by_a_newer_coordinator(two_tables)
                                commit_id="r9", positions={TP: 9}, valid_through_ms=None, tables=cache)
     assert cache.get("db.a") is None  # a failure drops the entry
     assert rows(two_tables, "db.a") == 2
+
+
+def test_a_commit_writes_its_manifests_in_its_own_thread(two_tables, monkeypatch):
+    """pyiceberg 0.12 writes an append's manifest and reads the parent's manifest list on its
+    executor and waits: hand-offs that each wait for the GIL again in a busy worker. The
+    committer's append does both in the committing thread, with the same snapshot."""
+    from pyiceberg.utils import concurrent as pyiceberg_concurrent
+
+    from coordinator import committer
+
+    def no_executor() -> None:
+        raise AssertionError("the commit handed work to pyiceberg's executor")
+
+    table = two_tables.load_table("db.a")
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 1, "f1", [1, 2])], group="g", epoch=1,
+                           commit_id="r1", positions={TP: 1}, valid_through_ms=None)
+    monkeypatch.setattr(pyiceberg_concurrent.ExecutorFactory, "get_or_create", staticmethod(no_executor))
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 2, "f2", [3])], group="g", epoch=1,
+                           commit_id="r2", positions={TP: 2}, valid_through_ms=None)  # a parent to carry over
+    monkeypatch.undo()
+    now = two_tables.load_table("db.a")
+    manifests = now.current_snapshot().manifests(now.io)
+    assert sorted(m.added_snapshot_id for m in manifests) == sorted(s.snapshot_id for s in now.snapshots())
+    assert rows(two_tables, "db.a") == 3 and sorted(now.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
+
