@@ -6,7 +6,7 @@ The HTTP exporter is started by the worker runtime (``start_http_server``).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 
 # Commits take seconds to tens of seconds; Spark writes likewise.
 COMMIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
@@ -16,6 +16,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry if registry is not None else CollectorRegistry()
         self.registry = r
+        # No ``_created`` series (a timestamp per counter and histogram child, which no
+        # dashboard or alert reads): a fifth of the lines, and of the scrape's CPU, at 200 tables.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         # process_start_time_seconds and friends (read from /proc at scrape time): restarts of a
         # replica show as changes of its start time (deploy/prometheus/alerts.yml, flapping).
         ProcessCollector(registry=r)
