@@ -460,7 +460,13 @@ class SparkFileWriter:
 
     def _write_group(self, group: Sequence[_Planned], target_file_size_bytes: int) -> list[list[DataFile]]:
         """One Spark job for tables whose files look alike (:meth:`write_many`): their rows
-        concatenated with a table-number column Spark partitions on first, written locally."""
+        concatenated with a table-number column Spark partitions on first, written locally.
+        A small group is written without a shuffle by one task per core, each taking a run of
+        whole tables (createDataFrame makes a partition of each Arrow batch, and coalesce joins
+        neighbours), so every table still gets one file per partition tuple, but the table at
+        the seam between two tasks, which may get two: the JVM opens and closes a Parquet
+        writer per file, the larger part of a round routed to many tables, on every core
+        (bench/README.md)."""
         first = group[0]
         assert first.sp_schema is not None
         column = "icesink_table"
@@ -489,7 +495,10 @@ class SparkFileWriter:
             try:
                 frame = self.spark.createDataFrame(combined, schema=sp_schema)
                 quoted = ["`" + c.replace("`", "``") + "`" for c in partition_columns]
-                frame = frame.coalesce(1) if n_tasks == 1 else frame.repartition(n_tasks, *quoted)
+                if n_tasks == 1:  # no shuffle: each core's task takes a run of whole tables (see above)
+                    frame = frame.coalesce(max(1, min(len(group), self.spark.sparkContext.defaultParallelism)))
+                else:
+                    frame = frame.repartition(n_tasks, *quoted)
                 frame.write.partitionBy(*partition_columns).options(**options).mode("error").parquet(
                     (stage_root / "out").as_uri())
             except Exception as e:

@@ -786,3 +786,24 @@ def test_spark_connect_writes_committable_files(
     table = commit(table, files, "remote-c-1")
     assert_same_rows(table.scan().to_arrow(), data, "order_id")
     assert duck_count_distinct(table, "order_id") == (5_000, 5_000)
+
+
+def test_a_group_of_small_tables_is_written_by_a_task_per_core_with_one_file_per_table(
+    writer: SparkFileWriter, catalog: SqlCatalog
+) -> None:
+    """A round routed to many small tables: no shuffle, but each of the session's cores (two
+    here) writes a run of whole tables, so the per-file work of the Parquet writer is shared;
+    each table still gets one file with all its rows."""
+    tables = [catalog.create_table(f"db.small_{i}", schema=PIZZA_SCHEMA) for i in range(6)]
+    datas = [pizzas(t, 300, seed=40 + i, start=1_000 * i) for i, t in enumerate(tables)]
+    tracker = writer.spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())
+    results = writer.write_many([(t, d, f"r1/w-{i}") for i, (t, d) in enumerate(zip(tables, datas, strict=True))])
+    jobs = [tracker.getJobInfo(j) for j in set(tracker.getJobIdsForGroup()) - before]
+    tasks = [tracker.getStageInfo(s).numTasks for job in jobs if job for s in job.stageIds
+             if tracker.getStageInfo(s) is not None]
+    assert max(tasks) == 2, tasks
+    for table, data, files in zip(tables, datas, results, strict=True):
+        assert len(files) == 1 and files[0].record_count == 300
+        table = commit(table, files, "c-1")
+        assert_same_rows(table.scan().to_arrow(), data, "order_id")
