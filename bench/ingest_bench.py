@@ -16,7 +16,7 @@ fresh Iceberg table in a SQLite SQL catalog:
     coordinator) started with :class:`icesink.app.replicas.ReplicaSet`, timed from process start
     until the table's current snapshot holds ``N`` rows. "Startup" is process start until the
     worker's ``icesink_records_consumed_total`` is first > 0 (its /metrics, polled every 0.2 s
-    until then, every second after);
+    until then, every 5 s after);
     "ingest" is the rest. Peak RSS is sampled every 0.2 s over the worker and all its
     descendants (the Spark JVM); VmHWM is the Python worker process's own high-water mark.
 
