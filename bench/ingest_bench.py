@@ -511,8 +511,7 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
               f"({len(walls)} rounds of {', '.join(str(w[2]) for w in walls)} files)")
         print(f"    each round, write + commits (s): {', '.join(f'{w[0]:.2f}+{w[1]:.2f}' for w in walls)}")
         if len(walls) > 2:  # the first rounds also compile the JVM's write path for what they write
-            later = sorted(w[0] + w[1] for w in walls[1:])
-            print(f"    median round after the first: {statistics.median(later):.2f} s "
+            print(f"    median round after the first: {statistics.median(w[0] + w[1] for w in walls[1:]):.2f} s "
                   f"(write {statistics.median(w[0] for w in walls[1:]):.2f} s, "
                   f"commits {statistics.median(w[1] for w in walls[1:]):.2f} s)")
     levels = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)

@@ -278,7 +278,7 @@ class _SpecAwareAppend(_FastAppendFiles):
     spec, which mislabels the partitions of files written before another writer changed the
     spec. Files of other specs get one manifest per spec here (a table may hold files of
     several specs); the snapshot summary still counts them all. The manifests are written in
-    the committing thread (:meth:`_appended_manifests`). Pinned to pyiceberg 0.12's
+    the committing thread (:meth:`_manifests`). Pinned to pyiceberg 0.12's
     ``_SnapshotProducer._manifests``, ``_summary`` and ``_added_data_files`` (pyproject.toml);
     tests/integration/test_table_changes.py fails if they change."""
 
@@ -307,52 +307,33 @@ class _SpecAwareAppend(_FastAppendFiles):
         return [m for m in manifests_of(parent, self._io)
                 if m.has_added_files() or m.has_existing_files() or m.added_snapshot_id == self._snapshot_id]
 
-    def _appended_manifests(self) -> list[ManifestFile]:
+    def _manifests(self) -> list[ManifestFile]:
         """pyiceberg 0.12's ``_SnapshotProducer._manifests`` for a fast append (nothing deleted,
-        no post-processing), run in this thread: pyiceberg hands the new manifest's write and
-        the parent's manifest list to its executor and waits, thread hand-offs that each wait
-        for the GIL again while a busy process's other threads hold it (a 200-table round's
-        commits, bench/README.md)."""
+        no post-processing), with a manifest per spec of the added files (other specs first, in
+        order), run in this thread: pyiceberg hands the new manifest's write and the parent's
+        manifest list to its executor and waits, thread hand-offs that each wait for the GIL
+        again while a busy process's other threads hold it (a 200-table round's commits,
+        bench/README.md)."""
+        metadata = self._transaction.table_metadata
+        default = metadata.default_spec_id
+        by_spec: dict[int, list[DataFile]] = defaultdict(list)
+        for f in self._added_data_files:
+            by_spec[f.spec_id].append(f)
+        specs = metadata.specs()
         added: list[ManifestFile] = []
-        if self._added_data_files:
-            with self.new_manifest_writer(spec=self._transaction.table_metadata.spec()) as writer:
-                for f in self._added_data_files:
+        for spec_id in [*sorted(s for s in by_spec if s != default), *([default] if default in by_spec else [])]:
+            if spec_id not in specs:  # to_data_file checked it; the table changed since
+                raise TableChangedError(
+                    f"table {'.'.join(self._transaction._table.name())}: expected partition spec id {spec_id} "
+                    f"of {len(by_spec[spec_id])} files, found spec ids {sorted(specs)}")
+            with self.new_manifest_writer(spec=specs[spec_id]) as writer:
+                for f in by_spec[spec_id]:
                     writer.add(ManifestEntry.from_args(
                         status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
                         sequence_number=None, file_sequence_number=None, data_file=f,
                     ))
             added.append(writer.to_manifest_file())
-        return added + self._existing_manifests()
-
-    def _manifests(self) -> list[ManifestFile]:
-        metadata = self._transaction.table_metadata
-        default = metadata.default_spec_id
-        every = self._added_data_files
-        others: dict[int, list[DataFile]] = defaultdict(list)
-        for f in every:
-            if f.spec_id != default:
-                others[f.spec_id].append(f)
-        if not others:
-            return self._appended_manifests() + add_position_deletes(self, self.position_deletes)
-        specs = metadata.specs()
-        extra: list[ManifestFile] = []
-        for spec_id, files in sorted(others.items()):
-            if spec_id not in specs:  # to_data_file checked it; the table changed since
-                raise TableChangedError(
-                    f"table {'.'.join(self._transaction._table.name())}: expected partition spec id {spec_id} "
-                    f"of {len(files)} files, found spec ids {sorted(specs)}")
-            with self.new_manifest_writer(spec=specs[spec_id]) as writer:
-                for f in files:
-                    writer.add(ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
-                        sequence_number=None, file_sequence_number=None, data_file=f,
-                    ))
-            extra.append(writer.to_manifest_file())
-        self._added_data_files = [f for f in every if f.spec_id == default]
-        try:
-            return extra + self._appended_manifests() + add_position_deletes(self, self.position_deletes)
-        finally:
-            self._added_data_files = every
+        return added + self._existing_manifests() + add_position_deletes(self, self.position_deletes)
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         # pyiceberg reads every added file's partition with the default spec (partition
