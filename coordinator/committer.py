@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
-from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriter
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Summary
@@ -30,6 +31,7 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 from coordinator.deletes import add_position_deletes
+from coordinator.manifest_writers import manifest_writer
 from coordinator.mirror import MirrorIndexes, position_deletes
 from coordinator.state import Accepted, Checkpoint
 from icesink.catalogs import manifests_of, staged_metadata
@@ -295,6 +297,12 @@ class _SpecAwareAppend(_FastAppendFiles):
         )
         out.position_deletes = list(deletes)
         return out
+
+    def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
+        """pyiceberg 0.12's, with a writer prepared once per shape (coordinator/manifest_writers.py)."""
+        metadata = self._transaction.table_metadata
+        return manifest_writer(metadata.format_version, spec, metadata.schema(), self.new_manifest_output(),
+                               self._snapshot_id, self._compression)
 
     def _existing_manifests(self) -> list[ManifestFile]:
         """pyiceberg 0.12's, reading the parent's manifest list once per process

@@ -2,7 +2,8 @@
 
 - :func:`staged_metadata`: ``update_table_metadata`` without its final deep copy of the whole
   metadata (a quarter of a commit's CPU, growing with the snapshots).
-- :func:`manifests_of`: a snapshot's manifests, each manifest list read once per process.
+- :func:`manifests_of`: a snapshot's manifests, each manifest list read once per process, and
+  not at all when this process wrote it (:func:`remember_manifests`).
 - :func:`sqlite_catalog_properties`: a SQL catalog in a local SQLite file that several
   processes share (the embedded stack's, the tests' and the benchmarks').
 - :class:`SqlCatalog`: pyiceberg's SQL catalog (SQLite, PostgreSQL) whose commit starts from the
@@ -22,6 +23,7 @@ import logging
 import os
 import sqlite3
 import threading
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Final
@@ -42,7 +44,10 @@ from pyiceberg.table.update import (
 from pyiceberg.utils.datetime import datetime_to_millis
 from sqlalchemy import bindparam, update
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_S", "SqlCatalog", "manifests_of", "sqlite_catalog_properties", "staged_metadata"]
+__all__ = [
+    "SQLITE_BUSY_TIMEOUT_S", "SqlCatalog", "manifests_of", "remember_manifests", "sqlite_catalog_properties",
+    "staged_metadata",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -188,3 +193,11 @@ def manifests_of(snapshot: Snapshot, io: FileIO) -> list[ManifestFile]:
         with _manifest_lists_lock:
             _manifest_lists[path] = held
     return list(held)
+
+
+def remember_manifests(manifest_list: str, manifests: Sequence[ManifestFile]) -> None:
+    """Hold what a manifest list just written holds, as :func:`manifests_of` would read it
+    back: the next commit to the table reads its parent's manifests from here
+    (coordinator/manifest_writers.py)."""
+    with _manifest_lists_lock:
+        _manifest_lists[manifest_list] = tuple(manifests)

@@ -16,6 +16,7 @@ from pyiceberg.table.update import AssertRefSnapshotId
 from pyiceberg.types import LongType, NestedField
 from sqlalchemy import select
 
+from icesink import catalogs
 from icesink.catalogs import SqlCatalog, staged_metadata
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
@@ -149,7 +150,9 @@ def test_load_catalog_uses_it_for_sql_catalogs_only(tmp_path):
 def test_each_manifest_list_is_read_once_by_the_commits_and_maintenance(tmp_path, monkeypatch):
     """The coordinator reads the current manifest list of every table it commits to twice a
     round (the append's existing manifests, maintenance's check): a manifest list never
-    changes, so the process reads each once. The table still reads back every row."""
+    changes, so the process reads each once (here as if another process had written them:
+    one it wrote itself it never reads, tests/unit/test_manifest_writers.py). The table still
+    reads back every row."""
     import uuid
 
     import pyiceberg.manifest as manifest
@@ -176,6 +179,7 @@ def test_each_manifest_list_is_read_once_by_the_commits_and_maintenance(tmp_path
             for f in files:
                 f.spec_id = table.metadata.default_spec_id
                 append.append_data_file(f)
+        catalogs._manifest_lists.clear()  # forget what this process wrote
         table = catalog.load_table("db.t")
         assert plan_compaction(table, MaintenanceSettings(min_input_files=2), {}) is not None or i == 0
         assert plan_compaction(table, settings, {}) is None
