@@ -30,6 +30,9 @@ CONTROL_TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": "-1", "rete
 #: The control producer's max_request_size: the largest event plus key and batch framing;
 #: responses split their events well below it (agents/respond.py).
 MAX_REQUEST_BYTES = protocol.MAX_EVENT_BYTES + 1024 * 1024
+#: The control producer's record batches: under a broker's default message.max.bytes (1 MiB),
+#: which bounds a whole batch; a larger single event goes alone in its batch.
+MAX_BATCH_BYTES = 512 * 1024
 
 
 
@@ -84,6 +87,10 @@ class ControlProducer:
             enable_idempotence=False,  # brokers without InitProducerId must work
             acks="all",
             linger_ms=0,
+            # a worker's response is many events sent at once (agents/respond.py): a few
+            # batches, each under a broker's default message.max.bytes (1 MiB), which bounds a
+            # record batch
+            max_batch_size=MAX_BATCH_BYTES,
             max_request_size=MAX_REQUEST_BYTES,
             **client_kwargs,
         )

@@ -205,3 +205,29 @@ def test_a_failed_send_keeps_the_buffers_and_the_next_round_carries_the_data(fai
     assert complete.events_sent == len(r2) == 1
     assert w.writes == [3, 5]  # the kept rows were written again with the new ones
     assert w.buffers.rows == 0
+
+
+def test_the_data_written_of_a_response_are_sent_at_once_and_the_data_complete_after_them():
+    """One send awaited after another cost a broker round trip per table (200 a round for 200
+    tables): the DataWritten go out together, and the DataComplete only when the broker has
+    every one of them."""
+
+    class SlowBroker(Producer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.in_flight = self.most_in_flight = 0
+
+        async def send(self, ev):
+            assert not isinstance(ev, DataComplete) or self.in_flight == 0, "DataComplete before its DataWritten"
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            await asyncio.sleep(0.01)  # the broker's round trip
+            self.in_flight -= 1
+            return await super().send(ev)
+
+    written = [DataWritten("r1", "x", "w1", f"db.t{i}", (stats_file(i),)) for i in range(20)]
+    producer = SlowBroker()
+    n = asyncio.run(send_response(producer, written, lambda n: DataComplete("r1", "x", "w1", 1, (), n, None)))
+    assert n == 20 and producer.most_in_flight == 20
+    assert isinstance(producer.sent[-1], DataComplete) and producer.sent[-1].events_sent == 20
+    assert sorted(e.table for e in producer.sent[:-1]) == sorted(w.table for w in written)
