@@ -116,6 +116,7 @@ class Rounds(WorkerState):
                 return
             wrote_s = time.monotonic() - started
             self.metrics.write_duration.observe(wrote_s)
+            sending = time.monotonic()
             try:  # DataWritten split to fit the control topic, then DataComplete
                 sent = await send_response(self.producer, written, lambda n: DataComplete(
                     commit_id, response_id, self.worker_id, snap.generation, snap.ranges, n, self._valid_through_ms(),
@@ -125,8 +126,9 @@ class Rounds(WorkerState):
                 self.buffers.restore(snap)
                 return
             self._update_gauges()
-            log.info("round %s: answered %d partitions, %d rows in %d files (%d DataWritten; written in %.2f s)",
-                     commit_id, len(snap.ranges), snap.rows, sum(len(w.files) for w in written), sent, wrote_s)
+            log.info("round %s: answered %d partitions, %d rows in %d files (%d DataWritten; written in %.2f s, "
+                     "sent in %.2f s)", commit_id, len(snap.ranges), snap.rows, sum(len(w.files) for w in written),
+                     sent, wrote_s, time.monotonic() - sending)
 
     def _collapse_mirrors(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         """Mirror tables' changes collapsed by key (agents/mirror.py), in place: each key's

@@ -76,7 +76,7 @@ METRICS_POLL_S: Final = 5.0  # the worker's /metrics once it consumes (SAMPLE_EV
 
 _ROUND_ANSWERED = re.compile(
     r"round (?P<round>\S+): answered (?P<parts>\d+) partitions, (?P<rows>\d+) rows in (?P<files>\d+) files"
-    r"(?: \(\d+ DataWritten; written in (?P<write_s>[\d.]+) s\))?"
+    r"(?: \(\d+ DataWritten; written in (?P<write_s>[\d.]+) s(?:, sent in (?P<send_s>[\d.]+) s)?\))?"
 )
 _ROUND_COMMITTED = re.compile(
     r"round (?P<round>\S+) committed to (?P<table>\S+): snapshot (?P<snap>\d+), "
@@ -328,11 +328,12 @@ def first_reaching(curve: list[tuple[float, float]], level: float) -> str:
     return next((f"{at:.1f}" for at, value in curve if value >= level), "-")
 
 
-def commit_walls(log_path: Path) -> list[tuple[float, float, int]]:
+def commit_walls(log_path: Path) -> list[tuple[float, float, int, float]]:
     """Per round with rows: its Spark write (s), then the seconds from the worker's answer (the
-    write done) to the coordinator's last table commit of that round (all tables of the round,
-    in parallel), and its files."""
-    answered: dict[str, tuple[float, float, int]] = {}
+    write done and the response sent) to the coordinator's last table commit of that round (all
+    tables of the round, in parallel), its files, and the seconds the response took to send
+    (0 if the worker does not log it)."""
+    answered: dict[str, tuple[float, float, int, float]] = {}
     last: dict[str, float] = {}
     for line in log_path.read_text(errors="replace").splitlines():
         try:
@@ -340,10 +341,10 @@ def commit_walls(log_path: Path) -> list[tuple[float, float, int]]:
         except ValueError:
             continue
         if (m := _ROUND_ANSWERED.search(line)) is not None and int(m["rows"]):
-            answered[m["round"]] = (stamp, float(m["write_s"] or "nan"), int(m["files"]))
+            answered[m["round"]] = (stamp, float(m["write_s"] or "nan"), int(m["files"]), float(m["send_s"] or 0))
         elif (m := _ROUND_COMMITTED.search(line)) is not None:
             last[m["round"]] = stamp
-    return [(write_s, last[r] - at, files) for r, (at, write_s, files) in answered.items() if r in last]
+    return [(write_s, last[r] - at, files, send_s) for r, (at, write_s, files, send_s) in answered.items() if r in last]
 
 
 def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4) -> list[str]:
@@ -509,11 +510,14 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
         print(f"    a round with rows: Spark write {write_s:.2f} s on average, then its table commits "
               f"{commit_s:.2f} s on average (answer to last commit), {write_s + commit_s:.2f} s in all "
               f"({len(walls)} rounds of {', '.join(str(w[2]) for w in walls)} files)")
-        print(f"    each round, write + commits (s): {', '.join(f'{w[0]:.2f}+{w[1]:.2f}' for w in walls)}")
+        print(f"    each round, write + answer + commits (s): "
+              f"{', '.join(f'{w[0]:.2f}+{w[3]:.2f}+{w[1]:.2f}' for w in walls)}")
         if len(walls) > 2:  # the first rounds also compile the JVM's write path for what they write
-            print(f"    median round after the first: {statistics.median(w[0] + w[1] for w in walls[1:]):.2f} s "
+            print(f"    median round after the first: {statistics.median(w[0] + w[3] + w[1] for w in walls[1:]):.2f} s "
                   f"(write {statistics.median(w[0] for w in walls[1:]):.2f} s, "
-                  f"commits {statistics.median(w[1] for w in walls[1:]):.2f} s)")
+                  f"answer {statistics.median(w[3] for w in walls[1:]):.2f} s, "
+                  f"commits {statistics.median(w[1] for w in walls[1:]):.2f} s; "
+                  f"write + commits {statistics.median(w[0] + w[1] for w in walls[1:]):.2f} s)")
     levels = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
     print("    progress, seconds since process start (consumed: icesink_records_consumed_total,")
     print("    polled every 0.2 s until it is > 0, then every 5 s; committed: the table's total-records, "

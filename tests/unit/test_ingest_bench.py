@@ -1,0 +1,20 @@
+"""bench/ingest_bench.py reads a round's write, answer and commits from the worker's log."""
+
+from __future__ import annotations
+
+from bench.ingest_bench import commit_walls
+
+
+def test_a_round_is_its_write_its_answer_and_its_commits_read_from_the_worker_log(tmp_path):
+    log = tmp_path / "bench.log"
+    log.write_text(
+        "2026-11-26 00:00:10,000 INFO agents.rounds round r1: answered 4 partitions, 60000 rows in 200 files "
+        "(200 DataWritten; written in 1.40 s, sent in 0.05 s)\n"
+        "2026-11-26 00:00:10,500 INFO coordinator.service round r1 committed to db.t000: snapshot 1, 1 files, 300 rows\n"
+        "2026-11-26 00:00:11,000 INFO coordinator.service round r1 committed to db.t001: snapshot 2, 1 files, 300 rows\n"
+        # a worker before the answer's send time was logged
+        "2026-11-26 00:00:20,000 INFO agents.rounds round r2: answered 4 partitions, 600 rows in 2 files "
+        "(2 DataWritten; written in 0.30 s)\n"
+        "2026-11-26 00:00:20,250 INFO coordinator.service round r2 committed to db.t000: snapshot 3, 1 files, 300 rows\n"
+    )
+    assert commit_walls(log) == [(1.40, 1.0, 200, 0.05), (0.30, 0.25, 2, 0.0)]
