@@ -1,8 +1,13 @@
 """Hypothesis profiles: ``dev`` (default, keeps the unit suite fast) and ``ci`` (many more
 examples): ``pytest --hypothesis-profile=ci tests/unit``. Tests that pin ``max_examples`` in
-their own ``@settings`` keep it."""
+their own ``@settings`` keep it. The ``two_tables`` fixture: a SQLite catalog with tables
+``db.a`` and ``db.b`` of one long column ``id`` (field id 1), for the coordinator's commits."""
 
+import pytest
 from hypothesis import HealthCheck, settings
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
 
 settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
@@ -10,3 +15,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("dev")
+
+
+@pytest.fixture
+def two_tables(tmp_path):
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    for name in ("db.a", "db.b"):
+        catalog.create_table(name, schema=Schema(NestedField(1, "id", LongType(), required=False)))
+    return catalog

@@ -13,9 +13,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.schema import Schema
-from pyiceberg.types import LongType, NestedField
 
 from coordinator import service
 from coordinator.service import Coordinator
@@ -31,7 +28,6 @@ from icesink.offload import Offload
 from prometheus_client import CollectorRegistry
 
 TP = TopicPartition("src", 0)
-SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
 
 
 class FlakyProducer:
@@ -65,15 +61,6 @@ def data_file(table: Any, name: str, ids: list[int]) -> FileInfo:
     field = pa.field("id", pa.int64(), metadata={b"PARQUET:field_id": b"1"})
     pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}, schema=pa.schema([field])), local)
     return FileInfo(path=path, record_count=len(ids), size_bytes=1, spec_id=0)
-
-
-@pytest.fixture
-def two_tables(tmp_path):
-    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh")
-    catalog.create_namespace("db")
-    for name in ("db.a", "db.b"):
-        catalog.create_table(name, schema=SCHEMA)
-    return catalog
 
 
 def coordinator_with_round(tmp_path, catalog, producer) -> Coordinator:

@@ -4,13 +4,13 @@ file, and a manifest list this process wrote is never read back by the next comm
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pyiceberg.avro.file as avro_file
 import pytest
 from pyiceberg import manifest as pyiceberg_manifest
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import (
     DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus, ManifestWriter,
@@ -24,7 +24,7 @@ from pyiceberg.types import DateType, LongType, NestedField, StringType
 
 from coordinator import committer, manifest_writers
 from icesink.catalogs import manifests_of
-from tests.unit.test_coordinator_commit import SCHEMA, TP, _accepted, rows
+from tests.unit.test_coordinator_commit import TP, _accepted, rows
 
 WIDE = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "day", DateType(), required=False),
               NestedField(3, "shop", StringType(), required=False))
@@ -110,16 +110,7 @@ def test_every_snapshot_producer_writes_its_manifest_list_with_the_prepared_writ
     assert snapshot_module.write_manifest_list is manifest_writers.write_manifest_list
 
 
-@pytest.fixture
-def alike_tables(tmp_path):
-    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh")
-    catalog.create_namespace("db")
-    for name in ("db.a", "db.b"):
-        catalog.create_table(name, schema=SCHEMA)
-    return catalog
-
-
-def test_commits_to_alike_tables_resolve_no_avro_writer_per_file(alike_tables, monkeypatch):
+def test_commits_to_alike_tables_resolve_no_avro_writer_per_file(two_tables, monkeypatch):
     """pyiceberg resolves an Avro writer tree for every manifest and manifest list it writes
     (with the entry schema rebuilt and converted to Avro JSON each time); the committer's come
     from one prepared shape per format version and partition type."""
@@ -135,29 +126,29 @@ def test_commits_to_alike_tables_resolve_no_avro_writer_per_file(alike_tables, m
     for module in (avro_file, manifest_writers):
         monkeypatch.setattr(module, "resolve_writer", counted)
     manifest_writers._shapes.clear()
-    table_a, table_b = alike_tables.load_table("db.a"), alike_tables.load_table("db.b")
+    table_a, table_b = two_tables.load_table("db.a"), two_tables.load_table("db.b")
     for offset in range(1, 4):
         for name, table in (("db.a", table_a), ("db.b", table_b)):
             accepted = _accepted(table, offset, f"{name[-1]}{offset}", [offset])
-            accepted = accepted.__class__(**{**accepted.__dict__, "files": {name: accepted.files["db.a"]}})
-            committer.commit_table(alike_tables, name, [accepted], group="g", epoch=1, commit_id=f"r{offset}",
+            accepted = dataclasses.replace(accepted, files={name: accepted.files["db.a"]})
+            committer.commit_table(two_tables, name, [accepted], group="g", epoch=1, commit_id=f"r{offset}",
                                    positions={TP: offset}, valid_through_ms=None)
     assert len(resolved) == 2, resolved  # a manifest's shape and a manifest list's, once each
-    assert rows(alike_tables, "db.a") == 3 and rows(alike_tables, "db.b") == 3
+    assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3
 
 
-def test_a_commit_does_not_read_back_the_manifest_list_the_last_one_wrote(alike_tables):
+def test_a_commit_does_not_read_back_the_manifest_list_the_last_one_wrote(two_tables):
     """The next commit to a table carries its parent's manifests over: it knows them from
     writing the parent's manifest list, so that file is not read (here it is gone), and the
     table reads whole."""
-    table = alike_tables.load_table("db.a")
+    table = two_tables.load_table("db.a")
     cache = committer.TableCache()
-    committer.commit_table(alike_tables, "db.a", [_accepted(table, 1, "f1", [1, 2])], group="g", epoch=1,
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 1, "f1", [1, 2])], group="g", epoch=1,
                            commit_id="r1", positions={TP: 1}, valid_through_ms=None, tables=cache)
-    first = alike_tables.load_table("db.a").current_snapshot()
+    first = two_tables.load_table("db.a").current_snapshot()
     assert first is not None
     os.remove(first.manifest_list.removeprefix("file://"))
-    committer.commit_table(alike_tables, "db.a", [_accepted(table, 2, "f2", [3])], group="g", epoch=1,
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 2, "f2", [3])], group="g", epoch=1,
                            commit_id="r2", positions={TP: 2}, valid_through_ms=None, tables=cache)
-    now = alike_tables.load_table("db.a")
+    now = two_tables.load_table("db.a")
     assert sorted(now.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
