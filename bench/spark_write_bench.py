@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=1,
                         help="split each batch over this many unpartitioned tables, written at once (write_many), "
                              "as a round routed to many dynamic tables is")
+    parser.add_argument("--warm-up-rows", type=int, default=0,
+                        help="run the worker's start-up warm-up (write.warm-up-rows) before the first write")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="spark-bridge-bench-") as tmp:
@@ -87,10 +89,17 @@ def main() -> None:
         many = [catalog.create_table(f"db.t{k:03d}", schema=PIZZA_SCHEMA) for k in range(args.tables)] \
             if args.tables > 1 else []
         conf = dict(item.split("=", 1) for item in args.conf)
-        writer = SparkFileWriter(SparkSettings(master=args.master, remote=args.remote, conf=conf))
+        writer = SparkFileWriter(SparkSettings(master=args.master, remote=args.remote, conf=conf,
+                                               warm_up_rows=args.warm_up_rows))
         started = time.perf_counter()
         writer.start()
         print(f"session start: {time.perf_counter() - started:.1f} s")
+        if args.warm_up_rows:
+            cpu_before, started = _cpu_seconds(writer), time.perf_counter()
+            writer.warm_up()
+            cpu_after = _cpu_seconds(writer)
+            cpu = "" if cpu_before is None or cpu_after is None else f", {cpu_after - cpu_before:.1f} CPU s"
+            print(f"warm-up ({args.warm_up_rows:,} rows): {time.perf_counter() - started:.1f} s{cpu}")
         rng = np.random.default_rng(1)
         try:
             for i in range(args.repeat + 1):
@@ -105,7 +114,7 @@ def main() -> None:
                     files = writer.write(table, data, file_prefix=f"bench-{i}")
                 elapsed = time.perf_counter() - started
                 cpu_after = _cpu_seconds(writer)
-                label = "cold" if i == 0 else "warm"
+                label = ("first" if args.warm_up_rows else "cold") if i == 0 else "warm"
                 # Reference measured in the same run: pyarrow writing the same rows to one file.
                 started = time.perf_counter()
                 pq.write_table(data, f"{tmp}/reference.parquet", compression="zstd")

@@ -213,6 +213,9 @@ class SparkFileWriter:
         self._settings = settings
         self._spark: SparkSession | None = None
         self._arrow_tables: set[str] = set()  # tables logged as written with pyarrow
+        # Rows per Arrow batch of createDataFrame(arrow) in a classic session, which makes a
+        # partition of each batch (None on Spark Connect: the server decides).
+        self._batch_rows: int | None = None
 
     @property
     def spark(self) -> SparkSession:
@@ -258,6 +261,7 @@ class SparkFileWriter:
             spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("WARN")
             _quiet_task_size_warnings(spark)
+            self._batch_rows = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000") or 10000)
         self._spark = spark
         logger.info("spark session started (%s)", s.remote or s.master)
 
@@ -531,8 +535,13 @@ class SparkFileWriter:
             if not labels:
                 n_files = max(1, math.ceil(data.nbytes / target_file_size_bytes))
                 frame = spark.createDataFrame(data, schema=sp_schema)
-                # One file: merge the input slices without a shuffle. More: balance rows round-robin.
-                writer = (frame.coalesce(1) if n_files == 1 else frame.repartition(n_files)).write
+                # Merge neighbouring input slices (one per Arrow batch) into a task per file, without
+                # a shuffle: each file is a run of consecutive rows. A round-robin shuffle cost twice
+                # the write's CPU (bench/README.md); only when there are fewer slices than files (rows
+                # of many kilobytes, or Spark Connect, whose slices are the server's) is it needed.
+                slices = (len(data.to_batches(max_chunksize=self._batch_rows))
+                          if self._batch_rows is not None and self._batch_rows > 0 else 1)
+                writer = (frame.coalesce(n_files) if n_files <= slices else frame.repartition(n_files)).write
             else:
                 columns = [lbl.column for lbl in labels]
                 label_fields = [st.StructField(c, st.StringType(), True) for c in columns]

@@ -290,6 +290,29 @@ def test_unpartitioned_gives_one_file_or_ceil_of_target(writer: SparkFileWriter,
     assert writer.write(table, data.slice(0, 0), file_prefix="r3") == []
 
 
+def test_a_large_unpartitioned_write_is_split_into_files_without_a_shuffle(
+    writer: SparkFileWriter, catalog: SqlCatalog
+) -> None:
+    """Past the target size an unpartitioned batch gets several files. Spark already holds it as
+    one partition per Arrow batch, so neighbouring batches are merged into a task per file: a
+    round-robin shuffle cost about twice the CPU of the write itself (bench/README.md), and it
+    scattered the rows. Each file holds one run of consecutive rows, in consumed order."""
+    table = catalog.create_table("db.large", schema=PIZZA_SCHEMA)
+    data = pizzas(table, 60_000, seed=5)  # six Arrow batches of 10k rows for createDataFrame
+    tracker = writer.spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())
+    files = writer.write(table, data, file_prefix="r1", target_file_size_bytes=data.nbytes // 3 + 1)
+    stages = [s for j in set(tracker.getJobIdsForGroup()) - before if (job := tracker.getJobInfo(j))
+              for s in job.stageIds]
+    assert len(files) == 3
+    assert len(stages) == 1, f"a shuffle adds a stage: {stages}"
+    runs = sorted(pc.cast(pc.utf8_slice_codeunits(pq.read_table(local_path(f.file_path), columns=["order_id"])
+                                                   ["order_id"], 6), pa.int64()).to_pylist() for f in files)
+    assert [r for run in runs for r in run] == list(range(60_000))
+    table = commit(table, files, "c-1")
+    assert duck_count_distinct(table, "order_id") == (60_000, 60_000)
+
+
 def test_write_many_writes_alike_tables_in_one_spark_job_and_each_reads_back_exactly(
     writer: SparkFileWriter, catalog: SqlCatalog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
