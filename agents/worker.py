@@ -46,6 +46,7 @@ from agents.rounds import Rounds
 from agents.routing import Router
 from agents.tables import Target, load_target
 from agents.tasks import EpochGate, TaskOwner, highwater, supervise_coordinator
+from icesink import gc_tuning
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
 from icesink.errors import FencedError
@@ -158,6 +159,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._owner.spawn(self._housekeeping(), "housekeeping")
         faust_worker = await self._start_faust()
         await spark_started
+        gc_tuning.freeze_start_up()  # imports, the Spark session, catalogs: full collections skip them
         # Warming the JVM up does not hold start-up or a stop (rounds may write meanwhile).
         self._owner.spawn(self.offload.run(self.spark.warm_up), "spark warm-up")
         self.status["phase"] = "running"

@@ -6,7 +6,15 @@ The HTTP exporter is started by the worker runtime (``start_http_server``).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
 # Commits take seconds to tens of seconds; Spark writes likewise.
 COMMIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
@@ -22,6 +30,9 @@ class Metrics:
         # process_start_time_seconds and friends (read from /proc at scrape time): restarts of a
         # replica show as changes of its start time (deploy/prometheus/alerts.yml, flapping).
         ProcessCollector(registry=r)
+        # python_gc_collections_total{generation}: a worker's full collections (generation 2)
+        # should stay rare while it ingests (icesink/gc_tuning.py).
+        GCCollector(registry=r)
         # The replica itself.
         self.info = Gauge(
             "icesink_info", "1 per replica: its sink group (group.id) and worker id", ["group", "worker"], registry=r)

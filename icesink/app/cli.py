@@ -58,6 +58,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from icesink.app.stack import resolve_bootstrap
     from icesink.app.status import serve
 
+    from icesink import gc_tuning
+
+    gc_tuning.tune()
     settings = _settings(args)
     redact = settings.redactor()
     log.info("settings: %s", settings.masked())
