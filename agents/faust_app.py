@@ -130,6 +130,7 @@ class FaustApp(WorkerState):
         # that first touches it (touched in __init__, it waited on another loop for ever).
         self.app.topics.add(self.source)
         install_batch_drain(self.app, self._deliver)
+        self._hold_paused_partitions()  # claimed partitions stay paused until their Resume
         inject_faults(self.settings)  # fault tests only
         # read_committed; a consumer that can no longer consume stops the replica (exit code 1)
         ConsumerGuard(self.app, self.metrics, lambda exc: self.fail(exc, exit_code=1), self._stop.is_set).install()

@@ -62,13 +62,35 @@ class Ownership(WorkerState):
         except Exception as exc:
             log.warning("claim for %s not sent (%s); retried", ",".join(map(str, tps)), exc)
 
+    def _hold_paused_partitions(self) -> None:
+        """Keep what this worker paused paused through Faust's resume after a rebalance.
+
+        Faust sends on_rebalance_complete, then resumes every assigned partition and seeks
+        them to the group's committed offsets (Recovery._resume_streams). That undid the pause
+        of partitions still claiming: their records were fetched, parsed and dropped until the
+        coordinator's Resume (321k records of a 1M backlog at start-up, bench/README.md), and
+        the pause of full buffers. Faust's consumer now resumes only partitions this worker
+        does not hold (:meth:`_held`); the worker's own resumes come after it let go of them
+        (Resume activates first; backpressure is lifted first). Call before Faust starts."""
+        consumer = self.app.consumer
+        resume = consumer.resume_partitions
+
+        def resume_unless_held(tps: Iterable[Any]) -> None:
+            resume([tp for tp in tps if not self._held(tp)])
+
+        consumer.resume_partitions = resume_unless_held  # type: ignore[method-assign]  # Faust (pinned)
+
+    def _held(self, tp: Any) -> bool:
+        """A source partition this worker keeps paused: claimed and not resumed yet, or any
+        while the buffers are full."""
+        st = self.buffers.partitions.get(_tp(tp))
+        return st is not None and (not st.active or self._backpressure)
+
     async def _on_rebalance_complete(self, sender: Any, **_: Any) -> None:
-        # Pause what is not resumed yet. Faust sends this signal before it resumes every
-        # assigned partition and seeks them to the group's committed offsets (Recovery.
-        # _resume_streams), which undoes the pause: records of a partition still claiming are
-        # then read and dropped (on_fetch), and its Resume seeks to the accepted position. A
-        # committed offset is never past that position, so a seek of Faust's that lands after
-        # ours only makes records be read twice (select drops the repeats).
+        # Pause what is not resumed yet; Faust's resume that follows leaves it paused
+        # (_hold_paused_partitions). Its seek to the group's committed offsets may still land
+        # after a Resume's seek: a committed offset is never past the accepted position, so
+        # that only makes records be read twice (select drops the repeats).
         claiming = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if not st.active]
         if claiming:
             self.app.consumer.pause_partitions(claiming)

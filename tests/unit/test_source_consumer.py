@@ -11,7 +11,7 @@ from aiokafka.consumer.fetcher import FetchResult
 from aiokafka.errors import ConsumerStoppedError, UnsupportedCodecError
 from aiokafka.structs import TopicPartition as KafkaTP
 
-from agents.source_consumer import ConsumerGuard, use_read_committed
+from agents.source_consumer import FETCH_MAX_WAIT_MS, ConsumerGuard, use_read_committed
 from agents.worker import Worker
 from icesink.config import build
 from icesink.errors import ConsumerError
@@ -22,24 +22,29 @@ def _failures(metrics: Metrics, error: str) -> float:
     return metrics.registry.get_sample_value("icesink_consumer_failures_total", {"error": error}) or 0.0
 
 
-def test_the_workers_faust_consumer_is_built_read_committed(tmp_path):
+def test_the_workers_faust_consumer_is_built_read_committed_with_short_fetch_waits(tmp_path):
+    """read_committed: records of aborted transactions never land. A fetch waits at most
+    FETCH_MAX_WAIT_MS on the broker (Faust's 1.5 s): a fetch of an empty partition (Faust's
+    leader topic) held every partition's next fetch, so a partition resumed at its accepted
+    position took up to 1.5 s to bring its first records, at every start-up."""
     settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
     worker = Worker(settings, "127.0.0.1:9", Metrics())
     thread = worker.app.consumer._thread
 
-    async def built() -> tuple[str, str | None]:
+    async def built() -> tuple[str, str | None, int]:
         consumer = thread._create_worker_consumer(worker.app.transport)
         assert isinstance(consumer, AIOKafkaConsumer)
         try:
-            return consumer._isolation_level, consumer._group_id
+            return consumer._isolation_level, consumer._group_id, consumer._fetch_max_wait_ms
         finally:
             await consumer.stop()
 
-    assert asyncio.run(built()) == ("read_uncommitted", settings.group_id)  # Faust's own choice
+    assert asyncio.run(built()) == ("read_uncommitted", settings.group_id, 1500)  # Faust's own choices
     use_read_committed(thread)
-    assert asyncio.run(built()) == ("read_committed", settings.group_id)  # still Faust's group consumer
-    # aiokafka hands the attribute to its fetcher when the consumer starts.
+    assert asyncio.run(built()) == ("read_committed", settings.group_id, FETCH_MAX_WAIT_MS)  # Faust's group consumer
+    # aiokafka hands both attributes to its fetcher when the consumer starts.
     assert "isolation_level=self._isolation_level" in inspect.getsource(AIOKafkaConsumer.start)
+    assert "fetch_max_wait_ms=self._fetch_max_wait_ms" in inspect.getsource(AIOKafkaConsumer.start)
 
 
 class Service:
@@ -199,6 +204,7 @@ def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(t
         nonlocal app
         app = Worker(settings, "127.0.0.1:9", Metrics()).app  # Faust binds its services to this loop
         app.consumer._wait_next_records = wait_next_records
+        app.consumer._active_partitions.update({t0, t1})  # else the drain waits for one (below)
         install_batch_drain(app, deliver)
         await app.consumer._drain_messages(fetcher)
 
@@ -208,3 +214,42 @@ def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(t
     assert got == [{"t[0]": [0, 1]}, {"t[0]": [2]}, {"t[0]": [4]}]
     assert [f.nbytes for f in delivered] == [20, 10, 10]
     assert all(isinstance(tp, TopicPartition) for f in delivered for tp in f.records)
+
+
+def test_the_batch_drain_waits_for_an_active_partition_without_faust_one_second_sleep(tmp_path):
+    """With every partition paused (claimed and waiting for the coordinator's Resume), Faust's
+    _wait_next_records sleeps a whole second; a partition resumed meanwhile waited for it, at
+    every start-up. The drain now looks again every IDLE_POLL_S and asks Faust for records only
+    once a partition is active."""
+    from faust.types import TP as FaustTP
+
+    from agents.source_consumer import install_batch_drain
+
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
+    t0 = FaustTP("t", 0)
+    asked_with: list[set] = []
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+
+    async def wait_next_records(timeout: float):
+        active = set(app.consumer._active_partitions)
+        asked_with.append(active)
+        if not active:  # what Faust does
+            await asyncio.sleep(1)
+            return {}, active
+        fetcher._stopped.set()
+        return {t0: []}, active
+
+    async def deliver(fetched) -> None:
+        raise AssertionError("nothing to deliver")
+
+    async def drain() -> None:
+        nonlocal app
+        app = Worker(settings, "127.0.0.1:9", Metrics()).app
+        app.consumer._wait_next_records = wait_next_records
+        install_batch_drain(app, deliver)
+        asyncio.get_running_loop().call_later(0.2, app.consumer.resume_partitions, {t0})
+        await asyncio.wait_for(app.consumer._drain_messages(fetcher), 10)
+
+    app = None
+    asyncio.run(drain())
+    assert asked_with == [{t0}]
