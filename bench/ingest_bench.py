@@ -411,6 +411,18 @@ def steady_rate(committed: list[tuple[float, float]], n: int) -> tuple[float, fl
     return ((r1 - r0) / (t1 - t0), t0, t1) if t1 > t0 else None
 
 
+def steady_note(committed: list[tuple[float, float]], n: int) -> list[str]:
+    """The footnote of :func:`steady_rate`'s figure, or why there is none."""
+    steady = steady_rate(committed, n)
+    if steady:
+        return [f"** (b): rows committed after the first committed round ({steady[1]:.1f} s) until the table held",
+                f"   N rows ({steady[2]:.1f} s), over that time: the issue's measure of a worker's rate."]
+    if committed and committed[0][1] >= n:
+        return [f"** (b): no figure: the first committed round ({committed[0][0]:.1f} s) held all N rows, and the",
+                "   measure counts the rows committed after it."]
+    return []
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -452,9 +464,8 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
     for r in rows:
         print(f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}")
     print()
-    if steady:
-        print(f"** (b): rows committed after the first committed round ({steady[1]:.1f} s) until the table held")
-        print(f"   N rows ({steady[2]:.1f} s), over that time: the issue's measure of a worker's rate.")
+    for line in steady_note(b.committed_curve, n):
+        print(line)
     print("* (a) has no startup: its records/s is always N / (read + parse + write + commit).")
     print("  (b) ingest time = total - startup; startup = worker process start until its")
     print("  icesink_records_consumed_total is first > 0.")

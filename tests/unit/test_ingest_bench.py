@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.ingest_bench import commit_walls
+from bench.ingest_bench import commit_walls, steady_note
 
 
 def test_a_round_is_its_write_its_answer_and_its_commits_read_from_the_worker_log(tmp_path):
@@ -18,3 +18,11 @@ def test_a_round_is_its_write_its_answer_and_its_commits_read_from_the_worker_lo
         "2026-11-26 00:00:20,250 INFO coordinator.service round r2 committed to db.t000: snapshot 3, 1 files, 300 rows\n"
     )
     assert commit_walls(log) == [(1.40, 1.0, 200, 0.05), (0.30, 0.25, 2, 0.0)]
+
+
+def test_the_rate_after_the_first_committed_round_says_why_it_has_no_figure_when_that_round_held_every_row():
+    assert steady_note([(12.0, 600_000), (15.0, 1_000_000)], 1_000_000)[0].startswith(
+        "** (b): rows committed after the first committed round (12.0 s)")
+    note = steady_note([(15.6, 1_000_000)], 1_000_000)
+    assert "held all N rows" in note[0]
+    assert steady_note([], 1_000_000) == []
