@@ -22,9 +22,9 @@ import gc
 
 __all__ = ["YOUNG_THRESHOLD", "freeze_start_up", "tune"]
 
-# Net allocations of tracked objects between young collections: above the ConsumerRecords of a
-# large fetch (fetch.max.bytes of 50 MiB of ~200-byte records is about 250k; 1 MiB per partition
-# of 6 partitions is about 30k). At worst as many objects of cyclic garbage wait for a collection.
+# Net allocations of tracked objects between young collections: above the ConsumerRecords alive
+# at once (a fetch holds at most consumer.max-batch, 10,000 by default; two wait for the ingest
+# agent while one is converted). At worst as many objects of cyclic garbage wait for a collection.
 YOUNG_THRESHOLD = 100_000
 
 

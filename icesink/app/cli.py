@@ -55,12 +55,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from agents.worker import Worker
     from coordinator.service import Coordinator
     from icesink.metrics import Metrics
+    from icesink import gc_tuning
     from icesink.app.stack import resolve_bootstrap
     from icesink.app.status import serve
 
-    from icesink import gc_tuning
-
-    gc_tuning.tune()
+    gc_tuning.tune()  # before start-up allocates (icesink/gc_tuning.py)
     settings = _settings(args)
     redact = settings.redactor()
     log.info("settings: %s", settings.masked())
