@@ -5,6 +5,15 @@ Only records of active partitions are buffered, and only in offset order from th
 position: a record below the next expected offset is a duplicate; one above it is taken only
 when it was fetched after the partition was (re)activated (a real gap, e.g. compaction or
 transaction markers), never when it is a stale prefetch from before a seek.
+
+Early writes: buffered rows may be written to data files before their round (:meth:`Buffers.stage`,
+then :meth:`Buffers.land`). Such files (:class:`Written`) are only a form of buffered data:
+they are reported, like chunks, by the response that covers their offsets, and one file holds
+rows of several partitions, so a response reports a :class:`Written` only together with every
+partition it covers. A partition's data is always ``[range_start, written end)`` in files, then
+``[written end, next_offset)`` in chunks. Whatever drops a partition's data (release, rewind, a
+Resume elsewhere) voids its written files, and the partitions sharing them go back to read from
+where those files began (:meth:`Buffers.take_voided`).
 """
 
 from __future__ import annotations
@@ -28,6 +37,17 @@ class Chunk:
     rows: int
 
 
+@dataclass(eq=False)
+class Written:
+    """Rows of several partitions written to data files ahead of their round: ``ranges`` the
+    offsets ``[start, end)`` of each partition, ``files`` the data files of each table."""
+
+    ranges: dict[TopicPartition, tuple[int, int]]
+    files: dict[str, tuple[Any, ...]]
+    rows: int
+    sent: bool = False  # taken for a response: a partial one may name the files, never delete them
+
+
 @dataclass
 class PartitionState:
     tp: TopicPartition
@@ -38,6 +58,8 @@ class PartitionState:
     activated_at: float = 0.0  # monotonic time of the last (re)activation
     last_record_ms: int | None = None
     chunks: list[Chunk] = field(default_factory=list)
+    written: list[Written] = field(default_factory=list)  # in files, before the chunks
+    resets: int = 0  # times its data was dropped (an early write in flight is then void)
 
     seeks: int = 0  # seeks done for this partition
     reseeking: bool = False
@@ -72,6 +94,11 @@ class PartitionState:
                 suspect = off
         return taken, suspect
 
+    @property
+    def written_end(self) -> int:
+        """Where the chunks begin: the end of the written files, or the range start."""
+        return self.written[-1].ranges[self.tp][1] if self.written else self.range_start
+
     def suspect_gap(self, offset: int) -> None:
         """Record a suspected gap at ``offset``; confirm it if it was seen before an earlier seek."""
         if self.gap_probe is not None and self.gap_probe[0] == offset and self.gap_probe[1] < self.seeks:
@@ -89,6 +116,7 @@ class Snapshot:
     generation: int
     ranges: tuple[OffsetRange, ...]
     chunks: list[Chunk]
+    written: list[Written] = field(default_factory=list)  # files written early, reported with it
 
     def tables(self, cast: Callable[[str, pa.Table], pa.Table] | None = None) -> dict[str, pa.Table]:
         """Rows per table, in buffer order, one Arrow chunk per column. ``cast(table, rows)``
@@ -115,7 +143,24 @@ class Snapshot:
 
     @property
     def rows(self) -> int:
-        return sum(c.rows for c in self.chunks)
+        return sum(c.rows for c in self.chunks) + sum(w.rows for w in self.written)
+
+    def written_files(self) -> dict[str, tuple[Any, ...]]:
+        """The early-written files it reports, by table."""
+        out: dict[str, tuple[Any, ...]] = {}
+        for w in self.written:
+            for name, files in w.files.items():
+                out[name] = out.get(name, ()) + files
+        return out
+
+
+@dataclass
+class Stage(Snapshot):
+    """Chunks taken for an early write: ``ranges`` say where each partition's written files
+    will begin and end, ``states`` each partition's state and its reset count then (a reset, or
+    a new state, meanwhile voids the write)."""
+
+    states: dict[TopicPartition, tuple[PartitionState, int]] = field(default_factory=dict)
 
 
 class Buffers:
@@ -130,6 +175,9 @@ class Buffers:
         self.nbytes = 0
         self.rows = 0
         self._fetches: weakref.WeakSet[Any] = weakref.WeakSet()  # each with .nbytes
+        self._voided: list[Written] = []  # written files dropped, not yet taken (take_voided)
+        self._reseek: set[TopicPartition] = set()
+        self._staged: Stage | None = None  # an early write in flight
 
     @property
     def full(self) -> bool:
@@ -161,7 +209,7 @@ class Buffers:
         Buffered data is kept only if it continues exactly from that position."""
         st = self.partitions[tp]
         if st.range_start != position:  # chunks always cover [range_start, next_offset)
-            self._drop_chunks(st)
+            self._cut(st, 0)
             st.range_start = st.next_offset = position
         st.active = True
         st.activated_at = now
@@ -170,13 +218,13 @@ class Buffers:
     def release(self, tp: TopicPartition) -> None:
         st = self.partitions.pop(tp, None)
         if st is not None:
-            self._drop_chunks(st)
+            self._cut(st, 0)
 
     def rewind(self, tp: TopicPartition) -> None:
         """A rejected response: forget everything not accepted and wait for a new Resume."""
         st = self.partitions.get(tp)
         if st is not None:
-            self._drop_chunks(st)
+            self._cut(st, 0)
             st.active = False
             st.next_offset = st.range_start = -1  # unknown until the Resume
 
@@ -185,6 +233,53 @@ class Buffers:
             self.nbytes -= c.nbytes
             self.rows -= c.rows
         st.chunks.clear()
+        st.resets += 1
+
+    def _cut(self, st: PartitionState, i: int) -> None:
+        """Drop ``st``'s written files from its ``i``-th on and all its chunks: it reads again
+        from where they began. Files dropped are void for every partition they cover: those
+        partitions are cut at them too, and sought back if active (:meth:`take_voided`)."""
+        start = st.written[i].ranges[st.tp][0] if i < len(st.written) else st.written_end
+        dropped = st.written[i:]
+        del st.written[i:]
+        self._drop_chunks(st)
+        st.next_offset = start
+        for w in dropped:
+            if w in self._voided:
+                continue
+            self._voided.append(w)
+            for tp in w.ranges:
+                other = self.partitions.get(tp)
+                if other is None or other is st:
+                    continue
+                j = next((k for k, x in enumerate(other.written) if x is w), None)
+                if j is not None:
+                    self._cut(other, j)
+                    self._moved_back(other)
+
+    def _moved_back(self, st: PartitionState) -> None:
+        if st.active:
+            st.reseeking = True
+            st.activated_at = float("inf")  # what is in flight is stale until the seek is done
+            self._reseek.add(st.tp)
+
+    @property
+    def written_rows(self) -> int:
+        """Rows in files written early, waiting for their round."""
+        seen: list[Written] = []
+        for st in self.partitions.values():
+            seen.extend(w for w in st.written if w not in seen)
+        return sum(w.rows for w in seen)
+
+    def take_voided(self) -> tuple[list[Written], list[TopicPartition]]:
+        """Written files no response may report any more, and the active partitions that must
+        seek back to their ``next_offset`` (it moved back to where dropped files began).
+        Files with ``sent`` may be named by a response the coordinator saw: only the
+        coordinator may delete those."""
+        out, self._voided = self._voided, []
+        tps = sorted(tp for tp in self._reseek if tp in self.partitions)
+        self._reseek = set()
+        return out, tps
 
     def add(self, chunk: Chunk, last_offset: int, last_record_ms: int | None) -> None:
         st = self.partitions[chunk.tp]
@@ -194,41 +289,140 @@ class Buffers:
         self.nbytes += chunk.nbytes
         self.rows += chunk.rows
 
+    def _taking(self, generation: int) -> list[PartitionState]:
+        return [self.partitions[tp] for tp in sorted(self.partitions)
+                if self.partitions[tp].active and self.partitions[tp].generation == generation]
+
     def take(self, generation: int, ready: Callable[[Chunk], bool] | None = None) -> Snapshot:
         """Everything buffered for active partitions, with one range per active partition
         (empty ranges for idle ones, so they never stall a round).
 
         With ``ready``, a partition's range stops before its first chunk that is not ready
         (data whose table schema change is not applied yet): that chunk and the ones after it
-        stay buffered, so ranges stay contiguous."""
+        stay buffered, so ranges stay contiguous. Written files go only with every partition
+        they cover: a partition's range stops before the first that cannot (one of its
+        partitions is claiming after a rebalance)."""
+        if self._staged is not None:
+            raise RuntimeError("a round's take while an early write is in flight (the worker holds one lock for both)")
+        taking = self._taking(generation)
+        reportable = self._reportable(taking)
         ranges = []
         chunks: list[Chunk] = []
-        for tp in sorted(self.partitions):
-            st = self.partitions[tp]
-            if not st.active or st.generation != generation:
-                continue
-            n = len(st.chunks)
+        written: list[Written] = []
+        for st in taking:
+            n_w = next((i for i, w in enumerate(st.written) if w not in reportable), len(st.written))
+            for w in st.written[:n_w]:
+                if w not in written:
+                    w.sent = True
+                    written.append(w)
+            base = st.written[n_w - 1].ranges[st.tp][1] if n_w else st.range_start
+            del st.written[:n_w]
+            n = 0 if st.written else len(st.chunks)  # chunks wait behind files that cannot go
             if ready is not None:
-                n = next((i for i, c in enumerate(st.chunks) if not ready(c)), n)
-            end = st.chunks[n - 1].end if n < len(st.chunks) and n else (
-                st.range_start if n < len(st.chunks) else st.next_offset)
-            ranges.append(OffsetRange(tp, st.range_start, end))
+                n = next((i for i, c in enumerate(st.chunks[:n]) if not ready(c)), n)
+            end = st.chunks[n - 1].end if n else base
+            ranges.append(OffsetRange(st.tp, st.range_start, end))
             chunks.extend(st.chunks[:n])
             st.chunks = st.chunks[n:]
             st.range_start = end
         for c in chunks:
             self.nbytes -= c.nbytes
             self.rows -= c.rows
-        return Snapshot(generation, tuple(ranges), chunks)
+        return Snapshot(generation, tuple(ranges), chunks, written)
+
+    @staticmethod
+    def _reportable(taking: list[PartitionState]) -> list[Written]:
+        """The written files a take may report: each covers only partitions taken, and comes
+        after none that may not (in any partition)."""
+        tps = {st.tp for st in taking}
+        ok = [w for st in taking for w in st.written if all(tp in tps for tp in w.ranges)]
+        changed = True
+        while changed:
+            changed = False
+            for st in taking:
+                blocked = False
+                for w in st.written:
+                    if w not in ok:
+                        blocked = True
+                    elif blocked:
+                        ok.remove(w)
+                        changed = True
+        return ok
 
     def restore(self, snap: Snapshot) -> None:
-        """Give a snapshot back after a failed write: its chunks go first again."""
+        """Give a snapshot back after a failed write or send: its chunks go first again. A
+        partition with written files in it reads again from its range start instead: a
+        response that was partly sent may name those files, so they are never reported
+        again (the coordinator deletes them as an abandoned response's)."""
         for r in snap.ranges:
             st = self.partitions.get(r.tp)
             if st is None or st.generation != snap.generation or st.range_start != r.end:
                 continue  # the partition moved on meanwhile; its data will be re-read
             st.range_start = r.start
+            if any(r.tp in w.ranges for w in snap.written):
+                self._cut(st, 0)
+                st.next_offset = r.start
+                self._moved_back(st)
+                continue
             mine = [c for c in snap.chunks if c.tp == r.tp]
+            st.chunks[:0] = mine
+            for c in mine:
+                self.nbytes += c.nbytes
+                self.rows += c.rows
+
+    # Early writes ----------------------------------------------------------------------------
+
+    def stage(self, generation: int, ready: Callable[[Chunk], bool] | None = None) -> Stage:
+        """Buffered chunks to write ahead of their round: of each active partition, those ready
+        from the front. They leave the buffers (and the bound) now; :meth:`land` makes their
+        files a :class:`Written`, :meth:`unstage` puts them back after a failed write."""
+        ranges = []
+        chunks: list[Chunk] = []
+        states = {}
+        for st in self._taking(generation):
+            n = len(st.chunks)
+            if ready is not None:
+                n = next((i for i, c in enumerate(st.chunks) if not ready(c)), n)
+            if not n:
+                continue
+            ranges.append(OffsetRange(st.tp, st.written_end, st.chunks[n - 1].end))
+            states[st.tp] = (st, st.resets)
+            chunks.extend(st.chunks[:n])
+            st.chunks = st.chunks[n:]
+        for c in chunks:
+            self.nbytes -= c.nbytes
+            self.rows -= c.rows
+        stage = Stage(generation, tuple(ranges), chunks, states=states)
+        if ranges:
+            self._staged = stage
+        return stage
+
+    def _unchanged(self, stage: Stage, tp: TopicPartition) -> PartitionState | None:
+        st, resets = stage.states[tp]
+        return st if self.partitions.get(tp) is st and st.resets == resets else None
+
+    def land(self, stage: Stage, files: dict[str, tuple[Any, ...]]) -> Written | None:
+        """The staged rows are in ``files``: a :class:`Written` in front of each partition's
+        chunks. None if any of its partitions dropped its data meanwhile: the files are void
+        (unreported, the caller deletes them) and the other partitions get their chunks back."""
+        if any(self._unchanged(stage, r.tp) is None for r in stage.ranges):
+            self.unstage(stage)
+            return None
+        self._staged = None
+        w = Written({r.tp: (r.start, r.end) for r in stage.ranges}, files, stage.rows)
+        for r in stage.ranges:
+            self.partitions[r.tp].written.append(w)
+        return w
+
+    def unstage(self, stage: Stage) -> None:
+        """A failed (or void) early write: the chunks go back in front of each partition's
+        chunks, unless the partition dropped its data meanwhile."""
+        self._staged = None
+        for r in stage.ranges:
+            st = self._unchanged(stage, r.tp)
+            if st is None:
+                continue
+            mine = [c for c in stage.chunks if c.tp == r.tp]
             st.chunks[:0] = mine
             for c in mine:
                 self.nbytes += c.nbytes

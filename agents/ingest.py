@@ -79,6 +79,7 @@ class Ingest(WorkerState):
         self._update_gauges()
         if self.buffers.full:
             await self._apply_backpressure()
+        self._maybe_write_early()
 
     def _check_stalls(self, now: float) -> None:
         """Probe any active partition that is behind its high watermark and has taken no

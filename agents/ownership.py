@@ -50,6 +50,7 @@ class Ownership(WorkerState):
                 self._claimed_at.pop(tp, None)
         for tp in mine:
             self.buffers.claim(tp, self.generation)
+        self._settle_voided()  # files written early with a partition gone: void
         if mine:
             self._owner.spawn(self._send_claim(sorted(mine)), "claim")
 
@@ -109,6 +110,7 @@ class Ownership(WorkerState):
                 continue
             # Active from here, but no gap is taken until the seek is done (activated_at).
             seek_to = self.buffers.resume(pos.tp, pos.offset, now=float("inf"))
+            self._settle_voided()
             owned = lambda st=st, g=ev.generation: self._owns(st, g)  # noqa: E731
             if not await unless_moved(self._seek(st, seek_to), owned, f"seek of {pos.tp}"):
                 continue
@@ -149,6 +151,7 @@ class Ownership(WorkerState):
         mine = [tp for tp in ev.partitions if tp in self.buffers.partitions]
         for tp in mine:
             self.buffers.rewind(tp)
+        self._settle_voided()
         if mine:
             self.app.consumer.pause_partitions([TP(t.topic, t.partition) for t in mine])
             await self._send_claim(mine)

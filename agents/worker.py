@@ -129,6 +129,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._progress: dict[TopicPartition, tuple[int, int | None, float, bool]] = {}  # stall probes (ingest)
         self._backpressure = False
         self._last_request = 0.0
+        self._writing_early = False  # an early write is in flight (agents/rounds.py)
         self._seq = 0
         self.app = self._make_app()
 
@@ -150,6 +151,9 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         await self.reader.seek_to_end()
         await self.deadletters.start(self.bootstrap)
         spark_started = self._spark_ready = asyncio.ensure_future(self.offload.run(self.spark.start))
+        # Warming the JVM up as soon as it runs (overlapping the catalog, Faust's start and the
+        # group's join) holds neither start-up nor a stop; rounds may write meanwhile.
+        self._owner.spawn(self._warm_up_spark(), "spark warm-up")
         self.catalog = await self.offload.run(load_catalog, self.settings)
         for name in self.settings.tables:
             target = await self.offload.run(load_target, self.catalog, name, self.settings)
@@ -160,13 +164,18 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         faust_worker = await self._start_faust()
         await spark_started
         gc_tuning.freeze_start_up()  # imports, the Spark session, catalogs: full collections skip them
-        # Warming the JVM up does not hold start-up or a stop (rounds may write meanwhile).
-        self._owner.spawn(self.offload.run(self.spark.warm_up), "spark warm-up")
         self.status["phase"] = "running"
         log.info("worker %s running (group %s, topics %s, tables %s)", self.worker_id,
                  self.settings.group_id, ",".join(self.settings.topics), ",".join(self.settings.tables))
         await self._stop.wait()
         await self._shutdown(faust_worker)
+
+    async def _warm_up_spark(self) -> None:
+        try:
+            await self._spark_ready
+        except Exception:  # run() raises it
+            return
+        await self.offload.run(self.spark.warm_up)
 
     def status_report(self) -> dict[str, Any]:
         """For /status (read from the HTTP thread: copies only)."""
@@ -176,6 +185,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             for tp, st in list(self.buffers.partitions.items())
         }
         out["buffered"] = {"rows": self.buffers.rows, "bytes": self.buffers.nbytes,
+                           "written_ahead_rows": self.buffers.written_rows,
                            "fetched_bytes": self.buffers.fetched_bytes, "backpressure": self._backpressure}
         coordinator = self._coordinator if self._coordinator_task is not None else None
         out["coordinator"] = dict(coordinator.status) if coordinator is not None else None
@@ -277,6 +287,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
     def _update_gauges(self) -> None:
         self.metrics.buffered_rows.set(self.buffers.rows)
         self.metrics.buffered_bytes.set(self.buffers.nbytes)
+        self.metrics.written_ahead_rows.set(self.buffers.written_rows)
         consumer = self.app.consumer
         for tp, st in self.buffers.partitions.items():
             if st.active:

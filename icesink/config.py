@@ -150,6 +150,9 @@ class Settings(BaseSettings):
 
     # Buffers, files, metrics, local state (ours).
     buffer_max_bytes: int = Field(256 * 1024 * 1024, alias="buffer.max-bytes", ge=1024)
+    # Buffered Arrow bytes at which rows are written to data files before their round (0: only
+    # at rounds): a backlog's writing then overlaps its reading.
+    buffer_write_ahead_bytes: int = Field(32 * 1024 * 1024, alias="buffer.write-ahead-bytes", ge=0)
     target_file_size_bytes: int = Field(
         128 * 1024 * 1024, alias="write.target-file-size-bytes", ge=1024
     )
@@ -189,7 +192,8 @@ class Settings(BaseSettings):
     # Fault injection for the fault tests (icesink/faults.py); never set in production.
     fault_crash_at: tuple[
         Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response",
-                "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable"], ...
+                "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable",
+                "worker.after-early-write"], ...
     ] = Field((), alias="fault.crash-at")
     fault_hold_at: tuple[Literal["coordinator.after-table-commit"], ...] = Field((), alias="fault.hold-at")
 

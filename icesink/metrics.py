@@ -91,6 +91,14 @@ class Metrics:
             registry=r)
         self.write_failures = Counter(
             "icesink_write_failures_total", "Spark writes that failed", registry=r)
+        self.early_writes = Counter(
+            "icesink_early_writes_total",
+            "Buffered rows written to data files before their round (buffer.write-ahead-bytes). outcome: "
+            "landed (waiting for their round), void (a partition they cover moved during the write), dropped "
+            "(landed, then a partition they cover moved; its rows are read again)",
+            ["outcome"], registry=r)
+        self.written_ahead_rows = Gauge(
+            "icesink_written_ahead_rows", "Rows in data files written early, waiting for their round", registry=r)
         # Coordinator.
         self.rounds_started = Counter(
             "icesink_rounds_started_total", "Commit rounds started", registry=r)

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+import pytest
+
 import pyarrow as pa
 
 from agents.buffer import Buffers, Chunk
@@ -200,3 +202,135 @@ def test_fetched_bytes_count_against_the_bound_until_converted_or_dropped():
     assert b.full
     del g  # dropped unconverted (a rebalance clears Faust's queue): no longer counted
     assert b.fetched_bytes == 0 and not b.full
+
+
+# Early writes: rows written to files ahead of their round ------------------------------------
+
+
+def staged_and_landed(b, name="f"):
+    stage = b.stage(1)
+    w = b.land(stage, {"db.t": (name,)})
+    assert w is not None
+    return w
+
+
+def test_an_early_write_is_reported_by_the_next_round_with_the_chunks_after_it():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    active(b, Q, 100)
+    b.add(chunk(P, 0, 3), 2, None)
+    b.add(chunk(Q, 100, 102), 101, None)
+    stage = b.stage(1)
+    assert stage.ranges == (OffsetRange(P, 0, 3), OffsetRange(Q, 100, 102))
+    assert b.nbytes == 0 and b.rows == 0  # out of the bound once staged
+    w = b.land(stage, {"db.t": ("f1",)})
+    b.add(chunk(P, 3, 5), 4, None)
+    snap = b.take(1)
+    # one range per partition from the range start: the files, then the chunks after them
+    assert snap.ranges == (OffsetRange(P, 0, 5), OffsetRange(Q, 100, 102))
+    assert snap.written == [w] and w.sent and snap.written_files() == {"db.t": ("f1",)}
+    assert snap.tables()["db.t"]["x"].to_pylist() == [3, 4] and snap.rows == 7
+    assert b.partitions[P].written == [] and b.take(1).ranges == (OffsetRange(P, 5, 5), OffsetRange(Q, 102, 102))
+
+
+def test_written_files_wait_for_every_partition_they_cover():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    active(b, Q, 100)
+    b.add(chunk(P, 0, 3), 2, None)
+    b.add(chunk(Q, 100, 102), 101, None)
+    w = staged_and_landed(b)
+    b.add(chunk(P, 3, 5), 4, None)
+    b.claim(Q, 2)  # a rebalance: Q claims again, P is resumed first
+    b.claim(P, 2)
+    b.resume(P, 0, now=1.0)
+    snap = b.take(2)
+    # the file holds Q's rows too: P's range stops before it, and the chunks behind it wait
+    assert snap.ranges == (OffsetRange(P, 0, 0),) and snap.written == [] and snap.chunks == []
+    assert b.resume(Q, 100, now=1.0) == 102  # same position: the file is kept
+    snap = b.take(2)
+    assert snap.ranges == (OffsetRange(P, 0, 5), OffsetRange(Q, 100, 102)) and snap.written == [w]
+
+
+def test_releasing_a_partition_voids_its_files_and_the_others_read_them_again():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    active(b, Q, 100)
+    b.add(chunk(P, 0, 3), 2, None)
+    first = staged_and_landed(b, "f1")
+    b.add(chunk(P, 3, 6), 5, None)
+    b.add(chunk(Q, 100, 102), 101, None)
+    second = staged_and_landed(b, "f2")  # P [3, 6) and Q [100, 102)
+    b.add(chunk(P, 6, 8), 7, None)
+    b.release(Q)
+    voided, reseek = b.take_voided()
+    # Q's file is void for P too: P keeps its first file and reads again from 3
+    assert voided == [second] and reseek == [P]
+    st = b.partitions[P]
+    assert st.written == [first] and st.chunks == [] and st.next_offset == 3 and st.reseeking
+    assert b.rows == 0
+    assert b.take_voided() == ([], [])
+
+
+def test_an_early_write_is_void_when_a_partition_drops_its_data_meanwhile():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    active(b, Q, 100)
+    b.add(chunk(P, 0, 3), 2, None)
+    b.add(chunk(Q, 100, 102), 101, None)
+    stage = b.stage(1)
+    b.add(chunk(P, 3, 4), 3, None)
+    b.claim(Q, 2)
+    b.resume(Q, 90, now=1.0)  # another position: Q's data is dropped while the write runs
+    assert b.land(stage, {"db.t": ("f",)}) is None
+    # P gets its staged chunk back in front; nothing is written
+    assert [c.end for c in b.partitions[P].chunks] == [3, 4] and b.partitions[P].written == []
+    assert b.rows == 4
+    b.claim(P, 2)
+    b.resume(P, 0, now=1.0)
+    # ... and the same with a new state for the partition (released and assigned again)
+    stage = b.stage(2)
+    b.release(P)
+    b.claim(P, 3)
+    b.resume(P, 0, now=1.0)
+    assert b.land(stage, {"db.t": ("f",)}) is None and b.partitions[P].chunks == []
+
+
+def test_a_failed_early_write_puts_its_chunks_back_first():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    b.add(chunk(P, 0, 3), 2, None)
+    stage = b.stage(1)
+    b.add(chunk(P, 3, 4), 3, None)
+    b.unstage(stage)
+    snap = b.take(1)
+    assert snap.ranges == (OffsetRange(P, 0, 4),) and snap.tables()["db.t"]["x"].to_pylist() == [0, 1, 2, 3]
+
+
+def test_a_round_never_takes_while_an_early_write_is_in_flight():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    b.add(chunk(P, 0, 3), 2, None)
+    b.stage(1)
+    with pytest.raises(RuntimeError, match="early write"):
+        b.take(1)
+
+
+def test_a_restored_response_never_reports_its_written_files_again():
+    b = Buffers(10**9)
+    active(b, P, 0)
+    active(b, Q, 100)
+    b.add(chunk(P, 0, 3), 2, None)
+    w = staged_and_landed(b)
+    b.add(chunk(P, 3, 5), 4, None)
+    b.add(chunk(Q, 100, 101), 100, None)
+    snap = b.take(1)
+    b.add(chunk(P, 5, 6), 5, None)
+    b.restore(snap)  # the send failed: a partial response may name the file
+    voided, reseek = b.take_voided()
+    assert voided == [] and w.sent  # the coordinator's to delete, not the worker's
+    assert reseek == [P]
+    st = b.partitions[P]
+    assert st.range_start == st.next_offset == 0 and st.chunks == [] and st.written == []
+    assert [c.end for c in b.partitions[Q].chunks] == [101]  # no file: restored as before
+    assert b.rows == 1

@@ -316,6 +316,7 @@ def responder(tmp_path, dlq_producer) -> Any:
     w.worker_id = "w1"
     w.events = []
     w.acked_when_reported = []
+    w._seq = 0
 
     async def send(ev: Any) -> None:
         w.events.append(type(ev).__name__)
