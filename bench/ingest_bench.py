@@ -82,9 +82,13 @@ _ROUND_COMMITTED = re.compile(
     r"round (?P<round>\S+) committed to (?P<table>\S+): snapshot (?P<snap>\d+), "
     r"(?P<files>\d+) files, (?P<rows>\d+) rows"
 )
+_EARLY_WRITE = re.compile(
+    r"early write: (?P<rows>\d+) rows of (?P<parts>\d+) partitions in (?P<files>\d+) files, (?P<s>[\d.]+) s(?P<void> \(void)?"
+)
 _MILESTONES: Final = (
     ("metrics on http", "metrics server up"),
     ("spark session started", "spark session started"),
+    ("spark warmed up", "spark warmed up"),
     ("coordinator started", "coordinator started"),
     ("running (group", "worker running"),
     ("created table", "table auto-created"),
@@ -356,6 +360,7 @@ def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4) 
     rounds: list[tuple[float, str]] = []  # answered rounds
     answered: list[tuple[float, int]] = []
     commits = 0
+    early_rows: list[int] = []
     for line in log_path.read_text(errors="replace").splitlines():
         try:
             stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
@@ -367,6 +372,10 @@ def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4) 
             answered.append((at, int(m["rows"])))
             rounds.append((at, f"answered round {m['round'][:8]}: {int(m['rows']):>9,} rows "
                                f"in {m['files']} files{gap}"))
+        elif (m := _EARLY_WRITE.search(line)) is not None:
+            early_rows.append(int(m["rows"]))
+            rounds.append((at, f"early write: {int(m['rows']):>9,} rows in {m['files']} files, "
+                               f"{float(m['s']):.2f} s{' (void)' if m['void'] else ''}"))
         elif (m := _ROUND_COMMITTED.search(line)) is not None:
             commits += 1
             rounds.append((at, f"committed round {m['round'][:8]}: {int(m['rows']):>8,} rows, "
@@ -391,7 +400,8 @@ def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4) 
                    f"{sum(rows) / (middle[-1][0] - answered[shown_rounds - 1][0]):,.0f} rows/s")
     if len(answered) > shown_rounds:
         out += [f"{at:7.1f} s  {text}" for at, text in answered_lines[max(shown_rounds, len(answered) - 2) :]]
-    out.append(f"            {len(answered)} rounds answered, {commits} round commits logged")
+    out.append(f"            {len(answered)} rounds answered, {commits} round commits logged, "
+               f"{len(early_rows)} early writes ({sum(early_rows):,} rows)")
     return out
 
 

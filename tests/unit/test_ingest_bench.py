@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.ingest_bench import commit_walls, steady_note
+from bench.ingest_bench import commit_walls, steady_note, worker_timeline
 
 
 def test_a_round_is_its_write_its_answer_and_its_commits_read_from_the_worker_log(tmp_path):
@@ -26,3 +26,21 @@ def test_the_rate_after_the_first_committed_round_says_why_it_has_no_figure_when
     note = steady_note([(15.6, 1_000_000)], 1_000_000)
     assert "held all N rows" in note[0]
     assert steady_note([], 1_000_000) == []
+
+
+def test_the_timeline_lists_early_writes_and_counts_them(tmp_path):
+    from datetime import datetime
+
+    log = tmp_path / "bench.log"
+    log.write_text(
+        "2026-11-26 00:00:09,000 INFO agents.rounds early write: 245728 rows of 6 partitions in 1 files, 1.69 s\n"
+        "2026-11-26 00:00:09,500 INFO agents.rounds early write: 1000 rows of 2 partitions in 1 files, 0.10 s "
+        "(void: a partition moved meanwhile; files deleted)\n"
+        "2026-11-26 00:00:10,000 INFO agents.rounds round r1: answered 4 partitions, 246728 rows in 2 files "
+        "(1 DataWritten; written in 0.00 s, sent in 0.00 s)\n"
+    )
+    started = datetime.strptime("2026-11-26 00:00:00,000", "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    lines = worker_timeline(log, started)
+    assert lines[0] == "    9.0 s  early write:   245,728 rows in 1 files, 1.69 s"
+    assert lines[1].endswith("0.10 s (void)")
+    assert lines[-1].strip() == "1 rounds answered, 0 round commits logged, 2 early writes (246,728 rows)"
