@@ -80,7 +80,7 @@ def test_a_backlog_is_written_ahead_of_its_round_and_committed_exactly_once(brok
 
 
 def test_a_partition_moving_away_voids_the_files_it_shares_and_loses_nothing(broker, catalog_props, tmp_path):
-    """One replica reads a 240k backlog of 6 partitions into files written early (60 s rounds,
+    """One replica reads a 240k backlog of 6 partitions into files written early (30 s rounds,
     so none is reported yet); a second replica joins and takes half the partitions. The first
     one's files cover partitions it lost: they are deleted, the partitions it keeps read those
     rows again, the new owner reads its own from the accepted position. Every key exactly once,
@@ -97,7 +97,7 @@ def test_a_partition_moving_away_voids_the_files_it_shares_and_loses_nothing(bro
     asyncio.run(produce(broker.bootstrap, "void-pizzas", values, partitions=6))
     cfg = write_config(tmp_path / "void.json", topics="void-pizzas", tables="void.pizzas",
                        bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / "state",
-                       group="void-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 60000,
+                       group="void-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 30000,
                                                        "iceberg.control.commit.timeout-ms": 30000})
     catalog = load_catalog("it", **catalog_props)
     replicas = ReplicaSet(cfg, tmp_path / "logs")
@@ -133,7 +133,7 @@ def test_a_worker_killed_after_an_early_write_loses_nothing(broker, catalog_prop
     state = tmp_path / "state"
     cfg = write_config(tmp_path / "killed.json", topics="killed-pizzas", tables="killed.pizzas",
                        bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=state,
-                       group="killed-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 20000,
+                       group="killed-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 10000,
                                                          "fault.crash-at": "worker.after-early-write"})
     catalog = load_catalog("it", **catalog_props)
     replicas = ReplicaSet(cfg, tmp_path / "logs")
