@@ -335,7 +335,9 @@ class Buffers:
         """The written files a take may report: each covers only partitions taken, and comes
         after none that may not (in any partition)."""
         tps = {st.tp for st in taking}
-        ok = [w for st in taking for w in st.written if all(tp in tps for tp in w.ranges)]
+        ok: list[Written] = []
+        for st in taking:
+            ok.extend(w for w in st.written if w not in ok and all(tp in tps for tp in w.ranges))
         changed = True
         while changed:
             changed = False

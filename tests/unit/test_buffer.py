@@ -334,3 +334,27 @@ def test_a_restored_response_never_reports_its_written_files_again():
     assert st.range_start == st.next_offset == 0 and st.chunks == [] and st.written == []
     assert [c.end for c in b.partitions[Q].chunks] == [101]  # no file: restored as before
     assert b.rows == 1
+
+
+def test_a_file_behind_one_that_must_wait_waits_in_every_partition_it_covers():
+    """P holds file A (P and X) then file B (P and Q); X is claiming. B follows A in P, so B
+    waits too, also for Q, whose first file it is: reported by Q alone, P's rows in it would
+    be committed without P's range, and again with it later."""
+    X = TopicPartition("t", 2)
+    b = Buffers(10**9)
+    for tp, at in ((P, 0), (Q, 100), (X, 200)):
+        active(b, tp, at)
+    b.add(chunk(P, 0, 2), 1, None)
+    b.add(chunk(X, 200, 201), 200, None)
+    a = staged_and_landed(b, "a")
+    b.add(chunk(P, 2, 4), 3, None)
+    b.add(chunk(Q, 100, 103), 102, None)
+    files_b = staged_and_landed(b, "b")
+    assert b.partitions[X].written == [a] and b.partitions[Q].written == [files_b]
+    b.claim(X, 1)  # X claims again (same generation): not active
+    snap = b.take(1)
+    assert snap.written == [] and snap.ranges == (OffsetRange(P, 0, 0), OffsetRange(Q, 100, 100))
+    b.resume(X, 200, now=1.0)
+    snap = b.take(1)
+    assert snap.written == [a, files_b]
+    assert snap.ranges == (OffsetRange(P, 0, 4), OffsetRange(Q, 100, 103), OffsetRange(X, 200, 201))
