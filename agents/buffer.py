@@ -265,10 +265,11 @@ class Buffers:
 
     @property
     def written_rows(self) -> int:
-        """Rows in files written early, waiting for their round."""
+        """Rows in files written early, waiting for their round (also read from /status's
+        thread: copies only)."""
         seen: list[Written] = []
-        for st in self.partitions.values():
-            seen.extend(w for w in st.written if w not in seen)
+        for st in list(self.partitions.values()):
+            seen.extend(w for w in list(st.written) if w not in seen)
         return sum(w.rows for w in seen)
 
     def take_voided(self) -> tuple[list[Written], list[TopicPartition]]:

@@ -187,6 +187,9 @@ class Rounds(WorkerState):
                 try:
                     files = await self._write_tables(await self._arrow_tables(stage),
                                                      f"early-{uuid.uuid4().hex[:8]}-{self.worker_id}-{self._seq}")
+                except asyncio.CancelledError:  # stopping: the rows go back, as after a failure
+                    self.buffers.unstage(stage)
+                    raise
                 except Exception as exc:
                     self.metrics.write_failures.inc()
                     self.buffers.unstage(stage)

@@ -158,3 +158,40 @@ def test_a_failed_seek_keeps_partitions_paused():
         assert not w._backpressure and w.app.consumer.calls[-1] == ("resume", [FP])
 
     asyncio.run(run())
+
+
+def test_an_early_write_cancelled_mid_way_gives_its_rows_back():
+    """Stopping cancels an early write in flight: its rows go back to the buffers, so nothing
+    is left staged and a round could still take them."""
+    w = make_worker(max_bytes=10**9)
+    w.settings = build({"topics": P.topic, "iceberg.tables": TABLE, "buffer.write-ahead-bytes": 1024},
+                       warn_unknown=False)
+    w.generation = 1
+    w._respond_lock = asyncio.Lock()
+    w._seq = 0
+    w._writing_early = False
+    started = asyncio.Event()
+
+    async def write_forever(tables, tag):
+        started.set()
+        await asyncio.sleep(3600)
+
+    async def arrow(snap):
+        return snap.tables()
+
+    w._write_tables = write_forever
+    w._arrow_tables = arrow
+
+    async def go():
+        w._rebalanced = asyncio.Event()  # not set: on_fetch starts no early write itself
+        await w.on_fetch(batch(0, 500))
+        task = asyncio.ensure_future(Worker._write_early(w))
+        await started.wait()
+        assert w.buffers.rows == 0  # staged
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(go())
+    assert w.buffers.rows == 500 and w.buffers._staged is None
+    snap = w.buffers.take(1)
+    assert snap.rows == 500 and snap.ranges[0].end == 500
