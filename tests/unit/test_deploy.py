@@ -88,7 +88,7 @@ def test_the_dashboard_has_the_panels_users_need():
     dashboard = json.loads((DEPLOY / "grafana" / "icesink.json").read_text())
     titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
     for needed in ("records in", "dead letters", "lag", "round duration", "commit", "retries", "buffered",
-                   "backpressure", "files per round", "freshness", "replicas", "coordinator", "early writes"):
+                   "backpressure", "files per round", "freshness", "replicas", "coordinator"):
         assert needed in titles, needed
     assert all(t["expr"] and t["refId"] for p in dashboard["panels"] for t in p["targets"])
 
