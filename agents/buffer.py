@@ -367,11 +367,15 @@ class Buffers:
                 st.next_offset = r.start
                 self._moved_back(st)
                 continue
-            mine = [c for c in snap.chunks if c.tp == r.tp]
-            st.chunks[:0] = mine
-            for c in mine:
-                self.nbytes += c.nbytes
-                self.rows += c.rows
+            self._put_back(st, snap.chunks)
+
+    def _put_back(self, st: PartitionState, chunks: list[Chunk]) -> None:
+        """``st``'s chunks among ``chunks`` go back in front of its buffered ones."""
+        mine = [c for c in chunks if c.tp == st.tp]
+        st.chunks[:0] = mine
+        for c in mine:
+            self.nbytes += c.nbytes
+            self.rows += c.rows
 
     # Early writes ----------------------------------------------------------------------------
 
@@ -423,10 +427,5 @@ class Buffers:
         self._staged = None
         for r in stage.ranges:
             st = self._unchanged(stage, r.tp)
-            if st is None:
-                continue
-            mine = [c for c in stage.chunks if c.tp == r.tp]
-            st.chunks[:0] = mine
-            for c in mine:
-                self.nbytes += c.nbytes
-                self.rows += c.rows
+            if st is not None:
+                self._put_back(st, stage.chunks)

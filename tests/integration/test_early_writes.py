@@ -35,6 +35,17 @@ def data_files_referenced(table) -> set[str]:
     return {task.file.file_path.removeprefix("file://").removeprefix(root) for task in table.scan().plan_files()}
 
 
+def backlog(broker, topic: str, partitions: int, n: int, seed: int) -> list[bytes]:
+    """``n`` pizza events produced to a new topic of ``partitions`` partitions."""
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.kafka_admin import ensure_topic
+
+    values = pizza_values(n, seed=seed)
+    asyncio.run(ensure_topic(broker.bootstrap, topic, partitions))
+    asyncio.run(produce(broker.bootstrap, topic, values, partitions=partitions))
+    return values
+
+
 def wait_metric(replicas, port: int, name: str, at_least: float, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -54,14 +65,10 @@ def test_a_backlog_is_written_ahead_of_its_round_and_committed_exactly_once(brok
     round reports them all."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
 
     n = 150_000
-    values = pizza_values(n, seed=21)
-    asyncio.run(ensure_topic(broker.bootstrap, "early-pizzas", 3))
-    asyncio.run(produce(broker.bootstrap, "early-pizzas", values, partitions=3))
+    values = backlog(broker, "early-pizzas", 3, n, seed=21)
     cfg = write_config(tmp_path / "early.json", topics="early-pizzas", tables="early.pizzas",
                        bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / "state",
                        group="early-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 20000})
@@ -87,14 +94,10 @@ def test_a_partition_moving_away_voids_the_files_it_shares_and_loses_nothing(bro
     no data file left that no snapshot references."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
 
     n = 240_000
-    values = pizza_values(n, seed=22)
-    asyncio.run(ensure_topic(broker.bootstrap, "void-pizzas", 6))
-    asyncio.run(produce(broker.bootstrap, "void-pizzas", values, partitions=6))
+    values = backlog(broker, "void-pizzas", 6, n, seed=22)
     cfg = write_config(tmp_path / "void.json", topics="void-pizzas", tables="void.pizzas",
                        bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / "state",
                        group="void-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 30000,
@@ -122,14 +125,10 @@ def test_a_worker_killed_after_an_early_write_loses_nothing(broker, catalog_prop
     partitions again from the accepted position. Every key exactly once."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
 
     n = 120_000
-    values = pizza_values(n, seed=23)
-    asyncio.run(ensure_topic(broker.bootstrap, "killed-pizzas", 3))
-    asyncio.run(produce(broker.bootstrap, "killed-pizzas", values, partitions=3))
+    values = backlog(broker, "killed-pizzas", 3, n, seed=23)
     state = tmp_path / "state"
     cfg = write_config(tmp_path / "killed.json", topics="killed-pizzas", tables="killed.pizzas",
                        bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=state,
