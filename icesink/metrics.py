@@ -97,6 +97,8 @@ class Metrics:
             "landed (waiting for their round), void (a partition they cover moved during the write), dropped "
             "(landed, then a partition they cover moved; its rows are read again)",
             ["outcome"], registry=r)
+        for outcome in ("landed", "void", "dropped"):  # at 0 from the start: the dashboard's panel has data
+            self.early_writes.labels(outcome=outcome)
         self.written_ahead_rows = Gauge(
             "icesink_written_ahead_rows", "Rows in data files written early, waiting for their round", registry=r)
         # Coordinator.

@@ -84,11 +84,19 @@ def test_the_metrics_page_has_no_created_series():
     assert "_created" not in page
 
 
+def test_the_early_write_outcomes_have_series_before_the_first_early_write():
+    """The dashboard's early-write panel must have data on a replica that never wrote early
+    (tests/integration/test_observability.py checks every panel against a real Prometheus)."""
+    m = Metrics()
+    for outcome in ("landed", "void", "dropped"):
+        assert m.registry.get_sample_value("icesink_early_writes_total", {"outcome": outcome}) == 0.0
+
+
 def test_the_dashboard_has_the_panels_users_need():
     dashboard = json.loads((DEPLOY / "grafana" / "icesink.json").read_text())
     titles = " | ".join(p["title"] for p in dashboard["panels"]).lower()
     for needed in ("records in", "dead letters", "lag", "round duration", "commit", "retries", "buffered",
-                   "backpressure", "files per round", "freshness", "replicas", "coordinator"):
+                   "backpressure", "files per round", "freshness", "replicas", "coordinator", "early writes"):
         assert needed in titles, needed
     assert all(t["expr"] and t["refId"] for p in dashboard["panels"] for t in p["targets"])
 
