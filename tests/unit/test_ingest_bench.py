@@ -44,3 +44,28 @@ def test_the_timeline_lists_early_writes_and_counts_them(tmp_path):
     assert lines[0] == "    9.0 s  early write:   245,728 rows in 1 files, 1.69 s"
     assert lines[1].endswith("0.10 s (void)")
     assert lines[-1].strip() == "1 rounds answered, 0 round commits logged, 2 early writes (246,728 rows)"
+
+
+def test_the_committed_rows_poll_counts_what_the_tables_hold(tmp_path):
+    """The benchmark polls the rows committed every 0.5 s while the worker runs, reading the
+    catalog's pointers and only the metadata files that changed (loading 200 tables through
+    pyiceberg took 0.17-0.28 CPU-s a poll on the worker's two cores): the rows pyiceberg counts."""
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+
+    from bench.ingest_bench import NAMESPACE, CommittedRows, committed_rows
+    from icesink.catalogs import sqlite_catalog_properties
+
+    catalog = load_catalog("b2", **sqlite_catalog_properties(tmp_path))
+    poll = CommittedRows(tmp_path / "catalog.db")
+    assert poll() == 0  # no namespace yet
+    catalog.create_namespace(NAMESPACE)
+    rows = pa.table({"n": pa.array([1, 2, 3], pa.int64())})
+    tables = [catalog.create_table(f"{NAMESPACE}.t{i}", rows.schema) for i in range(3)]
+    assert poll() == 0  # created, nothing committed
+    for i, table in enumerate(tables):
+        for _ in range(i + 1):
+            table.append(rows)
+    assert poll() == committed_rows(catalog) == 18
+    tables[0].append(rows)
+    assert poll() == committed_rows(catalog) == 21
