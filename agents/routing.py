@@ -81,8 +81,24 @@ class Router:
             every = np.arange(n, dtype=np.int64)
             return Routes({t: every for t in self.tables}, ())
         converted, column = self._read(values)
-        unrouted = list(converted.rejects)  # unreadable records (bad JSON, ...)
         rows = np.asarray(converted.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        return self.routes_of(rows, column, converted.rejects)
+
+    @property
+    def top_level_field(self) -> str | None:
+        """The route field when it is a top-level field of plain JSON records (no envelope, no
+        Debezium): a column of their decode against a table schema holding it gives the same
+        values as :meth:`route`'s own read (agents/ingest.py decodes a fan-out once that way)."""
+        if self.debezium is not None or self._path is None or "." in self._path:
+            return None
+        return self._path
+
+    def routes_of(self, rows: npt.NDArray[np.int64], column: pa.ChunkedArray | pa.Array,
+                  unreadable: Sequence[Reject] = ()) -> Routes:
+        """The routes of the records ``rows`` (ascending input indices) whose route field values
+        are ``column`` (one per row, null where missing); ``unreadable``: records that could
+        not be read, unrouted as they are."""
+        unrouted = list(unreadable)
         encoded = column.combine_chunks().dictionary_encode() if len(column) else pa.array([], pa.string()).dictionary_encode()
         codes = encoded.indices.to_numpy(zero_copy_only=False)
         nulls = np.asarray(encoded.is_null().to_numpy(zero_copy_only=False), dtype=bool)

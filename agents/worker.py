@@ -127,6 +127,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._open_round: str | None = None  # latest StartCommit without its CommitComplete
         self._claimed_at: dict[TopicPartition, float] = {}
         self._progress: dict[TopicPartition, tuple[int, int | None, float, bool]] = {}  # stall probes (ingest)
+        self._fanout = None  # decode a fan-out once (ingest)
         self._backpressure = False
         self._last_request = 0.0
         self._writing_early = False  # an early write is in flight (agents/rounds.py)

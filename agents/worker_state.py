@@ -15,9 +15,11 @@ from collections.abc import Callable, Sequence
 
 if TYPE_CHECKING:
     import faust
+    import pyarrow as pa
     from pyiceberg.catalog import Catalog
 
     from agents.buffer import Buffers, Chunk, PartitionState
+    from agents.convert import EpochUnit
     from agents.deadletter import DeadLetters
     from agents.debezium import DebeziumTransform
     from agents.evolution import Evolver
@@ -66,6 +68,7 @@ class WorkerState:
     _open_round: str | None
     _claimed_at: dict[TopicPartition, float]
     _progress: dict[TopicPartition, tuple[int, int | None, float, bool]]  # stall probes (ingest)
+    _fanout: tuple[pa.Schema, EpochUnit, dict[str, Target]] | None  # decode a fan-out once (ingest)
     _backpressure: bool
     _last_request: float
     _writing_early: bool

@@ -109,28 +109,35 @@ def test_dynamic_routing_to_200_tables(broker, catalog_props, tmp_path: Path) ->
            "buffer.max-bytes": bound},
     )
     rnd = random.Random(5)
-    values = [json.dumps({"tenant": f"Tenants.T{t:03d}", "id": f"{t}-{i}", "n": i}).encode()
-              for t in range(n_tables) for i in range(per_table)]
-    rnd.shuffle(values)
+
+    def wave(ids: range) -> list[bytes]:
+        values = [json.dumps({"tenant": f"Tenants.T{t:03d}", "id": f"{t}-{i}", "n": i}).encode()
+                  for t in range(n_tables) for i in ids]
+        rnd.shuffle(values)
+        return values
+
     catalog = load_catalog("it", **catalog_props)
     replicas = ReplicaSet(cfg, tmp_path / "logs")
     started = time.monotonic()
     peak_buffered = 0
     try:
         r = replicas.start("solo")
-        asyncio.run(produce(broker.bootstrap, topic, values, partitions=2))
         deadline = time.monotonic() + 600
-        while True:
-            replicas.check_alive()
-            try:
-                peak_buffered = max(peak_buffered, int(http_json(r.metrics_port)["buffered"]["bytes"]))
-            except OSError:
-                pass
-            tables = catalog.list_tables("tenants") if ("tenants",) in catalog.list_namespaces() else []
-            if len(tables) == n_tables and all(total_rows(catalog, ".".join(t)) == per_table for t in tables):
-                break
-            assert time.monotonic() < deadline, f"{len(tables)} tables after 600 s"
-            time.sleep(2)
+        # The second wave finds every table created: the worker reads its fetches once for all
+        # 200 tables (agents/ingest.py, _decode_fanout); the first decodes them the usual way.
+        for ids in (range(per_table - 20), range(per_table - 20, per_table)):
+            asyncio.run(produce(broker.bootstrap, topic, wave(ids), partitions=2))
+            while True:
+                replicas.check_alive()
+                try:
+                    peak_buffered = max(peak_buffered, int(http_json(r.metrics_port)["buffered"]["bytes"]))
+                except OSError:
+                    pass
+                tables = catalog.list_tables("tenants") if ("tenants",) in catalog.list_namespaces() else []
+                if len(tables) == n_tables and all(total_rows(catalog, ".".join(t)) == ids.stop for t in tables):
+                    break
+                assert time.monotonic() < deadline, f"{len(tables)} tables after 600 s"
+                time.sleep(2)
         elapsed = time.monotonic() - started
         rss_kb = int(next(line.split()[1] for line in Path(f"/proc/{r.proc.pid}/status").read_text().splitlines()
                           if line.startswith("VmHWM")))
@@ -145,4 +152,4 @@ def test_dynamic_routing_to_200_tables(broker, catalog_props, tmp_path: Path) ->
                 "SELECT count(*), count(DISTINCT id) FROM iceberg_scan(?)", [plain_path(table.metadata_location)]
             ).fetchone()
             assert (count, distinct) == (per_table, per_table), name
-            assert len(table.snapshots()) <= 3, f"{name}: {len(table.snapshots())} snapshots"
+            assert len(table.snapshots()) <= 6, f"{name}: {len(table.snapshots())} snapshots"

@@ -70,6 +70,7 @@ def make_worker(max_bytes: int) -> Worker:
     w.producer = Producer()
     w._backpressure = False
     w._last_request = 0.0
+    w._fanout = None
     w.buffers.claim(P, 1)
     w.buffers.resume(P, 0, now=0.0)
     return w

@@ -248,7 +248,7 @@ def worker_stub(tmp_path, producer, **extra: Any) -> Any:
         settings=s, metrics=metrics, buffers=Buffers(10**9),
         targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA, keys=None)},
         deadletters=DeadLetters(s, metrics, "w1", producer=producer),
-        router=Router(s), format=RecordFormat(s), debezium=None, evolver=None,
+        router=Router(s), format=RecordFormat(s), debezium=None, evolver=None, _fanout=None,
     ).items():
         setattr(stub, name, value)
     stub.buffers.claim(TP, 1)
@@ -426,6 +426,92 @@ def test_a_fan_out_counts_the_bytes_of_its_rows_once_not_per_table(tmp_path, mon
     assert len(decoded) == 1
     assert w.buffers.nbytes == decoded[0]
     assert sum(t.num_rows for t in w.buffers.take(1).tables().values()) == 200
+
+
+ROUTED = pa.schema([pa.field("t", pa.string()), *SCHEMA])  # tables auto-created from routed records
+
+
+def fan_out_stub(tmp_path: Any, producer: FakeProducer, names: list[str]) -> Any:
+    w = worker_stub(tmp_path, producer, **DLQ, **{"iceberg.tables": "", "iceberg.tables.route-field": "t",
+                                                  "iceberg.tables.dynamic-enabled": "true"})
+    w.router = Router(w.settings)
+    w.targets = {n: SimpleNamespace(arrow_schema=ROUTED, keys=None) for n in names}
+    return w
+
+
+def routed_fetch(start: int, rows: list[tuple[Any, Any, Any]]) -> list[Msg]:
+    return [Msg(start + i, json.dumps({"t": t, "order_id": o, "store_id": s}).encode()) for i, (t, o, s) in enumerate(rows)]
+
+
+def test_a_fan_out_reads_each_record_once_after_its_first_fetch(tmp_path, monkeypatch):
+    """A topic routed to many tables of one schema: once a fetch showed the fan-out, the next
+    fetches are decoded once against that schema and routed by the decoded route column. The
+    router read every record for its route field first (a third of a fetch's handling at 200
+    tables), then the decode read it again."""
+    names = [f"db.t{i}" for i in range(5)]
+    w = fan_out_stub(tmp_path, FakeProducer(), names)
+    route_reads: list[int] = []
+    read = w.router._read
+
+    def counted(values: Any) -> Any:
+        route_reads.append(len(values))
+        return read(values)
+
+    monkeypatch.setattr(w.router, "_read", counted)
+    st = w.buffers.partitions[TP]
+    run(Worker._buffer(w, st, routed_fetch(0, [(names[i % 5], f"o{i}", i) for i in range(20)])))
+    run(Worker._buffer(w, st, routed_fetch(20, [(names[i % 5], f"o{i}", i) for i in range(20, 50)])))
+    run(Worker._buffer(w, st, routed_fetch(50, [(names[i % 5], f"o{i}", i) for i in range(50, 60)])))
+    assert route_reads == [20]  # the first fetch only
+    tables = w.buffers.take(1).tables()
+    for k, name in enumerate(names):
+        assert tables[name].column("order_id").to_pylist() == [f"o{i}" for i in range(k, 60, 5)]
+        assert tables[name].column("t").to_pylist() == [name] * 12
+
+
+def test_a_fan_out_read_once_buffers_and_dead_letters_exactly_as_the_usual_way(tmp_path, monkeypatch):
+    """The same fetches through a worker that reads a fan-out once and one that never does:
+    the same rows per table, in the same order, and the same dead letters (table, offset,
+    field, reason) for a record that does not decode, one that is no JSON, one without a route,
+    a route that is no table name, and a table reloaded between fetches."""
+    names = ["db.a", "db.b", "db.c"]
+    fetches = [
+        routed_fetch(0, [("db.a", "a1", 1), ("db.b", "b1", 2), ("db.c", "c1", 3)]),
+        routed_fetch(3, [("db.b", "b2", 4), ("db.a", "a2", 5), ("db.c", "c2", 6), ("db.a", "a3", 7)]),
+        routed_fetch(7, [("db.a", "a4", "x"), ("db.b", "b3", 8), ("db.c", "c3", 9)]),  # bad store_id
+        routed_fetch(10, [("db.a", "a5", 10), (None, "n1", 11), ("bad name!", "n2", 12), ("db.c", "c4", 13)]),
+        [*routed_fetch(14, [("db.c", "c5", 14), ("db.b", "b4", 15)]), Msg(16, b'{"t": "db.a", "order_id": ')],
+        routed_fetch(17, [("db.b", "b5", 17), ("db.a", "a6", 18)]),
+    ]
+    outcomes = []
+    for once in (True, False):
+        producer = FakeProducer()
+        w = fan_out_stub(tmp_path / str(once), producer, names)
+        read_once: list[int] = []
+        decode_fanout = w._decode_fanout
+
+        def fanout(*a: Any, i: list[int] = read_once, once: bool = once, f: Any = decode_fanout) -> Any:
+            out = f(*a) if once else None
+            i.append(out is not None)
+            return out
+
+        monkeypatch.setattr(w, "_decode_fanout", fanout)
+        st = w.buffers.partitions[TP]
+        for i, msgs in enumerate(fetches):
+            if i == 5:  # db.b reloaded (a schema change elsewhere): no longer the table the fan-out checked
+                w.targets["db.b"] = SimpleNamespace(arrow_schema=pa.schema(list(ROUTED)), keys=None)
+            run(Worker._buffer(w, st, msgs))
+        snap = w.buffers.take(1)
+        rows = {n: t.to_pydict() for n, t in snap.tables().items()}
+        letters = sorted((s["headers"][H_OFFSET], s["headers"].get(H_TABLE), s["headers"].get(H_FIELD),
+                          s["headers"][H_REASON]) for s in producer.sent)
+        outcomes.append((rows, letters, read_once))
+    (once_rows, once_letters, read_once), (usual_rows, usual_letters, _) = outcomes
+    assert read_once == [False, True, True, True, True, False]  # the reloaded table: the usual way
+    assert once_rows == usual_rows
+    assert once_letters == usual_letters
+    assert [o for o, *_ in once_letters] == [b"11", b"12", b"16", b"7"]
+    assert once_rows["db.a"]["order_id"] == ["a1", "a2", "a3", "a5", "a6"]
 
 
 def test_a_fetch_of_several_partitions_lets_the_loop_run_between_them(tmp_path):
