@@ -235,10 +235,12 @@ class Ingest(WorkerState):
         The same routes, rows and rejects as the usual way, or None to go the usual way: no
         fan-out remembered, a table not of the fan-out (a new one: the usual way creates it),
         a record routed to several tables."""
-        plan, field = self._fanout, self.router.top_level_field
-        if plan is None or field is None or len(values) < 2 or self.evolver is not None or self.debezium is not None:
+        plan = self._fanout  # only ever set for a top-level route field, without evolution or Debezium
+        if plan is None or len(values) < 2:
             return None
         schema, unit, members = plan
+        field = self.router.top_level_field
+        assert field is not None
         converted = self.format.convert([messages[p] for p in positions], values, schema, epoch_unit=unit)
         rows = np.asarray(converted.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
         routes = self.router.routes_of(rows, converted.table.column(field))
