@@ -281,7 +281,7 @@ class Evolver:
         out = set()
         for st in buffers.partitions.values():
             for chunk in st.chunks:
-                for name, t in chunk.tables.items():
+                for name, t in chunk.by_table().items():
                     if name not in out and not t.schema.equals(targets[name].arrow_schema):
                         out.add(name)
         return out
@@ -291,7 +291,7 @@ class Evolver:
         ci = self.case_insensitive
         return lambda chunk: all(
             t.schema.equals(targets[name].arrow_schema) or holds(targets[name].arrow_schema, t.schema, case_insensitive=ci)
-            for name, t in chunk.tables.items()
+            for name, t in chunk.by_table().items()
         )
 
     def conformer(self, targets: Mapping[str, Any]) -> Callable[[str, pa.Table], pa.Table]:

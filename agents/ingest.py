@@ -18,7 +18,7 @@ import numpy.typing as npt
 import pyarrow as pa
 from faust.types import TP
 
-from agents.buffer import Chunk, PartitionState
+from agents.buffer import Chunk, FanoutRows, PartitionState
 from agents.convert import Converted, EpochUnit, Reject
 from agents.deadletter import screen
 from agents import mirror
@@ -134,10 +134,21 @@ class Ingest(WorkerState):
             no_route = sum(1 for r in routes.unrouted if r.reason.startswith("no route"))
             self.metrics.records_unrouted.labels(topic=st.tp.topic).inc(no_route)
             rejects += [(r, None) for r in screened.at_messages(routes.unrouted)]
+        if fanout is not None:  # one decode for all its tables, kept whole (agents/buffer.py FanoutRows)
+            _, rows_of, table_rejects = fanout
+            rejects += list(zip(screened.at_messages(r for r, _ in table_rejects), (n for _, n in table_rejects),
+                                strict=True))
+            if rejects:
+                await self.deadletters.reject(messages, rejects)
+            self.metrics.records_converted.labels(topic=st.tp.topic).inc(rows_of.table.num_rows)
+            last = messages[-1]
+            ts = last.timestamp if last.timestamp is not None and last.timestamp >= 0 else None
+            self.buffers.add(Chunk(st.tp, last.offset + 1, {}, rows_of.table.nbytes, rows_of.table.num_rows,
+                                   rows_of if rows_of.table.num_rows else None), last.offset, ts)
+            return
         # Tables decoded together are counted once, as the rows they share: an nbytes walk per
         # table and fetch was a quarter of a fetch's handling at 200 tables (py-spy).
-        shared, nbytes = (fanout[1], fanout[2]) if fanout is not None else await self._decode_together(
-            routes.by_table, values, messages, screened.positions)
+        shared, nbytes = await self._decode_together(routes.by_table, values, messages, screened.positions)
         for name, idx in routes.by_table.items():
             whole = len(idx) == len(values)
             target = self.targets.get(name)
@@ -225,16 +236,17 @@ class Ingest(WorkerState):
             members = {**self._fanout[2], **members}  # tables of the fan-out seen in earlier fetches
         self._fanout = (schema, unit, members)
 
-    def _decode_fanout(self, values: list[bytes], messages: Sequence[Any],
-                       positions: Sequence[int]) -> tuple[Routes, dict[str, Converted], int] | None:
+    def _decode_fanout(self, values: list[bytes], messages: Sequence[Any], positions: Sequence[int],
+                       ) -> tuple[Routes, FanoutRows, list[tuple[Reject, str]]] | None:
         """A fetch of a fan-out (a topic routed to many tables of one schema) decoded ONCE,
         against that schema, and routed by the route field's column of the decoded rows: the
         usual way reads every record twice, once for its route field and once for its table
         (the route field's read was a third of a fetch's handling at 200 tables, py-spy). A
         record that does not decode is routed by the router alone, as the usual way routes it.
-        The same routes, rows and rejects as the usual way, or None to go the usual way: no
-        fan-out remembered, a table not of the fan-out (a new one: the usual way creates it),
-        a record routed to several tables."""
+        The routes, the rows (kept whole, each with its table) and each decode reject with its
+        table (indexes into ``values``), as the usual way gives them; or None to go the usual
+        way: no fan-out remembered, a table not of the fan-out (a new one: the usual way creates
+        it), a record routed to several tables."""
         plan = self._fanout  # only ever set for a top-level route field, without evolution or Debezium
         if plan is None or len(values) < 2:
             return None
@@ -254,18 +266,26 @@ class Ingest(WorkerState):
             routes = Routes(by_table, tuple(sorted(unrouted, key=lambda r: r.index)))
         if not routes.by_table or any(self.targets.get(n) is not members.get(n) for n in routes.by_table):
             return None
-        names, parts = list(routes.by_table), list(routes.by_table.values())
-        union = np.sort(np.concatenate(parts))
-        if len(union) > 1 and bool((union[1:] == union[:-1]).any()):
+        names = list(routes.by_table)
+        owner = np.full(len(values), -1, dtype=np.int32)
+        routed = 0
+        for k, part in enumerate(routes.by_table.values()):
+            owner[part] = k
+            routed += len(part)
+        if int((owner >= 0).sum()) != routed:  # a record routed to several tables
             return None
-        if len(union) < len(values):  # records without a route: no table's rows or rejects
-            at = np.full(len(values), -1, dtype=np.int64)
-            at[union] = np.arange(len(union))
-            keep = at[rows] >= 0
-            converted = Converted(
-                converted.table.filter(pa.array(keep)), pa.array(at[rows][keep], pa.int64()),
-                tuple(dataclasses.replace(r, index=int(at[r.index])) for r in converted.rejects if at[r.index] >= 0))
-        return routes, split_converted(converted, union, names, parts), converted.table.nbytes
+        row_owner = owner[rows]
+        table = converted.table
+        if len(rows) and int(row_owner.min()) < 0:  # records without a route: no table's rows or rejects
+            keep = row_owner >= 0
+            table, row_owner = table.filter(pa.array(keep)), row_owner[keep]
+        counts = np.bincount(row_owner, minlength=len(names))
+        if not counts.all():  # tables whose records all failed: no rows, only rejects
+            renumber = np.cumsum(counts > 0, dtype=np.int32) - 1
+            row_owner = renumber[row_owner]
+        present = tuple(n for n, c in zip(names, counts, strict=True) if c)
+        table_rejects = [(r, names[owner[r.index]]) for r in converted.rejects if owner[r.index] >= 0]
+        return routes, FanoutRows(table, row_owner, present), table_rejects
 
     def _screen_changes(self, name: str, keys: tuple[str, ...], converted: Converted) -> Converted:
         """A mirror table's changes without a key value or a readable operation become rejects."""

@@ -223,7 +223,7 @@ class Rounds(WorkerState):
         schema_ready = self.evolver.ready(targets) if self.evolver is not None else None
 
         def ready(c: Chunk) -> bool:
-            if any(name not in targets or targets[name].keys is not None for name in c.tables):
+            if any(name not in targets or targets[name].keys is not None for name in c.names()):
                 return False
             return schema_ready is None or schema_ready(c)
 

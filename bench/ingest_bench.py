@@ -127,6 +127,7 @@ class WorkerResult:
     driver_memory: str = ""
     freshness_ms: list[float] = field(default_factory=list)  # produce-to-committed, one per record
     profile: list[tuple[str, int]] = field(default_factory=list)
+    produced_until_wall: float | None = None  # --rate: when the producer finished (time.time())
 
 
 def bench_tables(catalog: Any) -> list[Any]:
@@ -259,6 +260,12 @@ def run_worker(
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     replicas = ReplicaSet(config_path, directory / "logs", env={"PYTHONPATH": pythonpath})
     sampler: RssSampler | None = None
+    produced_until: list[float] = []
+
+    def produce_then_note() -> None:
+        live()
+        produced_until.append(time.time())
+
     try:
         started_wall = time.time()
         system_began, broker_began, self_began = system_cpu_s(), process_cpu_s(broker_pid), _cpu_seconds()
@@ -282,7 +289,7 @@ def run_worker(
                 raise RuntimeError(f"expected {n} committed rows within {timeout_s:.0f} s, "
                                    f"found {rows}. Worker log tail:\n{tail}")
             if live is not None and producer is None and "running (group" in replica.log_path.read_text(errors="replace"):
-                producer = threading.Thread(target=live, daemon=True)
+                producer = threading.Thread(target=produce_then_note, daemon=True)
                 producer.start()
             consumed = None
             if now >= next_metrics_poll:
@@ -370,6 +377,7 @@ def run_worker(
         driver_memory=str(config["spark.driver.memory"]),
         freshness_ms=freshness_ms(written) if live is not None else [],
         profile=profiler.breakdown() if profiler is not None else [],
+        produced_until_wall=produced_until[0] if produced_until else None,
     )
 
 
@@ -378,11 +386,11 @@ def first_reaching(curve: list[tuple[float, float]], level: float) -> str:
     return next((f"{at:.1f}" for at, value in curve if value >= level), "-")
 
 
-def commit_walls(log_path: Path) -> list[tuple[float, float, int, float]]:
+def commit_walls(log_path: Path) -> list[tuple[float, float, int, float, float]]:
     """Per round with rows: its Spark write (s), then the seconds from the worker's answer (the
     write done and the response sent) to the coordinator's last table commit of that round (all
-    tables of the round, in parallel), its files, and the seconds the response took to send
-    (0 if the worker does not log it)."""
+    tables of the round, in parallel), its files, the seconds the response took to send (0 if
+    the worker does not log it), and the wall-clock time of the answer."""
     answered: dict[str, tuple[float, float, int, float]] = {}
     last: dict[str, float] = {}
     for line in log_path.read_text(errors="replace").splitlines():
@@ -394,7 +402,26 @@ def commit_walls(log_path: Path) -> list[tuple[float, float, int, float]]:
             answered[m["round"]] = (stamp, float(m["write_s"] or "nan"), int(m["files"]), float(m["send_s"] or 0))
         elif (m := _ROUND_COMMITTED.search(line)) is not None:
             last[m["round"]] = stamp
-    return [(write_s, last[r] - at, files, send_s) for r, (at, write_s, files, send_s) in answered.items() if r in last]
+    return [(write_s, last[r] - at, files, send_s, at)
+            for r, (at, write_s, files, send_s) in answered.items() if r in last]
+
+
+def warm_rounds_note(walls: list[tuple[float, float, int, float, float]], produced_until: float | None) -> list[str]:
+    """With --rate: the median round of the later half of the rounds answered while records were
+    still produced. A fresh JVM compiles its write path over its first writes (a 200-file write
+    takes 1.8 s, then 0.9 s, and settles near 0.5 s after about 15: bench/spark_write_bench.py),
+    so a short run's rounds are mostly warm-up; a worker runs for days. Rounds answered after
+    the producer stopped share the machine with less and are left out."""
+    if produced_until is None:
+        return []
+    live = [w for w in walls if w[4] <= produced_until]
+    warm = live[len(live) // 2:]
+    if len(warm) < 2:
+        return [f"    median round of the later half while producing: too few rounds ({len(live)} while producing)"]
+    return [f"    median round of the later half while producing ({len(warm)} of {len(live)} rounds): "
+            f"{statistics.median(w[0] + w[3] + w[1] for w in warm):.2f} s "
+            f"(write {statistics.median(w[0] for w in warm):.2f} s, "
+            f"commits {statistics.median(w[1] for w in warm):.2f} s)"]
 
 
 def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4) -> list[str]:
@@ -585,6 +612,8 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
                   f"answer {statistics.median(w[3] for w in walls[1:]):.2f} s, "
                   f"commits {statistics.median(w[1] for w in walls[1:]):.2f} s; "
                   f"write + commits {statistics.median(w[0] + w[1] for w in walls[1:]):.2f} s)")
+        for line in warm_rounds_note(walls, b.produced_until_wall):
+            print(line)
     levels = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
     print("    progress, seconds since process start (consumed: icesink_records_consumed_total,")
     print("    polled every 0.2 s until it is > 0, then every 5 s; committed: the table's total-records, "

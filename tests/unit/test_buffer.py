@@ -358,3 +358,43 @@ def test_a_file_behind_one_that_must_wait_waits_in_every_partition_it_covers():
     snap = b.take(1)
     assert snap.written == [a, files_b]
     assert snap.ranges == (OffsetRange(P, 0, 4), OffsetRange(Q, 100, 103), OffsetRange(X, 200, 201))
+
+
+def test_fan_out_fetches_are_split_per_table_once_per_round_in_buffer_order():
+    """A fetch routed to many tables of one schema is buffered whole (FanoutRows), and a round
+    splits all such fetches at once: each table's rows in buffer order, around chunks buffered
+    per table and across a change of schema."""
+    import numpy as np
+
+    from agents.buffer import FanoutRows
+
+    b = Buffers(10**9)
+    active(b, P, 0)
+    active(b, Q, 0)
+    s2 = pa.schema([("x", pa.int64()), ("y", pa.string())])
+
+    def fan(tp, end, xs, owners, names, schema=None):
+        t = pa.table({"x": xs}) if schema is None else pa.table({"x": xs, "y": [str(x) for x in xs]}, schema=schema)
+        return Chunk(tp, end, {}, t.nbytes, t.num_rows, FanoutRows(t, np.array(owners, np.int32), names))
+
+    b.add(fan(P, 3, [1, 2, 3], [0, 1, 0], ("db.a", "db.b")), 2, None)
+    b.add(fan(Q, 2, [10, 11], [0, 0], ("db.b",)), 1, None)
+    t = pa.table({"x": [4]})
+    b.add(Chunk(P, 4, {"db.a": t}, t.nbytes, 1), 3, None)  # a fetch that went the usual way
+    b.add(fan(P, 6, [5, 6], [0, 1], ("db.c", "db.a")), 5, None)
+    b.add(fan(Q, 4, [12, 13], [0, 1], ("db.a", "db.b"), s2), 3, None)  # another schema
+    assert b.partitions[P].chunks[0].tables == {}  # kept whole until the round
+    assert dict(b.partitions[P].chunks[0].by_table().items())["db.a"].column("x").to_pylist() == [1, 3]
+    casts: list[tuple[str, int]] = []
+
+    def cast(name: str, t: pa.Table) -> pa.Table:
+        casts.append((name, t.num_rows))
+        return t.select(["x"])
+
+    out = {n: t.column("x").to_pylist() for n, t in b.take(1).tables(cast).items()}
+    assert sorted(out["db.a"]) == [1, 3, 4, 6, 12]
+    assert out["db.b"] in ([2, 10, 11, 13], [10, 11, 2, 13])  # partitions' chunks may interleave
+    assert out["db.c"] == [5]
+    by_partition = {1, 3, 4, 6}  # P's rows of db.a keep their offset order
+    assert [x for x in out["db.a"] if x in by_partition] == [1, 3, 4, 6]
+    assert ("db.a", 1) in casts and ("db.b", 1) in casts  # the other schema's run is cast on its own

@@ -463,6 +463,8 @@ def test_a_fan_out_reads_each_record_once_after_its_first_fetch(tmp_path, monkey
     run(Worker._buffer(w, st, routed_fetch(20, [(names[i % 5], f"o{i}", i) for i in range(20, 50)])))
     run(Worker._buffer(w, st, routed_fetch(50, [(names[i % 5], f"o{i}", i) for i in range(50, 60)])))
     assert route_reads == [20]  # the first fetch only
+    # ...and buffered whole, split per table once for the round (agents/buffer.py FanoutRows)
+    assert [(c.fanout is not None, c.tables == {}) for c in st.chunks] == [(False, False), (True, True), (True, True)]
     tables = w.buffers.take(1).tables()
     for k, name in enumerate(names):
         assert tables[name].column("order_id").to_pylist() == [f"o{i}" for i in range(k, 60, 5)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.ingest_bench import commit_walls, steady_note, worker_timeline
+from bench.ingest_bench import commit_walls, steady_note, warm_rounds_note, worker_timeline
 
 
 def test_a_round_is_its_write_its_answer_and_its_commits_read_from_the_worker_log(tmp_path):
@@ -17,7 +17,19 @@ def test_a_round_is_its_write_its_answer_and_its_commits_read_from_the_worker_lo
         "(2 DataWritten; written in 0.30 s)\n"
         "2026-11-26 00:00:20,250 INFO coordinator.service round r2 committed to db.t000: snapshot 3, 1 files, 300 rows\n"
     )
-    assert commit_walls(log) == [(1.40, 1.0, 200, 0.05), (0.30, 0.25, 2, 0.0)]
+    walls = commit_walls(log)
+    assert [w[:4] for w in walls] == [(1.40, 1.0, 200, 0.05), (0.30, 0.25, 2, 0.0)]
+    assert walls[1][4] - walls[0][4] == 10.0  # when each round was answered
+
+
+def test_warm_rounds_are_the_later_half_of_those_answered_while_producing():
+    walls = [(9.0, 1.0, 200, 0.1, 100.0 + i) for i in range(2)]  # cold
+    walls += [(w, 1.0, 200, 0.1, 102.0 + i) for i, w in enumerate((2.0, 3.0, 2.5))]  # warm
+    walls.append((0.5, 0.5, 200, 0.1, 200.0))  # after the producer stopped
+    assert warm_rounds_note(walls, 150.0) == [
+        "    median round of the later half while producing (3 of 5 rounds): 3.60 s (write 2.50 s, commits 1.00 s)"]
+    assert warm_rounds_note(walls, None) == []
+    assert "too few rounds (1 while producing)" in warm_rounds_note(walls[:1], 150.0)[0]
 
 
 def test_the_rate_after_the_first_committed_round_says_why_it_has_no_figure_when_that_round_held_every_row():
