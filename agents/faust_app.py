@@ -133,7 +133,8 @@ class FaustApp(WorkerState):
         self._hold_paused_partitions()  # claimed partitions stay paused until their Resume
         inject_faults(self.settings)  # fault tests only
         # read_committed; a consumer that can no longer consume stops the replica (exit code 1)
-        ConsumerGuard(self.app, self.metrics, lambda exc: self.fail(exc, exit_code=1), self._stop.is_set).install()
+        ConsumerGuard(self.app, self.metrics, lambda exc: self.fail(exc, exit_code=1), self._stop.is_set,
+                      self.settings.fetch_min_bytes).install()
         await faust_worker.start()
         self._install_no_leave_group()
         self.status["isolation_level"] = isolation_level(self.app)

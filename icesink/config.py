@@ -139,6 +139,9 @@ class Settings(BaseSettings):
     ssl_keyfile: str | None = Field(None, alias="ssl.keyfile")
     ssl_password: SecretStr | None = Field(None, alias="ssl.password")
     consumer_max_batch: int = Field(10_000, alias="consumer.max-batch", ge=1)
+    # A fetch waits on the broker (at most 500 ms) until this many bytes are there: at a steady
+    # few MB/s, fetches of a few records each cost the worker and the broker per fetch.
+    fetch_min_bytes: int = Field(256 * 1024, alias="consumer.fetch-min-bytes", ge=1)
     # A member that stops heartbeating loses its partitions after this; Tansu also takes about
     # half of it to complete a new group's first join.
     session_timeout_ms: int = Field(10_000, alias="consumer.session-timeout-ms", ge=1000)

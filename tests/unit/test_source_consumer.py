@@ -31,20 +31,22 @@ def test_the_workers_faust_consumer_is_built_read_committed_with_short_fetch_wai
     worker = Worker(settings, "127.0.0.1:9", Metrics())
     thread = worker.app.consumer._thread
 
-    async def built() -> tuple[str, str | None, int]:
+    async def built() -> tuple[str, str | None, int, int]:
         consumer = thread._create_worker_consumer(worker.app.transport)
         assert isinstance(consumer, AIOKafkaConsumer)
         try:
-            return consumer._isolation_level, consumer._group_id, consumer._fetch_max_wait_ms
+            return consumer._isolation_level, consumer._group_id, consumer._fetch_max_wait_ms, consumer._fetch_min_bytes
         finally:
             await consumer.stop()
 
-    assert asyncio.run(built()) == ("read_uncommitted", settings.group_id, 1500)  # Faust's own choices
-    use_read_committed(thread)
-    assert asyncio.run(built()) == ("read_committed", settings.group_id, FETCH_MAX_WAIT_MS)  # Faust's group consumer
-    # aiokafka hands both attributes to its fetcher when the consumer starts.
+    assert asyncio.run(built()) == ("read_uncommitted", settings.group_id, 1500, 1)  # Faust's own choices
+    use_read_committed(thread, settings.fetch_min_bytes)
+    assert asyncio.run(built()) == (  # Faust's group consumer
+        "read_committed", settings.group_id, FETCH_MAX_WAIT_MS, 256 * 1024)
+    # aiokafka hands these attributes to its fetcher when the consumer starts.
     assert "isolation_level=self._isolation_level" in inspect.getsource(AIOKafkaConsumer.start)
     assert "fetch_max_wait_ms=self._fetch_max_wait_ms" in inspect.getsource(AIOKafkaConsumer.start)
+    assert "fetch_min_bytes=self._fetch_min_bytes" in inspect.getsource(AIOKafkaConsumer.start)
 
 
 class Service:
