@@ -236,8 +236,8 @@ class Ingest(WorkerState):
             members = {**self._fanout[2], **members}  # tables of the fan-out seen in earlier fetches
         self._fanout = (schema, unit, members)
 
-    def _decode_fanout(self, values: list[bytes], messages: Sequence[Any], positions: Sequence[int],
-                       ) -> tuple[Routes, FanoutRows, list[tuple[Reject, str]]] | None:
+    def _decode_fanout(self, values: list[bytes], messages: Sequence[Any],
+                       positions: Sequence[int]) -> tuple[Routes, FanoutRows, list[tuple[Reject, str]]] | None:
         """A fetch of a fan-out (a topic routed to many tables of one schema) decoded ONCE,
         against that schema, and routed by the route field's column of the decoded rows: the
         usual way reads every record twice, once for its route field and once for its table
