@@ -138,13 +138,9 @@ class Ingest(WorkerState):
             _, rows_of, table_rejects = fanout
             rejects += list(zip(screened.at_messages(r for r, _ in table_rejects), (n for _, n in table_rejects),
                                 strict=True))
-            if rejects:
-                await self.deadletters.reject(messages, rejects)
-            self.metrics.records_converted.labels(topic=st.tp.topic).inc(rows_of.table.num_rows)
-            last = messages[-1]
-            ts = last.timestamp if last.timestamp is not None and last.timestamp >= 0 else None
-            self.buffers.add(Chunk(st.tp, last.offset + 1, {}, rows_of.table.nbytes, rows_of.table.num_rows,
-                                   rows_of if rows_of.table.num_rows else None), last.offset, ts)
+            n = rows_of.table.num_rows
+            await self._finish(st, messages, rejects, n, Chunk(st.tp, messages[-1].offset + 1, {},
+                                                               rows_of.table.nbytes, n, rows_of if n else None))
             return
         # Tables decoded together are counted once, as the rows they share: an nbytes walk per
         # table and fetch was a quarter of a fetch's handling at 200 tables (py-spy).
@@ -170,12 +166,17 @@ class Ingest(WorkerState):
                 nbytes += 0 if counted else converted.table.nbytes
                 rows += converted.table.num_rows
                 landed[idx[converted.indices.to_numpy(zero_copy_only=False)]] = True
+        await self._finish(st, messages, rejects, int(landed.sum()),
+                           Chunk(st.tp, messages[-1].offset + 1, tables, nbytes, rows))
+
+    async def _finish(self, st: PartitionState, messages: Sequence[Any], rejects: list[tuple[Reject, str | None]],
+                      converted: int, chunk: Chunk) -> None:
         if rejects:  # errors.tolerance=none raises here: nothing of this batch is buffered
             await self.deadletters.reject(messages, rejects)
-        self.metrics.records_converted.labels(topic=st.tp.topic).inc(int(landed.sum()))
+        self.metrics.records_converted.labels(topic=st.tp.topic).inc(converted)
         last = messages[-1]
         ts = last.timestamp if last.timestamp is not None and last.timestamp >= 0 else None
-        self.buffers.add(Chunk(st.tp, last.offset + 1, tables, nbytes, rows), last.offset, ts)
+        self.buffers.add(chunk, last.offset, ts)
 
     async def _decode_together(self, by_table: Mapping[str, npt.NDArray[np.int64]], values: list[bytes],
                                messages: Sequence[Any], positions: Sequence[int]) -> tuple[dict[str, Converted], int]:
