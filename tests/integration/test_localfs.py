@@ -1,13 +1,15 @@
 """A local Spark session writes its files through spark_bridge/hadoop/'s file system: 200
 partition files and their directories without a chmod process each (the machine's fork
 counter, /proc/stat ``processes``, barely moves; with Hadoop's own file system it moves by
-hundreds), with the usual permissions, and the rows read back exactly."""
+hundreds), with the usual permissions and no Hadoop checksum files, and the rows read back
+exactly."""
 
 from __future__ import annotations
 
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -62,6 +64,7 @@ def test_a_local_session_writes_200_files_without_a_process_each(tmp_path: Path)
         path = Path(local_path(files[0].file_path))
         assert stat.S_IMODE(path.stat().st_mode) == 0o644 and stat.S_IMODE(path.parent.stat().st_mode) == 0o755
         assert not any(p.name.endswith(".crc") for p in path.parent.parent.rglob("*"))
+        _no_checksum_files(jvm, conf, fs, tmp_path / "crc")
 
         # The measure sees Hadoop's chmod processes: the same write through Hadoop's own
         # file system (the user's choice of spark.hadoop.fs.file.impl is kept) starts hundreds.
@@ -78,3 +81,26 @@ def test_a_local_session_writes_200_files_without_a_process_each(tmp_path: Path)
             stock.stop()
     finally:
         writer.stop()
+
+
+
+def _no_checksum_files(jvm: Any, conf: Any, fs: Any, root: Path) -> None:
+    """Hadoop's local file system writes a .crc file beside each file: one more file to create,
+    rename and delete per data file of a round. The session's writes none, Spark's jobs
+    included, and still reads a checksummed file that Hadoop's own wrote."""
+    root.mkdir()
+    spark_path = jvm.org.apache.hadoop.fs.Path
+    out = fs.create(spark_path((root / "plain.bin").as_uri()))
+    out.write(b"icesink")
+    out.close()
+    assert sorted(p.name for p in root.iterdir()) == ["plain.bin"]
+
+    checked = jvm.org.apache.hadoop.fs.LocalFileSystem()
+    checked.initialize(jvm.java.net.URI("file:///"), conf)
+    out = checked.create(spark_path((root / "checked.bin").as_uri()))
+    out.write(b"checksummed")
+    out.close()
+    assert (root / ".checked.bin.crc").exists()
+    stream = fs.open(spark_path((root / "checked.bin").as_uri()))
+    assert [stream.read() for _ in range(12)] == [*b"checksummed", -1]  # -1: the end
+    stream.close()
