@@ -52,6 +52,15 @@ ACCEPTED_IGNORED = {
     "name": "the sink group is named by group.id",
 }
 
+# Kafka Connect's per-connector consumer overrides of settings icesink has, so a connector's
+# config moves over as it is; the icesink key wins when both are given. Other
+# consumer.override.* keys are unknown settings (warned about).
+CONNECT_CONSUMER_OVERRIDES = {
+    "consumer.override.fetch.min.bytes": "consumer.fetch-min-bytes",
+    "consumer.override.max.poll.records": "consumer.max-batch",
+    "consumer.override.session.timeout.ms": "consumer.session-timeout-ms",
+}
+
 _PREFIX_CATALOG = "iceberg.catalog."
 _PREFIX_CREATE_PROPS = "iceberg.tables.auto-create-props."
 # Per-table keys iceberg.table.<table>.<prop>: prop -> the map field holding table -> value.
@@ -550,6 +559,11 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
             fields[key] = value
         elif key in ACCEPTED_IGNORED:
             log.info("setting %s accepted: %s", key, ACCEPTED_IGNORED[key])
+        elif (own := CONNECT_CONSUMER_OVERRIDES.get(key)) is not None:
+            if own in raw:
+                log.warning("setting %s ignored: %s is set too, and wins", key, own)
+            else:
+                fields[own] = value
         elif key.startswith(_PREFIX_CATALOG):
             catalog[key[len(_PREFIX_CATALOG):]] = str(value)
         elif key.startswith(_PREFIX_CREATE_PROPS):

@@ -98,6 +98,23 @@ def test_unknown_keys_are_named_in_a_warning(tmp_path, caplog):
     assert "iceberg.tabels.typo" in caplog.text
 
 
+def test_kafka_connect_consumer_overrides_are_read_and_icesinks_own_keys_win(tmp_path, caplog):
+    base = {"topics": "a", "iceberg.tables": "db.t"}
+    overrides = {"consumer.override.fetch.min.bytes": "1", "consumer.override.max.poll.records": "500",
+                 "consumer.override.session.timeout.ms": "45000", "consumer.override.auto.offset.reset": "latest"}
+    with caplog.at_level(logging.WARNING):
+        s = load_settings(write(tmp_path, {**base, **overrides}), {})
+    assert (s.fetch_min_bytes, s.consumer_max_batch, s.session_timeout_ms) == (1, 500, 45000)
+    assert "unknown settings ignored: consumer.override.auto.offset.reset" in caplog.text  # not applied: said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        s = load_settings(write(tmp_path, {**base, **overrides, "consumer.fetch-min-bytes": 4096}), {})
+    assert s.fetch_min_bytes == 4096
+    assert "consumer.override.fetch.min.bytes ignored: consumer.fetch-min-bytes is set too" in caplog.text
+    with pytest.raises(ConfigError, match="consumer.fetch-min-bytes"):  # validated like the icesink key
+        load_settings(write(tmp_path, {**base, "consumer.override.fetch.min.bytes": "0"}), {})
+
+
 @pytest.mark.parametrize(
     "extra, key, fragment",
     [
