@@ -6,6 +6,8 @@ base metadata is never mutated; icesink.iceberg.load_catalog picks it for SQL ca
 
 from __future__ import annotations
 
+import gzip
+
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import IcebergTables
@@ -185,3 +187,37 @@ def test_each_manifest_list_is_read_once_by_the_commits_and_maintenance(tmp_path
         assert plan_compaction(table, settings, {}) is None
     assert reads and len(reads) == len(set(reads)), reads
     assert _ids(table) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["00001-a.metadata.json", "00001-a.gz.metadata.json"])
+def test_metadata_files_are_pyicebergs_bytes_and_its_configuration_is_read_once(tmp_path, monkeypatch, name):
+    from pyiceberg.serializers import ToOutputFile
+    from pyiceberg.utils import config
+
+    ours, _ = _catalogs(tmp_path)
+    table = ours.create_table("db.t", schema=SCHEMA)
+    table.append(_rows(1, 2))
+    metadata = table.metadata.model_copy(update={"current_snapshot_id": None})  # None: legacy-current-snapshot-id
+    catalogs._legacy_current_snapshot_id.cache_clear()
+    built: list[object] = []
+    real_init = config.Config.__init__
+    monkeypatch.setattr(config.Config, "__init__", lambda self: built.append(self) or real_init(self))
+    for i in range(3):
+        SqlCatalog._write_metadata(metadata, table.io, f"{tmp_path}/ours{i}-{name}")
+    assert len(built) == 1  # once per process, not per file
+    ToOutputFile.table_metadata(metadata, table.io.new_output(f"{tmp_path}/theirs-{name}"))
+    assert _content(tmp_path / f"ours0-{name}") == _content(tmp_path / f"theirs-{name}")
+
+    monkeypatch.setenv("PYICEBERG_LEGACY_CURRENT_SNAPSHOT_ID", "true")  # a process that starts with it set
+    catalogs._legacy_current_snapshot_id.cache_clear()
+    SqlCatalog._write_metadata(metadata, table.io, f"{tmp_path}/ours-legacy-{name}")
+    ToOutputFile.table_metadata(metadata, table.io.new_output(f"{tmp_path}/theirs-legacy-{name}"))
+    legacy = _content(tmp_path / f"ours-legacy-{name}")
+    assert legacy == _content(tmp_path / f"theirs-legacy-{name}") and legacy != _content(tmp_path / f"ours0-{name}")
+    catalogs._legacy_current_snapshot_id.cache_clear()
+
+
+def _content(path) -> bytes:
+    """A metadata file's JSON (a gzip file's header holds its time of writing)."""
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.name.endswith(".gz.metadata.json") else data
