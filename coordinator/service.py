@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
-from coordinator.committer import TableCache, TableCommit, commit_table
+from coordinator.committer import TableCache, TableCommit, commit_table, round_tables
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import in_flight_files, normalize
@@ -473,9 +473,10 @@ class Coordinator:
         time; one snapshot each). Each is announced by a CommitToTable once it holds the round;
         the CommitComplete goes out only when all of them do."""
         tables = sorted({t for a in batch for t in a.files})
+        tables_of_round = round_tables(batch)
 
         async def commit_and_announce(table: str) -> None:
-            result = await self._commit_table_with_retry(table, batch, commit_id, cp, valid_through)
+            result = await self._commit_table_with_retry(table, batch, commit_id, cp, valid_through, tables_of_round)
             await hold_point(self.settings, "coordinator.after-table-commit")
             if result.snapshot_id is not None:
                 await self.producer.send(CommitToTable(
@@ -504,6 +505,7 @@ class Coordinator:
         commit_id: str,
         cp: Checkpoint,
         valid_through: int | None,
+        tables_of_round: dict[str, int],
     ) -> TableCommit:
         attempt = 0
         started = time.monotonic()
@@ -513,6 +515,7 @@ class Coordinator:
                     _locked, self._locks.of(table), commit_table, self.catalog, table, batch, group=self.group, epoch=self.epoch,
                     commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
                     checkpoint=cp, log_id=self.log_id, adopted=self._adopted, mirrors=self._mirrors, tables=self._tables,
+                    tables_of_round=tables_of_round,
                 )
             except FencedError:
                 self.status["phase"] = "fenced"
