@@ -37,6 +37,7 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
+from bench.benchlib import file_create_us
 from coordinator.committer import TableCache, commit_table
 from icesink.catalogs import SqlCatalog
 from coordinator.state import Accepted
@@ -105,7 +106,8 @@ def run(kind: str, args: argparse.Namespace) -> None:
         threads = 1 if args.profile else args.threads
         profile = cProfile.Profile() if args.profile else None
         print(f"{kind}: {type(catalog).__module__}.{type(catalog).__name__}, {args.tables} tables, "
-              f"{args.rounds} rounds, {threads} commit threads")
+              f"{args.rounds} rounds, {threads} commit threads; creating a file in {Path(tmp).parent}: "
+              f"{file_create_us(tmp):.0f} us (three per commit; TMPDIR moves it)")
         per_commit = []
         with ThreadPoolExecutor(threads) as pool:
             for r in range(args.rounds):

@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.benchlib import (  # noqa: E402
     MIB, SAMPLE_EVERY_S, TABLE, BaselineResult, Interference, RssSampler, _cpu_seconds, baseline_in_child,
+    file_create_us,
     Profiler, fmt_int, metric_total, per_partition_counts, process_cpu_s, system_cpu_s,
 )
 from icesink.catalogs import sqlite_catalog_properties  # noqa: E402
@@ -681,6 +682,9 @@ def main() -> int:
     from icesink.app.pizzas import pizza_values, produce
 
     tmp = Path(tempfile.mkdtemp(prefix="icesink-bench-"))
+    # Tables, catalog and Spark's staging live under it: a slow file system there shows in
+    # every many-table figure (benchlib.file_create_us), so say how fast it is.
+    print(f"creating a file in {tmp.parent}: {file_create_us(tmp):.0f} us (median of 300; TMPDIR moves it)")
     broker = EmbeddedBroker(tmp / "broker")
     try:
         broker.start()
