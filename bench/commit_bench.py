@@ -38,7 +38,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from bench.benchlib import file_create_us
-from coordinator.committer import TableCache, commit_table
+from coordinator.committer import TableCache, commit_table, round_tables
 from icesink.catalogs import SqlCatalog
 from coordinator.state import Accepted
 from icesink.catalogs import sqlite_catalog_properties
@@ -115,10 +115,13 @@ def run(kind: str, args: argparse.Namespace) -> None:
                 batch = [Accepted(offset, f"round-{r}", "w1", (), {n: (described_file(locations[n], args.rows),)
                                                                     for n in names}, None)]
 
-                def one(name: str, batch: list[Accepted] = batch, r: int = r) -> None:
+                of_round = round_tables(batch)  # once a round, as the coordinator does
+
+                def one(name: str, batch: list[Accepted] = batch, r: int = r,
+                        tables_of_round: dict[str, int] = of_round) -> None:
                     out = commit_table(catalog, name, batch, group="bench", epoch=1, commit_id=f"round-{r}",
                                        positions={TopicPartition("t", 0): 1000 * (r + 1)}, valid_through_ms=None,
-                                       tables=cache)
+                                       tables=cache, tables_of_round=tables_of_round)
                     assert out.snapshot_id is not None
 
                 started, cpu = time.monotonic(), time.process_time()

@@ -15,7 +15,7 @@
   configuration (files and environment) once per process, not for every file.
   ``icesink.iceberg.load_catalog`` uses it for every SQL catalog.
 
-Both are pinned to pyiceberg 0.12 (pyproject.toml); tests/unit/test_catalogs.py holds them to
+All are pinned to pyiceberg 0.12 (pyproject.toml); tests/unit/test_catalogs.py holds them to
 pyiceberg's own results.
 """
 
@@ -111,7 +111,6 @@ class SqlCatalog(_PyicebergSqlCatalog):
             _delete_quietly(table.io, location)
             return super().commit_table(table, requirements, updates)
         return CommitTableResponse(metadata=metadata, metadata_location=location)
-
 
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
