@@ -124,9 +124,6 @@ class Ingest(WorkerState):
         values = screened.values
         self.deadletters.tombstones(st.tp.topic, screened.tombstones)
         rejects: list[tuple[Reject, str | None]] = [(r, None) for r in screened.rejects]
-        tables: dict[str, pa.Table] = {}
-        rows = 0
-        landed = np.zeros(len(values), dtype=bool)
         self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(screened.nbytes)
         fanout = self._decode_fanout(values, messages, screened.positions)
         routes = fanout[0] if fanout is not None else self.router.route(values) if values else Routes({}, ())
@@ -145,6 +142,9 @@ class Ingest(WorkerState):
         # Tables decoded together are counted once, as the rows they share: an nbytes walk per
         # table and fetch was a quarter of a fetch's handling at 200 tables (py-spy).
         shared, nbytes = await self._decode_together(routes.by_table, values, messages, screened.positions)
+        tables: dict[str, pa.Table] = {}
+        rows = 0
+        landed = np.zeros(len(values), dtype=bool)
         for name, idx in routes.by_table.items():
             whole = len(idx) == len(values)
             target = self.targets.get(name)

@@ -61,7 +61,7 @@ IDLE_POLL_S = 0.05  # while no partition is active, how often the drain looks ag
 FETCH_MAX_WAIT_MS = 500
 
 
-def use_read_committed(thread: Any, fetch_min_bytes: int = 1) -> None:
+def use_read_committed(thread: Any, fetch_min_bytes: int) -> None:
     """Make Faust's consumer thread build its AIOKafkaConsumer with read_committed (a setting
     Faust does not expose) and fetches that wait at most FETCH_MAX_WAIT_MS on the broker (Faust
     fixes 1.5 s) for ``fetch_min_bytes`` (``consumer.fetch-min-bytes``; Faust passes none, so
@@ -96,7 +96,7 @@ class ConsumerGuard:
     that installed the guard, with the first fatal error of the source consumer."""
 
     def __init__(self, app: Any, metrics: Metrics, on_fatal: Callable[[ConsumerError], None],
-                 stopping: Callable[[], bool], fetch_min_bytes: int = 1) -> None:
+                 stopping: Callable[[], bool], fetch_min_bytes: int) -> None:
         self.app = app
         self.fetch_min_bytes = fetch_min_bytes
         self.metrics = metrics

@@ -69,7 +69,7 @@ def _guard(stopping: bool = False):
     app = SimpleNamespace(consumer=consumer, _fetcher=fetcher)
     reported: list[ConsumerError] = []
     metrics = Metrics()
-    guard = ConsumerGuard(app, metrics, reported.append, lambda: stopping)
+    guard = ConsumerGuard(app, metrics, reported.append, lambda: stopping, 256 * 1024)
     return guard, app, reported, metrics
 
 
