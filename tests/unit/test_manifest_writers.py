@@ -152,3 +152,69 @@ def test_a_commit_does_not_read_back_the_manifest_list_the_last_one_wrote(two_ta
                            commit_id="r2", positions={TP: 2}, valid_through_ms=None, tables=cache)
     now = two_tables.load_table("db.a")
     assert sorted(now.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
+
+
+def test_the_encoder_writes_pyicebergs_varints_in_one_write_each():
+    import io as bytes_io
+    import random
+
+    from pyiceberg.avro.encoder import BinaryEncoder
+
+    rng = random.Random(5)
+    edges = [0, 1, -1, 63, -64, 64, -65, 127, -128, 128, 8191, -8192, 8192, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63)]
+    for value in edges + [rng.randint(-(2**63), 2**63 - 1) for _ in range(2000)] + [rng.randint(-300, 300) for _ in range(300)]:
+        theirs, ours = bytes_io.BytesIO(), _CountingStream()
+        BinaryEncoder(theirs).write_int(value)
+        manifest_writers.AvroEncoder(ours).write_int(value)
+        assert ours.getvalue() == theirs.getvalue(), value
+        assert ours.writes == 1, value
+
+
+class _CountingStream:
+    def __init__(self) -> None:
+        import io as bytes_io
+
+        self._buffer = bytes_io.BytesIO()
+        self.writes = 0
+
+    def write(self, b: bytes) -> int:
+        self.writes += 1
+        return self._buffer.write(b)
+
+    def getvalue(self) -> bytes:
+        return self._buffer.getvalue()
+
+    def tell(self) -> int:
+        return self._buffer.tell()
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_prepared_manifest_and_list_encode_everything_with_the_one_write_encoder(tmp_path, monkeypatch):
+    """The header, every block and the block framing go through :class:`AvroEncoder` (pyiceberg's
+    encoder writes one bytes object per byte of each varint)."""
+    used: list[int] = []
+
+    class Counting(manifest_writers.AvroEncoder):
+        def write_int(self, integer: int) -> None:
+            used.append(integer)
+            super().write_int(integer)
+
+    monkeypatch.setattr(manifest_writers, "AvroEncoder", Counting)
+    monkeypatch.setattr(avro_file.BinaryEncoder, "write_int", _refuse)
+    io = PyArrowFileIO()
+    writer = manifest_writers.manifest_writer(2, BY_DAY_AND_SHOP, WIDE, io.new_output(str(tmp_path / "m.avro")),
+                                              7, "deflate")
+    _write(writer, [_entry(i, Record(19000, "north")) for i in range(20)])
+    with manifest_writers.write_manifest_list(format_version=2, output_file=io.new_output(str(tmp_path / "l.avro")),
+                                              snapshot_id=7, parent_snapshot_id=3, sequence_number=5,
+                                              avro_compression="deflate") as list_writer:
+        list_writer.add_manifests([writer.to_manifest_file()])
+    assert len(used) > 20 * 10
+    monkeypatch.undo()  # pyiceberg reads the files back with its own decoder
+    assert len(list(writer.to_manifest_file().fetch_manifest_entry(io))) == 20
+
+
+def _refuse(self, integer: int) -> None:
+    raise AssertionError("pyiceberg's per-byte encoder was used")
