@@ -7,9 +7,10 @@ Leaf module of the protocol package: plain values and JSON, no table access
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from icesink.errors import ProtocolError
@@ -82,29 +83,40 @@ class SinkState:
     @classmethod
     def from_json(cls, text: str, where: str) -> SinkState:
         try:
-            body = json.loads(text)
-            if not isinstance(body, dict) or body.get("v") != STATE_VERSION:
-                raise ValueError(f"expected a JSON object with v={STATE_VERSION}")
-            owners = {tp: (str(v[0]), int(v[1])) for tp, v in flat_positions(body.get("owners") or {}).items()}
-            return cls(
-                snapshot_id=None,
-                commit_id=str(body["commit-id"]),
-                watermark=int(body["watermark"]),
-                positions={tp: int(v) for tp, v in flat_positions(body["positions"]).items()},
-                epoch=int(body["epoch"]),
-                valid_through_ms=_opt_int(body.get("valid-through-ms")),
-                log_id=body.get("log-id"),
-                through=_opt_int(body.get("through")),
-                replay_from=_opt_int(body.get("replay-from")),
-                owners=owners,
-                round_tables={str(k): int(v) for k, v in (body.get("round-tables") or {}).items()},
-                source="property",
-            )
+            parsed = _parse_state(text)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise ProtocolError(
                 f"{where}: expected icesink sink state JSON (version {STATE_VERSION}), found {text[:200]!r} ({exc}). "
                 "Was the property edited by hand? Remove it to fall back to the snapshot summaries."
             ) from None
+        # The parsed state is shared by every caller of the same text: each gets its own dicts.
+        return replace(parsed, positions=dict(parsed.positions), owners=dict(parsed.owners),
+                       round_tables=dict(parsed.round_tables))
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_state(text: str) -> SinkState:
+    """:meth:`SinkState.from_json` without the error's context, kept for texts seen lately: the
+    tables of a round hold the same state, and each of the round's table commits reads its
+    table's state again (at 200 tables, 200 parses of one text a round)."""
+    body = json.loads(text)
+    if not isinstance(body, dict) or body.get("v") != STATE_VERSION:
+        raise ValueError(f"expected a JSON object with v={STATE_VERSION}")
+    owners = {tp: (str(v[0]), int(v[1])) for tp, v in flat_positions(body.get("owners") or {}).items()}
+    return SinkState(
+        snapshot_id=None,
+        commit_id=str(body["commit-id"]),
+        watermark=int(body["watermark"]),
+        positions={tp: int(v) for tp, v in flat_positions(body["positions"]).items()},
+        epoch=int(body["epoch"]),
+        valid_through_ms=_opt_int(body.get("valid-through-ms")),
+        log_id=body.get("log-id"),
+        through=_opt_int(body.get("through")),
+        replay_from=_opt_int(body.get("replay-from")),
+        owners=owners,
+        round_tables={str(k): int(v) for k, v in (body.get("round-tables") or {}).items()},
+        source="property",
+    )
 
 
 def _nested(values: Mapping[TopicPartition, Any]) -> dict[str, dict[str, Any]]:

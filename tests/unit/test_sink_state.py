@@ -144,3 +144,27 @@ def test_an_adopted_log_commits_over_state_of_the_old_one(catalog) -> None:
     with pytest.raises(FencedError):
         commit_table(catalog, "db.t", [_accepted(catalog, 4, range(20, 30))], group="g", epoch=1,
                      commit_id="n2", positions={TP: 30}, valid_through_ms=None, log_id="log-b", adopted=True)
+
+
+def test_the_state_of_a_round_is_parsed_once_for_all_its_tables(monkeypatch) -> None:
+    """The tables of a round hold the same state text, and each table commit reads its table's
+    state: one JSON parse for all of them, and every reader gets dicts of its own."""
+    import json
+
+    from icesink.protocol import summary
+
+    text = SinkState(snapshot_id=None, commit_id="c1", watermark=7, positions={TP: 10}, epoch=1,
+                     valid_through_ms=None, owners={TP: ("w", 2)},
+                     round_tables={f"db.t{i}": 7 for i in range(200)}).to_json()
+    parses: list[str] = []
+    real_loads = json.loads
+    monkeypatch.setattr(summary.json, "loads", lambda s: (parses.append(s), real_loads(s))[1])
+    first = SinkState.from_json(text, "table db.t1")
+    first.positions[TP] = 99  # a reader's own copy
+    first.round_tables.clear()
+    for i in range(2, 200):
+        again = SinkState.from_json(text, f"table db.t{i}")
+        assert again.positions == {TP: 10} and len(again.round_tables) == 200 and again.owners == {TP: ("w", 2)}
+    assert len(parses) <= 1
+    with pytest.raises(ProtocolError, match="table db.t9 property"):  # errors still name where
+        SinkState.from_json("{not json", "table db.t9 property")
