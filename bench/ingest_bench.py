@@ -1,7 +1,7 @@
 """End-to-end ingest: one icesink worker against a plain read-parse-write-commit baseline.
 
     .venv/bin/python bench/ingest_bench.py [--records 1000000] [--partitions 6] [--skip-baseline]
-        [--tables K] [--rate R --duration S] [--buffer-max-bytes B] [--profile] [--keep]
+        [--tables K] [--rate R --duration S] [--buffer-max-bytes B] [--set KEY=VALUE] [--profile] [--keep]
 
 A benchmark command, not a test: it prints figures and asserts nothing about time. Both paths
 read the same ``N`` pizza events from one topic of an embedded Tansu broker and commit them to a
@@ -25,7 +25,8 @@ added to each event); ``--rate R --duration S`` starts the worker on an empty to
 R records/s for S seconds while it runs, then prints produce-to-committed freshness (each row's
 Kafka timestamp against the commit time of the snapshot that added it; no baseline);
 ``--buffer-max-bytes`` sets the worker's bound (a burst: a large --records backlog with a small
-bound shows the peak RSS against it); ``--profile`` samples the worker's Python process with
+bound shows the peak RSS against it); ``--set KEY=VALUE`` adds a worker setting (JVM flags through
+``spark.driver.extraJavaOptions``); ``--profile`` samples the worker's Python process with
 py-spy and prints the share of busy samples per stage (bench/benchlib.py STAGES).
 
 Ratios are (b)/(a) on records/s; the baseline's records/s is always on its whole time
@@ -218,7 +219,7 @@ def freshness_ms(tables: list[Any]) -> list[float]:
 def run_worker(
     bootstrap: str, topic: str, n: int, directory: Path, timeout_s: float, broker_pid: int | None, *,
     tables: int = 1, buffer_max_bytes: int = 1 << 30, live: Any = None, profile: Path | None = None,
-    interval_ms: int = 5000,
+    interval_ms: int = 5000, extra: dict[str, str] | None = None,
 ) -> WorkerResult:
     """``live``: a callable run in a thread once the worker is running (it produces the records
     while the worker consumes: --rate); ``profile``: py-spy output file of the worker's Python
@@ -255,6 +256,7 @@ def run_worker(
         # Freshness counts a row from the snapshot that added its file: a compacted file's rows
         # would count from the compaction (it does not change when they became visible).
         config["maintenance.compaction.min-input-files"] = 1_000_000
+    config.update(extra or {})
     config_path = directory / "worker.json"
     config_path.write_text(json.dumps(config, indent=2))
     # The worker imports icesink, agents... from the repository, wherever this is run from.
@@ -667,7 +669,10 @@ def main() -> int:
                              "backlog in one round, to compare rounds of the same rows (--tables)")
     parser.add_argument("--profile", action="store_true",
                         help="profile the worker's Python process with py-spy and print where its time goes")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra worker setting, e.g. spark.driver.extraJavaOptions=... (repeatable)")
     args = parser.parse_args()
+    extra = dict(item.split("=", 1) for item in args.set)
     n: int = int(args.rate * args.duration) if args.rate else args.records
     if n < 1 or args.partitions < 1:
         parser.error(f"--records and --partitions: expected >= 1, found {n} and {args.partitions}")
@@ -709,7 +714,7 @@ def main() -> int:
             baseline = baseline_in_child(broker.bootstrap, TOPIC, counts, tmp / "baseline", broker.pid)
         worker = run_worker(broker.bootstrap, TOPIC, n, tmp / "worker", args.timeout_s, broker.pid,
                             tables=args.tables, buffer_max_bytes=args.buffer_max_bytes, live=live,
-                            interval_ms=args.interval_ms,
+                            interval_ms=args.interval_ms, extra=extra,
                             profile=tmp / "profile.txt" if args.profile else None)
         ok = print_report(n, produce_s, baseline, worker)
     finally:
