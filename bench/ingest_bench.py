@@ -1,7 +1,7 @@
 """End-to-end ingest: one icesink worker against a plain read-parse-write-commit baseline.
 
     .venv/bin/python bench/ingest_bench.py [--records 1000000] [--partitions 6] [--skip-baseline]
-        [--tables K] [--rate R --duration S] [--buffer-max-bytes B] [--set KEY=VALUE] [--profile] [--keep]
+        [--tables K] [--rate R --duration S] [--buffer-max-bytes B] [--linger-ms MS] [--set KEY=VALUE] [--profile] [--keep]
 
 A benchmark command, not a test: it prints figures and asserts nothing about time. Both paths
 read the same ``N`` pizza events from one topic of an embedded Tansu broker and commit them to a
@@ -22,8 +22,10 @@ fresh Iceberg table in a SQLite SQL catalog:
 
 Options: ``--tables K`` routes the records round robin to K dynamic tables (a route field
 added to each event); ``--rate R --duration S`` starts the worker on an empty topic and produces
-R records/s for S seconds while it runs, then prints produce-to-committed freshness (each row's
-Kafka timestamp against the commit time of the snapshot that added it; no baseline);
+R records/s for S seconds while it runs (``--linger-ms``, default 50, the producer's linger: at
+5 ms the embedded broker's CPU grew to a core over a run), then prints produce-to-committed
+freshness (each row's Kafka timestamp against the commit time of the snapshot that added it; no
+baseline);
 ``--buffer-max-bytes`` sets the worker's bound (a burst: a large --records backlog with a small
 bound shows the peak RSS against it); ``--set KEY=VALUE`` adds a worker setting (JVM flags through
 ``spark.driver.extraJavaOptions``); ``--profile`` samples the worker's Python process with
@@ -130,6 +132,8 @@ class WorkerResult:
     freshness_ms: list[float] = field(default_factory=list)  # produce-to-committed, one per record
     profile: list[tuple[str, int]] = field(default_factory=list)
     produced_until_wall: float | None = None  # --rate: when the producer finished (time.time())
+    broker_cpu_s: float = 0.0  # the embedded broker's CPU from the worker's start to N rows
+    harness_cpu_s: float = 0.0  # this process's (producer, polling, sampling) over the same time
 
 
 def bench_tables(catalog: Any) -> list[Any]:
@@ -322,7 +326,8 @@ def run_worker(
                     total_s = time.monotonic() - began
                     system_busy_s = system_cpu_s() - system_began
                     # The broker and this process's polling are part of the measured path.
-                    harness_s = process_cpu_s(broker_pid) - broker_began + _cpu_seconds() - self_began
+                    broker_s = process_cpu_s(broker_pid) - broker_began
+                    harness_s = broker_s + _cpu_seconds() - self_began
                     break
             time.sleep(SAMPLE_EVERY_S)
         sampler.sample()
@@ -370,6 +375,8 @@ def run_worker(
         metrics=metrics,
         cpu_by_name=cpu_by_name,
         interference=interference,
+        broker_cpu_s=broker_s,
+        harness_cpu_s=harness_s - broker_s,
         log_path=replica.log_path,
         started_wall=started_wall,
         timeline=worker_timeline(replica.log_path, started_wall),
@@ -561,6 +568,8 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
     print("  CPU: (a) the timed phases; (b) the worker's process tree from start to N rows: " + ", ".join(
         f"{name} {seconds:.1f} s" for name, seconds in sorted(b.cpu_by_name.items(), key=lambda x: -x[1])
         if seconds >= 0.05))
+    print(f"  Beside it on the same cores: the embedded broker {b.broker_cpu_s:.1f} CPU-s, this process (producer, "
+          f"polling) {b.harness_cpu_s:.1f} CPU-s.")
     print("  Interference (CPU used outside the measured path, from /proc/stat, while it ran):")
     if a is not None:
         print(f"    (a) {a.interference.describe()}")
@@ -669,6 +678,10 @@ def main() -> int:
                              "backlog in one round, to compare rounds of the same rows (--tables)")
     parser.add_argument("--profile", action="store_true",
                         help="profile the worker's Python process with py-spy and print where its time goes")
+    parser.add_argument("--linger-ms", type=int, default=50,
+                        help="with --rate: the producer's linger.ms (default 50). The embedded broker's CPU "
+                             "grows with the record batches a partition holds: at 5 ms it took up to a core "
+                             "of the two by the end of a two-minute run (bench/README.md)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra worker setting, e.g. spark.driver.extraJavaOptions=... (repeatable)")
     args = parser.parse_args()
@@ -700,7 +713,8 @@ def main() -> int:
         live: Any = None
         if args.rate:
             live = lambda: asyncio.run(produce(  # noqa: E731
-                broker.bootstrap, TOPIC, values, partitions=args.partitions, rate_per_s=args.rate))
+                broker.bootstrap, TOPIC, values, partitions=args.partitions, rate_per_s=args.rate,
+                client_kwargs={"linger_ms": args.linger_ms}))
             produce_s = args.duration
         else:
             began = time.monotonic()
