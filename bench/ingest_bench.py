@@ -685,6 +685,8 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra worker setting, e.g. spark.driver.extraJavaOptions=... (repeatable)")
     args = parser.parse_args()
+    if bad := [item for item in args.set if "=" not in item]:
+        parser.error(f"--set: expected KEY=VALUE, found {bad[0]!r}")
     extra = dict(item.split("=", 1) for item in args.set)
     n: int = int(args.rate * args.duration) if args.rate else args.records
     if n < 1 or args.partitions < 1:

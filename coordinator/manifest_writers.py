@@ -96,7 +96,7 @@ class AvroEncoder(BinaryEncoder):
     """pyiceberg's ``BinaryEncoder`` with Avro's zig-zag varint written in one call: pyiceberg
     writes a fresh one-byte ``bytes`` per byte of every int and long, and a manifest entry
     holds hundreds of them (file sizes, counts and the keys and lengths of every column's
-    metrics): the largest single item of a table commit's CPU (bench/README.md)."""
+    metrics). A one-entry manifest of 20 columns: 185 -> 156 us of CPU (bench/README.md)."""
 
     def write_int(self, integer: int) -> None:
         datum = (integer << 1) ^ (integer >> 63)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from io import BytesIO
 from pathlib import Path
 
 import pyiceberg.avro.file as avro_file
@@ -155,7 +156,6 @@ def test_a_commit_does_not_read_back_the_manifest_list_the_last_one_wrote(two_ta
 
 
 def test_the_encoder_writes_pyicebergs_varints_in_one_write_each():
-    import io as bytes_io
     import random
 
     from pyiceberg.avro.encoder import BinaryEncoder
@@ -163,7 +163,7 @@ def test_the_encoder_writes_pyicebergs_varints_in_one_write_each():
     rng = random.Random(5)
     edges = [0, 1, -1, 63, -64, 64, -65, 127, -128, 128, 8191, -8192, 8192, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63)]
     for value in edges + [rng.randint(-(2**63), 2**63 - 1) for _ in range(2000)] + [rng.randint(-300, 300) for _ in range(300)]:
-        theirs, ours = bytes_io.BytesIO(), _CountingStream()
+        theirs, ours = BytesIO(), _CountingStream()
         BinaryEncoder(theirs).write_int(value)
         manifest_writers.AvroEncoder(ours).write_int(value)
         assert ours.getvalue() == theirs.getvalue(), value
@@ -172,9 +172,7 @@ def test_the_encoder_writes_pyicebergs_varints_in_one_write_each():
 
 class _CountingStream:
     def __init__(self) -> None:
-        import io as bytes_io
-
-        self._buffer = bytes_io.BytesIO()
+        self._buffer = BytesIO()
         self.writes = 0
 
     def write(self, b: bytes) -> int:
@@ -183,12 +181,6 @@ class _CountingStream:
 
     def getvalue(self) -> bytes:
         return self._buffer.getvalue()
-
-    def tell(self) -> int:
-        return self._buffer.tell()
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_prepared_manifest_and_list_encode_everything_with_the_one_write_encoder(tmp_path, monkeypatch):
