@@ -172,7 +172,8 @@ class Metrics:
             "icesink_orphan_files_deleted_total",
             "Data files deleted because their response was rejected or abandoned", registry=r)
         self.commit_duration = Histogram(
-            "icesink_commit_duration_seconds", "Iceberg table commit, including retries",
+            "icesink_commit_duration_seconds",
+            "Iceberg table commit, from its first attempt to success (retries included, not the wait for a commit thread)",
             ["table"], buckets=COMMIT_BUCKETS, registry=r)
         self.commit_failures = Counter(
             "icesink_commit_failures_total", "Failed Iceberg commit attempts (retried)",

@@ -477,3 +477,29 @@ def test_a_commit_writes_its_manifests_in_its_own_thread(two_tables, monkeypatch
     assert sorted(m.added_snapshot_id for m in manifests) == sorted(s.snapshot_id for s in now.snapshots())
     assert rows(two_tables, "db.a") == 3 and sorted(now.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
 
+
+
+def test_a_tables_commit_duration_leaves_out_its_wait_for_a_commit_thread(tmp_path, monkeypatch):
+    """One commit thread, four tables: the last waits for three commits before its own. Each
+    commit takes 10 s of a fake clock; each table's icesink_commit_duration_seconds must be its
+    own 10 s. Timed on the event loop, from the call to its return, it was 10, 30, 30, 30: the
+    wait for the thread, and for the loop to see the result, counted as commit time."""
+    clock = [0.0]
+    lock = threading.Lock()
+
+    def commits(catalog: Any, table: str, batch: list[Any], **kw: Any) -> Any:
+        from coordinator.committer import TableCommit
+
+        with lock:
+            clock[0] += 10.0
+        return TableCommit(table, 7, 1, 3, max(a.offset for a in batch))
+
+    monkeypatch.setattr(service, "commit_table", commits)
+    monkeypatch.setattr(service, "_now", lambda: clock[0])
+    names = [f"db.t{i}" for i in range(4)]
+    coord = round_of_tables(tmp_path, FlakyProducer(CommitToTable, fail=0), names, threads=1)
+    asyncio.run(coord._commit("r1", partial=False))
+    registry = coord.metrics.registry
+    for t in names:
+        assert registry.get_sample_value("icesink_commit_duration_seconds_count", {"table": t}) == 1
+        assert registry.get_sample_value("icesink_commit_duration_seconds_sum", {"table": t}) == 10.0, t
