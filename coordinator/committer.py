@@ -49,6 +49,9 @@ class TableCommit:
     files: int
     records: int
     watermark: int
+    # Whether maintenance has anything to do on the committed table, when the commit's process
+    # checked (coordinator/commit_processes.py); None: not checked, the Maintainer looks itself.
+    maintenance_due: bool | None = None
 
 
 def commit_table(

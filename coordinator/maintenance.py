@@ -496,13 +496,19 @@ class Maintainer:
         self._task: Any = None
         self._offload = Offload(1)  # one step at a time, beside the rounds' threads
 
-    def due(self, tables: Sequence[str]) -> None:
+    def due(self, tables: Sequence[str], clear: Sequence[str] = ()) -> None:
+        """``tables`` were just committed to. ``clear``: those of them already judged to have
+        nothing due, on the table their commit left (coordinator/commit_processes.py): their
+        pass is recorded as done without a catalog read; their orphan sweeps are kept."""
         if not self.s.enabled:
             return
-        self._due.update(tables)
+        skip = set(clear) - set(self._retry)  # a failed step is retried as planned
+        self._due.update(t for t in tables if t not in skip)
         now = time.monotonic()
         for t in tables:
             self._orphans_at.setdefault(t, now + self.s.orphans_every_s)
+        for t in skip & set(tables):
+            self.metrics.maintenance_last.labels(table=t).set(time.time())
 
     def poll(self) -> None:
         import asyncio

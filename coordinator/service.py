@@ -20,11 +20,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
+from coordinator.commit_processes import CommitProcesses
 from coordinator.committer import TableCache, TableCommit, commit_table, round_tables
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import in_flight_files, normalize
-from coordinator.maintenance import Maintainer, Rewriter, TableLocks
+from coordinator.maintenance import Maintainer, MaintenanceSettings, Rewriter, TableLocks
 from coordinator.mirror import MirrorIndexes, delete_keys_files
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
 from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
@@ -104,10 +105,13 @@ class Coordinator:
         self._maintainer = Maintainer(settings, catalog, metrics, self.status, self._locks, rewrite,
                                       lambda: in_flight_files(settings, bootstrap), tables=self._tables,
                                       mirrors=self._mirrors)
+        self._processes = commit_processes(settings, compaction=rewrite is not None)  # None: on the threads
 
     # Lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> None:
+        if self._processes is not None:
+            await self._commits.run(self._processes.start)
         await self._reader.start()
         try:
             self.metrics.coordinator_active.set(1)
@@ -124,6 +128,8 @@ class Coordinator:
                 await asyncio.gather(self._commit_task, return_exceptions=True)
             await self._maintainer.stop()
             self._commits.close()
+            if self._processes is not None:
+                self._processes.close()
             await self._reader.stop()
 
     async def _recover(self) -> None:
@@ -432,7 +438,7 @@ class Coordinator:
         attempt = 0
         while True:
             try:
-                await self._commit_round(commit_id, batch, cp, valid_through)
+                results = await self._commit_round(commit_id, batch, cp, valid_through)
                 break
             except FencedError:
                 self.status["phase"] = "fenced"
@@ -454,7 +460,8 @@ class Coordinator:
                 )
                 await asyncio.sleep(delay)
         self.state.committed(batch)
-        self._maintainer.due(sorted({t for a in batch for t in (*a.files, *a.deleted_keys)}))
+        self._maintainer.due(sorted({t for a in batch for t in (*a.files, *a.deleted_keys)}),
+                             clear=[t for t, r in results.items() if r.maintenance_due is False])
         keys_files = {t: [f.path for a in batch for f in a.deleted_keys.get(t, ())] for t in self._mirror_tables(batch)}
         if keys_files:  # consumed by the round's commit, never part of a snapshot
             await self.offload.run(delete_keys_files, self.catalog, keys_files)
@@ -468,15 +475,17 @@ class Coordinator:
 
     async def _commit_round(
         self, commit_id: str, batch: list[Accepted], cp: Checkpoint, valid_through: int | None,
-    ) -> None:
+    ) -> dict[str, TableCommit]:
         """The first table alone, then the others at once (iceberg.control.commit.threads at a
         time; one snapshot each). Each is announced by a CommitToTable once it holds the round;
-        the CommitComplete goes out only when all of them do."""
+        the CommitComplete goes out only when all of them do. Returns each table's commit."""
         tables = sorted({t for a in batch for t in a.files})
         tables_of_round = round_tables(batch)
+        results: dict[str, TableCommit] = {}
 
         async def commit_and_announce(table: str) -> None:
-            result = await self._commit_table_with_retry(table, batch, commit_id, cp, valid_through, tables_of_round)
+            result = results[table] = await self._commit_table_with_retry(
+                table, batch, commit_id, cp, valid_through, tables_of_round)
             await hold_point(self.settings, "coordinator.after-table-commit")
             if result.snapshot_id is not None:
                 await self.producer.send(CommitToTable(
@@ -497,6 +506,9 @@ class Coordinator:
         if self._round_started_at is not None:
             self.metrics.round_duration.observe(time.monotonic() - self._round_started_at)
         self.status.update(last_commit_id=commit_id, last_commit_at=time.time(), checkpoint=offset)
+        if self._processes is not None:
+            self.status["commit_processes"] = self._processes.pids()
+        return results
 
     async def _commit_table_with_retry(
         self,
@@ -512,13 +524,17 @@ class Coordinator:
         while True:
             try:
                 result: TableCommit
+                commit, head, here = (
+                    (commit_table, (self.catalog, table, batch), {"mirrors": self._mirrors, "tables": self._tables})
+                    if self._processes is None else (self._processes.commit, (table, batch), {}))
                 result, ended = await self._commits.run(
-                    _committing, self._locks.of(table), began, commit_table, self.catalog, table, batch,
+                    _committing, self._locks.of(table), began, commit, *head,
                     group=self.group, epoch=self.epoch,
                     commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
-                    checkpoint=cp, log_id=self.log_id, adopted=self._adopted, mirrors=self._mirrors, tables=self._tables,
-                    tables_of_round=tables_of_round,
+                    checkpoint=cp, log_id=self.log_id, adopted=self._adopted, tables_of_round=tables_of_round, **here,
                 )
+                if self._processes is not None:
+                    self._tables.drop(table)  # its process holds the committed table now
             except FencedError:
                 self.status["phase"] = "fenced"
                 raise
@@ -564,6 +580,18 @@ class Coordinator:
                     commit_id, table, result.snapshot_id, result.files, result.records,
                 )
             return result
+
+
+def commit_processes(settings: Settings, compaction: bool = False) -> CommitProcesses | None:
+    """The commit processes of ``iceberg.control.commit.processes`` (None: 0, or a sink that
+    makes mirror tables, whose key indexes live in this process: coordinator/commit_processes.py)."""
+    if not settings.commit_processes:
+        return None
+    if settings.mirror:
+        log.warning("iceberg.control.commit.processes=%d ignored: mirror tables keep their key indexes in the "
+                    "coordinator, so their commits run on its threads", settings.commit_processes)
+        return None
+    return CommitProcesses(settings, settings.commit_processes, MaintenanceSettings.of(settings), compaction)
 
 
 def _committing(lock: threading.Lock, began: list[float], fn: Callable[..., T], *args: Any,

@@ -121,6 +121,9 @@ class Settings(BaseSettings):
     commit_timeout_ms: int = Field(30_000, alias="iceberg.control.commit.timeout-ms", ge=100)
     # Tables of a round committed at once (the reference sink's key); None: 2 x cores.
     commit_threads: int | None = Field(None, alias="iceberg.control.commit.threads", ge=1)
+    # Table commits in this many processes of their own, beside the threads (coordinator/commit_processes.py);
+    # 0: on the threads, in the replica's process.
+    commit_processes: int = Field(0, alias="iceberg.control.commit.processes", ge=0, le=64)
     value_converter: str = Field(JSON_CONVERTER, alias="value.converter")
     value_converter_schemas_enable: bool = Field(False, alias="value.converter.schemas.enable")
     key_converter: str = Field(STRING_CONVERTER, alias="key.converter")
