@@ -507,8 +507,10 @@ class Maintainer:
         now = time.monotonic()
         for t in tables:
             self._orphans_at.setdefault(t, now + self.s.orphans_every_s)
-        for t in skip & set(tables):
+        for t in skip & set(tables):  # as a pass that found nothing due
             self.metrics.maintenance_last.labels(table=t).set(time.time())
+            last = {k: v for k, v in self.report.get(t, {}).items() if k not in ("attempt", "retriable")}
+            self.report[t] = {**last, "expired_snapshots": 0, "deleted_files": 0, "at": time.time(), "error": None}
 
     def poll(self) -> None:
         import asyncio

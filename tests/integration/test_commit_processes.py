@@ -1,6 +1,7 @@
 """Table commits in processes of their own (iceberg.control.commit.processes) with a real
 worker process, broker, Spark and catalog: a commit process killed with SIGKILL between rounds
-is replaced, and every table holds each record exactly once, read back by DuckDB."""
+is replaced, compaction and expiry run beside them, and every table holds each record exactly
+once, read back by DuckDB."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def test_commits_in_processes_survive_a_killed_commit_process(broker, catalog_pr
         tmp_path / "sink.json", topics=topic, tables=",".join(regexes), bootstrap=broker.bootstrap,
         catalog_props=catalog_props, state_dir=tmp_path / "state", group="proc-sink",
         **{"iceberg.tables.route-field": "type", "iceberg.control.commit.processes": 2,
-           "iceberg.control.commit.interval-ms": 2000},
+           "iceberg.control.commit.interval-ms": 1000,
+           # Maintenance beside them: the processes judge what is due, the replica compacts and expires.
+           "maintenance.compaction.min-input-files": 4, "maintenance.snapshots.max-age-ms": 2000,
+           "maintenance.snapshots.retain-last": 2},
         **{f"iceberg.table.{t}.route-regex": rx for t, rx in regexes.items()},
     )
     values = events(9_000, seed=11)
@@ -53,7 +57,9 @@ def test_commits_in_processes_survive_a_killed_commit_process(broker, catalog_pr
         assert r.proc.pid not in pids
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        asyncio.run(produce(broker.bootstrap, topic, second, partitions=3))
+        for i in range(0, len(second), 600):  # a round's worth at a time: files to compact, snapshots to expire
+            asyncio.run(produce(broker.bootstrap, topic, second[i:i + 600], partitions=3))
+            time.sleep(1.5)
         expected = {t: ids_of(values, rx) for t, rx in regexes.items()}
         wait_rows(catalog, replicas, tuple(regexes), {t: len(ids) for t, ids in expected.items()})
         time.sleep(5)  # a late duplicate would show up here
@@ -64,6 +70,14 @@ def test_commits_in_processes_survive_a_killed_commit_process(broker, catalog_pr
         assert metric(r.metrics_port, "icesink_commit_failures_total") >= 1  # the attempts that found one gone
         log = r.log_path.read_text(errors="replace")
         assert "stopped before answering" in log
+        deadline = time.monotonic() + 60
+        while not (metric(r.metrics_port, "icesink_maintenance_files_rewritten_total") > 0
+                   and metric(r.metrics_port, "icesink_maintenance_snapshots_expired_total") > 0):
+            assert time.monotonic() < deadline, "no compaction or expiry beside the commit processes"
+            time.sleep(1)
+        report = http_json(r.metrics_port)["coordinator"]["maintenance"]
+        assert all(entry.get("error") is None for entry in report.values()), report
+        assert {t: total_rows(catalog, t) for t in regexes} == {t: len(ids) for t, ids in expected.items()}
     finally:
         replicas.stop_all()
     for t, ids in expected.items():

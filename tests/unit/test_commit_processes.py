@@ -227,6 +227,8 @@ def test_a_round_in_processes_leaves_clear_tables_out_of_the_maintenance_pass(tm
         asyncio.run(coord._commit("r1", partial=False))
         assert coord._maintainer._due == {"db.b"}
         assert coord.metrics.maintenance_last.labels(table="db.a")._value.get() > 0
+        assert coord.status["maintenance"]["db.a"]["error"] is None  # /status shows the pass, as on threads
+        assert coord.status["maintenance"]["db.a"]["expired_snapshots"] == 0
         assert set(coord._maintainer._orphans_at) == {"db.a", "db.b"}  # sweeps still planned for both
     finally:
         assert coord._processes is not None
