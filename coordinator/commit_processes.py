@@ -28,13 +28,17 @@ runs on other cores.
   that makes them commits on threads; :meth:`CommitProcesses.enabled` says so.
 
 The processes come from a fork server (a fresh interpreter, not a fork of a replica that runs a
-JVM and many threads) and log to the replica's stderr in its format.
+JVM and many threads), log to the replica's stderr naming themselves, and exit when the replica
+is gone (killed with SIGKILL, it cannot close them): none commits for a dead replica.
+An error that would not unpickle in the replica crosses as :class:`CommitProcessFailure`.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import pickle
 import signal
 import threading
 import time
@@ -50,11 +54,10 @@ from coordinator.committer import TableCache, TableCommit, commit_table
 from coordinator.maintenance import MaintenanceSettings, due_snapshots, plan_compaction
 from coordinator.state import Accepted
 from icesink.config import Settings
-from icesink.errors import IcesinkError
+from icesink.errors import IcesinkError, is_retriable
+from icesink.faults import crash_point
 
 log = logging.getLogger(__name__)
-
-LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"  # as icesink.app.cli
 
 
 class CommitProcessError(IcesinkError):
@@ -63,6 +66,18 @@ class CommitProcessError(IcesinkError):
     table's watermark and skips the round if it went through."""
 
     retriable = True
+
+
+class CommitProcessFailure(IcesinkError):
+    """An error raised in a commit process that cannot cross back as itself (it does not
+    unpickle): its type and message, and whether a retry may mend it."""
+
+    def __init__(self, message: str, retriable: bool) -> None:
+        super().__init__(message, retriable)
+        self.retriable = retriable
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class CommitProcesses:
@@ -106,7 +121,8 @@ class CommitProcesses:
     def pids(self) -> list[int]:
         """The running commit processes (for tests and /status)."""
         with self._lock:
-            return [pid for p in self._pools if p is not None for pid in (p._processes or {})]
+            pools = [p for p in self._pools if p is not None]
+        return [pid for p in pools for pid in list(p._processes or {})]  # a copy: the pool's thread changes it
 
     def close(self) -> None:
         with self._lock:
@@ -124,7 +140,7 @@ class CommitProcesses:
             if pool is None:
                 pool = self._pools[i] = ProcessPoolExecutor(
                     1, mp_context=self._context, initializer=_start,
-                    initargs=(self._settings, logging.getLogger().getEffectiveLevel()))
+                    initargs=(self._settings, logging.getLogger().getEffectiveLevel(), os.getpid()))
             return pool
 
     def _drop(self, i: int, pool: ProcessPoolExecutor) -> None:
@@ -145,19 +161,41 @@ def table_batch(batch: list[Accepted], table: str) -> list[Accepted]:
 # In a commit process ------------------------------------------------------------------------
 
 _catalog: Catalog | None = None
+_settings: Settings | None = None
+_replica = 0  # the replica's pid: gone, this process exits
 _tables = TableCache()
 _live: dict[str, dict[str, Any]] = {}  # per table: plan_compaction's manifest cache
+WATCH_S = 0.5
 
 
-def _start(settings: Settings, level: int) -> None:
+def _start(settings: Settings, level: int, replica: int) -> None:
     """A commit process's start: the replica's log format, Ctrl-C left to the replica (which
-    closes the pool), and its own catalog."""
-    global _catalog
+    closes the pool), its own catalog, and a watch on the replica: a replica killed with
+    SIGKILL cannot close its pool, and a process left behind would commit late."""
+    global _catalog, _settings, _replica
     from icesink.iceberg import load_catalog
 
-    logging.basicConfig(level=level, format=LOG_FORMAT)
+    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)-7s commit process {os.getpid()} %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _settings, _replica = settings, replica
+    threading.Thread(target=_watch_replica, name="icesink-replica-watch", daemon=True).start()
     _catalog = load_catalog(settings)
+
+
+def _replica_alive() -> bool:
+    try:
+        os.kill(_replica, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a pid reused by another user's process: not ours
+        return False
+    return True
+
+
+def _watch_replica() -> None:
+    while _replica_alive():
+        time.sleep(WATCH_S)
+    os._exit(1)
 
 
 def _ready() -> None:
@@ -166,14 +204,39 @@ def _ready() -> None:
 
 def _commit_here(table: str, batch: list[Accepted], kwargs: dict[str, Any],
                  maintenance: tuple[MaintenanceSettings, bool] | None) -> TableCommit:
-    if _catalog is None:
+    if _catalog is None or _settings is None:
         raise RuntimeError("a commit process without a catalog (its start failed)")
+    if not _replica_alive():  # a call queued before the replica died: never commit for it
+        os._exit(1)
     started = time.monotonic()
-    out = commit_table(_catalog, table, batch, tables=_tables, **kwargs)
+    try:
+        out = commit_table(_catalog, table, batch, tables=_tables, **kwargs)
+    except BaseException as exc:
+        raise _crossable(exc) from None
     log.debug("committed %s in %.3f s", table, time.monotonic() - started)
+    crash_point(_settings, "coordinator.commit-process.after-commit")  # committed, not answered
     if maintenance is None:
         return out
-    return replace(out, maintenance_due=maintenance_due(_tables, table, *maintenance, _live.setdefault(table, {})))
+    try:
+        due = maintenance_due(_tables, table, *maintenance, _live.setdefault(table, {}))
+    except Exception as exc:  # noqa: BLE001 - the commit went through; the Maintainer looks itself
+        log.warning("table %s: could not judge whether maintenance is due (%s: %s); the maintenance pass will look",
+                    table, type(exc).__name__, exc)
+        due = None
+    return replace(out, maintenance_due=due)
+
+
+def _crossable(exc: BaseException) -> BaseException:
+    """``exc`` if it unpickles as itself in the replica, else a :class:`CommitProcessFailure`
+    with its message and retriability (an error that does not unpickle would break the pool,
+    and a broken pool reads as a dead process: retried, whatever the error said)."""
+    try:
+        back = pickle.loads(pickle.dumps(exc))
+        if type(back) is type(exc):
+            return exc
+    except Exception:  # noqa: BLE001 - any failure to cross is the case handled here
+        pass
+    return CommitProcessFailure(f"{type(exc).__name__}: {exc}", is_retriable(exc))
 
 
 def maintenance_due(tables: TableCache, name: str, s: MaintenanceSettings, compaction: bool,

@@ -110,9 +110,14 @@ class Coordinator:
     # Lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> None:
-        if self._processes is not None:
-            await self._commits.run(self._processes.start)
-        await self._reader.start()
+        try:
+            if self._processes is not None:
+                await self._commits.run(self._processes.start)
+            await self._reader.start()
+        except BaseException:  # e.g. the broker unreachable: the supervisor makes a new coordinator
+            if self._processes is not None:
+                self._processes.close()
+            raise
         try:
             self.metrics.coordinator_active.set(1)
             self.metrics.last_round_committed.set(time.time())  # "no round since": counted from its start

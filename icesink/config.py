@@ -208,7 +208,7 @@ class Settings(BaseSettings):
     fault_crash_at: tuple[
         Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response",
                 "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable",
-                "worker.after-early-write"], ...
+                "worker.after-early-write", "coordinator.commit-process.after-commit"], ...
     ] = Field((), alias="fault.crash-at")
     fault_hold_at: tuple[Literal["coordinator.after-table-commit"], ...] = Field((), alias="fault.hold-at")
 

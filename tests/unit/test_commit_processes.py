@@ -233,3 +233,109 @@ def test_a_round_in_processes_leaves_clear_tables_out_of_the_maintenance_pass(tm
     finally:
         assert coord._processes is not None
         coord._processes.close()
+
+
+def test_a_process_killed_after_its_commit_went_through_is_not_committed_twice(tmp_path, two_tables, monkeypatch):
+    """The outcome a coordinator cannot know: the table took the commit, its process died
+    before answering. The retry, in a new process, finds the round in the table (watermark)
+    and skips it; the other table commits; every row is there once."""
+    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    point = "coordinator.commit-process.after-commit"
+    producer = FlakyProducer(CommitComplete, fail=0)
+
+    async def make() -> Coordinator:
+        return Coordinator(settings_for(tmp_path, **{"fault.crash-at": point}), "127.0.0.1:9", producer,
+                           two_tables, Offload(2), Metrics(CollectorRegistry()))
+
+    coord = coordinator(tmp_path, two_tables, producer, "r1", [1, 2, 3], start=0)
+    state = coord.state
+    coord = asyncio.run(make())
+    coord.epoch, coord.state, coord._reader = 1, state, FakeReader()  # type: ignore[assignment]
+    try:
+        asyncio.run(asyncio.wait_for(coord._commit("r1", partial=False), 60))
+        assert (tmp_path / "state" / f"fault-{point}.fired").exists()  # it did die after committing db.a
+        assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3
+        assert len(two_tables.load_table("db.a").metadata.snapshots) == 1
+        assert coord.metrics.commit_failures.labels(table="db.a")._value.get() == 1
+        assert not coord.state.pending
+    finally:
+        assert coord._processes is not None
+        coord._processes.close()
+
+
+def test_a_failed_maintenance_look_does_not_fail_the_commit_that_went_through(tmp_path, two_tables, monkeypatch):
+    from coordinator import commit_processes
+    from coordinator.maintenance import MaintenanceSettings
+
+    def unreadable(*_: Any, **__: Any) -> Any:
+        raise OSError("manifest unreadable")
+
+    monkeypatch.setattr(commit_processes, "_catalog", two_tables)
+    monkeypatch.setattr(commit_processes, "_settings", settings_for(tmp_path))
+    monkeypatch.setattr(commit_processes, "_replica", os.getpid())
+    monkeypatch.setattr(commit_processes, "plan_compaction", unreadable)
+    batch = coordinator(tmp_path / "x", two_tables, FlakyProducer(CommitComplete, fail=0), "r1", [1, 2],
+                        start=0).state.plan_commit()[0]
+    out = commit_processes._commit_here(  # in this process: the commit process's own function
+        "db.a", table_batch(batch, "db.a"),
+        dict(group="icesink", epoch=1, commit_id="r1", positions={TP: 2}, valid_through_ms=None),
+        (MaintenanceSettings(snapshot_max_age_ms=3_600_000), True))
+    assert out.snapshot_id is not None and out.maintenance_due is None  # not judged: the Maintainer looks
+    assert rows(two_tables, "db.a") == 2
+
+
+def test_an_error_that_would_not_unpickle_crosses_as_itself_in_kind():
+    """A broken pool reads as a dead process, which is retried: an error that cannot unpickle
+    must not turn a final error into endless retries."""
+    from coordinator.commit_processes import CommitProcessFailure, _crossable
+    from icesink.errors import PreconditionFailed
+
+    fenced = FencedError("table db.a: epoch")
+    assert _crossable(fenced) is fenced
+    final = _crossable(PreconditionFailed("the range start", 3, 5))
+    assert isinstance(final, CommitProcessFailure) and not is_retriable(final)
+    assert "PreconditionFailed" in str(final) and "the range start" in str(final)
+    back = pickle.loads(pickle.dumps(final))
+    assert str(back) == str(final) and not is_retriable(back)
+    transient = pickle.loads(pickle.dumps(_crossable(_Unpicklable("catalog timed out"))))
+    assert isinstance(transient, CommitProcessFailure) and is_retriable(transient)
+
+
+class _Unpicklable(Exception):
+    def __init__(self, message: str, extra: int = 0) -> None:
+        super().__init__(message)
+        self.lock = __import__("threading").Lock()  # cannot pickle
+
+
+def test_commit_processes_exit_when_their_replica_is_killed(tmp_path):
+    """A replica killed with SIGKILL cannot close its pool; its commit processes must not live
+    on (and commit late): they watch the replica and exit."""
+    import subprocess
+    import sys
+
+    script = f"""
+import time
+from coordinator.commit_processes import CommitProcesses
+from tests.unit.test_commit_processes import settings_for
+from pathlib import Path
+p = CommitProcesses(settings_for(Path({str(tmp_path)!r})), 2)
+p.start()
+deadline = time.monotonic() + 60
+while len(p.pids()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(*p.pids(), flush=True)
+time.sleep(600)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 15
+    while any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids):
+        assert time.monotonic() < deadline, "commit processes outlived their replica"
+        time.sleep(0.1)
