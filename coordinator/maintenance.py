@@ -507,10 +507,8 @@ class Maintainer:
         now = time.monotonic()
         for t in tables:
             self._orphans_at.setdefault(t, now + self.s.orphans_every_s)
-        for t in skip & set(tables):  # as a pass that found nothing due
-            self.metrics.maintenance_last.labels(table=t).set(time.time())
-            last = {k: v for k, v in self.report.get(t, {}).items() if k not in ("attempt", "retriable")}
-            self.report[t] = {**last, "expired_snapshots": 0, "deleted_files": 0, "at": time.time(), "error": None}
+        for t in skip & set(tables):
+            self._passed(t, {"expired_snapshots": 0, "deleted_files": 0})  # as a pass that found nothing due
 
     def poll(self) -> None:
         import asyncio
@@ -563,6 +561,10 @@ class Maintainer:
             return
         self._retry.pop(table, None)
         self.metrics.maintenance_duration.labels(table=table).observe(time.monotonic() - started)
+        self._passed(table, report)
+
+    def _passed(self, table: str, report: dict[str, Any]) -> None:
+        """A pass over ``table`` that succeeded: its gauge and its /status entry."""
         self.metrics.maintenance_last.labels(table=table).set(time.time())
         last = {k: v for k, v in self.report.get(table, {}).items() if k not in ("attempt", "retriable")}
         self.report[table] = {**last, **report, "at": time.time(), "error": None}

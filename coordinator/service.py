@@ -526,20 +526,18 @@ class Coordinator:
     ) -> TableCommit:
         attempt = 0
         began: list[float] = []  # when each attempt began on a commit thread
+        commit, head, here = (  # on this replica's threads, or in the table's commit process
+            (commit_table, (self.catalog, table, batch), {"mirrors": self._mirrors, "tables": self._tables})
+            if self._processes is None else (self._processes.commit, (table, batch), {}))
         while True:
             try:
                 result: TableCommit
-                commit, head, here = (
-                    (commit_table, (self.catalog, table, batch), {"mirrors": self._mirrors, "tables": self._tables})
-                    if self._processes is None else (self._processes.commit, (table, batch), {}))
                 result, ended = await self._commits.run(
                     _committing, self._locks.of(table), began, commit, *head,
                     group=self.group, epoch=self.epoch,
                     commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
                     checkpoint=cp, log_id=self.log_id, adopted=self._adopted, tables_of_round=tables_of_round, **here,
                 )
-                if self._processes is not None:
-                    self._tables.drop(table)  # its process holds the committed table now
             except FencedError:
                 self.status["phase"] = "fenced"
                 raise
