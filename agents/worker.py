@@ -176,7 +176,11 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             await self._spark_ready
         except Exception:  # run() raises it
             return
-        await self.offload.run(self.spark.warm_up)
+        # A backlog read while the session started is past the write-ahead mark with no fetch
+        # left to notice: write it now rather than at its round. That write warms the JVM.
+        self._maybe_write_early()
+        if not self._writing_early:
+            await self.offload.run(self.spark.warm_up)
 
     def status_report(self) -> dict[str, Any]:
         """For /status (read from the HTTP thread: copies only)."""

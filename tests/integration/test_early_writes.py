@@ -35,15 +35,29 @@ def data_files_referenced(table) -> set[str]:
     return {task.file.file_path.removeprefix("file://").removeprefix(root) for task in table.scan().plan_files()}
 
 
-def backlog(broker, topic: str, partitions: int, n: int, seed: int) -> list[bytes]:
-    """``n`` pizza events produced to a new topic of ``partitions`` partitions."""
-    from icesink.app.pizzas import pizza_values, produce
+def new_topic(broker, topic: str, partitions: int) -> None:
     from icesink.kafka_admin import ensure_topic
 
-    values = pizza_values(n, seed=seed)
     asyncio.run(ensure_topic(broker.bootstrap, topic, partitions))
+
+
+def backlog(broker, topic: str, partitions: int, n: int, seed: int) -> list[bytes]:
+    """``n`` pizza events produced to ``topic`` of ``partitions`` partitions."""
+    from icesink.app.pizzas import pizza_values, produce
+
+    values = pizza_values(n, seed=seed)
     asyncio.run(produce(broker.bootstrap, topic, values, partitions=partitions))
     return values
+
+
+def wait_warm(replicas, replica, timeout_s: float = 120) -> None:
+    """Until the replica's Spark session is warm: records produced after that are read while
+    earlier ones are written (read before it, a whole backlog is one write)."""
+    deadline = time.monotonic() + timeout_s
+    while "spark warmed up" not in replica.log_path.read_text(errors="replace"):
+        replicas.check_alive()
+        assert time.monotonic() < deadline, f"replica {replica.name}: spark not warm within {timeout_s} s"
+        time.sleep(0.5)
 
 
 def wait_metric(replicas, port: int, name: str, at_least: float, timeout_s: float) -> None:
@@ -68,7 +82,7 @@ def test_a_backlog_is_written_ahead_of_its_round_and_committed_exactly_once(brok
     from icesink.app.replicas import ReplicaSet
 
     n = 150_000
-    values = backlog(broker, "early-pizzas", 3, n, seed=21)
+    new_topic(broker, "early-pizzas", 3)
     cfg = write_config(tmp_path / "early.json", topics="early-pizzas", tables="early.pizzas",
                        bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / "state",
                        group="early-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 20000})
@@ -76,6 +90,8 @@ def test_a_backlog_is_written_ahead_of_its_round_and_committed_exactly_once(brok
     replicas = ReplicaSet(cfg, tmp_path / "logs")
     try:
         r = replicas.start("solo")
+        wait_warm(replicas, r)
+        values = backlog(broker, "early-pizzas", 3, n, seed=21)
         wait_rows(catalog, replicas, ("early.pizzas",), n, timeout_s=240)
         landed = early_writes(r.metrics_port, "landed")
     finally:
@@ -97,7 +113,7 @@ def test_a_partition_moving_away_voids_the_files_it_shares_and_loses_nothing(bro
     from icesink.app.replicas import ReplicaSet
 
     n = 240_000
-    values = backlog(broker, "void-pizzas", 6, n, seed=22)
+    new_topic(broker, "void-pizzas", 6)
     cfg = write_config(tmp_path / "void.json", topics="void-pizzas", tables="void.pizzas",
                        bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / "state",
                        group="void-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 30000,
@@ -106,6 +122,8 @@ def test_a_partition_moving_away_voids_the_files_it_shares_and_loses_nothing(bro
     replicas = ReplicaSet(cfg, tmp_path / "logs")
     try:
         first = replicas.start("first")
+        wait_warm(replicas, first)
+        values = backlog(broker, "void-pizzas", 6, n, seed=22)
         wait_metric(replicas, first.metrics_port, 'icesink_early_writes_total{outcome="landed"}', 2, 180)
         assert metric(first.metrics_port, "icesink_rounds_committed_total") == 0  # nothing reported yet
         replicas.start("second")
@@ -122,13 +140,16 @@ def test_a_partition_moving_away_voids_the_files_it_shares_and_loses_nothing(bro
 def test_a_worker_killed_after_an_early_write_loses_nothing(broker, catalog_props, tmp_path):
     """kill -9 right after an early write landed (``fault.crash-at=worker.after-early-write``):
     its files are named by no event, so nothing commits them; the restarted replica reads the
-    partitions again from the accepted position. Every key exactly once."""
+    partitions again from the accepted position. Every key exactly once. The backlog is there
+    before the replica starts: what is read before its Spark session is up is written as soon
+    as it is (Worker._warm_up_spark), not left for the round."""
     from pyiceberg.catalog import load_catalog
 
     from icesink.app.replicas import ReplicaSet
 
     n = 120_000
-    values = backlog(broker, "killed-pizzas", 3, n, seed=23)
+    new_topic(broker, "killed-pizzas", 3)
+    values = backlog(broker, "killed-pizzas", 3, n, seed=23)  # read before Spark is up: written once it is
     state = tmp_path / "state"
     cfg = write_config(tmp_path / "killed.json", topics="killed-pizzas", tables="killed.pizzas",
                        bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=state,

@@ -196,3 +196,53 @@ def test_an_early_write_cancelled_mid_way_gives_its_rows_back():
     assert w.buffers.rows == 500 and w.buffers._staged is None
     snap = w.buffers.take(1)
     assert snap.rows == 500 and snap.ranges[0].end == 500
+
+
+def test_a_backlog_read_before_spark_started_is_written_early_once_it_has():
+    """Records read while the Spark session starts pass the write-ahead mark with no fetch
+    left to start an early write: the session's start does, in place of the warm-up."""
+    w = make_worker(max_bytes=10**9)
+    w.settings = build({"topics": P.topic, "iceberg.tables": TABLE, "buffer.write-ahead-bytes": 1024},
+                       warn_unknown=False)
+    w.generation = 1
+    w._respond_lock = asyncio.Lock()
+    w._seq = 0
+    w._writing_early = False
+    written: list[int] = []
+    warmed: list[bool] = []
+
+    async def write(tables, tag):
+        written.append(sum(t.num_rows for t in tables.values()))
+        return {}
+
+    async def arrow(snap):
+        return snap.tables()
+
+    class Owner:
+        def spawn(self, coro, name):
+            return asyncio.ensure_future(coro)
+
+    class Offload:
+        async def run(self, fn, *a, **kw):
+            return fn(*a, **kw)
+
+    w._write_tables = write
+    w._arrow_tables = arrow
+    w._owner = Owner()
+    w.offload = Offload()
+    w.spark = SimpleNamespace(warm_up=lambda: warmed.append(True))
+    w._release_backpressure = lambda: asyncio.sleep(0)
+
+    async def go():
+        w._rebalanced = asyncio.Event()
+        w._rebalanced.set()
+        w._spark_ready = asyncio.get_running_loop().create_future()  # starting
+        await w.on_fetch(batch(0, 500))
+        assert not written and w.buffers.rows == 500  # no session yet: no early write
+        w._spark_ready.set_result(None)
+        await Worker._warm_up_spark(w)
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    asyncio.run(go())
+    assert written == [500] and not warmed
