@@ -33,6 +33,7 @@ def durable_broker(tmp_path):
         s3.stop()
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(900)
 def test_broker_restart_on_durable_storage_loses_and_duplicates_nothing(durable_broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog

@@ -55,6 +55,7 @@ class OtherWriter(threading.Thread):
             self.keys.update(keys)
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(900)
 def test_concurrent_writer_and_postgres_outage(broker, postgres, tmp_path):
     from pyiceberg.catalog import load_catalog

@@ -29,6 +29,7 @@ GROUP = "ft-sink"
 POINTS = ("coordinator.between-table-commits", "worker.mid-response", "worker.during-write")
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(1200)
 def test_injected_crashes_zombie_and_rebalances(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.integration
 TOPIC, TABLE = "maint-pizzas", "maint.pizzas"
 
 
+@pytest.mark.chaos
 def test_maintenance_keeps_files_and_snapshots_bounded_and_the_table_exact_through_a_coordinator_kill(
         broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog

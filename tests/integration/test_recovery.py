@@ -40,6 +40,7 @@ def leader(replicas, http_json):
     return None
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_failover_while_a_dead_workers_response_is_open_deletes_no_committed_file(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
@@ -119,6 +120,7 @@ def test_failover_while_a_dead_workers_response_is_open_deletes_no_committed_fil
     assert scan.num_rows == len(keys) and set(scan.column("order_id").to_pylist()) == keys
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_a_control_send_failing_after_one_table_committed_keeps_the_round_for_the_other(catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
