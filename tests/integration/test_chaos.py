@@ -1,6 +1,7 @@
 """The CI-sized chaos run: 3 worker replicas, SIGKILL (and some SIGTERM) at random instants every
 few seconds with restarts, 200,000 records; both tables must hold exactly what was produced
-(tests/support/chaos.py; the long version is bench/chaos.py)."""
+(tests/support/chaos.py; the long version is bench/chaos.py). Marked chaos: `./dev chaos` runs
+them, the default suite leaves them out, CI runs both."""
 
 from __future__ import annotations
 

@@ -161,9 +161,8 @@ def test_a_failed_seek_keeps_partitions_paused():
     asyncio.run(run())
 
 
-def test_an_early_write_cancelled_mid_way_gives_its_rows_back():
-    """Stopping cancels an early write in flight: its rows go back to the buffers, so nothing
-    is left staged and a round could still take them."""
+def early_writing_worker() -> Worker:
+    """A worker that writes early past 1 KiB; its Arrow tables are the buffered ones."""
     w = make_worker(max_bytes=10**9)
     w.settings = build({"topics": P.topic, "iceberg.tables": TABLE, "buffer.write-ahead-bytes": 1024},
                        warn_unknown=False)
@@ -171,17 +170,25 @@ def test_an_early_write_cancelled_mid_way_gives_its_rows_back():
     w._respond_lock = asyncio.Lock()
     w._seq = 0
     w._writing_early = False
+
+    async def arrow(snap):
+        return snap.tables()
+
+    w._arrow_tables = arrow
+    return w
+
+
+def test_an_early_write_cancelled_mid_way_gives_its_rows_back():
+    """Stopping cancels an early write in flight: its rows go back to the buffers, so nothing
+    is left staged and a round could still take them."""
+    w = early_writing_worker()
     started = asyncio.Event()
 
     async def write_forever(tables, tag):
         started.set()
         await asyncio.sleep(3600)
 
-    async def arrow(snap):
-        return snap.tables()
-
     w._write_tables = write_forever
-    w._arrow_tables = arrow
 
     async def go():
         w._rebalanced = asyncio.Event()  # not set: on_fetch starts no early write itself
@@ -201,22 +208,13 @@ def test_an_early_write_cancelled_mid_way_gives_its_rows_back():
 def test_a_backlog_read_before_spark_started_is_written_early_once_it_has():
     """Records read while the Spark session starts pass the write-ahead mark with no fetch
     left to start an early write: the session's start does, in place of the warm-up."""
-    w = make_worker(max_bytes=10**9)
-    w.settings = build({"topics": P.topic, "iceberg.tables": TABLE, "buffer.write-ahead-bytes": 1024},
-                       warn_unknown=False)
-    w.generation = 1
-    w._respond_lock = asyncio.Lock()
-    w._seq = 0
-    w._writing_early = False
+    w = early_writing_worker()
     written: list[int] = []
     warmed: list[bool] = []
 
     async def write(tables, tag):
         written.append(sum(t.num_rows for t in tables.values()))
         return {}
-
-    async def arrow(snap):
-        return snap.tables()
 
     class Owner:
         def spawn(self, coro, name):
@@ -227,7 +225,6 @@ def test_a_backlog_read_before_spark_started_is_written_early_once_it_has():
             return fn(*a, **kw)
 
     w._write_tables = write
-    w._arrow_tables = arrow
     w._owner = Owner()
     w.offload = Offload()
     w.spark = SimpleNamespace(warm_up=lambda: warmed.append(True))
