@@ -15,10 +15,12 @@ from agents.formats import RecordFormat
 from agents.routing import Router
 from agents.source_consumer import Fetched
 from agents.tables import Target
+from agents.tasks import TaskOwner
 from agents.worker import Worker
 from icesink.config import build
 from icesink.protocol import CommitRequest, TopicPartition
 from icesink.metrics import Metrics
+from icesink.offload import Offload
 
 P = TopicPartition("t", 0)
 FP = TP("t", 0)
@@ -211,24 +213,16 @@ def test_a_backlog_read_before_spark_started_is_written_early_once_it_has():
     w = early_writing_worker()
     written: list[int] = []
     warmed: list[bool] = []
+    failures: list[Exception] = []
 
     async def write(tables, tag):
         written.append(sum(t.num_rows for t in tables.values()))
         return {}
 
-    class Owner:
-        def spawn(self, coro, name):
-            return asyncio.ensure_future(coro)
-
-    class Offload:
-        async def run(self, fn, *a, **kw):
-            return fn(*a, **kw)
-
     w._write_tables = write
-    w._owner = Owner()
+    w._owner = TaskOwner(failures.append)
     w.offload = Offload()
     w.spark = SimpleNamespace(warm_up=lambda: warmed.append(True))
-    w._release_backpressure = lambda: asyncio.sleep(0)
 
     async def go():
         w._rebalanced = asyncio.Event()
@@ -238,8 +232,13 @@ def test_a_backlog_read_before_spark_started_is_written_early_once_it_has():
         assert not written and w.buffers.rows == 500  # no session yet: no early write
         w._spark_ready.set_result(None)
         await Worker._warm_up_spark(w)
-        for _ in range(5):
-            await asyncio.sleep(0)
+        deadline = time.monotonic() + 5
+        while len(w._owner) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
-    asyncio.run(go())
-    assert written == [500] and not warmed
+    try:
+        asyncio.run(go())
+    finally:
+        w.offload.close()
+    assert written == [500] and not warmed and not failures
+    assert w.buffers.rows == 0 and w.buffers.written_rows == 500
