@@ -117,7 +117,7 @@ class FaustApp(WorkerState):
 
         coordinator._maybe_leave_group = stop_without_leaving
 
-    async def _start_faust(self) -> faust.Worker:
+    async def _start_faust(self) -> None:
         """Start the Faust worker: from here on this replica is a member of the consumer group."""
         loop = asyncio.get_running_loop()
         faust_worker = faust.Worker(
@@ -135,10 +135,10 @@ class FaustApp(WorkerState):
         # read_committed; a consumer that can no longer consume stops the replica (exit code 1)
         ConsumerGuard(self.app, self.metrics, lambda exc: self.fail(exc, exit_code=1), self._stop.is_set,
                       self.settings.fetch_min_bytes).install()
+        self._faust_worker = faust_worker  # a stop during its start stops it too
         await faust_worker.start()
         self._install_no_leave_group()
         self.status["isolation_level"] = isolation_level(self.app)
-        return faust_worker
 
     async def _deliver(self, fetched: Fetched) -> None:
         """A fetch to the ingest agent; its raw bytes count against the buffers' bound until

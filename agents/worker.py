@@ -50,6 +50,7 @@ from icesink import gc_tuning
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
 from icesink.errors import FencedError
+from icesink.faults import hold_point_blocking
 from icesink.protocol import TopicPartition
 from icesink.iceberg import load_catalog
 from icesink.metrics import Metrics
@@ -132,26 +133,43 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._last_request = 0.0
         self._writing_early = False  # an early write is in flight (agents/rounds.py)
         self._seq = 0
+        self._faust_worker: faust.Worker | None = None  # once created (agents/faust_app.py)
         self.app = self._make_app()
 
     async def run(self) -> None:
         """Start everything, run until SIGTERM/SIGINT (or :meth:`request_stop`), stop within
-        ``shutdown.timeout-ms``."""
+        ``shutdown.timeout-ms``. A stop during start-up ends the start-up where it is: what has
+        started is stopped, and a Spark session still starting is left to its thread."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         client = self.settings.kafka_client_kwargs()
-        await ensure_control_topic(self.bootstrap, self.settings.control_topic, client,
-                                   replication_factor=self.settings.control_replication_factor)
         secret = self.settings.control_signing_key()
         self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client, secret)
         self.reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id, client,
                                     metrics=self.metrics, reader="worker", secret=secret)
+        starting = asyncio.ensure_future(self._start(client))
+        stopping = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not starting.done():
+            log.info("stopping during start-up: what has started is stopped, the rest is left")
+            starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting  # a start-up that failed raises here
+        await self._stop.wait()
+        await self._shutdown()
+
+    async def _start(self, client: dict[str, Any]) -> None:
+        await ensure_control_topic(self.bootstrap, self.settings.control_topic, client,
+                                   replication_factor=self.settings.control_replication_factor)
         await self.producer.start()
         await self.reader.start()
         await self.reader.seek_to_end()
         await self.deadletters.start(self.bootstrap)
-        spark_started = self._spark_ready = asyncio.ensure_future(self.offload.run(self.spark.start))
+        # In a daemon thread: a session slower to start than the shutdown bound holds neither a
+        # stop nor the process's exit.
+        spark_started = self._spark_ready = asyncio.ensure_future(self.offload.run_detached(self._start_spark))
         # Warming the JVM up as soon as it runs (overlapping the catalog, Faust's start and the
         # group's join) holds neither start-up nor a stop; rounds may write meanwhile.
         self._owner.spawn(self._warm_up_spark(), "spark warm-up")
@@ -162,14 +180,16 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
                 self.targets[name] = target
         self._owner.spawn(self._control_loop(), "control")
         self._owner.spawn(self._housekeeping(), "housekeeping")
-        faust_worker = await self._start_faust()
+        await self._start_faust()
         await spark_started
         gc_tuning.freeze_start_up()  # imports, the Spark session, catalogs: full collections skip them
         self.status["phase"] = "running"
         log.info("worker %s running (group %s, topics %s, tables %s)", self.worker_id,
                  self.settings.group_id, ",".join(self.settings.topics), ",".join(self.settings.tables))
-        await self._stop.wait()
-        await self._shutdown(faust_worker)
+
+    def _start_spark(self) -> None:
+        hold_point_blocking(self.settings, "worker.spark-start")  # fault tests only: a slow start
+        self.spark.start()
 
     async def _warm_up_spark(self) -> None:
         try:
@@ -216,7 +236,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         timer.daemon = True
         timer.start()
 
-    async def _shutdown(self, faust_worker: faust.Worker) -> None:
+    async def _shutdown(self) -> None:
         """Stop within one deadline; the group moves this replica's partitions once its session
         expires (no LeaveGroup, see _install_no_leave_group). Buffered data that is not
         committed is not lost: the next owner re-reads it from the accepted position."""
@@ -231,8 +251,9 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop_coordinator(), left())
         await self._owner.close(left())
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(faust_worker.stop(), left())
+        if self._faust_worker is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._faust_worker.stop(), left())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.reader.stop(), left())
         with contextlib.suppress(Exception):

@@ -65,6 +65,7 @@ class WorkerState:
     _epochs: EpochGate
     _respond_lock: asyncio.Lock
     _spark_ready: asyncio.Future[None]
+    _faust_worker: faust.Worker | None
     _open_round: str | None
     _claimed_at: dict[TopicPartition, float]
     _progress: dict[TopicPartition, tuple[int, int | None, float, bool]]  # stall probes (ingest)

@@ -210,7 +210,7 @@ class Settings(BaseSettings):
                 "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable",
                 "worker.after-early-write", "coordinator.commit-process.after-commit"], ...
     ] = Field((), alias="fault.crash-at")
-    fault_hold_at: tuple[Literal["coordinator.after-table-commit"], ...] = Field((), alias="fault.hold-at")
+    fault_hold_at: tuple[Literal["coordinator.after-table-commit", "worker.spark-start"], ...] = Field((), alias="fault.hold-at")
 
     @classmethod
     def settings_customise_sources(

@@ -16,6 +16,8 @@ import asyncio
 import logging
 import os
 import signal
+import time
+from pathlib import Path
 
 from icesink.config import Settings
 
@@ -51,17 +53,32 @@ def crash_point(settings: Settings, point: str) -> None:
         die(point)
 
 
-async def hold_point(settings: Settings, point: str) -> None:
+def _claim_hold(settings: Settings, point: str) -> Path | None:
+    """The release file to wait for, if this replica is the first to reach ``point``."""
     if point not in settings.fault_hold_at:
-        return
+        return None
     reached = settings.state_dir / f"hold-{point}.reached"
     reached.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(reached, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        return
+        return None
     os.write(fd, str(os.getpid()).encode())
     os.close(fd)
-    log.warning("fault injection: holding at %s until %s exists", point, reached.with_suffix(".release").name)
-    while not (settings.state_dir / f"hold-{point}.release").exists():
+    release = reached.with_suffix(".release")
+    log.warning("fault injection: holding at %s until %s exists", point, release.name)
+    return release
+
+
+async def hold_point(settings: Settings, point: str) -> None:
+    release = _claim_hold(settings, point)
+    while release is not None and not release.exists():
         await asyncio.sleep(0.2)
+
+
+def hold_point_blocking(settings: Settings, point: str) -> None:
+    """:func:`hold_point` for a thread of blocking work (never the event loop): it stands for
+    a blocking call that takes long, such as a Spark session starting on a loaded host."""
+    release = _claim_hold(settings, point)
+    while release is not None and not release.exists():
+        time.sleep(0.2)

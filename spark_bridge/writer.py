@@ -305,7 +305,10 @@ class SparkFileWriter:
                               {**_WRITE_OPTIONS, **_parquet_options({})}, (root / str(i)).as_uri())
             logger.info("spark warmed up: %d writes of %d rows in %.1f s", times, rows, time.monotonic() - started)
         except Exception as e:  # noqa: BLE001 - an optimisation only
-            logger.warning("spark warm-up write failed (the first round pays the JVM's warm-up instead): %s", e)
+            if self._spark is None:  # the session was stopped under it: the stop says so
+                logger.info("spark warm-up ended by the session's stop")
+            else:
+                logger.warning("spark warm-up write failed (the first round pays the JVM's warm-up instead): %s", e)
         finally:
             shutil.rmtree(root, ignore_errors=True)
 

@@ -1,0 +1,66 @@
+"""Stopping a replica (SIGTERM) at awkward instants of its start-up, with real processes (Tansu,
+a Faust + Spark worker, a SQLite catalog): it must exit 0 within ``shutdown.timeout-ms``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BOUND_S = 15.0  # shutdown.timeout-ms of write_fast_config
+
+
+def stop_when(broker: Any, catalog_props: dict[str, str], tmp_path: Path, name: str, ready: Callable[[str], bool],
+              **extra: Any) -> str:
+    """Start one replica, SIGTERM it a second after ``ready(its log)``; assert it exited 0
+    within the bound, and return its log."""
+    from icesink.app.replicas import ReplicaSet
+    from icesink.kafka_admin import ensure_topic
+    from tests.support.sinkrun import write_config
+
+    asyncio.run(ensure_topic(broker.bootstrap, f"{name}-pizzas", 2))
+    cfg = write_config(tmp_path / "sink.json", topics=f"{name}-pizzas", tables=f"{name}.pizzas",
+                       bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / "state",
+                       group=f"{name}-sink", **extra)
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    replica = replicas.start("r")
+    try:
+        deadline = time.monotonic() + 120
+        while not ready(replica.log_path.read_text(errors="replace")):
+            assert replica.alive and time.monotonic() < deadline, replica.log_path.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+        time.sleep(1)  # the rest of start-up (the group's join) goes on meanwhile
+        began = time.monotonic()
+        code = replicas.stop("r")
+        took = time.monotonic() - began
+    finally:
+        replicas.stop_all()
+    log = replica.log_path.read_text(errors="replace")
+    assert code == 0, log[-3000:]
+    assert took < BOUND_S, f"stopped in {took:.1f}s"
+    return log
+
+
+def test_a_replica_stopped_while_its_spark_session_starts_exits_0_within_its_bound(broker, catalog_props, tmp_path):
+    """A Spark session can take longer to start than the shutdown bound (four JVMs starting on
+    two loaded cores in CI did). ``fault.hold-at=worker.spark-start`` holds the start in its
+    thread for as long as the test likes; a SIGTERM then must not wait for it."""
+    log = stop_when(broker, catalog_props, tmp_path, "sd", lambda text: "holding at worker.spark-start" in text,
+                    **{"fault.hold-at": "worker.spark-start"})
+    assert "stopping during start-up" in log and "exiting now" not in log
+
+
+def test_a_replica_stopped_during_the_jvms_warm_up_exits_0_within_its_bound(broker, catalog_props, tmp_path):
+    """The warm-up's throw-away writes (``write.warm-up-rows``, here large enough to take
+    seconds) run while the replica already runs; a stop ends them by stopping the session,
+    which is no failure to warn of."""
+    log = stop_when(broker, catalog_props, tmp_path, "sw", lambda text: "spark session started" in text,
+                    **{"write.warm-up-rows": 1_000_000})
+    assert "spark warmed up" not in log, "the warm-up ended before the stop: give it more rows"
+    assert "warm-up ended by the session's stop" in log and "warm-up write failed" not in log
