@@ -255,3 +255,17 @@ def test_the_batch_drain_waits_for_an_active_partition_without_faust_one_second_
     app = None
     asyncio.run(drain())
     assert asked_with == [{t0}]
+
+
+def test_serialized_bytes_counts_key_and_value_bytes_and_nothing_for_a_null():
+    from aiokafka.structs import ConsumerRecord
+
+    from agents.source_consumer import serialized_bytes
+
+    def rec(key: bytes | None, value: bytes | None) -> ConsumerRecord:
+        return ConsumerRecord("t", 0, 0, 0, 0, key, value, None, -1 if key is None else len(key),
+                              -1 if value is None else len(value), ())
+
+    assert serialized_bytes([]) == 0
+    assert serialized_bytes([rec(None, b"abc"), rec(b"k", None), rec(b"kk", b"")]) == 3 + 1 + 2
+    assert serialized_bytes([rec(None, None)]) == 0
