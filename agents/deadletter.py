@@ -93,9 +93,18 @@ class Screened:
     tombstones: int
     rejects: tuple[Reject, ...]  # too large; indexes are message indexes
 
+    @property
+    def whole(self) -> bool:
+        """Every message's value is in ``values``: ``positions`` is 0, 1, 2 ..."""
+        return not self.tombstones and not self.rejects
+
     def at_messages(self, rejects: Iterable[Reject]) -> list[Reject]:
         """Rejects of ``decode_json(self.values)`` re-indexed to the batch's messages."""
         return [replace(r, index=self.positions[r.index]) for r in rejects]
+
+    def messages_of(self, messages: Sequence[Any]) -> Sequence[Any]:
+        """The messages of ``values``, in their order."""
+        return messages if self.whole else [messages[p] for p in self.positions]
 
 
 def screen(messages: Sequence[Any], max_bytes: int) -> Screened:

@@ -125,7 +125,7 @@ class Ingest(WorkerState):
         self.deadletters.tombstones(st.tp.topic, screened.tombstones)
         rejects: list[tuple[Reject, str | None]] = [(r, None) for r in screened.rejects]
         self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(screened.nbytes)
-        fanout = self._decode_fanout(values, messages, screened.positions)
+        fanout = self._decode_fanout(values, screened.messages_of(messages))
         routes = fanout[0] if fanout is not None else self.router.route(values) if values else Routes({}, ())
         if routes.unrouted:
             no_route = sum(1 for r in routes.unrouted if r.reason.startswith("no route"))
@@ -153,7 +153,7 @@ class Ingest(WorkerState):
             if converted is None:
                 subset = values if whole else [values[i] for i in idx]
                 target = target or await self._target(name, subset)
-                sub_messages = [messages[screened.positions[i]] for i in idx]
+                sub_messages = screened.messages_of(messages) if whole else [messages[screened.positions[i]] for i in idx]
                 converted = await self._decode(name, target, subset, sub_messages)
             if target is not None and target.keys is not None:  # a mirror table: keys and operations
                 converted = self._screen_changes(name, target.keys, converted)
@@ -237,8 +237,8 @@ class Ingest(WorkerState):
             members = {**self._fanout[2], **members}  # tables of the fan-out seen in earlier fetches
         self._fanout = (schema, unit, members)
 
-    def _decode_fanout(self, values: list[bytes], messages: Sequence[Any],
-                       positions: Sequence[int]) -> tuple[Routes, FanoutRows, list[tuple[Reject, str]]] | None:
+    def _decode_fanout(self, values: list[bytes],
+                       messages: Sequence[Any]) -> tuple[Routes, FanoutRows, list[tuple[Reject, str]]] | None:
         """A fetch of a fan-out (a topic routed to many tables of one schema) decoded ONCE,
         against that schema, and routed by the route field's column of the decoded rows: the
         usual way reads every record twice, once for its route field and once for its table
@@ -254,7 +254,7 @@ class Ingest(WorkerState):
         schema, unit, members = plan
         field = self.router.top_level_field
         assert field is not None
-        converted = self.format.convert([messages[p] for p in positions], values, schema, epoch_unit=unit)
+        converted = self.format.convert(messages, values, schema, epoch_unit=unit)
         rows = np.asarray(converted.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
         routes = self.router.routes_of(rows, converted.table.column(field))
         if converted.rejects:  # the usual way routes them first, then its decode rejects them
@@ -296,7 +296,7 @@ class Ingest(WorkerState):
             raise ConfigError("iceberg.tables.cdc-field", self.settings.cdc_field,
                               f"a field of the rows of mirror table {name} ({exc})") from None
 
-    async def _decode(self, name: str, target: Target | None, values: list[bytes], messages: list[Any]) -> Converted:
+    async def _decode(self, name: str, target: Target | None, values: list[bytes], messages: Sequence[Any]) -> Converted:
         """Decode against the table's schema (through the Debezium transform or the record
         format; key and metadata columns around either), or with evolution against what the
         data needs (agents/evolution.py): the records' Connect schemas say it (envelopes,

@@ -97,6 +97,20 @@ def test_screen_skips_tombstones_and_rejects_too_large_values_before_parsing():
     assert s.at_messages([Reject(1, "malformed JSON: x", None)]) == [Reject(4, "malformed JSON: x", None)]
 
 
+def test_screen_of_a_batch_without_tombstones_or_large_values_keeps_every_message_in_order():
+    """The usual batch: its messages are those of its values, as they are (no copy)."""
+    msgs = [Msg(0, b'{"a":1}'), Msg(1, b""), Msg(2, b"x" * 10)]
+    s = screen(msgs, max_bytes=10)
+    assert s.values == [b'{"a":1}', b"", b"x" * 10] and s.positions == [0, 1, 2]
+    assert s.nbytes == 17 and s.tombstones == 0 and s.rejects == () and s.whole
+    assert s.messages_of(msgs) is msgs
+    empty = screen([], max_bytes=10)
+    assert empty.values == [] and empty.positions == [] and empty.nbytes == 0 and empty.whole
+    partial = screen([Msg(0, None), Msg(1, b"ab")], max_bytes=10)
+    assert not partial.whole and partial.positions == [1]
+    assert [m.offset for m in partial.messages_of([Msg(0, None), Msg(1, b"ab")])] == [1]
+
+
 def test_reason_kinds_are_bounded_labels():
     assert kind_of("malformed JSON: Expecting value at line 1 column 1", None) == "malformed"
     assert kind_of("cannot coerce 'abc' to long", "store_id") == "uncoercible"
