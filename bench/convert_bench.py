@@ -36,7 +36,8 @@ from pyiceberg.types import IntegerType, LongType, MapType, NestedField, StringT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.convert import _Oracle, decode_json
+from agents.convert import decode_json
+from agents.convert.reference import _Oracle
 from icesink.app.pizzas import pizza_values
 
 PIZZA_SCHEMA = Schema(
