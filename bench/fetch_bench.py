@@ -7,10 +7,12 @@ records a batch, uncompressed; N defaults to ``consumer.max-batch``, the most re
 hands over) and times, best of R rounds, each path over all of it, with the worker's garbage
 collector settings (icesink/gc_tuning.py):
 
-- aiokafka: what the source consumer's fetch does with them (``PartitionRecords``: the CRC
-  check, the read_committed bookkeeping, one ``ConsumerRecord`` per record, in Faust's
-  consumer thread);
+- aiokafka: what aiokafka's fetch does with them (``PartitionRecords``: the CRC check, the
+  read_committed bookkeeping, one ``ConsumerRecord`` per record, in Faust's consumer thread);
 - aiokafka-no-crc: the same with ``check_crcs`` off;
+- record-batches: what the source consumer does now, a batch at a time
+  (``agents.record_batches.take``: the same checks, a ``SourceRecord`` per record built in one
+  list comprehension per batch);
 - batches: iterating the batches' records only (aiokafka's C extension, no per-record Python):
   the floor of any reader that would take whole batches (the issue's "take whole fetched
   record batches"); what such a reader must still do per batch is the CRC check and the
@@ -38,6 +40,7 @@ from aiokafka.structs import TopicPartition
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents.deadletter import screen
+from agents.record_batches import take
 from agents.source_consumer import serialized_bytes
 from bench.convert_bench import best_rates
 from icesink import gc_tuning
@@ -72,6 +75,9 @@ def main() -> None:
     def aiokafka(check_crcs: bool = True) -> list[object]:
         return list(PartitionRecords(tp, MemoryRecords(raw), [], 0, None, None, check_crcs, READ_COMMITTED))
 
+    def batch_wise() -> list[object]:
+        return take(PartitionRecords(tp, MemoryRecords(raw), [], 0, None, None, True, READ_COMMITTED), None)[0]
+
     def batches() -> list[object]:
         records, out = MemoryRecords(raw), []
         while records.has_next():
@@ -79,12 +85,13 @@ def main() -> None:
         return out
 
     consumer_records = aiokafka()
-    assert len(consumer_records) == len(batches()) == n
+    assert len(consumer_records) == len(batches()) == len(batch_wise()) == n
     gc_tuning.tune()
     gc_tuning.freeze_start_up()
     rates = best_rates(n, args.repeat, {
         "aiokafka": aiokafka,
         "aiokafka-no-crc": lambda: aiokafka(check_crcs=False),
+        "record-batches": batch_wise,
         "batches": batches,
         "serialized-bytes": lambda: serialized_bytes(consumer_records),
         "screen": lambda: screen(consumer_records, 1 << 24),

@@ -103,8 +103,10 @@ def test_a_backlog_is_written_ahead_of_its_round_and_committed_exactly_once(brok
 
 
 def test_a_partition_moving_away_voids_the_files_it_shares_and_loses_nothing(broker, catalog_props, tmp_path):
-    """One replica reads a 240k backlog of 6 partitions into files written early (30 s rounds,
-    so none is reported yet); a second replica joins and takes half the partitions. The first
+    """One replica reads a 240k backlog of 6 partitions into files written early (60 s rounds,
+    so none is reported yet: the first round is timed from the coordinator's start, and on a
+    loaded machine the replica's start-up, the backlog and the second replica's join took
+    more than 30 s); a second replica joins and takes half the partitions. The first
     one's files cover partitions it lost: they are deleted, the partitions it keeps read those
     rows again, the new owner reads its own from the accepted position. Every key exactly once,
     no data file left that no snapshot references."""
@@ -116,7 +118,7 @@ def test_a_partition_moving_away_voids_the_files_it_shares_and_loses_nothing(bro
     new_topic(broker, "void-pizzas", 6)
     cfg = write_config(tmp_path / "void.json", topics="void-pizzas", tables="void.pizzas",
                        bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / "state",
-                       group="void-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 30000,
+                       group="void-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 60000,
                                                        "iceberg.control.commit.timeout-ms": 30000})
     catalog = load_catalog("it", **catalog_props)
     replicas = ReplicaSet(cfg, tmp_path / "logs")

@@ -175,7 +175,7 @@ def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(t
     t0, t1 = FaustTP("t", 0), FaustTP("t", 1)
 
     def rec(offset: int) -> SimpleNamespace:
-        return SimpleNamespace(offset=offset, serialized_value_size=10, serialized_key_size=-1)
+        return SimpleNamespace(offset=offset, value=b"v" * 10, key=None)
 
     fetches = [
         ({t0: [rec(0), rec(1)], t1: [rec(5)]}, {t0}, None),  # t1 was paused when asked for
@@ -260,12 +260,14 @@ def test_the_batch_drain_waits_for_an_active_partition_without_faust_one_second_
 def test_serialized_bytes_counts_key_and_value_bytes_and_nothing_for_a_null():
     from aiokafka.structs import ConsumerRecord
 
+    from agents.record_batches import SourceRecord
     from agents.source_consumer import serialized_bytes
 
-    def rec(key: bytes | None, value: bytes | None) -> ConsumerRecord:
-        return ConsumerRecord("t", 0, 0, 0, 0, key, value, None, -1 if key is None else len(key),
-                              -1 if value is None else len(value), ())
+    def rec(key: bytes | None, value: bytes | None) -> SourceRecord:
+        return SourceRecord("t", 0, 0, 0, 0, key, value, [])
 
     assert serialized_bytes([]) == 0
     assert serialized_bytes([rec(None, b"abc"), rec(b"k", None), rec(b"kk", b"")]) == 3 + 1 + 2
     assert serialized_bytes([rec(None, None)]) == 0
+    # aiokafka's own records too
+    assert serialized_bytes([ConsumerRecord("t", 0, 0, 0, 0, b"k", b"vv", None, 1, 2, ())]) == 3
