@@ -56,7 +56,7 @@ class SourceRecord(NamedTuple):
 _new = partial(tuple.__new__, SourceRecord)
 
 
-def _records(topic: str, partition: int, batch: Iterable[Any]) -> list[SourceRecord]:
+def _source_records(topic: str, partition: int, batch: Iterable[Any]) -> list[SourceRecord]:
     return [_new((topic, partition, r.offset, r.timestamp, r.timestamp_type, r.key, r.value, r.headers)) for r in batch]
 
 
@@ -76,7 +76,7 @@ def _open(pr: PartitionRecords, batch: Any) -> tuple[int, list[SourceRecord]] | 
     if batch.is_control_batch:
         pr.next_fetch_offset = batch.next_offset
         return None
-    records = _records(tp.topic, tp.partition, batch)
+    records = _source_records(tp.topic, tp.partition, batch)
     if records and records[0].offset < pr.next_fetch_offset:  # a batch that starts before the fetch position
         start = pr.next_fetch_offset
         records = [r for r in records if r.offset >= start]
@@ -102,13 +102,11 @@ def take(pr: PartitionRecords, max_records: int | None) -> tuple[list[SourceReco
             if pending is None:
                 continue
         next_offset, records = pending
-        room = len(records) if max_records is None else max_records - len(out)
-        if room < len(records) or (room == len(records) and max_records is not None and records):
-            handed, left = records[:room], records[room:]
-            out += handed
-            if handed:
-                pr.next_fetch_offset = handed[-1].offset + 1
-            setattr(pr, _PENDING, (next_offset, left))
+        if max_records is not None and records and len(out) + len(records) >= max_records:
+            room = max_records - len(out)  # at least 1: a full call has returned
+            out += records[:room]
+            pr.next_fetch_offset = out[-1].offset + 1
+            setattr(pr, _PENDING, (next_offset, records[room:]))
             return out, False
         out += records
         pr.next_fetch_offset = next_offset  # past the batch, as aiokafka once it reads on

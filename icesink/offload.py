@@ -6,7 +6,7 @@ The event loop never waits on the JVM or the catalog: it awaits ``Offload.run``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import functools
 import threading
 from collections.abc import Callable
@@ -28,27 +28,17 @@ class Offload:
         """Run ``fn`` in a daemon thread of its own, for a call that may outlast a stop (a Spark
         session's start): the process exits without waiting for it, where a pool's thread
         would hold the exit until the call returned."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[T] = loop.create_future()
-
-        def settle(result: T | None, exc: BaseException | None) -> None:
-            if done.done():  # the awaiting task was cancelled
-                return
-            if exc is not None:
-                done.set_exception(exc)
-            else:
-                done.set_result(result)  # type: ignore[arg-type]
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def call() -> None:
+            done.set_running_or_notify_cancel()
             try:
-                result, exc = fn(), None
+                done.set_result(fn())
             except BaseException as e:  # handed to the awaiting task
-                result, exc = None, e
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits it
-                loop.call_soon_threadsafe(settle, result, exc)
+                done.set_exception(e)
 
         threading.Thread(target=call, name="icesink-detached", daemon=True).start()
-        return await done
+        return await asyncio.wrap_future(done)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
