@@ -77,6 +77,8 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=1,
                         help="split each batch over this many unpartitioned tables, written at once (write_many), "
                              "as a round routed to many dynamic tables is")
+    parser.add_argument("--codec", default=None,
+                        help="the tables' write.parquet.compression-codec (default: the writer's, zstd)")
     parser.add_argument("--warm-up-rows", type=int, default=0,
                         help="run the worker's start-up warm-up (write.warm-up-rows) before the first write")
     args = parser.parse_args()
@@ -85,8 +87,10 @@ def main() -> None:
         catalog = SqlCatalog("bench", uri=f"sqlite:///{tmp}/catalog.db", warehouse=f"file://{tmp}/wh")
         catalog.create_namespace("db")
         spec = build_partition_spec(parse_partition_by(args.partition_by), PIZZA_SCHEMA)
-        table = catalog.create_table("db.pizzas", schema=PIZZA_SCHEMA, partition_spec=spec)
-        many = [catalog.create_table(f"db.t{k:03d}", schema=PIZZA_SCHEMA) for k in range(args.tables)] \
+        properties = {} if args.codec is None else {"write.parquet.compression-codec": args.codec}
+        table = catalog.create_table("db.pizzas", schema=PIZZA_SCHEMA, partition_spec=spec, properties=properties)
+        many = [catalog.create_table(f"db.t{k:03d}", schema=PIZZA_SCHEMA, properties=properties)
+                for k in range(args.tables)] \
             if args.tables > 1 else []
         conf = dict(item.split("=", 1) for item in args.conf)
         writer = SparkFileWriter(SparkSettings(master=args.master, remote=args.remote, conf=conf,
