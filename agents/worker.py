@@ -113,6 +113,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             stage=settings.write_staging,
             staging_dir=str(settings.state_dir / "staging" / self.worker_id),
             warm_up_rows=settings.write_warm_up_rows,
+            class_archive=settings.write_class_archive,
         ))
         self.generation = -1
         self.member_id: str | None = None

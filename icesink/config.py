@@ -175,6 +175,8 @@ class Settings(BaseSettings):
     write_staging: Literal["auto", "always", "never"] = Field("auto", alias="write.staging")
     # A throw-away Spark write at start-up so the first round does not pay the JVM's warm-up.
     write_warm_up_rows: int = Field(20_000, alias="write.warm-up-rows", ge=0)
+    # A local session's JVM maps the class-data archive `icesink spark-archive` built, if any.
+    write_class_archive: bool = Field(True, alias="write.class-archive-enabled")
     metrics_port: int = Field(9400, alias="metrics.port", ge=0, le=65535)
     # Interface of /metrics and /status: all (IPv4) by default, as Prometheus exporters do.
     metrics_host: str = Field("0.0.0.0", alias="metrics.host", min_length=1)

@@ -5,8 +5,10 @@ creates. Without Hadoop's native library (pyspark ships none) it does so by runn
 a process spawned from the JVM, about 15 ms each. A round written to 200 tables creates about
 600 of them: 3.5 of the 4 seconds its Spark job took (bench/README.md). The two small classes in
 ``spark_bridge/hadoop/`` set the permissions through ``java.nio`` instead; :func:`classes`
-compiles them once with ``javac`` against the session's Hadoop jar (cached by source and jar),
-and :func:`session_conf` points a local session's ``file:`` scheme at them.
+compiles them once with ``javac`` against the session's Hadoop jar into a jar of their own
+(cached by source and jar; a jar, not a directory, so the JVM's class-data archive can hold
+them: spark_bridge/class_archive.py), and :func:`session_conf` points a local session's
+``file:`` scheme at them.
 
 Without ``javac`` (a JRE only) or when compiling fails, the session keeps Hadoop's own file
 system, with a warning: slower for many tables, the same files. A user's own
@@ -21,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -45,8 +48,13 @@ def session_conf(user_conf: Mapping[str, str]) -> dict[str, str]:
     return {"spark.driver.extraClassPath": path, "spark.hadoop.fs.file.impl": FILE_SYSTEM_CLASS}
 
 
+def cache_root() -> Path:
+    """Where icesink keeps what it builds once per machine (``$XDG_CACHE_HOME/icesink``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "icesink"
+
+
 def classes(cache_dir: Path | None = None) -> Path | None:
-    """The directory of the compiled classes (compiled on first use), or None (logged)."""
+    """The jar of the compiled classes (compiled on first use), or None (logged)."""
     jar = _hadoop_jar()
     if jar is None:
         logger.warning("no hadoop-client-api jar found beside pyspark: Spark keeps Hadoop's local file system "
@@ -55,9 +63,9 @@ def classes(cache_dir: Path | None = None) -> Path | None:
     digest = hashlib.sha256(jar.name.encode())
     for source in SOURCES:
         digest.update(source.read_bytes())
-    root = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "icesink"
-    target = root / f"hadoop-localfs-{digest.hexdigest()[:16]}"
-    if (target / "io" / "icesink" / "hadoop" / "NioLocalFileSystem.class").exists():
+    root = cache_dir or cache_root()
+    target = root / f"hadoop-localfs-{digest.hexdigest()[:16]}.jar"
+    if target.exists():
         return target
     javac = _javac()
     if javac is None:
@@ -69,18 +77,19 @@ def classes(cache_dir: Path | None = None) -> Path | None:
         root.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=".hadoop-localfs-", dir=root))
         try:
+            out = work / "classes"
             done = subprocess.run(
-                [javac, "-nowarn", "-cp", str(jar), "-d", str(work), *map(str, SOURCES)],
+                [javac, "-nowarn", "-cp", str(jar), "-d", str(out), *map(str, SOURCES)],
                 capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False)
             if done.returncode != 0:
                 logger.warning("javac could not compile %s (exit %d: %s): Spark keeps Hadoop's local file system",
                                [s.name for s in SOURCES], done.returncode, done.stderr.strip()[-2000:])
                 return None
-            try:
-                work.rename(target)  # atomic; another replica may have won the race
-            except OSError:
-                if not target.exists():
-                    raise
+            packed = work / "classes.jar"
+            with zipfile.ZipFile(packed, "w") as archive:
+                for compiled in sorted(out.rglob("*.class")):
+                    archive.write(compiled, compiled.relative_to(out).as_posix())
+            packed.replace(target)  # atomic; a replica racing this one writes the same classes
         finally:
             shutil.rmtree(work, ignore_errors=True)
     except (OSError, subprocess.SubprocessError) as exc:

@@ -64,6 +64,7 @@ from pyspark.sql import types as st
 
 from icesink.errors import ConfigError, SparkWriteError
 from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories, with_label_columns
+from spark_bridge import class_archive
 from spark_bridge.localfs import session_conf
 from spark_bridge.schema import arrow_only_column, name_mapping_mismatch, requires_name_mapping, spark_schema
 
@@ -146,6 +147,9 @@ class SparkSettings:
     # Rows of a throw-away write run twice at start() by a local session (0: none): the JVM
     # loads and compiles the Arrow-to-Parquet path then instead of during the first round.
     warm_up_rows: int = 20_000
+    # A local session's JVM maps the class-data archive built for its JVM and class path, when
+    # there is one (spark_bridge/class_archive.py: it starts in about half the time).
+    class_archive: bool = True
 
     def validate(self) -> None:
         if self.remote is not None and not self.remote.startswith("sc://"):
@@ -246,18 +250,10 @@ class SparkFileWriter:
                     ) from e
         else:
             builder = SparkSession.builder.master(s.master).appName(s.app_name)
-            # A local session talks only to itself: keep its driver on loopback.
-            loopback = (
-                {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
-                if s.master.startswith("local") else {}
-            )
-            # A local session's driver runs the tasks: its file: scheme can skip chmod processes.
-            # Elsewhere executors lack the classes: Hadoop's own, also over a conf an earlier local
-            # session of this process left in the JVM's system properties.
-            fast_fs = (session_conf(s.conf) if s.master.startswith("local")
-                       else {} if "spark.hadoop.fs.file.impl" in s.conf
-                       else {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"})
-            for key, value in {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs}.items():
+            conf = self.session_conf()
+            if s.class_archive and s.master.startswith("local"):
+                conf = class_archive.with_archive(conf)
+            for key, value in conf.items():
                 builder = builder.config(key, value)
             spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("WARN")
@@ -265,6 +261,22 @@ class SparkFileWriter:
             self._batch_rows = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000") or 10000)
         self._spark = spark
         logger.info("spark session started (%s)", s.remote or s.master)
+
+    def session_conf(self) -> dict[str, str]:
+        """The conf a classic (not Spark Connect) session starts with: ours, then the user's."""
+        s = self._settings
+        # A local session talks only to itself: keep its driver on loopback.
+        loopback = (
+            {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+            if s.master.startswith("local") else {}
+        )
+        # A local session's driver runs the tasks: its file: scheme can skip chmod processes.
+        # Elsewhere executors lack the classes: Hadoop's own, also over a conf an earlier local
+        # session of this process left in the JVM's system properties.
+        fast_fs = (session_conf(s.conf) if s.master.startswith("local")
+                   else {} if "spark.hadoop.fs.file.impl" in s.conf
+                   else {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"})
+        return {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs}
 
     def warm_up(self) -> None:
         """A local session's throw-away writes (``write.warm-up-rows``; see :meth:`_warm_up`).

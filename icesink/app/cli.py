@@ -185,6 +185,24 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark_archive(args: argparse.Namespace) -> int:
+    from spark_bridge import class_archive
+
+    master, conf = "local[*]", {}
+    if args.config is not None:
+        settings = _settings(args)
+        if settings.spark_remote is not None or not settings.spark_master.startswith("local"):
+            log.error("spark.master %s: the class-data archive is for a local session's JVM only",
+                      settings.spark_remote or settings.spark_master)
+            return 2
+        master, conf = settings.spark_master, dict(settings.spark_conf)
+    path = class_archive.build(master, conf)
+    if path is None:
+        return 1
+    print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="icesink",
@@ -269,6 +287,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not read the control topic for in-flight files (only when the broker is gone; "
                    "then use a grace period longer than any catalog outage)")
     g.set_defaults(fn=cmd_gc)
+
+    a = sub.add_parser(
+        "spark-archive", help="build the class-data archive a local Spark session's JVM starts from",
+        description="Build, unless it exists, the class-data-sharing archive for the local Spark "
+        "session's JVM and class path (under $XDG_CACHE_HOME/icesink, default ~/.cache/icesink): "
+        "a throw-away session writes once and its JVM saves the classes it loaded. Every later "
+        "local session with the same JVM and Spark maps it and starts in about half the time. "
+        "Prints the archive's path. With --config, for that file's spark.* settings.",
+    )
+    a.add_argument("--config", type=Path, help="settings file whose spark.* settings the worker uses")
+    a.set_defaults(fn=cmd_spark_archive, set=None)
     return p
 
 

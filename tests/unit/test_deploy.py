@@ -175,3 +175,17 @@ def test_the_systemd_unit_and_the_examples_start_a_known_command():
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     assert exec_start.endswith(" connect --config /etc/icesink/connect.json")
     load_settings(DEPLOY / "sink.example.json", None, {})
+
+
+def test_the_image_and_the_unit_build_the_class_archive_with_a_known_command():
+    from icesink.app.cli import build_parser, cmd_spark_archive
+
+    dockerfile = (DEPLOY / "Dockerfile").read_text().splitlines()
+    run = next(line for line in dockerfile if line.startswith("RUN icesink "))
+    assert dockerfile.index(run) > dockerfile.index("USER icesink")  # in the home of the user that runs it
+    unit = (DEPLOY / "icesink@.service").read_text().splitlines()
+    pre = next(line for line in unit if line.startswith("ExecStartPre=-"))
+    for words in (run.split()[2:], pre.split()[1:]):
+        args = build_parser().parse_args(words)
+        assert args.fn is cmd_spark_archive
+

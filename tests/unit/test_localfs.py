@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,10 @@ pytestmark = pytest.mark.skipif(shutil.which("javac") is None, reason="needs jav
 
 def test_classes_are_compiled_once_and_then_taken_from_the_cache(tmp_path: Path, monkeypatch) -> None:
     compiled = localfs.classes(tmp_path)
-    assert compiled is not None and compiled.parent == tmp_path
-    assert (compiled / "io/icesink/hadoop/NioLocalFileSystem.class").exists()
-    assert (compiled / "io/icesink/hadoop/NioRawLocalFileSystem.class").exists()
+    assert compiled is not None and compiled.parent == tmp_path and compiled.suffix == ".jar"
+    with zipfile.ZipFile(compiled) as jar:  # a jar, not a directory: a class-data archive can hold it
+        assert sorted(jar.namelist()) == ["io/icesink/hadoop/NioLocalFileSystem.class",
+                                          "io/icesink/hadoop/NioRawLocalFileSystem.class"]
     monkeypatch.setattr(localfs, "_javac", lambda: None)  # no compiler needed the second time
     assert localfs.classes(tmp_path) == compiled
     assert [p.name for p in tmp_path.iterdir()] == [compiled.name]  # no work directory left
