@@ -42,6 +42,7 @@ _CLASS_PATH = "spark.driver.extraClassPath"
 _CLASS_PATH_ENV = ("SPARK_HOME", "SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH",
                    "SPARK_CLASSPATH")
 _EXIT_TIMEOUT_S = 300
+_KEEP = 4  # archives kept in the cache, about 170 MB each
 
 
 def archive_path(conf: Mapping[str, str], root: Path | None = None) -> Path | None:
@@ -121,11 +122,18 @@ def build(master: str = "local[2]", conf: Mapping[str, str] | None = None, root:
         return None
     finally:
         partial.unlink(missing_ok=True)
-    for stale in target.parent.glob(f"{PREFIX}*.jsa"):
-        if stale != target:  # made for another JVM or Spark; a JVM that maps it keeps its pages
-            stale.unlink(missing_ok=True)
+    _prune(target)
     logger.info("built the class-data archive %s (%.0f MB)", target, target.stat().st_size / 1e6)
     return target
+
+
+def _prune(kept: Path) -> None:
+    """Delete all but the newest few archives beside ``kept`` (other JDKs, Sparks or checkouts
+    of the machine); a JVM that maps a deleted one keeps its pages."""
+    others = sorted((p for p in kept.parent.glob(f"{PREFIX}*.jsa") if p != kept),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in others[_KEEP - 1:]:
+        stale.unlink(missing_ok=True)
 
 
 def _partitioned_write(writer: SparkFileWriter) -> None:

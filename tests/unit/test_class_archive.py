@@ -81,3 +81,17 @@ def test_an_archive_path_stays_one_word_of_the_jvm_options(path: str) -> None:
     # backslashes as a POSIX shell does (CommandBuilderUtils.parseOptionString).
     options = f"-XX:+ExitOnOutOfMemoryError -XX:SharedArchiveFile={class_archive._option_value(Path(path))}"
     assert shlex.split(options) == ["-XX:+ExitOnOutOfMemoryError", f"-XX:SharedArchiveFile={path}"]
+
+
+def test_a_new_archive_keeps_the_newest_few_of_other_checkouts(tmp_path: Path) -> None:
+    for age, name in enumerate(["a", "b", "c", "d", "e"]):
+        path = tmp_path / f"spark-classes-{name}.jsa"
+        path.write_bytes(b"x")
+        os.utime(path, (1000 - age, 1000 - age))  # a is the newest
+    (tmp_path / "hadoop-localfs-1.jar").write_bytes(b"PK")
+    kept = tmp_path / "spark-classes-new.jsa"
+    kept.write_bytes(b"x")
+    class_archive._prune(kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "hadoop-localfs-1.jar", "spark-classes-a.jsa", "spark-classes-b.jsa", "spark-classes-c.jsa",
+        "spark-classes-new.jsa"]
