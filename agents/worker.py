@@ -137,13 +137,16 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._faust_worker: faust.Worker | None = None  # once created (agents/faust_app.py)
         self.app = self._make_app()
 
-    async def run(self) -> None:
+    async def run(self, stop_requested: threading.Event | None = None) -> None:
         """Start everything, run until SIGTERM/SIGINT (or :meth:`request_stop`), stop within
         ``shutdown.timeout-ms``. A stop during start-up ends the start-up where it is: what has
-        started is stopped, and a Spark session still starting is left to its thread."""
+        started is stopped, and a Spark session still starting is left to its thread.
+        ``stop_requested``: a SIGTERM the caller caught before this installed its handlers."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        if stop_requested is not None and stop_requested.is_set():
+            self.request_stop()
         client = self.settings.kafka_client_kwargs()
         secret = self.settings.control_signing_key()
         self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client, secret)

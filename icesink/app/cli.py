@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +54,11 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    # SIGTERM during the imports and set-up below (a few seconds) would end the process by the
+    # signal; it is kept until the worker's own handlers run, which then stop it as usual.
+    terminated = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: terminated.set())
+
     from agents.worker import Worker
     from coordinator.service import Coordinator
     from icesink.metrics import Metrics
@@ -70,7 +77,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if settings.metrics_port:
         serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
     try:
-        asyncio.run(worker.run())
+        asyncio.run(worker.run(stop_requested=terminated))
     finally:
         if broker is not None:
             broker.stop()

@@ -17,8 +17,8 @@ BOUND_S = 15.0  # shutdown.timeout-ms of write_fast_config
 
 
 def stop_when(broker: Any, catalog_props: dict[str, str], tmp_path: Path, name: str, ready: Callable[[str], bool],
-              **extra: Any) -> str:
-    """Start one replica, SIGTERM it a second after ``ready(its log)``; assert it exited 0
+              after_s: float = 1.0, **extra: Any) -> str:
+    """Start one replica, SIGTERM it ``after_s`` after ``ready(its log)``; assert it exited 0
     within the bound, and return its log."""
     from icesink.app.replicas import ReplicaSet
     from icesink.kafka_admin import ensure_topic
@@ -34,8 +34,8 @@ def stop_when(broker: Any, catalog_props: dict[str, str], tmp_path: Path, name: 
         deadline = time.monotonic() + 120
         while not ready(replica.log_path.read_text(errors="replace")):
             assert replica.alive and time.monotonic() < deadline, replica.log_path.read_text(errors="replace")[-3000:]
-            time.sleep(0.2)
-        time.sleep(1)  # the rest of start-up (the group's join) goes on meanwhile
+            time.sleep(0.05)
+        time.sleep(after_s)  # the rest of start-up (the group's join) goes on meanwhile
         began = time.monotonic()
         code = replicas.stop("r")
         took = time.monotonic() - began
@@ -45,6 +45,13 @@ def stop_when(broker: Any, catalog_props: dict[str, str], tmp_path: Path, name: 
     assert code == 0, log[-3000:]
     assert took < BOUND_S, f"stopped in {took:.1f}s"
     return log
+
+
+def test_a_replica_stopped_before_its_signal_handlers_run_exits_0(broker, catalog_props, tmp_path):
+    """The first log line comes before the worker's imports end and its event loop takes
+    SIGTERM over; a SIGTERM then is kept and stops the replica once it can."""
+    log = stop_when(broker, catalog_props, tmp_path, "se", lambda text: "settings:" in text, after_s=0.0)
+    assert "stop requested" in log and "running (group" not in log
 
 
 def test_a_replica_stopped_while_its_spark_session_starts_exits_0_within_its_bound(broker, catalog_props, tmp_path):
