@@ -70,8 +70,16 @@ def with_archive(conf: Mapping[str, str], root: Path | None = None) -> dict[str,
                     "(a local session then starts in about half the time)")
         return out
     out[_JAVA_OPTIONS] = f"{conf.get(_JAVA_OPTIONS, '')} -XX:SharedArchiveFile={_option_value(path)}".strip()
-    logger.info("spark: the JVM maps the class-data archive %s", path)
+    logger.info("spark: the JVM is given the class-data archive %s", path)
     return out
+
+
+def session_archive(master: str = "local[2]", conf: Mapping[str, str] | None = None,
+                    root: Path | None = None) -> Path | None:
+    """The archive a worker's local session of ``conf`` looks for (it may not exist yet)."""
+    from spark_bridge.writer import SparkFileWriter, SparkSettings
+
+    return archive_path(SparkFileWriter(SparkSettings(master=master, conf=dict(conf or {}))).session_conf(), root)
 
 
 def build(master: str = "local[2]", conf: Mapping[str, str] | None = None, root: Path | None = None) -> Path | None:

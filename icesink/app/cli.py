@@ -203,6 +203,12 @@ def cmd_spark_archive(args: argparse.Namespace) -> int:
                       settings.spark_remote or settings.spark_master)
             return 2
         master, conf = settings.spark_master, dict(settings.spark_conf)
+    if args.check:
+        found = class_archive.session_archive(master, conf)
+        if found is None or not found.exists():
+            return 1
+        print(found)
+        return 0
     path = class_archive.build(master, conf)
     if path is None:
         return 1
@@ -304,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Prints the archive's path. With --config, for that file's spark.* settings.",
     )
     a.add_argument("--config", type=Path, help="settings file whose spark.* settings the worker uses")
+    a.add_argument("--check", action="store_true", help="build nothing: exit 0 if the archive exists, else 1")
     a.set_defaults(fn=cmd_spark_archive, set=None)
     return p
 

@@ -48,11 +48,14 @@ def test_a_built_archive_is_mapped_by_later_sessions_and_a_damaged_one_is_not_fa
         archive.name]  # no partial dump left beside it
     again = _run(["-m", "icesink", "spark-archive"], cache)
     assert again.returncode == 0 and again.stdout.strip() == str(archive) and "exists" in again.stderr
+    check = _run(["-m", "icesink", "spark-archive", "--check"], cache)
+    assert check.returncode == 0 and check.stdout.strip() == str(archive)
+    assert _run(["-m", "icesink", "spark-archive", "--check"], tmp_path / "empty").returncode == 1
 
     mapped = _run(["-c", SESSION, "-Xshare:on"], cache)  # -Xshare:on: map the archive or do not start
     assert mapped.returncode == 0, mapped.stderr[-3000:]
     assert f"-XX:SharedArchiveFile={archive}" in mapped.stdout and "rows: 1000" in mapped.stdout
-    assert "maps the class-data archive" in mapped.stderr
+    assert "is given the class-data archive" in mapped.stderr
 
     archive.chmod(0o644)
     archive.write_bytes(b"not an archive" * 1000)
