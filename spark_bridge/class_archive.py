@@ -79,7 +79,7 @@ def session_archive(master: str = "local[2]", conf: Mapping[str, str] | None = N
     """The archive a worker's local session of ``conf`` looks for (it may not exist yet)."""
     from spark_bridge.writer import SparkFileWriter, SparkSettings
 
-    return archive_path(SparkFileWriter(SparkSettings(master=master, conf=dict(conf or {}))).session_conf(), root)
+    return archive_path(SparkFileWriter(SparkSettings(master=master, conf=dict(conf or {}))).startup_conf(), root)
 
 
 def build(master: str = "local[2]", conf: Mapping[str, str] | None = None, root: Path | None = None) -> Path | None:
@@ -95,7 +95,7 @@ def build(master: str = "local[2]", conf: Mapping[str, str] | None = None, root:
         raise RuntimeError("build() needs a process whose Spark JVM has not started yet")
     settings = SparkSettings(master=master, conf=dict(conf or {}), app_name="icesink-class-archive",
                              warm_up_rows=20_000, class_archive=False)
-    base = SparkFileWriter(settings).session_conf()
+    base = SparkFileWriter(settings).startup_conf()
     target = archive_path(base, root)
     if target is None:
         logger.warning("no java binary or Spark jars found: no class-data archive")

@@ -63,8 +63,8 @@ from pyiceberg.typedef import Record
 from pyspark.sql import types as st
 
 from icesink.errors import ConfigError, SparkWriteError
-from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories, with_label_columns
 from spark_bridge import class_archive
+from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories, with_label_columns
 from spark_bridge.localfs import session_conf
 from spark_bridge.schema import arrow_only_column, name_mapping_mismatch, requires_name_mapping, spark_schema
 
@@ -250,7 +250,7 @@ class SparkFileWriter:
                     ) from e
         else:
             builder = SparkSession.builder.master(s.master).appName(s.app_name)
-            conf = self.session_conf()
+            conf = self.startup_conf()
             if s.class_archive and s.master.startswith("local"):
                 conf = class_archive.with_archive(conf)
             for key, value in conf.items():
@@ -262,7 +262,7 @@ class SparkFileWriter:
         self._spark = spark
         logger.info("spark session started (%s)", s.remote or s.master)
 
-    def session_conf(self) -> dict[str, str]:
+    def startup_conf(self) -> dict[str, str]:
         """The conf a classic (not Spark Connect) session starts with: ours, then the user's."""
         s = self._settings
         # A local session talks only to itself: keep its driver on loopback.
