@@ -31,7 +31,8 @@ class Offload:
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def call() -> None:
-            done.set_running_or_notify_cancel()
+            if not done.set_running_or_notify_cancel():  # its waiter was cancelled before it began
+                return
             try:
                 done.set_result(fn())
             except BaseException as e:  # handed to the awaiting task

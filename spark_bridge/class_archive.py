@@ -19,6 +19,7 @@ when it does not match. Without an archive a session starts as before.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -28,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_bridge.localfs import cache_root
+from spark_bridge.localfs import cache_root, spark_jar_dirs
 
 if TYPE_CHECKING:
     from spark_bridge.writer import SparkFileWriter
@@ -107,9 +108,7 @@ def build(master: str = "local[2]", conf: Mapping[str, str] | None = None, root:
     partial = target.with_name(f".{target.name}.{os.getpid()}")
     # -Xlog:cds=off: the dump names every class it leaves out (signed jars, generated classes).
     dump = f"{base.get(_JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={_option_value(partial)} -Xlog:cds=off".strip()
-    writer = SparkFileWriter(SparkSettings(master=master, conf={**settings.conf, _JAVA_OPTIONS: dump},
-                                           app_name=settings.app_name, warm_up_rows=settings.warm_up_rows,
-                                           class_archive=False))
+    writer = SparkFileWriter(dataclasses.replace(settings, conf={**settings.conf, _JAVA_OPTIONS: dump}))
     try:
         writer.start()
         writer.warm_up()  # the unpartitioned write path
@@ -175,12 +174,4 @@ def _java() -> Path | None:
 
 
 def _spark_jars() -> Path | None:
-    home = os.environ.get("SPARK_HOME")
-    if home:
-        return Path(home) / "jars"
-    try:
-        import pyspark
-    except ImportError:  # pragma: no cover - pyspark is a dependency
-        return None
-    jars = Path(pyspark.__file__).parent / "jars"
-    return jars if jars.is_dir() else None
+    return next((home for home in spark_jar_dirs() if home.is_dir()), None)

@@ -99,7 +99,9 @@ def classes(cache_dir: Path | None = None) -> Path | None:
     return target
 
 
-def _hadoop_jar() -> Path | None:
+def spark_jar_dirs() -> list[Path]:
+    """Where a session's Spark jars are, in the order spark-class looks: ``$SPARK_HOME/jars``,
+    then pyspark's own."""
     homes = [Path(os.environ["SPARK_HOME"]) / "jars"] if os.environ.get("SPARK_HOME") else []
     try:
         import pyspark
@@ -107,7 +109,11 @@ def _hadoop_jar() -> Path | None:
         homes.append(Path(pyspark.__file__).parent / "jars")
     except ImportError:  # pragma: no cover - pyspark is a dependency
         pass
-    for home in homes:
+    return homes
+
+
+def _hadoop_jar() -> Path | None:
+    for home in spark_jar_dirs():
         jars = sorted(home.glob("hadoop-client-api-*.jar"))
         if jars:
             return jars[-1]

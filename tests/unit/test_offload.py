@@ -53,3 +53,28 @@ asyncio.run(main())
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stderr
+
+
+def test_a_detached_call_cancelled_before_its_thread_runs_is_skipped_without_an_error(monkeypatch):
+    started: list[threading.Thread] = []
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self))  # the thread lags behind
+    errors: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", errors.append)
+    ran: list[bool] = []
+
+    async def main() -> None:
+        offload = Offload()
+        task = asyncio.ensure_future(offload.run_detached(lambda: ran.append(True)))
+        await asyncio.sleep(0)  # the task now awaits the call
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        offload.close()
+
+    asyncio.run(main())
+    assert len(started) == 1
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    started[0].start()
+    started[0].join(5)
+    assert ran == [] and errors == []
