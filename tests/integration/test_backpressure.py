@@ -134,13 +134,15 @@ def test_full_buffers_pause_partitions_and_commit_early(broker, catalog_props, t
         produced = time.monotonic()
 
         # Everything is either committed or buffered (the tail, below the bound): then the
-        # worker is idle and only a round can move data on.
+        # worker is idle and only a round can move data on. Rows and backpressure from one
+        # /status read: the sampler's last sample can predate the fetch that filled the buffers.
         deadline = time.monotonic() + 120
         while True:
             replicas.check_alive()
             committed = total_rows(catalog, TABLE)
-            buffered = metric(r.metrics_port, "icesink_buffered_rows")
-            if committed + buffered == RECORDS and not (sampler.samples and sampler.samples[-1]["backpressure"]):
+            st = _status(r.metrics_port)
+            buffered = st["buffered"]["rows"] if st else -1
+            if committed + buffered == RECORDS and st and not st["buffered"]["backpressure"]:
                 break
             assert time.monotonic() - ready < INTERVAL_MS / 1000 / 4, "too slow to tell early rounds from scheduled ones"
             assert time.monotonic() < deadline, \
