@@ -52,6 +52,9 @@ class TableCommit:
     # Whether maintenance has anything to do on the committed table, when the commit's process
     # checked (coordinator/commit_processes.py); None: not checked, the Maintainer looks itself.
     maintenance_due: bool | None = None
+    # The commit's own seconds, when a commit process timed it (its wait in that process's queue
+    # left out); None: timed by the caller.
+    duration_s: float | None = None
 
 
 def commit_table(

@@ -173,7 +173,8 @@ class Metrics:
             "Data files deleted because their response was rejected or abandoned", registry=r)
         self.commit_duration = Histogram(
             "icesink_commit_duration_seconds",
-            "Iceberg table commit, from its first attempt to success (retries included, not the wait for a commit thread)",
+            "Iceberg table commit, from its first attempt to success (retries included; not the wait for a commit "
+            "thread or, in a commit process, behind that process's other commits)",
             ["table"], buckets=COMMIT_BUCKETS, registry=r)
         self.commit_failures = Counter(
             "icesink_commit_failures_total", "Failed Iceberg commit attempts (retried)",

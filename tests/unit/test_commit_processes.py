@@ -69,9 +69,20 @@ def test_a_round_commits_in_processes_of_their_own_exactly_once(tmp_path, two_ta
     monkeypatch.setattr(service, "commit_table", not_here)
     producer = FlakyProducer(CommitComplete, fail=0)
     coord = coordinator(tmp_path, two_tables, producer, "r1", [1, 2, 3], start=0)
+    answers: list[Any] = []
+    assert coord._processes is not None
+    answer = coord._processes.commit
+    monkeypatch.setattr(coord._processes, "commit", lambda *a, **kw: answers.append(answer(*a, **kw)) or answers[-1])
     try:
         asyncio.run(coord._commit("r1", partial=False))
         assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3
+        # Each table's commit_duration is the commit as its process timed it, without the
+        # round trip to the process or a wait in its queue.
+        assert sorted(a.table for a in answers) == ["db.a", "db.b"]
+        for a in answers:
+            assert a.duration_s is not None and a.duration_s > 0
+            assert coord.metrics.registry.get_sample_value(
+                "icesink_commit_duration_seconds_sum", {"table": a.table}) == pytest.approx(a.duration_s)
         assert not coord.state.pending
         assert coord._processes is not None
         pids = coord._processes.pids()

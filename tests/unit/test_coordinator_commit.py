@@ -503,3 +503,36 @@ def test_a_tables_commit_duration_leaves_out_its_wait_for_a_commit_thread(tmp_pa
     for t in names:
         assert registry.get_sample_value("icesink_commit_duration_seconds_count", {"table": t}) == 1
         assert registry.get_sample_value("icesink_commit_duration_seconds_sum", {"table": t}) == 10.0, t
+
+
+def test_a_tables_commit_duration_leaves_out_its_wait_in_its_commit_process(tmp_path, monkeypatch):
+    """Four commit threads, one commit process, four tables: each waits in the process's queue
+    for the commits ahead of it. Each commit takes 10 s of a fake clock in the process, which
+    reports it (TableCommit.duration_s); timed from the thread's call to the process's answer
+    it was 10, 20, 30, 40: the queue counted as commit time."""
+    from coordinator.committer import TableCommit
+
+    clock = [0.0]
+    queue = threading.Lock()  # the process: one commit at a time
+    together = threading.Barrier(3)  # the round's other three tables are all sent before any is done
+
+    class OneProcess:
+        def commit(self, table: str, batch: list[Any], **kw: Any) -> TableCommit:
+            if table != "db.t0":  # the first table is committed alone
+                together.wait(timeout=10)
+            with queue:
+                clock[0] += 10.0
+                return TableCommit(table, 7, 1, 3, max(a.offset for a in batch), duration_s=10.0)
+
+        def pids(self) -> list[int]:
+            return []
+
+    monkeypatch.setattr(service, "_now", lambda: clock[0])
+    names = [f"db.t{i}" for i in range(4)]
+    coord = round_of_tables(tmp_path, FlakyProducer(CommitToTable, fail=0), names, threads=4)
+    coord._processes = OneProcess()  # type: ignore[assignment]
+    asyncio.run(coord._commit("r1", partial=False))
+    registry = coord.metrics.registry
+    for t in names:
+        assert registry.get_sample_value("icesink_commit_duration_seconds_count", {"table": t}) == 1
+        assert registry.get_sample_value("icesink_commit_duration_seconds_sum", {"table": t}) == 10.0, t
