@@ -146,7 +146,7 @@ def test_full_buffers_pause_partitions_and_commit_early(broker, catalog_props, t
                 break
             assert time.monotonic() - ready < INTERVAL_MS / 1000 / 4, "too slow to tell early rounds from scheduled ones"
             assert time.monotonic() < deadline, \
-                f"stalled: {committed} committed, {buffered} buffered of {RECORDS}; {_status(r.metrics_port)}"
+                f"stalled: {committed} committed, {buffered} buffered of {RECORDS}; /status: {st}"
             time.sleep(0.5)
         drained = time.monotonic()
         time.sleep(1.0)  # a few more samples of the idle state
