@@ -69,10 +69,15 @@ def test_a_round_commits_in_processes_of_their_own_exactly_once(tmp_path, two_ta
     monkeypatch.setattr(service, "commit_table", not_here)
     producer = FlakyProducer(CommitComplete, fail=0)
     coord = coordinator(tmp_path, two_tables, producer, "r1", [1, 2, 3], start=0)
-    answers: list[Any] = []
+    answers: list[Any] = []  # each table's TableCommit, as its process answered it
     assert coord._processes is not None
-    answer = coord._processes.commit
-    monkeypatch.setattr(coord._processes, "commit", lambda *a, **kw: answers.append(answer(*a, **kw)) or answers[-1])
+    commit = coord._processes.commit
+
+    def noting(*args: Any, **kwargs: Any) -> Any:
+        answers.append(commit(*args, **kwargs))
+        return answers[-1]
+
+    monkeypatch.setattr(coord._processes, "commit", noting)
     try:
         asyncio.run(coord._commit("r1", partial=False))
         assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3

@@ -509,7 +509,7 @@ def test_a_tables_commit_duration_leaves_out_its_wait_in_its_commit_process(tmp_
     """Four commit threads, one commit process, four tables: each waits in the process's queue
     for the commits ahead of it. Each commit takes 10 s of a fake clock in the process, which
     reports it (TableCommit.duration_s); timed from the thread's call to the process's answer
-    it was 10, 20, 30, 40: the queue counted as commit time."""
+    it was 10, 10, 20, 30 (the first table is committed alone): the queue counted as commit time."""
     from coordinator.committer import TableCommit
 
     clock = [0.0]
