@@ -6,6 +6,8 @@
   not at all when this process wrote it (:func:`remember_manifests`).
 - :func:`sqlite_catalog_properties`: a SQL catalog in a local SQLite file that several
   processes share (the embedded stack's, the tests' and the benchmarks').
+- :func:`sqlite_init_lock`: processes that open a new SQLite catalog together create its
+  tables one at a time (pyiceberg checks, then creates: the others' CREATE TABLE failed).
 - :class:`SqlCatalog`: pyiceberg's SQL catalog (SQLite, PostgreSQL) whose commit starts from the
   caller's table, instead of loading and parsing its metadata file again (a third of a commit's
   CPU), and updates the pointer with one plain compare-and-set statement that succeeds only
@@ -21,11 +23,13 @@ pyiceberg's own results.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -48,10 +52,12 @@ from pyiceberg.table.update import (
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.datetime import datetime_to_millis
 from sqlalchemy import bindparam, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 __all__ = [
     "SQLITE_BUSY_TIMEOUT_S", "SqlCatalog", "manifests_of", "remember_manifests", "sqlite_catalog_properties",
-    "staged_metadata",
+    "sqlite_init_lock", "staged_metadata",
 ]
 
 logger = logging.getLogger(__name__)
@@ -180,16 +186,46 @@ def sqlite_catalog_properties(
         "uri": f"sqlite:///{database}?timeout={SQLITE_BUSY_TIMEOUT_S}",
         "warehouse": f"file://{warehouse}",
     }
-    try:
-        with sqlite3.connect(database, timeout=SQLITE_BUSY_TIMEOUT_S) as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-        conn.close()
-    except sqlite3.Error as exc:
-        logger.warning("could not switch %s to WAL mode (%s); continuing without", database, exc)
-    if initialize:
-        catalog = _PyicebergSqlCatalog("icesink-init", **props)
-        catalog.engine.dispose()
+    with sqlite_init_lock(props["uri"]):
+        try:
+            with sqlite3.connect(database, timeout=SQLITE_BUSY_TIMEOUT_S) as conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.close()
+        except sqlite3.Error as exc:
+            logger.warning("could not switch %s to WAL mode (%s); continuing without", database, exc)
+        if initialize:
+            catalog = _PyicebergSqlCatalog("icesink-init", **props)
+            catalog.engine.dispose()
     return props
+
+
+@contextmanager
+def sqlite_init_lock(uri: str) -> Iterator[None]:
+    """Hold an exclusive lock beside the SQLite file of ``uri`` (``<file>.init-lock``) while a
+    process opens the catalog, when ``uri`` is one. pyiceberg's SQL catalog creates its tables
+    when it finds none, by checking and then creating: processes opening a new catalog at once
+    (replicas or ``icesink connect`` tasks starting together) all found none, and all but one
+    failed with "table iceberg_tables already exists". Under the lock the first creates them and
+    the others find them. Any other URI (PostgreSQL, in-memory SQLite, not SQL), or a directory
+    that does not exist (opening the file fails and says so), takes no lock."""
+    path = _sqlite_file(uri)
+    if path is None or not path.parent.is_dir():
+        yield
+        return
+    with open(path.with_name(path.name + ".init-lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    try:
+        url = make_url(uri)
+    except ArgumentError:
+        return None
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:" or \
+            url.database.startswith("file:"):
+        return None
+    return Path(url.database)
 
 
 # Manifest lists -------------------------------------------------------------------------------

@@ -42,13 +42,14 @@ def load_catalog(settings: Settings) -> Catalog:
     """The sink's catalog; a SQL catalog as :class:`icesink.catalogs.SqlCatalog` (cheaper commits)."""
     from pyiceberg.catalog.sql import SqlCatalog as _SqlCatalog
 
-    from icesink.catalogs import SqlCatalog
+    from icesink.catalogs import SqlCatalog, sqlite_init_lock
 
     props = catalog_properties(settings)
-    catalog = _load_catalog(settings.catalog_name, **props)
-    if type(catalog) is _SqlCatalog and "py-catalog-impl" not in props:  # a user's own implementation is kept
-        catalog.engine.dispose()
-        catalog = SqlCatalog(catalog.name, **catalog.properties)
+    with sqlite_init_lock(props.get("uri", "")):  # replicas opening a new SQLite catalog together
+        catalog = _load_catalog(settings.catalog_name, **props)
+        if type(catalog) is _SqlCatalog and "py-catalog-impl" not in props:  # a user's own implementation is kept
+            catalog.engine.dispose()
+            catalog = SqlCatalog(catalog.name, **catalog.properties)
     return catalog
 
 
