@@ -3,7 +3,9 @@ the config file handed to :func:`load_settings`).
 
 Sources, later ones win: the config file (JSON or TOML, flat dotted keys as in the Iceberg
 Kafka Connect sink, or nested TOML tables), then environment variables ``ICESINK_<KEY>``
-(``ICESINK_METRICS_PORT`` for ``metrics.port``), then ``--set key=value`` flags.
+(``ICESINK_METRICS_PORT`` for ``metrics.port``), then ``--set key=value`` flags. Values may be
+Kafka config-provider references (``${file:/path:key}``, ``${env:VAR}``), resolved here with the
+providers the config declares (icesink/config_providers.py); what they resolve to is a secret.
 
 Nothing else in icesink reads ``os.environ`` for settings.
 """
@@ -213,6 +215,8 @@ class Settings(BaseSettings):
                 "worker.after-early-write", "coordinator.commit-process.after-commit"], ...
     ] = Field((), alias="fault.crash-at")
     fault_hold_at: tuple[Literal["coordinator.after-table-commit", "worker.spark-start"], ...] = Field((), alias="fault.hold-at")
+    # What config-provider references resolved to: secrets wherever they landed (no config key).
+    provided_values: tuple[SecretStr, ...] = Field((), alias="<config provider values>")
 
     @classmethod
     def settings_customise_sources(
@@ -443,6 +447,7 @@ class Settings(BaseSettings):
     def masked(self) -> dict[str, Any]:
         """Settings for logs and status output, secrets masked (icesink/secrets.py)."""
         out = self.model_dump(by_alias=True)
+        del out["<config provider values>"]
         for field in ("iceberg.catalog.*", "spark.*"):
             out[field] = {k: mask_setting(k, v) for k, v in out[field].items()}
         return {k: (MASK if isinstance(v, SecretStr) else mask_url(v) if isinstance(v, str) else v)
@@ -455,6 +460,7 @@ class Settings(BaseSettings):
     def secret_values(self) -> set[str]:
         """Every secret value in these settings: what must never leave the process."""
         out = {s.get_secret_value() for s in (self.sasl_password, self.ssl_password, self.control_secret) if s is not None}
+        out.update(s.get_secret_value() for s in self.provided_values)
         for props in (self.catalog_props, self.spark_conf):
             for k, v in props.items():
                 if is_secret_key(k):
@@ -550,8 +556,35 @@ def keys_from_env(environ: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
-    """Sort flat keys into fields and maps, warn on unknown keys, validate."""
+def build(raw: Mapping[str, Any], *, warn_unknown: bool = True, refuse_unknown: bool = False,
+          provided: Mapping[str, str] | None = None) -> Settings:
+    """Sort flat keys into fields and maps, warn on unknown keys (or refuse them), validate.
+    ``provided``: the keys whose values config providers resolved (errors never quote them)."""
+    provided = dict(provided or {})
+    try:
+        return _build(raw, warn_unknown, refuse_unknown, provided)
+    except ConfigError as exc:
+        if exc.key in provided and not isinstance(exc.value, Hidden):
+            raise ConfigError(exc.key, Hidden(exc.value), exc.expected) from None
+        raise
+
+
+def build_resolved(raw: Mapping[str, Any], environ: Mapping[str, str], **kwargs: Any) -> Settings:
+    """:func:`build` after resolving config-provider references with the providers ``raw``
+    declares (``environ``: what the env provider reads)."""
+    from icesink.config_providers import declared, resolve
+
+    resolved, provided = resolve(raw, declared(raw), environ)
+    return build(resolved, provided=provided, **kwargs)
+
+
+def is_secret_setting(key: str) -> bool:
+    """Whether config key ``key`` names a secret (README, Secrets): masked wherever shown."""
+    return key in _SECRET_FIELDS or (
+        key.startswith((_PREFIX_CATALOG, "spark.")) and is_secret_key(key.removeprefix(_PREFIX_CATALOG)))
+
+
+def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, provided: dict[str, str]) -> Settings:
     fields: dict[str, Any] = {}
     catalog: dict[str, str] = {}
     create_props: dict[str, str] = {}
@@ -584,6 +617,11 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
             log.info("setting %s accepted; it has no effect for this converter", key)
         else:
             unknown.append(key)
+    if unknown and refuse_unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError(key, _shown(key, raw[key]), "a key icesink has (README, Settings); this one would be "
+                          "ignored" + (f" (and {len(unknown) - 1} more: {', '.join(sorted(unknown)[1:])})"
+                                       if len(unknown) > 1 else ""))
     if unknown and warn_unknown:
         log.warning("unknown settings ignored: %s", ", ".join(sorted(unknown)))
     fields["iceberg.catalog.*"] = catalog
@@ -592,6 +630,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
     for prop, values in per_table.items():
         fields[f"iceberg.table.<table>.{prop}"] = values
     fields["transforms.<name>.*"] = transforms
+    fields["<config provider values>"] = tuple(SecretStr(v) for v in provided.values())
     try:
         return Settings(**fields)
     except ValidationError as exc:
@@ -600,13 +639,13 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True) -> Settings:
         key = str(loc)
         if key in Settings.model_fields:
             key = Settings.model_fields[key].alias or key
-        found = _shown(key, err.get("input", fields.get(key)))
+        found = Hidden(err.get("input")) if key in provided else _shown(key, err.get("input", fields.get(key)))
         if err["type"] == "missing":
             raise ConfigError(key, None, "a value (the setting is required)") from None
         raise ConfigError(key, found, err["msg"].removeprefix("Value error, ")) from None
 
 
-_SECRET_FIELDS = {"sasl.password", "ssl.password"}
+_SECRET_FIELDS = {"sasl.password", "ssl.password", "iceberg.control.secret"}
 
 
 def _shown(key: str, value: Any) -> Any:
@@ -630,4 +669,4 @@ def load_settings(
         raw.update(keys_from_env(environ))
     if overrides:
         raw.update(overrides)
-    return build(raw)
+    return build_resolved(raw, environ or {})

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from icesink.errors import ConfigError, ControlLogError
-from icesink.secrets import install_log_redaction
+from icesink.secrets import Redactor, install_log_redaction
 
 if TYPE_CHECKING:
     from icesink.config import Settings
@@ -85,13 +85,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_connect(args: argparse.Namespace) -> int:
-    from icesink.app.connect import load_connect_settings, run_connect
+    from icesink.app.connect import run_connect
+    from icesink.app.connect_settings import load_connect_settings
     from icesink.app.stack import resolve_bootstrap
 
     overrides = _overrides(args.set or [])
     settings = load_connect_settings(args.config, os.environ, overrides)
     defaults = settings.process_settings()
-    install_log_redaction(defaults.redactor())
+    install_log_redaction(Redactor(settings.secret_values()))
     bootstrap, broker = resolve_bootstrap(defaults)
     try:
         return asyncio.run(run_connect(settings, bootstrap))
@@ -242,11 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser(
         "connect", help="run a Kafka Connect-compatible REST API and cluster process",
-        description="Serve Kafka Connect's REST API (listeners, default http://0.0.0.0:8083) and run "
+        description="Serve Kafka Connect's REST API (listeners, default http://127.0.0.1:8083) and run "
         "the connectors PUT to it as worker replicas. Processes with the same group.id form one "
         "cluster through the config topic (config.storage.topic, default icesink-connect-configs): "
         "each serves the whole API, and tasks (tasks.max replicas per connector) spread over them. "
-        "Keys other than the connect settings are defaults for every connector's tasks.",
+        "Keys other than the connect settings are defaults for every connector's tasks (no secrets: "
+        "connectors reference those through config providers). README: Kafka Connect's REST API.",
     )
     common(k)
     k.set_defaults(fn=cmd_connect)

@@ -11,152 +11,37 @@ goes). Pause stops a task's process group (SIGSTOP: no consumption, no commits, 
 kept in memory) and resume continues it (SIGCONT; its sink group then rejoins and carries on
 exactly once, as after any stall).
 
-Prometheus scrapes one ``/metrics`` per process (``metrics.port``, also served on the REST
-listener): the metrics of every replica it runs, labelled ``connector`` and ``task``, and the
-process's own ``icesink_connect_*`` gauges.
+The API answers on ``listeners`` only (loopback by default; basic auth and https with client
+certificates as Kafka Connect configures them: :mod:`icesink.app.connect_security`). Prometheus
+scrapes one ``/metrics`` per process on ``metrics.port``, which serves nothing else (and on the
+API's listeners, behind their authentication): the metrics of every replica it runs, labelled
+``connector`` and ``task``, and the process's own ``icesink_connect_*`` gauges. What a connector's
+config may hold is :mod:`icesink.app.connect_policy`'s; the tasks are
+:mod:`icesink.app.connect_tasks`'.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
-import os
 import re
 import signal
-import socket
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from icesink.config import Settings, build, keys_from_env, read_config_file
+from icesink.app.connect_policy import unmasked
+from icesink.app.connect_settings import CONNECT_DEFAULTS as CONNECT_DEFAULTS  # re-exported
+from icesink.app.connect_settings import ConnectSettings
+from icesink.app.connect_settings import connect_settings as connect_settings  # re-exported
+from icesink.app.connect_settings import load_connect_settings as load_connect_settings  # re-exported
 from icesink.app.connect_state import (
-    FAILED, PAUSED, RUNNING, ClusterState, Connector, assign, connector_key, status_key, status_of, tasks_max,
-    worker_key,
+    RUNNING, ClusterState, Connector, assign, connector_key, status_key, status_of, worker_key,
 )
-from icesink.errors import ConfigError
-from icesink.app.replicas import Replica, ReplicaSet
+from icesink.app.connect_tasks import LocalTask, TaskSupervisor
 
 log = logging.getLogger(__name__)
-
-#: Settings of the connect process itself (Kafka Connect's names where it has them); every other
-#: key of its config (Kafka security, catalog, Spark...) is a default for the connectors' tasks.
-CONNECT_DEFAULTS: dict[str, Any] = {
-    "listeners": "http://0.0.0.0:8083",
-    "rest.advertised.host.name": None,
-    "group.id": "icesink-connect",
-    "config.storage.topic": "icesink-connect-configs",
-    "heartbeat.interval-ms": 2000,
-    "session.timeout-ms": 10000,
-    "metrics.port": 9400,
-    "metrics.host": "0.0.0.0",
-    "state.dir": "var",
-}
-_ENV = {re.sub(r"[.\-]", "_", k).upper(): k for k in CONNECT_DEFAULTS}
-#: Keys of a connector's config that name the connector, not the sink.
-_CONNECTOR_ONLY = ("name", "tasks.max", "connector.class")
-
-
-@dataclass(frozen=True)
-class ConnectSettings:
-    bootstrap_servers: str | None
-    listen_host: str
-    listen_port: int
-    advertised_host: str
-    group_id: str
-    config_topic: str
-    heartbeat_s: float
-    session_s: float
-    metrics_host: str
-    metrics_port: int
-    state_dir: Path
-    task_defaults: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def worker_id(self) -> str:
-        return f"{self.advertised_host}:{self.listen_port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.worker_id}"
-
-    def sink_settings(self, config: Mapping[str, Any]) -> Settings:
-        """A connector's config as ``icesink worker`` settings; ConfigError names a bad key."""
-        raw = {**self.task_defaults, **{k: v for k, v in config.items() if k not in _CONNECTOR_ONLY}}
-        raw.setdefault("bootstrap.servers", self.bootstrap_servers)
-        return build(raw, warn_unknown=False)
-
-    def process_settings(self) -> Settings:
-        """The defaults as worker settings (Kafka clients, state dir, secrets to redact) for this
-        process's own use; the topic and table only fill required keys."""
-        return self.sink_settings({"topics": "-", "iceberg.tables": "icesink.connect", **self.task_defaults})
-
-    def client_kwargs(self) -> dict[str, Any]:
-        return dict(self.process_settings().kafka_client_kwargs())
-
-
-def _int(raw: Mapping[str, Any], key: str, low: int) -> int:
-    try:
-        value = int(raw[key])
-    except (TypeError, ValueError):
-        raise ConfigError(key, raw[key], "a whole number") from None
-    if value < low:
-        raise ConfigError(key, value, f"at least {low}")
-    return value
-
-
-def connect_settings(raw: Mapping[str, Any]) -> ConnectSettings:
-    merged = {**CONNECT_DEFAULTS, **raw}
-    url = urlsplit(str(merged["listeners"]).split(",")[0].strip())
-    if url.scheme != "http" or not url.hostname or url.port is None:
-        raise ConfigError("listeners", merged["listeners"], "an http://HOST:PORT address (https is not served)")
-    host = merged["rest.advertised.host.name"] or (socket.gethostname() if url.hostname in ("0.0.0.0", "::") else url.hostname)
-    defaults = {k: v for k, v in raw.items() if k not in CONNECT_DEFAULTS or k in ("state.dir",)}
-    defaults.pop("bootstrap.servers", None)
-    settings = ConnectSettings(
-        bootstrap_servers=raw.get("bootstrap.servers") or None,
-        listen_host=url.hostname, listen_port=url.port, advertised_host=str(host),
-        group_id=str(merged["group.id"]), config_topic=str(merged["config.storage.topic"]),
-        heartbeat_s=_int(merged, "heartbeat.interval-ms", 100) / 1000,
-        session_s=_int(merged, "session.timeout-ms", 1000) / 1000,
-        metrics_host=str(merged["metrics.host"]), metrics_port=_int(merged, "metrics.port", 0),
-        state_dir=Path(str(merged["state.dir"])).resolve(), task_defaults=defaults,
-    )
-    if settings.session_s <= 2 * settings.heartbeat_s:
-        raise ConfigError("session.timeout-ms", merged["session.timeout-ms"],
-                          "more than twice heartbeat.interval-ms")
-    settings.client_kwargs()  # the Kafka client settings must be valid too
-    return settings
-
-
-def load_connect_settings(path: Path | None, environ: Mapping[str, str], overrides: Mapping[str, Any]) -> ConnectSettings:
-    raw: dict[str, Any] = dict(read_config_file(path)) if path is not None else {}
-    env = {k: v for k, v in environ.items() if k.startswith("ICESINK_")}
-    own = {name: value for name, value in env.items() if name[len("ICESINK_"):] in _ENV}
-    raw.update({_ENV[name[len("ICESINK_"):]]: value for name, value in own.items()})
-    raw.update(keys_from_env({k: v for k, v in env.items() if k not in own}))
-    raw.update(overrides)
-    return connect_settings(raw)
-
-
-@dataclass
-class LocalTask:
-    """A task this process runs: one worker replica."""
-
-    name: str
-    task: int
-    generation: int
-    digest: str
-    replica: Replica
-    stop_bound_s: float
-    paused: bool = False
-    failed: str | None = None
-    reported: tuple[str, str] | None = None  # (state, worker id) last written to the topic
 
 
 class Cluster:
@@ -168,17 +53,15 @@ class Cluster:
         self.bootstrap = bootstrap
         self.worker_id = settings.worker_id
         self.state = ClusterState()
-        self.local: dict[tuple[str, int], LocalTask] = {}
         directory = settings.state_dir / "connect" / settings.group_id / re.sub(r"[^\w.-]", "_", self.worker_id)
         self.directory = directory
-        # A task's settings are all in its config file: this process's ICESINK_* are not inherited.
-        self.replicas = ReplicaSet(directory / "task.json", directory / "logs", inherit_settings=False)
+        self.tasks_here = TaskSupervisor(settings, self.worker_id, bootstrap, directory)
         self._producer: Any = None
         self._consumer: Any = None
         self._read = asyncio.Condition()
         self._background: list[asyncio.Task[None]] = []
         self.failure: BaseException | None = None
-        self.errors: dict[str, int] = {}
+        self.errors = self.tasks_here.errors  # failed steps by name (icesink_connect_errors_total)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -214,7 +97,7 @@ class Cluster:
         for t in self._background:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        await asyncio.gather(*(self._stop_task(key) for key in list(self.local)), return_exceptions=True)
+        await self.tasks_here.stop_all()
         with contextlib.suppress(Exception):
             await self._producer.send_and_wait(self.settings.config_topic, key=worker_key(self.worker_id), value=None)
         for client in (self._producer, self._consumer):
@@ -306,9 +189,13 @@ class Cluster:
     def status(self, name: str) -> dict[str, Any]:
         return status_of(self.state, name, time.monotonic(), self.settings.session_s)
 
-    def check(self, name: str, config: dict[str, str]) -> None:
-        tasks_max(config)
-        self.settings.sink_settings(config)
+    def check(self, name: str, config: dict[str, str]) -> dict[str, str]:
+        """The config to store (masked secrets PUT back replaced by the stored ones), checked as
+        its tasks will be; ConfigError names what is wrong."""
+        old = self.state.connectors.get(name)
+        config = unmasked(config, None if old is None else old.config)
+        self.settings.check(name, config, self.bootstrap)
+        return config
 
     async def put(self, name: str, config: dict[str, str]) -> bool:
         old = self.state.connectors.get(name)
@@ -353,67 +240,11 @@ class Cluster:
         return out
 
     async def reconcile(self) -> None:
-        wanted = self.wanted()
-        for key, lt in list(self.local.items()):
-            c = wanted.get(key)
-            if c is None or c.generation != lt.generation or _digest(c.config) != lt.digest:
-                await self._stop_task(key)
-        for key, c in wanted.items():
-            if key not in self.local:
-                self._start_task(c, key[1])
-        for key, lt in self.local.items():
-            c = wanted[key]
-            if lt.failed is None and not lt.replica.alive:
-                code = lt.replica.proc.returncode
-                tail = lt.replica.log_path.read_text(errors="replace")[-4000:]
-                lt.failed = f"the worker replica exited with code {code}; the end of its log:\n{tail}"
-                log.error("connector %s task %d failed: replica exited with code %s", c.name, key[1], code)
-            elif lt.failed is None and (c.target == PAUSED) != lt.paused:
-                lt.paused = c.target == PAUSED
-                os.killpg(lt.replica.proc.pid, signal.SIGSTOP if lt.paused else signal.SIGCONT)
-                log.info("connector %s task %d %s", c.name, key[1], "paused" if lt.paused else "resumed")
-            state = FAILED if lt.failed else PAUSED if lt.paused else RUNNING
-            if lt.reported != (state, self.worker_id):
-                await self._producer.send_and_wait(
-                    self.settings.config_topic, key=status_key(c.name, key[1]),
-                    value=json.dumps({"state": state, "worker_id": self.worker_id, "generation": lt.generation,
-                                      "trace": lt.failed or ""}).encode())
-                lt.reported = (state, self.worker_id)
+        await self.tasks_here.reconcile(self.wanted(), self._report)
 
-    def _start_task(self, c: Connector, task: int) -> None:
-        """Start a replica (on the event loop's thread: its die-with-parent signal is tied to
-        the thread that forks it)."""
-        name = re.sub(r"[^\w.-]", "_", f"{c.name}-{task}-{self.worker_id}")
-        config = {**self.settings.task_defaults, **{k: v for k, v in c.config.items() if k not in _CONNECTOR_ONLY}}
-        config.setdefault("group.id", f"connect-{c.name}")
-        config["bootstrap.servers"] = self.bootstrap
-        config.setdefault("state.dir", str(self.settings.state_dir))
-        path = self.directory / "tasks" / f"{name}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)  # it may hold credentials
-        path.write_text(json.dumps(config))
-        replica = self.replicas.start(name, config=path)
-        bound_s = int(config.get("shutdown.timeout-ms", 30_000)) / 1000 + 10
-        self.local[(c.name, task)] = LocalTask(c.name, task, c.generation, _digest(c.config), replica, bound_s)
-        log.info("connector %s task %d started as replica %s (generation %d, pid %d)", c.name, task, name,
-                 c.generation, replica.proc.pid)
-
-    async def _stop_task(self, key: tuple[str, int]) -> None:
-        lt = self.local.pop(key)
-        replica = lt.replica
-        self.replicas.replicas.pop(replica.name, None)
-        if replica.alive:
-            if lt.paused:
-                os.killpg(replica.proc.pid, signal.SIGCONT)
-            replica.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(asyncio.to_thread(replica.proc.wait), lt.stop_bound_s)
-            except TimeoutError:
-                os.killpg(replica.proc.pid, signal.SIGKILL)
-                await asyncio.to_thread(replica.proc.wait)
-        replica.log_handle.close()
-        log.info("connector %s task %d stopped (replica %s, exit code %s)", key[0], key[1], replica.name,
-                 replica.proc.returncode)
+    async def _report(self, name: str, task: int, status: dict[str, Any]) -> None:
+        await self._producer.send_and_wait(self.settings.config_topic, key=status_key(name, task),
+                                           value=json.dumps(status).encode())
 
     # --- metrics ---------------------------------------------------------------------------
 
@@ -427,7 +258,7 @@ class Cluster:
         families: dict[str, Any] = {}
 
         async def scrape(session: aiohttp.ClientSession, lt: LocalTask) -> None:
-            if lt.paused or not lt.replica.alive:
+            if lt.paused or lt.replica is None or lt.retry_at is not None or not lt.replica.alive:
                 return
             try:
                 url = f"http://127.0.0.1:{lt.replica.metrics_port}/metrics"
@@ -445,13 +276,12 @@ class Cluster:
                     families[fam.name] = fam
 
         async with aiohttp.ClientSession() as session:
-            await asyncio.gather(*(scrape(session, lt) for lt in list(self.local.values())))
+            await asyncio.gather(*(scrape(session, lt) for lt in list(self.tasks_here.local.values())))
         tasks = GaugeMetricFamily("icesink_connect_tasks", "Tasks this process runs, by connector and state",
                                   labels=["connector", "state"])
         counts: dict[tuple[str, str], int] = {}
-        for lt in self.local.values():
-            state = FAILED if lt.failed else PAUSED if lt.paused else RUNNING
-            counts[(lt.name, state)] = counts.get((lt.name, state), 0) + 1
+        for lt in self.tasks_here.local.values():
+            counts[(lt.name, lt.state)] = counts.get((lt.name, lt.state), 0) + 1
         for (name, state), n in sorted(counts.items()):
             tasks.add_metric([name, state], n)
         alive = GaugeMetricFamily("icesink_connect_workers", "Alive processes of this connect cluster")
@@ -463,7 +293,8 @@ class Cluster:
         skipped.add_metric([], self.state.skipped)
         errors = CounterMetricFamily("icesink_connect_errors", "Failed steps of this process, retried",
                                      labels=["step"])
-        for step in ("reading the config topic", "heartbeating", "running tasks"):
+        for step in ("reading the config topic", "heartbeating", "running tasks", "starting tasks", "watching tasks",
+                     "restarting tasks", "stopping tasks"):
             errors.add_metric([step], self.errors.get(step, 0))
         everything = [*families.values(), tasks, alive, connectors, skipped, errors]
 
@@ -476,10 +307,6 @@ class Cluster:
         return bytes(generate_latest(registry))
 
 
-def _digest(config: Mapping[str, str]) -> str:
-    return hashlib.sha256(json.dumps(dict(config), sort_keys=True).encode()).hexdigest()[:16]
-
-
 async def run_connect(settings: ConnectSettings, bootstrap: str) -> int:
     """Serve the API and run tasks until SIGTERM or SIGINT (0) or a failed background loop (1)."""
     from aiohttp import web
@@ -488,21 +315,37 @@ async def run_connect(settings: ConnectSettings, bootstrap: str) -> int:
 
     cluster = Cluster(settings, bootstrap)
     await cluster.start()
-    application = app(cluster)
+    application = app(cluster, settings.security.users)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=await cluster.metrics_text(), content_type="text/plain", charset="utf-8")
 
-    application.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(application, access_log=None)
-    await runner.setup()
-    sites = [web.TCPSite(runner, settings.listen_host, settings.listen_port)]
-    if settings.metrics_port and settings.metrics_port != settings.listen_port:
-        sites.append(web.TCPSite(runner, settings.metrics_host, settings.metrics_port))
+    application.router.add_get("/metrics", metrics)  # behind the API's authentication
+    only_metrics = web.Application()
+    only_metrics.router.add_get("/metrics", metrics)
+    runners = [web.AppRunner(application, access_log=None)]
+    if settings.metrics_port:
+        runners.append(web.AppRunner(only_metrics, access_log=None))
+    for runner in runners:
+        await runner.setup()
+    security = settings.security
+    sites = [web.TCPSite(runners[0], listener.host or None, listener.port,
+                         ssl_context=security.tls if listener.scheme == "https" else None)
+             for listener in settings.listeners]
+    if settings.metrics_port:
+        sites.append(web.TCPSite(runners[1], settings.metrics_host, settings.metrics_port))
     for site in sites:
         await site.start()
-    log.info("connect REST API on %s (advertised as %s), metrics on port %s", settings.listen_port,
-             settings.url, settings.metrics_port or settings.listen_port)
+    listening = ", ".join(f"{x.scheme}://{x.host or '*'}:{x.port}" for x in settings.listeners)
+    log.info("connect REST API on %s (advertised as %s; basic auth %s, client certificates %s), metrics only on "
+             "%s:%s", listening, settings.url, "on" if security.users else "off", security.client_auth,
+             settings.metrics_host, settings.metrics_port or "(off)")
+    exposed = [x for x in settings.listeners if not x.loopback]
+    if exposed and not security.authenticated:
+        log.warning("the REST API listens beyond loopback (%s) without authentication: anyone who reaches it can "
+                    "create connectors, which run on this host. Require basic auth (rest.extension.classes) or "
+                    "client certificates (ssl.client.auth=required), or listen on 127.0.0.1 behind a proxy that "
+                    "authenticates", ", ".join(f"{x.host or '*'}:{x.port}" for x in exposed))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -512,6 +355,7 @@ async def run_connect(settings: ConnectSettings, bootstrap: str) -> int:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.5)
     finally:
-        await runner.cleanup()
+        for runner in runners:
+            await runner.cleanup()
         await cluster.stop()
     return 1 if cluster.failure is not None else 0

@@ -4,18 +4,23 @@ JSON): what users of the reference sink's tutorial ``curl``. The cluster behind 
 this module only maps requests to it and its answers to Kafka Connect's JSON.
 
 Errors are ``{"error_code": N, "message": "..."}``; an invalid connector config is a 400 whose
-message names the key (icesink's own settings check, the one ``icesink worker`` runs).
+message names the key (icesink's own settings check, the one ``icesink worker`` runs, and what a
+connector may set: icesink/app/connect_policy.py). Configs are shown with their secrets masked;
+with basic auth configured every request needs a known user's password (401 otherwise).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from icesink.app.connect_policy import shown
+from icesink.app.connect_security import check_basic
 from icesink.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -31,7 +36,7 @@ class Backend(Protocol):
     def config(self, name: str) -> dict[str, str] | None: ...
     def tasks(self, name: str) -> int: ...
     def status(self, name: str) -> dict[str, Any]: ...
-    def check(self, name: str, config: dict[str, str]) -> None: ...
+    def check(self, name: str, config: dict[str, str]) -> dict[str, str]: ...
     async def put(self, name: str, config: dict[str, str]) -> bool: ...
     async def set_target(self, name: str, target: str) -> None: ...
     async def restart(self, name: str) -> None: ...
@@ -61,10 +66,19 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _json({"error_code": 500, "message": f"{type(exc).__name__}: {exc}"}, 500)
 
 
-def app(backend: Backend) -> web.Application:
+def app(backend: Backend, users: Mapping[str, str] | None = None) -> web.Application:
     """The API on ``backend``. Every request first catches up with the cluster's config topic,
-    so that whichever process a client asks, it sees every change made before it asked."""
+    so that whichever process a client asks, it sees every change made before it asked.
+    ``users``: basic auth's users and passwords (none: no basic auth)."""
     routes = web.RouteTableDef()
+
+    @web.middleware
+    async def authenticated(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if users and not check_basic(users, request.headers.get("Authorization")):
+            response = _json({"error_code": 401, "message": "User cannot access the resource."}, 401)
+            response.headers["WWW-Authenticate"] = 'Basic realm="icesink connect"'
+            return response
+        return await handler(request)
 
     @web.middleware
     async def synced(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -79,7 +93,7 @@ def app(backend: Backend) -> web.Application:
         return config
 
     def info(name: str) -> dict[str, Any]:
-        config = known(name)
+        config = shown(known(name))
         return {"name": name, "config": config, "type": "sink",
                 "tasks": [{"connector": name, "task": i} for i in range(backend.tasks(name))]}
 
@@ -98,10 +112,9 @@ def app(backend: Backend) -> web.Application:
         flat = {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
         flat["name"] = name
         try:
-            backend.check(name, flat)
+            return backend.check(name, flat)
         except ConfigError as exc:
             raise ApiError(400, f"Connector configuration is invalid: {exc}") from None
-        return flat
 
     @routes.get("/")
     async def root(request: web.Request) -> web.Response:
@@ -136,7 +149,7 @@ def app(backend: Backend) -> web.Application:
 
     @routes.get("/connectors/{name}/config")
     async def get_config(request: web.Request) -> web.Response:
-        return _json(known(request.match_info["name"]))
+        return _json(shown(known(request.match_info["name"])))
 
     @routes.put("/connectors/{name}/config")
     async def put_config(request: web.Request) -> web.Response:
@@ -153,7 +166,7 @@ def app(backend: Backend) -> web.Application:
     @routes.get("/connectors/{name}/tasks")
     async def tasks(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        config = known(name)
+        config = shown(known(name))
         return _json([{"id": {"connector": name, "task": i}, "config": config} for i in range(backend.tasks(name))])
 
     async def set_target(request: web.Request, target: str) -> web.Response:
@@ -184,6 +197,6 @@ def app(backend: Backend) -> web.Application:
         await backend.delete(name)
         return web.Response(status=204)
 
-    application = web.Application(middlewares=[_errors, synced])
+    application = web.Application(middlewares=[_errors, authenticated, synced])
     application.add_routes(routes)
     return application

@@ -10,7 +10,8 @@ Every process of a cluster reads the whole config topic (one partition, compacte
   a process is alive while its heartbeats arrive within ``session.timeout-ms`` (measured on the
   reader's clock, when it reads them); a tombstone says it left.
 - ``status/<name>/<task>``: ``{"state", "worker_id", "generation", "trace"}``, written by the
-  process running the task whenever the task's state changes.
+  process running the task whenever the task's state changes (RESTARTING: its start-up failed
+  and it is started again after a backoff; the trace says why).
 
 Task ``i`` of connector ``C`` runs on ``alive[(crc32(C) + i) % len(alive)]`` of the sorted alive
 processes: every process computes the same assignment from the same records, so no leader is
@@ -30,6 +31,7 @@ from icesink.errors import ConfigError
 log = logging.getLogger(__name__)
 
 RUNNING, PAUSED, FAILED, UNASSIGNED = "RUNNING", "PAUSED", "FAILED", "UNASSIGNED"
+RESTARTING = "RESTARTING"  # a task whose start-up failed, started again after a backoff
 TARGETS = (RUNNING, PAUSED)
 
 
@@ -119,7 +121,7 @@ class ClusterState:
             if data is None:
                 self.statuses.pop((name, int(task)), None)
             else:
-                if data.get("state") not in (RUNNING, PAUSED, FAILED, UNASSIGNED):
+                if data.get("state") not in (RUNNING, PAUSED, FAILED, UNASSIGNED, RESTARTING):
                     raise ValueError(f"field state: {data.get('state')!r} is not a task state")
                 self.statuses[(name, int(task))] = data
         else:
@@ -153,7 +155,7 @@ def status_of(state: ClusterState, name: str, now: float, session_s: float) -> d
             tasks.append({"id": i, "state": UNASSIGNED, "worker_id": owner or ""})
             continue
         entry = {"id": i, "state": seen["state"], "worker_id": owner}
-        if seen["state"] == FAILED:
+        if seen["state"] in (FAILED, RESTARTING):
             entry["trace"] = str(seen.get("trace", ""))
         tasks.append(entry)
     leader = assign(name, 1, alive)[0]

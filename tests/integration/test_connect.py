@@ -54,6 +54,8 @@ def _start_connect(tmp_path: Path, name: str, bootstrap: str, state: Path) -> tu
         # defaults for every task: a small Spark, short sessions and shutdowns
         "spark.master": "local[1]", "spark.driver.memory": "1g", "consumer.session-timeout-ms": 6000,
         "shutdown.timeout-ms": 15000,
+        # the connectors name this test's SQLite catalog: a file of this host, which only the process allows
+        "connector.config.override.allow": "iceberg.catalog.uri,iceberg.catalog.warehouse",
     }))
     log = (tmp_path / f"{name}.log").open("ab")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICESINK_")}

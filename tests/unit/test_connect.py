@@ -88,19 +88,23 @@ def test_status_is_connects_json_and_stale_reports_are_unassigned():
 
 
 def test_connect_settings_defaults_and_task_defaults(tmp_path):
-    s = connect_settings({"bootstrap.servers": "k:9092", "state.dir": str(tmp_path), "sasl.username": "u",
+    s = connect_settings({"bootstrap.servers": "k:9092", "state.dir": str(tmp_path), "security.protocol": "PLAINTEXT",
                           "spark.master": "local[1]"})
-    assert (s.listen_host, s.listen_port, s.group_id, s.config_topic) == ("0.0.0.0", 8083, "icesink-connect",
-                                                                       "icesink-connect-configs")
-    assert s.task_defaults == {"state.dir": str(tmp_path), "sasl.username": "u", "spark.master": "local[1]"}
-    assert s.worker_id.endswith(":8083") and s.bootstrap_servers == "k:9092"
+    # the API listens on loopback unless told otherwise
+    assert (s.listen_host, s.listen_port, s.group_id, s.config_topic) == ("127.0.0.1", 8083, "icesink-connect",
+                                                                         "icesink-connect-configs")
+    assert s.task_defaults == {"spark.master": "local[1]"} and s.process_keys == {"security.protocol": "PLAINTEXT"}
+    assert s.worker_id == "127.0.0.1:8083" and s.bootstrap_servers == "k:9092"
     sink = s.sink_settings({"topics": "t", "iceberg.tables": "db.t", "tasks.max": "3", "connector.class": "x"})
     assert sink.topics == ("t",) and sink.bootstrap_servers == "k:9092" and sink.spark_master == "local[1]"
+    assert sink.state_dir == tmp_path and sink.metrics_host == "127.0.0.1" and sink.group_id == "connect-connector"
 
 
 @pytest.mark.parametrize("raw, key", [
-    ({"listeners": "https://0.0.0.0:8443"}, "listeners"),
+    ({"listeners": "https://0.0.0.0:8443"}, "ssl.keystore.location"),
     ({"listeners": "localhost"}, "listeners"),
+    ({"listeners": "ftp://h:1"}, "listeners"),
+    ({"listeners": "http://127.0.0.1:9400"}, "metrics.port"),
     ({"heartbeat.interval-ms": "often"}, "heartbeat.interval-ms"),
     ({"heartbeat.interval-ms": 5000, "session.timeout-ms": 6000}, "session.timeout-ms"),
     ({"security.protocol": "CARRIER_PIGEON"}, "security.protocol"),
@@ -146,9 +150,10 @@ class FakeBackend:
         return {"name": name, "connector": {"state": self.targets.get(name, RUNNING), "worker_id": self.worker_id},
                 "tasks": [], "type": "sink"}
 
-    def check(self, name: str, config: dict[str, str]) -> None:
+    def check(self, name: str, config: dict[str, str]) -> dict[str, str]:
         if "topics" not in config:
             raise ConfigError("topics", None, "a value (the setting is required)")
+        return config
 
     async def put(self, name: str, config: dict[str, str]) -> bool:
         created = name not in self.connectors

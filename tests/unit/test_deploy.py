@@ -110,16 +110,25 @@ def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
     from icesink.app.connect import load_connect_settings
 
     docs = k8s()
-    assert set(docs) == {"ConfigMap/icesink-config", "Secret/icesink-credentials", "StatefulSet/icesink",
-                         "Service/icesink-connect", "Service/icesink"}
+    assert set(docs) == {"ConfigMap/icesink-config", "Secret/icesink-credentials", "Secret/icesink-api-users",
+                         "StatefulSet/icesink", "Service/icesink-connect", "Service/icesink"}
     data = docs["ConfigMap/icesink-config"]["data"]
-    (tmp_path / "connect.json").write_text(data["connect.json"])
+    # the API's basic auth: jaas.conf (ConfigMap) names the users' file (Secret), both mounted; here in tmp_path
+    users = docs["Secret/icesink-api-users"]["stringData"]["credentials.properties"]
+    (tmp_path / "credentials.properties").write_text(users)
+    assert 'file="/etc/icesink-users/credentials.properties"' in data["jaas.conf"]
+    (tmp_path / "jaas.conf").write_text(data["jaas.conf"].replace("/etc/icesink-users", str(tmp_path)))
+    connect_json = json.loads(data["connect.json"])
+    assert connect_json["java.security.auth.login.config"] == "/etc/icesink/jaas.conf"
+    connect_json["java.security.auth.login.config"] = str(tmp_path / "jaas.conf")
+    (tmp_path / "connect.json").write_text(json.dumps(connect_json))
     pod = docs["StatefulSet/icesink"]["spec"]["template"]
     container = pod["spec"]["containers"][0]
     assert container["args"] == ["icesink", "connect", "--config", "/etc/icesink/connect.json"]
     env = {e["name"]: "10.0.0.7" for e in container["env"]}
-    settings = load_connect_settings(tmp_path / "connect.json", env, {})  # valid connect settings
-    assert settings.worker_id == f"10.0.0.7:{settings.listen_port}"
+    secrets = {k: f"value-of-{k}" for k in docs["Secret/icesink-credentials"]["stringData"]}
+    settings = load_connect_settings(tmp_path / "connect.json", {**env, **secrets}, {})  # valid connect settings
+    assert settings.worker_id == f"10.0.0.7:{settings.listen_port}" and settings.security.authenticated
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"api": settings.listen_port, "metrics": settings.metrics_port}
     assert settings.metrics_port == int(pod["metadata"]["annotations"]["prometheus.io/port"])
@@ -134,16 +143,18 @@ def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
     assert container["envFrom"][0]["secretRef"]["name"] == docs["Secret/icesink-credentials"]["metadata"]["name"]
     mounted = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert mounted["config"]["configMap"]["name"] == "icesink-config"
-    # the example connector, with the cluster's defaults, is a valid sink config
+    assert mounted["api-users"]["secret"]["secretName"] == "icesink-api-users"
+    paths = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert (paths["config"], paths["api-users"]) == ("/etc/icesink", "/etc/icesink-users")
+    # the example connector, with the cluster's defaults, is a valid sink config; its credentials are
+    # references to the Secret's variables, every one of which it uses (none is there for nothing)
     connector = json.loads(data["pizzas-connector.json"])
     sink = settings.sink_settings(connector)
     assert sink.topics == ("completed-pizzas",) and sink.catalog_props["type"] == "rest"
-    # every credential is a setting icesink knows (ICESINK_<KEY>), so none is silently ignored
-    secrets = {k: f"value-of-{k}" for k in docs["Secret/icesink-credentials"]["stringData"]}
-    with_env = load_connect_settings(tmp_path / "connect.json", secrets, {}).sink_settings(connector)
-    assert with_env.catalog_props["s3.access-key-id"] == "value-of-ICESINK_ICEBERG_CATALOG_S3_ACCESS_KEY_ID"
-    assert with_env.catalog_props["s3.secret-access-key"] == "value-of-ICESINK_ICEBERG_CATALOG_S3_SECRET_ACCESS_KEY"
-    assert with_env.control_secret is not None
+    assert sink.catalog_props["s3.access-key-id"] == "value-of-S3_ACCESS_KEY_ID"
+    assert sink.catalog_props["s3.secret-access-key"] == "value-of-S3_SECRET_ACCESS_KEY"
+    assert sink.control_secret is not None and sink.control_secret.get_secret_value() == "value-of-ICEBERG_CONTROL_SECRET"
+    assert {f"${{env:{k}}}" for k in secrets} == {v for v in connector.values() if str(v).startswith("${env:")}
 
 
 def test_the_compose_file_refers_to_files_that_exist(tmp_path):
@@ -163,7 +174,7 @@ def test_the_compose_file_refers_to_files_that_exist(tmp_path):
     from icesink.app.connect import load_connect_settings
 
     connect = compose["services"]["connect"]
-    assert connect["command"][1:3] == ["connect", "--config"] and "8083:8083" in connect["ports"]
+    assert connect["command"][1:3] == ["connect", "--config"] and "127.0.0.1:8083:8083" in connect["ports"]
     load_connect_settings(DEPLOY / "compose-connect.json", {}, {})
 
 
