@@ -170,7 +170,10 @@ class FakeBackend:
         del self.connectors[name]
 
 
-def _api(calls: list[tuple[str, str, Any]]) -> tuple[list[tuple[int, Any]], FakeBackend]:
+def _api(calls: list[tuple[str, str, Any]], users: dict[str, str] | None = None
+         ) -> tuple[list[tuple[int, Any]], FakeBackend]:
+    """Each call on the API over a fake backend; a body ``{"headers": AUTHORIZATION}`` is that
+    Authorization header instead."""
     from aiohttp.test_utils import TestClient, TestServer
 
     from icesink.app.connect_api import app
@@ -179,9 +182,12 @@ def _api(calls: list[tuple[str, str, Any]]) -> tuple[list[tuple[int, Any]], Fake
 
     async def go() -> list[tuple[int, Any]]:
         out = []
-        async with TestClient(TestServer(app(backend))) as client:
+        async with TestClient(TestServer(app(backend, users))) as client:
             for method, path, body in calls:
-                kwargs = {} if body is None else {"data": body if isinstance(body, str) else json.dumps(body)}
+                if isinstance(body, dict) and set(body) == {"headers"}:
+                    kwargs: dict[str, Any] = {"headers": {"Authorization": body["headers"]}}
+                else:
+                    kwargs = {} if body is None else {"data": body if isinstance(body, str) else json.dumps(body)}
                 resp = await client.request(method, path, **kwargs)
                 text = await resp.text()
                 out.append((resp.status, json.loads(text) if text else None))
