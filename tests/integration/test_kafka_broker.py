@@ -156,3 +156,25 @@ def test_a_restarted_kafka_keeps_its_address_and_its_data(tmp_path: Any) -> None
         assert (broker.data_dir / "meta.properties").read_text() == meta  # not formatted again
         assert asyncio.run(end_offsets(broker.bootstrap, "kr")) == {0: 50}
         assert asyncio.run(committed()) == 42
+
+
+@pytest.mark.kafka
+def test_a_replication_factor_above_the_brokers_is_refused_naming_the_setting(kafka: Any, tmp_path: Any) -> None:
+    """Kafka refuses a topic with more replicas than brokers (Tansu takes any factor): the
+    worker's error names the setting to lower, for the control topic and the dead-letter topic."""
+    from prometheus_client import CollectorRegistry
+
+    from agents.deadletter import DeadLetters
+    from icesink.config import build
+    from icesink.control import ensure_control_topic
+    from icesink.kafka_admin import TopicError
+    from icesink.metrics import Metrics
+
+    with pytest.raises(TopicError, match=r"iceberg\.control\.topic\.replication-factor"):
+        asyncio.run(ensure_control_topic(kafka.bootstrap, "kb-ctl-rf3", {}, replication_factor=3))
+
+    settings = build({"topics": "kb-plain", "iceberg.tables": "db.a", "state.dir": str(tmp_path),
+                               "errors.tolerance": "all", "errors.deadletterqueue.topic.name": "kb-dlq-rf3"})
+    letters = DeadLetters(settings, Metrics(CollectorRegistry()), "w1")
+    with pytest.raises(TopicError, match=r"errors\.deadletterqueue\.topic\.replication\.factor"):
+        asyncio.run(letters.start(kafka.bootstrap))
