@@ -395,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
         broker.stop()
+        if args.dir is None:
+            shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 
