@@ -205,7 +205,7 @@ class DeadLetters:
             if not await topic_exists(bootstrap, self.topic, client_kwargs=client):
                 # An existing topic is used with whatever partition count it has.
                 await ensure_topic(bootstrap, self.topic, DLQ_PARTITIONS, replication_factor=s.dlq_replication_factor,
-                                   client_kwargs=client)
+                                   client_kwargs=client, setting="errors.deadletterqueue.topic.replication.factor")
             self._producer = AIOKafkaProducer(
                 bootstrap_servers=bootstrap,
                 enable_idempotence=False,  # brokers without InitProducerId (Tansu) must work

@@ -44,7 +44,7 @@ async def ensure_control_topic(
     policy, and warn about a time or size retention."""
     await ensure_topic(
         bootstrap, topic, 1, replication_factor=replication_factor, configs=CONTROL_TOPIC_CONFIGS,
-        client_kwargs=client_kwargs,
+        client_kwargs=client_kwargs, setting="iceberg.control.topic.replication-factor",
     )
     try:
         configs = await topic_configs(bootstrap, topic, client_kwargs=client_kwargs)

@@ -61,9 +61,11 @@ async def ensure_topic(
     configs: Mapping[str, str] | None = None,
     client_kwargs: Mapping[str, Any] | None = None,
     timeout_s: float = 30.0,
+    setting: str = "the topic's replication-factor setting",
 ) -> None:
     """Create topic ``name`` with ``partitions`` partitions (and topic ``configs``) unless it
-    exists, then wait for it.
+    exists, then wait for it. ``setting`` names the key that chose ``replication_factor``, for
+    the error when the cluster has fewer brokers.
 
     Returns once the broker's metadata lists all ``partitions`` partitions with a leader.
     Raises :class:`TopicError` if the topic exists with another partition count, if the broker
@@ -78,7 +80,7 @@ async def ensure_topic(
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
-            created = await _create_topic(admin, name, partitions, replication_factor, configs or {})
+            created = await _create_topic(admin, name, partitions, replication_factor, configs or {}, setting)
             await _wait_for_partitions(admin, name, partitions, created=created)
     except TimeoutError:
         raise TopicError(
@@ -183,7 +185,7 @@ async def _true_end_offsets(consumer: Any, tps: list[Any]) -> dict[Any, int]:
 
 
 async def _create_topic(
-    admin: Any, name: str, partitions: int, replication_factor: int, configs: Mapping[str, str]
+    admin: Any, name: str, partitions: int, replication_factor: int, configs: Mapping[str, str], setting: str
 ) -> bool:
     """Send CreateTopics until it succeeds; True if this call created the topic."""
     from aiokafka.admin import NewTopic
@@ -205,8 +207,8 @@ async def _create_topic(
         if code == _INVALID_REPLICATION_FACTOR:
             raise TopicError(
                 f"topic {name!r}: expected a cluster with at least {replication_factor} brokers for replication "
-                f"factor {replication_factor}, the broker refused: {message}. Lower the topic's replication-factor "
-                "setting to the number of brokers."
+                f"factor {replication_factor}, the broker refused: {message}. Lower {setting} to the number "
+                "of brokers."
             )
         if not getattr(error, "retriable", False):
             raise TopicError(

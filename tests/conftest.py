@@ -10,6 +10,7 @@ import pytest
 
 if TYPE_CHECKING:
     from icesink.app.embedded import EmbeddedBroker
+    from tests.support.kafka_broker import KafkaBroker
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +24,29 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
         yield embedded
     finally:
         embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """One real Apache Kafka broker (KRaft, one node; tests/support/kafka_broker.py) for the whole
+    session, started on first use (a few seconds); use a fresh topic and group per test."""
+    from tests.support.kafka_broker import KafkaBroker
+
+    started = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(params=["tansu", pytest.param("kafka", marks=pytest.mark.kafka)])
+def each_broker(request: pytest.FixtureRequest) -> EmbeddedBroker | KafkaBroker:
+    """The test runs once on the session's Tansu broker and once on its real Kafka broker
+    (``-m "not kafka"`` leaves Kafka out). On one Kafka broker a topic needs replication factor
+    1: give the sink ``iceberg.control.topic.replication-factor=1`` (Tansu takes any value)."""
+    chosen: EmbeddedBroker | KafkaBroker = request.getfixturevalue("broker" if request.param == "tansu" else "kafka")
+    return chosen
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Compressed records from a real librdkafka producer (confluent-kafka), with real processes
-(Tansu, a Faust + Spark worker, SQLite catalog, DuckDB): one topic fed with each codec Kafka
-has in turn (none, gzip, snappy, lz4, zstd); every record lands exactly once, read with
+(Tansu, then a real Kafka broker; a Faust + Spark worker, SQLite catalog, DuckDB): one topic fed
+with each codec Kafka has in turn (none, gzip, snappy, lz4, zstd); every record lands exactly once, read with
 isolation.level=read_committed. And a replica whose consumer can no longer decode a batch
 stops with a clear log line instead of running on without consuming."""
 
@@ -43,7 +43,8 @@ def produce_compressed(bootstrap: str, topic: str, values: list[bytes], codec: s
 
 
 @pytest.mark.timeout(300)
-def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(broker, catalog_props, tmp_path):
+def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(each_broker, catalog_props, tmp_path):
+    """On Tansu and on a real Kafka broker (``each_broker``)."""
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
@@ -55,10 +56,11 @@ def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(broker, catalog
     catalog = load_catalog("it", **catalog_props)
     catalog.create_namespace("cx")
     catalog.create_table(table, schema=PIZZA_SCHEMA)
-    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
-    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+    asyncio.run(ensure_topic(each_broker.bootstrap, topic, 2))
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=each_broker.bootstrap,
                        catalog_props=catalog_props, state_dir=tmp_path / "state", group="cx-sink",
-                       **{"iceberg.tables.auto-create-enabled": "false"})
+                       **{"iceberg.tables.auto-create-enabled": "false",
+                          "iceberg.control.topic.replication-factor": 1})  # one Kafka broker
     rng = random.Random(11)
     keys: set[str] = set()
     replicas = ReplicaSet(cfg, tmp_path / "logs")
@@ -67,11 +69,11 @@ def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(broker, catalog
         for codec in CODECS:
             events = [pizza_event(rng) for _ in range(400)]
             keys |= {e["order_id"] for e in events}
-            produce_compressed(broker.bootstrap, topic, [json.dumps(e).encode() for e in events], codec, 2)
+            produce_compressed(each_broker.bootstrap, topic, [json.dumps(e).encode() for e in events], codec, 2)
         wait_rows(catalog, replicas, (table,), len(keys), timeout_s=120)
         assert_exact(catalog, table, keys)
         replicas.check_alive()
-        # Read from the running consumer's fetcher: Tansu serves read_committed fetches.
+        # Read from the running consumer's fetcher: both brokers serve read_committed fetches.
         assert http_json(worker.metrics_port)["isolation_level"] == "read_committed"
         # ... through agents/record_batches.py, which decompressed every codec's batches.
         assert "fetched records are taken a record batch at a time" in worker.log_path.read_text(errors="replace")

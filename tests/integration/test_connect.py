@@ -105,7 +105,9 @@ def _snapshots(catalog: Any) -> int:
     return len(catalog.load_table(TABLE).metadata.snapshots)
 
 
-def test_two_connect_processes_run_the_tutorial_connector_exactly_once(broker, catalog_props, tmp_path):
+def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_broker, catalog_props, tmp_path):
+    """On Tansu and on a real Kafka broker (``each_broker``): the same flow, groups and all."""
+    broker = each_broker
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
@@ -123,7 +125,8 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(broker, c
     catalog = load_catalog("it", **catalog_props)
     connector = {**TUTORIAL, "tasks.max": "2", "topics": TOPIC, "iceberg.tables": TABLE, "iceberg.catalog": "it",
                  **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
-                 "iceberg.control.topic": "connect-it-control", "iceberg.control.commit.interval-ms": 2000}
+                 "iceberg.control.topic": "connect-it-control", "iceberg.control.commit.interval-ms": 2000,
+                 "iceberg.control.topic.replication-factor": "1"}  # one Kafka broker
     for key in [k for k in connector if k.startswith("iceberg.catalog.") and k.split(".", 2)[2] not in catalog_props]:
         del connector[key]  # the tutorial's REST and S3 addresses: this test's catalog instead
     try:

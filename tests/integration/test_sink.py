@@ -1,5 +1,6 @@
-"""The acceptance scenario with real processes: Tansu broker, 2 worker processes (Faust +
-Spark), SQLite SQL catalog; every result read back by DuckDB's iceberg extension.
+"""The acceptance scenario with real processes: a Tansu broker, then a real Kafka broker (the
+scenario runs on each), 2 worker processes (Faust + Spark), SQLite SQL catalog; every result
+read back by DuckDB's iceberg extension.
 
 One scenario in phases, because every worker start costs a Spark session:
   1. 2 replicas ingest pizzas into two tables (fan-out): an auto-created one and one created
@@ -30,7 +31,8 @@ GROUP = "it-sink"
 
 
 @pytest.fixture
-def env(broker, tmp_path):
+def env(each_broker, tmp_path):
+    broker = each_broker  # Tansu, then a real Kafka broker
     from pyiceberg.catalog import load_catalog
 
     from icesink.catalogs import sqlite_catalog_properties
@@ -52,6 +54,7 @@ def env(broker, tmp_path):
         **{f"iceberg.catalog.{k}": v for k, v in props.items()},
         "iceberg.tables.auto-create-enabled": "true",
         "iceberg.control.topic": "it-control",
+        "iceberg.control.topic.replication-factor": 1,  # one Kafka broker
         "iceberg.control.commit.interval-ms": 3000,
         "iceberg.control.commit.timeout-ms": 20000,
         "group.id": GROUP,
