@@ -70,6 +70,10 @@ class Leader(Protocol):
 
     async def run(self) -> None: ...
 
+    async def drain(self, timeout_s: float) -> None:
+        """Before :meth:`run` is cancelled: start no more work, let what is in flight finish
+        within ``timeout_s``."""
+
 
 class LeaderFactory(Protocol):
     """Makes a :class:`Leader` from the replica's shared parts; ``rewrite`` writes compacted
@@ -295,8 +299,15 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
                              target_file_size_bytes=self.settings.target_file_size_bytes)
 
     async def _stop_coordinator(self) -> None:
+        """Stop the coordinator: it first gets half the shutdown bound to finish the table
+        commits in flight (announcing them), then it is cancelled (docs/commits.md)."""
         task, self._coordinator_task = self._coordinator_task, None
         if task is not None:
+            if self._coordinator is not None and not task.done():
+                try:
+                    await self._coordinator.drain(self.settings.shutdown_timeout_ms / 2000)
+                except Exception as exc:  # noqa: BLE001 - the cancel below stops it all the same
+                    log.warning("coordinator's drain failed: %r", exc)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 

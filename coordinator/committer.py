@@ -55,6 +55,36 @@ class TableCommit:
     # The commit's own seconds, when a commit process timed it (its wait in that process's queue
     # left out); None: timed by the caller.
     duration_s: float | None = None
+    # The sink snapshot the table already held for responses of this batch (an earlier attempt or
+    # coordinator committed them, then stopped before announcing it: the caller announces it
+    # unless the log has its CommitToTable); None: the table held none of them.
+    held: Held | None = None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A sink snapshot as a CommitToTable names it: the round that made it and what it added."""
+
+    commit_id: str
+    snapshot_id: int | None  # None: expired by another tool
+    files: int
+    records: int
+    watermark: int
+
+
+def held_commit(table: Table, group: str) -> Held | None:
+    """``group``'s newest commit in ``table`` (None: the group has none)."""
+    state = latest_sink_summary(table, group)
+    if state is None:
+        return None
+    snap = table.current_snapshot()
+    while snap is not None:
+        s = snap.summary
+        if s is not None and s["icesink.group"] == group and s["icesink.commit-id"] == state.commit_id:
+            return Held(state.commit_id, snap.snapshot_id, int(s["added-data-files"] or 0),
+                        int(s["added-records"] or 0), state.watermark)
+        snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
+    return Held(state.commit_id, None, 0, 0, state.watermark)
 
 
 def commit_table(
@@ -115,8 +145,10 @@ def _commit(
     todo = [a for a in batch if a.offset > applied and (a.files.get(table_name) or a.deleted_keys.get(table_name))]
     watermark = max((a.offset for a in batch), default=applied)
     files = [f for a in todo for f in a.files.get(table_name, ())]
+    naming = [a.offset for a in batch if a.files.get(table_name) or a.deleted_keys.get(table_name)]
+    held = held_commit(table, group) if naming and min(naming) <= applied else None
     if not todo:
-        return TableCommit(table_name, None, 0, 0, applied)
+        return TableCommit(table_name, None, 0, 0, applied, held=held)
     props = summary_properties(group, commit_id, watermark, positions, epoch, valid_through_ms, log_id=log_id)
     state = SinkState(
         snapshot_id=None, commit_id=commit_id, watermark=watermark, positions=dict(positions), epoch=epoch,
@@ -149,6 +181,7 @@ def _commit(
         len(files),
         sum(f.record_count for f in files),
         watermark,
+        held=held,
     )
 
 
