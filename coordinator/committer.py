@@ -31,13 +31,14 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 from coordinator.deletes import add_position_deletes
+from coordinator.files import confined, data_roots
 from coordinator.manifest_writers import manifest_writer
 from coordinator.mirror import MirrorIndexes, position_deletes
 from coordinator.state import Accepted, Checkpoint
 from icesink.catalogs import manifests_of, staged_metadata
 from icesink.errors import ControlLogError, FencedError, TableChangedError
 from icesink.iceberg import latest_sink_summary, to_data_file
-from icesink.protocol import SinkState, TopicPartition, state_property, summary_properties
+from icesink.protocol import FileInfo, SinkState, TopicPartition, state_property, summary_properties
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,7 @@ def _commit(
     todo = [a for a in batch if a.offset > applied and (a.files.get(table_name) or a.deleted_keys.get(table_name))]
     watermark = max((a.offset for a in batch), default=applied)
     files = [f for a in todo for f in a.files.get(table_name, ())]
+    _check_confined(table, table_name, files)
     naming = [a.offset for a in batch if a.files.get(table_name) or a.deleted_keys.get(table_name)]
     held = held_commit(table, group) if naming and min(naming) <= applied else None
     if not todo:
@@ -183,6 +185,20 @@ def _commit(
         watermark,
         held=held,
     )
+
+
+def _check_confined(table: Table, table_name: str, files: list[FileInfo]) -> None:
+    """Every file lies under the table's location: the coordinator admits files of a table that
+    does not exist when they are read (dropped; coordinator/service.py), so they are judged here.
+    A table recreated elsewhere stays parked, its files kept, until it is back where they are."""
+    roots = data_roots(table)
+    outside = [f.path for f in files if not confined(f.path, roots)]
+    if outside:
+        raise TableChangedError(
+            f"table {table_name}: expected its {len(files)} accepted data files under its location "
+            f"({' or '.join(roots)}), found {len(outside)} outside it (e.g. {outside[0]}): it was recreated "
+            "elsewhere (or the files were named by someone outside the group). Nothing is committed or deleted; "
+            "recreate the table at the location the files are in and the commit goes through")
 
 
 def round_tables(batch: list[Accepted]) -> dict[str, int]:

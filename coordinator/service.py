@@ -386,7 +386,9 @@ class Coordinator:
     async def _admit(self, offset: int, event: Event) -> bool:
         """A DataWritten may name only files under its table's location (coordinator/files.py):
         one that names any other is refused here, before the state sees it, in the live loop
-        and in replay alike; its response then counts as incomplete and is rejected."""
+        and in replay alike; its response then counts as incomplete and is rejected. A table
+        that does not exist (dropped: parked) cannot be judged here; its commit checks its files
+        against the location it has then (coordinator/committer.py), and never deletes them."""
         if not isinstance(event, DataWritten):
             return True
         paths = [f.path for f in (*event.files, *event.deleted_keys)]
@@ -395,6 +397,11 @@ class Coordinator:
         else:
             outside = await self.offload.run(self._roots.outside, event.table, paths)
         if not outside:
+            return True
+        if not self._roots.known(event.table):  # no such table (dropped): judged when it commits (committer)
+            log.warning("control offset %d: data-written of worker %s for table %s, which does not exist: kept for "
+                        "it (its files are checked against its location when it commits)", offset, event.worker,
+                        event.table)
             return True
         self.metrics.control_events_refused.labels(reason="file-outside-table").inc()
         log.error(

@@ -160,9 +160,19 @@ def test_a_dropped_table_is_parked_while_the_other_keeps_committing(broker, cata
         time.sleep(5)
         assert metric(leader.metrics_port, "icesink_rounds_committed_total") > rounds_before, "rounds stalled"
 
+        # The coordinator's replica is killed while the table is parked: the next coordinator
+        # replays from the held checkpoint, parks the table again, and the good table goes on.
+        replicas.kill(leader.name)
+        replicas.start("p3")
+        asyncio.run(produce(broker.bootstrap, topic, values[5000:5500], partitions=2))
+        wait_rows(catalog, replicas, (good,), 5500, timeout_s=180)
+        wait_for("the next coordinator to park the table again",
+                 lambda: bad in ((coordinator_status(replicas) or (None, {}))[1].get("parked") or {}), 60)
+        leader, _ = coordinator_status(replicas)  # type: ignore[misc]
+
         # Back with the same schema, spec and location: every held round commits, once.
         catalog.create_table(bad, schema=schema, partition_spec=spec, location=location)
-        asyncio.run(produce(broker.bootstrap, topic, values[5000:], partitions=2))
+        asyncio.run(produce(broker.bootstrap, topic, values[5500:], partitions=2))
         wait_rows(catalog, replicas, (good, bad), {good: 6000, bad: 5000}, timeout_s=180)
         wait_for("the parked table to resume",
                  lambda: not (http_json(leader.metrics_port)["coordinator"] or {}).get("parked"), 60)

@@ -13,6 +13,7 @@ announced (coordinator/service.py), against a real SQLite catalog with the contr
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import pytest
@@ -242,3 +243,39 @@ def test_recovery_keeps_only_what_the_tables_lack():
     assert [(a.offset, set(a.files)) for a in st.pending] == [(9, {"db.b"})]
     st.apply(12, CommitToTable(1, "r", "db.b", 7, 1, 1, 9))
     assert st.announced_through("db.b") == 9 and st.announced_through("db.a") == -1
+
+
+def test_files_of_a_dropped_table_are_kept_when_read_and_judged_against_its_location_when_it_commits(
+        tmp_path, two_tables, monkeypatch):
+    """A new coordinator replaying a parked (dropped) table's responses cannot check their files
+    against a location: they are kept, not refused (refusing them used to reject the accepted
+    response in replay). Its commit checks them: a table recreated elsewhere stays parked, its
+    files neither committed nor deleted; recreated where they are, it takes them."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    monkeypatch.setattr("coordinator.parking.RETRY_BASE_S", 0.0)
+    producer = FlakyProducer(CommitToTable, fail=0)
+    coord = coordinator(tmp_path, two_tables, producer, **{"iceberg.control.commit.park-after-ms": "0"})
+    location = two_tables.load_table("db.b").location()
+    f = data_file(two_tables.load_table("db.b"), "db.b-r1", [1, 2])
+    two_tables.drop_table("db.b")
+    events = [StartCommit(1, "r1"), DataWritten("r1", "x", "w1", "db.b", (f,)),
+              DataComplete("r1", "x", "w1", 1, (OffsetRange(TP, 0, 2),), 1, None)]
+
+    async def read() -> None:
+        for off, ev in enumerate(events, start=2):
+            assert await coord._admit(off, ev)
+            coord.state.apply(off, ev)
+
+    asyncio.run(read())
+    assert not coord.state.take_rejected() and len(coord.state.pending) == 1
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    two_tables.create_table("db.b", schema=schema, location=f"{tmp_path}/elsewhere")
+    asyncio.run(coord._commit("r1", partial=False))
+    assert "outside it" in coord.status["parked"]["db.b"]["error"] and rows(two_tables, "db.b") == 0
+    assert os.path.exists(f.path.removeprefix("file://"))
+    two_tables.drop_table("db.b")
+    two_tables.create_table("db.b", schema=schema, location=location)
+    asyncio.run(coord._commit("r2", partial=False))
+    assert rows(two_tables, "db.b") == 2 and not coord.status["parked"] and not coord.state.pending
