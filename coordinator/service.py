@@ -235,14 +235,9 @@ class Coordinator:
         for name, st in sorted(states.items()):  # committed after the checkpoint, never announced
             if not self._adopted and st.watermark > max(checkpoint_through, self.state.announced_through(name)):
                 await self._announce_held(name, await self.offload.run(self._held_commit, name))
-        if self.state.pending:  # a task, so that a stop waits for it (drain)
+        if self.state.pending:  # the loop's commit task: claims are answered meanwhile, a parked table waits
             self._commit_task = asyncio.create_task(self._commit(f"recovery-{uuid.uuid4()}", partial=False),
                                                     name="commit")
-            try:
-                await self._commit_task
-            except Abandoned:
-                await asyncio.Event().wait()  # stopping: wait for the cancel
-            self._commit_task = None
         for claim in list(self.state.unanswered.values()):
             await self._answer(claim)
         self._next_round_at = time.monotonic() + self.settings.commit_interval_ms / 1000

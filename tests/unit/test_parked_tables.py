@@ -166,7 +166,7 @@ def test_a_parked_table_waits_for_its_backoff_and_an_error_no_retry_mends_is_not
     respond(coord, two_tables, "r1", 0, [1])
     with pytest.raises(ProtocolError):
         asyncio.run(coord._commit("r1", partial=False))
-    assert coord.status["phase"] == "round-failed" and "parked" not in coord.status or not coord.status["parked"]
+    assert coord.status["phase"] == "round-failed" and not coord.status.get("parked")
 
 
 def test_a_table_holding_a_round_without_its_announcement_is_announced_by_the_retry(tmp_path, two_tables, monkeypatch):
