@@ -151,7 +151,7 @@ class Coordinator:
             await self._reader.stop()
 
     async def drain(self, timeout_s: float) -> None:
-        """The replica stops (or leadership moves): start no round, and give the table commits
+        """The replica stops: start no round, and give the table commits
         in flight up to ``timeout_s`` to finish and be announced; a retry is not waited for
         (the round is abandoned, its responses stay pending). The caller then cancels
         :meth:`run`. A commit still running then may still go through in its thread: the next
