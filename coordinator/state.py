@@ -296,7 +296,8 @@ class CoordinatorState:
         is at or past its offset holds it (recovery, while it replays a parked table's rounds)."""
         out: list[Accepted] = []
         for a in self.pending:
-            cut = _only(a, {t for t in (*a.files, *a.deleted_keys) if watermarks.get(t, -1) < a.offset})
+            # (a mirror table's keys files stay: the round that rolls forward deletes them)
+            cut = _only(a, {t for t in a.files if watermarks.get(t, -1) < a.offset} | set(a.deleted_keys))
             if cut is not None or not any((*a.files.values(), *a.deleted_keys.values())):
                 out.append(cut or a)
         self.pending = out
@@ -350,11 +351,11 @@ class CoordinatorState:
 def _only(a: Accepted, keep: AbstractSet[str]) -> Accepted | None:
     """``a`` with the files of the tables in ``keep`` (``a`` itself if that is all of them);
     None if none is left."""
-    files = {t: fs for t, fs in a.files.items() if fs and t in keep}
-    keys = {t: fs for t, fs in a.deleted_keys.items() if fs and t in keep}
-    if not files and not keys:
+    files = {t: fs for t, fs in a.files.items() if t in keep}
+    keys = {t: fs for t, fs in a.deleted_keys.items() if t in keep}
+    if not any(files.values()) and not any(keys.values()):
         return None
-    if len(files) == sum(1 for fs in a.files.values() if fs) and len(keys) == sum(1 for fs in a.deleted_keys.values() if fs):
+    if len(files) == len(a.files) and len(keys) == len(a.deleted_keys):
         return a
     return replace(a, files=files, deleted_keys=keys)
 

@@ -243,6 +243,15 @@ def test_recovery_keeps_only_what_the_tables_lack():
     assert [(a.offset, set(a.files)) for a in st.pending] == [(9, {"db.b"})]
     st.apply(12, CommitToTable(1, "r", "db.b", 7, 1, 1, 9))
     assert st.announced_through("db.b") == 9 and st.announced_through("db.a") == -1
+    # A mirror table's deletes-only response held for it keeps its table (its commit finds it
+    # there) and its keys files (deleted by the round that commits them), whatever the watermark.
+    deletes = Accepted(13, "r", "w", (), {"db.m": (), "db.a": (f,)}, None, {"db.m": (f,)})
+    st.pending = [deletes]
+    st.lacking({"db.m": 20, "db.a": 20})
+    assert [(a.files, a.deleted_keys) for a in st.pending] == [({"db.m": ()}, {"db.m": (f,)})]
+    st.pending = [deletes]
+    st.committed([deletes], held={"db.m"})
+    assert [(a.files, a.deleted_keys) for a in st.pending] == [({"db.m": ()}, {"db.m": (f,)})]
 
 
 def test_files_of_a_dropped_table_are_kept_when_read_and_judged_against_its_location_when_it_commits(
