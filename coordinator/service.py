@@ -119,6 +119,8 @@ class Coordinator:
         # The checkpoint of the last round every table holds (the recovery base at first; a whole-log replay).
         self._last_cp = Checkpoint(through=-1, positions={}, owners={}, replay_from=0)
         self._draining = asyncio.Event()  # the replica stops: finish the round in flight, start none
+        self._applied_next = 0  # the control offset after the last event the loop applied
+        self._loop_running = False
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -293,6 +295,8 @@ class Coordinator:
 
     async def _loop(self) -> None:
         last_status = 0.0
+        self._applied_next = await self._reader.position()
+        self._loop_running = True
         while True:
             now = time.monotonic()
             if now - last_status >= 30:
@@ -304,11 +308,14 @@ class Coordinator:
                 )
             self._reap_commit_task()
             wait = max(0.05, min(self._next_round_at - now, 0.5))
-            for offset, event in await self._reader.read(wait):
+            batch = await self._reader.read(wait)
+            for offset, event in batch:
                 if not await self._apply(offset, event):
                     continue
                 if isinstance(event, Claim):
                     await self._answer(event)
+            if batch:
+                self._applied_next = await self._reader.position()  # every event before it is applied
             for rej in self.state.take_rejected():
                 await self._reject(rej)
             await self._delete_files(self.state.take_orphans())
@@ -607,6 +614,10 @@ class Coordinator:
         announcement), unless the log has it."""
         if held is None or self.state.announced_through(table) >= held.watermark:
             return
+        if self._loop_running:  # a send that failed may have landed all the same: read the log up to its end first
+            await asyncio.wait_for(self._caught_up(), RETRY_CAP_S)
+            if self.state.announced_through(table) >= held.watermark:
+                return
         log.warning("table %s holds round %s (snapshot %s) that was never announced (its coordinator stopped or "
                     "failed between the commit and its CommitToTable): announcing it", table, held.commit_id,
                     held.snapshot_id)
@@ -614,6 +625,12 @@ class Coordinator:
                                                held.records, held.watermark))
         self.state.announced(table, held.watermark)
         self.metrics.commits_announced_late.inc()
+
+    async def _caught_up(self) -> None:
+        """Until the loop has applied every control event up to the log's end as of now."""
+        end = await self._reader.end_offset()
+        while self._applied_next < end:
+            await asyncio.sleep(0.05)
 
     async def _commit_table_with_retry(
         self,
