@@ -70,6 +70,10 @@ class Leader(Protocol):
 
     async def run(self) -> None: ...
 
+    async def drain(self, timeout_s: float) -> None:
+        """Before :meth:`run` is cancelled: start no more work, let what is in flight finish
+        within ``timeout_s``."""
+
 
 class LeaderFactory(Protocol):
     """Makes a :class:`Leader` from the replica's shared parts; ``rewrite`` writes compacted
@@ -253,7 +257,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
 
         # Every background task (the coordinator too) is cancelled and awaited within the deadline.
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._stop_coordinator(), left())
+            await asyncio.wait_for(self._stop_coordinator(drain=True), left())
         await self._owner.close(left())
         if self._faust_worker is not None:
             with contextlib.suppress(Exception):
@@ -294,9 +298,18 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         return rewrite_files(self.spark, table, data_files, delete_files, file_prefix=prefix,
                              target_file_size_bytes=self.settings.target_file_size_bytes)
 
-    async def _stop_coordinator(self) -> None:
+    async def _stop_coordinator(self, drain: bool = False) -> None:
+        """Stop the coordinator; with ``drain`` (the replica stops) it first gets half the
+        shutdown bound to finish the table commits in flight and announce them (docs/commits.md).
+        A leadership move cancels it at once (in the rebalance handler): the next coordinator
+        fences it and announces what it committed."""
         task, self._coordinator_task = self._coordinator_task, None
         if task is not None:
+            if drain and self._coordinator is not None and not task.done():
+                try:
+                    await self._coordinator.drain(self.settings.shutdown_timeout_ms / 2000)
+                except Exception as exc:  # noqa: BLE001 - the cancel below stops it all the same
+                    log.warning("coordinator's drain failed: %r", exc)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 

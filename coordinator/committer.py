@@ -31,13 +31,14 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 from coordinator.deletes import add_position_deletes
+from coordinator.files import confined, data_roots
 from coordinator.manifest_writers import manifest_writer
 from coordinator.mirror import MirrorIndexes, position_deletes
 from coordinator.state import Accepted, Checkpoint
 from icesink.catalogs import manifests_of, staged_metadata
 from icesink.errors import ControlLogError, FencedError, TableChangedError
 from icesink.iceberg import latest_sink_summary, to_data_file
-from icesink.protocol import SinkState, TopicPartition, state_property, summary_properties
+from icesink.protocol import FileInfo, SinkState, TopicPartition, state_property, summary_properties
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,36 @@ class TableCommit:
     # The commit's own seconds, when a commit process timed it (its wait in that process's queue
     # left out); None: timed by the caller.
     duration_s: float | None = None
+    # The sink snapshot the table already held for responses of this batch (an earlier attempt or
+    # coordinator committed them, then stopped before announcing it: the caller announces it
+    # unless the log has its CommitToTable); None: the table held none of them.
+    held: Held | None = None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A sink snapshot as a CommitToTable names it: the round that made it and what it added."""
+
+    commit_id: str
+    snapshot_id: int | None  # None: expired by another tool
+    files: int
+    records: int
+    watermark: int
+
+
+def held_commit(table: Table, group: str) -> Held | None:
+    """``group``'s newest commit in ``table`` (None: the group has none)."""
+    state = latest_sink_summary(table, group)
+    if state is None:
+        return None
+    snap = table.current_snapshot()
+    while snap is not None:
+        s = snap.summary
+        if s is not None and s["icesink.group"] == group and s["icesink.commit-id"] == state.commit_id:
+            return Held(state.commit_id, snap.snapshot_id, int(s["added-data-files"] or 0),
+                        int(s["added-records"] or 0), state.watermark)
+        snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
+    return Held(state.commit_id, None, 0, 0, state.watermark)
 
 
 def commit_table(
@@ -115,8 +146,11 @@ def _commit(
     todo = [a for a in batch if a.offset > applied and (a.files.get(table_name) or a.deleted_keys.get(table_name))]
     watermark = max((a.offset for a in batch), default=applied)
     files = [f for a in todo for f in a.files.get(table_name, ())]
+    _check_confined(table, table_name, files)
+    naming = [a.offset for a in batch if a.files.get(table_name) or a.deleted_keys.get(table_name)]
+    held = held_commit(table, group) if naming and min(naming) <= applied else None
     if not todo:
-        return TableCommit(table_name, None, 0, 0, applied)
+        return TableCommit(table_name, None, 0, 0, applied, held=held)
     props = summary_properties(group, commit_id, watermark, positions, epoch, valid_through_ms, log_id=log_id)
     state = SinkState(
         snapshot_id=None, commit_id=commit_id, watermark=watermark, positions=dict(positions), epoch=epoch,
@@ -149,7 +183,22 @@ def _commit(
         len(files),
         sum(f.record_count for f in files),
         watermark,
+        held=held,
     )
+
+
+def _check_confined(table: Table, table_name: str, files: list[FileInfo]) -> None:
+    """Every file lies under the table's location: the coordinator admits files of a table that
+    does not exist when they are read (dropped; coordinator/service.py), so they are judged here.
+    A table recreated elsewhere stays parked, its files kept, until it is back where they are."""
+    roots = data_roots(table)
+    outside = [f.path for f in files if not confined(f.path, roots)]
+    if outside:
+        raise TableChangedError(
+            f"table {table_name}: expected its {len(files)} accepted data files under its location "
+            f"({' or '.join(roots)}), found {len(outside)} outside it (e.g. {outside[0]}): it was recreated "
+            "elsewhere (or the files were named by someone outside the group). Nothing is committed or deleted; "
+            "recreate the table at the location the files are in and the commit goes through")
 
 
 def round_tables(batch: list[Accepted]) -> dict[str, int]:

@@ -9,6 +9,7 @@ table and CommitComplete (the checkpoint). See docs/commits.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -21,17 +22,18 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
 from coordinator.commit_processes import CommitProcesses
-from coordinator.committer import TableCache, TableCommit, commit_table, round_tables
+from coordinator.committer import Held, TableCache, TableCommit, commit_table, held_commit, round_tables
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import in_flight_files, normalize
 from coordinator.maintenance import Maintainer, MaintenanceSettings, Rewriter, TableLocks
 from coordinator.mirror import MirrorIndexes, delete_keys_files
+from coordinator.parking import ParkedTables
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
 from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader
-from icesink.errors import ControlLogError, FencedError, is_retriable
+from icesink.errors import ControlLogError, FencedError, IcesinkError, is_retriable
 from icesink.protocol import (
     Claim,
     CommitComplete,
@@ -44,7 +46,7 @@ from icesink.protocol import (
     StartCommit,
     TopicPartition,
 )
-from icesink.faults import crash_point, hold_point
+from icesink.faults import crash_point, hold_point, hold_point_blocking
 from icesink.iceberg import latest_sink_summary
 from icesink.protocol import SinkState
 from icesink.kafka_admin import end_offsets, topic_id
@@ -58,6 +60,13 @@ T = TypeVar("T")
 RETRY_BASE_S = 0.5
 RETRY_CAP_S = 30.0
 SCHEMA_ATTEMPTS = 3  # per round; then the proposals wait for the next round
+
+
+class Abandoned(IcesinkError):
+    """A round's commit given up because the replica stops (:meth:`Coordinator.drain`): its
+    accepted responses stay pending; the next coordinator rolls them forward."""
+
+    retriable = True
 
 
 class Coordinator:
@@ -106,6 +115,12 @@ class Coordinator:
                                       lambda: in_flight_files(settings, bootstrap), tables=self._tables,
                                       mirrors=self._mirrors)
         self._processes = commit_processes(settings, compaction=rewrite is not None)  # None: on the threads
+        self._parked = ParkedTables(metrics, self.status)  # tables whose commits keep failing (coordinator/parking.py)
+        # The checkpoint of the last round every table holds (the recovery base at first; a whole-log replay).
+        self._last_cp = Checkpoint(through=-1, positions={}, owners={}, replay_from=0)
+        self._draining = asyncio.Event()  # the replica stops: finish the round in flight, start none
+        self._applied_next = 0  # the control offset after the last event the loop applied
+        self._loop_running = False
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -137,6 +152,26 @@ class Coordinator:
                 self._processes.close()
             await self._reader.stop()
 
+    async def drain(self, timeout_s: float) -> None:
+        """The replica stops: start no round, and give the table commits
+        in flight up to ``timeout_s`` to finish and be announced; a retry is not waited for
+        (the round is abandoned, its responses stay pending). The caller then cancels
+        :meth:`run`. A commit still running then may still go through in its thread: the next
+        coordinator finds the table holding the round and announces it (_announce_held)."""
+        self._draining.set()
+        task = self._commit_task
+        if task is None or task.done():
+            return
+        log.info("stopping: waiting up to %.1fs for the table commits in flight", timeout_s)
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if not done:
+            log.warning("stopping: the round's table commits still run after %.1fs and are abandoned; its accepted "
+                        "responses stay pending, and the next coordinator announces any table that holds the round",
+                        timeout_s)
+        elif not task.cancelled() and isinstance(task.exception(), Abandoned):
+            log.warning("stopping: the round's commits were abandoned before their retry; the next coordinator rolls "
+                        "them forward")
+
     async def _recover(self) -> None:
         """Rebuild state from the last checkpoint and the log after it, or from the tables' sink
         state when the checkpoint cannot be used (coordinator/recovery.py); roll forward any
@@ -167,10 +202,15 @@ class Coordinator:
             if base.checkpoint is not None:
                 self.metrics.recovered_from_tables.inc()
         checkpoint_through = -1
+        start = base.start
         if base.checkpoint is not None:
             self.state = CoordinatorState.from_checkpoint(base.checkpoint)
             checkpoint_through = base.checkpoint.through
-        start = base.start
+            self._last_cp = Checkpoint(checkpoint_through, dict(self.state.accepted), dict(self.state.owners),
+                                       start, dict(self.state.members))
+        else:
+            self._last_cp = Checkpoint(start - 1, {}, {}, start)
+        watermarks = {t: st.watermark for t, st in states.items() if not self._adopted}
         await self._reader.seek(start)
         end = await self._reader.end_offset()
         replayed = 0
@@ -179,6 +219,7 @@ class Coordinator:
             for offset, event in batch:
                 await self._apply(offset, event, checkpoint_through)
                 replayed += 1
+            self.state.lacking(watermarks)  # what every table already holds is not kept (a parked table's rounds)
             if not batch and await self._reader.position() >= end:
                 break
         epochs = [self.state.log_epoch] + [st.epoch for st in states.values()]
@@ -193,8 +234,12 @@ class Coordinator:
             self.epoch, start, base.reason, self.log_id, replayed, len(self.state.pending),
         )
         self.status.update(recovered_from=base.reason, control_log_id=self.log_id)
-        if self.state.pending:
-            await self._commit(f"recovery-{uuid.uuid4()}", partial=False)
+        for name, st in sorted(states.items()):  # committed after the checkpoint, never announced
+            if not self._adopted and st.watermark > max(checkpoint_through, self.state.announced_through(name)):
+                await self._announce_held(name, await self.offload.run(self._held_commit, name))
+        if self.state.pending:  # the loop's commit task: claims are answered meanwhile, a parked table waits
+            self._commit_task = asyncio.create_task(self._commit(f"recovery-{uuid.uuid4()}", partial=False),
+                                                    name="commit")
         for claim in list(self.state.unanswered.values()):
             await self._answer(claim)
         self._next_round_at = time.monotonic() + self.settings.commit_interval_ms / 1000
@@ -236,6 +281,12 @@ class Coordinator:
         self.metrics.control_log_refused.set(1)
         await asyncio.Event().wait()
 
+    def _held_commit(self, name: str) -> Held | None:
+        try:
+            return held_commit(self.catalog.load_table(name), self.group)
+        except NoSuchTableError:
+            return None
+
     def _summary(self, name: str) -> SinkState | None:
         try:
             return latest_sink_summary(self.catalog.load_table(name), self.group)
@@ -244,6 +295,8 @@ class Coordinator:
 
     async def _loop(self) -> None:
         last_status = 0.0
+        self._applied_next = await self._reader.position()
+        self._loop_running = True
         while True:
             now = time.monotonic()
             if now - last_status >= 30:
@@ -255,11 +308,14 @@ class Coordinator:
                 )
             self._reap_commit_task()
             wait = max(0.05, min(self._next_round_at - now, 0.5))
-            for offset, event in await self._reader.read(wait):
+            batch = await self._reader.read(wait)
+            for offset, event in batch:
                 if not await self._apply(offset, event):
                     continue
                 if isinstance(event, Claim):
                     await self._answer(event)
+            if batch:
+                self._applied_next = await self._reader.position()  # every event before it is applied
             for rej in self.state.take_rejected():
                 await self._reject(rej)
             await self._delete_files(self.state.take_orphans())
@@ -332,7 +388,9 @@ class Coordinator:
     async def _admit(self, offset: int, event: Event) -> bool:
         """A DataWritten may name only files under its table's location (coordinator/files.py):
         one that names any other is refused here, before the state sees it, in the live loop
-        and in replay alike; its response then counts as incomplete and is rejected."""
+        and in replay alike; its response then counts as incomplete and is rejected. A table
+        that does not exist (dropped: parked) cannot be judged here; its commit checks its files
+        against the location it has then (coordinator/committer.py), and never deletes them."""
         if not isinstance(event, DataWritten):
             return True
         paths = [f.path for f in (*event.files, *event.deleted_keys)]
@@ -341,6 +399,11 @@ class Coordinator:
         else:
             outside = await self.offload.run(self._roots.outside, event.table, paths)
         if not outside:
+            return True
+        if not self._roots.known(event.table):  # no such table (dropped): judged when it commits (committer)
+            log.warning("control offset %d: data-written of worker %s for table %s, which does not exist: kept for "
+                        "it (its files are checked against its location when it commits)", offset, event.worker,
+                        event.table)
             return True
         self.metrics.control_events_refused.labels(reason="file-outside-table").inc()
         log.error(
@@ -365,7 +428,7 @@ class Coordinator:
     # Rounds ----------------------------------------------------------------------------------
 
     async def _maybe_start_round(self) -> None:
-        if self._round_sent is not None or self._commit_task is not None:
+        if self._round_sent is not None or self._commit_task is not None or self._draining.is_set():
             return
         now = time.monotonic()
         if now < self._next_round_at and not self.state.commit_requested:
@@ -406,7 +469,7 @@ class Coordinator:
                 break
 
     async def _maybe_close_round(self) -> None:
-        if self._round_sent is None or self._commit_task is not None:
+        if self._round_sent is None or self._commit_task is not None or self._draining.is_set():
             return
         if self.state.round_id != self._round_sent:
             return  # our StartCommit is not read back yet
@@ -426,6 +489,8 @@ class Coordinator:
         if task is None or not task.done():
             return
         self._commit_task = None
+        if self._draining.is_set() and not task.cancelled() and isinstance(task.exception(), Abandoned):
+            return  # stopping: the next coordinator rolls the round forward
         task.result()
 
     async def _commit(self, commit_id: str, partial: bool) -> None:
@@ -433,7 +498,9 @@ class Coordinator:
         it. The responses stay pending until all of that is done: any failure half-way
         (catalog, a control send, the group offset) is retried with capped backoff, and the
         tables that already hold the round skip it (their watermark), so no table ever
-        misses data that a CommitComplete moved positions past. Fencing is not retried."""
+        misses data that a CommitComplete moved positions past. A table that keeps failing is
+        parked (coordinator/parking.py): its part stays pending, the rest of the round ends.
+        Fencing is not retried; a stop (:meth:`drain`) abandons the retries."""
         batch, cp = self.state.plan_commit()
         if partial:
             self.metrics.rounds_partial.inc()
@@ -445,8 +512,9 @@ class Coordinator:
             try:
                 results = await self._commit_round(commit_id, batch, cp, valid_through)
                 break
-            except FencedError:
-                self.status["phase"] = "fenced"
+            except (FencedError, Abandoned) as exc:
+                if isinstance(exc, FencedError):
+                    self.status["phase"] = "fenced"
                 raise
             except Exception as exc:  # noqa: BLE001 - retried; never dropped
                 attempt += 1
@@ -463,11 +531,15 @@ class Coordinator:
                     "round %s not finished (attempt %d, %s: %s); its %d accepted responses stay pending, retrying in %.1fs",
                     commit_id, attempt, type(exc).__name__, exc, len(batch), delay,
                 )
-                await asyncio.sleep(delay)
-        self.state.committed(batch)
-        self._maintainer.due(sorted({t for a in batch for t in (*a.files, *a.deleted_keys)}),
-                             clear=[t for t, r in results.items() if r.maintenance_due is False])
-        keys_files = {t: [f.path for a in batch for f in a.deleted_keys.get(t, ())] for t in self._mirror_tables(batch)}
+                await self._backoff(delay)
+        parked = self._parked.names()
+        self.state.committed(batch, held=parked)
+        self._parked.show(self.state.pending)
+        done = [t for t in results if t not in parked]
+        self._maintainer.due(sorted(t for t in {t for a in batch for t in (*a.files, *a.deleted_keys)} if t not in parked),
+                             clear=[t for t in done if results[t].maintenance_due is False])
+        keys_files = {t: [f.path for a in batch for f in a.deleted_keys.get(t, ())]
+                      for t in self._mirror_tables(batch) if t not in parked}
         if keys_files:  # consumed by the round's commit, never part of a snapshot
             await self.offload.run(delete_keys_files, self.catalog, keys_files)
         if attempt:
@@ -478,32 +550,53 @@ class Coordinator:
     def _mirror_tables(batch: list[Accepted]) -> set[str]:
         return {t for a in batch for t, fs in a.deleted_keys.items() if fs}
 
+    async def _backoff(self, delay: float) -> None:
+        """Sleep ``delay`` before a retry; a stop (:meth:`drain`) ends it and abandons the round."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._draining.wait(), delay)
+        if self._draining.is_set():
+            raise Abandoned("the replica is stopping")
+
     async def _commit_round(
         self, commit_id: str, batch: list[Accepted], cp: Checkpoint, valid_through: int | None,
     ) -> dict[str, TableCommit]:
         """The first table alone, then the others at once (iceberg.control.commit.threads at a
         time; one snapshot each). Each is announced by a CommitToTable once it holds the round;
-        the CommitComplete goes out only when all of them do. Returns each table's commit."""
+        the CommitComplete goes out only when all of them do or are parked (a parked table not
+        due for a try is left out). Returns each table's commit."""
         tables = sorted({t for a in batch for t in a.files})
+        now = time.monotonic()
+        due = [t for t in tables if self._parked.due(t, now)]
         tables_of_round = round_tables(batch)
         results: dict[str, TableCommit] = {}
 
         async def commit_and_announce(table: str) -> None:
-            result = results[table] = await self._commit_table_with_retry(
-                table, batch, commit_id, cp, valid_through, tables_of_round)
+            result = await self._commit_table_with_retry(table, batch, commit_id, cp, valid_through, tables_of_round)
+            if result is None:  # parked
+                return
+            results[table] = result
             await hold_point(self.settings, "coordinator.after-table-commit")
+            await self._announce_held(table, result.held)
             if result.snapshot_id is not None:
                 await self.producer.send(CommitToTable(
                     self.epoch, commit_id, table, result.snapshot_id, result.files, result.records,
                     result.watermark,
                 ))
+                self.state.announced(table, result.watermark)
 
-        if tables:
-            await commit_and_announce(tables[0])
-        if tables[1:]:
+        if due:
+            await commit_and_announce(due[0])
+        if due[1:]:
             crash_point(self.settings, "coordinator.between-table-commits")
-            await _all_unless_fenced([commit_and_announce(t) for t in tables[1:]])
-        done = checkpoint_event(self.epoch, commit_id, cp, valid_through)
+            await _all_unless_fenced([commit_and_announce(t) for t in due[1:]])
+        held = self._parked.checkpoint(cp, self._last_cp)
+        if held is cp:
+            self._last_cp = cp
+        else:
+            valid_through = None  # not every table holds what the round's data promises
+            log.warning("round %s: table(s) %s parked; its CommitComplete keeps the checkpoint at control offset %d",
+                        commit_id, ", ".join(sorted(self._parked.names())), held.through)
+        done = checkpoint_event(self.epoch, commit_id, held, valid_through)
         offset = await self.producer.send(done)
         await self._reader.commit(offset)
         self.metrics.rounds_committed.inc()
@@ -515,6 +608,30 @@ class Coordinator:
             self.status["commit_processes"] = self._processes.pids()
         return results
 
+    async def _announce_held(self, table: str, held: Held | None) -> None:
+        """The CommitToTable of a round ``table`` already held when its commit looked (an
+        earlier attempt, or a coordinator that stopped between the commit and its
+        announcement), unless the log has it."""
+        if held is None or self.state.announced_through(table) >= held.watermark:
+            return
+        if self._loop_running:  # a send that failed may have landed all the same: read the log up to its end first
+            await asyncio.wait_for(self._caught_up(), RETRY_CAP_S)
+            if self.state.announced_through(table) >= held.watermark:
+                return
+        log.warning("table %s holds round %s (snapshot %s) that was never announced (its coordinator stopped or "
+                    "failed between the commit and its CommitToTable): announcing it", table, held.commit_id,
+                    held.snapshot_id)
+        await self.producer.send(CommitToTable(self.epoch, held.commit_id, table, held.snapshot_id, held.files,
+                                               held.records, held.watermark))
+        self.state.announced(table, held.watermark)
+        self.metrics.commits_announced_late.inc()
+
+    async def _caught_up(self) -> None:
+        """Until the loop has applied every control event up to the log's end as of now."""
+        end = await self._reader.end_offset()
+        while self._applied_next < end:
+            await asyncio.sleep(0.05)
+
     async def _commit_table_with_retry(
         self,
         table: str,
@@ -523,12 +640,18 @@ class Coordinator:
         cp: Checkpoint,
         valid_through: int | None,
         tables_of_round: dict[str, int],
-    ) -> TableCommit:
+    ) -> TableCommit | None:
+        """The table's commit, retried with capped backoff; None once it is parked: it failed
+        for ``iceberg.control.commit.park-after-ms`` (a parked table gets one attempt)."""
         attempt = 0
         began: list[float] = []  # when each attempt began on a commit thread
+        failing_since: float | None = None
+        park_after = self.settings.commit_park_after_ms / 1000
         commit, head, here = (  # on this replica's threads, or in the table's commit process
             (commit_table, (self.catalog, table, batch), {"mirrors": self._mirrors, "tables": self._tables})
             if self._processes is None else (self._processes.commit, (table, batch), {}))
+        if IN_TABLE_COMMIT in self.settings.fault_hold_at:  # fault tests: held once the commit went through
+            commit = _holding_after(commit, self.settings)
         while True:
             try:
                 result: TableCommit
@@ -546,7 +669,7 @@ class Coordinator:
                 self.metrics.control_log_refused.set(1)
                 self.status.update(phase="refused", table=table, error=str(exc), attempt=attempt)
                 log.error("coordinator refuses to commit round %s to %s: %s", commit_id, table, exc)
-                await asyncio.sleep(RETRY_CAP_S)
+                await self._backoff(RETRY_CAP_S)
                 continue
             except Exception as exc:  # conflict, catalog down: retry, never drop accepted files
                 attempt += 1
@@ -558,19 +681,29 @@ class Coordinator:
                     log.error("commit of round %s to %s failed (%s: %s), which no retry mends", commit_id, table,
                               kind, exc)
                     raise
-                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10))
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if table in self._parked or now - failing_since >= park_after:
+                    self._parked.park(table, f"{kind}: {exc}", now - failing_since)
+                    if self._draining.is_set():
+                        raise Abandoned("the replica is stopping") from exc
+                    return None
+                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10), park_after - (now - failing_since))
                 self.metrics.commit_retrying.labels(table=table).set(1)
                 self.status.update(phase="commit-retrying", table=table, error=f"{kind}: {exc}", attempt=attempt)
                 log.warning(
                     "commit of round %s to %s failed (attempt %d, %s: %s); retrying in %.1fs",
                     commit_id, table, attempt, kind, exc, delay,
                 )
-                await asyncio.sleep(delay)
+                await self._backoff(delay)
                 continue
             self.metrics.commit_retrying.labels(table=table).set(0)
             self.metrics.commit_failures.labels(table=table)  # the series exists (at 0) once the table commits
+            self.metrics.table_parked.labels(table=table).set(0)
             self.metrics.control_log_refused.set(0)
             self.status.update(phase="running", error=None)
+            if table in self._parked:
+                self._parked.resume(table)
             # From the first attempt, retries included; not the round's wait for a commit thread,
             # nor, timed by its commit process, the wait behind that process's other commits.
             took = result.duration_s if attempt == 0 and result.duration_s is not None else ended - began[0]
@@ -597,6 +730,19 @@ def commit_processes(settings: Settings, compaction: bool = False) -> CommitProc
                     "coordinator, so their commits run on its threads", settings.commit_processes)
         return None
     return CommitProcesses(settings, settings.commit_processes, MaintenanceSettings.of(settings), compaction)
+
+
+IN_TABLE_COMMIT = "coordinator.in-table-commit"
+
+
+def _holding_after(commit: Callable[..., T], settings: Settings) -> Callable[..., T]:
+    """``commit``, then ``fault.hold-at=coordinator.in-table-commit`` in the commit thread: the
+    table holds the round, the coordinator has not heard of it yet."""
+    def held(*args: Any, **kwargs: Any) -> T:
+        out = commit(*args, **kwargs)
+        hold_point_blocking(settings, IN_TABLE_COMMIT)
+        return out
+    return held
 
 
 def _committing(lock: threading.Lock, began: list[float], fn: Callable[..., T], *args: Any,

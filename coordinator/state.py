@@ -8,7 +8,8 @@ reaches the same decisions as the one that crashed (docs/commits.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 from icesink.errors import PreconditionFailed
@@ -128,6 +129,9 @@ class CoordinatorState:
     seen_members: set[str] = field(default_factory=set)
     max_generation: int = -1
     group_resets: int = 0
+    # Per table, the highest watermark a CommitToTable on the log announced (coordinator/service.py
+    # announces a table that holds a round without one).
+    announced_to: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_checkpoint(cls, cp: CommitComplete) -> CoordinatorState:
@@ -192,6 +196,8 @@ class CoordinatorState:
             case CommitToTable() | CommitComplete() | Rewind():
                 if event.epoch > self.log_epoch:
                     self.log_epoch = event.epoch
+                if isinstance(event, CommitToTable):
+                    self.announced(event.table, event.watermark)
             case CommitRequest():
                 self.commit_requested = True
             case SchemaProposal():
@@ -272,10 +278,36 @@ class CoordinatorState:
         """Every owned partition has answered the current round."""
         return bool(self.owners) and set(self.owners) <= self.round_covered
 
-    def committed(self, batch: list[Accepted]) -> None:
-        """Every table holds ``batch`` and its CommitComplete is sent: no longer pending."""
+    def committed(self, batch: list[Accepted], held: AbstractSet[str] = frozenset()) -> None:
+        """Every table holds ``batch`` and its CommitComplete is sent: no longer pending,
+        except what the ``held`` (parked) tables lack: each response naming one of them stays,
+        cut down to their files (coordinator/parking.py)."""
         done = {id(a) for a in batch}
-        self.pending = [a for a in self.pending if id(a) not in done]
+        out: list[Accepted] = []
+        for a in self.pending:
+            if id(a) not in done:
+                out.append(a)
+            elif cut := _only(a, held):
+                out.append(cut)
+        self.pending = out
+
+    def lacking(self, watermarks: dict[str, int]) -> None:
+        """Cut each pending response down to the tables that lack it: a table whose watermark
+        is at or past its offset holds it (recovery, while it replays a parked table's rounds)."""
+        out: list[Accepted] = []
+        for a in self.pending:
+            # (a mirror table's keys files stay: the round that rolls forward deletes them)
+            cut = _only(a, {t for t in a.files if watermarks.get(t, -1) < a.offset} | set(a.deleted_keys))
+            if cut is not None or not any((*a.files.values(), *a.deleted_keys.values())):
+                out.append(cut or a)
+        self.pending = out
+
+    def announced(self, table: str, watermark: int) -> None:
+        """A CommitToTable for ``table`` up to ``watermark`` is on the log (or being sent)."""
+        self.announced_to[table] = max(self.announced_to.get(table, -1), watermark)
+
+    def announced_through(self, table: str) -> int:
+        return self.announced_to.get(table, -1)
 
     def plan_commit(self) -> tuple[list[Accepted], Checkpoint]:
         """Every accepted response, with the checkpoint a commit of them establishes. They stay
@@ -314,6 +346,18 @@ class CoordinatorState:
     def take_rejected(self) -> list[Rejected]:
         out, self.rejected = self.rejected, []
         return out
+
+
+def _only(a: Accepted, keep: AbstractSet[str]) -> Accepted | None:
+    """``a`` with the files of the tables in ``keep`` (``a`` itself if that is all of them);
+    None if none is left."""
+    files = {t: fs for t, fs in a.files.items() if t in keep}
+    keys = {t: fs for t, fs in a.deleted_keys.items() if t in keep}
+    if not any(files.values()) and not any(keys.values()):
+        return None
+    if len(files) == len(a.files) and len(keys) == len(a.deleted_keys):
+        return a
+    return replace(a, files=files, deleted_keys=keys)
 
 
 def checkpoint_event(

@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     # Table commits in this many processes of their own, beside the threads (coordinator/commit_processes.py);
     # 0: on the threads, in the replica's process.
     commit_processes: int = Field(0, alias="iceberg.control.commit.processes", ge=0, le=64)
+    # A table whose commit keeps failing this long is parked: the round goes on without it
+    # (coordinator/parking.py, docs/commits.md "Parked tables").
+    commit_park_after_ms: int = Field(60_000, alias="iceberg.control.commit.park-after-ms", ge=0)
     value_converter: str = Field(JSON_CONVERTER, alias="value.converter")
     value_converter_schemas_enable: bool = Field(False, alias="value.converter.schemas.enable")
     key_converter: str = Field(STRING_CONVERTER, alias="key.converter")
@@ -214,7 +217,9 @@ class Settings(BaseSettings):
                 "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable",
                 "worker.after-early-write", "coordinator.commit-process.after-commit"], ...
     ] = Field((), alias="fault.crash-at")
-    fault_hold_at: tuple[Literal["coordinator.after-table-commit", "worker.spark-start"], ...] = Field((), alias="fault.hold-at")
+    fault_hold_at: tuple[
+        Literal["coordinator.after-table-commit", "coordinator.in-table-commit", "worker.spark-start"], ...
+    ] = Field((), alias="fault.hold-at")
     # What config-provider references resolved to: secrets wherever they landed (no config key).
     provided_values: tuple[SecretStr, ...] = Field((), alias="<config provider values>")
 

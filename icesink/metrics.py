@@ -214,3 +214,11 @@ class Metrics:
         self.commit_retrying = Gauge(
             "icesink_commit_retrying", "1 while a table commit is failing and being retried",
             ["table"], registry=r)
+        self.table_parked = Gauge(
+            "icesink_table_parked",
+            "1 while a table is parked: its commits kept failing, its data and the checkpoint are held for it "
+            "while every other table keeps committing (see /status parked)", ["table"], registry=r)
+        self.commits_announced_late = Counter(
+            "icesink_commits_announced_late_total",
+            "Table commits announced (CommitToTable) by a later attempt or coordinator: the one that made the "
+            "snapshot stopped before announcing it", registry=r)

@@ -1,0 +1,290 @@
+"""One table's failure is that table's (coordinator/parking.py), and every table commit is
+announced (coordinator/service.py), against a real SQLite catalog with the control topic faked:
+
+- a table whose commit keeps failing is parked after ``iceberg.control.commit.park-after-ms``:
+  the round commits the other table and ends with a CommitComplete that keeps the checkpoint of
+  the last round every table holds; the parked table's part stays pending (its files only),
+  shown in /status and metrics; once it can commit, every held round goes in, exactly once;
+- a table that already holds a round without its CommitToTable on the log (an attempt whose
+  announcement failed, a coordinator stopped in between) is announced by the next attempt;
+- a stop (``drain``) lets the table commits in flight finish and abandons a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from coordinator import service
+from coordinator.service import Coordinator
+from coordinator.state import Accepted, CoordinatorState
+from icesink.config import load_settings
+from icesink.errors import TableChangedError
+from icesink.metrics import Metrics
+from icesink.offload import Offload
+from icesink.protocol import (
+    Claim, CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, OffsetRange, Position, Resume,
+    StartCommit, TopicPartition,
+)
+from tests.unit.test_coordinator_commit import FakeReader, FlakyProducer, data_file, rows
+
+TP = TopicPartition("src", 0)
+
+
+def coordinator(tmp_path: Any, catalog: Any, producer: Any, **extra: str) -> Coordinator:
+    settings = load_settings(None, None, {"topics": "src", "iceberg.tables": "db.a,db.b",
+                                          "iceberg.catalog.type": "sql", "state.dir": str(tmp_path / "state"),
+                                          **extra})
+
+    async def make() -> Coordinator:
+        return Coordinator(settings, "127.0.0.1:9", producer, catalog, Offload(2), Metrics(CollectorRegistry()))
+
+    coord = asyncio.run(make())
+    coord.epoch = 1
+    coord._reader = FakeReader()  # type: ignore[assignment]
+    st = CoordinatorState()
+    for off, ev in enumerate([Claim("w1", 1, (TP,)), Resume(1, "w1", 1, (Position(TP, 0),))]):
+        st.apply(off, ev)
+    coord.state = st
+    return coord
+
+
+def respond(coord: Coordinator, catalog: Any, round_id: str, start: int, ids: list[int]) -> None:
+    """A round answered by w1 with ``ids`` for both tables: [start, start + len(ids))."""
+    st = coord.state
+    files = {t: data_file(catalog.load_table(t), f"{t}-{round_id}", ids) for t in ("db.a", "db.b")}
+    off = st.last_offset + 1
+    for ev in [StartCommit(1, round_id),
+               DataWritten(round_id, round_id, "w1", "db.a", (files["db.a"],)),
+               DataWritten(round_id, round_id, "w1", "db.b", (files["db.b"],)),
+               DataComplete(round_id, round_id, "w1", 1, (OffsetRange(TP, start, start + len(ids)),), 2, None)]:
+        st.apply(off, ev)
+        off += 1
+
+
+def failing_for(monkeypatch: Any, bad: set[str]) -> list[str]:
+    """commit_table raises TableChangedError (retriable) for the tables in ``bad`` (a set the
+    test may change); the calls, by table."""
+    real = service.commit_table
+    calls: list[str] = []
+
+    def commit(catalog: Any, table: str, *a: Any, **k: Any) -> Any:
+        calls.append(table)
+        if table in bad:
+            raise TableChangedError(f"table {table}: expected it in catalog t, found none: dropped")
+        return real(catalog, table, *a, **k)
+
+    monkeypatch.setattr(service, "commit_table", commit)
+    return calls
+
+
+def done_events(producer: FlakyProducer) -> list[CommitComplete]:
+    return [e for e in producer.sent if isinstance(e, CommitComplete)]
+
+
+def test_a_table_that_keeps_failing_is_parked_and_the_other_commits_every_round(tmp_path, two_tables, monkeypatch):
+    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr("coordinator.parking.RETRY_BASE_S", 0.0)
+    bad = {"db.b"}
+    calls = failing_for(monkeypatch, bad)
+    producer = FlakyProducer(CommitToTable, fail=0)
+    coord = coordinator(tmp_path, two_tables, producer, **{"iceberg.control.commit.park-after-ms": "50"})
+
+    bad.clear()
+    respond(coord, two_tables, "r0", 0, [0])  # a round every table holds
+    asyncio.run(coord._commit("r0", partial=False))
+    [r0] = done_events(producer)
+    assert (r0.through, r0.positions, r0.replay_from) == (5, (Position(TP, 1),), 6)
+    bad.add("db.b")
+    respond(coord, two_tables, "r1", 1, [1, 2, 3])
+    asyncio.run(coord._commit("r1", partial=False))
+    assert rows(two_tables, "db.a") == 4 and rows(two_tables, "db.b") == 1
+    assert calls.count("db.b") >= 3  # retried before it was parked
+    first = done_events(producer)[-1]
+    # The checkpoint of the last round every table holds, not past any of db.b's data.
+    assert (first.commit_id, first.through, first.positions, first.replay_from) == ("r1", 5, (Position(TP, 1),), 6)
+    [held] = coord.state.pending
+    assert set(held.files) == {"db.b"}  # only what the parked table lacks is kept
+    parked = coord.status["parked"]["db.b"]
+    assert parked["held_responses"] == 1 and parked["held_files"] == 1 and "TableChangedError" in parked["error"]
+    assert coord.metrics.table_parked.labels(table="db.b")._value.get() == 1
+    assert coord.metrics.table_parked.labels(table="db.a")._value.get() == 0
+
+    # Another round: db.a commits again; db.b gets one attempt and stays parked.
+    before = calls.count("db.b")
+    respond(coord, two_tables, "r2", 4, [4, 5])
+    asyncio.run(coord._commit("r2", partial=False))
+    assert rows(two_tables, "db.a") == 6 and rows(two_tables, "db.b") == 1
+    assert calls.count("db.b") == before + 1
+    second = done_events(producer)[-1]
+    assert (second.through, second.positions, second.replay_from) == (5, (Position(TP, 1),), 6)
+    assert [set(a.files) for a in coord.state.pending] == [{"db.b"}, {"db.b"}]
+    assert coord.status["parked"]["db.b"]["held_responses"] == 2
+
+    # The table is back: both held rounds go into one snapshot, and the checkpoint moves on.
+    bad.clear()
+    respond(coord, two_tables, "r3", 6, [6])
+    asyncio.run(coord._commit("r3", partial=False))
+    assert rows(two_tables, "db.a") == 7 and rows(two_tables, "db.b") == 7
+    assert sorted(two_tables.load_table("db.b").scan().to_arrow()["id"].to_pylist()) == [0, 1, 2, 3, 4, 5, 6]
+    last = done_events(producer)[-1]
+    assert last.positions == (Position(TP, 7),) and last.through == coord.state.last_offset
+    assert not coord.state.pending and coord.status["parked"] == {}
+    assert coord.metrics.table_parked.labels(table="db.b")._value.get() == 0
+    assert len(two_tables.load_table("db.b").snapshots()) == 2  # r0's, then one for every held round
+    announced = [(e.table, e.commit_id) for e in producer.sent if isinstance(e, CommitToTable)]
+    assert announced == [("db.a", "r0"), ("db.b", "r0"), ("db.a", "r1"), ("db.a", "r2"), ("db.a", "r3"),
+                         ("db.b", "r3")]
+
+
+def test_a_parked_table_waits_for_its_backoff_and_an_error_no_retry_mends_is_not_parked(
+        tmp_path, two_tables, monkeypatch):
+    from icesink.errors import ProtocolError
+
+    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    bad = {"db.b"}
+    calls = failing_for(monkeypatch, bad)
+    producer = FlakyProducer(CommitToTable, fail=0)
+    coord = coordinator(tmp_path, two_tables, producer, **{"iceberg.control.commit.park-after-ms": "0"})
+    respond(coord, two_tables, "r1", 0, [1])
+    asyncio.run(coord._commit("r1", partial=False))
+    assert calls.count("db.b") == 1  # parked at its first failure (park-after 0)
+    respond(coord, two_tables, "r2", 1, [2])
+    asyncio.run(coord._commit("r2", partial=False))
+    assert calls.count("db.b") == 1, "tried again before its backoff (2 s) was over"
+    assert rows(two_tables, "db.a") == 2 and coord.status["parked"]["db.b"]["next_try_s"] > 0
+
+    def unreadable(catalog: Any, table: str, *a: Any, **k: Any) -> Any:
+        raise ProtocolError(f"table {table} property icesink.g.state: expected icesink sink state JSON, found 'x'")
+
+    monkeypatch.setattr(service, "commit_table", unreadable)
+    coord = coordinator(tmp_path / "2", two_tables, producer, **{"iceberg.control.commit.park-after-ms": "0"})
+    respond(coord, two_tables, "r1", 0, [1])
+    with pytest.raises(ProtocolError):
+        asyncio.run(coord._commit("r1", partial=False))
+    assert coord.status["phase"] == "round-failed" and not coord.status.get("parked")
+
+
+def test_a_table_holding_a_round_without_its_announcement_is_announced_by_the_retry(tmp_path, two_tables, monkeypatch):
+    """db.a commits, its CommitToTable send fails; the retry finds db.a holding the round (the
+    watermark skips it) and must announce it: it used to announce nothing."""
+    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    producer = FlakyProducer(CommitToTable, fail=1)
+    coord = coordinator(tmp_path, two_tables, producer)
+    respond(coord, two_tables, "r1", 0, [1, 2, 3])
+    asyncio.run(coord._commit("r1", partial=False))
+    assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3
+    announced = sorted((e.table, e.commit_id) for e in producer.sent if isinstance(e, CommitToTable))
+    assert announced == [("db.a", "r1"), ("db.b", "r1")]
+    [late] = [e for e in producer.sent if isinstance(e, CommitToTable) and e.table == "db.a"]
+    assert late.snapshot_id == two_tables.load_table("db.a").current_snapshot().snapshot_id
+    assert late.records == 3 and late.files == 1
+    assert coord.metrics.commits_announced_late._value.get() == 1
+
+
+def test_a_stop_waits_for_the_commit_in_flight_and_abandons_a_retry(tmp_path, two_tables, monkeypatch):
+    import threading
+
+    real = service.commit_table
+    release = threading.Event()
+
+    def slow(catalog: Any, table: str, *a: Any, **k: Any) -> Any:
+        release.wait(5)
+        return real(catalog, table, *a, **k)
+
+    monkeypatch.setattr(service, "commit_table", slow)
+    producer = FlakyProducer(CommitToTable, fail=0)
+    coord = coordinator(tmp_path, two_tables, producer)
+    respond(coord, two_tables, "r1", 0, [1, 2])
+
+    async def stop_mid_commit() -> None:
+        coord._commit_task = asyncio.create_task(coord._commit("r1", partial=False))
+        await asyncio.sleep(0.2)
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, release.set)
+        await coord.drain(10)
+        assert coord._commit_task.done()
+
+    asyncio.run(stop_mid_commit())
+    assert [type(e).__name__ for e in producer.sent] == ["CommitToTable", "CommitToTable", "CommitComplete"]
+
+    # A table commit failing during the stop is not retried: the round stays pending.
+    failing_for(monkeypatch, {"db.a"})
+    producer = FlakyProducer(CommitToTable, fail=0)
+    coord = coordinator(tmp_path / "2", two_tables, producer)
+    respond(coord, two_tables, "r1", 0, [1, 2])
+
+    async def stop_mid_retry() -> None:
+        coord._commit_task = asyncio.create_task(coord._commit("r1", partial=False))
+        await asyncio.sleep(0.3)  # the first attempt failed; it waits to retry
+        await coord.drain(10)
+        assert coord._commit_task.done()
+        with pytest.raises(service.Abandoned):
+            coord._commit_task.result()
+        coord._reap_commit_task()  # a stop: not a failure of the coordinator
+
+    asyncio.run(stop_mid_retry())
+    assert not producer.sent and len(coord.state.pending) == 1
+
+
+def test_recovery_keeps_only_what_the_tables_lack():
+    st = CoordinatorState()
+    f = FileInfo("file:///wh/x.parquet", 1, 1, 0)
+    st.pending = [Accepted(5, "r", "w", (), {"db.a": (f,), "db.b": (f,)}, None),
+                  Accepted(9, "r", "w", (), {"db.a": (f,), "db.b": (f,)}, None),
+                  Accepted(11, "r", "w", (), {}, None)]
+    st.lacking({"db.a": 20, "db.b": 6})
+    assert [(a.offset, set(a.files)) for a in st.pending] == [(9, {"db.b"}), (11, set())]
+    st.committed(list(st.pending), held={"db.b"})
+    assert [(a.offset, set(a.files)) for a in st.pending] == [(9, {"db.b"})]
+    st.apply(12, CommitToTable(1, "r", "db.b", 7, 1, 1, 9))
+    assert st.announced_through("db.b") == 9 and st.announced_through("db.a") == -1
+    # A mirror table's deletes-only response held for it keeps its table (its commit finds it
+    # there) and its keys files (deleted by the round that commits them), whatever the watermark.
+    deletes = Accepted(13, "r", "w", (), {"db.m": (), "db.a": (f,)}, None, {"db.m": (f,)})
+    st.pending = [deletes]
+    st.lacking({"db.m": 20, "db.a": 20})
+    assert [(a.files, a.deleted_keys) for a in st.pending] == [({"db.m": ()}, {"db.m": (f,)})]
+    st.pending = [deletes]
+    st.committed([deletes], held={"db.m"})
+    assert [(a.files, a.deleted_keys) for a in st.pending] == [({"db.m": ()}, {"db.m": (f,)})]
+
+
+def test_files_of_a_dropped_table_are_kept_when_read_and_judged_against_its_location_when_it_commits(
+        tmp_path, two_tables, monkeypatch):
+    """A new coordinator replaying a parked (dropped) table's responses cannot check their files
+    against a location: they are kept, not refused (refusing them used to reject the accepted
+    response in replay). Its commit checks them: a table recreated elsewhere stays parked, its
+    files neither committed nor deleted; recreated where they are, it takes them."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    monkeypatch.setattr("coordinator.parking.RETRY_BASE_S", 0.0)
+    producer = FlakyProducer(CommitToTable, fail=0)
+    coord = coordinator(tmp_path, two_tables, producer, **{"iceberg.control.commit.park-after-ms": "0"})
+    location = two_tables.load_table("db.b").location()
+    f = data_file(two_tables.load_table("db.b"), "db.b-r1", [1, 2])
+    two_tables.drop_table("db.b")
+    events = [StartCommit(1, "r1"), DataWritten("r1", "x", "w1", "db.b", (f,)),
+              DataComplete("r1", "x", "w1", 1, (OffsetRange(TP, 0, 2),), 1, None)]
+
+    async def read() -> None:
+        for off, ev in enumerate(events, start=2):
+            assert await coord._admit(off, ev)
+            coord.state.apply(off, ev)
+
+    asyncio.run(read())
+    assert not coord.state.take_rejected() and len(coord.state.pending) == 1
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    two_tables.create_table("db.b", schema=schema, location=f"{tmp_path}/elsewhere")
+    asyncio.run(coord._commit("r1", partial=False))
+    assert "outside it" in coord.status["parked"]["db.b"]["error"] and rows(two_tables, "db.b") == 0
+    assert os.path.exists(f.path.removeprefix("file://"))
+    two_tables.drop_table("db.b")
+    two_tables.create_table("db.b", schema=schema, location=location)
+    asyncio.run(coord._commit("r2", partial=False))
+    assert rows(two_tables, "db.b") == 2 and not coord.status["parked"] and not coord.state.pending
