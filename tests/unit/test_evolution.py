@@ -344,6 +344,7 @@ def test_coordinator_applies_before_start_commit_once_per_table():
     c.offload, c.producer, c.metrics, c.status = Offload(), Producer(), Metrics(), {}
     c.state = CoordinatorState()
     c._round_sent = c._commit_task = None
+    c._draining = service.asyncio.Event()
     c._next_round_at = 0.0
     for i, ev in enumerate([SchemaProposal("w1", "db.t", "{}"), SchemaProposal("w2", "db.t", "{}"),
                             SchemaProposal("w1", "db.bad", "{}")]):
