@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -88,9 +89,9 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._leader = leader
         self.bootstrap = bootstrap
         self.metrics = metrics
-        self.worker_id = settings.worker_id or (
-            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        )
+        # A plain name (icesink.config.WORKER_ID): it names this replica's directories and files.
+        default = re.sub(r"[^A-Za-z0-9._-]", "_", f"{socket.gethostname()[:100]}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        self.worker_id = settings.worker_id or (default if default[0].isalnum() else f"w{default}")
         metrics.info.labels(group=settings.group_id, worker=self.worker_id).set(1)
         metrics.commit_interval.set(settings.commit_interval_ms / 1000)
         self.offload = Offload()
