@@ -47,6 +47,7 @@ from agents.rounds import Rounds
 from agents.routing import Router
 from agents.tables import Target, load_target
 from agents.tasks import EpochGate, TaskOwner, highwater, supervise_coordinator
+from agents.write_failures import WriteFailures
 from icesink import gc_tuning
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
@@ -116,6 +117,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             warm_up_rows=settings.write_warm_up_rows,
             class_archive=settings.write_class_archive,
         ))
+        self.write_failures = WriteFailures(settings.write_failure_limit)
         self.generation = -1
         self.member_id: str | None = None
         self.status: dict[str, Any] = {"worker": self.worker_id, "phase": "starting"}

@@ -182,6 +182,9 @@ class Settings(BaseSettings):
     write_warm_up_rows: int = Field(20_000, alias="write.warm-up-rows", ge=0)
     # A local session's JVM maps the class-data archive `icesink spark-archive` built, if any.
     write_class_archive: bool = Field(True, alias="write.class-archive-enabled")
+    # Writes (rounds' and early ones) that may fail in a row, retried with capped backoff, before
+    # the replica stops with exit code 2 (agents/write_failures.py).
+    write_failure_limit: int = Field(5, alias="write.failure-limit", ge=1)
     metrics_port: int = Field(9400, alias="metrics.port", ge=0, le=65535)
     # Interface of /metrics and /status: all (IPv4) by default, as Prometheus exporters do.
     metrics_host: str = Field("0.0.0.0", alias="metrics.host", min_length=1)
