@@ -27,12 +27,22 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def _worker(config: dict[str, Any], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
-    path = cwd / "sink.json"
-    path.write_text(json.dumps(config))
+def _worker(tmp_path: Path, broker: Any, catalog_props: dict[str, str], group: str, port: int,
+            **settings: Any) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """A worker process run from ``tmp_path/run`` (its own directory), logging to
+    ``tmp_path/worker.log``, with 2 s rounds and ``settings``: the process, its log, its directory."""
+    run, log = tmp_path / "run", tmp_path / "worker.log"
+    run.mkdir()
+    config = {
+        "iceberg.catalog": "it", **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
+        "bootstrap.servers": broker.bootstrap, "group.id": group, "iceberg.control.topic": f"{group}-control",
+        "iceberg.control.commit.interval-ms": 2000, "consumer.session-timeout-ms": 6000,
+        "spark.master": "local[1]", "metrics.port": port, "shutdown.timeout-ms": 15000, **settings,
+    }
+    (run / "sink.json").write_text(json.dumps(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICESINK_")}
-    return subprocess.Popen([sys.executable, "-m", "icesink", "worker", "--config", str(path)], cwd=cwd,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "icesink", "worker", "--config", "sink.json"], cwd=run,
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True), log, run
 
 
 @pytest.mark.timeout(400)
@@ -47,17 +57,9 @@ def test_a_worker_id_that_is_a_path_is_refused_at_start_and_deletes_nothing(
     victim.mkdir()
     (victim / "keep.txt").write_text("not icesink's")
     worker_id = str(victim) if kind == "absolute" else "../precious"
-    run = tmp_path / "run"
-    run.mkdir()
-    log = tmp_path / "worker.log"
-    proc = _worker({
-        "topics": "paths-ids", "iceberg.tables": "paths.ids", "iceberg.catalog": "it",
-        **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
-        "iceberg.tables.auto-create-enabled": "true", "bootstrap.servers": broker.bootstrap,
-        "group.id": f"paths-ids-{kind}", "iceberg.control.topic": f"paths-ids-{kind}-control",
-        "spark.master": "local[1]", "state.dir": str(state), "worker.id": worker_id,
-        "metrics.port": free_port(), "shutdown.timeout-ms": 5000,
-    }, run, log)
+    proc, log, _ = _worker(tmp_path, broker, catalog_props, f"paths-ids-{kind}", free_port(), **{
+        "topics": "paths-ids", "iceberg.tables": "paths.ids", "iceberg.tables.auto-create-enabled": "true",
+        "state.dir": str(state), "worker.id": worker_id})
     try:
         deadline = time.monotonic() + 300
         while proc.poll() is None and (victim / "keep.txt").exists() and time.monotonic() < deadline:
@@ -117,22 +119,13 @@ def test_a_worker_with_the_default_relative_state_dir_writes_many_tables_warms_u
 
     topic, n_tables, per_wave = "paths-rel", 12, 20
     asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
-    run = tmp_path / "run"
-    run.mkdir()
     port = free_port()
-    log = tmp_path / "worker.log"
-    proc = _worker({  # no state.dir: the default "var", relative to the worker's directory
-        "topics": topic, "iceberg.tables": "", "iceberg.catalog": "it",
-        **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
-        "iceberg.tables.auto-create-enabled": "true", "iceberg.tables.route-field": "tenant",
-        "iceberg.tables.dynamic-enabled": "true", "bootstrap.servers": broker.bootstrap,
-        "group.id": "paths-rel", "iceberg.control.topic": "paths-rel-control",
-        "iceberg.control.commit.interval-ms": 2000, "iceberg.control.commit.timeout-ms": 30000,
-        "consumer.session-timeout-ms": 6000, "spark.master": "local[1]", "metrics.port": port,
-        "shutdown.timeout-ms": 15000, "worker.id": "rel1",
+    proc, log, run = _worker(tmp_path, broker, catalog_props, "paths-rel", port, **{  # no state.dir: "var"
+        "topics": topic, "iceberg.tables": "", "iceberg.tables.auto-create-enabled": "true",
+        "iceberg.tables.route-field": "tenant", "iceberg.tables.dynamic-enabled": "true",
+        "iceberg.control.commit.timeout-ms": 30000, "worker.id": "rel1",
         # every write, the warm-up's and compaction's too, goes through <state.dir>/staging
-        "write.staging": "always", "maintenance.compaction.min-input-files": 2,
-    }, run, log)
+        "write.staging": "always", "maintenance.compaction.min-input-files": 2})
     catalog = load_catalog("it", **catalog_props)
     names = [f"rel.t{i:02d}" for i in range(n_tables)]
     try:
@@ -187,21 +180,12 @@ def test_a_write_that_keeps_failing_stops_the_replica_loudly_and_one_a_retry_men
         blockers[t].write_text("a file where the table's data directory should be")
         catalog.create_table(f"fail.{t}", Schema(NestedField(1, "t", StringType()), NestedField(2, "id", StringType())),
                              properties={"write.data.path": f"{blockers[t]}/data"})
-    run = tmp_path / "run"
-    run.mkdir()
     port = free_port()
-    log = tmp_path / "worker.log"
-    proc = _worker({
-        "topics": topic, "iceberg.tables": "fail.a,fail.b", "iceberg.catalog": "it",
-        **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
-        "iceberg.tables.route-field": "t", "iceberg.table.fail.a.route-regex": "a",
-        "iceberg.table.fail.b.route-regex": "b", "bootstrap.servers": broker.bootstrap,
-        "group.id": "paths-fail", "iceberg.control.topic": "paths-fail-control",
-        "iceberg.control.commit.interval-ms": 2000, "iceberg.control.commit.timeout-ms": 5000,
-        "consumer.session-timeout-ms": 6000, "spark.master": "local[1]", "metrics.port": port,
-        "shutdown.timeout-ms": 15000, "state.dir": str(tmp_path / "state"), "worker.id": "fail1",
-        "write.failure-limit": 3,
-    }, run, log)
+    proc, log, _ = _worker(tmp_path, broker, catalog_props, "paths-fail", port, **{
+        "topics": topic, "iceberg.tables": "fail.a,fail.b", "iceberg.tables.route-field": "t",
+        "iceberg.table.fail.a.route-regex": "a", "iceberg.table.fail.b.route-regex": "b",
+        "iceberg.control.commit.timeout-ms": 5000, "state.dir": str(tmp_path / "state"), "worker.id": "fail1",
+        "write.failure-limit": 3})
     seen: list[dict[str, Any]] = []
 
     def failing() -> dict[str, Any] | None:
