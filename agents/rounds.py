@@ -22,7 +22,7 @@ from agents.respond import send_response
 from agents.source_consumer import driver
 from agents.tasks import highwater, unless_moved
 from agents.worker_state import WorkerState
-from icesink.errors import ResponseSendError, is_retriable
+from icesink.errors import ResponseSendError, WritesKeepFailing, is_retriable
 from icesink.protocol import CommitComplete, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
 from icesink.faults import crash_point, die, should_crash
 from icesink.iceberg import to_file_info
@@ -72,6 +72,10 @@ class Rounds(WorkerState):
             # Mid-rebalance: answer once the new assignment is settled, never skip a round.
             await self._rebalanced.wait()
             await self._spark_ready
+            if (wait_s := self.write_failures.wait_s()) > 0:  # after a failed write: capped backoff
+                log.info("round %s not answered, data kept: %d writes failed in a row, retrying in %.0f s",
+                         commit_id, self.write_failures.in_a_row, wait_s)
+                return
             try:
                 ready = await self._evolution_ready()
             except Exception as exc:  # the catalog is down: the data waits for the next round
@@ -118,7 +122,9 @@ class Rounds(WorkerState):
                     self.fail(exc)
                     return
                 log.error("writing files for round %s failed, data kept for the next round: %s", commit_id, exc)
+                self._write_failed(exc)
                 return
+            self._write_succeeded()
             wrote_s = time.monotonic() - started
             self.metrics.write_duration.observe(wrote_s)
             sending = time.monotonic()
@@ -168,7 +174,7 @@ class Rounds(WorkerState):
         its round has little left to write. One at a time, never beside a round's answer."""
         limit = self.settings.buffer_write_ahead_bytes
         if (not limit or self.buffers.nbytes < limit or self._writing_early or self._respond_lock.locked()
-                or not self._rebalanced.is_set() or not self._spark_ready.done()):
+                or not self._rebalanced.is_set() or not self._spark_ready.done() or self.write_failures.wait_s()):
             return
         self._writing_early = True
         self._owner.spawn(self._write_early(), "early write")
@@ -200,7 +206,9 @@ class Rounds(WorkerState):
                         self.fail(exc)
                     else:
                         log.error("an early write failed, its rows stay buffered for their round: %s", exc)
+                        self._write_failed(exc)
                     return
+                self._write_succeeded()
                 landed = self.buffers.land(stage, files)
                 if landed is not None:  # fault tests: files written, named by no event yet
                     crash_point(self.settings, "worker.after-early-write")
@@ -215,6 +223,23 @@ class Rounds(WorkerState):
         finally:
             self._writing_early = False
         self._maybe_write_early()  # what came in meanwhile may be past the mark already
+
+    def _write_failed(self, exc: Exception) -> None:
+        """Count a failed write (agents/write_failures.py): in the log, /status and a metric; at
+        ``write.failure-limit`` in a row the replica stops with exit code 2."""
+        give_up = self.write_failures.failed(exc)
+        self.metrics.write_failures_in_a_row.set(self.write_failures.in_a_row)
+        self.status["write_failures"] = self.write_failures.status()
+        if give_up:
+            self.fail(WritesKeepFailing(f"{self.write_failures.reason()}; stopping the replica (its partitions' "
+                                        f"data is read again by their next owner)"))
+
+    def _write_succeeded(self) -> None:
+        if self.write_failures.in_a_row:
+            log.info("writing files succeeded again after %d failed writes", self.write_failures.in_a_row)
+            self.write_failures.succeeded()
+            self.metrics.write_failures_in_a_row.set(0)
+            self.status.pop("write_failures", None)
 
     def _early_ready(self) -> Callable[[Chunk], bool]:
         """Chunks an early write may take: no mirror table (a round collapses its changes by

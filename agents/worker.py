@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -46,6 +47,7 @@ from agents.rounds import Rounds
 from agents.routing import Router
 from agents.tables import Target, load_target
 from agents.tasks import EpochGate, TaskOwner, highwater, supervise_coordinator
+from agents.write_failures import WriteFailures
 from icesink import gc_tuning
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
@@ -92,9 +94,9 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self._leader = leader
         self.bootstrap = bootstrap
         self.metrics = metrics
-        self.worker_id = settings.worker_id or (
-            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        )
+        # A plain name (icesink.config.WORKER_ID): it names this replica's directories and files.
+        default = re.sub(r"[^A-Za-z0-9._-]", "_", f"{socket.gethostname()[:100]}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        self.worker_id = settings.worker_id or (default if default[0].isalnum() else f"w{default}")
         metrics.info.labels(group=settings.group_id, worker=self.worker_id).set(1)
         metrics.commit_interval.set(settings.commit_interval_ms / 1000)
         self.offload = Offload()
@@ -119,6 +121,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             warm_up_rows=settings.write_warm_up_rows,
             class_archive=settings.write_class_archive,
         ))
+        self.write_failures = WriteFailures(settings.write_failure_limit)
         self.generation = -1
         self.member_id: str | None = None
         self.status: dict[str, Any] = {"worker": self.worker_id, "phase": "starting"}

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from agents.source_consumer import Fetched
     from agents.tables import Target
     from agents.tasks import EpochGate, TaskOwner
+    from agents.write_failures import WriteFailures
     from icesink.config import Settings
     from icesink.control import ControlProducer, ControlReader
     from icesink.protocol import Resume, Rewind, TopicPartition
@@ -52,6 +53,7 @@ class WorkerState:
     router: Router
     evolver: Evolver | None
     spark: SparkFileWriter
+    write_failures: WriteFailures
     generation: int
     member_id: str | None
     status: dict[str, Any]

@@ -68,6 +68,11 @@ _PREFIX_CREATE_PROPS = "iceberg.tables.auto-create-props."
 # Per-table keys iceberg.table.<table>.<prop>: prop -> the map field holding table -> value.
 _TABLE_PROPS = ("partition-by", "route-regex", "timestamp-unit", "timestamp-fields", "id-columns")
 _TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>" + "|".join(_TABLE_PROPS) + ")$")
+#: What a ``worker.id`` may be: it names this replica's directories (staging, Faust's data) and
+#: is part of its data files' names, so a plain name, never a path.
+WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+WORKER_ID_RULE = ("a plain name: 1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit "
+                  "(it names this replica's directories and files, so never a path)")
 #: Units of JSON numbers in timestamp and time columns (agents.convert.EPOCH_UNITS).
 TIMESTAMP_UNITS = ("s", "ms", "us", "ns")
 
@@ -182,11 +187,15 @@ class Settings(BaseSettings):
     write_warm_up_rows: int = Field(20_000, alias="write.warm-up-rows", ge=0)
     # A local session's JVM maps the class-data archive `icesink spark-archive` built, if any.
     write_class_archive: bool = Field(True, alias="write.class-archive-enabled")
+    # Writes (rounds' and early ones) that may fail in a row, retried with capped backoff, before
+    # the replica stops with exit code 2 (agents/write_failures.py).
+    write_failure_limit: int = Field(5, alias="write.failure-limit", ge=1)
     metrics_port: int = Field(9400, alias="metrics.port", ge=0, le=65535)
     # Interface of /metrics and /status: all (IPv4) by default, as Prometheus exporters do.
     metrics_host: str = Field("0.0.0.0", alias="metrics.host", min_length=1)
-    state_dir: Path = Field(Path("var"), alias="state.dir")
-    worker_id: str | None = Field(None, alias="worker.id")
+    # Absolute once loaded (relative: to the directory the process started in), as every path.
+    state_dir: Path = Field(Path("var"), alias="state.dir", validate_default=True)
+    worker_id: str | None = Field(None, alias="worker.id")  # a plain name (WORKER_ID)
     shutdown_timeout_ms: int = Field(30_000, alias="shutdown.timeout-ms", ge=100)
 
     # Table maintenance by the coordinator (coordinator/maintenance.py, docs/maintenance.md).
@@ -248,6 +257,28 @@ class Settings(BaseSettings):
         if v is None or not v.strip():
             return None  # Kafka Connect's default is "": no dead-letter topic
         return v.strip()
+
+    @field_validator("worker_id")
+    @classmethod
+    def _plain_worker_id(cls, v: str | None) -> str | None:
+        if v is not None and not WORKER_ID.fullmatch(v):
+            raise ValueError(WORKER_ID_RULE)
+        return v
+
+    @field_validator("state_dir")
+    @classmethod
+    def _absolute_dir(cls, v: Path) -> Path:
+        return Path(os.path.abspath(v))
+
+    @field_validator("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+    @classmethod
+    def _absolute_file(cls, v: str | None) -> str | None:
+        return os.path.abspath(v) if v is not None and v.strip() else None
+
+    @field_validator("catalog_props")
+    @classmethod
+    def _absolute_catalog_paths(cls, v: dict[str, str]) -> dict[str, str]:
+        return catalog_paths_absolute(v)
 
     @field_validator("spark_remote")
     @classmethod
@@ -476,6 +507,25 @@ class Settings(BaseSettings):
 
     def redactor(self) -> Redactor:
         return Redactor(self.secret_values())
+
+
+def catalog_paths_absolute(props: Mapping[str, str]) -> dict[str, str]:
+    """Catalog properties with their local paths made absolute: a SQLite ``uri``
+    (``sqlite:///relative.db``) and the ``warehouse`` of a catalog that is not REST (where it
+    names a warehouse, not a directory) when it is a plain relative path: table locations
+    written into metadata must not depend on a process's directory."""
+    out = dict(props)
+    uri = out.get("uri", "")
+    if (m := _SQLITE_RELATIVE.fullmatch(uri)) is not None and not m["path"].startswith((":memory:", "file:")):
+        out["uri"] = f"{m['scheme']}:///{os.path.abspath(m['path'])}{m['query'] or ''}"
+    warehouse = out.get("warehouse")
+    rest = out.get("type", "rest" if uri.startswith(("http://", "https://")) else "").lower() == "rest"
+    if warehouse and not rest and "://" not in warehouse and not os.path.isabs(warehouse):
+        out["warehouse"] = os.path.abspath(warehouse)
+    return out
+
+
+_SQLITE_RELATIVE = re.compile(r"(?P<scheme>sqlite(?:\+\w+)?):///(?P<path>[^/?][^?]*)(?P<query>\?.*)?")
 
 
 def _reraise_as(key: str, fn: Any, value: str) -> None:

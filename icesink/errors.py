@@ -123,6 +123,12 @@ class SparkWriteError(IcesinkError):
     retriable = True
 
 
+class WritesKeepFailing(IcesinkError):
+    """Writing files failed ``write.failure-limit`` times in a row, retried with backoff: the
+    replica stops (exit code 2) with the last failure, rather than holding its partitions for
+    ever; their next owner reads the data again."""
+
+
 class ConsumerError(IcesinkError):
     """The source consumer can no longer consume (a batch it cannot decode, a fatal error of its
     group membership or its thread). Fatal for the replica: it stops with a non-zero exit code,

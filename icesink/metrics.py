@@ -91,6 +91,9 @@ class Metrics:
             registry=r)
         self.write_failures = Counter(
             "icesink_write_failures_total", "Spark writes that failed", registry=r)
+        self.write_failures_in_a_row = Gauge(
+            "icesink_write_failures_in_a_row",
+            "Writes that failed since the last that succeeded; at write.failure-limit the replica stops", registry=r)
         self.early_writes = Counter(
             "icesink_early_writes_total",
             "Buffered rows written to data files before their round (buffer.write-ahead-bytes). outcome: "

@@ -49,8 +49,10 @@ def session_conf(user_conf: Mapping[str, str]) -> dict[str, str]:
 
 
 def cache_root() -> Path:
-    """Where icesink keeps what it builds once per machine (``$XDG_CACHE_HOME/icesink``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "icesink"
+    """Where icesink keeps what it builds once per machine (``$XDG_CACHE_HOME/icesink``, else
+    ``~/.cache/icesink``; a relative ``XDG_CACHE_HOME`` is ignored, as the XDG spec says)."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home().absolute() / ".cache") / "icesink"
 
 
 def classes(cache_dir: Path | None = None) -> Path | None:

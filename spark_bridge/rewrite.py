@@ -27,7 +27,6 @@ import logging
 import math
 import re
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ from pyiceberg.table import FileScanTask
 from pyspark.sql import types as st
 
 from icesink.errors import SparkWriteError
+from spark_bridge import staging
 from spark_bridge.schema import arrow_only_column, requires_name_mapping, spark_schema
 from spark_bridge.writer import (
     _WRITE_OPTIONS, SparkFileWriter, _delete_quietly, _filesystem, _is_local, _parquet_options, _place, _spark_uri,
@@ -120,10 +120,7 @@ def _spark_rewrite(
     fs, out_path = _filesystem(table, out_uri)
     if fs.get_file_info(out_path).type != pafs.FileType.NotFound:
         raise FileExistsError(f"output directory {out_uri} already exists: each write needs a fresh file_prefix")
-    base = settings.staging_dir  # else the system's temporary directory
-    if base is not None:
-        Path(base).mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="icesink-rewrite-", dir=base))
+    scratch = staging.scratch(settings.staging_dir, "icesink-rewrite-")
     try:
         paths = _spark_inputs(table, data_files, scratch, local_spark)
         frame = spark.read.schema(spark_schema(table.schema(), field_ids=True)).parquet(*paths)

@@ -37,10 +37,8 @@ import logging
 import math
 import re
 import shutil
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -63,7 +61,7 @@ from pyiceberg.typedef import Record
 from pyspark.sql import types as st
 
 from icesink.errors import ConfigError, SparkWriteError
-from spark_bridge import class_archive
+from spark_bridge import class_archive, staging
 from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories, with_label_columns
 from spark_bridge.localfs import session_conf
 from spark_bridge.schema import arrow_only_column, name_mapping_mismatch, requires_name_mapping, spark_schema
@@ -143,7 +141,7 @@ class SparkSettings:
     # location with the table's FileIO. "auto" stages when the location is not a local path
     # (s3://, gs://, ...: Spark would need the user's hadoop-aws jars) and Spark runs locally.
     stage: Literal["auto", "always", "never"] = "auto"
-    staging_dir: str | None = None  # owned by this writer: emptied on start
+    staging_dir: str | None = None  # this writer's scratch directories (spark_bridge/staging.py)
     # Rows of a throw-away write run twice at start() by a local session (0: none): the JVM
     # loads and compiles the Arrow-to-Parquet path then instead of during the first round.
     warm_up_rows: int = 20_000
@@ -236,8 +234,7 @@ class SparkFileWriter:
 
         s = self._settings
         if s.staging_dir is not None:
-            # Only this writer uses its staging directory: what is left there is from a crash.
-            shutil.rmtree(s.staging_dir, ignore_errors=True)
+            staging.claim(s.staging_dir)  # a crash's leftovers go, if icesink made the directory
         if s.remote is not None:
             spark = SparkSession.builder.remote(s.remote).appName(s.app_name).create()
             for key, value in {**_RUNTIME_CONF, **s.conf}.items():
@@ -305,10 +302,7 @@ class SparkFileWriter:
             st.StructField("amount", st.DoubleType()), st.StructField("flag", st.BooleanType()),
             st.StructField("at", st.TimestampNTZType()),
         ])
-        base = self._settings.staging_dir  # else the system's temporary directory
-        if base is not None:
-            Path(base).mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix="icesink-warm-up-", dir=base))
+        root = staging.scratch(self._settings.staging_dir, "icesink-warm-up-")
         try:
             for i in range(times):
                 if self._spark is None:  # stopped meanwhile
@@ -467,7 +461,7 @@ class SparkFileWriter:
 
         # Staged: Spark writes locally; the footers are read there; then every file is uploaded.
         assert self._settings.staging_dir is not None
-        stage_root = Path(self._settings.staging_dir).resolve() / uuid.uuid4().hex
+        stage_root = staging.scratch(self._settings.staging_dir, "icesink-stage-")
         stage_path = stage_root / "out"
         try:
             local_fs = pafs.LocalFileSystem()
@@ -503,10 +497,7 @@ class SparkFileWriter:
         sp_schema = st.StructType([*first.sp_schema.fields,
                                    *(st.StructField(c, st.StringType(), True) for c in partition_columns[1:]),
                                    st.StructField(column, st.IntegerType(), False)])
-        base = self._settings.staging_dir  # else the system's temporary directory
-        if base is not None:
-            Path(base).mkdir(parents=True, exist_ok=True)
-        stage_root = Path(tempfile.mkdtemp(prefix="icesink-tables-", dir=base))
+        stage_root = staging.scratch(self._settings.staging_dir, "icesink-tables-")
         try:
             n_tasks = max(1, min(sum(w.n_tuples for w in group), self._settings.max_write_tasks,
                                  math.ceil(nbytes / self._settings.bytes_per_write_task)))

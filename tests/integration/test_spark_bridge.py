@@ -58,6 +58,7 @@ from icesink.app.pizzas import PIZZA_SCHEMA
 from icesink.partitioning import build_partition_spec, parse_partition_by
 from icesink.errors import UnsupportedTypeError
 from spark_bridge.schema import arrow_only_column, name_mapping_properties, spark_schema
+from spark_bridge.staging import MARKER
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 from tests.support import duck
 from icesink.app.embedded import free_port
@@ -237,7 +238,7 @@ def test_a_local_session_warms_up_with_a_throw_away_write_and_leaves_nothing(
         warmed.warm_up()
     assert "spark warmed up: 2 writes of 5000 rows" in caplog.text
     assert "warm-up write failed" not in caplog.text
-    assert not any(staging.rglob("*"))
+    assert [p.name for p in staging.rglob("*")] == [MARKER]  # start() made it; the warm-up left nothing
     with pytest.raises(ConfigError, match="write.warm-up-rows"):
         SparkFileWriter(SparkSettings(warm_up_rows=-1))
 
@@ -251,9 +252,12 @@ def test_staged_write_uploads_files_and_cleans_the_staging_dir(
     staged = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-test", stage="always",
                                            staging_dir=str(staging)))
     staging.mkdir()
-    (staging / "left-by-a-crash").write_text("x")
-    staged.start()  # getOrCreate: the module's session; empties its staging dir
-    assert not staging.exists() or not any(staging.iterdir())
+    (staging / MARKER).write_text("")  # made by icesink: a crash's scratch directories go at start
+    (staging / "icesink-stage-x" / "out").mkdir(parents=True)
+    (staging / "icesink-stage-x" / "out" / "part-0.parquet").write_text("x")
+    (staging / "notes").write_text("someone else's")
+    staged.start()  # getOrCreate: the module's session; deletes only icesink's leftovers
+    assert sorted(p.name for p in staging.iterdir()) == [MARKER, "notes"]
     table = create_pizza_table(catalog, "db.staged")
     data = pizzas(table, 5_000, seed=11)
     files = staged.write(table, data, file_prefix="round-1/w")
@@ -261,7 +265,7 @@ def test_staged_write_uploads_files_and_cleans_the_staging_dir(
     for f in files:
         assert f.file_path.startswith(table.location() + "/data/round-1/w/")
         assert f.file_size_in_bytes == os.path.getsize(local_path(f.file_path))
-    assert not any(p.is_file() for p in staging.rglob("*"))
+    assert sorted(p.name for p in staging.rglob("*")) == [MARKER, "notes"]
     table = commit(table, files, "c-1")
     assert duck_count_distinct(table, "order_id") == (5_000, 5_000)
     with pytest.raises(ConfigError, match="write.staging"):

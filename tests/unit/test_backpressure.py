@@ -17,6 +17,7 @@ from agents.source_consumer import Fetched
 from agents.tables import Target
 from agents.tasks import TaskOwner
 from agents.worker import Worker
+from agents.write_failures import WriteFailures
 from icesink.config import build
 from icesink.protocol import CommitRequest, TopicPartition
 from icesink.metrics import Metrics
@@ -59,6 +60,7 @@ class Producer:
 def make_worker(max_bytes: int) -> Worker:
     w = Worker.__new__(Worker)
     w.worker_id = "w1"
+    w.write_failures = WriteFailures(5)
     w.settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
     w.evolver = None
     w.metrics = Metrics()

@@ -65,9 +65,9 @@ def test_environment_overrides_file_and_flags_override_environment(tmp_path):
 
 
 def test_toml_with_nested_tables(tmp_path):
-    text = 'topics = "a"\n[iceberg]\ntables = "db.t"\n[iceberg.catalog]\ntype = "sql"\nuri = "sqlite:///x.db"\n'
+    text = 'topics = "a"\n[iceberg]\ntables = "db.t"\n[iceberg.catalog]\ntype = "sql"\nuri = "sqlite:////data/x.db"\n'
     s = load_settings(write(tmp_path, text, "c.toml"), {})
-    assert s.catalog_props == {"type": "sql", "uri": "sqlite:///x.db"}
+    assert s.catalog_props == {"type": "sql", "uri": "sqlite:////data/x.db"}
 
 
 def test_partition_by_per_table_and_default(tmp_path):

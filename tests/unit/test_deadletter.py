@@ -26,6 +26,7 @@ from agents.worker import Worker
 from icesink.config import build
 from icesink.errors import ConfigError, DataError
 from agents.source_consumer import Fetched
+from agents.write_failures import WriteFailures
 from icesink.protocol import TopicPartition
 from icesink.metrics import Metrics
 
@@ -263,6 +264,7 @@ def worker_stub(tmp_path, producer, **extra: Any) -> Any:
         targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA, keys=None)},
         deadletters=DeadLetters(s, metrics, "w1", producer=producer),
         router=Router(s), format=RecordFormat(s), debezium=None, evolver=None, _fanout=None,
+        write_failures=WriteFailures(5),
     ).items():
         setattr(stub, name, value)
     stub.buffers.claim(TP, 1)

@@ -14,6 +14,7 @@ from agents.buffer import Buffers, Chunk
 from agents.respond import MAX_EVENT_BYTES, send_response, split_written
 from agents.tables import Target
 from agents.worker import Worker
+from agents.write_failures import WriteFailures
 from coordinator.state import CoordinatorState
 from icesink import protocol
 from icesink.config import build
@@ -145,6 +146,7 @@ class Offload:
 def make_worker(producer: Producer) -> Worker:
     w = Worker.__new__(Worker)
     w.worker_id = "w1"
+    w.write_failures = WriteFailures(5)
     w.settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
     w.metrics = Metrics()
     w.evolver = None
