@@ -24,6 +24,7 @@ from agents.tasks import highwater, unless_moved
 from agents.worker_state import WorkerState
 from icesink.errors import ResponseSendError, WritesKeepFailing, is_retriable
 from icesink.protocol import CommitComplete, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
+from icesink.protocol.fences import worker_files_prefix, worker_prefix
 from icesink.faults import crash_point, die, should_crash
 from icesink.iceberg import to_file_info
 
@@ -39,6 +40,11 @@ def delete_files(paths: list[tuple[Any, str]]) -> None:
         except Exception as exc:
             log.warning("could not delete void file %s (left to the orphan sweep): %s", path, exc)
 
+
+def missing_files(paths: list[tuple[Any, str]]) -> list[str]:
+    """Of data files (``(table, path)``), those that do not exist (deleted by hand, or by a
+    sweep that judged them dead: docs/commits.md, "Orphan files and icesink gc")."""
+    return [path for table, path in paths if not table.io.new_input(path).exists()]
 
 
 class Rounds(WorkerState):
@@ -103,14 +109,15 @@ class Rounds(WorkerState):
                 tables = await self._arrow_tables(snap)
                 deleted = self._collapse_mirrors(tables)
                 self._seq += 1
-                tag = f"{commit_id[:8]}-{self.worker_id}-{self._seq}"
+                prefix = self._file_prefixes(snap, f"{commit_id[:8]}-{self.worker_id}-{self._seq}")
                 files = snap.written_files()  # written early: reported now, with their ranges
-                for name, infos in (await self._write_tables(tables, tag)).items():
+                for name, infos in (await self._write_tables(tables, prefix)).items():
                     files[name] = files.get(name, ()) + infos
                 for name, infos in files.items():
                     keys_files: tuple[FileInfo, ...] = ()
                     if name in deleted:  # a mirror table: the keys whose committed rows go
-                        keys_files = (await self.offload.run(write_keys_file, self.targets[name].table, deleted[name], tag),)
+                        keys_files = (await self.offload.run(write_keys_file, self.targets[name].table, deleted[name],
+                                                             prefix(name)),)
                     written.append(DataWritten(commit_id, response_id, self.worker_id, name, infos, keys_files))
             except Exception as exc:
                 self.metrics.write_failures.inc()
@@ -127,6 +134,8 @@ class Rounds(WorkerState):
             self._write_succeeded()
             wrote_s = time.monotonic() - started
             self.metrics.write_duration.observe(wrote_s)
+            if not await self._early_files_exist(snap, written):
+                return
             sending = time.monotonic()
             try:  # DataWritten split to fit the control topic, then DataComplete
                 sent = await send_response(self.producer, written, lambda n: DataComplete(
@@ -142,6 +151,33 @@ class Rounds(WorkerState):
                      "sent in %.2f s)", commit_id, len(snap.ranges), snap.rows, sum(len(w.files) for w in written),
                      sent, wrote_s, time.monotonic() - sending)
 
+    async def _early_files_exist(self, snap: Snapshot, written: list[DataWritten]) -> bool:
+        """Right before a response reports files written early, check they still exist: one
+        that does not (deleted by hand, or by a sweep that proved no round could commit it)
+        would be committed and break the table. Then nothing is reported: the partitions read
+        their rows again from the range start, and this response's own files are deleted. The
+        round's own files were listed by the write a moment ago."""
+        early = snap.written_files()
+        if not early:
+            return True
+        paths = [(self.targets[name].table, f.path) for name, infos in early.items() if name in self.targets
+                 for f in infos]
+        try:
+            missing = await self.offload.run(missing_files, paths)
+        except Exception as exc:  # noqa: BLE001 - storage unreachable: not reported, read again
+            missing = [f"(not checked: {type(exc).__name__}: {exc})"]
+        if not missing:
+            return True
+        self.metrics.early_writes.labels(outcome="missing").inc(len(missing))
+        log.error("round %s not answered: %d files written early are gone (e.g. %s); their partitions read those "
+                  "rows again", written[0].commit_id if written else "?", len(missing), missing[0])
+        self.buffers.restore(snap)
+        early_paths = {f.path for infos in early.values() for f in infos}
+        own = {w.table: tuple(f for f in (*w.files, *w.deleted_keys) if f.path not in early_paths) for w in written}
+        self._delete_void({name: files for name, files in own.items() if files})
+        self._settle_voided()
+        return False
+
     async def _arrow_tables(self, snap: Snapshot) -> dict[str, pa.Table]:
         """A snapshot's rows per table, cast to each table's schema, concatenated off the event
         loop (about 0.4 s per 1M rows, which ingest would otherwise wait for)."""
@@ -150,11 +186,28 @@ class Rounds(WorkerState):
         cast = self.evolver.conformer(dict(self.targets)) if self.evolver is not None else None
         return await self.offload.run(snap.tables, cast)
 
-    async def _write_tables(self, tables: dict[str, pa.Table], tag: str) -> dict[str, tuple[FileInfo, ...]]:
+    def _file_prefixes(self, snap: Snapshot, name: str) -> Callable[[str], str]:
+        """Each table's file prefix for a write of ``snap`` (a response's or an early write's):
+        ``name`` fenced by a partition with rows for that table, from where the snapshot's range
+        of it starts (icesink/protocol/fences.py). So once those rows, read again by whoever
+        owns the partition, are committed to the table, its state there shows the file can never
+        be committed, and a sweep may delete it."""
+        group = self.settings.group_id
+        starts = {r.tp: r.start for r in snap.ranges}
+        first: dict[str, str] = {}
+        for c in snap.chunks:
+            for table in c.names():
+                if table not in first:
+                    first[table] = worker_prefix(group, c.tp, starts[c.tp], name)
+        fallback = worker_files_prefix(group, snap.ranges, name)
+        return lambda table: first.get(table, fallback)
+
+    async def _write_tables(self, tables: dict[str, pa.Table],
+                            prefix: Callable[[str], str]) -> dict[str, tuple[FileInfo, ...]]:
         """Every table's rows written through Spark at once (alike tables share one Spark job),
-        files named after ``tag``; their descriptions by table."""
+        files named after ``prefix(table)``; their descriptions by table."""
         names = [name for name, data in tables.items() if data.num_rows]
-        writes = [(self.targets[name].table, tables[name], f"{tag}-{i}") for i, name in enumerate(names)]
+        writes = [(self.targets[name].table, tables[name], f"{prefix(name)}-{i}") for i, name in enumerate(names)]
         results = await self.offload.run(
             self.spark.write_many, writes, target_file_size_bytes=self.settings.target_file_size_bytes,
         ) if writes else []
@@ -191,8 +244,8 @@ class Rounds(WorkerState):
                 started = time.monotonic()
                 self._seq += 1
                 try:
-                    files = await self._write_tables(await self._arrow_tables(stage),
-                                                     f"early-{uuid.uuid4().hex[:8]}-{self.worker_id}-{self._seq}")
+                    name = f"early-{uuid.uuid4().hex[:8]}-{self.worker_id}-{self._seq}"
+                    files = await self._write_tables(await self._arrow_tables(stage), self._file_prefixes(stage, name))
                 except asyncio.CancelledError:  # stopping: the rows go back, as after a failure
                     self.buffers.unstage(stage)
                     raise

@@ -51,7 +51,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from coordinator.committer import TableCache, TableCommit, commit_table
-from coordinator.maintenance import MaintenanceSettings, due_snapshots, plan_compaction
+from coordinator.maintenance import MaintenanceSettings, expiry_due, plan_compaction
 from coordinator.state import Accepted
 from icesink.config import Settings
 from icesink.errors import IcesinkError, is_retriable
@@ -249,6 +249,6 @@ def maintenance_due(tables: TableCache, name: str, s: MaintenanceSettings, compa
     table = tables.get(name)
     if table is None:
         return True
-    if due_snapshots(table, s.snapshot_max_age_ms, s.retain_last, int(time.time() * 1000)):
+    if expiry_due(table, s, int(time.time() * 1000)):
         return True
     return compaction and plan_compaction(table, s, live) is not None

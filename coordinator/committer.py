@@ -39,6 +39,7 @@ from icesink.catalogs import manifests_of, staged_metadata
 from icesink.errors import ControlLogError, FencedError, TableChangedError
 from icesink.iceberg import latest_sink_summary, to_data_file
 from icesink.protocol import FileInfo, SinkState, TopicPartition, state_property, summary_properties
+from icesink.protocol.fences import coordinator_prefix
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,8 @@ def _commit(
     )
     keys = mirrors.keys(table_name, table) if mirrors is not None else None
     index = mirrors.take(table_name, table, keys) if mirrors is not None and keys is not None else None
-    deletes = position_deletes(table, table_name, index, todo) if index is not None else []
+    deletes = (position_deletes(table, table_name, index, todo, coordinator_prefix(group, epoch, "delete"))
+               if index is not None else [])
     try:
         with _MemoTransaction(table) as tx:
             _recheck_on_retry(tx, table_name, group, epoch, applied, log_id, adopted, replan=index is not None)

@@ -58,17 +58,19 @@ class DeletesManifest(ManifestWriterV2):
 
 def write_position_deletes(
     table: Table, deletes: pa.Table, partition: Record | None = None, spec_id: int | None = None,
+    prefix: str = "delete",
 ) -> DataFile:
     """Write ``deletes`` (columns ``file_path``, ``pos``) as one position delete file under the
     table's data location and describe it for a commit. A position delete file belongs to one
     partition: every deleted row's data file must be of ``partition`` under spec ``spec_id``
-    (default: unpartitioned, the table's default spec)."""
+    (default: unpartitioned, the table's default spec). ``prefix`` starts its name (the
+    coordinator's fence: icesink/protocol/fences.py)."""
     if table.format_version < 2:
         raise ValueError(f"table {'.'.join(table.name())}: position deletes need format version 2, "
                          f"found {table.format_version}")
     rows = deletes.select(["file_path", "pos"]).cast(DELETE_SCHEMA)
     rows = rows.take(pc.sort_indices(rows, sort_keys=[("file_path", "ascending"), ("pos", "ascending")]))
-    path = table.location_provider().new_data_location(f"delete-{uuid.uuid4()}.parquet")
+    path = table.location_provider().new_data_location(f"{prefix}-{uuid.uuid4()}.parquet")
     output = table.io.new_output(path)
     with output.create() as stream:
         pq.write_table(rows, stream)

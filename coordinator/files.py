@@ -97,6 +97,7 @@ def delete_uncommitted(
             else:
                 try:
                     table.io.delete(tf.path)
+                    log.info("deleted %s of table %s: its response was rejected or abandoned", tf.path, name)
                 except FileNotFoundError:
                     pass
                 except Exception as exc:  # noqa: BLE001 - cleanup never stops commits; gc retries

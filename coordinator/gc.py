@@ -1,16 +1,21 @@
 """Orphan data files: files under a table's ``data/`` directory that no snapshot references.
 
 The coordinator deletes the files of rejected and abandoned responses itself (state.py,
-``_expire_partials``). What it cannot know about is left to ``icesink gc``: files of a
-worker killed while Spark was writing (never announced), files whose deletion failed, files
-of snapshots expired by another tool. A file is an orphan only if all of these hold:
+``_expire_partials``). What it cannot know about is left to the scheduled sweep
+(coordinator/maintenance.py) and ``icesink gc``: files of a worker killed while Spark was
+writing or after an early write (never announced), files whose deletion failed, files of
+snapshots expired by another tool. A file is deleted only if all of these hold:
 - no snapshot of the table references it (every manifest of every snapshot, deleted entries
   included, is read);
-- no DataWritten event after the coordinator's checkpoint names it (accepted data waiting
-  for a commit, e.g. while the catalog is down, is protected whatever its age);
-- it is older than the grace period (a file Spark is writing now, not yet announced, is
-  young).
-So a committed file is never deleted (tests/integration/test_gc.py).
+- no DataWritten event of the group's control log after its checkpoint names it;
+- it is older than the grace period;
+- its name's fence says no round can commit it any more (icesink/protocol/fences.py): its
+  group's position in the table passed where its response began, or a later coordinator
+  epoch of its group committed to the table. This holds for every group whose state the table
+  holds, whatever its control log. A file without a fence (another tool's, or written before
+  fences) is judged by the first three rules alone.
+Each deletion is logged; a file kept because its group may still commit it is reported
+(docs/commits.md, "Orphan files and icesink gc").
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -27,12 +33,15 @@ from pyiceberg.table import Table
 from icesink.config import Settings
 from icesink.control import ControlReader
 from icesink.errors import ConfigError
-from icesink.protocol import CommitComplete, DataWritten
+from icesink.iceberg import latest_sink_summary
+from icesink.protocol import GROUP, CommitComplete, DataWritten, SinkState
+from icesink.protocol.fences import fence_of, judge
 
 log = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_STATE_KEY = re.compile(r"^icesink\.(.+)\.state$")
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,26 @@ class Orphan:
     path: str
     size_bytes: int
     age_s: float
+    reason: str = "no fence: older than the grace period"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What a sweep of one table found: ``orphans`` to delete, and ``held``, unreferenced
+    files kept because their group may still commit them (with why)."""
+
+    orphans: list[Orphan]
+    held: list[Orphan]
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Files the group's control log names after its checkpoint: written, maybe accepted, not
+    yet committed. ``start``: the control offset read from, ``source``: why there."""
+
+    paths: frozenset[str]
+    start: int
+    source: str
 
 
 def parse_duration(text: str) -> float:
@@ -81,44 +110,79 @@ def referenced_files(table: Table, cache: dict[str, frozenset[str]] | None = Non
     return out
 
 
-def find_orphans(
-    table: Table, older_than_s: float, protected: set[str], now: float | None = None
-) -> list[Orphan]:
-    """Data files under the table's location that are orphans (see module doc)."""
+def sink_states(table: Table) -> dict[str, SinkState]:
+    """The sink state of every group that has committed to the table: the groups of its
+    ``icesink.<group>.state`` properties, and of its snapshots' summaries (older versions)."""
+    groups = {m.group(1) for k in table.metadata.properties if (m := _STATE_KEY.match(k))}
+    groups |= {g for s in table.metadata.snapshots if s.summary is not None and (g := s.summary[GROUP])}
+    out = {}
+    for g in sorted(groups):
+        st = latest_sink_summary(table, g)
+        if st is not None:
+            out[g] = st
+    return out
+
+
+def find_orphans(table: Table, older_than_s: float, protected: Iterable[str], now: float | None = None,
+                 retired: Collection[str] = ()) -> Sweep:
+    """The files under the table's data directory that no snapshot references, sorted into
+    orphans and held files by the rules of the module doc. ``protected``: files the control
+    log names in flight; ``retired``: groups that run nowhere any more."""
     now = time.time() if now is None else now
     referenced = referenced_files(table) | {normalize(p) for p in protected}
+    states = sink_states(table)
     filesystem, root = pafs.FileSystem.from_uri(table.location().rstrip("/") + "/data")
     try:
         infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
     except FileNotFoundError:
-        return []
+        return Sweep([], [])
     scheme = urlparse(table.location()).scheme
-    out = []
+    orphans: list[Orphan] = []
+    held: list[Orphan] = []
     for info in infos:
         if info.type != pafs.FileType.File or normalize(info.path) in referenced:
             continue
         age = now - info.mtime.timestamp() if info.mtime is not None else 0.0
-        if age >= older_than_s:
-            path = info.path if scheme in ("", "file") else f"{scheme}://{info.path}"
-            out.append(Orphan(path, info.size or 0, age))
-    return sorted(out, key=lambda o: o.path)
+        if age < older_than_s:
+            continue
+        path = info.path if scheme in ("", "file") else f"{scheme}://{info.path}"
+        fence = fence_of(info.path[len(root):].lstrip("/"))
+        if fence is None:
+            orphans.append(Orphan(path, info.size or 0, age))
+            continue
+        verdict = judge(fence, states, retired)
+        (orphans if verdict.dead else held).append(Orphan(path, info.size or 0, age, verdict.reason))
+    return Sweep(sorted(orphans, key=lambda o: o.path), sorted(held, key=lambda o: o.path))
 
 
-async def in_flight_files(settings: Settings, bootstrap: str) -> set[str]:
-    """Paths named by DataWritten events from the coordinator's checkpoint (its replay
-    start) to the end of the control log: written, maybe accepted, not yet committed."""
+async def in_flight_files(settings: Settings, bootstrap: str, table_start: int | None = None) -> InFlight:
+    """Paths named by the group's DataWritten events from its replay start to the end of the
+    control log: written, maybe accepted, not yet committed. The replay start is the
+    coordinator's checkpoint's; without a readable checkpoint, ``table_start`` (the lowest
+    ``replay_from`` of the group's state in the tables swept: every event naming a file one of
+    them lacks is at or after it); without either, the log's start (the group never committed)."""
+    group = settings.group_id
     reader = ControlReader(
-        bootstrap, settings.control_topic, settings.group_id, settings.kafka_client_kwargs(),
-        commit_group=f"{settings.group_id}-coordinator",
+        bootstrap, settings.control_topic, group, settings.kafka_client_kwargs(),
+        commit_group=f"{group}-coordinator", secret=settings.control_signing_key(),
     )
     await reader.start()
     try:
-        start = 0
+        log_start = await reader.seek_to_beginning()
+        start: int | None = None
+        source = ""
         committed = await reader.committed()
         if committed is not None:
             cp = await reader.read_one(committed)
-            if isinstance(cp, CommitComplete) and cp.replay_from is not None:
-                start = cp.replay_from
+            if isinstance(cp, CommitComplete):
+                start = cp.replay_from if cp.replay_from is not None else cp.through + 1
+                source = f"the replay start of the checkpoint at control offset {committed}"
+        if start is None and table_start is not None:
+            start, source = table_start, "the replay start in the tables' sink state (no readable checkpoint)"
+        if start is None:
+            start, source = log_start, "the log's start (no checkpoint, no sink state in the tables)"
+        if start < log_start:
+            start, source = log_start, f"the log's start ({source} lies below it)"
         end = await reader.end_offset()
         await reader.seek(start)
         out: set[str] = set()
@@ -126,21 +190,30 @@ async def in_flight_files(settings: Settings, bootstrap: str) -> set[str]:
             batch = await reader.read(1.0)
             out.update(f.path for _, ev in batch if isinstance(ev, DataWritten) for f in (*ev.files, *ev.deleted_keys))
             if not batch and await reader.position() >= end:
-                return out
+                break
+        log.info("control log of group %s read from offset %d (%s) to %d: %d files in flight",
+                 group, start, source, end, len(out))
+        return InFlight(frozenset(out), start, source)
     finally:
         await reader.stop()
 
 
 def delete_orphans(table: Table, orphans: list[Orphan]) -> int:
     """Delete the given orphans, re-checking the references first (a commit may have landed
-    since they were listed). Returns how many were deleted."""
+    since they were listed). Each deletion is logged. Returns how many were deleted."""
     table.refresh()
     still = referenced_files(table)
+    name = ".".join(table.name())
     deleted = 0
     for o in orphans:
         if normalize(o.path) in still:
-            log.warning("%s was committed meanwhile; kept", o.path)
+            log.warning("%s: %s was committed meanwhile; kept", name, o.path)
             continue
-        table.io.delete(o.path)
+        try:
+            table.io.delete(o.path)
+        except FileNotFoundError:
+            continue
+        log.info("%s: deleted orphan file %s (%d bytes, %.1f h old; %s)", name, o.path, o.size_bytes,
+                 o.age_s / 3600, o.reason)
         deleted += 1
     return deleted

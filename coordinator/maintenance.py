@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -44,16 +44,18 @@ from pyiceberg.manifest import (
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.typedef import EMPTY_DICT
-from pyiceberg.table.update.snapshot import _OverwriteFiles
+from pyiceberg.table.update.snapshot import ExpireSnapshots, _OverwriteFiles
 
-from coordinator.committer import TableCache
+from coordinator.committer import TableCache, _MemoTransaction
 from coordinator.deletes import DeletesManifest
-from coordinator.gc import normalize
+from coordinator.gc import InFlight, normalize
 from coordinator.key_index import read_keys
 from coordinator.mirror import MirrorIndexes
 from icesink.catalogs import manifests_of
 from icesink.config import Settings
-from icesink.errors import is_retriable
+from icesink.errors import FencedError, is_retriable
+from icesink.iceberg import latest_sink_summary
+from icesink.protocol.fences import coordinator_prefix
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +75,11 @@ class MaintenanceSettings:
     min_delete_files: int = 1
     target_file_size_bytes: int = 128 * 1024 * 1024
     max_rewrite_bytes: int = 512 * 1024 * 1024
-    snapshot_max_age_ms: int = 24 * 3600 * 1000
+    snapshot_max_age_ms: int = 10 * 60 * 1000
     retain_last: int = 10
     orphans_older_than_ms: int = 3 * 24 * 3600 * 1000
     orphans_every_s: float = 24 * 3600.0
+    control_log_every_s: float = 600.0  # 0: the control log is never truncated
 
     @classmethod
     def of(cls, s: Settings) -> MaintenanceSettings:
@@ -87,6 +90,7 @@ class MaintenanceSettings:
             snapshot_max_age_ms=s.maintenance_snapshot_max_age_ms, retain_last=s.maintenance_retain_last,
             orphans_older_than_ms=s.maintenance_orphans_older_than_ms,
             orphans_every_s=s.maintenance_orphans_every_ms / 1000,
+            control_log_every_s=s.maintenance_control_log_every_ms / 1000,
         )
 
 
@@ -123,17 +127,39 @@ def due_snapshots(table: Table, max_age_ms: int, retain_last: int, now_ms: int) 
     return [s.snapshot_id for s in newest if s.snapshot_id not in keep and now_ms - s.timestamp_ms >= max_age_ms]
 
 
-def _reachable(table: Table, snapshot_ids: Sequence[int], cache: dict[str, frozenset[str]]) -> set[str]:
-    """Manifest lists, manifests, and the data and delete files the given snapshots read."""
+def expiry_due(table: Table, s: MaintenanceSettings, now_ms: int) -> list[int]:
+    """The snapshots an expiry pass removes now: :func:`due_snapshots`, once they are at least
+    a tenth as many as the snapshots kept (and at least one). A table whose oldest snapshot ages
+    out every round is so expired once every tenth of its history, in one metadata commit, not
+    in a commit per round (each rewrites the whole metadata file): it holds between the
+    snapshots its settings keep and a tenth more."""
+    due = due_snapshots(table, s.snapshot_max_age_ms, s.retain_last, now_ms)
+    kept = len(table.metadata.snapshots) - len(due)
+    return due if due and len(due) >= max(1, kept // 10) else []
+
+
+#: Manifest list path -> its manifests; a manifest list never changes once written.
+ManifestLists = dict[str, tuple[ManifestFile, ...]]
+
+
+def _reachable(table: Table, snapshot_ids: Sequence[int], cache: dict[str, frozenset[str]],
+               lists: ManifestLists) -> set[str]:
+    """Manifest lists, manifests, and the data and delete files the given snapshots read.
+    ``cache`` (manifest -> its live files) and ``lists`` are kept by the caller: a walk over the
+    retained snapshots reads only what it has not read before."""
     io, out, seen = table.io, set(), set()
+    by_id = {sn.snapshot_id: sn for sn in table.metadata.snapshots}
     for sid in snapshot_ids:
-        snap = table.metadata.snapshot_by_id(sid)
+        snap = by_id.get(sid)
         if snap is None:
             continue
         out.add(normalize(snap.manifest_list))
-        # Read directly: expiry walks every retained snapshot, which would push the current
-        # lists of the other tables out of manifests_of's cache (the rounds' hot path).
-        for manifest in snap.manifests(io):
+        # Not through manifests_of: expiry walks every retained snapshot, which would push the
+        # current lists of the other tables out of its cache (the rounds' hot path).
+        manifests = lists.get(snap.manifest_list)
+        if manifests is None:
+            manifests = lists[snap.manifest_list] = tuple(snap.manifests(io))
+        for manifest in manifests:
             out.add(normalize(manifest.manifest_path))
             if manifest.manifest_path in seen:
                 continue
@@ -149,30 +175,37 @@ def _reachable(table: Table, snapshot_ids: Sequence[int], cache: dict[str, froze
 
 
 def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock,
-           cache: dict[str, frozenset[str]], now_ms: int | None = None, *, seen: Table | None = None) -> Expired:
-    """Expire what is due and delete the files only expired snapshots referenced. ``seen``: the
-    table as the rounds' last commit left it (:class:`TableCache`); when nothing is due there,
-    the catalog is not asked (a stale view only delays an expiry to a later pass)."""
+           cache: dict[str, frozenset[str]], now_ms: int | None = None, *, seen: Table | None = None,
+           lists: ManifestLists | None = None) -> Expired:
+    """Expire what is due (:func:`expiry_due`) and delete the files only expired snapshots
+    referenced. The table's lock is held for the commit alone (load, re-check, commit): a
+    round's commit never waits behind a walk of the history. The manifests are read outside
+    it: before the commit, what the due snapshots read; after it, what every snapshot left
+    reads. A snapshot committed later than that view reads files its parent reads (this
+    view's current snapshot, or a later one) and files written for it, never one only an
+    expired snapshot read. ``seen``: the table as the rounds' last commit left it
+    (:class:`TableCache`); when nothing is due there, the catalog is not asked (a stale view
+    only delays an expiry to a later pass). ``lists``: manifest lists already read, kept by the
+    caller (see :func:`_reachable`)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    if seen is not None and not due_snapshots(seen, s.snapshot_max_age_ms, s.retain_last, now_ms):
+    lists = {} if lists is None else lists
+    if seen is not None and not expiry_due(seen, s, now_ms):
         return Expired(0, 0)  # the common case: no catalog read, no manifest read
     table = catalog.load_table(name)
-    due = due_snapshots(table, s.snapshot_max_age_ms, s.retain_last, now_ms)
+    due = expiry_due(table, s, now_ms)
     if not due:
         return Expired(0, 0)  # metadata only, no manifest read
-    before = {sn.snapshot_id for sn in table.metadata.snapshots}
-    # Read the manifests outside the lock (the rounds' commits wait on it); under it, only the
-    # snapshots committed meanwhile are read, and what they reference is kept.
-    gone = _reachable(table, due, cache) - _reachable(table, sorted(before - set(due)), cache)
-    with lock:
+    read = _reachable(table, due, cache, lists)
+    with lock:  # the commit alone
         table = catalog.load_table(name)
-        now_ids = {sn.snapshot_id for sn in table.metadata.snapshots}
-        due = [d for d in due_snapshots(table, s.snapshot_max_age_ms, s.retain_last, now_ms) if d in before]
+        still = set(due_snapshots(table, s.snapshot_max_age_ms, s.retain_last, now_ms))
+        due = [d for d in due if d in still]
         if not due:
             return Expired(0, 0)
-        gone -= _reachable(table, sorted(now_ids - before), cache)
-        gone -= _reachable(table, sorted((before - set(due)) & now_ids), cache)  # cached: cheap
-        table.maintenance.expire_snapshots().by_ids(due).commit()
+        # A transaction that stages its metadata once: pyiceberg's deep-copies it at every
+        # read, twice per expired snapshot (seconds under the lock at thousands of snapshots).
+        ExpireSnapshots(_MemoTransaction(table, autocommit=True)).by_ids(due).commit()
+    gone = read - _reachable(table, [sn.snapshot_id for sn in table.metadata.snapshots], cache, lists)
     deleted = 0
     for path in sorted(gone):  # after the commit: a failure above deleted nothing
         try:
@@ -184,6 +217,8 @@ def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.
             log.warning("%s: could not delete %s after expiry: %s", name, path, exc)
     for manifest in [m for m in cache if normalize(m) in gone]:
         cache.pop(manifest, None)
+    for listed in [m for m in lists if normalize(m) in gone]:
+        lists.pop(listed, None)
     log.info("%s: expired %d snapshots, deleted %d files only they referenced", name, len(due), deleted)
     return Expired(len(due), deleted)
 
@@ -308,11 +343,13 @@ class Rewritten:
 
 def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock, rewrite: Rewriter,
             cache: dict[str, tuple[DataFile, ...]] | None = None, mirrors: MirrorIndexes | None = None,
-            *, seen: Table | None = None) -> Rewritten | None:
+            *, seen: Table | None = None, fence: tuple[str, int] | None = None) -> Rewritten | None:
     """One compaction step of table ``name`` (None: nothing due). ``cache``: the table's
     manifest entries (:func:`live_files`), kept by the caller between steps. ``mirrors``: the
     coordinator's key indexes; a mirror table's index moves to the new files in place.
-    ``seen``: as for :func:`expire`: nothing due there, no catalog read."""
+    ``seen``: as for :func:`expire`: nothing due there, no catalog read. ``fence``: the
+    coordinator's group and epoch, named in the new files' prefix (icesink/protocol/fences.py)
+    and checked under the lock before the commit: a coordinator fenced meanwhile commits nothing."""
     if seen is not None and plan_compaction(seen, s, cache) is None:
         return None
     table = catalog.load_table(name)
@@ -320,6 +357,8 @@ def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading
     if plan is None:
         return None
     prefix = f"compacted-{int(time.time() * 1000)}-{threading.get_ident() % 100000}"
+    if fence is not None:
+        prefix = coordinator_prefix(fence[0], fence[1], prefix)
     new = rewrite(table, plan.data, plan.deletes, prefix)
     written, inputs = sum(f.record_count for f in new), sum(f.record_count for f in plan.data)
     if written > inputs or (not plan.deletes and written != inputs):  # the rewriter counts exactly; a guard
@@ -330,7 +369,8 @@ def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading
         moved = _keys_of(table, name, new, keys, (plan.data[0].spec_id, plan.data[0].partition))
     snapshot_id = commit_rewrite(
         catalog, name, plan, new, lock,
-        None if mirrors is None else lambda parent, snap: mirrors.rewritten(name, parent, snap, moved))
+        None if mirrors is None else lambda parent, snap: mirrors.rewritten(name, parent, snap, moved), fence=fence,
+        cache=cache)
     return Rewritten(len(plan.data), len(new), sum(f.file_size_in_bytes for f in plan.data), snapshot_id,
                      len(plan.deletes))
 
@@ -348,19 +388,32 @@ def _keys_of(table: Table, name: str, files: Sequence[DataFile], keys: Sequence[
 
 
 def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFile], lock: threading.Lock,
-                   committed: Callable[[int | None, int | None], Any] | None = None) -> int | None:
+                   committed: Callable[[int | None, int | None], Any] | None = None,
+                   fence: tuple[str, int] | None = None,
+                   cache: dict[str, tuple[DataFile, ...]] | None = None) -> int | None:
     """Replace the plan's data and delete files by ``new`` in one REPLACE snapshot; retried on
     a conflict, dropped (the new files deleted) when an input is no longer live or the
     partition gained delete files meanwhile (they name rows of the inputs). Never half-applied.
     ``committed(parent, snapshot)`` runs under the lock once the snapshot is in (``parent``:
-    the snapshot the inputs were checked against; None if the commit landed on another)."""
+    the snapshot the inputs were checked against; None if the commit landed on another).
+    ``fence``: (group, epoch) of this coordinator: if the table holds a later epoch of the group,
+    FencedError (a sweep may have deleted ``new`` already; the commit would reference them).
+    ``cache``: :func:`live_files`'s for this table. Under the lock only the current snapshot's
+    manifests not read before are read, and those holding inputs (to be rewritten). A conflict
+    is retried here, every check again, never by pyiceberg alone (it would re-apply the
+    replace on a snapshot that may have gained delete files of the partition)."""
     wanted = {normalize(f.file_path) for f in plan.data}
     folded = {normalize(f.file_path) for f in plan.deletes}
     for attempt in range(1, _COMMIT_ATTEMPTS + 1):
         with lock:
             table = catalog.load_table(name)
+            if fence is not None and (state := latest_sink_summary(table, fence[0])) is not None \
+                    and state.epoch > fence[1]:
+                _delete_all(table, new)
+                raise FencedError(f"{name}: compaction of coordinator epoch {fence[1]} dropped: the table holds "
+                                  f"epoch {state.epoch} of group {fence[0]}")
             base = table.current_snapshot()
-            live = live_files(table)
+            live = live_files(table, cache)
             data = {normalize(f.file_path) for f in live if f.content == DataFileContent.DATA}
             deletes = {normalize(f.file_path) for f in live
                        if f.content != DataFileContent.DATA and _partition_key(f) == plan.partition}
@@ -370,10 +423,12 @@ def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFi
                 _delete_all(table, new)
                 return None
             try:
-                with table.transaction() as tx:
+                with _MemoTransaction(table) as tx:  # stages its metadata once (coordinator/committer.py)
+                    tx._rebuild_snapshot_updates = _no_blind_retry  # type: ignore[method-assign]
                     update = tx.update_snapshot(snapshot_properties={MAINTENANCE_KEY: "compaction"})
                     rewrite = _Replace(operation=Operation.OVERWRITE, transaction=tx, io=update._io,
                                        branch=update._branch, snapshot_properties=update._snapshot_properties)
+                    rewrite.live = cache if cache is not None else {}
                     with rewrite:
                         for f in (*plan.data, *plan.deletes):
                             rewrite.delete_data_file(f)
@@ -398,6 +453,8 @@ class _Replace(_OverwriteFiles):
     manifest as a data manifest, so the manifests are written here by content (DELETES
     manifests with :class:`coordinator.deletes.DeletesManifest`). Summary totals are computed
     as for an overwrite (pyiceberg 0.12 computes none for replace), then the operation named."""
+
+    live: Mapping[str, tuple[DataFile, ...]] = EMPTY_DICT  # live_files's cache: manifests known to hold no input
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         summary = super()._summary(snapshot_properties)
@@ -429,6 +486,10 @@ class _Replace(_OverwriteFiles):
         found: set[DataFile] = set()
         gone: dict[tuple[ManifestContent, int], list[ManifestEntry]] = defaultdict(list)
         for m in manifests_of(parent, self._io) if parent is not None else []:
+            known = self.live.get(m.manifest_path)
+            if known is not None and not any(f in removed for f in known):
+                out.append(m)  # no input in it: kept as it is, not read again
+                continue
             entries = m.fetch_manifest_entry(self._io, discard_deleted=True)
             hit = [e for e in entries if e.data_file in removed]
             if not hit:
@@ -450,6 +511,12 @@ class _Replace(_OverwriteFiles):
                                                        sequence_number=None, file_sequence_number=None, data_file=f))
             out.append(writer.to_manifest_file())
         return out
+
+
+def _no_blind_retry() -> None:
+    """In place of pyiceberg's rebuild of a conflicting commit on the refreshed table: fail, so
+    :func:`commit_rewrite` retries with every check (inputs live, no new delete files, fence)."""
+    raise CommitFailedException("another commit landed during the compaction's; re-checked by the next attempt")
 
 
 def _delete_all(table: Table, files: Sequence[DataFile]) -> None:
@@ -478,20 +545,30 @@ class Maintainer:
     RETRY_BASE_S, RETRY_CAP_S = 1.0, 300.0
 
     def __init__(self, settings: Settings, catalog: Catalog, metrics: Any, status: dict[str, Any],
-                 locks: TableLocks, rewrite: Rewriter | None, in_flight: Callable[[], Any],
-                 tables: TableCache | None = None, mirrors: MirrorIndexes | None = None) -> None:
+                 locks: TableLocks, rewrite: Rewriter | None, in_flight: Callable[[int | None], Awaitable[InFlight]],
+                 tables: TableCache | None = None, mirrors: MirrorIndexes | None = None,
+                 truncate: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
         from icesink.offload import Offload
 
         self.s = MaintenanceSettings.of(settings)
         self.catalog, self.metrics, self.locks, self.rewrite = catalog, metrics, locks, rewrite
-        self.in_flight = in_flight  # async () -> set of paths the control log names, not yet committed
+        # async (the group's replay start in the table, if known) -> the files the control log names
+        # after the group's checkpoint: written, maybe accepted, not yet committed (coordinator/gc.py)
+        self.in_flight = in_flight
+        self.group = settings.group_id
+        self.epoch = 0  # the coordinator's, set once it has recovered: the fence of the files it writes
         self.tables = tables  # the rounds' TableCache: entries of tables a step committed to are dropped
         self.mirrors = mirrors  # the rounds' key indexes: moved to a mirror table's compacted files
         self.report: dict[str, dict[str, Any]] = status.setdefault("maintenance", {})
+        self.status = status
+        # async () -> what it did: deletes the control log's records no group needs (icesink/control.py)
+        self.truncate = truncate
+        self._truncate_at = time.monotonic() + self.s.control_log_every_s
         self._due: set[str] = set()
         self._retry: dict[str, tuple[int, float]] = {}  # table -> (failed attempts, not before)
         self._orphans_at: dict[str, float] = {}
         self._manifests: dict[str, frozenset[str]] = {}
+        self._lists: ManifestLists = {}  # manifest list -> its manifests, for expiry's walks
         self._live: dict[str, dict[str, tuple[DataFile, ...]]] = {}  # per table: manifest -> its live files
         self._task: Any = None
         self._offload = Offload(1)  # one step at a time, beside the rounds' threads
@@ -521,8 +598,10 @@ class Maintainer:
         now = time.monotonic()
         tables = sorted(t for t in self._due if self._retry.get(t, (0, 0.0))[1] <= now)
         sweeps = sorted(t for t, at in self._orphans_at.items() if at <= now)
-        if tables or sweeps:
-            self._task = asyncio.create_task(self._pass(tables, sweeps), name="maintenance")
+        truncate = (self.s.enabled and self.truncate is not None and self.s.control_log_every_s > 0
+                    and now >= self._truncate_at)
+        if tables or sweeps or truncate:
+            self._task = asyncio.create_task(self._pass(tables, sweeps, truncate), name="maintenance")
 
     async def stop(self) -> None:
         import asyncio
@@ -533,13 +612,22 @@ class Maintainer:
             self._task = None
         self._offload.close()
 
-    async def _pass(self, tables: list[str], sweeps: list[str]) -> None:
+    async def _pass(self, tables: list[str], sweeps: list[str], truncate: bool = False) -> None:
         for t in tables:
             self._due.discard(t)
             await self._step(t, "maintain", self._maintain)
         for t in sweeps:
             self._orphans_at[t] = time.monotonic() + self.s.orphans_every_s
             await self._step(t, "orphans", self._sweep)
+        if truncate and self.truncate is not None:
+            self._truncate_at = time.monotonic() + self.s.control_log_every_s
+            try:
+                self.status["control_log"] = {**await self.truncate(), "at": time.time()}
+            except Exception as exc:  # noqa: BLE001 - tried again at the next interval, never fatal
+                self.metrics.maintenance_failures.labels(table="", step="control-log").inc()
+                self.status["control_log"] = {"error": f"{type(exc).__name__}: {exc}", "at": time.time()}
+                log.warning("truncating the control log failed (%s: %s); tried again in %.0f s", type(exc).__name__,
+                            exc, self.s.control_log_every_s)
 
     async def _step(self, table: str, step: str, fn: Callable[[str], Any]) -> None:
         started = time.monotonic()
@@ -574,8 +662,8 @@ class Maintainer:
         # The rounds just committed to this table: most passes find nothing due in that view and
         # read no catalog (a round of 200 tables would otherwise load each table twice).
         seen = self.tables.get(table) if self.tables is not None else None
-        expired = await run(partial(expire, seen=seen), self.catalog, table, self.s, self.locks.of(table),
-                            self._manifests)
+        expired = await run(partial(expire, seen=seen, lists=self._lists), self.catalog, table, self.s,
+                            self.locks.of(table), self._manifests)
         if expired.snapshots and self.tables is not None:
             self.tables.drop(table)
         self.metrics.maintenance_snapshots_expired.labels(table=table).inc(expired.snapshots)
@@ -583,8 +671,9 @@ class Maintainer:
         out: dict[str, Any] = {"expired_snapshots": expired.snapshots, "deleted_files": expired.files_deleted}
         if self.rewrite is not None:
             seen = self.tables.get(table) if self.tables is not None else None  # dropped if expired
-            rewritten = await run(partial(compact, seen=seen), self.catalog, table, self.s, self.locks.of(table),
-                                  self.rewrite, self._live.setdefault(table, {}), self.mirrors)
+            rewritten = await run(partial(compact, seen=seen, fence=(self.group, self.epoch)), self.catalog, table,
+                                  self.s, self.locks.of(table), self.rewrite, self._live.setdefault(table, {}),
+                                  self.mirrors)
             if rewritten is not None and rewritten.snapshot_id is not None:
                 if self.tables is not None:
                     self.tables.drop(table)
@@ -600,11 +689,17 @@ class Maintainer:
         return out
 
     async def _sweep(self, table: str) -> dict[str, Any]:
-        from coordinator.gc import delete_orphans, find_orphans
+        from coordinator.gc import delete_orphans, find_orphans, sink_states
 
-        protected = await self.in_flight()
-        loaded = await self._offload.run(self.catalog.load_table, table)
-        orphans = await self._offload.run(find_orphans, loaded, self.s.orphans_older_than_ms / 1000, protected)
-        deleted = await self._offload.run(delete_orphans, loaded, orphans) if orphans else 0
+        run = self._offload.run
+        loaded = await run(self.catalog.load_table, table)
+        own = (await run(sink_states, loaded)).get(self.group)
+        protected = await self.in_flight(own.replay_from if own is not None else None)
+        found = await run(find_orphans, loaded, self.s.orphans_older_than_ms / 1000, protected.paths)
+        deleted = await run(delete_orphans, loaded, found.orphans) if found.orphans else 0
         self.metrics.maintenance_orphans_deleted.labels(table=table).inc(deleted)
-        return {"orphans_deleted": deleted}
+        self.metrics.maintenance_orphans_held.labels(table=table).set(len(found.held))
+        if found.held:
+            log.info("%s: kept %d unreferenced files that a round may still commit (e.g. %s: %s)", table,
+                     len(found.held), found.held[0].path, found.held[0].reason)
+        return {"orphans_deleted": deleted, "orphans_held": len(found.held)}

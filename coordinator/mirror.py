@@ -94,12 +94,14 @@ class MirrorIndexes:
         return True
 
 
-def position_deletes(table: Table, name: str, index: KeyIndex, todo: Sequence[Accepted]) -> list[DataFile]:
+def position_deletes(table: Table, name: str, index: KeyIndex, todo: Sequence[Accepted],
+                     prefix: str = "delete") -> list[DataFile]:
     """Apply ``todo`` (responses above the table's watermark) to ``index`` in control-log
     order: each response's keys files take their keys' rows out of the index (those rows are
     deleted), then the key columns of its new data files go in. Returns the position delete
-    files written for the taken rows (one per partition; none when no committed row goes).
-    Keys that are not in the index (a delete of an absent key) delete nothing."""
+    files written for the taken rows (one per partition; none when no committed row goes),
+    named after ``prefix``. Keys that are not in the index (a delete of an absent key) delete
+    nothing."""
     taken: list[pa.Table] = []
     for a in sorted(todo, key=lambda a: a.offset):
         for kf in a.deleted_keys.get(name, ()):
@@ -123,7 +125,7 @@ def position_deletes(table: Table, name: str, index: KeyIndex, todo: Sequence[Ac
     for (spec_id, _), positions in by_partition.items():
         part = rows.take(pa.array(positions))
         record = (index.partition(part.column("file_path")[0].as_py()) or (spec_id, None))[1]
-        out.append(write_position_deletes(table, part, record, spec_id))
+        out.append(write_position_deletes(table, part, record, spec_id, prefix))
     return out
 
 

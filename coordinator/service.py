@@ -32,7 +32,7 @@ from coordinator.parking import ParkedTables
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
 from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
 from icesink.config import Settings
-from icesink.control import ControlProducer, ControlReader
+from icesink.control import ControlLogTruncator, ControlProducer, ControlReader
 from icesink.errors import ControlLogError, FencedError, IcesinkError, is_retriable
 from icesink.protocol import (
     Claim,
@@ -112,8 +112,10 @@ class Coordinator:
         self._locks = TableLocks()  # every commit to a table holds its lock: rounds and maintenance
         self._tables = TableCache()  # each table as this coordinator's last commit left it
         self._maintainer = Maintainer(settings, catalog, metrics, self.status, self._locks, rewrite,
-                                      lambda: in_flight_files(settings, bootstrap), tables=self._tables,
-                                      mirrors=self._mirrors)
+                                      lambda start: in_flight_files(settings, bootstrap, start), tables=self._tables,
+                                      mirrors=self._mirrors, truncate=ControlLogTruncator(
+                                          bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
+                                          settings.control_signing_key()).truncate)
         self._processes = commit_processes(settings, compaction=rewrite is not None)  # None: on the threads
         self._parked = ParkedTables(metrics, self.status)  # tables whose commits keep failing (coordinator/parking.py)
         # The checkpoint of the last round every table holds (the recovery base at first; a whole-log replay).
@@ -224,6 +226,7 @@ class Coordinator:
                 break
         epochs = [self.state.log_epoch] + [st.epoch for st in states.values()]
         self.epoch = max(epochs) + 1
+        self._maintainer.epoch = self.epoch  # the fence of the files its compactions write
         self.metrics.coordinator_epoch.set(self.epoch)
         # Rewinds were sent by the previous coordinator; the files may not be deleted yet.
         decided = [f for r in self.state.take_rejected() for f in r.files]

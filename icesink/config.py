@@ -205,12 +205,15 @@ class Settings(BaseSettings):
     maintenance_max_rewrite_bytes: int = Field(
         512 * 1024 * 1024, alias="maintenance.compaction.max-bytes", ge=1024
     )
-    maintenance_snapshot_max_age_ms: int = Field(24 * 3600 * 1000, alias="maintenance.snapshots.max-age-ms", ge=0)
+    # Ten minutes: a table keeps about 600 snapshots at 1 s rounds, 120 at 5 s (docs/maintenance.md).
+    maintenance_snapshot_max_age_ms: int = Field(10 * 60 * 1000, alias="maintenance.snapshots.max-age-ms", ge=0)
     maintenance_retain_last: int = Field(10, alias="maintenance.snapshots.retain-last", ge=1)
     maintenance_orphans_older_than_ms: int = Field(
         3 * 24 * 3600 * 1000, alias="maintenance.orphans.older-than-ms", ge=60_000
     )
     maintenance_orphans_every_ms: int = Field(24 * 3600 * 1000, alias="maintenance.orphans.interval-ms", ge=1000)
+    # How often the coordinator deletes control-log records no group needs (0: never).
+    maintenance_control_log_every_ms: int = Field(600_000, alias="maintenance.control-log.interval-ms", ge=0)
 
     # Bad records (Kafka Connect's keys, plus errors.max-record-bytes). errors.tolerance unset:
     # "all" when a dead-letter topic is set, else "none" (see agents/deadletter.py, README).

@@ -243,3 +243,118 @@ def decode_record(
                 "with another secret)"
             )
     return protocol.decode(value, offset=offset)
+
+
+class ControlLogTruncator:
+    """Deletes the control log's records that no sink group needs any more (DeleteRecords),
+    where the broker allows it; run by the coordinator every ``maintenance.control-log.interval-ms``.
+
+    A group needs the log from its replay start: the ``replay_from`` of the CommitComplete its
+    ``<group>-coordinator`` offset points to (never past that event's own offset: the control
+    topic is input, not trust). Several groups may share the topic (events keyed by group), so
+    the records below ``before`` are deleted only if every group with an event there needs
+    none of them: the keys of the records about to go are read first (each record once per
+    coordinator: what was read is remembered), and a group whose checkpoint cannot be read
+    holds the log at its first event. A broker that does not delete records (Tansu) is said
+    once and never asked again."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, client_kwargs: dict[str, Any],
+                 secret: bytes | None = None) -> None:
+        self.bootstrap, self.topic, self.group = bootstrap, topic, group
+        self._kwargs = client_kwargs
+        self._secret = secret
+        self._first: dict[str, int] = {}  # every group's first event seen in the log's prefix
+        self._scanned = 0  # the prefix read so far ends here
+        self.unsupported: str | None = None
+
+    async def plan(self) -> dict[str, Any]:
+        """Where the log may be truncated: ``before`` (every record below it is needed by no
+        group; absent when nothing may go), the log's start, and the group that holds it there."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                                    max_partition_fetch_bytes=protocol.MAX_EVENT_BYTES + 1024 * 1024,
+                                    **self._kwargs)
+        await consumer.start()
+        try:
+            tp = KafkaTP(self.topic, 0)
+            consumer.assign([tp])
+            start = int((await consumer.beginning_offsets([tp]))[tp])
+            mine = await self._needs(consumer, tp, self.group)
+            if mine is None:
+                return {"log_start": start, "held_by": self.group, "why": "no readable checkpoint"}
+            await self._scan(consumer, tp, max(start, self._scanned), mine)
+            before, held_by = min(mine, max(start, self._scanned)), self.group  # only below what was read
+            for group, first in sorted(self._first.items()):
+                if group == self.group or max(first, start) >= before:
+                    continue
+                need = await self._needs(consumer, tp, group)
+                need = max(first, start) if need is None else need
+                if need < before:
+                    before, held_by = need, group
+        finally:
+            await consumer.stop()
+        out: dict[str, Any] = {"log_start": start, "held_by": held_by}
+        if before > start:
+            out["before"] = before
+        return out
+
+    async def truncate(self) -> dict[str, Any]:
+        """One truncation (:meth:`plan`, then DeleteRecords); returns what happened (/status)."""
+        from icesink.kafka_admin import DeleteRecordsUnsupported, delete_records
+
+        if self.unsupported is not None:
+            return {"unsupported": self.unsupported}
+        plan = await self.plan()
+        if "before" not in plan:
+            return plan
+        try:
+            low = await delete_records(self.bootstrap, self.topic, 0, plan["before"], client_kwargs=self._kwargs)
+        except DeleteRecordsUnsupported as exc:
+            self.unsupported = str(exc)
+            log.warning("control topic %r is not truncated: %s. Its records stay until the topic's retention (if "
+                        "any) removes them; icesink reads it from the checkpoint either way", self.topic, exc)
+            return {"unsupported": self.unsupported, **plan}
+        held_by = plan["held_by"]
+        log.info("control topic %r truncated below offset %d (the replay start of %s)", self.topic, low,
+                 "this group" if held_by == self.group else f"group {held_by}")
+        return {"log_start": low, "held_by": held_by}
+
+    async def _needs(self, consumer: AIOKafkaConsumer, tp: KafkaTP, group: str) -> int | None:
+        """Where ``group`` needs the log from: its checkpoint's replay start; None if unknown."""
+        from icesink.kafka_admin import group_offset
+
+        at = await group_offset(self.bootstrap, f"{group}-coordinator", self.topic, 0, client_kwargs=self._kwargs)
+        if at is None:
+            return None
+        consumer.seek(tp, at)
+        batch = await consumer.getmany(tp, timeout_ms=5000, max_records=1)
+        for record in batch.get(tp, []):
+            if record.offset != at:
+                return None  # the checkpoint is gone (deleted by retention)
+            try:
+                ev = decode_record(record.key, record.value, record.offset, group, headers=record.headers,
+                                   secret=self._secret if group == self.group else None)
+            except ProtocolError:
+                return None
+            if isinstance(ev, protocol.CommitComplete):
+                start = ev.replay_from if ev.replay_from is not None else ev.through + 1
+                return min(start, at)
+        return None
+
+    async def _scan(self, consumer: AIOKafkaConsumer, tp: KafkaTP, start: int, end: int) -> None:
+        """Note the first offset of every group's events in ``[start, end)``."""
+        if start >= end:
+            return
+        consumer.seek(tp, start)
+        position = start
+        while position < end:
+            batch = await consumer.getmany(tp, timeout_ms=2000, max_records=5000)
+            records = batch.get(tp, [])
+            if not records:
+                break
+            for record in records:
+                if record.offset >= end:
+                    break
+                if record.key is not None:
+                    self._first.setdefault(record.key.decode("utf-8", "replace"), record.offset)
+            position = records[-1].offset + 1
+        self._scanned = max(self._scanned, min(position, end))

@@ -19,6 +19,9 @@ Broker behaviour this relies on (checked against Tansu v0.6.0-510f3e2):
   the group. icesink's workers never send LeaveGroup (``agents/worker.py``).
 - ``CreateTopics`` for an existing topic answers error 36 (TopicAlreadyExists); aiokafka returns
   the response instead of raising, so the error codes are checked here.
+- ``DeleteRecords`` is listed in its ApiVersions (v0-v2) but not implemented: the broker's task
+  panics ("not yet implemented") and the connection closes. ``delete_records`` tells that from
+  a broker that is down by asking for metadata on a new connection right after.
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ from typing import Any, Final
 
 from icesink.errors import IcesinkError
 
-__all__ = ["TopicError", "end_offsets", "ensure_topic", "topic_configs", "topic_exists", "topic_id"]
+__all__ = [
+    "DeleteRecordsUnsupported", "TopicError", "delete_records", "end_offsets", "ensure_topic", "group_offset",
+    "topic_configs", "topic_exists", "topic_id",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +56,10 @@ class TopicError(IcesinkError):
     def __init__(self, message: str, *, retriable: bool = False) -> None:
         super().__init__(message)
         self.retriable = retriable
+
+
+class DeleteRecordsUnsupported(TopicError):
+    """The broker does not delete records on request (no DeleteRecords, or not allowed to)."""
 
 
 async def ensure_topic(
@@ -394,3 +404,74 @@ def _TopicIdRequest(names: list[str]) -> Any:  # noqa: N802 - builds the request
 
 
 _TOPIC_ID_REQUEST: Any = None
+
+
+async def delete_records(
+    bootstrap: str, topic: str, partition: int, before: int, *,
+    client_kwargs: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
+) -> int:
+    """Delete the records of ``topic``'s ``partition`` below offset ``before`` (Kafka's
+    DeleteRecords, as ``kafka-delete-records`` does); returns the partition's new log start.
+    Raises :class:`DeleteRecordsUnsupported` when the broker does not do it: it declares no
+    DeleteRecords version, answers UNSUPPORTED_VERSION, refuses it (TopicAuthorizationFailed,
+    PolicyViolation), or closes the connection at the request while it answers a metadata
+    request right after (Tansu, see the module doc); :class:`TopicError` otherwise (retriable as
+    Kafka's error is)."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+    from aiokafka.errors import (
+        IncompatibleBrokerVersion, KafkaConnectionError, KafkaError, PolicyViolationError,
+        TopicAuthorizationFailedError, UnsupportedVersionError,
+    )
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(client_kwargs or {}))
+    tp = TopicPartition(topic, partition)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            try:
+                done = await admin.delete_records({tp: RecordsToDelete(before)}, timeout_ms=int(timeout_s * 1000))
+            except (IncompatibleBrokerVersion, NotImplementedError, UnsupportedVersionError) as exc:
+                raise DeleteRecordsUnsupported(f"the broker does not implement DeleteRecords ({exc})") from exc
+            except (TopicAuthorizationFailedError, PolicyViolationError) as exc:
+                raise DeleteRecordsUnsupported(f"the broker refuses DeleteRecords on topic {topic!r}: "
+                                               f"{type(exc).__name__} (allow it, or truncate by hand)") from exc
+            except KafkaConnectionError as exc:
+                try:
+                    await _existing_topic_metadata(admin, topic)
+                except Exception:  # noqa: BLE001 - the broker is unreachable: a retriable failure
+                    raise TopicError(f"topic {topic!r}: DeleteRecords failed: {exc}", retriable=True) from exc
+                raise DeleteRecordsUnsupported(
+                    "the broker closed the connection at DeleteRecords while it answers other requests: it does not "
+                    "implement it (Tansu, the embedded broker, does not)") from exc
+            except KafkaError as exc:
+                raise TopicError(f"topic {topic!r}: DeleteRecords failed: {type(exc).__name__}: {exc}",
+                                 retriable=bool(getattr(exc, "retriable", False))) from exc
+    except TimeoutError:
+        raise TopicError(f"topic {topic!r}: DeleteRecords not answered within {timeout_s:.1f} s",
+                         retriable=True) from None
+    finally:
+        await admin.close()
+    return int(done[tp])
+
+
+async def group_offset(
+    bootstrap: str, group: str, topic: str, partition: int, *,
+    client_kwargs: Mapping[str, Any] | None = None, timeout_s: float = 30.0,
+) -> int | None:
+    """Consumer group ``group``'s committed offset of ``topic``'s ``partition`` (None: none)."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(client_kwargs or {}))
+    tp = TopicPartition(topic, partition)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            offsets = await admin.list_consumer_group_offsets(group, partitions=[tp])
+    except TimeoutError:
+        raise TopicError(f"group {group!r}: offsets not read within {timeout_s:.1f} s", retriable=True) from None
+    finally:
+        await admin.close()
+    found = offsets.get(tp)
+    return None if found is None or found.offset < 0 else int(found.offset)

@@ -126,8 +126,12 @@ class Metrics:
             "icesink_maintenance_files_deleted_total",
             "Files deleted because only expired snapshots referenced them", ["table"], registry=r)
         self.maintenance_orphans_deleted = Counter(
-            "icesink_maintenance_orphans_deleted_total", "Orphan files deleted by the scheduled sweep", ["table"],
-            registry=r)
+            "icesink_maintenance_orphans_deleted_total",
+            "Orphan files deleted by the scheduled sweep (each deletion is also logged)", ["table"], registry=r)
+        self.maintenance_orphans_held = Gauge(
+            "icesink_maintenance_orphans_held",
+            "Unreferenced files the last sweep kept because a round of their sink group may still commit them",
+            ["table"], registry=r)
         self.maintenance_failures = Counter(
             "icesink_maintenance_failures_total", "Maintenance steps that failed (retried with backoff)",
             ["table", "step"], registry=r)

@@ -162,34 +162,41 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from coordinator.gc import delete_orphans, find_orphans, in_flight_files, parse_duration
+    from coordinator.gc import delete_orphans, find_orphans, in_flight_files, parse_duration, sink_states
     from icesink.iceberg import load_catalog
 
     settings = _settings(args)
     older_than = parse_duration(args.older_than)
     catalog = load_catalog(settings)
-    protected: set[str] = set()
+    tables = {name: catalog.load_table(name) for name in args.table or settings.tables}
+    protected: frozenset[str] = frozenset()
     if not args.no_control:
         bootstrap = settings.bootstrap_servers
         if bootstrap is None:
             from icesink.app.stack import resolve_bootstrap
 
             bootstrap, _ = resolve_bootstrap(settings)
-        protected = asyncio.run(in_flight_files(settings, bootstrap))
-    total = 0
-    for name in args.table or settings.tables:
-        table = catalog.load_table(name)
-        orphans = find_orphans(table, older_than, protected)
-        for o in orphans:
+        # Without a readable checkpoint: from the lowest replay start in the tables' state.
+        starts = [st.replay_from for t in tables.values() if (st := sink_states(t).get(settings.group_id))
+                  and st.replay_from is not None]
+        in_flight = asyncio.run(in_flight_files(settings, bootstrap, min(starts) if starts else None))
+        print(f"control log read from offset {in_flight.start} ({in_flight.source}): "
+              f"{len(in_flight.paths)} files in flight", file=sys.stderr)
+        protected = in_flight.paths
+    for name, table in tables.items():
+        found = find_orphans(table, older_than, protected, retired=args.retired_group or ())
+        for o in found.orphans:
             print(f"{name}\t{o.path}\t{o.size_bytes}\t{o.age_s / 3600:.1f}h", flush=True)
-        size = sum(o.size_bytes for o in orphans)
-        if args.delete and orphans:
-            deleted = delete_orphans(table, orphans)
-            print(f"{name}: deleted {deleted} of {len(orphans)} orphan files ({size} bytes)", file=sys.stderr)
+        if found.held:
+            print(f"{name}: kept {len(found.held)} unreferenced files their group may still commit "
+                  f"(e.g. {found.held[0].path}: {found.held[0].reason})", file=sys.stderr)
+        size = sum(o.size_bytes for o in found.orphans)
+        if args.delete and found.orphans:
+            deleted = delete_orphans(table, found.orphans)
+            print(f"{name}: deleted {deleted} of {len(found.orphans)} orphan files ({size} bytes)", file=sys.stderr)
         else:
-            print(f"{name}: {len(orphans)} orphan files ({size} bytes) older than {args.older_than}"
+            print(f"{name}: {len(found.orphans)} orphan files ({size} bytes) older than {args.older_than}"
                   + ("" if args.delete else "; add --delete to delete them"), file=sys.stderr)
-        total += len(orphans)
     return 0
 
 
@@ -291,13 +298,17 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser(
         "gc", help="list or delete orphan data files (referenced by no snapshot)",
         description="List (default) or delete data files under each table's location that no "
-        "snapshot references, that no in-flight response in the control log names, and that are "
-        "older than --older-than. Committed files are never deleted.",
+        "snapshot references, that no in-flight response in the control log names, that are "
+        "older than --older-than, and that no round of any sink group writing the table can "
+        "still commit (docs/commits.md). Committed files are never deleted; each deletion is logged.",
     )
     common(g)
     g.add_argument("--table", action="append", help="only this table (repeatable; default: iceberg.tables)")
     g.add_argument("--older-than", default="1d", help="grace period: 90s, 30m, 6h, 3d (default 1d)")
     g.add_argument("--delete", action="store_true", help="delete the orphans (default: only list them)")
+    g.add_argument("--retired-group", action="append", metavar="GROUP",
+                   help="a sink group that runs nowhere any more (repeatable): its unreferenced files are "
+                   "orphans, where otherwise they are kept until its position in the table passes them")
     g.add_argument("--no-control", action="store_true",
                    help="do not read the control topic for in-flight files (only when the broker is gone; "
                    "then use a grace period longer than any catalog outage)")

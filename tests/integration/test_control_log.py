@@ -285,3 +285,103 @@ def test_control_topic_shape_and_identity_on_the_broker(broker):
         assert second is not None and second != first
 
     asyncio.run(go())
+
+
+def _commit_offset(bootstrap: str, group: str, topic: str, offset: int) -> None:
+    """Commit ``group``'s offset of the control partition (as a coordinator does to its checkpoint)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.structs import OffsetAndMetadata
+
+    async def go() -> None:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        await c.start()
+        try:
+            c.assign([TopicPartition(topic, 0)])
+            await c.commit({TopicPartition(topic, 0): OffsetAndMetadata(offset, "")})
+        finally:
+            await c.stop()
+
+    asyncio.run(go())
+
+
+def test_truncation_keeps_what_any_group_on_the_shared_control_topic_still_needs(broker):
+    """Three groups share one control topic (events keyed by group). Group A's checkpoint
+    replays from offset 12, B's from 5, C has none (its offsets expired) and its first event is
+    at 3: the log may go below 3 only, held by C. A checkpoint C claims beyond its own offset
+    counts up to that offset; then B holds the log at 5, and once B's checkpoint moves on, A's
+    own replay start. On Tansu, DeleteRecords is said to be unsupported, once."""
+    from icesink.control import ControlLogTruncator, ControlProducer, ensure_control_topic
+    from icesink.protocol import CommitComplete, CommitRequest
+
+    topic = "shared-control"
+
+    async def write(script: list[str]) -> list[int]:
+        await ensure_control_topic(broker.bootstrap, topic, {}, replication_factor=1)
+        producers = {g: ControlProducer(broker.bootstrap, topic, g, {}) for g in "ABC"}
+        for p in producers.values():
+            await p.start()
+        try:
+            offsets = []
+            # offsets 0-2: A and B; 3: C; 4-9: A and B; 10: B's checkpoint; 11-13: A; 14: A's checkpoint
+            script = script or ["A", "B", "A", "C", "A", "B", "A", "B", "A", "B", "B:cp5", "A", "A", "A", "A:cp12"]
+            for step in script:
+                group, _, cp = step.partition(":")
+                ev = (CommitComplete(1, "r", int(cp[2:]) - 1, (), (), None, replay_from=int(cp[2:])) if cp
+                      else CommitRequest("w", 0))
+                offsets.append(await producers[group].send(ev))
+            return offsets
+        finally:
+            for p in producers.values():
+                await p.stop()
+
+    offsets = asyncio.run(write([]))
+    assert offsets == list(range(15)), offsets
+    _commit_offset(broker.bootstrap, "A-coordinator", topic, 14)
+    _commit_offset(broker.bootstrap, "B-coordinator", topic, 10)
+
+    def plan(group: str = "A") -> dict:
+        return asyncio.run(ControlLogTruncator(broker.bootstrap, topic, group, {}).plan())
+
+    assert plan() == {"log_start": 0, "held_by": "C", "before": 3}
+    assert plan("C") == {"log_start": 0, "held_by": "C", "why": "no readable checkpoint"}
+    truncator = ControlLogTruncator(broker.bootstrap, topic, "A", {})
+    first = asyncio.run(truncator.truncate())
+    assert "does not implement it" in first["unsupported"] and first["before"] == 3
+    assert asyncio.run(truncator.truncate()) == {"unsupported": first["unsupported"]}  # asked once
+    _commit_offset(broker.bootstrap, "C-coordinator", topic, 10)  # B's event: no checkpoint of C
+    assert plan()["held_by"] == "C"
+    assert asyncio.run(write(["C:cp20", "B:cp13"])) == [15, 16]
+    _commit_offset(broker.bootstrap, "C-coordinator", topic, 15)  # "replay from 20" counts as 15
+    assert plan() == {"log_start": 0, "held_by": "B", "before": 5}
+    _commit_offset(broker.bootstrap, "B-coordinator", topic, 16)
+    assert plan() == {"log_start": 0, "held_by": "A", "before": 12}
+
+
+@pytest.mark.timeout(600)
+def test_the_coordinator_truncates_the_control_log_where_the_broker_allows_and_says_once_where_not(
+        broker, catalog_props, tmp_path):
+    """A sink group truncating its control log every second: Tansu does not implement
+    DeleteRecords, which the coordinator says once (log, /status) and then leaves alone; the
+    rounds go on, exact."""
+    from icesink.app.pizzas import pizza_values
+    from tests.support.sinkrun import total_rows
+
+    table = "cl.truncated"
+    catalog, replicas = _setup(broker, catalog_props, tmp_path, "cltr", (table,),
+                               **{"maintenance.control-log.interval-ms": 1000})
+    first, second = pizza_values(1000, seed=71), pizza_values(1000, seed=72)
+    try:
+        r = replicas.start("w1")
+        keys = _send(broker.bootstrap, "cltr-src", first)
+        _wait("1000 rows", lambda: total_rows(catalog, table) >= 1000, replicas)
+        found = _wait("the truncation to be tried", lambda: (s := _coordinator_status(replicas)) and
+                      "unsupported" in s[1].get("control_log", {}) and s, replicas)
+        assert "does not implement it" in found[1]["control_log"]["unsupported"], found[1]["control_log"]
+        keys |= _send(broker.bootstrap, "cltr-src", second)
+        _wait("2000 rows", lambda: total_rows(catalog, table) >= 2000, replicas)
+        time.sleep(5)  # five more truncation intervals
+        said = r.log_path.read_text(errors="replace").count("is not truncated")
+        assert said == 1, f"said {said} times"
+        _exact(catalog, table, keys)
+    finally:
+        replicas.stop_all()

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config
+from tests.support.sinkrun import assert_exact, metric, total_rows, wait_rows, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -174,5 +176,167 @@ def test_a_worker_killed_after_an_early_write_loses_nothing(broker, catalog_prop
     assert_exact(catalog, "killed.pizzas", {json.loads(v)["order_id"] for v in values})
     table = catalog.load_table("killed.pizzas")
     unreferenced = data_files_on_disk(table) - data_files_referenced(table)
-    # the dead replica's early files: left for the orphan sweep (icesink gc, maintenance)
-    assert unreferenced and all(path.startswith("early-") for path in unreferenced), unreferenced
+    # the dead replica's early files: left for the orphan sweep (icesink gc, maintenance), which
+    # may delete them now that their rows are committed again
+    assert unreferenced and all(path.startswith("iskw-") and "-early-" in path for path in unreferenced), unreferenced
+    gc = subprocess.run([sys.executable, "-m", "icesink", "gc", "--config", str(cfg), "--delete", "--older-than", "0s"],
+                        capture_output=True, text=True, timeout=180)
+    assert gc.returncode == 0 and "deleted orphan file" in gc.stderr, gc.stderr[-3000:]
+    table = catalog.load_table("killed.pizzas")
+    assert data_files_on_disk(table) == data_files_referenced(table), gc.stderr[-3000:]
+    assert_exact(catalog, "killed.pizzas", {json.loads(v)["order_id"] for v in values})
+
+
+def request_round(bootstrap: str, topic: str, group: str) -> None:
+    """A CommitRequest on the group's control log, as a worker with a full buffer sends: the
+    coordinator starts a round now."""
+    from icesink.control import ControlProducer
+    from icesink.protocol import CommitRequest
+
+    async def send() -> None:
+        producer = ControlProducer(bootstrap, topic, group, {})
+        await producer.start()
+        try:
+            await producer.send(CommitRequest("test", 0))
+        finally:
+            await producer.stop()
+
+    asyncio.run(send())
+
+
+def test_early_files_of_a_frozen_group_survive_gc_and_another_groups_sweep(broker, catalog_props, tmp_path):
+    """Group A's only replica writes a backlog to files early (hour-long rounds: none reported
+    yet) and is frozen with SIGSTOP (a connector paused over a weekend); its files are aged past
+    every grace period. ``icesink gc --delete --older-than 1s`` of group A, then the scheduled
+    sweep of group B, which writes the same table, keep them: group A may still commit them.
+    Each deletes (and logs; the sweep counts) an old stray file nobody can commit. A wakes and is asked
+    for a round (a CommitRequest): it commits the files; the table is exact and readable by
+    DuckDB."""
+    import os
+    import signal
+
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.replicas import ReplicaSet
+    from tests.support.sinkrun import http_json
+
+    n, table_name = 120_000, "frozen.pizzas"
+    new_topic(broker, "frozen-pizzas", 3)
+    new_topic(broker, "sweeper-pizzas", 1)
+    cfg_a = write_config(tmp_path / "a.json", topics="frozen-pizzas", tables=table_name,
+                         bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / "state-a",
+                         group="frozen-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 3_600_000,
+                                                          "iceberg.control.commit.timeout-ms": 30000})
+    cfg_b = write_config(tmp_path / "b.json", topics="sweeper-pizzas", tables=table_name,
+                         bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / "state-b",
+                         group="sweeper-sink", **{"maintenance.orphans.interval-ms": 1000,
+                                                  "maintenance.orphans.older-than-ms": 60000})
+    catalog = load_catalog("it", **catalog_props)
+    replicas = ReplicaSet(cfg_a, tmp_path / "logs")
+    frozen = False
+    try:
+        a = replicas.start("a")
+        wait_warm(replicas, a, timeout_s=300)
+        values = backlog(broker, "frozen-pizzas", 3, n, seed=24)
+        wait_metric(replicas, a.metrics_port, 'icesink_early_writes_total{outcome="landed"}', 2, 180)
+        assert metric(a.metrics_port, "icesink_rounds_committed_total") == 0  # nothing reported yet
+        os.killpg(a.proc.pid, signal.SIGSTOP)
+        frozen = True
+        table = catalog.load_table(table_name)
+        root = Path(table.location().removeprefix("file://")) / "data"
+        early = sorted(root / p for p in data_files_on_disk(table))
+        assert early, "no early-written file on disk"
+        old = time.time() - 7200
+        for p in early:
+            os.utime(p, (old, old))
+
+        def stray(name: str) -> Path:  # an old file no round can commit (unfenced: judged by age)
+            path = root / "stray" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"not committed by anyone")
+            os.utime(path, (old, old))
+            return path
+
+        for_gc = stray("left-by-a-crash.parquet")
+        gc = subprocess.run([sys.executable, "-m", "icesink", "gc", "--config", str(cfg_a), "--delete",
+                             "--older-than", "1s"], capture_output=True, text=True, timeout=180)
+        assert gc.returncode == 0, gc.stderr[-3000:]
+        assert all(p.exists() for p in early), f"icesink gc deleted early files of a live group:\n{gc.stderr[-3000:]}"
+        assert not for_gc.exists() and "deleted orphan file" in gc.stderr and for_gc.name in gc.stderr, gc.stderr
+        for_sweep = stray("left-by-another-crash.parquet")
+
+        b = replicas.start("b", config=cfg_b)
+        b_values = backlog(broker, "sweeper-pizzas", 1, 1000, seed=25)
+        deadline = time.monotonic() + 240
+        while True:  # B committed to the table, and swept it after deleting the stray file
+            assert time.monotonic() < deadline, "group B did not sweep the table"
+            try:
+                if metric(b.metrics_port, "icesink_maintenance_orphans_deleted_total") >= 1:
+                    swept = http_json(b.metrics_port)["coordinator"]["maintenance"][table_name]["at"]
+                    break
+            except (OSError, KeyError, TypeError):
+                pass
+            time.sleep(1)
+        while http_json(b.metrics_port)["coordinator"]["maintenance"][table_name]["at"] <= swept + 2:
+            assert time.monotonic() < deadline, "group B did not sweep the table again"
+            time.sleep(1)
+        assert all(p.exists() for p in early), "group B's sweep deleted early files group A may still commit"
+        assert not for_sweep.exists()
+        assert "stray/left-by-another-crash.parquet" in b.log_path.read_text(errors="replace")  # logged
+
+        os.killpg(a.proc.pid, signal.SIGCONT)
+        frozen = False
+        deadline = time.monotonic() + 300
+        while total_rows(catalog, table_name) < n + 1000:  # a round now, again if it closed before A answered
+            replicas.check_alive()
+            assert time.monotonic() < deadline, f"{total_rows(catalog, table_name)} rows, expected {n + 1000}"
+            request_round(broker.bootstrap, "frozen-sink-control", "frozen-sink")
+            time.sleep(15)
+    finally:
+        if frozen:
+            os.killpg(a.proc.pid, signal.SIGCONT)
+        replicas.stop_all()
+    assert_exact(catalog, table_name, {json.loads(v)["order_id"] for v in values + b_values})
+
+
+def test_a_worker_does_not_report_an_early_file_that_is_gone(broker, catalog_props, tmp_path):
+    """A file written early is deleted by someone else before its round (by hand here; a
+    sweep never deletes one a round may commit). The worker checks its early files exist before
+    it reports them: it answers nothing, reads those rows again, and the next round commits them
+    in new files. Every key exactly once, the table readable by DuckDB (a reported missing file
+    would be committed and break every read: "No such file")."""
+    import os
+
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.replicas import ReplicaSet
+
+    n, table_name = 60_000, "gone.pizzas"
+    new_topic(broker, "gone-pizzas", 3)
+    cfg = write_config(tmp_path / "gone.json", topics="gone-pizzas", tables=table_name, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group="gone-sink", **EARLY,
+                       **{"iceberg.control.commit.interval-ms": 3_600_000, "iceberg.control.commit.timeout-ms": 30000})
+    catalog = load_catalog("it", **catalog_props)
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        r = replicas.start("solo")
+        wait_warm(replicas, r, timeout_s=300)
+        values = backlog(broker, "gone-pizzas", 3, n, seed=26)
+        wait_metric(replicas, r.metrics_port, 'icesink_early_writes_total{outcome="landed"}', 1, 180)
+        time.sleep(5)  # the backlog read: no early write under way
+        table = catalog.load_table(table_name)
+        root = Path(table.location().removeprefix("file://")) / "data"
+        early = sorted(data_files_on_disk(table))
+        assert early, "no early-written file on disk"
+        os.remove(root / early[0])
+        deadline = time.monotonic() + 300
+        while total_rows(catalog, table_name) < n:
+            replicas.check_alive()
+            assert time.monotonic() < deadline, f"{total_rows(catalog, table_name)} rows, expected {n}"
+            request_round(broker.bootstrap, "gone-sink-control", "gone-sink")
+            time.sleep(15)
+        missing = early_writes(r.metrics_port, "missing")
+    finally:
+        replicas.stop_all()
+    assert missing >= 1, "the worker reported an early file that was gone"
+    assert_exact(catalog, table_name, {json.loads(v)["order_id"] for v in values})

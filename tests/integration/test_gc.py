@@ -102,3 +102,70 @@ def test_gc_deletes_only_old_unreferenced_unannounced_files(broker, catalog_prop
     table = catalog.load_table("db.t")
     assert duck.count_and_distinct(table.metadata_location, "id") == (200, 200)
     assert gc().stdout == ""
+
+
+def test_gc_reads_the_control_log_from_the_checkpoint_or_the_tables_state_never_from_the_start(
+        broker, catalog_props, tmp_path):
+    """The first events of a group's control log name two old files (responses long settled:
+    whatever they named is committed or dropped). The group then commits rounds: its checkpoint
+    and the table's state replay from later. ``icesink gc --delete`` reads the log from the
+    checkpoint, so the file named only before it is not protected and goes. With the
+    coordinator group's offset deleted (expired offsets), it reads from the table's state, not
+    from offset 0: the second file goes too."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.pizzas import PIZZA_SCHEMA, pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
+    from icesink.control import ControlProducer, ensure_control_topic
+    from icesink.kafka_admin import ensure_topic
+    from icesink.protocol import DataWritten, FileInfo
+    from tests.integration.test_control_log import _delete_groups
+    from tests.support.sinkrun import total_rows, wait_rows, write_config
+
+    group, name = "gcl", "gcl.pizzas"
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("gcl")
+    data = _plain(catalog.create_table(name, schema=PIZZA_SCHEMA).location()) / "data"
+    first, second = data / "settled" / "first.parquet", data / "settled" / "second.parquet"
+
+    async def announce() -> None:
+        await ensure_control_topic(broker.bootstrap, f"{group}-control", {}, replication_factor=1)
+        producer = ControlProducer(broker.bootstrap, f"{group}-control", group, {})
+        await producer.start()
+        try:
+            for i, p in enumerate((first, second)):
+                await producer.send(DataWritten("r0", f"resp-{i}", "w0", name, (
+                    FileInfo(path=f"file://{p}", record_count=5, size_bytes=100, spec_id=0),)))
+        finally:
+            await producer.stop()
+
+    asyncio.run(announce())
+    asyncio.run(ensure_topic(broker.bootstrap, f"{group}-src", 2))
+    cfg = write_config(tmp_path / "sink.json", topics=f"{group}-src", tables=name, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=group)
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        replicas.start("w1")
+        asyncio.run(produce(broker.bootstrap, f"{group}-src", pizza_values(1000, seed=61), partitions=2))
+        wait_rows(catalog, replicas, (name,), 1000, timeout_s=300)
+        time.sleep(6)  # more rounds: the checkpoint's replay start moves past the first events
+    finally:
+        replicas.stop_all()
+    assert total_rows(catalog, name) == 1000
+
+    def gc() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "icesink", "gc", "--config", str(cfg), "--older-than", "1h",
+                               "--delete"], capture_output=True, text=True, timeout=120, check=True)
+
+    _write(first, range(5))
+    _age(first, 7200)
+    done = gc()
+    assert not first.exists(), done.stderr
+    assert "of the checkpoint at control offset" in done.stderr, done.stderr
+
+    _delete_groups(broker.bootstrap, [f"{group}-coordinator"])
+    _write(second, range(5))
+    _age(second, 7200)
+    done = gc()
+    assert not second.exists(), f"gc read the control log from its start:\n{done.stderr}"
+    assert "tables' sink state" in done.stderr, done.stderr

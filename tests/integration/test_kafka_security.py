@@ -224,7 +224,7 @@ def test_icesink_clients_through_tls_and_sasl(tmp_path: Path, certs: Any, varian
         s = settings(bootstrap, **keys)
         claim = Claim("w-sec", 3, (TopicPartition("sec-src", 0),))
 
-        async def round_trip() -> tuple[list[Any], dict[int, int], set[str]]:
+        async def round_trip() -> tuple[list[Any], dict[int, int], Any]:
             await ensure_control_topic(bootstrap, s.control_topic, s.kafka_client_kwargs())
             producer = ControlProducer(bootstrap, s.control_topic, s.group_id, s.kafka_client_kwargs())
             reader = ControlReader(bootstrap, s.control_topic, s.group_id, s.kafka_client_kwargs())
@@ -241,7 +241,7 @@ def test_icesink_clients_through_tls_and_sasl(tmp_path: Path, certs: Any, varian
             return [got], ends, in_flight
 
         events, ends, in_flight = asyncio.run(round_trip())
-        assert events == [claim] and ends == {0: 1} and in_flight == set()
+        assert events == [claim] and ends == {0: 1} and in_flight.paths == frozenset()
         assert not front.outcomes("refused"), front.outcomes("refused")
         if spec["sasl"]:
             authenticated = front.outcomes("authenticated")

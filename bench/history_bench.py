@@ -1,0 +1,174 @@
+"""A table's history over many rounds with the coordinator's maintenance at its settings: does
+a round's commit, the table's metadata and expiry's hold on the table lock stay flat as rounds
+go by? Each round appends one small Parquet file with the coordinator's ``commit_table`` (the
+sink state in the summary and the table property, as a round writes it), then runs the
+maintenance pass the coordinator runs after a round (expiry, a compaction step with pyiceberg
+reading and writing instead of Spark), on a SQLite catalog and local files. Time is simulated:
+round ``k`` happens ``k * --interval-ms`` after the start (snapshot timestamps and expiry's
+clock), so a day of 5 s rounds takes minutes, not a day. ``--set`` changes a maintenance
+setting (e.g. ``--set snapshot_max_age_ms=86400000``, the old default of one day). Prints, every
+``--every`` rounds: snapshots, the current metadata file's size, manifests in the current
+snapshot, the round's commit (ms: the last, the median of the last rounds, and the median CPU
+of its thread, steadier than wall time on a busy machine), the longest times expiry and
+compaction held the table lock so far, and the longest maintenance pass of the last rounds::
+
+    .venv/bin/python bench/history_bench.py --rounds 3000 --interval-ms 1000
+    .venv/bin/python bench/history_bench.py --rounds 3000 --interval-ms 1000 --set snapshot_max_age_ms=86400000
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow as pa
+import pyiceberg.table.snapshots as _snapshots
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+from coordinator.committer import TableCache, commit_table
+from coordinator.maintenance import MaintenanceSettings, compact, expire
+from coordinator.state import Accepted
+from icesink.catalogs import SqlCatalog, sqlite_catalog_properties
+from icesink.iceberg import to_file_info
+from icesink.protocol import TopicPartition
+from spark_bridge.rewrite import read_files
+
+PARTITIONS = 6  # source partitions: each round's positions name them all
+
+
+class FakeClock:
+    """``time.time`` for pyiceberg's snapshot timestamps: the simulated round's time."""
+
+    def __init__(self, start: float) -> None:
+        self.now = start
+
+    def time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the time module as is
+        return getattr(time, name)
+
+
+class TimedLock:
+    """A lock that records how long each holder kept it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since = 0.0
+        self.holds: list[float] = []
+
+    def __enter__(self) -> TimedLock:
+        self._lock.acquire()
+        self._since = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.holds.append(time.perf_counter() - self._since)
+        self._lock.release()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3000)
+    ap.add_argument("--interval-ms", type=int, default=1000, help="simulated time between rounds")
+    ap.add_argument("--rows", type=int, default=200, help="rows per round's file")
+    ap.add_argument("--every", type=int, default=250, help="print a line every this many rounds")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a MaintenanceSettings field, e.g. snapshot_max_age_ms=86400000")
+    ap.add_argument("--no-compaction", action="store_true")
+    args = ap.parse_args()
+    s = MaintenanceSettings()
+    for item in args.set:
+        key, _, value = item.partition("=")
+        s = dataclasses.replace(s, **{key: int(value)})
+    print(f"{args.rounds} rounds every {args.interval_ms} ms (simulated), {args.rows} rows each; "
+          f"retain-last {s.retain_last}, max-age {s.snapshot_max_age_ms} ms, "
+          f"compaction {'off' if args.no_compaction else f'after {s.min_input_files} files'}")
+    clock = FakeClock(time.time())
+    real = _snapshots.time
+    _snapshots.time = clock  # type: ignore[assignment]
+    try:
+        run(args, s, clock)
+    finally:
+        _snapshots.time = real
+
+
+def run(args: argparse.Namespace, s: MaintenanceSettings, clock: FakeClock) -> None:
+    with tempfile.TemporaryDirectory(prefix="history-bench-") as tmp:
+        catalog = SqlCatalog("bench", **sqlite_catalog_properties(Path(tmp)))
+        catalog.create_namespace("bench")
+        schema = pa.schema([("id", pa.int64()), ("shop", pa.string()), ("price", pa.float64())])
+        table = catalog.create_table("bench.t", schema=schema)
+        name = "bench.t"
+        cache = TableCache()
+        lock = TimedLock()
+        manifests: dict[str, frozenset[str]] = {}
+        live: dict[str, Any] = {}
+        commits: list[float] = []
+        commit_cpu: list[float] = []  # the commit's CPU on its thread: less noisy than wall time on a busy machine
+        expiry_holds: list[float] = []
+        compaction_holds: list[float] = []
+        tps = [TopicPartition("pizzas", p) for p in range(PARTITIONS)]
+        print(f"{'round':>6} {'snapshots':>9} {'metadata KB':>11} {'manifests':>9} {'commit ms':>9} "
+              f"{'(median)':>8} {'CPU ms':>6} {'expiry lock ms':>14} {'compaction lock ms':>18} {'pass ms':>8}")
+        passes: list[float] = []
+        for r in range(1, args.rounds + 1):
+            clock.now += args.interval_ms / 1000
+            rows = pa.table({"id": pa.array(range(r * args.rows, (r + 1) * args.rows), pa.int64()),
+                             "shop": pa.array([f"s{r % 7}"] * args.rows), "price": pa.array([1.5] * args.rows)})
+            files = list(_dataframe_to_data_files(table.metadata, rows, table.io, write_uuid=uuid.uuid4()))
+            batch = [Accepted(100 + r, f"round-{r}", "w1", (), {name: tuple(to_file_info(f, 0) for f in files)},
+                              None)]
+            began, cpu = time.perf_counter(), time.thread_time()
+            with lock:
+                out = commit_table(catalog, name, batch, group="bench", epoch=1, commit_id=f"round-{r}",
+                                   positions={tp: r * 1000 for tp in tps}, valid_through_ms=None, tables=cache)
+            commits.append(time.perf_counter() - began)
+            commit_cpu.append(time.thread_time() - cpu)
+            assert out.snapshot_id is not None
+            table = cache.get(name) or catalog.load_table(name)
+            began = time.perf_counter()
+            holds = len(lock.holds)
+            expired = expire(catalog, name, s, lock, manifests, now_ms=int(clock.now * 1000), seen=table)
+            expiry_holds += lock.holds[holds:]
+            if expired.snapshots:
+                cache.drop(name)
+            if not args.no_compaction:
+                holds = len(lock.holds)
+                done = compact(catalog, name, s, lock, _rewrite, live, seen=cache.get(name))
+                compaction_holds += lock.holds[holds:]
+                if done is not None and done.snapshot_id is not None:
+                    cache.drop(name)
+            passes.append(time.perf_counter() - began)
+            if r % args.every == 0 or r == args.rounds:
+                table = catalog.load_table(name)
+                snap = table.current_snapshot()
+                meta_kb = os.path.getsize(table.metadata_location.removeprefix("file://")) / 1024
+                recent = commits[-args.every:]
+                print(f"{r:>6} {len(table.metadata.snapshots):>9} {meta_kb:>11.0f} "
+                      f"{len(snap.manifests(table.io)) if snap else 0:>9} {1000 * recent[-1]:>9.1f} "
+                      f"{1000 * statistics.median(recent):>8.1f} {1000 * statistics.median(commit_cpu[-args.every:]):>6.1f} "
+                      f"{1000 * max(expiry_holds, default=0):>14.1f} "
+                      f"{1000 * max(compaction_holds, default=0):>18.1f} "
+                      f"{1000 * max(passes[-args.every:]):>8.0f}", flush=True)
+
+
+def _rewrite(table: Any, data_files: Any, delete_files: Any, prefix: str) -> list[Any]:
+    """Compaction's rewriter without Spark: pyiceberg reads and writes."""
+    return list(_dataframe_to_data_files(table.metadata, read_files(table, data_files, delete_files), table.io,
+                                         write_uuid=uuid.uuid4()))
+
+
+if __name__ == "__main__":
+    main()
