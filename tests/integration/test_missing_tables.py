@@ -60,6 +60,26 @@ def _setup(broker: Any, catalog_props: dict[str, str], tmp_path: Path, ns: str, 
     return catalog, topic, cfg
 
 
+def _run_then_drop(broker: Any, catalog: Any, replicas: Any, topic: str, values: list[bytes], name: str,
+                   ns: str) -> Any:
+    """Start replica ``name``, commit the first 1000 records to both tables, drop ``ns.b`` (as
+    another writer would: the running replica keeps writing its files, parked), send the next
+    1000 and wait for ``ns.a`` to hold its rows of them; the table as it was before the drop."""
+    from icesink.app.pizzas import produce
+    from tests.support.sinkrun import wait_rows, wait_up
+
+    a, b = f"{ns}.a", f"{ns}.b"
+    replicas.start(name)
+    wait_up(replicas)
+    asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
+    wait_rows(catalog, replicas, (a, b), 500, timeout_s=240)
+    dropped = catalog.load_table(b)
+    catalog.drop_table(b)
+    asyncio.run(produce(broker.bootstrap, topic, values[1000:2000], partitions=2))
+    wait_rows(catalog, replicas, (a,), 1000, timeout_s=120)
+    return dropped
+
+
 def _missing_status(replicas: Any) -> dict[str, Any]:
     from tests.support.sinkrun import http_json
 
@@ -87,15 +107,8 @@ def test_a_replica_started_while_a_table_is_dropped_waits_for_it_and_every_table
     values = _values(4000, seed=41)
     replicas = ReplicaSet(cfg, tmp_path / "logs")
     try:
-        replicas.start("m1")
-        wait_up(replicas)
-        asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
-        wait_rows(catalog, replicas, (a, b), 500, timeout_s=240)
-        dropped = catalog.load_table(b)
+        dropped = _run_then_drop(broker, catalog, replicas, topic, values, "m1", "mt")
         schema, spec, location = dropped.schema(), dropped.spec(), dropped.location()
-        catalog.drop_table(b)  # another writer drops it; the running replica keeps its files (parked)
-        asyncio.run(produce(broker.bootstrap, topic, values[1000:2000], partitions=2))
-        wait_rows(catalog, replicas, (a,), 1000, timeout_s=120)
 
         # The replica restarts while b is gone: it loads a, finds b missing, and must neither
         # exit (it did, with exit code 2: "create table mt.b before starting") nor skip b's records.
@@ -139,13 +152,7 @@ def test_a_dropped_table_created_again_by_a_starting_replica_ends_exact(broker, 
     values = _values(3000, seed=42)
     replicas = ReplicaSet(cfg, tmp_path / "logs")
     try:
-        replicas.start("c1")
-        wait_up(replicas)
-        asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
-        wait_rows(catalog, replicas, (a, b), 500, timeout_s=240)
-        catalog.drop_table(b)
-        asyncio.run(produce(broker.bootstrap, topic, values[1000:2000], partitions=2))
-        wait_rows(catalog, replicas, (a,), 1000, timeout_s=120)
+        _run_then_drop(broker, catalog, replicas, topic, values, "c1", "mc")
         wait_for("b parked", lambda: b in ((coordinator_status(replicas) or (None, {}))[1].get("parked") or {}),
                  60, replicas)
 
