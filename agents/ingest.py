@@ -2,7 +2,9 @@
 offset order, screened (tombstones, oversized values), routed to their tables, converted to
 Arrow in bulk (agents/convert, agents/formats, the Debezium transform, schema evolution) and
 buffered (agents/buffer.py); bad records go to the dead letters. Full buffers pause the
-partitions and ask for an early round (backpressure)."""
+partitions and ask for an early round (backpressure). A fetch with records for a table that
+does not exist and may not be created holds its partition back until the table is back
+(agents/missing.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,9 +27,10 @@ from agents import mirror
 from agents.debezium import CDC_COLUMN
 from agents.routing import Routes
 from agents.source_consumer import Fetched
-from agents.tables import Target, create_target, load_target
+from agents.tables import Target, create_target, holds_group_state, load_target, not_created
 from agents.tasks import highwater, unless_moved
 from agents.worker_state import WorkerState
+from icesink.control import ControlReader
 from icesink.errors import ConfigError
 from icesink.protocol import CommitRequest, SchemaProposal
 from icesink.faults import should_crash
@@ -58,9 +61,9 @@ class Ingest(WorkerState):
             st = self.buffers.partitions.get(tp)
             if st is None or not st.active:
                 continue
-            if self._backpressure:
-                # Paused because the buffers are full: records still in flight would grow
-                # them past the bound. They are read again: the release seeks back.
+            if self._backpressure or self._missing.is_held(tp):
+                # Paused because the buffers are full (records still in flight would grow them
+                # past the bound) or a table is missing. They are read again: the release seeks back.
                 continue
             taken, suspect = st.select(records, fetched.fetched_at)
             if taken:
@@ -93,7 +96,8 @@ class Ingest(WorkerState):
             return
         consumer = self.app.consumer
         for tp, st in list(self.buffers.partitions.items()):
-            hw = highwater(consumer, tp.topic, tp.partition) if st.active and not st.reseeking else None
+            probe = st.active and not st.reseeking and not self._missing.is_held(tp)
+            hw = highwater(consumer, tp.topic, tp.partition) if probe else None
             seen = self._progress.get(tp)  # next offset, high watermark, since when, probed
             if seen is not None and seen[3] and st.next_offset > seen[0]:
                 self.metrics.partition_stalls.labels(topic=tp.topic, partition=str(tp.partition)).inc()
@@ -115,18 +119,20 @@ class Ingest(WorkerState):
 
     async def _reseek_and_resume(self, st: PartitionState) -> None:
         await self._seek(st, st.next_offset)
-        if not self._backpressure and st.active:
+        if not self._backpressure and st.active and not self._missing.is_held(st.tp):
             self.app.consumer.resume_partitions([TP(st.tp.topic, st.tp.partition)])
 
     async def _buffer(self, st: PartitionState, messages: Sequence[Any]) -> None:
         # Tombstones and too-large values never reach conversion; their offsets still count.
         screened = screen(messages, self.settings.max_record_bytes)
         values = screened.values
+        fanout = self._decode_fanout(values, screened.messages_of(messages))
+        routes = fanout[0] if fanout is not None else self.router.route(values) if values else Routes({}, ())
+        if any(name not in self.targets for name in routes.by_table) and await self._held_back(st, routes.by_table):
+            return  # nothing of this fetch is taken: read again once its tables exist
         self.deadletters.tombstones(st.tp.topic, screened.tombstones)
         rejects: list[tuple[Reject, str | None]] = [(r, None) for r in screened.rejects]
         self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(screened.nbytes)
-        fanout = self._decode_fanout(values, screened.messages_of(messages))
-        routes = fanout[0] if fanout is not None else self.router.route(values) if values else Routes({}, ())
         if routes.unrouted:
             no_route = sum(1 for r in routes.unrouted if r.reason.startswith("no route"))
             self.metrics.records_unrouted.labels(topic=st.tp.topic).inc(no_route)
@@ -366,6 +372,92 @@ class Ingest(WorkerState):
         self.targets[name] = target
         return target
 
+    async def _held_back(self, st: PartitionState, names: Iterable[str]) -> bool:
+        """Whether a fetch of ``st`` with records routed to ``names`` waits for a missing table
+        (agents/missing.py): then ``st`` is paused where it is, and True. A table not loaded is
+        looked up; without auto-create, one that does not exist is refused on the group's first
+        start (exit code 2) and waited for after."""
+        missing = []
+        for name in names:
+            if name in self.targets:
+                continue
+            if name not in self._missing.tables:
+                if self.settings.auto_create:
+                    continue  # created from its records (_target)
+                target = await self.offload.run(load_target, self.catalog, name, self.settings)
+                if target is not None:
+                    self.targets[name] = target
+                    continue
+                if not await self._group_has_run():
+                    raise not_created(name)
+                self._wait_for(name)
+            missing.append(name)
+        if not missing:
+            return False
+        self._missing.hold(st.tp, missing)
+        self.app.consumer.pause_partitions([TP(st.tp.topic, st.tp.partition)])
+        self._update_paused()
+        log.warning("%s: records from offset %d go to %s, which does not exist: the partition is held there "
+                    "until it does (/status missing_tables)", st.tp, st.next_offset, ", ".join(missing))
+        return True
+
+    def _wait_for(self, name: str) -> None:
+        if self._missing.add(name):
+            self.metrics.table_missing.labels(table=name).set(1)
+            log.warning("table %s does not exist (dropped by another writer?) and iceberg.tables.auto-create-enabled "
+                        "is false: partitions with records for it wait until it is back (recreated with the same "
+                        "schema, partition spec and location); the other partitions go on", name)
+
+    async def _group_has_run(self) -> bool:
+        """Whether the group completed a round (the coordinator's group has a committed offset)
+        or a table holds its sink state: a table missing now was not a typo of a first start."""
+        if not self._missing.group_has_run:
+            group = self.settings.group_id
+            reader = ControlReader(self.bootstrap, self.settings.control_topic, group,
+                                   self.settings.kafka_client_kwargs(), commit_group=f"{group}-coordinator")
+            await reader.start()
+            try:
+                ran = await reader.committed() is not None
+            finally:
+                await reader.stop()
+            if not ran:
+                names = sorted(set(self.settings.tables) | set(self.targets))
+                ran = await self.offload.run(holds_group_state, self.catalog, names, group)
+            self._missing.group_has_run = ran
+        return self._missing.group_has_run
+
+    async def _look_for_missing(self) -> None:
+        """Look each missing table up again once its backoff is over (from _housekeeping); the
+        partitions a table that is back held read on from where they stopped."""
+        for name in self._missing.due():
+            error = None
+            try:
+                target = await self.offload.run(load_target, self.catalog, name, self.settings)
+            except ConfigError as exc:  # back, but the settings do not fit it (mirror keys, column properties)
+                self.fail(exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - the catalog is away: looked up again after the backoff
+                target, error = None, f"{type(exc).__name__}: {exc}"
+            if target is None:
+                if self._missing.still_missing(name, error):
+                    m = self._missing.tables[name]
+                    log.warning("table %s still does not exist (%d look-ups%s); held partitions: %s", name,
+                                m.attempts, f", the last failed: {error}" if error else "",
+                                ", ".join(map(str, sorted(m.held))) or "none")
+                continue
+            self.targets[name] = target
+            freed = self._missing.found(name)
+            self.metrics.table_missing.labels(table=name).set(0)
+            log.info("table %s exists again: partitions %s read on", name, ", ".join(map(str, freed)) or "none")
+            for tp in freed:
+                st = self.buffers.partitions.get(tp)
+                if st is None or not st.active:
+                    continue  # its Resume seeks and resumes it
+                st.reseeking = True
+                owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
+                self._owner.spawn(unless_moved(self._reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")
+        self._update_paused()
+
     async def _apply_backpressure(self) -> None:
         if not self._backpressure:
             self._backpressure = True
@@ -392,8 +484,9 @@ class Ingest(WorkerState):
         live set of active partitions), so the consumer's position is past them."""
         if not self._backpressure or self.buffers.full:
             return
+        reading = [st for tp, st in self.buffers.partitions.items() if st.active and not self._missing.is_held(tp)]
         try:
-            await self._seek_all([(st, st.next_offset) for st in self.buffers.partitions.values() if st.active])
+            await self._seek_all([(st, st.next_offset) for st in reading])
         except Exception as exc:  # stay paused: _housekeeping tries again
             log.warning("seek before resuming failed (%s); partitions stay paused", exc)
             return
@@ -401,7 +494,8 @@ class Ingest(WorkerState):
             return
         self._backpressure = False
         self._last_request = 0.0  # the next fill is a new request, not a repeat
-        active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active]
+        held = self._missing.is_held
+        active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active and not held(tp)]
         self.app.consumer.resume_partitions(active)
         self._update_paused()
 

@@ -47,6 +47,7 @@ class Ownership(WorkerState):
         for tp in list(self.buffers.partitions):
             if tp not in mine:
                 self.buffers.release(tp)
+                self._missing.release(tp)
                 self._claimed_at.pop(tp, None)
         for tp in mine:
             self.buffers.claim(tp, self.generation)
@@ -82,10 +83,10 @@ class Ownership(WorkerState):
         consumer.resume_partitions = resume_unless_held  # type: ignore[method-assign]  # Faust (pinned)
 
     def _held(self, tp: Any) -> bool:
-        """A source partition this worker keeps paused: claimed and not resumed yet, or any
-        while the buffers are full."""
+        """A source partition this worker keeps paused: claimed and not resumed yet, held for a
+        missing table (agents/missing.py), or any while the buffers are full."""
         st = self.buffers.partitions.get(_tp(tp))
-        return st is not None and (not st.active or self._backpressure)
+        return st is not None and (not st.active or self._backpressure or self._missing.is_held(_tp(tp)))
 
     async def _on_rebalance_complete(self, sender: Any, **_: Any) -> None:
         # Pause what is not resumed yet; Faust's resume that follows leaves it paused
@@ -115,6 +116,7 @@ class Ownership(WorkerState):
             if not await unless_moved(self._seek(st, seek_to), owned, f"seek of {pos.tp}"):
                 continue
             self._claimed_at.pop(pos.tp, None)
+            self._missing.release(pos.tp)  # read on from here: a fetch for a missing table holds it again
             if not self._backpressure:
                 self.app.consumer.resume_partitions([TP(pos.tp.topic, pos.tp.partition)])
             log.info("resumed %s at offset %d (generation %d)", pos.tp, seek_to, ev.generation)

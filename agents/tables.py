@@ -1,7 +1,9 @@
 """Target tables of a worker: load, or auto-create from the first records (blocking calls).
 
 When a table exists its schema is the truth and records are coerced to it. Auto-created
-tables take the schema inferred from the first batch and the configured partition spec.
+tables take the schema inferred from the first batch and the configured partition spec. Without
+auto-create, a table that does not exist is refused on a group's first start (:func:`not_created`)
+and waited for once the group has run (:func:`holds_group_state`, agents/missing.py).
 
 How a column's JSON values are encoded can be stated in table properties, which become
 field metadata of the target's Arrow schema (see agents/convert/):
@@ -30,8 +32,8 @@ from pyiceberg.types import DoubleType, FloatType, ListType, MapType, NestedFiel
 
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_field_metadata
 from icesink.config import Settings
-from icesink.errors import ConfigError, UnsupportedTypeError
-from icesink.iceberg import mirror_keys, split_name
+from icesink.errors import ConfigError, ProtocolError, UnsupportedTypeError
+from icesink.iceberg import latest_sink_summary, mirror_keys, split_name
 from icesink.partitioning import build_partition_spec, parse_partition_by
 
 NAME_MAPPING = "schema.name-mapping.default"
@@ -83,6 +85,30 @@ def load_target(catalog: Catalog, name: str, settings: Settings | None = None) -
         return None
 
 
+def not_created(name: str) -> ConfigError:
+    """What refuses a missing table without auto-create on a group's first start (agents/missing.py)."""
+    return ConfigError(
+        "iceberg.tables.auto-create-enabled", False,
+        f"true, or create table {name} before starting (it does not exist)",
+    )
+
+
+def holds_group_state(catalog: Catalog, names: list[str], group: str) -> bool:
+    """Whether any of the tables ``names`` (as the catalog has them now) holds ``group``'s sink
+    state: the group committed to it (agents/missing.py)."""
+    for name in names:
+        try:
+            table = catalog.load_table(name)
+        except NoSuchTableError:
+            continue
+        try:
+            if latest_sink_summary(table, group) is not None:
+                return True
+        except ProtocolError:  # a state property no longer readable is a state all the same
+            return True
+    return False
+
+
 def _namespace_exists(catalog: Catalog, namespace: str) -> bool:
     try:
         catalog.load_namespace_properties(namespace)
@@ -94,10 +120,7 @@ def _namespace_exists(catalog: Catalog, namespace: str) -> bool:
 def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.Schema | Schema) -> Target:
     """Create ``name`` from an inferred Arrow (or Iceberg) schema; another replica may win the race."""
     if not settings.auto_create:
-        raise ConfigError(
-            "iceberg.tables.auto-create-enabled", False,
-            f"true, or create table {name} before starting (it does not exist)",
-        )
+        raise not_created(name)
     namespace, _ = split_name(name)
     if not _namespace_exists(catalog, namespace):  # one read; creating first fails every time but once
         try:

@@ -42,6 +42,7 @@ from agents.evolution import Evolver
 from agents.faust_app import FaustApp
 from agents.formats import RecordFormat
 from agents.ingest import Ingest
+from agents.missing import MissingTables
 from agents.ownership import Ownership
 from agents.rounds import Rounds
 from agents.routing import Router
@@ -102,6 +103,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self.offload = Offload()
         self.buffers = Buffers(settings.buffer_max_bytes)
         self.targets: dict[str, Target] = {}
+        self._missing = MissingTables()  # tables waited for (agents/missing.py)
         self.format = RecordFormat(settings)
         self.deadletters = DeadLetters(settings, metrics, self.worker_id)
         pattern = settings.debezium_target_pattern
@@ -189,6 +191,10 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             target = await self.offload.run(load_target, self.catalog, name, self.settings)
             if target is not None:
                 self.targets[name] = target
+        absent = [name for name in self.settings.tables if name not in self.targets]
+        if absent and not self.settings.auto_create and await self._group_has_run():
+            for name in absent:  # shown and looked up from now; a first start refuses at its first record
+                self._wait_for(name)
         self._owner.spawn(self._control_loop(), "control")
         self._owner.spawn(self._housekeeping(), "housekeeping")
         await self._start_faust()
@@ -223,6 +229,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         out["buffered"] = {"rows": self.buffers.rows, "bytes": self.buffers.nbytes,
                            "written_ahead_rows": self.buffers.written_rows,
                            "fetched_bytes": self.buffers.fetched_bytes, "backpressure": self._backpressure}
+        out["missing_tables"] = self._missing.status()
         coordinator = self._coordinator if self._coordinator_task is not None else None
         out["coordinator"] = dict(coordinator.status) if coordinator is not None else None
         return out
@@ -328,6 +335,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             if self._backpressure:
                 await self._check_backpressure()
             self._check_stalls(now)
+            await self._look_for_missing()
             self._update_gauges()
 
     def _update_gauges(self) -> None:
@@ -342,7 +350,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
                     self.metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, hw - st.next_offset))
 
     def _update_paused(self) -> None:
-        paused = sum(1 for st in self.buffers.partitions.values() if not st.active)
+        paused = sum(1 for tp, st in self.buffers.partitions.items() if not st.active or self._missing.is_held(tp))
         if self._backpressure:
             paused = len(self.buffers.partitions)
         self.metrics.paused_partitions.set(paused)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from agents.debezium import DebeziumTransform
     from agents.evolution import Evolver
     from agents.formats import RecordFormat
+    from agents.missing import MissingTables
     from agents.routing import Router
     from agents.source_consumer import Fetched
     from agents.tables import Target
@@ -47,6 +48,7 @@ class WorkerState:
     offload: Offload
     buffers: Buffers
     targets: dict[str, Target]
+    _missing: MissingTables  # tables waited for (agents/missing.py)
     format: RecordFormat
     deadletters: DeadLetters
     debezium: DebeziumTransform | None
@@ -103,6 +105,9 @@ class WorkerState:
         async def _release_backpressure(self) -> None: ...
         async def _check_backpressure(self) -> None: ...
         async def _reseek_and_resume(self, st: PartitionState) -> None: ...
+        def _wait_for(self, name: str) -> None: ...
+        async def _group_has_run(self) -> bool: ...
+        async def _look_for_missing(self) -> None: ...
 
         # agents/rounds.py
         async def _respond(self, commit_id: str) -> None: ...

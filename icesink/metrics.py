@@ -225,6 +225,11 @@ class Metrics:
             "icesink_table_parked",
             "1 while a table is parked: its commits kept failing, its data and the checkpoint are held for it "
             "while every other table keeps committing (see /status parked)", ["table"], registry=r)
+        self.table_missing = Gauge(
+            "icesink_table_missing",
+            "1 while a table this worker's records go to does not exist and may not be created (dropped by another "
+            "writer): the partitions with records for it are held back (see /status missing_tables)",
+            ["table"], registry=r)
         self.commits_announced_late = Counter(
             "icesink_commits_announced_late_total",
             "Table commits announced (CommitToTable) by a later attempt or coordinator: the one that made the "

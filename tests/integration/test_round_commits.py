@@ -173,8 +173,8 @@ def test_a_dropped_table_is_parked_while_the_other_keeps_committing(broker, cata
 
         # The coordinator's replica is killed while the table is parked: the other replica's
         # coordinator replays from the held checkpoint, parks the table again, and the good table
-        # goes on. (No replica is started: without auto-create a starting replica refuses to run
-        # without every configured table.)
+        # goes on. (No replica is started here: test_missing_tables.py starts one while a table
+        # is gone.)
         replicas.kill(leader.name)
         asyncio.run(produce(broker.bootstrap, topic, values[5000:5500], partitions=2))
         wait_rows(catalog, replicas, (good,), 5500, timeout_s=180)

@@ -12,6 +12,7 @@ from agents import ingest as ingest_module
 from agents.buffer import Buffers
 from agents.deadletter import DeadLetters
 from agents.formats import RecordFormat
+from agents.missing import MissingTables
 from agents.routing import Router
 from agents.source_consumer import Fetched
 from agents.tables import Target
@@ -75,6 +76,7 @@ def make_worker(max_bytes: int) -> Worker:
     w._backpressure = False
     w._last_request = 0.0
     w._fanout = None
+    w._missing = MissingTables()
     w.buffers.claim(P, 1)
     w.buffers.resume(P, 0, now=0.0)
     return w

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from agents.formats import RecordFormat
+from agents.missing import MissingTables
 from agents.routing import Router
 from typing import Any
 
@@ -264,7 +265,7 @@ def worker_stub(tmp_path, producer, **extra: Any) -> Any:
         targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA, keys=None)},
         deadletters=DeadLetters(s, metrics, "w1", producer=producer),
         router=Router(s), format=RecordFormat(s), debezium=None, evolver=None, _fanout=None,
-        write_failures=WriteFailures(5),
+        write_failures=WriteFailures(5), _missing=MissingTables(),
     ).items():
         setattr(stub, name, value)
     stub.buffers.claim(TP, 1)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from faust.types import TP
 
 from agents.buffer import Buffers
+from agents.missing import MissingTables
 from agents.worker import Worker
 from icesink.protocol import Position, Resume, TopicPartition
 
@@ -40,6 +41,7 @@ def make_worker() -> Worker:
     w._rebalanced = asyncio.Event()
     w._claimed_at = {}
     w._open_round = None
+    w._missing = MissingTables()
     w._update_paused = lambda: None
 
     async def supervise() -> None:

@@ -1,0 +1,184 @@
+"""A table a worker's records go to that does not exist, without auto-create (agents/missing.py):
+refused on the group's first start; once the group has run, the partition with records for it
+is held back (paused, nothing of its fetch taken, its range never passing them) while the
+others go on, the table is looked up again with capped backoff, and once it is back the
+partition reads on from where it stopped. The real-process test is
+tests/integration/test_missing_tables.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pytest
+from faust.types import TP
+
+from agents import ingest as ingest_module
+from agents.missing import RETRY_FIRST_S, RETRY_MAX_S, MissingTables
+from agents.routing import Router
+from agents.source_consumer import Fetched
+from agents.tables import Target
+from agents.tasks import TaskOwner
+from icesink.config import build
+from icesink.errors import ConfigError
+from icesink.protocol import TopicPartition
+from tests.unit.test_backpressure import make_worker
+
+A, B = "db.a", "db.b"
+P0, P1 = TopicPartition("t", 0), TopicPartition("t", 1)
+SCHEMA = pa.schema([("id", pa.int64()), ("dest", pa.string())])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_look_ups_back_off_doubling_to_a_cap_and_a_table_back_frees_only_what_waits_for_nothing_else():
+    clock = Clock()
+    m = MissingTables(clock=clock, wall=lambda: 5.0)
+    assert m.add(A) and not m.add(A)
+    m.add(B)
+    m.hold(P0, [A])
+    m.hold(P1, [A, B])
+    assert m.is_held(P0) and m.is_held(P1) and not m.is_held(TopicPartition("t", 2))
+    assert m.due() == []
+    clock.now += RETRY_FIRST_S
+    assert m.due() == [A, B]
+    waits = []
+    for _ in range(8):
+        m.still_missing(A)
+        waits.append(m.tables[A].next_at - clock.now)
+    assert waits == [min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** k) for k in range(1, 9)] and waits[-1] == RETRY_MAX_S
+    m.still_missing(B, "OSError: catalog away")
+    status = m.status()
+    assert status[A] == {"since": 5.0, "attempts": 8, "held_partitions": ["t[0]", "t[1]"],
+                         "next_attempt_in_s": RETRY_MAX_S, "error": None}
+    assert status[B]["error"] == "OSError: catalog away" and status[B]["held_partitions"] == ["t[1]"]
+    assert m.found(A) == [P0]  # P1 still waits for B
+    assert m.found(B) == [P1] and m.tables == {}
+    m.add(A)
+    m.hold(P0, [A])
+    m.release(P0)  # moved away, or read again from its Resume
+    assert not m.is_held(P0) and m.found(A) == []
+
+
+def worker(group_has_run: bool, monkeypatch, tables: dict[str, Target | None]):
+    """Two tables routed on ``dest``, partition 0 and 1 active from offset 0; ``tables``: what
+    the catalog holds (load_target)."""
+    w = make_worker(max_bytes=1 << 30)
+    w.settings = build({"topics": "t", "iceberg.tables": f"{A},{B}", "iceberg.tables.route-field": "dest",
+                        f"iceberg.table.{A}.route-regex": "a", f"iceberg.table.{B}.route-regex": "b"},
+                       warn_unknown=False)
+    w.router = Router(w.settings)
+    w.targets = {A: Target(A, None, SCHEMA)}
+    w._missing = MissingTables(clock=Clock())
+    w.buffers.claim(P1, 1)
+    w.buffers.resume(P1, 0, now=0.0)
+    w.generation = 1
+    w.failures = []
+    w._owner = TaskOwner(w.failures.append)
+    w.catalog = None
+    w.offload = SimpleNamespace(run=lambda fn, *args: asyncio.sleep(0, fn(*args)))
+    w.status = {}
+    w.fail = lambda exc, exit_code=2: w.failures.append(exc)
+    monkeypatch.setattr(ingest_module, "load_target", lambda catalog, name, settings=None: tables.get(name))
+    w.lookups = 0
+
+    async def has_run() -> bool:
+        w.lookups += 1
+        return group_has_run
+
+    w._group_has_run = has_run
+    return w
+
+
+def fetch(tp: TopicPartition, start: int, dests: str) -> Fetched:
+    return Fetched({tp: [SimpleNamespace(
+        topic=tp.topic, partition=tp.partition, offset=start + i, timestamp=None, key=None, headers=(),
+        value=json.dumps({"id": start + i, "dest": d}).encode()) for i, d in enumerate(dests)]}, time.monotonic())
+
+
+def calls(w) -> list:
+    return [c for c in w.app.consumer.calls if c[0] in ("pause", "seek", "resume")]
+
+
+def test_on_a_first_start_a_missing_table_is_refused_naming_the_setting(monkeypatch):
+    w = worker(group_has_run=False, monkeypatch=monkeypatch, tables={})
+    with pytest.raises(ConfigError, match="iceberg.tables.auto-create-enabled.*create table db.b"):
+        asyncio.run(w.on_fetch(fetch(P1, 0, "ab")))
+    assert w.buffers.partitions[P1].next_offset == 0
+
+
+def test_once_the_group_has_run_the_partition_waits_for_the_table_and_reads_on_when_it_is_back(monkeypatch):
+    tables: dict[str, Target | None] = {}
+    w = worker(group_has_run=True, monkeypatch=monkeypatch, tables=tables)
+    clock = w._missing.clock
+
+    async def run():
+        await w.on_fetch(fetch(P0, 0, "aaa"))  # a's records only: taken
+        await w.on_fetch(fetch(P1, 0, "aab"))  # a record for b: nothing of the fetch is taken
+        st0, st1 = w.buffers.partitions[P0], w.buffers.partitions[P1]
+        assert st0.next_offset == 3 and st1.next_offset == 0 and st1.chunks == []
+        assert calls(w) == [("pause", [TP("t", 1)])]
+        assert w._missing.is_held(P1) and w.metrics.table_missing.labels(table=B)._value.get() == 1
+        assert w.metrics.paused_partitions._value.get() == 1
+        await w.on_fetch(fetch(P1, 3, "aaa"))  # in flight after the pause: skipped, read again later
+        await w.on_fetch(fetch(P0, 3, "ab"))  # another partition with a record for b: held too, no look-up
+        assert st1.next_offset == 0 and st0.next_offset == 3 and w.lookups == 1
+        snap = w.buffers.take(1)  # a round reports neither past its first record for b
+        assert sorted((str(r.tp), r.start, r.end) for r in snap.ranges) == [("t[0]", 0, 3), ("t[1]", 0, 0)]
+        assert w._missing.status()[B]["held_partitions"] == ["t[0]", "t[1]"]
+
+        await w._look_for_missing()  # not due yet
+        clock.now += RETRY_FIRST_S
+        await w._look_for_missing()  # still gone
+        assert w._missing.tables[B].attempts == 1 and [c for c in calls(w) if c[0] != "pause"] == []
+        tables[B] = Target(B, None, SCHEMA)  # recreated
+        clock.now += RETRY_MAX_S
+        await w._look_for_missing()
+        await asyncio.sleep(0.01)
+        assert B in w.targets and not w._missing.tables
+        assert w.metrics.table_missing.labels(table=B)._value.get() == 0
+        after = [c for c in calls(w) if c[0] != "pause"]  # each sought back to where it stopped, then resumed
+        for tp, offset in ((TP("t", 0), 3), (TP("t", 1), 0)):
+            assert after.index(("seek", {tp: offset})) < after.index(("resume", [tp]))
+        assert len(after) == 4
+        await w.on_fetch(fetch(P1, 0, "aab"))
+        await w.on_fetch(fetch(P0, 3, "ab"))
+        snap = w.buffers.take(1)
+        assert sorted((str(r.tp), r.start, r.end) for r in snap.ranges) == [("t[0]", 3, 5), ("t[1]", 0, 3)]
+        rows = snap.tables()
+        assert rows[B].num_rows == 2 and rows[A].num_rows == 3
+
+    asyncio.run(run())
+    assert w.failures == []
+
+
+def test_a_table_missing_at_start_is_shown_at_once_and_a_held_partition_stays_paused_through_faust_resume(monkeypatch):
+    w = worker(group_has_run=True, monkeypatch=monkeypatch, tables={})
+    w._wait_for(B)  # what Worker._start does for a configured table it cannot load, once the group has run
+    assert B in w._missing.status() and w.metrics.table_missing.labels(table=B)._value.get() == 1
+    w._hold_paused_partitions()
+
+    async def run():
+        await w.on_fetch(fetch(P1, 0, "b"))
+        assert w.lookups == 0 and w._missing.is_held(P1)
+        w.app.consumer.resume_partitions([TP("t", 0), TP("t", 1)])  # Faust's resume after a rebalance
+        assert w.app.consumer.calls[-1] == ("resume", [TP("t", 0)])
+        await w._on_assigned(None, {TP("t", 0)})  # P1 moved away: nothing held for it any more
+        assert not w._missing.is_held(P1) and w._missing.status()[B]["held_partitions"] == []
+
+    w._rebalanced = asyncio.Event()
+    w._claimed_at = {}
+    w._settle_voided = lambda: None
+    w.app.consumer_generation_id = 2
+    monkeypatch.setattr("agents.ownership.group_member_id", lambda app: "m")
+    w._send_claim = lambda tps: asyncio.sleep(0)
+    asyncio.run(run())
