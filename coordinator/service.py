@@ -28,7 +28,7 @@ from coordinator.gc import in_flight_files, normalize
 from coordinator.maintenance import Maintainer, MaintenanceSettings, Rewriter, TableLocks
 from coordinator.mirror import MirrorIndexes, delete_keys_files
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
-from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
+from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event, next_epoch
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader
 from icesink.errors import ControlLogError, FencedError, is_retriable
@@ -182,7 +182,7 @@ class Coordinator:
             if not batch and await self._reader.position() >= end:
                 break
         epochs = [self.state.log_epoch] + [st.epoch for st in states.values()]
-        self.epoch = max(epochs) + 1
+        self.epoch = next_epoch(epochs)
         self.metrics.coordinator_epoch.set(self.epoch)
         # Rewinds were sent by the previous coordinator; the files may not be deleted yet.
         decided = [f for r in self.state.take_rejected() for f in r.files]

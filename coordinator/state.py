@@ -8,10 +8,12 @@ reaches the same decisions as the one that crashed (docs/commits.md).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import assert_never
 
 from icesink.errors import PreconditionFailed
+from icesink.protocol.codec import MAX_EPOCH
 from icesink.protocol import (
     Claim,
     CommitComplete,
@@ -30,6 +32,8 @@ from icesink.protocol import (
     StartCommit,
     TopicPartition,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -314,6 +318,21 @@ class CoordinatorState:
     def take_rejected(self) -> list[Rejected]:
         out, self.rejected = self.rejected, []
         return out
+
+
+def next_epoch(epochs: list[int]) -> int:
+    """A recovering coordinator's epoch: one above every epoch seen (the log's, the tables'), so
+    it fences the coordinators before it, but never above MAX_EPOCH, the highest any reader
+    accepts: an epoch at it (only a forged or buggy event can get there) would otherwise leave
+    the next coordinator's events unreadable and stop the group for good. At the cap the next
+    coordinator shares the epoch, and fencing by epoch is lost: said once, loudly."""
+    top = max(epochs)
+    if top >= MAX_EPOCH:
+        log.error("coordinator epoch %d reached its maximum %d (a forged or buggy control event, or a table's "
+                  "sink state, holds it): coordinators no longer fence each other by epoch. Start the group on a "
+                  "new control topic (iceberg.control.adopt-log-id) to restore it", top, MAX_EPOCH)
+        return MAX_EPOCH
+    return top + 1
 
 
 def checkpoint_event(
