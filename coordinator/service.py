@@ -86,7 +86,7 @@ class Coordinator:
         self._reader = ControlReader(
             bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
             commit_group=f"{self.group}-coordinator", metrics=metrics, reader="coordinator",
-            secret=settings.control_signing_key(),
+            secret=producer.keyring,  # the replica's (agents/worker.py): the same key signs and checks
         )
         self._commit_task: asyncio.Task[None] | None = None
         self._commits = Offload(settings.table_commit_threads)  # a round's table commits run at once

@@ -36,7 +36,9 @@ def test_bad_control_records_are_skipped_and_counted_without_a_coordinator_resta
     from icesink.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from tests.support.sinkrun import assert_exact, control_events, metric, wait_rows, write_config, write_control
+    from tests.support.sinkrun import (
+        assert_exact, control_events, group_key, metric, wait_rows, write_config, write_control,
+    )
 
     catalog = load_catalog("it", **catalog_props)
     catalog.create_namespace("cv")  # two replicas creating it at once can race in the SQL catalog
@@ -52,7 +54,8 @@ def test_bad_control_records_are_skipped_and_counted_without_a_coordinator_resta
         asyncio.run(produce(broker.bootstrap, TOPIC, values[:4_000], partitions=4))
         wait_rows(catalog, replicas, (TABLE,), 4_000, timeout_s=300)
         # Sent one by one: the replicas' own events may fall between them.
-        bad_offsets = write_control(broker.bootstrap, CONTROL, BAD)
+        # Signed with the group's own secret (a replica's bug): the fields are what is judged.
+        bad_offsets = write_control(broker.bootstrap, CONTROL, BAD, secret=group_key(catalog, GROUP))
         first_bad = bad_offsets[0]
         asyncio.run(produce(broker.bootstrap, TOPIC, values[4_000:], partitions=4))
         wait_rows(catalog, replicas, (TABLE,), 8_000, timeout_s=120)

@@ -122,6 +122,16 @@ def control_events(bootstrap: str, topic: str, group: str) -> list[tuple[int, An
     return asyncio.run(read())
 
 
+def group_key(catalog: Any, group: str, namespace: str = "icesink") -> bytes:
+    """The signing key of a group without iceberg.control.secret: its own, in the catalog
+    (icesink/group_secret.py), as a replica of the group (or a test playing one) signs with."""
+    from icesink.group_secret import read_secret
+
+    stored = read_secret(catalog, namespace, group)
+    assert stored is not None, f"group {group} has no secret in namespace {namespace} of the catalog"
+    return stored.key.encode("ascii")
+
+
 def write_control(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]],
                   secret: bytes | None = None) -> list[int]:
     """Write raw (key, value) records to a control topic as someone outside the group would

@@ -235,7 +235,7 @@ def test_a_checkpoint_taken_right_after_a_group_reset_is_readable():
     st = run([Claim("w1", 7, (A, B), member="m1"), Resume(1, "w1", 7, (Position(A, 0), Position(B, 0)))])
     st.apply(10, Claim("w3", 1, (A,), member="m3"))  # the reset; B not claimed yet
     assert st.owners[B] == ("w1", -1)
-    batch, cp = st.plan_commit()
+    _batch, cp = st.plan_commit()
     done = checkpoint_event(2, "r", cp, None)
     assert decode(encode(done)) == done
 
