@@ -328,9 +328,9 @@ def next_epoch(epochs: list[int]) -> int:
     coordinator shares the epoch, and fencing by epoch is lost: said once, loudly."""
     top = max(epochs)
     if top >= MAX_EPOCH:
-        log.error("coordinator epoch %d reached its maximum %d (a forged or buggy control event, or a table's "
-                  "sink state, holds it): coordinators no longer fence each other by epoch. Start the group on a "
-                  "new control topic (iceberg.control.adopt-log-id) to restore it", top, MAX_EPOCH)
+        log.error("coordinator epoch %d reached its maximum %d (a buggy or forged control event, or a table's "
+                  "sink state, holds it): the epoch stays there and the group goes on, but coordinators no longer "
+                  "fence each other by epoch", top, MAX_EPOCH)
         return MAX_EPOCH
     return top + 1
 

@@ -323,8 +323,9 @@ def test_by_default_a_forged_empty_data_complete_from_outside_skips_no_record(br
     """Issue 40: without ``iceberg.control.secret`` (the default), an outsider who can write the
     control topic forged a ``DataComplete`` naming no files, for a partition's owner (read off the
     log) from its accepted position on: it passed every check and moved the position 500 records
-    on, which were never written (1,500 rows of 2,000). The group now signs with a secret of its
-    own, kept in the catalog: the forged event is skipped and counted, every record lands."""
+    on, which were never written (1,500 rows of 2,000); a forged StartCommit of epoch 10**400
+    stalled the group for good. The group now signs with a secret of its own, kept in the catalog:
+    both are skipped and counted, every record lands, and the secret is shown nowhere."""
     from pyiceberg.catalog import load_catalog
 
     from icesink.protocol import CommitComplete, DataComplete, OffsetRange, encode
@@ -355,7 +356,9 @@ def test_by_default_a_forged_empty_data_complete_from_outside_skips_no_record(br
         start = next(p.offset for p in cp.positions if p.tp == owner.tp)
         forged = DataComplete("forged", "forged", owner.worker, owner.generation,
                               (OffsetRange(owner.tp, start, start + 500),), 0)
-        write_control(broker.bootstrap, control, [(group.encode(), encode(forged))])
+        # and the epoch of 10**400 that stalled the group for good (every reader took it as the newest)
+        huge = json.dumps({"v": 1, "type": "start-commit", "epoch": 10**400, "commit_id": "forged"}).encode()
+        write_control(broker.bootstrap, control, [(group.encode(), encode(forged)), (group.encode(), huge)])
         asyncio.run(produce(broker.bootstrap, topic, values[1000:], partitions=2))
         wait_rows(catalog, replicas, (table,), len(values), timeout_s=120)
         invalid = {r: metric(w.metrics_port, f'icesink_control_events_invalid_total{{reader="{r}"}}')
@@ -364,7 +367,7 @@ def test_by_default_a_forged_empty_data_complete_from_outside_skips_no_record(br
                  for path in ("/status", "/metrics")]
     finally:
         replicas.stop_all()
-    assert invalid == {"worker": 1, "coordinator": 1}
+    assert invalid == {"worker": 2, "coordinator": 2}
     assert_exact(catalog, table, keys)
     # The group's secret: in the catalog, nowhere else.
     secret = group_key(catalog, group).decode()
