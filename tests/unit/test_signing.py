@@ -21,6 +21,14 @@ KEY = GROUP.encode()
 VALUE = encode(StartCommit(1, "r1"))
 
 
+@pytest.fixture(autouse=True)
+def forget_learned_secrets(monkeypatch):
+    """Secrets learned here (icesink.secrets.learn_secret) are the process's: undone after each test."""
+    import icesink.secrets
+
+    monkeypatch.setattr(icesink.secrets, "_learned", ())
+
+
 def signed(value: bytes = VALUE, secret: bytes = SECRET, key: bytes = KEY):
     return [(signing.HEADER, signing.sign(secret, key, value))]
 
