@@ -300,6 +300,8 @@ class Coordinator:
         )
         await consumer.start()
         try:
+            await consumer.topics()  # fresh metadata: a claim may name a partition that does not exist
+            tps = self._existing(tps, consumer)
             ktps = [KafkaTP(tp.topic, tp.partition) for tp in tps]
             begin = await consumer.beginning_offsets(ktps)
             out = []
@@ -309,6 +311,16 @@ class Coordinator:
             return out
         finally:
             await consumer.stop()
+
+    def _existing(self, tps: list[TopicPartition], consumer: AIOKafkaConsumer) -> list[TopicPartition]:
+        """The partitions that exist; the others (only a buggy or forged claim names them: asking
+        for their offsets would time out, and restart this coordinator for ever) are refused."""
+        gone = [tp for tp in tps if tp.partition not in (consumer.partitions_for_topic(tp.topic) or ())]
+        if gone:
+            self.metrics.control_events_refused.labels(reason="no-such-partition").inc()
+            log.error("a claim names partitions that do not exist (%s): answered without them",
+                      ", ".join(map(str, gone[:5])))
+        return [tp for tp in tps if tp not in gone]
 
     async def _reject(self, rej: Any) -> None:
         self.metrics.responses_rejected.labels(reason=rej.reason.split(":")[0][:40]).inc()

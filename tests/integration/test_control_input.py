@@ -88,7 +88,8 @@ def test_numbers_out_of_range_are_skipped_and_counted_and_the_group_goes_on(brok
     """Issue 40: a StartCommit with epoch 10**400 stalled the group for good (every recovering
     coordinator crashed converting it for a metric, workers ignored every real StartCommit below
     it). Every numeric field is now bounded when decoded: such events, even signed with the
-    group's secret (a replica's bug), are skipped and counted by every reader, and rounds go on."""
+    group's secret (a replica's bug), are skipped and counted by every reader, and rounds go on.
+    A claim of a partition that does not exist is answered without it, and counted."""
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
@@ -117,21 +118,27 @@ def test_numbers_out_of_range_are_skipped_and_counted_and_the_group_goes_on(brok
         {"type": "commit-request", "worker": "x", "buffered_bytes": -(10**30)},
     ]
     records = [(group.encode(), json.dumps({"v": 1, **ev}).encode()) for ev in out_of_range]
+    # In range but naming a partition that does not exist: answering it used to time out, and
+    # restart the coordinator, which answered it again, for ever.
+    no_such = json.dumps({"v": 1, "type": "claim", "worker": "x", "generation": 1,
+                          "partitions": [{"topic": topic, "partition": 2**31 - 1}]}).encode()
     replicas = ReplicaSet(cfg, tmp_path / "logs")
     try:
         w = replicas.start()
         asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
         wait_rows(catalog, replicas, (table,), 1000, timeout_s=240)
-        write_control(broker.bootstrap, f"{group}-control", records, secret=secret.encode())
+        write_control(broker.bootstrap, f"{group}-control", [*records, (group.encode(), no_such)], secret=secret.encode())
         asyncio.run(produce(broker.bootstrap, topic, values[1000:], partitions=2))
         wait_rows(catalog, replicas, (table,), len(values), timeout_s=120)
         invalid = {r: metric(w.metrics_port, f'icesink_control_events_invalid_total{{reader="{r}"}}')
                    for r in ("worker", "coordinator")}
         restarts = metric(w.metrics_port, "icesink_coordinator_restarts_total")
+        refused = metric(w.metrics_port, 'icesink_control_events_refused_total{reason="no-such-partition"}')
     finally:
         replicas.stop_all()
     assert invalid == {"worker": len(records), "coordinator": len(records)}
     assert restarts == 0
+    assert refused == 1
     text = "".join(r.read_text(errors="replace") for r in (tmp_path / "logs").glob("*.log"))
     assert "start-commit field epoch: expected int <= " in text
     assert_exact(catalog, table, keys)
