@@ -292,3 +292,36 @@ def test_the_secret_namespace_setting_has_a_default_and_refuses_an_empty_one():
     assert load_settings(None, None, {**base, "iceberg.control.secret-namespace": "db"}).control_secret_namespace == "db"
     with pytest.raises(ConfigError, match="iceberg.control.secret-namespace"):
         load_settings(None, None, {**base, "iceberg.control.secret-namespace": ""})
+
+
+def test_a_catalog_that_refuses_the_property_stops_the_start_naming_what_to_set(tmp_path, monkeypatch):
+    from pyiceberg.exceptions import ForbiddenError
+
+    from icesink import group_secret
+    from icesink.errors import ControlSecretError
+
+    async def topic_id(*_a, **_kw):
+        return "log-1"
+
+    async def end_offsets(*_a, **_kw):
+        return {0: 12}
+
+    monkeypatch.setattr(group_secret, "topic_id", topic_id)
+    monkeypatch.setattr(group_secret, "end_offsets", end_offsets)
+
+    class Refusing(DictCatalog):
+        def load_namespace_properties(self, ns):
+            raise ForbiddenError("not allowed to read namespace icesink")
+
+    secret, ring = loader(tmp_path)
+    with pytest.raises(ControlSecretError) as err:
+        asyncio.run(secret.load(Refusing(), InlineOffload()))
+    message = str(err.value)
+    assert "namespace icesink, property icesink.control-secret.g" in message and "not allowed" in message
+    assert "iceberg.control.secret-namespace" in message and "set iceberg.control.secret" in message
+    assert not ring.loaded
+
+    catalog = DictCatalog()
+    asyncio.run(secret.load(catalog, InlineOffload()))  # a catalog that allows it: made, and loaded
+    stored = group_secret.read_secret(catalog, "icesink", "g")
+    assert ring.key == stored.key.encode() and ring.unsigned_below == 12 and stored.log_id == "log-1"
