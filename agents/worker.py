@@ -54,10 +54,12 @@ from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
 from icesink.errors import FencedError
 from icesink.faults import hold_point_blocking
+from icesink.group_secret import SecretLoader
 from icesink.protocol import TopicPartition
 from icesink.iceberg import load_catalog
 from icesink.metrics import Metrics
 from icesink.offload import Offload
+from icesink.signing import Keyring
 from spark_bridge.rewrite import rewrite_files
 from spark_bridge.writer import SparkFileWriter, SparkSettings
 
@@ -157,10 +159,11 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         if stop_requested is not None and stop_requested.is_set():
             self.request_stop()
         client = self.settings.kafka_client_kwargs()
-        secret = self.settings.control_signing_key()
-        self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client, secret)
+        keyring = Keyring()  # loaded before anything is sent or read (_start)
+        self.secret = SecretLoader(self.settings, self.bootstrap, keyring, self.metrics)
+        self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client, keyring)
         self.reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id, client,
-                                    metrics=self.metrics, reader="worker", secret=secret)
+                                    metrics=self.metrics, reader="worker", secret=keyring)
         starting = asyncio.ensure_future(self._start(client))
         stopping = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
@@ -187,6 +190,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         # group's join) holds neither start-up nor a stop; rounds may write meanwhile.
         self._owner.spawn(self._warm_up_spark(), "spark warm-up")
         self.catalog = await self.offload.run(load_catalog, self.settings)
+        await self.secret.load(self.catalog, self.offload)  # before any event is sent or read
         for name in self.settings.tables:
             target = await self.offload.run(load_target, self.catalog, name, self.settings)
             if target is not None:
@@ -332,6 +336,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             if stale and self._rebalanced.is_set():
                 log.info("no Resume for %s yet; claiming again", ",".join(map(str, stale)))
                 await self._send_claim(stale)
+            await self.secret.maybe_reload(self.catalog, self.offload)
             if self._backpressure:
                 await self._check_backpressure()
             self._check_stalls(now)

@@ -30,7 +30,7 @@ from coordinator.maintenance import Maintainer, MaintenanceSettings, Rewriter, T
 from coordinator.mirror import MirrorIndexes, delete_keys_files
 from coordinator.parking import ParkedTables
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
-from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event
+from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event, next_epoch
 from icesink.config import Settings
 from icesink.control import ControlLogTruncator, ControlProducer, ControlReader
 from icesink.errors import ControlLogError, FencedError, IcesinkError, is_retriable
@@ -95,7 +95,7 @@ class Coordinator:
         self._reader = ControlReader(
             bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
             commit_group=f"{self.group}-coordinator", metrics=metrics, reader="coordinator",
-            secret=settings.control_signing_key(),
+            secret=producer.keyring,  # the replica's (agents/worker.py): the same key signs and checks
         )
         self._commit_task: asyncio.Task[None] | None = None
         self._commits = Offload(settings.table_commit_threads)  # a round's table commits run at once
@@ -225,7 +225,7 @@ class Coordinator:
             if not batch and await self._reader.position() >= end:
                 break
         epochs = [self.state.log_epoch] + [st.epoch for st in states.values()]
-        self.epoch = max(epochs) + 1
+        self.epoch = next_epoch(epochs)
         self._maintainer.epoch = self.epoch  # the fence of the files its compactions write
         self.metrics.coordinator_epoch.set(self.epoch)
         # Rewinds were sent by the previous coordinator; the files may not be deleted yet.
@@ -359,6 +359,8 @@ class Coordinator:
         )
         await consumer.start()
         try:
+            await consumer.topics()  # fresh metadata: a claim may name a partition that does not exist
+            tps = self._existing(tps, consumer)
             ktps = [KafkaTP(tp.topic, tp.partition) for tp in tps]
             begin = await consumer.beginning_offsets(ktps)
             out = []
@@ -368,6 +370,16 @@ class Coordinator:
             return out
         finally:
             await consumer.stop()
+
+    def _existing(self, tps: list[TopicPartition], consumer: AIOKafkaConsumer) -> list[TopicPartition]:
+        """The partitions that exist; the others (only a buggy or forged claim names them: asking
+        for their offsets would time out, and restart this coordinator for ever) are refused."""
+        gone = [tp for tp in tps if tp.partition not in (consumer.partitions_for_topic(tp.topic) or ())]
+        if gone:
+            self.metrics.control_events_refused.labels(reason="no-such-partition").inc()
+            log.error("a claim names partitions that do not exist (%s): answered without them",
+                      ", ".join(map(str, gone[:5])))
+        return [tp for tp in tps if tp not in gone]
 
     async def _reject(self, rej: Any) -> None:
         self.metrics.responses_rejected.labels(reason=rej.reason.split(":")[0][:40]).inc()

@@ -8,11 +8,13 @@ reaches the same decisions as the one that crashed (docs/commits.md).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 from icesink.errors import PreconditionFailed
+from icesink.protocol.codec import MAX_EPOCH
 from icesink.protocol import (
     Claim,
     CommitComplete,
@@ -31,6 +33,8 @@ from icesink.protocol import (
     StartCommit,
     TopicPartition,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -358,6 +362,21 @@ def _only(a: Accepted, keep: AbstractSet[str]) -> Accepted | None:
     if len(files) == len(a.files) and len(keys) == len(a.deleted_keys):
         return a
     return replace(a, files=files, deleted_keys=keys)
+
+
+def next_epoch(epochs: list[int]) -> int:
+    """A recovering coordinator's epoch: one above every epoch seen (the log's, the tables'), so
+    it fences the coordinators before it, but never above MAX_EPOCH, the highest any reader
+    accepts: an epoch at it (only a forged or buggy event can get there) would otherwise leave
+    the next coordinator's events unreadable and stop the group for good. At the cap the next
+    coordinator shares the epoch, and fencing by epoch is lost: said once, loudly."""
+    top = max(epochs)
+    if top >= MAX_EPOCH:
+        log.error("coordinator epoch %d reached its maximum %d (a buggy or forged control event, or a table's "
+                  "sink state, holds it): the epoch stays there and the group goes on, but coordinators no longer "
+                  "fence each other by epoch", top, MAX_EPOCH)
+        return MAX_EPOCH
+    return top + 1
 
 
 def checkpoint_event(

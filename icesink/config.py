@@ -123,6 +123,8 @@ class Settings(BaseSettings):
     # over on it from the positions in the tables (docs/commits.md).
     control_adopt_log_id: str | None = Field(None, alias="iceberg.control.adopt-log-id")
     control_secret: SecretStr | None = Field(None, alias="iceberg.control.secret")
+    # Without control_secret: the namespace whose property keeps the group's own secret (icesink/group_secret.py).
+    control_secret_namespace: str = Field("icesink", alias="iceberg.control.secret-namespace", min_length=1)
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
     commit_timeout_ms: int = Field(30_000, alias="iceberg.control.commit.timeout-ms", ge=100)

@@ -73,15 +73,21 @@ def check_control_configs(topic: str, configs: dict[str, str]) -> None:
             )
 
 
+def keyring_of(secret: bytes | signing.Keyring | None) -> signing.Keyring | None:
+    return signing.Keyring(secret) if isinstance(secret, bytes) else secret
+
+
 class ControlProducer:
-    """Sends this group's events; with ``secret`` (iceberg.control.secret) each is signed."""
+    """Sends this group's events; with ``secret`` (the group's key, or its keyring: icesink/signing.py)
+    each is signed."""
 
     def __init__(
-        self, bootstrap: str, topic: str, group: str, client_kwargs: dict[str, Any], secret: bytes | None = None,
+        self, bootstrap: str, topic: str, group: str, client_kwargs: dict[str, Any],
+        secret: bytes | signing.Keyring | None = None,
     ) -> None:
         self.topic = topic
         self.group = group
-        self._secret = secret
+        self.keyring = keyring_of(secret)
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             enable_idempotence=False,  # brokers without InitProducerId must work
@@ -104,7 +110,7 @@ class ControlProducer:
     async def send(self, event: protocol.Event) -> int:
         """Send one event and wait until the broker has it; returns its control offset."""
         key, value = self.group.encode(), protocol.encode(event)
-        headers = [(signing.HEADER, signing.sign(self._secret, key, value))] if self._secret else None
+        headers = [(signing.HEADER, self.keyring.sign(key, value))] if self.keyring is not None else None
         meta = await self._producer.send_and_wait(self.topic, value, key=key, partition=0, headers=headers)
         return int(meta.offset)
 
@@ -115,7 +121,7 @@ class ControlReader:
     a consumer group (manual assignment), so readers never rebalance each other.
 
     ``reader`` names it in the invalid-event metric and log (``worker``, ``coordinator``). With
-    ``secret`` (iceberg.control.secret), an event without a valid signature is invalid."""
+    ``secret`` (the group's key, or its keyring), an event without a valid signature is invalid."""
 
     def __init__(
         self,
@@ -126,10 +132,10 @@ class ControlReader:
         commit_group: str | None = None,
         metrics: Metrics | None = None,
         reader: str = "tool",
-        secret: bytes | None = None,
+        secret: bytes | signing.Keyring | None = None,
     ) -> None:
         self.group = group
-        self._secret = secret
+        self._keyring = keyring_of(secret)
         self.reader = reader
         self._invalid = metrics.control_events_invalid.labels(reader=reader) if metrics is not None else None
         self._reported: dict[int, None] = {}  # offsets of invalid events already logged and counted
@@ -187,7 +193,7 @@ class ControlReader:
         for record in batches.get(self.tp, []):
             try:
                 event = decode_record(record.key, record.value, record.offset, self.group,
-                                      headers=record.headers, secret=self._secret)
+                                      headers=record.headers, secret=self._keyring)
             except ProtocolError as exc:
                 self._skip(record.offset, exc)
                 continue
@@ -220,11 +226,12 @@ class ControlReader:
 
 def decode_record(
     key: bytes | None, value: bytes | None, offset: int, group: str,
-    headers: Any = None, secret: bytes | None = None,
+    headers: Any = None, secret: bytes | signing.Keyring | None = None,
 ) -> protocol.Event | None:
     """The event of one control record, None if it belongs to another group; ProtocolError
     (naming the offset) if it is not a valid event, or with ``secret`` not signed with it.
     Records without a key count as ours."""
+    keyring = keyring_of(secret)
     if key is not None:
         try:
             name = key.decode("utf-8")
@@ -234,13 +241,13 @@ def decode_record(
             ) from None
         if name != group:
             return None
-    if secret is not None:
-        wrong = signing.problem(secret, key, value, headers)
+    if keyring is not None:
+        wrong = keyring.problem(offset, key, value, headers)
         if wrong is not None:
             raise ProtocolError(
-                f"control offset {offset}: signature: expected an HMAC-SHA256 under the group's "
-                f"iceberg.control.secret, found {wrong} (written from outside the group, or by a replica "
-                "with another secret)"
+                f"control offset {offset}: signature: expected an HMAC-SHA256 under the group's secret "
+                f"(iceberg.control.secret, or the group's own in the catalog), found {wrong} (written from "
+                "outside the group, or by a replica with another secret)"
             )
     return protocol.decode(value, offset=offset)
 

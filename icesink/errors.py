@@ -110,6 +110,11 @@ class ControlLogError(IcesinkError):
     tables' watermarks. The coordinator refuses to commit; an operator must act."""
 
 
+class ControlSecretError(IcesinkError):
+    """The group's control secret could not be read or stored in the catalog
+    (icesink/group_secret.py): names the namespace, the property and what to do. Fatal at start."""
+
+
 class ResponseSendError(IcesinkError):
     """A worker could not send its response to the control topic. The response stays
     incomplete (never accepted); the worker keeps its buffers and answers the next round."""

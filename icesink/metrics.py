@@ -166,6 +166,11 @@ class Metrics:
             "Control records skipped because they are not valid events (key not UTF-8, null or non-JSON "
             "value, too large, a bad field); logged once each with their control offset",
             ["reader"], registry=r)
+        self.control_secret_reloads = Counter(
+            "icesink_control_secret_reloads_total",
+            "Times this replica found the group's control secret in the catalog to be another than the one "
+            "it signed with (replicas of a new group that made one at once) and took the stored one",
+            registry=r)
         self.coordinator_restarts = Counter(
             "icesink_coordinator_restarts_total",
             "Times this replica restarted its coordinator after an unexpected error", registry=r)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterable
 from urllib.parse import unquote
 
@@ -75,18 +76,45 @@ def _searchable(value: str) -> bool:
 _NOT_SECRET = re.compile(r"^(\d+|true|false)$", re.IGNORECASE)
 
 
+#: Secrets the process learned after its settings were read (the group's control secret from the
+#: catalog, icesink/group_secret.py): every :class:`Redactor` masks them too. A tuple, replaced
+#: whole, so the threads that redact (the HTTP server's) never see it change under them.
+_learned: tuple[str, ...] = ()
+_learning = threading.Lock()
+
+
+def learn_secret(value: str) -> None:
+    """From now on, mask ``value`` wherever any :class:`Redactor` of this process masks."""
+    global _learned
+    with _learning:
+        if value not in _learned:
+            _learned = (*_learned, value)
+
+
 class Redactor:
-    """Replaces every known secret value in a text by :data:`MASK` (longest first)."""
+    """Replaces every known secret value in a text by :data:`MASK` (longest first): the given
+    ones and those the process learned (:func:`learn_secret`)."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        values = sorted({s for s in secrets if _searchable(s)}, key=len, reverse=True)
+        self._own = frozenset(s for s in secrets if _searchable(s))
+        self._compile(_learned)
+
+    def _compile(self, learned: tuple[str, ...]) -> None:
+        values = sorted(self._own.union(s for s in learned if _searchable(s)), key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(s) for s in values)) if values else None
+        self._learned = learned
 
     def __call__(self, text: str) -> str:
+        learned = _learned
+        if learned is not self._learned:
+            self._compile(learned)
         text = mask_url(text)
-        return text if self._pattern is None else self._pattern.sub(MASK, text)
+        pattern = self._pattern
+        return text if pattern is None else pattern.sub(MASK, text)
 
     def __bool__(self) -> bool:
+        if _learned is not self._learned:
+            self._compile(_learned)
         return self._pattern is not None
 
 

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from icesink.errors import ConfigError, ControlLogError
+from icesink.errors import ConfigError, ControlLogError, ControlSecretError
 from icesink.secrets import Redactor, install_log_redaction
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
 
     async def tail() -> None:
         reader = ControlReader(bootstrap, settings.control_topic, settings.group_id, settings.kafka_client_kwargs(),
-                               secret=settings.control_signing_key())
+                               secret=await _tail_keyring(settings, bootstrap))
         await reader.start()
         try:
             end = await reader.end_offset()
@@ -159,6 +159,31 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
 
     asyncio.run(tail())
     return 0
+
+
+async def _tail_keyring(settings: Settings, bootstrap: str) -> Any:
+    """What ``control tail`` checks signatures with: iceberg.control.secret, else the group's own
+    secret if the catalog holds one (never made here); None (nothing checked) if neither."""
+    from icesink.group_secret import read_secret
+    from icesink.iceberg import load_catalog
+    from icesink.kafka_admin import topic_id
+    from icesink.secrets import learn_secret
+    from icesink.signing import Keyring
+
+    configured = settings.control_signing_key()
+    if configured is not None:
+        return Keyring(configured)
+    try:
+        stored = read_secret(load_catalog(settings), settings.control_secret_namespace, settings.group_id)
+    except Exception as exc:
+        log.warning("signatures not checked: the group's secret could not be read from the catalog (%s)", exc)
+        return None
+    if stored is None:
+        log.warning("signatures not checked: the group has no secret in the catalog yet")
+        return None
+    learn_secret(stored.key)
+    log_id = await topic_id(bootstrap, settings.control_topic, client_kwargs=settings.kafka_client_kwargs())
+    return Keyring(stored.key.encode("ascii"), stored.unsigned_below(log_id))
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -333,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     _setup_logging(args.log_level)
     try:
         code = args.fn(args)
-    except (ConfigError, ControlLogError) as exc:
+    except (ConfigError, ControlLogError, ControlSecretError) as exc:
         log.error("%s", exc)
         code = 2
     except KeyboardInterrupt:

@@ -21,8 +21,8 @@ from typing import Any, Union, assert_never, get_args, get_origin, get_type_hint
 
 from icesink.errors import ProtocolError
 from icesink.protocol.events import (
-    EVENT_TYPES, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, Event,
-    OffsetRange, Rewind, Resume, SchemaProposal, StartCommit, TopicPartition,
+    EVENT_TYPES, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, Event, FileInfo,
+    OffsetRange, Owner, Rewind, Resume, SchemaProposal, StartCommit, TopicPartition,
 )
 
 VERSION = 2
@@ -72,17 +72,40 @@ def encode(event: Event) -> bytes:
 
 # Decoding: every field is checked against its declared type (int never bool, str as UTF-8
 # text, tuples as JSON lists, bytes as base64); unknown fields are ignored (forward
-# compatibility). Integers are >= 0 unless listed here (None: any integer).
-_INT_MIN: dict[tuple[type, str], int | None] = {
-    (CommitToTable, "snapshot_id"): None,
-    (CommitToTable, "watermark"): -1,  # -1: nothing applied yet
-    (CommitComplete, "through"): -1,
+# compatibility). Every integer is bounded (issue 40: an epoch of 10**400 crashed every reader
+# that turned it into a metric, and stalled the group for good): within a signed 64-bit long
+# (what Kafka offsets, Iceberg ids, counts and sizes are), tighter where the meaning allows.
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Coordinator epochs: one more per coordinator start, so never near this in practice; kept
+#: exact as a float (metrics) with room above for the next epoch (coordinator/state.py next_epoch).
+MAX_EPOCH = 2**53 - 1
+
+_Bound = tuple[int, int]
+_OFFSET: _Bound = (0, INT64_MAX)  # the default: Kafka offsets, counts, sizes, timestamps
+_INT32: _Bound = (0, INT32_MAX)  # Kafka generations and partitions, Iceberg spec and field ids
+_STATS: tuple[_Bound, _Bound] = (_INT32, _OFFSET)  # (field id, count or size)
+_BOUNDS: dict[tuple[type, str], _Bound | tuple[_Bound, _Bound]] = {
+    (TopicPartition, "partition"): _INT32,
+    (Claim, "generation"): _INT32,
+    (Resume, "generation"): _INT32,
+    (DataComplete, "generation"): _INT32,
+    (DataComplete, "events_sent"): _INT32,
+    (Owner, "generation"): (-1, INT32_MAX),  # -1: owned before a consumer-group reset (coordinator/state.py)
+    (FileInfo, "spec_id"): _INT32,
+    **{(FileInfo, name): _STATS for name in ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts")},
+    **{(FileInfo, name): (_INT32, (0, 0)) for name in ("lower_bounds", "upper_bounds")},  # (field id, bytes)
+    **{(cls, "epoch"): (0, MAX_EPOCH) for cls in (Resume, StartCommit, CommitToTable, CommitComplete, Rewind)},
+    (CommitToTable, "snapshot_id"): (INT64_MIN, INT64_MAX),
+    (CommitToTable, "watermark"): (-1, INT64_MAX),  # -1: nothing applied yet
+    (CommitComplete, "through"): (-1, INT64_MAX),
 }
 
 
 class _Invalid(Exception):
     def __init__(self, path: str, expected: str, found: str) -> None:
         super().__init__(f"field {path}: expected {expected}, found {found}")
+        self.path, self.expected, self.found = path, expected, found
 
 
 def _found(value: Any) -> str:
@@ -113,11 +136,12 @@ def _object(cls: type, raw: Any, path: str) -> Any:
     kwargs: dict[str, Any] = {}
     for f in fields(cls):
         where = f"{path}.{f.name}" if path else f.name
+        bound = _BOUNDS.get((cls, f.name), _OFFSET)
         if f.name not in raw:
             if f.default is MISSING:
-                raise _Invalid(where, _expected(hints[f.name], _INT_MIN.get((cls, f.name), 0)), "nothing (the field is missing)")
+                raise _Invalid(where, _expected(hints[f.name], bound), "nothing (the field is missing)")
             continue  # optional field with a default (added in a later minor change)
-        kwargs[f.name] = _value(hints[f.name], raw[f.name], where, _INT_MIN.get((cls, f.name), 0))
+        kwargs[f.name] = _value(hints[f.name], raw[f.name], where, bound)
     out = cls(**kwargs)
     if isinstance(out, OffsetRange) and out.start > out.end:
         raise _Invalid(path, "start <= end", f"start {out.start}, end {out.end}")
@@ -130,9 +154,9 @@ def _object(cls: type, raw: Any, path: str) -> Any:
     return out
 
 
-def _expected(tp: Any, minimum: int | None) -> str:
+def _expected(tp: Any, bound: Any) -> str:
     if tp is int:
-        return "int" if minimum is None else f"int >= {minimum}"
+        return "int" if bound[0] == INT64_MIN else f"int >= {bound[0]}"
     if tp is str:
         return "str"
     if tp is bytes:
@@ -141,17 +165,23 @@ def _expected(tp: Any, minimum: int | None) -> str:
         return "a JSON scalar"
     if get_origin(tp) in (Union, UnionType):
         inner = [a for a in get_args(tp) if a is not type(None)]
-        return f"{_expected(inner[0], minimum)} or null"
+        return f"{_expected(inner[0], bound)} or null"
     if get_origin(tp) is tuple:
         args = get_args(tp)
         return "a list" if args[-1] is Ellipsis else f"a list of {len(args)} items"
     return "an object"
 
 
-def _value(tp: Any, raw: Any, path: str, minimum: int | None) -> Any:
+def _value(tp: Any, raw: Any, path: str, bound: Any) -> Any:
+    """``raw`` as type ``tp``; ``bound`` is (low, high) for the integers in it, or for a pair
+    (a tuple of two items) one such bound per item."""
     if tp is int:
-        if type(raw) is not int or (minimum is not None and raw < minimum):
-            raise _Invalid(path, _expected(tp, minimum), _found(raw))
+        if type(raw) is not int:
+            raise _Invalid(path, _expected(tp, bound), _found(raw))
+        if raw < bound[0]:
+            raise _Invalid(path, f"int >= {bound[0]}", _found(raw))
+        if raw > bound[1]:
+            raise _Invalid(path, f"int <= {bound[1]}", _found(raw))
         return raw
     if tp is str:
         if not isinstance(raw, str):
@@ -168,25 +198,30 @@ def _value(tp: Any, raw: Any, path: str, minimum: int | None) -> Any:
             return base64.b64decode(raw, validate=True)
         except ValueError:  # binascii.Error too
             raise _Invalid(path, "base64 text", _found(raw)) from None
-    if tp is Any:  # a partition value: a JSON scalar as Iceberg stores it
+    if tp is Any:  # a partition value: a JSON scalar as Iceberg stores it (a long at most)
         if raw is not None and not isinstance(raw, (bool, int, float, str)):
             raise _Invalid(path, "a JSON scalar", _found(raw))
+        if type(raw) is int and not INT64_MIN <= raw <= INT64_MAX:
+            raise _Invalid(path, "a JSON scalar (an int within 64 bits)", _found(raw))
         return raw
     origin = get_origin(tp)
     if origin in (Union, UnionType):
         if raw is None:
             return None
         try:
-            return _value(next(a for a in get_args(tp) if a is not type(None)), raw, path, minimum)
-        except _Invalid:
-            raise _Invalid(path, _expected(tp, minimum), _found(raw)) from None
+            return _value(next(a for a in get_args(tp) if a is not type(None)), raw, path, bound)
+        except _Invalid as exc:
+            if exc.path != path:  # a field inside it
+                raise
+            raise _Invalid(path, f"{exc.expected} or null", exc.found) from None
     if origin is tuple:
         args = get_args(tp)
         if not isinstance(raw, list) or (args[-1] is not Ellipsis and len(raw) != len(args)):
-            raise _Invalid(path, _expected(tp, minimum), _found(raw))
+            raise _Invalid(path, _expected(tp, bound), _found(raw))
         if args[-1] is Ellipsis:
-            return tuple(_value(args[0], x, f"{path}[{i}]", minimum) for i, x in enumerate(raw))
-        return tuple(_value(a, x, f"{path}[{i}]", minimum) for i, (a, x) in enumerate(zip(args, raw)))
+            return tuple(_value(args[0], x, f"{path}[{i}]", bound) for i, x in enumerate(raw))
+        per_item = bound if isinstance(bound[0], tuple) else (bound,) * len(args)
+        return tuple(_value(a, x, f"{path}[{i}]", b) for i, (a, x, b) in enumerate(zip(args, raw, per_item)))
     return _object(tp, raw, path)
 
 
@@ -269,4 +304,4 @@ def _schema_brief(schema_json: str) -> str:
         return f"(unreadable schema: {schema_json[:60]!r})"
 
 
-__all__ = ["VERSION", "MAX_EVENT_BYTES", "encode", "decode", "describe"]
+__all__ = ["VERSION", "MAX_EVENT_BYTES", "MAX_EPOCH", "INT32_MAX", "INT64_MAX", "INT64_MIN", "encode", "decode", "describe"]

@@ -94,7 +94,7 @@ def test_full_buffers_pause_partitions_and_commit_early(broker, catalog_props, t
     from icesink.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from tests.support.sinkrun import assert_exact, control_events, metric, total_rows, write_config
+    from tests.support.sinkrun import assert_exact, control_events, group_key, metric, total_rows, write_config
 
     began = time.monotonic()
     catalog = load_catalog("it", **catalog_props)
@@ -160,7 +160,7 @@ def test_full_buffers_pause_partitions_and_commit_early(broker, catalog_props, t
 
         # The tail: one more request makes the round that commits it.
         async def ask() -> None:
-            p = ControlProducer(broker.bootstrap, f"{GROUP}-control", GROUP, {})
+            p = ControlProducer(broker.bootstrap, f"{GROUP}-control", GROUP, {}, group_key(catalog, GROUP))
             await p.start()
             try:
                 await p.send(CommitRequest("test-flush", 0))

@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -267,7 +268,9 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
     from icesink.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from tests.support.sinkrun import assert_exact, http_json, metric, wait_rows, wait_up, write_config, write_control
+    from tests.support.sinkrun import (
+        assert_exact, group_key, http_json, metric, wait_rows, wait_up, write_config, write_control,
+    )
 
     topic, table, group = "fg-orders", "fg.orders", "fg-sink"
     catalog = load_catalog("it", **catalog_props)
@@ -295,7 +298,9 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
         replicas.start()
         asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
         wait_rows(catalog, replicas, (table,), 1000, timeout_s=240)
-        write_control(broker.bootstrap, f"{group}-control", [(group.encode(), encode(ev)) for ev in forged])
+        # Signed with the group's secret: a replica's bug, or someone holding the secret.
+        write_control(broker.bootstrap, f"{group}-control", [(group.encode(), encode(ev)) for ev in forged],
+                      secret=group_key(catalog, group))
         replicas.start()  # a rebalance: the intruder owns nothing
         wait_up(replicas)  # (CI on 6c20e01 read w2's metrics before it had finished importing)
         asyncio.run(produce(broker.bootstrap, topic, values[1000:2000], partitions=2))
@@ -316,6 +321,65 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
     assert_exact(catalog, table, keys)  # no forged row
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
     assert "names 1 files outside the table's location" in logs
+
+
+@pytest.mark.timeout(600)
+def test_by_default_a_forged_empty_data_complete_from_outside_skips_no_record(broker, catalog_props, tmp_path):
+    """Issue 40: without ``iceberg.control.secret`` (the default), an outsider who can write the
+    control topic forged a ``DataComplete`` naming no files, for a partition's owner (read off the
+    log) from its accepted position on: it passed every check and moved the position 500 records
+    on, which were never written (1,500 rows of 2,000); a forged StartCommit of epoch 10**400
+    stalled the group for good. The group now signs with a secret of its own, kept in the catalog:
+    both are skipped and counted, every record lands, and the secret is shown nowhere."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.protocol import CommitComplete, DataComplete, OffsetRange, encode
+    from icesink.kafka_admin import ensure_topic
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
+    from tests.support.sinkrun import (
+        assert_exact, control_events, group_key, metric, wait_rows, write_config, write_control,
+    )
+
+    topic, table, group = "fd-orders", "fd.orders", "fd-sink"
+    control = f"{group}-control"
+    catalog = load_catalog("it", **catalog_props)
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=group)
+    values = pizza_values(2000, seed=40)
+    keys = {json.loads(v)["order_id"] for v in values}
+
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        w = replicas.start()
+        asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
+        wait_rows(catalog, replicas, (table,), 1000, timeout_s=240)
+        # What an outsider reads off the log: the owner of partition 0 and its accepted position.
+        cp = [ev for _, ev in control_events(broker.bootstrap, control, group) if isinstance(ev, CommitComplete)][-1]
+        owner = next(o for o in cp.owners if o.tp.partition == 0)
+        start = next(p.offset for p in cp.positions if p.tp == owner.tp)
+        forged = DataComplete("forged", "forged", owner.worker, owner.generation,
+                              (OffsetRange(owner.tp, start, start + 500),), 0)
+        # and the epoch of 10**400 that stalled the group for good (every reader took it as the newest)
+        huge = json.dumps({"v": 1, "type": "start-commit", "epoch": 10**400, "commit_id": "forged"}).encode()
+        write_control(broker.bootstrap, control, [(group.encode(), encode(forged)), (group.encode(), huge)])
+        asyncio.run(produce(broker.bootstrap, topic, values[1000:], partitions=2))
+        wait_rows(catalog, replicas, (table,), len(values), timeout_s=120)
+        invalid = {r: metric(w.metrics_port, f'icesink_control_events_invalid_total{{reader="{r}"}}')
+                   for r in ("worker", "coordinator")}
+        shown = [urllib.request.urlopen(f"http://127.0.0.1:{w.metrics_port}{path}", timeout=5).read().decode()
+                 for path in ("/status", "/metrics")]
+    finally:
+        replicas.stop_all()
+    assert invalid == {"worker": 2, "coordinator": 2}
+    assert_exact(catalog, table, keys)
+    # The group's secret: in the catalog, nowhere else.
+    secret = group_key(catalog, group).decode()
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
+    assert "signed with the group's own secret (namespace icesink, property icesink.control-secret.fd-sink, made now)" in logs
+    for text in (*shown, logs):
+        assert secret not in text and secret[:16] not in text
 
 
 @pytest.mark.timeout(600)
@@ -350,7 +414,12 @@ def test_with_a_group_secret_a_forged_start_commit_from_outside_is_ignored(broke
         wait_rows(catalog, replicas, (table,), len(values), timeout_s=120)
         invalid = {r: metric(w.metrics_port, f'icesink_control_events_invalid_total{{reader="{r}"}}')
                    for r in ("worker", "coordinator")}
+        shown = [urllib.request.urlopen(f"http://127.0.0.1:{w.metrics_port}{path}", timeout=5).read().decode()
+                 for path in ("/status", "/metrics")]
     finally:
         replicas.stop_all()
     assert invalid == {"worker": 1, "coordinator": 1}
     assert_exact(catalog, table, keys)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
+    for text in (*shown, logs):
+        assert "it-group-secret" not in text

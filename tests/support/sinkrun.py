@@ -122,18 +122,35 @@ def control_events(bootstrap: str, topic: str, group: str) -> list[tuple[int, An
     return asyncio.run(read())
 
 
-def write_control(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]]) -> list[int]:
+def group_key(catalog: Any, group: str, namespace: str = "icesink") -> bytes:
+    """The signing key of a group without iceberg.control.secret: its own, in the catalog
+    (icesink/group_secret.py), as a replica of the group (or a test playing one) signs with."""
+    from icesink.group_secret import read_secret
+
+    stored = read_secret(catalog, namespace, group)
+    assert stored is not None, f"group {group} has no secret in namespace {namespace} of the catalog"
+    return stored.key.encode("ascii")
+
+
+def write_control(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]],
+                  secret: bytes | None = None) -> list[int]:
     """Write raw (key, value) records to a control topic as someone outside the group would
-    (no signature); their offsets."""
+    (no signature), or with ``secret`` as a replica of the group would (signed); their offsets."""
     import asyncio
 
     from aiokafka import AIOKafkaProducer
+
+    from icesink import signing
+
+    def headers(key: bytes | None, value: bytes | None) -> list[tuple[str, bytes]] | None:
+        return None if secret is None else [(signing.HEADER, signing.sign(secret, key, value))]
 
     async def go() -> list[int]:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks="all")
         await producer.start()
         try:
-            return [(await producer.send_and_wait(topic, value, key=key, partition=0)).offset for key, value in records]
+            return [(await producer.send_and_wait(topic, value, key=key, partition=0, headers=headers(key, value))).offset
+                    for key, value in records]
         finally:
             await producer.stop()
 

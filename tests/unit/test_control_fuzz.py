@@ -155,3 +155,44 @@ def test_any_decoded_sequence_applied_to_the_state_never_raises(log):
         ev = decoded_or_refused(data)
         if ev is not None:
             recovered.apply(offset, ev, checkpoint_through=checkpoint.through)
+
+
+HUGE = st.sampled_from([10**400, -(10**400), 2**64, 2**63, 2**63 - 1, -(2**63) - 1, 2**53, 2**53 - 1, 2**31, 2**31 - 1, -1])
+
+
+@st.composite
+def numbers_replaced(draw: Any, event: Any) -> bytes:
+    """A valid event with one of its numbers (at any depth) replaced by one near or past a bound."""
+    body = json.loads(encode(event))
+    numeric = [(c, k) for c, k in nodes(body) if type(c[k]) is int and k != "v"]
+    container, key = draw(st.sampled_from(numeric))
+    container[key] = draw(HUGE)
+    return json.dumps(body).encode()
+
+
+def integers_in(value: Any) -> list[int]:
+    if type(value) is int:
+        return [value]
+    if isinstance(value, tuple):
+        return [n for v in value for n in integers_in(v)]
+    if hasattr(value, "__dataclass_fields__"):
+        return [n for name in value.__dataclass_fields__ for n in integers_in(getattr(value, name))]
+    return []
+
+
+@settings(max_examples=300)
+@given(st.sampled_from(sorted(t for t in SAMPLES if t != "schema-proposal")).flatmap(lambda tag: numbers_replaced(SAMPLES[tag])))
+def test_every_number_of_a_decoded_event_fits_a_long_a_float_and_the_next_epoch(data):
+    """Issue 40: no number a reader accepts can crash it, a metric or a comparison."""
+    from coordinator.state import next_epoch
+    from icesink.protocol.codec import INT64_MAX, INT64_MIN, MAX_EPOCH
+
+    ev = decoded_or_refused(data)
+    if ev is None:
+        return
+    for n in integers_in(ev):
+        assert INT64_MIN <= n <= INT64_MAX
+        float(n)  # what a gauge does with it
+    if hasattr(ev, "epoch"):
+        assert ev.epoch <= MAX_EPOCH
+        assert decode(encode(StartCommit(next_epoch([ev.epoch]), "r"))).epoch <= MAX_EPOCH

@@ -34,6 +34,8 @@ class FlakyProducer:
     """Control sends: the first ``fail`` sends of ``fail_type`` time out, as when the broker is
     unreachable for longer than the producer's request timeout."""
 
+    keyring = None  # unsigned (icesink/signing.py)
+
     def __init__(self, fail_type: type, fail: int) -> None:
         self.sent: list[Any] = []
         self.fail_type, self.fail = fail_type, fail

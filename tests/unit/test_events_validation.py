@@ -68,7 +68,7 @@ BAD_FIELDS = [
     ("commit-to-table", "watermark", -2, "commit-to-table field watermark: expected int >= -1, found -2"),
     ("commit-to-table", "table", None, "commit-to-table field table: expected str, found null"),
     ("commit-complete", "owners[0].worker", 1, "commit-complete field owners[0].worker: expected str, found 1"),
-    ("commit-complete", "owners[0].generation", None, "commit-complete field owners[0].generation: expected int >= 0, found null"),
+    ("commit-complete", "owners[0].generation", None, "commit-complete field owners[0].generation: expected int >= -1, found null"),
     ("commit-complete", "through", -2, "commit-complete field through: expected int >= -1, found -2"),
     ("commit-complete", "replay_from", -1, "commit-complete field replay_from: expected int >= 0 or null, found -1"),
     ("rewind", "partitions[0]", "t-0", "rewind field partitions[0]: expected an object, found 't-0'"),
@@ -99,6 +99,70 @@ def test_values_that_are_valid_at_their_limits_are_accepted():
     assert decode(mutated("data-written", "files[0].partition", [None, True, 1.5, "x"])).files[0].partition == (None, True, 1.5, "x")
     ev = decode(mutated("data-complete", "ranges[0].end", 100))
     assert (ev.ranges[0].start, ev.ranges[0].end) == (100, 100)
+
+
+I32, I64, EPOCH = 2**31 - 1, 2**63 - 1, 2**53 - 1
+TOO_LARGE = [  # (tag, path, value, the bound named): every numeric field is bounded (issue 40)
+    ("claim", "generation", 2**31, I32),
+    ("claim", "partitions[0].partition", 2**31, I32),
+    ("resume", "epoch", 2**53, EPOCH),
+    ("resume", "generation", 10**400, I32),
+    ("resume", "positions[0].offset", 2**63, I64),
+    ("start-commit", "epoch", 10**400, EPOCH),
+    ("start-commit", "epoch", 2**63, EPOCH),
+    ("data-written", "files[0].record_count", 2**63, I64),
+    ("data-written", "files[0].size_bytes", 2**64, I64),
+    ("data-written", "files[0].spec_id", 2**31, I32),
+    ("data-written", "files[0].column_sizes[0][0]", 2**31, I32),
+    ("data-written", "files[0].column_sizes[0][1]", 2**63, I64),
+    ("data-written", "files[0].lower_bounds[0][0]", 2**31, I32),
+    ("data-written", "files[0].split_offsets[0]", 2**63, I64),
+    ("data-complete", "generation", 2**31, I32),
+    ("data-complete", "ranges[0].end", 2**63, I64),
+    ("data-complete", "events_sent", 2**31, I32),
+    ("data-complete", "valid_through_ms", 2**63, I64),
+    ("commit-to-table", "epoch", 2**53, EPOCH),
+    ("commit-to-table", "snapshot_id", 2**63, I64),
+    ("commit-to-table", "files", 2**63, I64),
+    ("commit-to-table", "records", 10**30, I64),
+    ("commit-to-table", "watermark", 2**63, I64),
+    ("commit-complete", "epoch", 2**53, EPOCH),
+    ("commit-complete", "through", 2**63, I64),
+    ("commit-complete", "replay_from", 2**63, I64),
+    ("commit-complete", "positions[0].offset", 2**63, I64),
+    ("commit-complete", "owners[0].generation", 2**31, I32),
+    ("commit-complete", "valid_through_ms", 2**63, I64),
+    ("rewind", "epoch", 2**53, EPOCH),
+    ("commit-request", "buffered_bytes", 2**63, I64),
+]
+
+
+@pytest.mark.parametrize("tag, path, value, bound", TOO_LARGE, ids=[f"{t}:{p}:{len(str(v))}-digits" for t, p, v, _ in TOO_LARGE])
+def test_a_number_out_of_its_range_is_refused(tag, path, value, bound):
+    with pytest.raises(ProtocolError) as info:
+        decode(mutated(tag, path, value), offset=5)
+    assert str(info.value).startswith(f"control offset 5: {tag} field {path}: expected int <= {bound}")
+
+
+@pytest.mark.parametrize("tag, path, value, message", [
+    ("commit-to-table", "snapshot_id", -(2**63) - 1, "expected int >= -9223372036854775808 or null"),
+    ("data-written", "files[0].partition[0]", 2**63, "expected a JSON scalar (an int within 64 bits)"),
+    ("data-written", "files[0].partition[1]", -(2**63) - 1, "expected a JSON scalar (an int within 64 bits)"),
+])
+def test_a_signed_number_out_of_64_bits_is_refused(tag, path, value, message):
+    with pytest.raises(ProtocolError) as info:
+        decode(mutated(tag, path, value), offset=5)
+    assert str(info.value).startswith(f"control offset 5: {tag} field {path}: {message}, found")
+
+
+def test_numbers_at_their_bounds_are_accepted():
+    assert decode(mutated("start-commit", "epoch", EPOCH)).epoch == EPOCH
+    assert decode(mutated("claim", "generation", I32)).generation == I32
+    assert decode(mutated("resume", "positions[0].offset", I64)).positions[0].offset == I64
+    assert decode(mutated("commit-to-table", "snapshot_id", -(2**63))).snapshot_id == -(2**63)
+    assert decode(mutated("data-written", "files[0].partition[0]", -(2**63))).files[0].partition[0] == -(2**63)
+    # a checkpoint taken after a consumer-group reset holds owners of generation -1 (coordinator/state.py)
+    assert decode(mutated("commit-complete", "owners[0].generation", -1)).owners[0].generation == -1
 
 
 def test_unknown_fields_are_ignored_for_forward_compatibility():

@@ -138,6 +138,8 @@ def test_a_partition_the_tables_hold_starts_at_their_position_not_the_hint() -> 
     """_initial_positions asks no consumer group for a partition the tables' state holds."""
     import asyncio
 
+    from types import SimpleNamespace
+
     from coordinator.service import Coordinator
     from icesink.config import build
     from icesink.protocol import Position
@@ -145,7 +147,8 @@ def test_a_partition_the_tables_hold_starts_at_their_position_not_the_hint() -> 
 
     async def go() -> list[Position]:
         settings = build({"topics": "src", "iceberg.tables": "db.t", "bootstrap.servers": "127.0.0.1:1"})
-        coordinator = Coordinator(settings, "127.0.0.1:1", None, None, None, Metrics())  # type: ignore[arg-type]
+        unsigned = SimpleNamespace(keyring=None)  # the replica's control producer, as far as this needs
+        coordinator = Coordinator(settings, "127.0.0.1:1", unsigned, None, None, Metrics())  # type: ignore[arg-type]
         coordinator._table_positions = {A: 9, B: 4}
         return await coordinator._initial_positions([A, B])
 
