@@ -56,7 +56,7 @@ class TableRoots:
         if roots is None:
             try:
                 roots = data_roots(self.catalog.load_table(table))
-            except NoSuchTableError:
+            except (NoSuchTableError, ValueError):  # ValueError: a name the catalog cannot look up
                 return list(paths)
             self._roots[table] = roots
         return [p for p in paths if not confined(p, roots)]

@@ -145,6 +145,9 @@ def _object(cls: type, raw: Any, path: str) -> Any:
     out = cls(**kwargs)
     if isinstance(out, OffsetRange) and out.start > out.end:
         raise _Invalid(path, "start <= end", f"start {out.start}, end {out.end}")
+    if isinstance(out, (DataWritten, CommitToTable, SchemaProposal)) and not _table_name(out.table):
+        raise _Invalid(f"{path}.table" if path else "table", "a table name namespace.table (no empty part)",
+                       _found(out.table))
     if isinstance(out, DataComplete):
         seen: set[TopicPartition] = set()
         for i, r in enumerate(out.ranges):
@@ -152,6 +155,13 @@ def _object(cls: type, raw: Any, path: str) -> Any:
                 raise _Invalid(f"ranges[{i}].tp", "each partition once", f"{r.tp} again")
             seen.add(r.tp)
     return out
+
+
+def _table_name(name: str) -> bool:
+    """A name every catalog can look up: a namespace and a table, no part empty or blank (a
+    catalog raises on others instead of answering that no such table exists)."""
+    parts = name.split(".")
+    return len(parts) >= 2 and all(p.strip() for p in parts)
 
 
 def _expected(tp: Any, bound: Any) -> str:

@@ -67,6 +67,9 @@ BAD_FIELDS = [
     ("commit-to-table", "snapshot_id", "1", "commit-to-table field snapshot_id: expected int or null, found '1'"),
     ("commit-to-table", "watermark", -2, "commit-to-table field watermark: expected int >= -1, found -2"),
     ("commit-to-table", "table", None, "commit-to-table field table: expected str, found null"),
+    ("commit-to-table", "table", "t", "commit-to-table field table: expected a table name namespace.table (no empty part), found 't'"),
+    ("data-written", "table", "db..t", "data-written field table: expected a table name namespace.table (no empty part), found 'db..t'"),
+    ("schema-proposal", "table", " .t", "schema-proposal field table: expected a table name namespace.table (no empty part), found ' .t'"),
     ("commit-complete", "owners[0].worker", 1, "commit-complete field owners[0].worker: expected str, found 1"),
     ("commit-complete", "owners[0].generation", None, "commit-complete field owners[0].generation: expected int >= -1, found null"),
     ("commit-complete", "through", -2, "commit-complete field through: expected int >= -1, found -2"),
@@ -202,7 +205,7 @@ def test_an_event_no_reader_would_accept_is_never_encoded():
     big = FileInfo(path="x" * MAX_EVENT_BYTES, record_count=1, size_bytes=1, spec_id=0)
     with pytest.raises(ProtocolError, match=f"data-written event: expected at most {MAX_EVENT_BYTES} bytes"):
         encode(DataWritten("r", "resp", "w", "db.t", (big,)))
-    assert decode(encode(CommitToTable(1, "r", "t", None, 0, 0, -1))).snapshot_id is None
+    assert decode(encode(CommitToTable(1, "r", "db.t", None, 0, 0, -1))).snapshot_id is None
 
 
 def test_without_an_offset_the_message_says_control_event():
