@@ -115,7 +115,7 @@ class Coordinator:
                                       lambda start: in_flight_files(settings, bootstrap, start), tables=self._tables,
                                       mirrors=self._mirrors, truncate=ControlLogTruncator(
                                           bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
-                                          settings.control_signing_key()).truncate)
+                                          producer.keyring).truncate)  # the group's own checkpoint: signed
         self._processes = commit_processes(settings, compaction=rewrite is not None)  # None: on the threads
         self._parked = ParkedTables(metrics, self.status)  # tables whose commits keep failing (coordinator/parking.py)
         # The checkpoint of the last round every table holds (the recovery base at first; a whole-log replay).

@@ -266,7 +266,7 @@ class ControlLogTruncator:
     once and never asked again."""
 
     def __init__(self, bootstrap: str, topic: str, group: str, client_kwargs: dict[str, Any],
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | signing.Keyring | None = None) -> None:
         self.bootstrap, self.topic, self.group = bootstrap, topic, group
         self._kwargs = client_kwargs
         self._secret = secret

@@ -385,3 +385,55 @@ def test_the_coordinator_truncates_the_control_log_where_the_broker_allows_and_s
         _exact(catalog, table, keys)
     finally:
         replicas.stop_all()
+
+
+def test_the_coordinators_truncator_trusts_only_its_groups_signed_checkpoint(broker, tmp_path):
+    """With the default setup (no iceberg.control.secret: the group's key comes from the catalog
+    into the replica's keyring), an outsider's unsigned CommitComplete that the group's
+    coordinator offset is made to point at must not move where the log may be truncated: the
+    truncator the coordinator builds checks its own group's checkpoint with the replica's keyring."""
+    from prometheus_client import CollectorRegistry
+
+    from coordinator.service import Coordinator
+    from icesink.config import load_settings
+    from icesink.control import ControlProducer, ensure_control_topic
+    from icesink.metrics import Metrics
+    from icesink.offload import Offload
+    from icesink.protocol import CommitComplete, CommitRequest
+    from icesink.signing import Keyring
+
+    topic, group = "signed-truncation", "sg"
+    keyring = Keyring(b"k" * 32)
+
+    async def write() -> list[int]:
+        await ensure_control_topic(broker.bootstrap, topic, {}, replication_factor=1)
+        ours, outsider = ControlProducer(broker.bootstrap, topic, group, {}, keyring), \
+            ControlProducer(broker.bootstrap, topic, group, {})
+        await ours.start()
+        await outsider.start()
+        try:
+            offsets = [await ours.send(CommitRequest("w", 0)) for _ in range(3)]
+            offsets.append(await outsider.send(CommitComplete(9, "forged", 8, (), (), None, replay_from=9)))
+            return offsets
+        finally:
+            await ours.stop()
+            await outsider.stop()
+
+    offsets = asyncio.run(write())
+    _commit_offset(broker.bootstrap, f"{group}-coordinator", topic, offsets[-1])
+    settings = load_settings(None, None, {"topics": "src", "iceberg.tables": "db.a", "group.id": group,
+                                          "iceberg.control.topic": topic, "state.dir": str(tmp_path / "state")})
+
+    class Producer:
+        def __init__(self) -> None:
+            self.keyring = keyring
+
+    async def plan() -> dict:
+        coordinator = Coordinator(settings, broker.bootstrap, Producer(), None, Offload(1),  # type: ignore[arg-type]
+                                  Metrics(CollectorRegistry()))
+        truncate = coordinator._maintainer.truncate
+        assert truncate is not None
+        return await truncate.__self__.plan()  # type: ignore[attr-defined]
+
+    found = asyncio.run(plan())
+    assert found == {"log_start": 0, "held_by": group, "why": "no readable checkpoint"}, found
