@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,14 +188,15 @@ def test_a_worker_killed_after_an_early_write_loses_nothing(broker, catalog_prop
     assert_exact(catalog, "killed.pizzas", {json.loads(v)["order_id"] for v in values})
 
 
-def request_round(bootstrap: str, topic: str, group: str) -> None:
-    """A CommitRequest on the group's control log, as a worker with a full buffer sends: the
-    coordinator starts a round now."""
+def request_round(bootstrap: str, topic: str, group: str, catalog: Any) -> None:
+    """A CommitRequest on the group's control log, as a worker with a full buffer sends (signed
+    with the group's key, as the group's replicas sign): the coordinator starts a round now."""
     from icesink.control import ControlProducer
     from icesink.protocol import CommitRequest
+    from tests.support.sinkrun import group_key
 
     async def send() -> None:
-        producer = ControlProducer(bootstrap, topic, group, {})
+        producer = ControlProducer(bootstrap, topic, group, {}, group_key(catalog, group))
         await producer.start()
         try:
             await producer.send(CommitRequest("test", 0))
@@ -290,7 +292,7 @@ def test_early_files_of_a_frozen_group_survive_gc_and_another_groups_sweep(broke
         while total_rows(catalog, table_name) < n + 1000:  # a round now, again if it closed before A answered
             replicas.check_alive()
             assert time.monotonic() < deadline, f"{total_rows(catalog, table_name)} rows, expected {n + 1000}"
-            request_round(broker.bootstrap, "frozen-sink-control", "frozen-sink")
+            request_round(broker.bootstrap, "frozen-sink-control", "frozen-sink", catalog)
             time.sleep(15)
     finally:
         if frozen:
@@ -333,7 +335,7 @@ def test_a_worker_does_not_report_an_early_file_that_is_gone(broker, catalog_pro
         while total_rows(catalog, table_name) < n:
             replicas.check_alive()
             assert time.monotonic() < deadline, f"{total_rows(catalog, table_name)} rows, expected {n}"
-            request_round(broker.bootstrap, "gone-sink-control", "gone-sink")
+            request_round(broker.bootstrap, "gone-sink-control", "gone-sink", catalog)
             time.sleep(15)
         missing = early_writes(r.metrics_port, "missing")
     finally:
