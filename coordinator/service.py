@@ -49,7 +49,7 @@ from icesink.protocol import (
 from icesink.faults import crash_point, hold_point, hold_point_blocking
 from icesink.iceberg import latest_sink_summary
 from icesink.protocol import SinkState
-from icesink.kafka_admin import end_offsets, topic_id
+from icesink.kafka_admin import end_offsets, partition_counts, topic_id
 from icesink.metrics import Metrics
 from icesink.offload import Offload
 
@@ -359,8 +359,9 @@ class Coordinator:
         )
         await consumer.start()
         try:
-            await consumer.topics()  # fresh metadata: a claim may name a partition that does not exist
-            tps = self._existing(tps, consumer)
+            # Fresh metadata of every topic (not the consumer's own: on Kafka it holds none here)
+            counts = await partition_counts(self.bootstrap, client_kwargs=self.settings.kafka_client_kwargs())
+            tps = self._existing(tps, counts)
             ktps = [KafkaTP(tp.topic, tp.partition) for tp in tps]
             begin = await consumer.beginning_offsets(ktps)
             out = []
@@ -371,10 +372,11 @@ class Coordinator:
         finally:
             await consumer.stop()
 
-    def _existing(self, tps: list[TopicPartition], consumer: AIOKafkaConsumer) -> list[TopicPartition]:
-        """The partitions that exist; the others (only a buggy or forged claim names them: asking
-        for their offsets would time out, and restart this coordinator for ever) are refused."""
-        gone = [tp for tp in tps if tp.partition not in (consumer.partitions_for_topic(tp.topic) or ())]
+    def _existing(self, tps: list[TopicPartition], counts: dict[str, int]) -> list[TopicPartition]:
+        """The partitions that exist (``counts``: topic -> partitions); the others (only a buggy or
+        forged claim names them: asking for their offsets would time out, and restart this
+        coordinator for ever) are refused."""
+        gone = [tp for tp in tps if not 0 <= tp.partition < counts.get(tp.topic, 0)]
         if gone:
             self.metrics.control_events_refused.labels(reason="no-such-partition").inc()
             log.error("a claim names partitions that do not exist (%s): answered without them",

@@ -36,6 +36,7 @@ from icesink.errors import IcesinkError
 
 __all__ = [
     "DeleteRecordsUnsupported", "TopicError", "delete_records", "end_offsets", "ensure_topic", "group_offset",
+    "partition_counts",
     "topic_configs", "topic_exists", "topic_id",
 ]
 
@@ -124,6 +125,26 @@ async def topic_exists(
         raise TopicError(f"topic {name!r}: metadata not read within {timeout_s:.1f} s", retriable=True) from None
     finally:
         await admin.close()
+
+
+async def partition_counts(
+    bootstrap: str, *, client_kwargs: Mapping[str, Any] | None = None, timeout_s: float = 30.0
+) -> dict[str, int]:
+    """Topic -> number of partitions, of every topic on the cluster (asked without auto-creating
+    any). A consumer's own metadata is no answer: on Kafka it holds only the topics that consumer
+    asked about (Tansu's holds every topic)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(client_kwargs or {}))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            topics: list[dict[str, Any]] = await admin.describe_topics()
+    except TimeoutError:
+        raise TopicError(f"topic metadata not read within {timeout_s:.1f} s", retriable=True) from None
+    finally:
+        await admin.close()
+    return {t["topic"]: len(t["partitions"]) for t in topics if int(t.get("error_code", 0)) == 0}
 
 
 async def end_offsets(

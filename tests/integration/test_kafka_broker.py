@@ -178,3 +178,18 @@ def test_a_replication_factor_above_the_brokers_is_refused_naming_the_setting(ka
     letters = DeadLetters(settings, Metrics(CollectorRegistry()), "w1")
     with pytest.raises(TopicError, match=r"errors\.deadletterqueue\.topic\.replication\.factor"):
         asyncio.run(letters.start(kafka.bootstrap))
+
+
+def test_partition_counts_name_every_topic_without_a_consumer_asking_for_it(each_broker: Any) -> None:
+    """The coordinator checks a claim's partitions against these counts. It used a fresh
+    consumer's own metadata, which held every topic on Tansu and none on Kafka: every claim on
+    Kafka was answered without its partitions, and no record was ever read (CI, test_codecs[kafka])."""
+    from icesink.kafka_admin import ensure_topic, partition_counts
+
+    async def counts() -> dict[str, int]:
+        await ensure_topic(each_broker.bootstrap, "pc-four", 4)
+        return await partition_counts(each_broker.bootstrap)
+
+    found = asyncio.run(counts())
+    assert found["pc-four"] == 4
+    assert "pc-absent" not in found
