@@ -462,8 +462,11 @@ def test_on_kafka_the_coordinator_truncates_the_control_log_and_a_restart_replay
         kafka, catalog_props, tmp_path):
     """On a real Kafka broker DeleteRecords works: a group truncating its control log every second
     moves the log start past its first events (they are gone from the broker), a replica
-    restarted on the truncated log recovers from the checkpoint, and every record lands once."""
+    restarted on the truncated log recovers from the checkpoint; then the whole log is deleted
+    (what retention does to an idle group) and the next replica recovers from the tables' state.
+    Every record lands once."""
     from icesink.app.pizzas import pizza_values
+    from icesink.kafka_admin import delete_records, end_offsets
     from tests.support.sinkrun import total_rows
 
     table, control = "clk.truncated", "clk-control"
@@ -471,7 +474,7 @@ def test_on_kafka_the_coordinator_truncates_the_control_log_and_a_restart_replay
                                **{"maintenance.control-log.interval-ms": 1000, "iceberg.control.topic": control,
                                   "iceberg.control.topic.replication-factor": 1,
                                   "iceberg.tables.auto-create-enabled": "false"})
-    batches = [pizza_values(1000, seed=s) for s in (73, 74, 75)]
+    batches = [pizza_values(1000, seed=s) for s in (73, 74, 75, 76)]
     keys: set[str] = set()
     try:
         replicas.start("w1")
@@ -490,7 +493,16 @@ def test_on_kafka_the_coordinator_truncates_the_control_log_and_a_restart_replay
         keys |= _send(kafka.bootstrap, "clk-src", batches[2])
         _wait("3000 rows", lambda: total_rows(catalog, table) >= 3000, replicas)
         time.sleep(4)  # more rounds: nothing may land twice
+        assert replicas.stop("w2") == 0
+        end = asyncio.run(end_offsets(kafka.bootstrap, control))[0]
+        assert asyncio.run(delete_records(kafka.bootstrap, control, 0, end)) == end  # the whole log, checkpoint and all
+        replicas.start("w3")
+        keys |= _send(kafka.bootstrap, "clk-src", batches[3])
+        _wait("4000 rows", lambda: total_rows(catalog, table) >= 4000, replicas)
+        time.sleep(4)
         replicas.check_alive()
+        said = replicas.replicas["w3"].log_path.read_text(errors="replace")
     finally:
         replicas.stop_all()
     _exact(catalog, table, keys)
+    assert "recovered from control offset" in said and "the state of clk.truncated" in said, said[-3000:]
