@@ -23,7 +23,7 @@ from agents.source_consumer import driver
 from agents.tasks import highwater, unless_moved
 from agents.worker_state import WorkerState
 from icesink.errors import ResponseSendError, WritesKeepFailing, is_retriable
-from icesink.protocol import CommitComplete, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
+from icesink.protocol import CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
 from icesink.protocol.fences import worker_files_prefix, worker_prefix
 from icesink.faults import crash_point, die, should_crash
 from icesink.iceberg import to_file_info
@@ -70,6 +70,8 @@ class Rounds(WorkerState):
                 await self._on_commit_complete(ev)
             case Rewind():
                 await self._on_rewind(ev)
+            case CommitToTable():
+                self._missing.committed_to(ev.table)  # a table dropped later is waited for (agents/missing.py)
             case _:
                 pass
 
