@@ -427,6 +427,22 @@ class Buffers:
                 continue
             self._put_back(st, snap.chunks)
 
+    def give_back(self, snap: Snapshot) -> None:
+        """Give back a snapshot no part of which was sent: its written files and chunks go first
+        again, reported by the next take. If one of its partitions moved on meanwhile,
+        :meth:`restore` (read again from the range start)."""
+        if any((st := self.partitions.get(r.tp)) is None or st.generation != snap.generation or
+               st.range_start != r.end for r in snap.ranges):
+            self.restore(snap)
+            return
+        for w in snap.written:
+            w.sent = False
+        for r in snap.ranges:
+            st = self.partitions[r.tp]
+            st.range_start = r.start
+            st.written[:0] = sorted((w for w in snap.written if r.tp in w.ranges), key=lambda w: w.ranges[r.tp][0])
+            self._put_back(st, snap.chunks)
+
     def _put_back(self, st: PartitionState, chunks: list[Chunk]) -> None:
         """``st``'s chunks among ``chunks`` go back in front of its buffered ones."""
         mine = [c for c in chunks if c.tp == st.tp]

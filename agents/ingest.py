@@ -32,7 +32,7 @@ from agents.tasks import highwater, unless_moved
 from agents.worker_state import WorkerState
 from icesink.control import ControlReader
 from icesink.errors import ConfigError
-from icesink.protocol import CommitRequest, SchemaProposal
+from icesink.protocol import CommitRequest, CommitToTable, SchemaProposal
 from icesink.faults import should_crash
 from icesink.schema_changes import identifier_paths
 
@@ -47,6 +47,7 @@ REQUEST_EVERY_S = 5.0  # while the buffers stay full, an early round is asked th
 # hold it until a newer record shows the gap, for ever on a partition that went quiet).
 # Offsets below the high watermark need not be records: transaction markers take offsets too.
 STALL_S = 15.0
+COMMITTED_SCAN_S = 60.0  # reading the control log for the tables the group committed to
 
 
 class Ingest(WorkerState):
@@ -388,7 +389,7 @@ class Ingest(WorkerState):
                 if target is not None:
                     self.targets[name] = target
                     continue
-                if not await self._group_has_run():
+                if not await self._dropped(name):
                     raise not_created(name)
                 self._wait_for(name)
             missing.append(name)
@@ -425,6 +426,35 @@ class Ingest(WorkerState):
                 ran = await self.offload.run(holds_group_state, self.catalog, names, group)
             self._missing.group_has_run = ran
         return self._missing.group_has_run
+
+    async def _dropped(self, name: str) -> bool:
+        """Whether ``name``, which does not exist, existed for the group (agents/missing.py):
+        the group has run and the table is configured, or the group committed to it."""
+        if not await self._group_has_run():
+            return False
+        return name in self.settings.tables or name in await self._committed_tables()
+
+    async def _committed_tables(self) -> set[str]:
+        """The tables the group committed to, as its control log shows (CommitToTable events,
+        read once from the log's start, signed by the group's key) and as read since."""
+        if self._missing.committed is None:
+            reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id,
+                                   self.settings.kafka_client_kwargs(), secret=self.secret.keyring)
+            names: set[str] = set()
+            await reader.start()
+            try:
+                await reader.seek_to_beginning()
+                end = await reader.end_offset()
+                deadline = time.monotonic() + COMMITTED_SCAN_S
+                while await reader.position() < end:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"reading control topic {self.settings.control_topic!r} to "
+                                                f"offset {end} for the tables the group committed to timed out")
+                    names.update(ev.table for _, ev in await reader.read(1.0) if isinstance(ev, CommitToTable))
+            finally:
+                await reader.stop()
+            self._missing.committed = names
+        return self._missing.committed | self._missing.seen_committed
 
     async def _look_for_missing(self) -> None:
         """Look each missing table up again once its backoff is over (from _housekeeping); the

@@ -8,7 +8,11 @@ it knows neither its schema, nor its spec, nor its location: it cannot write its
 
 - on a group's first start (it never completed a round, and no table holds its sink state) a
   missing table is refused as before: a typo in ``iceberg.tables`` stops the replica, exit code 2;
-- once the group has run, the table is *missing*: the worker waits for it. A partition whose
+- a table of a dynamic route (not in ``iceberg.tables``) that the group never committed to (no
+  CommitToTable for it in the control log, nor seen since) is new, not dropped: refused the same
+  way, as the first start refuses it, rather than held for ever;
+- once the group has run, a configured table, or a routed one the group committed to, is
+  *missing*: the worker waits for it. A partition whose
   fetch holds a record routed to it is held back (paused, that fetch not taken, so its range
   never passes the record and no round reports rows the table lacks); every other partition
   goes on. The table is looked up again with capped backoff (:data:`RETRY_FIRST_S` doubling to
@@ -49,6 +53,12 @@ class MissingTables:
         self.wall = wall
         self.tables: dict[str, Missing] = {}
         self.group_has_run = False  # once seen, for good: the rule above
+        self.committed: set[str] | None = None  # tables of the control log's CommitToTable events, once read
+        self.seen_committed: set[str] = set()  # and those read since by the control loop
+
+    def committed_to(self, name: str) -> None:
+        """The group committed to ``name`` (a CommitToTable event read by the control loop)."""
+        self.seen_committed.add(name)
 
     def add(self, name: str) -> bool:
         """Wait for ``name``; True if it was not waited for yet."""

@@ -23,7 +23,7 @@ from agents.source_consumer import driver
 from agents.tasks import highwater, unless_moved
 from agents.worker_state import WorkerState
 from icesink.errors import ResponseSendError, WritesKeepFailing, is_retriable
-from icesink.protocol import CommitComplete, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
+from icesink.protocol import CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
 from icesink.protocol.fences import worker_files_prefix, worker_prefix
 from icesink.faults import crash_point, die, should_crash
 from icesink.iceberg import to_file_info
@@ -43,8 +43,17 @@ def delete_files(paths: list[tuple[Any, str]]) -> None:
 
 def missing_files(paths: list[tuple[Any, str]]) -> list[str]:
     """Of data files (``(table, path)``), those that do not exist (deleted by hand, or by a
-    sweep that judged them dead: docs/commits.md, "Orphan files and icesink gc")."""
-    return [path for table, path in paths if not table.io.new_input(path).exists()]
+    sweep that judged them dead: docs/commits.md, "Orphan files and icesink gc"). Only a
+    definite "no such file" counts: each is sized (a stat, FileNotFoundError only when there is
+    no file), not asked ``exists()``, which fsspec answers False on any error. Any other error
+    (permission, network, throttling) is raised: the check did not answer."""
+    out = []
+    for table, path in paths:
+        try:
+            len(table.io.new_input(path))
+        except FileNotFoundError:
+            out.append(path)
+    return out
 
 
 class Rounds(WorkerState):
@@ -70,6 +79,8 @@ class Rounds(WorkerState):
                 await self._on_commit_complete(ev)
             case Rewind():
                 await self._on_rewind(ev)
+            case CommitToTable():
+                self._missing.committed_to(ev.table)  # a table dropped later is waited for (agents/missing.py)
             case _:
                 pass
 
@@ -162,18 +173,25 @@ class Rounds(WorkerState):
             return True
         paths = [(self.targets[name].table, f.path) for name, infos in early.items() if name in self.targets
                  for f in infos]
+        early_paths = {f.path for infos in early.values() for f in infos}
+        own = {w.table: tuple(f for f in (*w.files, *w.deleted_keys) if f.path not in early_paths) for w in written}
+        round_id = written[0].commit_id if written else "?"
         try:
             missing = await self.offload.run(missing_files, paths)
-        except Exception as exc:  # noqa: BLE001 - storage unreachable: not reported, read again
-            missing = [f"(not checked: {type(exc).__name__}: {exc})"]
+        except Exception as exc:  # storage did not answer: no proof a file is gone; kept, retried
+            log.error("round %s not answered, data and files written early kept for the next round: checking "
+                      "that those files still exist failed: %s: %s", round_id, type(exc).__name__, exc)
+            self.buffers.give_back(snap)
+            self._delete_void({name: files for name, files in own.items() if files})
+            self._settle_voided()
+            self._write_failed(exc)  # capped backoff; the replica stops at write.failure-limit
+            return False
         if not missing:
             return True
         self.metrics.early_writes.labels(outcome="missing").inc(len(missing))
         log.error("round %s not answered: %d files written early are gone (e.g. %s); their partitions read those "
-                  "rows again", written[0].commit_id if written else "?", len(missing), missing[0])
+                  "rows again", round_id, len(missing), missing[0])
         self.buffers.restore(snap)
-        early_paths = {f.path for infos in early.values() for f in infos}
-        own = {w.table: tuple(f for f in (*w.files, *w.deleted_keys) if f.path not in early_paths) for w in written}
         self._delete_void({name: files for name, files in own.items() if files})
         self._settle_voided()
         return False

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from agents.write_failures import WriteFailures
     from icesink.config import Settings
     from icesink.control import ControlProducer, ControlReader
+    from icesink.group_secret import SecretLoader
     from icesink.protocol import Resume, Rewind, TopicPartition
     from icesink.metrics import Metrics
     from icesink.offload import Offload
@@ -62,6 +63,7 @@ class WorkerState:
     app: faust.App
     producer: ControlProducer
     reader: ControlReader
+    secret: SecretLoader  # the group's key (icesink/group_secret.py)
     catalog: Catalog
     _stop: asyncio.Event
     _rebalanced: asyncio.Event
@@ -107,6 +109,7 @@ class WorkerState:
         async def _reseek_and_resume(self, st: PartitionState) -> None: ...
         def _wait_for(self, name: str) -> None: ...
         async def _group_has_run(self) -> bool: ...
+        async def _committed_tables(self) -> set[str]: ...
         async def _look_for_missing(self) -> None: ...
 
         # agents/rounds.py

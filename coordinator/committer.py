@@ -31,7 +31,7 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 from coordinator.deletes import add_position_deletes
-from coordinator.files import confined, data_roots
+from coordinator.files import confined, data_roots, field_id_mismatch
 from coordinator.manifest_writers import manifest_writer
 from coordinator.mirror import MirrorIndexes, position_deletes
 from coordinator.state import Accepted, Checkpoint
@@ -148,6 +148,8 @@ def _commit(
     watermark = max((a.offset for a in batch), default=applied)
     files = [f for a in todo for f in a.files.get(table_name, ())]
     _check_confined(table, table_name, files)
+    if applied < 0:  # no state of the group: a fresh table, or one dropped and created again
+        _check_field_ids(table, table_name, files)
     naming = [a.offset for a in batch if a.files.get(table_name) or a.deleted_keys.get(table_name)]
     held = held_commit(table, group) if naming and min(naming) <= applied else None
     if not todo:
@@ -201,6 +203,19 @@ def _check_confined(table: Table, table_name: str, files: list[FileInfo]) -> Non
             f"({' or '.join(roots)}), found {len(outside)} outside it (e.g. {outside[0]}): it was recreated "
             "elsewhere (or the files were named by someone outside the group). Nothing is committed or deleted; "
             "recreate the table at the location the files are in and the commit goes through")
+
+
+def _check_field_ids(table: Table, table_name: str, files: list[FileInfo]) -> None:
+    """Every file's field ids name the columns the table's schema gives them: files accepted
+    for a table that was dropped and created again (auto-created from other records, numbered
+    anew) would have their columns read as other columns. Refused like a table recreated
+    elsewhere: parked, nothing committed or deleted."""
+    found = field_id_mismatch(table, [f.path for f in files])
+    if found is not None:
+        raise TableChangedError(
+            f"table {table_name}: expected its accepted data files written with its schema's field ids, found "
+            f"{found}: it was dropped and created again with another schema. Nothing is committed or deleted; "
+            "recreate it with the schema the files were written with (or restore it) and the commit goes through")
 
 
 def round_tables(batch: list[Accepted]) -> dict[str, int]:

@@ -15,8 +15,11 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.schema import index_by_id
 from pyiceberg.table import Table
 
 from coordinator.gc import normalize, referenced_files
@@ -106,3 +109,39 @@ def delete_uncommitted(
                     continue
                 out["deleted"] += 1
     return out
+
+
+FIELD_ID = b"PARQUET:field_id"
+
+
+def _named_ids(fields: Iterable[pa.Field], out: dict[int, str], named: bool = True) -> dict[int, str]:
+    """Each field id of an Arrow schema read from a Parquet footer with its field's name. Names
+    of list elements and map keys and values are the writer's own (``element``, ``item``...):
+    only top-level and struct fields' names are kept; nested ones are walked all the same."""
+    for f in fields:
+        raw = (f.metadata or {}).get(FIELD_ID)
+        if raw is not None and named:
+            out[int(raw)] = f.name
+        t = f.type
+        if pa.types.is_struct(t):
+            _named_ids((t.field(i) for i in range(t.num_fields)), out)
+        elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            _named_ids([t.value_field], out, named=False)
+        elif pa.types.is_map(t):
+            _named_ids([t.key_field, t.item_field], out, named=False)
+    return out
+
+
+def field_id_mismatch(table: Table, paths: Sequence[str]) -> str | None:
+    """Where a data file's field ids name other columns than the table's schema gives them
+    (a table dropped and created again numbers its columns anew), or None. Reads each file's
+    footer: for a table that holds none of the group's state yet (fresh, or created again)."""
+    by_id = {i: f.name for i, f in index_by_id(table.schema()).items()}
+    for path in paths:
+        with table.io.new_input(path).open() as stream:
+            found = _named_ids(pq.read_schema(stream), {})
+        for field_id, name in sorted(found.items()):
+            if field_id in by_id and by_id[field_id] != name:
+                return (f"{path}: field id {field_id} is column {name!r} in the file, {by_id[field_id]!r} in the "
+                        "table's schema")
+    return None

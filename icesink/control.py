@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition as KafkaTP
@@ -252,6 +254,13 @@ def decode_record(
     return protocol.decode(value, offset=offset)
 
 
+#: Times in a row the broker closes the connection at DeleteRecords before it is taken as unsupported.
+UNSUPPORTED_AFTER = 3
+#: A group with no checkpoint and no event this recent holds the control log no more (Kafka's default
+#: offsets.retention.minutes: its group offsets expire as long after it went idle).
+GONE_AFTER_S = 7 * 24 * 3600.0
+
+
 class ControlLogTruncator:
     """Deletes the control log's records that no sink group needs any more (DeleteRecords),
     where the broker allows it; run by the coordinator every ``maintenance.control-log.interval-ms``.
@@ -262,17 +271,25 @@ class ControlLogTruncator:
     the records below ``before`` are deleted only if every group with an event there needs
     none of them: the keys of the records about to go are read first (each record once per
     coordinator: what was read is remembered), and a group whose checkpoint cannot be read
-    holds the log at its first event. A broker that does not delete records (Tansu) is said
-    once and never asked again."""
+    holds the log at its first event while it is alive: while its newest event read is younger
+    than :data:`GONE_AFTER_S` (Kafka expires an idle group's offsets after as long by default).
+    Else (a connector deleted, its group's offsets expired, keys of no group at all) it would hold
+    the log for ever. A broker that does not delete records is said once and
+    never asked again: one that answers so at once, or one that closes the connection at the
+    request (Tansu) :data:`UNSUPPORTED_AFTER` times in a row (a connection lost by chance, or
+    any other failure, is reported and tried again at the next interval)."""
 
     def __init__(self, bootstrap: str, topic: str, group: str, client_kwargs: dict[str, Any],
-                 secret: bytes | signing.Keyring | None = None) -> None:
+                 secret: bytes | signing.Keyring | None = None, wall: Callable[[], float] = time.time) -> None:
         self.bootstrap, self.topic, self.group = bootstrap, topic, group
         self._kwargs = client_kwargs
         self._secret = secret
+        self._wall = wall
         self._first: dict[str, int] = {}  # every group's first event seen in the log's prefix
+        self._newest_ms: dict[str, int] = {}  # and the newest timestamp of its events there
         self._scanned = 0  # the prefix read so far ends here
         self.unsupported: str | None = None
+        self._closed = 0  # DeleteRecords requests in a row at which the broker closed the connection
 
     async def plan(self) -> dict[str, Any]:
         """Where the log may be truncated: ``before`` (every record below it is needed by no
@@ -294,6 +311,8 @@ class ControlLogTruncator:
                 if group == self.group or max(first, start) >= before:
                     continue
                 need = await self._needs(consumer, tp, group)
+                if need is None and self._wall() * 1000 - self._newest_ms.get(group, 0) > GONE_AFTER_S * 1000:
+                    continue  # no checkpoint and nothing new for long: gone, it holds nothing
                 need = max(first, start) if need is None else need
                 if need < before:
                     before, held_by = need, group
@@ -316,10 +335,19 @@ class ControlLogTruncator:
         try:
             low = await delete_records(self.bootstrap, self.topic, 0, plan["before"], client_kwargs=self._kwargs)
         except DeleteRecordsUnsupported as exc:
+            self._closed = 0 if exc.definite else self._closed + 1
+            if not exc.definite and self._closed < UNSUPPORTED_AFTER:
+                log.warning("control topic %r not truncated this time (%d of %d before it is taken as unsupported): "
+                            "%s", self.topic, self._closed, UNSUPPORTED_AFTER, exc)
+                return {**plan, "error": str(exc)}
             self.unsupported = str(exc)
             log.warning("control topic %r is not truncated: %s. Its records stay until the topic's retention (if "
                         "any) removes them; icesink reads it from the checkpoint either way", self.topic, exc)
             return {"unsupported": self.unsupported, **plan}
+        except Exception:
+            self._closed = 0
+            raise
+        self._closed = 0
         held_by = plan["held_by"]
         log.info("control topic %r truncated below offset %d (the replay start of %s)", self.topic, low,
                  "this group" if held_by == self.group else f"group {held_by}")
@@ -362,6 +390,8 @@ class ControlLogTruncator:
                 if record.offset >= end:
                     break
                 if record.key is not None:
-                    self._first.setdefault(record.key.decode("utf-8", "replace"), record.offset)
+                    group = record.key.decode("utf-8", "replace")
+                    self._first.setdefault(group, record.offset)
+                    self._newest_ms[group] = max(self._newest_ms.get(group, 0), int(record.timestamp or 0))
             position = records[-1].offset + 1
         self._scanned = max(self._scanned, min(position, end))

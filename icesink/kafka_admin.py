@@ -60,7 +60,14 @@ class TopicError(IcesinkError):
 
 
 class DeleteRecordsUnsupported(TopicError):
-    """The broker does not delete records on request (no DeleteRecords, or not allowed to)."""
+    """The broker does not delete records on request. ``definite``: it said so (no DeleteRecords
+    version, UNSUPPORTED_VERSION); else it closed the connection at the request while it answers
+    others (Tansu), which a connection lost by chance looks like once: the caller asks again
+    before it believes it."""
+
+    def __init__(self, message: str, *, definite: bool = True) -> None:
+        super().__init__(message, retriable=not definite)
+        self.definite = definite
 
 
 async def ensure_topic(
@@ -434,10 +441,10 @@ async def delete_records(
     """Delete the records of ``topic``'s ``partition`` below offset ``before`` (Kafka's
     DeleteRecords, as ``kafka-delete-records`` does); returns the partition's new log start.
     Raises :class:`DeleteRecordsUnsupported` when the broker does not do it: it declares no
-    DeleteRecords version, answers UNSUPPORTED_VERSION, refuses it (TopicAuthorizationFailed,
-    PolicyViolation), or closes the connection at the request while it answers a metadata
-    request right after (Tansu, see the module doc); :class:`TopicError` otherwise (retriable as
-    Kafka's error is)."""
+    DeleteRecords version or answers UNSUPPORTED_VERSION (definite), or closes the connection at
+    the request while it answers a metadata request right after (Tansu, see the module doc; not
+    definite); :class:`TopicError` otherwise (a refusal, TopicAuthorizationFailed or
+    PolicyViolation, too; retriable as Kafka's error is)."""
     from aiokafka import TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
     from aiokafka.errors import (
@@ -454,9 +461,9 @@ async def delete_records(
                 done = await admin.delete_records({tp: RecordsToDelete(before)}, timeout_ms=int(timeout_s * 1000))
             except (IncompatibleBrokerVersion, NotImplementedError, UnsupportedVersionError) as exc:
                 raise DeleteRecordsUnsupported(f"the broker does not implement DeleteRecords ({exc})") from exc
-            except (TopicAuthorizationFailedError, PolicyViolationError) as exc:
-                raise DeleteRecordsUnsupported(f"the broker refuses DeleteRecords on topic {topic!r}: "
-                                               f"{type(exc).__name__} (allow it, or truncate by hand)") from exc
+            except (TopicAuthorizationFailedError, PolicyViolationError) as exc:  # an operator may lift it
+                raise TopicError(f"the broker refuses DeleteRecords on topic {topic!r}: "
+                                 f"{type(exc).__name__} (allow it, or truncate by hand)") from exc
             except KafkaConnectionError as exc:
                 try:
                     await _existing_topic_metadata(admin, topic)
@@ -464,7 +471,7 @@ async def delete_records(
                     raise TopicError(f"topic {topic!r}: DeleteRecords failed: {exc}", retriable=True) from exc
                 raise DeleteRecordsUnsupported(
                     "the broker closed the connection at DeleteRecords while it answers other requests: it does not "
-                    "implement it (Tansu, the embedded broker, does not)") from exc
+                    "implement it (Tansu, the embedded broker, does not)", definite=False) from exc
             except KafkaError as exc:
                 raise TopicError(f"topic {topic!r}: DeleteRecords failed: {type(exc).__name__}: {exc}",
                                  retriable=bool(getattr(exc, "retriable", False))) from exc

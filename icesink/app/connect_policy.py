@@ -27,7 +27,7 @@ import unicodedata
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from icesink.config import is_secret_setting
+from icesink.config import catalog_paths_absolute, is_secret_setting
 from icesink.config_providers import PREFIX as PROVIDERS, has_reference, is_reference
 from icesink.errors import ConfigError
 from icesink.secrets import MASK, Hidden, mask_url
@@ -64,6 +64,10 @@ _CODE = "it loads a class or starts a program on this host"
 _SPARK = ("Spark conf can load code and start programs on this host (class paths, plugins, JVM options, "
           "listeners, executables); a connector may set only resources and output tuning")
 _PATH = "it names a path on this host"
+_RELATIVE = ("it names a path on this host: a relative one, made absolute against the process's working "
+             "directory when it is used")
+_CATALOG = "iceberg.catalog."
+_TABLE_PROPS = "iceberg.tables.auto-create-props."
 _NAME_MAX = 255
 
 
@@ -81,7 +85,7 @@ def process_level(key: str, value: object) -> str | None:
             "where Spark runs: a Spark cluster's executors send the driver objects it deserializes"
     if key.startswith("spark."):
         return None if key in CONNECTOR_SPARK_KEYS else _SPARK
-    for prefix in ("iceberg.catalog.", "iceberg.tables.auto-create-props."):
+    for prefix in (_CATALOG, _TABLE_PROPS):
         if key.startswith(prefix):
             prop = key[len(prefix):].lower()
             if prop.endswith("impl"):
@@ -98,16 +102,37 @@ def _local_path(value: str) -> bool:
     return scheme in ("file", "sqlite") or scheme.startswith("sqlite+") or value.strip().startswith("/")
 
 
-def check_connector(config: Mapping[str, str], allow: tuple[str, ...]) -> None:
+def relative_paths(config: Mapping[str, str], defaults: Mapping[str, object]) -> set[str]:
+    """The keys of ``config`` whose value is a relative path of this host once used as the
+    settings use it: catalog properties that :func:`icesink.config.catalog_paths_absolute` makes
+    absolute (judged with the process's ``defaults``, which may say the catalog is REST, where a
+    warehouse is a name), and table paths and locations without a scheme."""
+    merged = {**{k: str(v) for k, v in defaults.items()}, **config}
+    props = {k[len(_CATALOG):]: v for k, v in merged.items() if k.startswith(_CATALOG)}
+    made = catalog_paths_absolute(props)
+    out = {_CATALOG + k for k, v in props.items()
+           if made.get(k) != v and _CATALOG + k in config and not has_reference(v)}
+    for key, value in config.items():
+        if key.startswith(_TABLE_PROPS) and key.lower().endswith(("path", "location")) and value.strip() and \
+                not has_reference(value) and not urlsplit(value.strip()).scheme:
+            out.add(key)
+    return out
+
+
+def check_connector(config: Mapping[str, str], allow: tuple[str, ...],
+                    defaults: Mapping[str, object] | None = None) -> None:
     """Refuse (ConfigError naming the key) a key the connector may not set, unless allowed.
     A value that is a config-provider reference counts as a path if it names one when resolved:
-    references in catalog and table properties are refused in the keys where a path would be."""
+    references in catalog and table properties are refused in the keys where a path would be.
+    A relative path counts as the absolute path it becomes (:func:`relative_paths`; ``defaults``:
+    the process's task defaults, which the connector's keys complete)."""
+    relative = relative_paths(config, defaults or {})
     for key, value in config.items():
         if key in CONNECTOR_ONLY:
             continue
         if key in ASSIGNED:
             raise ConfigError(key, value, f"no value: a connector cannot set it ({ASSIGNED[key]})")
-        reason = process_level(key, value)
+        reason = process_level(key, value) or (_RELATIVE if key in relative else None)
         if reason is None and has_reference(value) and key.startswith(("iceberg.catalog.", "spark.")) and \
                 key.rsplit(".", 1)[-1] in ("uri", "warehouse", "path", "location"):
             reason = "it may name a path on this host once resolved"

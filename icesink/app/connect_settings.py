@@ -129,7 +129,7 @@ class ConnectSettings:
         does not resolve, an invalid value."""
         check_name(name)
         tasks_max(dict(config))
-        check_connector(config, self.override_allow)
+        check_connector(config, self.override_allow, {**self.task_defaults, **self.process_keys})
         return build_resolved(self.task_config(name, config, bootstrap), self.environ, warn_unknown=False,
                               refuse_unknown=True)
 

@@ -148,6 +148,9 @@ def test_connector_configs_cannot_load_code_or_touch_the_host_and_show_no_secret
             "spark.master": "spark://evil:7077", "state.dir": "/etc", "worker.id": "../../etc", "metrics.host": "0.0.0.0",
             "fault.crash-at": "worker.during-write", "bootstrap.servers": "evil:9092",
             "iceberg.catalog.py-io-impl": "evil.Io", "config.providers": "file",
+            # relative paths, made absolute against the process's directory when used
+            "iceberg.catalog.warehouse": "../../victim-warehouse",
+            "iceberg.tables.auto-create-props.write.data.path": "../victim-data",
         }.items():
             code, body = call(process.api, "PUT", "/connectors/evil/config", {**base, key: value})
             allows = "cannot set it" if key == "worker.id" else OVERRIDE  # the process names each task's replica

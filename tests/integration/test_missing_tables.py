@@ -171,3 +171,89 @@ def test_a_dropped_table_created_again_by_a_starting_replica_ends_exact(broker, 
         replicas.stop_all()
     assert_exact(catalog, a, _keys(values, "a"))
     assert_exact(catalog, b, _keys(values[1000:], "b"))
+
+
+@pytest.mark.timeout(900)
+def test_held_files_are_not_committed_into_a_table_created_again_with_its_columns_numbered_anew(
+        broker, catalog_props, tmp_path):
+    """b is dropped, then created again at its location with its columns in another order (so
+    other field ids, as auto-create from other records numbers them): the files held for it
+    were written with the old ids, and committed they would be read as other columns. It stays
+    parked, saying so; created again with the schema the files were written with, they commit."""
+    import pyarrow as pa
+
+    from icesink.app.pizzas import PIZZA_SCHEMA
+    from icesink.app.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, coordinator_status, total_rows, wait_rows
+
+    catalog, topic, cfg = _setup(broker, catalog_props, tmp_path, "mf",
+                                 **{"iceberg.tables.auto-create-enabled": "false"})
+    a, b = "mf.a", "mf.b"
+    for name in (a, b):
+        catalog.create_table(name, schema=PIZZA_SCHEMA)
+    values = _values(2000, seed=43)
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+
+    def parked_error() -> str:
+        return str(((coordinator_status(replicas) or (None, {}))[1].get("parked") or {}).get(b, {}).get("error"))
+
+    try:
+        dropped = _run_then_drop(broker, catalog, replicas, topic, values, "f1", "mf")
+        schema, spec, location = dropped.schema(), dropped.spec(), dropped.location()
+        arrow = schema.as_arrow()
+        reordered = pa.schema([arrow.field(i).remove_metadata() for i in reversed(range(len(arrow)))])
+        catalog.create_table(b, schema=reordered, location=location)
+        wait_for("b parked for its field ids", lambda: "field id" in parked_error(), 120, replicas)
+        assert catalog.load_table(b).current_snapshot() is None, "held files committed under other field ids"
+
+        catalog.drop_table(b)
+        catalog.create_table(b, schema=schema, partition_spec=spec, location=location)
+        wait_rows(catalog, replicas, (b,), 500, timeout_s=240)
+        time.sleep(4)
+        assert total_rows(catalog, b) == 500
+    finally:
+        replicas.stop_all()
+    assert_exact(catalog, a, _keys(values, "a"))
+    assert_exact(catalog, b, _keys(values[1000:], "b"))
+
+
+@pytest.mark.timeout(600)
+def test_a_new_dynamic_route_without_auto_create_is_refused_not_held_once_the_group_has_run(
+        broker, catalog_props, tmp_path):
+    """Dynamic routing without auto-create: once the group has committed to md.a, a record for
+    md.new (a table that never existed) stops the replica naming the setting, as on a first
+    start; it is not waited for as a dropped table (its partition held for ever)."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.pizzas import PIZZA_SCHEMA, produce
+    from icesink.app.replicas import ReplicaSet
+    from icesink.kafka_admin import ensure_topic
+    from tests.support.sinkrun import wait_rows, wait_up, write_config
+
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("md")
+    catalog.create_table("md.a", schema=PIZZA_SCHEMA)
+    topic = "md-orders"
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
+    cfg = write_config(
+        tmp_path / "sink.json", topics=topic, tables="", bootstrap=broker.bootstrap, catalog_props=catalog_props,
+        state_dir=tmp_path / "state", group="md-sink",
+        **{"iceberg.tables.route-field": "dest", "iceberg.tables.dynamic-enabled": "true",
+           "iceberg.tables.auto-create-enabled": "false"})
+    values = [json.dumps({**json.loads(v), "dest": "md.a"}).encode() for v in _values(200, seed=44)]
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        r = replicas.start("d1")
+        wait_up(replicas)
+        asyncio.run(produce(broker.bootstrap, topic, values, partitions=1))
+        wait_rows(catalog, replicas, ("md.a",), 200, timeout_s=240)
+        new = [json.dumps({**json.loads(values[0]), "dest": "md.new"}).encode()]
+        asyncio.run(produce(broker.bootstrap, topic, new, partitions=1))
+        deadline = time.monotonic() + 120
+        while r.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        log = r.log_path.read_text(errors="replace")
+        assert r.proc.poll() == 2, f"expected exit code 2, found {r.proc.poll()}: {_missing_status(replicas)}\n{log[-3000:]}"
+        assert "iceberg.tables.auto-create-enabled" in log and "create table md.new" in log
+    finally:
+        replicas.stop_all()

@@ -250,3 +250,26 @@ def test_the_api_masks_secrets_keeps_them_on_a_masked_put_and_asks_for_basic_aut
                   users=users)
     assert [code for code, _ in out] == [401, 401, 200]
     assert out[0][1] == {"error_code": 401, "message": "User cannot access the resource."}
+
+
+@pytest.mark.parametrize("key, value, defaults", [
+    ("iceberg.catalog.warehouse", "../../tmp/victim", {}),
+    ("iceberg.catalog.warehouse", "victim", {}),
+    ("iceberg.catalog.warehouse", "./wh", {"iceberg.catalog.type": "sql"}),
+    ("iceberg.catalog.uri", "sqlite:///../../tmp/victim.db", {}),
+    ("iceberg.tables.auto-create-props.write.data.path", "../../tmp/victim", {}),
+    ("iceberg.tables.auto-create-props.write.metadata.path", "data", {}),
+    ("iceberg.tables.auto-create-props.location", "../elsewhere", {}),
+])
+def test_relative_paths_are_judged_as_the_paths_they_become(key, value, defaults):
+    """A relative path is made absolute against the process's directory when it is used: it
+    names a path of the host as an absolute one does, so it is refused unless allowed."""
+    with pytest.raises(ConfigError) as info:
+        check_connector({"topics": "t", key: value}, (), defaults)
+    assert info.value.key == key and OVERRIDE_ALLOW in str(info.value)
+    check_connector({"topics": "t", key: value}, (key,), defaults)
+
+
+def test_a_rest_catalogs_warehouse_is_a_name_not_a_path():
+    check_connector({"iceberg.catalog.warehouse": "analytics"}, (), {"iceberg.catalog.uri": "http://rest:8181"})
+    check_connector({"iceberg.catalog.warehouse": "analytics", "iceberg.catalog.type": "rest"}, ())

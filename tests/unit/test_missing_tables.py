@@ -182,3 +182,70 @@ def test_a_table_missing_at_start_is_shown_at_once_and_a_held_partition_stays_pa
     monkeypatch.setattr("agents.ownership.group_member_id", lambda app: "m")
     w._send_claim = lambda tps: asyncio.sleep(0)
     asyncio.run(run())
+
+
+def dynamic_worker(monkeypatch, tables: dict[str, Target | None], committed: set[str]):
+    """Dynamic routing on ``dest`` (no configured table), without auto-create, once the group
+    has run; ``committed``: the tables the group's control log shows it committed to."""
+    w = worker(group_has_run=True, monkeypatch=monkeypatch, tables=tables)
+    w.settings = build({"topics": "t", "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "dest"},
+                       warn_unknown=False)
+    w.router = Router(w.settings)
+    w.targets = {}
+    scans = []
+
+    async def committed_tables() -> set[str]:
+        scans.append(1)
+        return committed
+
+    w._committed_tables = committed_tables
+    w.scans = scans
+    return w
+
+
+def test_a_dynamic_route_to_a_table_the_group_never_committed_to_is_not_held_but_refused(monkeypatch):
+    """Only a table the group committed to (it existed, and was dropped) is waited for: a new
+    route without auto-create goes the first start's way (refused naming the setting), rather
+    than holding its partition for ever."""
+    w = dynamic_worker(monkeypatch, {}, committed={"db.gone"})
+    with pytest.raises(ConfigError, match="iceberg.tables.auto-create-enabled.*create table db.new"):
+        asyncio.run(w.on_fetch(fetch(P1, 0, ["db.new"])))
+    assert not w._missing.is_held(P1) and "db.new" not in w._missing.tables
+
+
+def test_a_dynamic_route_to_a_table_the_group_committed_to_and_was_dropped_is_held(monkeypatch):
+    w = dynamic_worker(monkeypatch, {}, committed={"db.gone"})
+    asyncio.run(w.on_fetch(fetch(P1, 0, ["db.gone"])))
+    assert w._missing.is_held(P1) and "db.gone" in w._missing.tables and w.failures == []
+    asyncio.run(w.on_fetch(fetch(P0, 0, ["db.gone"])))
+    assert w._missing.is_held(P0) and len(w.scans) == 1  # the control log is read once
+
+
+def test_the_tables_committed_to_are_read_from_the_control_log_once_and_followed_after(monkeypatch):
+    from icesink.protocol import CommitToTable, StartCommit
+
+    log = [(0, StartCommit(1, "c1")), (1, CommitToTable(1, "c1", "db.gone", 5, 1, 1, 0)), (2, StartCommit(1, "c2"))]
+
+    class Reader:
+        opened = 0
+
+        def __init__(self, *args, **kwargs) -> None:
+            Reader.opened += 1
+            self.at = 0
+
+        async def start(self) -> None: ...
+        async def stop(self) -> None: ...
+        async def seek_to_beginning(self) -> int: return 0
+        async def end_offset(self) -> int: return len(log)
+        async def position(self) -> int: return self.at
+
+        async def read(self, timeout_s: float):
+            out, self.at = log[self.at:self.at + 2], min(len(log), self.at + 2)
+            return out
+
+    monkeypatch.setattr(ingest_module, "ControlReader", Reader)
+    w = worker(group_has_run=True, monkeypatch=monkeypatch, tables={})
+    w.bootstrap, w.secret = "b:9092", SimpleNamespace(keyring=None)
+    assert asyncio.run(w._committed_tables()) == {"db.gone"}
+    w._missing.committed_to("db.later")  # the control loop's CommitToTable
+    assert asyncio.run(w._committed_tables()) == {"db.gone", "db.later"} and Reader.opened == 1
