@@ -319,8 +319,8 @@ class Coordinator:
                     continue
                 if isinstance(event, Claim):
                     await self._answer(event)
-            if batch:
-                self._applied_next = await self._reader.position()  # every event before it is applied
+            # Every record before the position is applied, or not ours (another group's, invalid)
+            self._applied_next = await self._reader.position()
             for rej in self.state.take_rejected():
                 await self._reject(rej)
             await self._delete_files(self.state.take_orphans())

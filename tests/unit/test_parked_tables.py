@@ -380,3 +380,43 @@ def test_the_truncator_plan_stops_at_the_floor_and_replay_floor_names_what_needs
     assert replay_floor(lacking, set()) == (6, "db.b")  # a round in doubt: db.b lacks it
     assert replay_floor(lacking, {"db.b"}) == (6, "db.b")
     assert replay_floor({"db.a": healthy["db.a"]}, {"db.b"}) == (0, "db.b")  # dropped: no state
+
+
+def test_the_loop_counts_every_record_read_as_applied_other_groups_too(tmp_path, two_tables):
+    """On a control topic shared by several groups the reader returns none of the other groups'
+    records, but the position moves past them: the loop's applied offset must follow, or
+    _caught_up (a late announcement) waits for an offset it never applies (30 s)."""
+    coord = coordinator(tmp_path, two_tables, FlakyProducer(CommitToTable, fail=0))
+
+    class Reader(FakeReader):
+        def __init__(self) -> None:
+            super().__init__()
+            self.at, self.reads = 0, 0
+
+        async def position(self) -> int:
+            return self.at
+
+        async def end_offset(self) -> int:
+            return 10
+
+        async def read(self, timeout_s: float) -> list[Any]:
+            self.reads += 1
+            self.at = 10  # ten records of another group, none returned
+            await asyncio.sleep(0.01)
+            return []
+
+    reader = coord._reader = Reader()  # type: ignore[assignment]
+    coord._next_round_at = float("inf")
+
+    async def go() -> None:
+        loop = asyncio.create_task(coord._loop())
+        while reader.reads < 3:
+            await asyncio.sleep(0.01)
+        try:
+            assert coord._applied_next == 10, "records of other groups read but not counted as applied"
+            await asyncio.wait_for(coord._caught_up(), 5)
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+
+    asyncio.run(go())
