@@ -147,6 +147,7 @@ class Coordinator:
             await self._loop()
         finally:
             self.metrics.coordinator_active.set(0)
+            self._parked.stopped()  # another replica's coordinator reports them now
             if self._commit_task is not None:
                 self._commit_task.cancel()
                 await asyncio.gather(self._commit_task, return_exceptions=True)

@@ -420,3 +420,31 @@ def test_the_loop_counts_every_record_read_as_applied_other_groups_too(tmp_path,
             await asyncio.gather(loop, return_exceptions=True)
 
     asyncio.run(go())
+
+
+def test_a_stopped_coordinator_clears_its_parked_gauges(tmp_path, two_tables, monkeypatch):
+    """Leadership moved (or the coordinator stopped): the new leader reports the table parked if
+    it still is; the old one must not keep icesink_table_parked at 1 (the alert fired for ever)."""
+    monkeypatch.setattr("coordinator.parking.RETRY_BASE_S", 0.0)
+    failing_for(monkeypatch, {"db.b"})
+    coord = coordinator(tmp_path, two_tables, FlakyProducer(CommitToTable, fail=0),
+                        **{"iceberg.control.commit.park-after-ms": "0"})
+    respond(coord, two_tables, "r1", 0, [1])
+    asyncio.run(coord._commit("r1", partial=False))
+    gauge = coord.metrics.table_parked.labels(table="db.b")
+    assert gauge._value.get() == 1
+
+    class Reader(FakeReader):
+        async def start(self) -> None: ...
+        async def stop(self) -> None: ...
+
+    coord._reader = Reader()  # type: ignore[assignment]
+
+    async def recover() -> None:
+        raise asyncio.CancelledError  # the coordinator is cancelled (leadership moved)
+
+    monkeypatch.setattr(coord, "_recover", recover)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(coord.run())
+    assert gauge._value.get() == 0, "a stopped coordinator left its parked table's gauge at 1"
+    assert coord.metrics.commit_retrying.labels(table="db.b")._value.get() == 0
