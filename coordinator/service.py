@@ -577,12 +577,12 @@ class Coordinator:
         self, commit_id: str, batch: list[Accepted], cp: Checkpoint, valid_through: int | None,
     ) -> dict[str, TableCommit]:
         """The first table alone, then the others at once (iceberg.control.commit.threads at a
-        time; one snapshot each). Each is announced by a CommitToTable once it holds the round;
+        time; one snapshot each; parked tables last). Each is announced by a CommitToTable once it holds the round;
         the CommitComplete goes out only when all of them do or are parked (a parked table not
         due for a try is left out). Returns each table's commit."""
         tables = sorted({t for a in batch for t in a.files})
         now = time.monotonic()
-        due = [t for t in tables if self._parked.due(t, now)]
+        due = sorted((t for t in tables if self._parked.due(t, now)), key=lambda t: t in self._parked)  # healthy first
         tables_of_round = round_tables(batch)
         results: dict[str, TableCommit] = {}
 

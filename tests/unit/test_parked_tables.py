@@ -448,3 +448,19 @@ def test_a_stopped_coordinator_clears_its_parked_gauges(tmp_path, two_tables, mo
         asyncio.run(coord.run())
     assert gauge._value.get() == 0, "a stopped coordinator left its parked table's gauge at 1"
     assert coord.metrics.commit_retrying.labels(table="db.b")._value.get() == 0
+
+
+def test_a_parked_table_is_tried_after_the_healthy_ones(tmp_path, two_tables, monkeypatch):
+    """A round commits its first table alone, then the others: a parked table first held every
+    healthy table's commit up behind its failing attempt."""
+    monkeypatch.setattr("coordinator.parking.RETRY_BASE_S", 0.0)
+    calls = failing_for(monkeypatch, {"db.a"})
+    coord = coordinator(tmp_path, two_tables, FlakyProducer(CommitToTable, fail=0),
+                        **{"iceberg.control.commit.park-after-ms": "0"})
+    respond(coord, two_tables, "r1", 0, [1])
+    asyncio.run(coord._commit("r1", partial=False))
+    assert "db.a" in coord._parked
+    calls.clear()
+    respond(coord, two_tables, "r2", 1, [2])
+    asyncio.run(coord._commit("r2", partial=False))
+    assert calls == ["db.b", "db.a"], "the parked table was tried before the healthy one"
