@@ -41,9 +41,9 @@ class GuardedTruncation:
 
     def __init__(self, truncator: ControlLogTruncator, offload: Offload,
                  states: Callable[[Iterable[str]], dict[str, SinkState]], parked: Callable[[], set[str]]) -> None:
-        self._truncator, self._offload, self._states, self._parked = truncator, offload, states, parked
+        self.truncator, self._offload, self._states, self._parked = truncator, offload, states, parked
 
     async def __call__(self) -> dict[str, Any]:
         parked = self._parked()
         floor = replay_floor(await self._offload.run(self._states, parked), parked)
-        return await self._truncator.truncate(floor)
+        return await self.truncator.truncate(floor)
