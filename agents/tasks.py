@@ -72,10 +72,12 @@ class TaskOwner:
 
 async def supervise_coordinator(
     run: Callable[[], Awaitable[None]], metrics: Metrics, *, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> None:
     """Run a coordinator (``run`` makes a new one each time), restarting it with a backoff
     after an unexpected error. Raises the last error after COORDINATOR_FAILURES quick failures
-    in a row: its task owner then stops the replica (a crash loop is never silent)."""
+    in a row: its task owner then stops the replica (a crash loop is never silent). Once
+    ``stopping()`` (the replica stops) an error is logged and no new coordinator starts."""
     failures = 0
     while True:
         started = time.monotonic()
@@ -86,6 +88,9 @@ async def supervise_coordinator(
             raise
         except Exception:
             failures = 1 if time.monotonic() - started >= COORDINATOR_STABLE_S else failures + 1
+            if stopping():  # logged, not escalated: the stop is under way already
+                log.warning("coordinator failed while the replica stops; not restarted", exc_info=True)
+                return
             if failures >= COORDINATOR_FAILURES:
                 log.error("coordinator failed %d times in a row; giving up", failures)
                 raise

@@ -288,9 +288,12 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         log.info("worker %s stopped in %.1fs", self.worker_id, time.monotonic() - started)
 
     async def _supervise_coordinator(self) -> None:
+        """Start the coordinator when this replica leads, stop it when it no longer does; a
+        stopping replica (its coordinator draining, docs/commits.md) never starts one."""
         leader = self.app.is_leader() and self._leader is not None
-        if leader and self._coordinator_task is None:
-            self._coordinator_task = self._owner.spawn(supervise_coordinator(self._run_coordinator, self.metrics), "coordinator")
+        if leader and self._coordinator_task is None and not self._stop.is_set():
+            self._coordinator_task = self._owner.spawn(
+                supervise_coordinator(self._run_coordinator, self.metrics, stopping=self._stop.is_set), "coordinator")
             log.info("this replica is the leader: coordinator started")
         elif not leader and self._coordinator_task is not None:
             log.info("leadership moved: coordinator stopped")

@@ -21,7 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.exceptions import (
+    BadRequestError, CommitFailedException, ForbiddenError, NoSuchTableError, UnauthorizedError,
+)
 from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriter
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table, Transaction
@@ -174,7 +176,7 @@ def _commit(
             with _SpecAwareAppend.of(tx, props, deletes) as append:
                 for f in files:
                     append.append_data_file(to_data_file(f, table))
-    except (CommitFailedException, FencedError, ControlLogError, TableChangedError):
+    except _REFUSED:
         for d in deletes:  # this commit surely did not go through (an unknown outcome: gc judges the file)
             _delete_quietly(table, d.file_path)
         raise
@@ -189,6 +191,13 @@ def _commit(
         watermark,
         held=held,
     )
+
+
+#: Errors that say a commit surely did not go through (its position delete files are removed): a
+#: conflict, a fence, a refusal by icesink or by the catalog (the table dropped, no permission, a
+#: request it rejects: a parked table writes its deletes again at every attempt).
+_REFUSED = (CommitFailedException, FencedError, ControlLogError, TableChangedError, NoSuchTableError,
+            ForbiddenError, UnauthorizedError, BadRequestError)
 
 
 def _check_confined(table: Table, table_name: str, files: list[FileInfo]) -> None:

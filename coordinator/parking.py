@@ -87,6 +87,14 @@ class ParkedTables:
                         table, time.time() - p.since, p.tries)
         self._metrics.table_parked.labels(table=table).set(0)
 
+    def stopped(self) -> None:
+        """The coordinator stops (leadership moved, the replica stops): its parked tables'
+        gauges go back to 0, or the old leader's ``icesink_table_parked`` stays 1 for ever; the
+        next coordinator parks them again if their commits still fail."""
+        for table in self._tables:
+            self._metrics.table_parked.labels(table=table).set(0)
+            self._metrics.commit_retrying.labels(table=table).set(0)
+
     def checkpoint(self, fresh: Checkpoint, last: Checkpoint) -> Checkpoint:
         """What this round's CommitComplete carries: ``fresh`` (the round's own) when no table
         is parked after it; else the checkpoint of the last round every table held (``last``,

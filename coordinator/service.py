@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
@@ -26,6 +26,7 @@ from coordinator.committer import Held, TableCache, TableCommit, commit_table, h
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import in_flight_files, normalize
+from coordinator.log_floor import GuardedTruncation
 from coordinator.maintenance import Maintainer, MaintenanceSettings, Rewriter, TableLocks
 from coordinator.mirror import MirrorIndexes, delete_keys_files
 from coordinator.parking import ParkedTables
@@ -111,13 +112,14 @@ class Coordinator:
         self._adopted = False  # iceberg.control.adopt-log-id names this log and a table's state another
         self._locks = TableLocks()  # every commit to a table holds its lock: rounds and maintenance
         self._tables = TableCache()  # each table as this coordinator's last commit left it
+        self._parked = ParkedTables(metrics, self.status)  # tables whose commits keep failing (coordinator/parking.py)
+        truncator = ControlLogTruncator(bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
+                                        producer.keyring)  # the group's own checkpoint: signed
         self._maintainer = Maintainer(settings, catalog, metrics, self.status, self._locks, rewrite,
                                       lambda start: in_flight_files(settings, bootstrap, start), tables=self._tables,
-                                      mirrors=self._mirrors, truncate=ControlLogTruncator(
-                                          bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
-                                          producer.keyring).truncate)  # the group's own checkpoint: signed
+                                      mirrors=self._mirrors, truncate=GuardedTruncation(  # coordinator/log_floor.py
+                                          truncator, offload, self._table_states, self._parked.names))
         self._processes = commit_processes(settings, compaction=rewrite is not None)  # None: on the threads
-        self._parked = ParkedTables(metrics, self.status)  # tables whose commits keep failing (coordinator/parking.py)
         # The checkpoint of the last round every table holds (the recovery base at first; a whole-log replay).
         self._last_cp = Checkpoint(through=-1, positions={}, owners={}, replay_from=0)
         self._draining = asyncio.Event()  # the replica stops: finish the round in flight, start none
@@ -145,6 +147,7 @@ class Coordinator:
             await self._loop()
         finally:
             self.metrics.coordinator_active.set(0)
+            self._parked.stopped()  # another replica's coordinator reports them now
             if self._commit_task is not None:
                 self._commit_task.cancel()
                 await asyncio.gather(self._commit_task, return_exceptions=True)
@@ -262,11 +265,11 @@ class Coordinator:
                     type(ev).__name__ if ev is not None else "nothing")
         return None
 
-    def _table_states(self) -> dict[str, SinkState]:
-        """Every table's sink state for this group: the configured tables, and the tables the
-        newest rounds name (dynamic tables)."""
+    def _table_states(self, more: Iterable[str] = ()) -> dict[str, SinkState]:
+        """Every table's sink state for this group: the configured tables (and ``more``), and the
+        tables the newest rounds name (dynamic tables)."""
         out: dict[str, SinkState] = {}
-        todo = list(self.settings.tables)
+        todo = [*self.settings.tables, *more]
         while todo:
             name = todo.pop()
             if name in out:
@@ -317,8 +320,8 @@ class Coordinator:
                     continue
                 if isinstance(event, Claim):
                     await self._answer(event)
-            if batch:
-                self._applied_next = await self._reader.position()  # every event before it is applied
+            # Every record before the position is applied, or not ours (another group's, invalid)
+            self._applied_next = await self._reader.position()
             for rej in self.state.take_rejected():
                 await self._reject(rej)
             await self._delete_files(self.state.take_orphans())
@@ -556,16 +559,12 @@ class Coordinator:
         self._maintainer.due(sorted(t for t in {t for a in batch for t in (*a.files, *a.deleted_keys)} if t not in parked),
                              clear=[t for t in done if results[t].maintenance_due is False])
         keys_files = {t: [f.path for a in batch for f in a.deleted_keys.get(t, ())]
-                      for t in self._mirror_tables(batch) if t not in parked}
+                      for t in {t for a in batch for t, fs in a.deleted_keys.items() if fs} - parked}
         if keys_files:  # consumed by the round's commit, never part of a snapshot
             await self.offload.run(delete_keys_files, self.catalog, keys_files)
         if attempt:
             self.status.update(phase="running", error=None)
             log.info("round %s finished after %d failed attempts", commit_id, attempt)
-
-    @staticmethod
-    def _mirror_tables(batch: list[Accepted]) -> set[str]:
-        return {t for a in batch for t, fs in a.deleted_keys.items() if fs}
 
     async def _backoff(self, delay: float) -> None:
         """Sleep ``delay`` before a retry; a stop (:meth:`drain`) ends it and abandons the round."""
@@ -578,12 +577,12 @@ class Coordinator:
         self, commit_id: str, batch: list[Accepted], cp: Checkpoint, valid_through: int | None,
     ) -> dict[str, TableCommit]:
         """The first table alone, then the others at once (iceberg.control.commit.threads at a
-        time; one snapshot each). Each is announced by a CommitToTable once it holds the round;
+        time; one snapshot each; parked tables last). Each is announced by a CommitToTable once it holds the round;
         the CommitComplete goes out only when all of them do or are parked (a parked table not
         due for a try is left out). Returns each table's commit."""
         tables = sorted({t for a in batch for t in a.files})
         now = time.monotonic()
-        due = [t for t in tables if self._parked.due(t, now)]
+        due = sorted((t for t in tables if self._parked.due(t, now)), key=lambda t: t in self._parked)  # healthy first
         tables_of_round = round_tables(batch)
         results: dict[str, TableCommit] = {}
 

@@ -291,9 +291,11 @@ class ControlLogTruncator:
         self.unsupported: str | None = None
         self._closed = 0  # DeleteRecords requests in a row at which the broker closed the connection
 
-    async def plan(self) -> dict[str, Any]:
+    async def plan(self, floor: tuple[int, str] | None = None) -> dict[str, Any]:
         """Where the log may be truncated: ``before`` (every record below it is needed by no
-        group; absent when nothing may go), the log's start, and the group that holds it there."""
+        group; absent when nothing may go), the log's start, and the group that holds it there.
+        ``floor``: this group's tables need the log from there too (offset, table: a parked
+        table's replay start, coordinator/log_floor.py)."""
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
                                     max_partition_fetch_bytes=protocol.MAX_EVENT_BYTES + 1024 * 1024,
                                     **self._kwargs)
@@ -307,6 +309,8 @@ class ControlLogTruncator:
                 return {"log_start": start, "held_by": self.group, "why": "no readable checkpoint"}
             await self._scan(consumer, tp, max(start, self._scanned), mine)
             before, held_by = min(mine, max(start, self._scanned)), self.group  # only below what was read
+            if floor is not None and floor[0] < before:
+                before, held_by = floor[0], f"{self.group} (table {floor[1]})"
             for group, first in sorted(self._first.items()):
                 if group == self.group or max(first, start) >= before:
                     continue
@@ -323,13 +327,13 @@ class ControlLogTruncator:
             out["before"] = before
         return out
 
-    async def truncate(self) -> dict[str, Any]:
+    async def truncate(self, floor: tuple[int, str] | None = None) -> dict[str, Any]:
         """One truncation (:meth:`plan`, then DeleteRecords); returns what happened (/status)."""
         from icesink.kafka_admin import DeleteRecordsUnsupported, delete_records
 
         if self.unsupported is not None:
             return {"unsupported": self.unsupported}
-        plan = await self.plan()
+        plan = await self.plan(floor)
         if "before" not in plan:
             return plan
         try:

@@ -441,7 +441,7 @@ def test_the_coordinators_truncator_trusts_only_its_groups_signed_checkpoint(bro
                                   Metrics(CollectorRegistry()))
         truncate = coordinator._maintainer.truncate
         assert truncate is not None
-        return await truncate.__self__.plan()  # type: ignore[attr-defined]
+        return await truncate.truncator.plan()  # type: ignore[attr-defined]
 
     found = asyncio.run(plan())
     assert found == {"log_start": 0, "held_by": group, "why": "no readable checkpoint"}, found

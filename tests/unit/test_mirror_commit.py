@@ -276,3 +276,30 @@ def test_random_rounds_of_changes_equal_a_dict_model(tmp_path_factory, rounds, f
         commit(catalog, mirrors, [response(catalog, [(k, v, o) for k, v, o in changes])])
     assert rows_pyiceberg(catalog) == model
     assert rows_duckdb(catalog) == model
+
+
+def test_the_delete_files_of_a_commit_the_catalog_refused_are_removed(tmp_path, monkeypatch):
+    """A parked mirror table (dropped meanwhile, refused by the catalog) writes its position
+    deletes again at every attempt: a commit the catalog surely refused leaves none behind."""
+    from pyiceberg.exceptions import ForbiddenError, NoSuchTableError
+
+    catalog = make_table(tmp_path)
+    mirrors = MirrorIndexes(mirror_settings(tmp_path))
+    commit(catalog, mirrors, [response(catalog, [(k, f"v{k}", "c") for k in range(4)])])
+    data = f"{catalog.load_table('db.m').location()}/data".removeprefix("file://")
+    before = set(os.listdir(data))
+    for refusal in (NoSuchTableError("db.m dropped"), ForbiddenError("no commit permission")):
+        batch = [response(catalog, [(1, None, "d"), (2, "x", "u")])]
+        added = {p.rsplit("/", 1)[1] for a in batch for fs in (*a.files.values(), *a.deleted_keys.values())
+                 for p in (f.path for f in fs)}
+
+        def refuse(*a, _exc=refusal, **k):
+            raise _exc
+
+        monkeypatch.setattr(SqlCatalog, "commit_table", refuse)
+        with pytest.raises(type(refusal)):
+            commit(catalog, mirrors, batch)
+        monkeypatch.undo()
+        left = set(os.listdir(data)) - before - added
+        assert not left, f"delete files of a refused commit ({type(refusal).__name__}) left behind: {left}"
+        before |= added

@@ -288,3 +288,179 @@ def test_files_of_a_dropped_table_are_kept_when_read_and_judged_against_its_loca
     two_tables.create_table("db.b", schema=schema, location=location)
     asyncio.run(coord._commit("r2", partial=False))
     assert rows(two_tables, "db.b") == 2 and not coord.status["parked"] and not coord.state.pending
+
+
+def respond_a(coord: Coordinator, catalog: Any, round_id: str, start: int, ids: list[int]) -> None:
+    """A round answered by w1 with ``ids`` for db.a alone."""
+    st = coord.state
+    f = data_file(catalog.load_table("db.a"), f"db.a-{round_id}", ids)
+    off = st.last_offset + 1
+    for ev in [StartCommit(1, round_id), DataWritten(round_id, round_id, "w1", "db.a", (f,)),
+               DataComplete(round_id, round_id, "w1", 1, (OffsetRange(TP, start, start + len(ids)),), 1, None)]:
+        st.apply(off, ev)
+        off += 1
+
+
+def test_truncation_never_passes_the_replay_start_of_a_parked_table(tmp_path, two_tables, monkeypatch):
+    """The held checkpoint's replay start is newer than the parked table's own state (its last
+    commit was rounds before). Truncating the log to the checkpoint's replay start leaves a
+    recovery from the tables (the checkpoint unusable: expired group offsets) refused for good:
+    the table lacks a round and its replay start is gone. The truncation stops at it."""
+    from coordinator.recovery import from_tables
+    from icesink.control import ControlLogTruncator
+    from icesink.errors import ControlLogError
+    from icesink.iceberg import latest_sink_summary
+
+    floors: list[Any] = []
+
+    async def truncate(self: Any, floor: Any = None) -> dict[str, Any]:
+        floors.append(floor)
+        return {}
+
+    monkeypatch.setattr(ControlLogTruncator, "truncate", truncate)
+    monkeypatch.setattr("coordinator.parking.RETRY_BASE_S", 0.0)
+    bad: set[str] = set()
+    failing_for(monkeypatch, bad)
+    producer = FlakyProducer(CommitToTable, fail=0)
+    coord = coordinator(tmp_path, two_tables, producer, **{"iceberg.control.commit.park-after-ms": "0"})
+    respond(coord, two_tables, "r0", 0, [0])  # both tables; db.b's state: replay from 6
+    asyncio.run(coord._commit("r0", partial=False))
+    respond_a(coord, two_tables, "ra", 1, [1])  # db.a alone: the checkpoint replays from 9
+    asyncio.run(coord._commit("ra", partial=False))
+    bad.add("db.b")
+    respond(coord, two_tables, "r1", 2, [2])
+    asyncio.run(coord._commit("r1", partial=False))
+    held = done_events(producer)[-1]
+    assert "db.b" in coord._parked and held.replay_from == 9
+    states = {t: latest_sink_summary(two_tables.load_table(t), coord.group) for t in ("db.a", "db.b")}
+    assert states["db.b"].replay_from == 6
+    with pytest.raises(ControlLogError):  # the hole: the log truncated at the checkpoint's replay start
+        from_tables(states, held.replay_from, "control")
+
+    assert coord._maintainer.truncate is not None
+    asyncio.run(coord._maintainer.truncate())
+    assert floors == [(6, "db.b")], "the truncation was not held at the parked table's replay start"
+    from_tables(states, 6, "control")  # recovery from the tables works with the log truncated there
+
+
+def test_the_truncator_plan_stops_at_the_floor_and_replay_floor_names_what_needs_the_log(monkeypatch):
+    from coordinator.log_floor import replay_floor
+    from icesink import control
+    from icesink.protocol import SinkState
+
+    class Consumer:
+        def __init__(self, **k: Any) -> None: ...
+        async def start(self) -> None: ...
+        async def stop(self) -> None: ...
+        def assign(self, tps: Any) -> None: ...
+        async def beginning_offsets(self, tps: Any) -> Any:
+            return {tp: 0 for tp in tps}
+
+    async def needs(self: Any, consumer: Any, tp: Any, group: str) -> int:
+        return 9  # the checkpoint's replay start
+
+    async def scan(self: Any, consumer: Any, tp: Any, start: int, end: int) -> None:
+        self._scanned = end
+
+    monkeypatch.setattr(control, "AIOKafkaConsumer", Consumer)
+    monkeypatch.setattr(control.ControlLogTruncator, "_needs", needs)
+    monkeypatch.setattr(control.ControlLogTruncator, "_scan", scan)
+    t = control.ControlLogTruncator("127.0.0.1:9", "control", "g", {})
+    assert asyncio.run(t.plan())["before"] == 9
+    assert asyncio.run(t.plan((6, "db.b"))) == {"log_start": 0, "held_by": "g (table db.b)", "before": 6}
+    assert asyncio.run(t.plan((12, "db.b")))["before"] == 9
+
+    def state(wm: int, replay_from: int, rounds: dict[str, int]) -> SinkState:
+        return SinkState(1, "r", wm, {}, 1, None, through=wm + 1, replay_from=replay_from, round_tables=rounds)
+
+    healthy = {"db.a": state(10, 12, {"db.a": 10, "db.b": 11}), "db.b": state(11, 12, {"db.a": 10, "db.b": 11})}
+    assert replay_floor(healthy, set()) is None  # the checkpoint alone limits it
+    assert replay_floor({}, set()) is None
+    lacking = {**healthy, "db.b": state(4, 6, {"db.a": 3, "db.b": 4})}
+    assert replay_floor(lacking, set()) == (6, "db.b")  # a round in doubt: db.b lacks it
+    assert replay_floor(lacking, {"db.b"}) == (6, "db.b")
+    assert replay_floor({"db.a": healthy["db.a"]}, {"db.b"}) == (0, "db.b")  # dropped: no state
+
+
+def test_the_loop_counts_every_record_read_as_applied_other_groups_too(tmp_path, two_tables):
+    """On a control topic shared by several groups the reader returns none of the other groups'
+    records, but the position moves past them: the loop's applied offset must follow, or
+    _caught_up (a late announcement) waits for an offset it never applies (30 s)."""
+    coord = coordinator(tmp_path, two_tables, FlakyProducer(CommitToTable, fail=0))
+
+    class Reader(FakeReader):
+        def __init__(self) -> None:
+            super().__init__()
+            self.at, self.reads = 0, 0
+
+        async def position(self) -> int:
+            return self.at
+
+        async def end_offset(self) -> int:
+            return 10
+
+        async def read(self, timeout_s: float) -> list[Any]:
+            self.reads += 1
+            self.at = 10  # ten records of another group, none returned
+            await asyncio.sleep(0.01)
+            return []
+
+    reader = coord._reader = Reader()  # type: ignore[assignment]
+    coord._next_round_at = float("inf")
+
+    async def go() -> None:
+        loop = asyncio.create_task(coord._loop())
+        while reader.reads < 3:
+            await asyncio.sleep(0.01)
+        try:
+            assert coord._applied_next == 10, "records of other groups read but not counted as applied"
+            await asyncio.wait_for(coord._caught_up(), 5)
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+
+    asyncio.run(go())
+
+
+def test_a_stopped_coordinator_clears_its_parked_gauges(tmp_path, two_tables, monkeypatch):
+    """Leadership moved (or the coordinator stopped): the new leader reports the table parked if
+    it still is; the old one must not keep icesink_table_parked at 1 (the alert fired for ever)."""
+    monkeypatch.setattr("coordinator.parking.RETRY_BASE_S", 0.0)
+    failing_for(monkeypatch, {"db.b"})
+    coord = coordinator(tmp_path, two_tables, FlakyProducer(CommitToTable, fail=0),
+                        **{"iceberg.control.commit.park-after-ms": "0"})
+    respond(coord, two_tables, "r1", 0, [1])
+    asyncio.run(coord._commit("r1", partial=False))
+    gauge = coord.metrics.table_parked.labels(table="db.b")
+    assert gauge._value.get() == 1
+
+    class Reader(FakeReader):
+        async def start(self) -> None: ...
+        async def stop(self) -> None: ...
+
+    coord._reader = Reader()  # type: ignore[assignment]
+
+    async def recover() -> None:
+        raise asyncio.CancelledError  # the coordinator is cancelled (leadership moved)
+
+    monkeypatch.setattr(coord, "_recover", recover)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(coord.run())
+    assert gauge._value.get() == 0, "a stopped coordinator left its parked table's gauge at 1"
+    assert coord.metrics.commit_retrying.labels(table="db.b")._value.get() == 0
+
+
+def test_a_parked_table_is_tried_after_the_healthy_ones(tmp_path, two_tables, monkeypatch):
+    """A round commits its first table alone, then the others: a parked table first held every
+    healthy table's commit up behind its failing attempt."""
+    monkeypatch.setattr("coordinator.parking.RETRY_BASE_S", 0.0)
+    calls = failing_for(monkeypatch, {"db.a"})
+    coord = coordinator(tmp_path, two_tables, FlakyProducer(CommitToTable, fail=0),
+                        **{"iceberg.control.commit.park-after-ms": "0"})
+    respond(coord, two_tables, "r1", 0, [1])
+    asyncio.run(coord._commit("r1", partial=False))
+    assert "db.a" in coord._parked
+    calls.clear()
+    respond(coord, two_tables, "r2", 1, [2])
+    asyncio.run(coord._commit("r2", partial=False))
+    assert calls == ["db.b", "db.a"], "the parked table was tried before the healthy one"

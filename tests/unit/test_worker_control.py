@@ -305,3 +305,57 @@ def test_a_write_error_no_retry_mends_stops_the_replica_loudly_with_the_data_kep
     w = asyncio.run(go(UnsupportedTypeError("v", "interval", "Spark cannot write", "the Iceberg types", "drop it")))
     assert w.stops and w.exit_code == 2 and w.buffers.rows == 2
     assert "field 'v'" in w.status["error"]
+
+
+def test_a_stopping_replica_never_starts_a_second_coordinator(tmp_path):
+    """A graceful stop drains the coordinator (half of shutdown.timeout-ms); the housekeeping
+    and the rebalance handler that supervise it meanwhile must not start a new one, and a
+    coordinator run that fails during the stop is not restarted."""
+    w = make_worker(tmp_path)
+    made, draining, release = [], asyncio.Event(), asyncio.Event()
+
+    class Leader:
+        def __init__(self, *a, **k):
+            self.status = {}
+            made.append(self)
+
+        async def run(self):
+            await asyncio.Event().wait()
+
+        async def drain(self, timeout_s):
+            draining.set()
+            await release.wait()
+
+    w._leader = Leader
+    w.app.is_leader = lambda: True
+    w.producer = w.catalog = None
+
+    async def go():
+        await w._supervise_coordinator()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(made) == 1
+        w._stop.set()  # request_stop, as SIGTERM does
+        stopping = asyncio.create_task(w._stop_coordinator(drain=True))
+        await draining.wait()
+        await w._supervise_coordinator()  # the housekeeping's tick during the drain
+        for _ in range(5):
+            await asyncio.sleep(0)
+        release.set()
+        await stopping
+        await w._owner.close(1.0)
+
+    asyncio.run(go())
+    assert len(made) == 1, f"{len(made)} coordinators started by a stopping replica"
+
+    runs = []
+
+    async def failing():
+        runs.append(1)
+        raise RuntimeError("broker gone while the replica stops")
+
+    async def sleep(s):
+        pass
+
+    asyncio.run(supervise_coordinator(failing, Metrics(CollectorRegistry()), sleep=sleep, stopping=lambda: True))
+    assert runs == [1], "a coordinator restarted while the replica stops"
