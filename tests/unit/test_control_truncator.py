@@ -17,7 +17,7 @@ from icesink.kafka_admin import DeleteRecordsUnsupported, TopicError
 def truncator(monkeypatch, outcomes: list[BaseException | int]) -> ControlLogTruncator:
     t = ControlLogTruncator("b:9092", "ctl", "g", {})
 
-    async def plan() -> dict:
+    async def plan(floor=None) -> dict:
         return {"log_start": 0, "held_by": "g", "before": 7}
 
     async def delete_records(*args, **kwargs) -> int:
