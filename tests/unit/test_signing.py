@@ -324,4 +324,92 @@ def test_a_catalog_that_refuses_the_property_stops_the_start_naming_what_to_set(
     catalog = DictCatalog()
     asyncio.run(secret.load(catalog, InlineOffload()))  # a catalog that allows it: made, and loaded
     stored = group_secret.read_secret(catalog, "icesink", "g")
-    assert ring.key == stored.key.encode() and ring.unsigned_below == 12 and stored.log_id == "log-1"
+    assert ring.key == stored.key.encode() and ring.unsigned_below == 0 and stored.log_id == "log-1"  # a new group
+
+
+def _fake_log(monkeypatch, end):
+    from icesink import group_secret
+
+    async def topic_id(*_a, **_kw):
+        return "log-1"
+
+    async def end_offsets(*_a, **_kw):
+        return {0: end}
+
+    monkeypatch.setattr(group_secret, "topic_id", topic_id)
+    monkeypatch.setattr(group_secret, "end_offsets", end_offsets)
+
+
+@pytest.mark.parametrize("ran, below", [(False, 0), (True, 12)])
+def test_signing_starts_at_0_for_a_new_group_and_at_the_log_end_only_for_one_that_ran(tmp_path, monkeypatch, ran, below):
+    """An outsider's unsigned events written before a new group's first start (offsets 0..11)
+    are not the group's: trusted only if the group ran before (an upgrade)."""
+    _fake_log(monkeypatch, 12)
+
+    async def has_run():
+        return ran
+
+    secret, ring = loader(tmp_path)
+    # a replica that cannot tell (no has_run) takes the group as new
+    asyncio.run(secret.load(DictCatalog(), InlineOffload(), *([has_run] if ran else [])))
+    assert ring.unsigned_below == below
+    forged = lambda: decode_record(KEY, VALUE, 3, GROUP, secret=ring)  # noqa: E731
+    if ran:
+        assert forged() == StartCommit(1, "r1")
+    else:
+        with pytest.raises(ProtocolError, match="no signature"):
+            forged()
+
+
+class LogConsumer:
+    """An aiokafka consumer over a fixed control log, with a committed offset."""
+
+    def __init__(self, records, committed):
+        self.records, self._committed, self.at = records, committed, 0
+
+    async def committed(self, tp):
+        return self._committed
+
+    def seek(self, tp, offset):
+        self.at = offset
+
+    async def seek_to_beginning(self, tp):
+        self.at = 0
+
+    async def position(self, tp):
+        return self.at
+
+    async def getmany(self, tp, timeout_ms, max_records):
+        out = [r for r in self.records if r.offset >= self.at]
+        self.at = self.records[-1].offset + 1
+        return {tp: out} if out else {}
+
+
+def test_a_refused_checkpoint_is_skipped_and_the_last_valid_one_used(caplog):
+    """Issue 40 review: an outsider's CommitComplete that the coordinator group's offset points
+    to is refused (unsigned); the coordinator used to take that as "no checkpoint" and fall back
+    to the tables' state. It now recovers from the group's last valid checkpoint below it."""
+    from types import SimpleNamespace
+
+    from coordinator.service import Coordinator
+    from icesink.protocol import CommitComplete, encode
+
+    def rec(offset, event, secret=SECRET):
+        value = encode(event)
+        return SimpleNamespace(offset=offset, key=KEY, value=value,
+                               headers=signed(value, secret) if secret else ())
+
+    real = CommitComplete(1, "r1", 0, (), replay_from=0)
+    forged = CommitComplete(10**6, "forged", 2, (), replay_from=2)
+    records = [rec(0, real), rec(1, StartCommit(2, "r2")), rec(2, forged, secret=None), rec(3, StartCommit(2, "r3"))]
+
+    async def recover():
+        reader = ControlReader("127.0.0.1:1", "c", GROUP, {}, reader="coordinator", secret=SECRET)
+        reader._consumer = LogConsumer(records, committed=2)
+        coordinator = Coordinator.__new__(Coordinator)
+        coordinator._reader, coordinator.group = reader, GROUP
+        return await coordinator._read_checkpoint()
+
+    with caplog.at_level(logging.WARNING):
+        assert asyncio.run(recover()) == real
+    assert "the last valid one below it: 0" in caplog.text
