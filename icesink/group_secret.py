@@ -282,20 +282,21 @@ class SecretLoader:
             except ControlSecretError:  # a stored value that is no secret: no retry mends it
                 raise
             except Exception as exc:
-                error = ControlSecretError(
+                error, transient = ControlSecretError(
                     f"the group's control secret could not be read or stored in the catalog (namespace {namespace}, "
                     f"property {property_key(group)}): {_describe(exc)}. The sink reads and writes that "
                     "namespace's properties: allow it, set iceberg.control.secret-namespace to a namespace it may "
-                    "change, or set iceberg.control.secret on every replica")
-                if not _transient(exc) or time.monotonic() + delay > deadline:
-                    raise error from None  # not chained: a SQL error's text quotes the secret being written
-                self.metrics.control_secret_load_failures.inc()
-                if self.status is not None:
-                    self.status["control_secret"] = f"retrying: {error}"
-                log.warning("%s; retrying in %.0f s (the start gives up %.0f s after it began)",
-                            error, delay, self.START_TIMEOUT_S)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.BACKOFF_S[1])
+                    "change, or set iceberg.control.secret on every replica"), _transient(exc)
+            # raised here, outside the handler: no chained error (a SQL error's text quotes the secret written)
+            if not transient or time.monotonic() + delay > deadline:
+                raise error
+            self.metrics.control_secret_load_failures.inc()
+            if self.status is not None:
+                self.status["control_secret"] = f"retrying: {error}"
+            log.warning("%s; retrying in %.0f s (the start gives up %.0f s after it began)",
+                        error, delay, self.START_TIMEOUT_S)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.BACKOFF_S[1])
         if self.status is not None:
             self.status.pop("control_secret", None)
         self._use(stored)
