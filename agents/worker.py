@@ -160,7 +160,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             self.request_stop()
         client = self.settings.kafka_client_kwargs()
         keyring = Keyring()  # loaded before anything is sent or read (_start)
-        self.secret = SecretLoader(self.settings, self.bootstrap, keyring, self.metrics)
+        self.secret = SecretLoader(self.settings, self.bootstrap, keyring, self.metrics, self.status)
         self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client, keyring)
         self.reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id, client,
                                     metrics=self.metrics, reader="worker", secret=keyring)
@@ -190,7 +190,8 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         # group's join) holds neither start-up nor a stop; rounds may write meanwhile.
         self._owner.spawn(self._warm_up_spark(), "spark warm-up")
         self.catalog = await self.offload.run(load_catalog, self.settings)
-        await self.secret.load(self.catalog, self.offload)  # before any event is sent or read
+        # before any event is sent or read; has_run: where signing began for a group that ran unsigned
+        await self.secret.load(self.catalog, self.offload, self._group_has_run)
         for name in self.settings.tables:
             target = await self.offload.run(load_target, self.catalog, name, self.settings)
             if target is not None:

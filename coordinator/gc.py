@@ -36,6 +36,7 @@ from icesink.errors import ConfigError
 from icesink.iceberg import latest_sink_summary
 from icesink.protocol import GROUP, CommitComplete, DataWritten, SinkState
 from icesink.protocol.fences import fence_of, judge
+from icesink.signing import Keyring
 
 log = logging.getLogger(__name__)
 
@@ -155,16 +156,19 @@ def find_orphans(table: Table, older_than_s: float, protected: Iterable[str], no
     return Sweep(sorted(orphans, key=lambda o: o.path), sorted(held, key=lambda o: o.path))
 
 
-async def in_flight_files(settings: Settings, bootstrap: str, table_start: int | None = None) -> InFlight:
+async def in_flight_files(settings: Settings, bootstrap: str, table_start: int | None = None,
+                          keyring: Keyring | None = None) -> InFlight:
     """Paths named by the group's DataWritten events from its replay start to the end of the
     control log: written, maybe accepted, not yet committed. The replay start is the
     coordinator's checkpoint's; without a readable checkpoint, ``table_start`` (the lowest
     ``replay_from`` of the group's state in the tables swept: every event naming a file one of
-    them lacks is at or after it); without either, the log's start (the group never committed)."""
+    them lacks is at or after it); without either, the log's start (the group never committed).
+    ``keyring``: the group's (icesink/group_secret.py), as its replicas check: an event not
+    signed with it, a checkpoint too, names nothing and moves nothing."""
     group = settings.group_id
     reader = ControlReader(
         bootstrap, settings.control_topic, group, settings.kafka_client_kwargs(),
-        commit_group=f"{group}-coordinator", secret=settings.control_signing_key(),
+        commit_group=f"{group}-coordinator", secret=keyring,
     )
     await reader.start()
     try:

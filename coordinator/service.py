@@ -116,7 +116,7 @@ class Coordinator:
         truncator = ControlLogTruncator(bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
                                         producer.keyring)  # the group's own checkpoint: signed
         self._maintainer = Maintainer(settings, catalog, metrics, self.status, self._locks, rewrite,
-                                      lambda start: in_flight_files(settings, bootstrap, start), tables=self._tables,
+                                      lambda at: in_flight_files(settings, bootstrap, at, producer.keyring), tables=self._tables,
                                       mirrors=self._mirrors, truncate=GuardedTruncation(  # coordinator/log_floor.py
                                           truncator, offload, self._table_states, self._parked.names))
         self._processes = commit_processes(settings, compaction=rewrite is not None)  # None: on the threads
@@ -252,8 +252,8 @@ class Coordinator:
         self.status["phase"] = "running"
 
     async def _read_checkpoint(self) -> CommitComplete | None:
-        """The CommitComplete the coordinator group's committed offset points to, or None (no
-        offset: a first start or expired group offsets; not readable: deleted or timed out)."""
+        """The CommitComplete the coordinator group's committed offset points to; if that is not
+        readable (refused, deleted), the last valid one below it; None if neither (or no offset)."""
         committed = await self._reader.committed()
         if committed is None:
             log.warning("no committed offset for %s-coordinator: no checkpoint", self.group)
@@ -261,9 +261,10 @@ class Coordinator:
         ev = await self._reader.read_one(committed)
         if isinstance(ev, CommitComplete):
             return ev
-        log.warning("coordinator checkpoint at control offset %s is not readable (found %s)", committed,
-                    type(ev).__name__ if ev is not None else "nothing")
-        return None
+        found = await self._reader.last_before(committed, CommitComplete)  # refused (forged): the last valid one
+        log.warning("coordinator checkpoint at control offset %s is not readable (found %s); the last valid one "
+                    "below it: %s", committed, type(ev).__name__ if ev else "nothing", found and found[0])
+        return found[1] if found is not None else None
 
     def _table_states(self, more: Iterable[str] = ()) -> dict[str, SinkState]:
         """Every table's sink state for this group: the configured tables (and ``more``), and the

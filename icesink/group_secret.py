@@ -11,10 +11,15 @@ routed nowhere, transaction markers) and would skip records.
 Where: the property ``icesink.control-secret.<group>`` of the namespace
 ``iceberg.control.secret-namespace`` (default ``icesink``, created if missing); its value is
 JSON ``{"v": 1, "key": <64 hex digits>, "log": <control topic id>, "from": <control offset>}``.
-``from`` is where the group's signing began: the end of the control log when the secret was
-made. Offsets only grow, so an outsider can write nothing below it: an unsigned event below it
-was written by the group before it signed (an upgrade from a version that did not), and is
-accepted on that log (``log``) only.
+``from`` is where the group's signing began. For a group that already ran unsigned (an upgrade
+from a version that did not sign) it is the end of the control log when the secret was made:
+offsets only grow, so an outsider can write nothing below it later, and an unsigned event below
+it was the group's, accepted on that log (``log``) only. For a group that never ran it is 0:
+unsigned events in the log then are an outsider's (written before the group's first start),
+and none is trusted. "Ran" is what only the group can leave: a committed offset of its
+``<group>-coordinator`` consumer group (its checkpoint pointer) or its sink state in one of its
+tables (the replica's ``has_run``); events keyed with the group in the log are not, since
+anyone who writes the topic can write them.
 
 Provisioning races (replicas of a new group starting at once) converge: the secret is written
 only if absent, atomically where the catalog can (a new namespace created with it, or the SQL
@@ -27,13 +32,14 @@ Blocking catalog calls; callers run them off the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +47,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchNamespaceError
 
 from icesink.config import Settings
-from icesink.errors import ControlSecretError
+from icesink.errors import ControlSecretError, is_retriable
 from icesink.kafka_admin import end_offsets, topic_id
 from icesink.metrics import Metrics
 from icesink.offload import Offload
@@ -129,6 +135,7 @@ def provision(
     if props is not None and key in props:
         return GroupSecret.parse(props[key], where), False
     mine = GroupSecret(secrets.token_hex(32), log_id, log_end)
+    learn_secret(mine.key)  # masked from now on, in whatever error writing it raises
     if not _write_if_absent(catalog, namespace, key, mine.text(), exists=props is not None):
         sleep(settle_s)
     stored = read_secret(catalog, namespace, group)
@@ -192,6 +199,48 @@ def _sql_insert_if_absent(catalog: Any, namespace: str, key: str, value: str) ->
     return True
 
 
+async def stored_keyring(settings: Settings, bootstrap: str, catalog: Catalog) -> Keyring | None:
+    """What a tool reading the group's control log (``icesink control tail``, ``icesink gc``)
+    checks signatures with, as the group's replicas check: iceberg.control.secret, else the
+    group's own secret from the catalog (never made here). None (nothing checked, said in the
+    log) if the group has neither: it never ran with signing, so its log holds only unsigned
+    events of its own or of a version that did not sign."""
+    configured = settings.control_signing_key()
+    if configured is not None:
+        return Keyring(configured)
+    try:
+        stored = read_secret(catalog, settings.control_secret_namespace, settings.group_id)
+    except Exception as exc:
+        raise ControlSecretError(
+            f"the group's control secret could not be read from the catalog (namespace "
+            f"{settings.control_secret_namespace}, property {property_key(settings.group_id)}): "
+            f"{_describe(exc)}; the control log is not read unchecked"
+        ) from None
+    if stored is None:
+        log.warning("signatures not checked: the group has no secret in the catalog yet (it never signed)")
+        return None
+    learn_secret(stored.key)
+    log_id = await topic_id(bootstrap, settings.control_topic, client_kwargs=settings.kafka_client_kwargs())
+    return Keyring(stored.key.encode("ascii"), stored.unsigned_below(log_id))
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether trying again may succeed: not a refusal (no permission, a catalog without the call)."""
+    from pyiceberg.exceptions import ForbiddenError, UnauthorizedError
+
+    return is_retriable(exc) and not isinstance(exc, (ForbiddenError, UnauthorizedError, NotImplementedError))
+
+
+def _describe(exc: BaseException) -> str:
+    """An error's type and message with no SQL parameters (a SQL catalog's errors quote the
+    statement's values, among them the secret being written)."""
+    from sqlalchemy.exc import StatementError
+
+    if isinstance(exc, StatementError) and exc.orig is not None:
+        return f"{type(exc).__name__} ({type(exc.orig).__name__}: {exc.orig})"
+    return f"{type(exc).__name__}: {exc}"
+
+
 class SecretLoader:
     """A replica's part: loads the group's key into its keyring before anything is sent or read
     (:meth:`load`), and reads the stored secret again when events of its group fail the
@@ -200,9 +249,14 @@ class SecretLoader:
     settle atomically then signs and checks with the stored secret, and everyone agrees."""
 
     RELOAD_S = 10.0
+    #: How long a start retries a catalog (or broker) that fails, and its backoff (first, cap).
+    START_TIMEOUT_S = 300.0
+    BACKOFF_S = (1.0, 30.0)
 
-    def __init__(self, settings: Settings, bootstrap: str, keyring: Keyring, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, bootstrap: str, keyring: Keyring, metrics: Metrics,
+                 status: dict[str, Any] | None = None) -> None:
         self.settings = settings
+        self.status = status  # the replica's /status: a start that retries says so there
         self.bootstrap = bootstrap
         self.keyring = keyring
         self.metrics = metrics
@@ -211,31 +265,59 @@ class SecretLoader:
         self._last = 0.0
         keyring.on_refused = self.refused
 
-    async def load(self, catalog: Catalog, offload: Offload) -> None:
+    async def load(self, catalog: Catalog, offload: Offload,
+                   has_run: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """``has_run``: whether the group ran before (its checkpoint pointer or a table's sink
+        state; module docstring); asked only if no secret is stored. None: a group that never ran."""
         configured = self.settings.control_signing_key()
         if configured is not None:  # iceberg.control.secret wins
             self.keyring.load(configured)
             return
         namespace, group = self.settings.control_secret_namespace, self.settings.group_id
-        client, topic = self.settings.kafka_client_kwargs(), self.settings.control_topic
-        self.log_id = await topic_id(self.bootstrap, topic, client_kwargs=client)
-        end = (await end_offsets(self.bootstrap, topic, client_kwargs=client)).get(0, 0)
-        try:
-            stored, made = await offload.run(provision, catalog, namespace, group, self.log_id, end)
-        except ControlSecretError:
-            raise
-        except Exception as exc:
-            raise ControlSecretError(
-                f"the group's control secret could not be read or stored in the catalog (namespace {namespace}, "
-                f"property {property_key(group)}): {type(exc).__name__}: {exc}. The sink reads and writes that "
-                "namespace's properties: allow it, set iceberg.control.secret-namespace to a namespace it may "
-                "change, or set iceberg.control.secret on every replica"
-            ) from exc
+        deadline, delay = time.monotonic() + self.START_TIMEOUT_S, self.BACKOFF_S[0]
+        while True:
+            try:
+                stored, made = await self._fetch(catalog, offload, has_run)
+                break
+            except ControlSecretError:  # a stored value that is no secret: no retry mends it
+                raise
+            except Exception as exc:
+                error, transient = ControlSecretError(
+                    f"the group's control secret could not be read or stored in the catalog (namespace {namespace}, "
+                    f"property {property_key(group)}): {_describe(exc)}. The sink reads and writes that "
+                    "namespace's properties: allow it, set iceberg.control.secret-namespace to a namespace it may "
+                    "change, or set iceberg.control.secret on every replica"), _transient(exc)
+            # raised here, outside the handler: no chained error (a SQL error's text quotes the secret written)
+            if not transient or time.monotonic() + delay > deadline:
+                raise error
+            self.metrics.control_secret_load_failures.inc()
+            if self.status is not None:
+                self.status["control_secret"] = f"retrying: {error}"
+            log.warning("%s; retrying in %.0f s (the start gives up %.0f s after it began)",
+                        error, delay, self.START_TIMEOUT_S)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.BACKOFF_S[1])
+        if self.status is not None:
+            self.status.pop("control_secret", None)
         self._use(stored)
         below = self.keyring.unsigned_below
         log.info("control events signed with the group's own secret (namespace %s, property %s%s)%s", namespace,
                  property_key(group), ", made now" if made else "",
                  f"; unsigned events below control offset {below} are the group's from before it signed" if below else "")
+
+    async def _fetch(self, catalog: Catalog, offload: Offload,
+                     has_run: Callable[[], Awaitable[bool]] | None) -> tuple[GroupSecret, bool]:
+        namespace, group = self.settings.control_secret_namespace, self.settings.group_id
+        client, topic = self.settings.kafka_client_kwargs(), self.settings.control_topic
+        self.log_id = await topic_id(self.bootstrap, topic, client_kwargs=client)
+        stored = await offload.run(read_secret, catalog, namespace, group)
+        if stored is not None:
+            return stored, False
+        # an upgrade: the group's own unsigned events end where the log ends now; a new group:
+        # every unsigned event in the log is an outsider's
+        ran = has_run is not None and await has_run()
+        start = (await end_offsets(self.bootstrap, topic, client_kwargs=client)).get(0, 0) if ran else 0
+        return await offload.run(provision, catalog, namespace, group, self.log_id, start)
 
     def _use(self, stored: GroupSecret) -> None:
         learn_secret(stored.key)  # never in a log line, /status or /metrics
@@ -266,4 +348,4 @@ class SecretLoader:
                     namespace, property_key(group))
 
 
-__all__ = ["GroupSecret", "PREFIX", "SETTLE_S", "SecretLoader", "property_key", "provision", "read_secret"]
+__all__ = ["GroupSecret", "PREFIX", "SETTLE_S", "SecretLoader", "property_key", "provision", "read_secret", "stored_keyring"]

@@ -171,6 +171,10 @@ class Metrics:
             "Times this replica found the group's control secret in the catalog to be another than the one "
             "it signed with (replicas of a new group that made one at once) and took the stored one",
             registry=r)
+        self.control_secret_load_failures = Counter(
+            "icesink_control_secret_load_failures_total",
+            "Failed attempts to read or store the group's control secret in the catalog at start, retried "
+            "with capped backoff until the start gives up", registry=r)
         self.coordinator_restarts = Counter(
             "icesink_coordinator_restarts_total",
             "Times this replica restarted its coordinator after an unexpected error", registry=r)

@@ -132,6 +132,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_control_tail(args: argparse.Namespace) -> int:
     from icesink.control import ControlReader
+    from icesink.group_secret import stored_keyring
+    from icesink.iceberg import load_catalog
     from icesink.protocol import describe
 
     settings = _settings(args)
@@ -143,7 +145,7 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
 
     async def tail() -> None:
         reader = ControlReader(bootstrap, settings.control_topic, settings.group_id, settings.kafka_client_kwargs(),
-                               secret=await _tail_keyring(settings, bootstrap))
+                               secret=await stored_keyring(settings, bootstrap, load_catalog(settings)))
         await reader.start()
         try:
             end = await reader.end_offset()
@@ -161,33 +163,9 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _tail_keyring(settings: Settings, bootstrap: str) -> Any:
-    """What ``control tail`` checks signatures with: iceberg.control.secret, else the group's own
-    secret if the catalog holds one (never made here); None (nothing checked) if neither."""
-    from icesink.group_secret import read_secret
-    from icesink.iceberg import load_catalog
-    from icesink.kafka_admin import topic_id
-    from icesink.secrets import learn_secret
-    from icesink.signing import Keyring
-
-    configured = settings.control_signing_key()
-    if configured is not None:
-        return Keyring(configured)
-    try:
-        stored = read_secret(load_catalog(settings), settings.control_secret_namespace, settings.group_id)
-    except Exception as exc:
-        log.warning("signatures not checked: the group's secret could not be read from the catalog (%s)", exc)
-        return None
-    if stored is None:
-        log.warning("signatures not checked: the group has no secret in the catalog yet")
-        return None
-    learn_secret(stored.key)
-    log_id = await topic_id(bootstrap, settings.control_topic, client_kwargs=settings.kafka_client_kwargs())
-    return Keyring(stored.key.encode("ascii"), stored.unsigned_below(log_id))
-
-
 def cmd_gc(args: argparse.Namespace) -> int:
     from coordinator.gc import delete_orphans, find_orphans, in_flight_files, parse_duration, sink_states
+    from icesink.group_secret import stored_keyring
     from icesink.iceberg import load_catalog
 
     settings = _settings(args)
@@ -204,7 +182,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
         # Without a readable checkpoint: from the lowest replay start in the tables' state.
         starts = [st.replay_from for t in tables.values() if (st := sink_states(t).get(settings.group_id))
                   and st.replay_from is not None]
-        in_flight = asyncio.run(in_flight_files(settings, bootstrap, min(starts) if starts else None))
+
+        async def read_log() -> Any:  # checked with the group's key, as its replicas check: forged events named nothing
+            keyring = await stored_keyring(settings, bootstrap, catalog)
+            return await in_flight_files(settings, bootstrap, min(starts) if starts else None, keyring)
+
+        in_flight = asyncio.run(read_log())
         print(f"control log read from offset {in_flight.start} ({in_flight.source}): "
               f"{len(in_flight.paths)} files in flight", file=sys.stderr)
         protected = in_flight.paths

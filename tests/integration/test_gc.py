@@ -118,9 +118,9 @@ def test_gc_reads_the_control_log_from_the_checkpoint_or_the_tables_state_never_
     from icesink.app.replicas import ReplicaSet
     from icesink.control import ControlProducer, ensure_control_topic
     from icesink.kafka_admin import ensure_topic
-    from icesink.protocol import DataWritten, FileInfo
+    from icesink.protocol import DataWritten, FileInfo, encode
     from tests.integration.test_control_log import _delete_groups
-    from tests.support.sinkrun import total_rows, wait_rows, write_config
+    from tests.support.sinkrun import total_rows, wait_rows, write_config, write_control
 
     group, name = "gcl", "gcl.pizzas"
     catalog = load_catalog("it", **catalog_props)
@@ -169,3 +169,13 @@ def test_gc_reads_the_control_log_from_the_checkpoint_or_the_tables_state_never_
     done = gc()
     assert not second.exists(), f"gc read the control log from its start:\n{done.stderr}"
     assert "tables' sink state" in done.stderr, done.stderr
+
+    # An outsider's DataWritten (unsigned) naming an old file: gc checks the group's signature,
+    # from the catalog as its replicas do, so the forged event protects nothing.
+    third = data / "settled" / "third.parquet"
+    write_control(broker.bootstrap, f"{group}-control", [(group.encode(), encode(DataWritten("r9", "forged", "w0", name, (
+        FileInfo(path=f"file://{third}", record_count=5, size_bytes=100, spec_id=0),))))])
+    _write(third, range(5))
+    _age(third, 7200)
+    done = gc()
+    assert not third.exists(), f"gc kept a file only a forged event named:\n{done.stderr}"

@@ -423,3 +423,85 @@ def test_with_a_group_secret_a_forged_start_commit_from_outside_is_ignored(broke
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
     for text in (*shown, logs):
         assert "it-group-secret" not in text
+
+
+@pytest.mark.timeout(600)
+def test_unsigned_events_forged_before_a_new_groups_first_start_are_not_trusted(broker, catalog_props, tmp_path):
+    """Issue 40 review: signing began (``unsigned_below``) at the control log's end even for a
+    new group, so an outsider's unsigned StartCommit of a huge epoch written before the group's
+    first start counted as the group's own pre-upgrade event and stalled it. A group that never
+    ran trusts no unsigned event: the forged one is skipped and counted, every record lands."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.control import ensure_control_topic
+    from icesink.group_secret import read_secret
+    from icesink.kafka_admin import ensure_topic
+    from icesink.protocol import StartCommit, encode
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config, write_control
+
+    topic, table, group = "pre-orders", "pre.orders", "pre-sink"
+    control = f"{group}-control"
+    catalog = load_catalog("it", **catalog_props)
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
+    asyncio.run(ensure_control_topic(broker.bootstrap, control, {}, replication_factor=1))
+    write_control(broker.bootstrap, control, [(group.encode(), encode(StartCommit(10**6, "forged")))])
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=group)
+    values = pizza_values(1000, seed=41)
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        w = replicas.start()
+        asyncio.run(produce(broker.bootstrap, topic, values, partitions=2))
+        wait_rows(catalog, replicas, (table,), len(values), timeout_s=240)
+        invalid = metric(w.metrics_port, 'icesink_control_events_invalid_total{reader="coordinator"}')
+    finally:
+        replicas.stop_all()
+    stored = read_secret(catalog, "icesink", group)
+    assert stored is not None and stored.signed_from == 0
+    assert invalid == 1
+    assert_exact(catalog, table, {json.loads(v)["order_id"] for v in values})
+
+
+@pytest.mark.timeout(600)
+def test_a_forged_checkpoint_changes_nothing_the_group_commits(broker, catalog_props, tmp_path):
+    """Issue 40 review: the coordinator took a refused checkpoint (an outsider's unsigned
+    CommitComplete that the coordinator group's offset was made to point at) for none and fell
+    back to the tables' state. It now recovers from the group's last valid checkpoint below it:
+    every record lands once (exact keys, no duplicates)."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.kafka_admin import ensure_topic
+    from icesink.protocol import CommitComplete, encode
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
+    from tests.integration.test_control_log import _commit_offset
+    from tests.support.sinkrun import assert_exact, wait_rows, write_config, write_control
+
+    topic, table, group = "fcp-orders", "fcp.orders", "fcp-sink"
+    control = f"{group}-control"
+    catalog = load_catalog("it", **catalog_props)
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=group)
+    values = pizza_values(2000, seed=43)
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        replicas.start()
+        asyncio.run(produce(broker.bootstrap, topic, values[:1000], partitions=2))
+        wait_rows(catalog, replicas, (table,), 1000, timeout_s=240)
+        replicas.stop_all()
+        # positions none, replay from past the log's end: taken as the base, it would lose the log
+        forged = CommitComplete(10**6, "forged", 10**9, (), (), None, replay_from=10**9)
+        (at,) = write_control(broker.bootstrap, control, [(group.encode(), encode(forged))])
+        _commit_offset(broker.bootstrap, f"{group}-coordinator", control, at)
+        replicas.start()
+        asyncio.run(produce(broker.bootstrap, topic, values[1000:], partitions=2))
+        wait_rows(catalog, replicas, (table,), len(values), timeout_s=240)
+    finally:
+        replicas.stop_all()
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "logs").glob("*.log"))
+    assert f"coordinator checkpoint at control offset {at} is not readable (found nothing); the last valid one " \
+           "below it: " in logs and "the last valid one below it: None" not in logs, logs[-3000:]
+    assert_exact(catalog, table, {json.loads(v)["order_id"] for v in values})

@@ -324,4 +324,172 @@ def test_a_catalog_that_refuses_the_property_stops_the_start_naming_what_to_set(
     catalog = DictCatalog()
     asyncio.run(secret.load(catalog, InlineOffload()))  # a catalog that allows it: made, and loaded
     stored = group_secret.read_secret(catalog, "icesink", "g")
-    assert ring.key == stored.key.encode() and ring.unsigned_below == 12 and stored.log_id == "log-1"
+    assert ring.key == stored.key.encode() and ring.unsigned_below == 0 and stored.log_id == "log-1"  # a new group
+
+
+def _fake_log(monkeypatch, end):
+    from icesink import group_secret
+
+    async def topic_id(*_a, **_kw):
+        return "log-1"
+
+    async def end_offsets(*_a, **_kw):
+        return {0: end}
+
+    monkeypatch.setattr(group_secret, "topic_id", topic_id)
+    monkeypatch.setattr(group_secret, "end_offsets", end_offsets)
+
+
+@pytest.mark.parametrize("ran, below", [(False, 0), (True, 12)])
+def test_signing_starts_at_0_for_a_new_group_and_at_the_log_end_only_for_one_that_ran(tmp_path, monkeypatch, ran, below):
+    """An outsider's unsigned events written before a new group's first start (offsets 0..11)
+    are not the group's: trusted only if the group ran before (an upgrade)."""
+    _fake_log(monkeypatch, 12)
+
+    async def has_run():
+        return ran
+
+    secret, ring = loader(tmp_path)
+    # a replica that cannot tell (no has_run) takes the group as new
+    asyncio.run(secret.load(DictCatalog(), InlineOffload(), *([has_run] if ran else [])))
+    assert ring.unsigned_below == below
+    forged = lambda: decode_record(KEY, VALUE, 3, GROUP, secret=ring)  # noqa: E731
+    if ran:
+        assert forged() == StartCommit(1, "r1")
+    else:
+        with pytest.raises(ProtocolError, match="no signature"):
+            forged()
+
+
+class LogConsumer:
+    """An aiokafka consumer over a fixed control log, with a committed offset."""
+
+    def __init__(self, records, committed):
+        self.records, self._committed, self.at = records, committed, 0
+
+    async def committed(self, tp):
+        return self._committed
+
+    def seek(self, tp, offset):
+        self.at = offset
+
+    async def seek_to_beginning(self, tp):
+        self.at = 0
+
+    async def position(self, tp):
+        return self.at
+
+    async def getmany(self, tp, timeout_ms, max_records):
+        out = [r for r in self.records if r.offset >= self.at]
+        self.at = self.records[-1].offset + 1
+        return {tp: out} if out else {}
+
+
+def test_a_refused_checkpoint_is_skipped_and_the_last_valid_one_used(caplog):
+    """Issue 40 review: an outsider's CommitComplete that the coordinator group's offset points
+    to is refused (unsigned); the coordinator used to take that as "no checkpoint" and fall back
+    to the tables' state. It now recovers from the group's last valid checkpoint below it."""
+    from types import SimpleNamespace
+
+    from coordinator.service import Coordinator
+    from icesink.protocol import CommitComplete, encode
+
+    def rec(offset, event, secret=SECRET):
+        value = encode(event)
+        return SimpleNamespace(offset=offset, key=KEY, value=value,
+                               headers=signed(value, secret) if secret else ())
+
+    real = CommitComplete(1, "r1", 0, (), replay_from=0)
+    forged = CommitComplete(10**6, "forged", 2, (), replay_from=2)
+    records = [rec(0, real), rec(1, StartCommit(2, "r2")), rec(2, forged, secret=None), rec(3, StartCommit(2, "r3"))]
+
+    async def recover():
+        reader = ControlReader("127.0.0.1:1", "c", GROUP, {}, reader="coordinator", secret=SECRET)
+        reader._consumer = LogConsumer(records, committed=2)
+        coordinator = Coordinator.__new__(Coordinator)
+        coordinator._reader, coordinator.group = reader, GROUP
+        return await coordinator._read_checkpoint()
+
+    with caplog.at_level(logging.WARNING):
+        assert asyncio.run(recover()) == real
+    assert "the last valid one below it: 0" in caplog.text
+
+
+def test_a_transient_catalog_error_at_start_is_retried_with_backoff_and_shown(tmp_path, monkeypatch, caplog):
+    """Issue 40 review: a catalog that failed once while the secret was read stopped the replica
+    (exit 2, the task FAILED under icesink connect). It is retried with capped backoff, counted,
+    logged and shown in /status meanwhile; a start that cannot get it gives up loudly."""
+    from icesink import group_secret
+    from icesink.errors import ControlSecretError
+
+    _fake_log(monkeypatch, 0)
+    sleeps = []
+
+    async def sleep(s):
+        sleeps.append(s)
+
+    monkeypatch.setattr(group_secret.asyncio, "sleep", sleep)
+
+    class Flaky(DictCatalog):
+        failures = 3
+
+        def load_namespace_properties(self, ns):
+            if self.failures:
+                self.failures -= 1
+                raise ConnectionError("catalog unreachable")
+            return super().load_namespace_properties(ns)
+
+    status = {}
+    s = load_settings(None, None, {"topics": "t", "iceberg.tables": "db.t", "group.id": "g"})
+    ring = signing.Keyring()
+    secret = group_secret.SecretLoader(s, "127.0.0.1:1", ring, Metrics(CollectorRegistry()), status)
+    secret.BACKOFF_S = (1.0, 2.0)
+    with caplog.at_level(logging.WARNING, logger="icesink.group_secret"):
+        asyncio.run(secret.load(Flaky(), InlineOffload()))
+    assert ring.loaded and sleeps == [1.0, 2.0, 2.0]
+    assert secret.metrics.registry.get_sample_value("icesink_control_secret_load_failures_total") == 3
+    assert "ConnectionError: catalog unreachable" in caplog.text and "; retrying in 1 s" in caplog.text
+    assert "control_secret" not in status
+
+    seen = {}
+
+    async def record_status(s):
+        seen.update(status)
+
+    monkeypatch.setattr(group_secret.asyncio, "sleep", record_status)
+    secret.START_TIMEOUT_S = 0.0  # gives up at the first failure past the deadline
+    with pytest.raises(ControlSecretError, match="catalog unreachable"):
+        asyncio.run(secret.load(Flaky(), InlineOffload()))
+    secret.START_TIMEOUT_S = 60.0
+    asyncio.run(secret.load(Flaky(), InlineOffload()))
+    assert seen["control_secret"].startswith("retrying: the group's control secret could not be read")
+
+
+def test_no_error_text_of_a_failed_secret_write_holds_the_secret(tmp_path, monkeypatch):
+    """A SQL catalog's error quotes the statement's parameters: the secret being written. The
+    error that reaches the log, /status and the REST API names the failure, never the secret."""
+    import sqlite3
+
+    from sqlalchemy import event
+
+    from icesink import group_secret
+    from icesink.errors import ControlSecretError
+    from icesink.secrets import Redactor
+
+    _fake_log(monkeypatch, 0)
+    key = "ab" * 32
+    monkeypatch.setattr(group_secret.secrets, "token_hex", lambda n: key)
+    catalog = sqlite_catalog(tmp_path)
+
+    @event.listens_for(catalog.engine, "before_cursor_execute")
+    def refuse_inserts(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("INSERT"):
+            raise sqlite3.OperationalError("disk I/O error")
+
+    secret, _ = loader(tmp_path)
+    secret.START_TIMEOUT_S = 0.0
+    with pytest.raises(ControlSecretError) as err:
+        asyncio.run(secret.load(catalog, InlineOffload()))
+    assert "disk I/O error" in str(err.value) and key not in str(err.value)
+    assert err.value.__cause__ is None and err.value.__context__ is None  # no chained SQL error quoting it
+    assert Redactor([])(f"x {key}") != f"x {key}"  # learned before it was written: masked in any log line
