@@ -24,6 +24,19 @@ from icesink.errors import ConfigError, DataError, UnsupportedTypeError
 log = logging.getLogger(__name__)
 
 FETCHES_QUEUED = 2  # fetches waiting for the ingest agent
+#: OffsetForLeaderEpoch: every Apache Kafka broker since 0.11 declares it in ApiVersions; Tansu
+#: (0.6) does not (a Tansu group's leader logs that it stops without LeaveGroup).
+OFFSET_FOR_LEADER_EPOCH = 23
+
+
+def keeps_departed_leader(consumer: Any) -> bool:
+    """Whether the consumer's broker is one whose group coordinator keeps a leader that sent
+    LeaveGroup during a rebalance (Tansu; see FaustApp._install_leave_group): recognised by the
+    ApiVersions answer of its connections, which lacks OffsetForLeaderEpoch. False when no
+    connection has answered (aiokafka 0.14 internals: AIOKafkaConnection._versions)."""
+    conns = getattr(getattr(consumer, "_client", None), "_conns", {})
+    versions = [v for conn in list(conns.values()) if (v := getattr(conn, "_versions", None))]
+    return bool(versions) and all(OFFSET_FOR_LEADER_EPOCH not in v for v in versions)
 
 
 class FaustApp(WorkerState):
@@ -48,8 +61,7 @@ class FaustApp(WorkerState):
             broker_session_timeout=s.session_timeout_ms / 1000,
             broker_heartbeat_interval=max(0.5, s.session_timeout_ms / 10_000),
             # Shorter than Faust's defaults (1000 s poll interval, 60 s rebalance): the agent
-            # never blocks long (Spark writes run beside it). Whole-group restarts on Tansu:
-            # see _install_no_leave_group.
+            # never blocks long (Spark writes run beside it). LeaveGroup: see _install_leave_group.
             broker_max_poll_interval=60.0,
             broker_rebalance_timeout=max(20.0, 2 * s.session_timeout_ms / 1000),
             broker_max_poll_records=s.consumer_max_batch,  # records of one fetch handed to the agent
@@ -91,31 +103,57 @@ class FaustApp(WorkerState):
         app.on_rebalance_complete.connect(self._on_rebalance_complete)  # type: ignore[arg-type]
         return app
 
-    def _install_no_leave_group(self) -> None:
-        """Never send LeaveGroup: a stopped replica leaves the group when its session times out.
+    def _install_leave_group(self) -> None:
+        """A stopping replica sends LeaveGroup (aiokafka does, as its consumer stops), so the
+        group hands its partitions to the others at once instead of after
+        ``consumer.session-timeout-ms``. Except the group's leader on a broker that keeps a
+        departed leader (:func:`keeps_departed_leader`: Tansu), which stops without it.
 
-        Tansu (v0.6.0) drops a member that sends LeaveGroup while the group is rebalancing, but
-        if that member was the leader it stays the leader. When a whole group stops, the first
-        LeaveGroup starts a rebalance; if the leader's comes later, the group is left with no
-        members and a departed leader. New members are then all told to follow that leader,
-        and their SyncGroups answer REBALANCE_IN_PROGRESS until Tansu happens to reload the
-        group from storage: minutes, or never (bench/group_restart_repro.py). A member whose
-        session expires stops being the leader, so the next member to join leads. The cost:
-        a stopped replica's partitions move after ``consumer.session-timeout-ms``, not at
-        once. Pinned to aiokafka 0.14 internals (GroupCoordinator._maybe_leave_group)."""
+        Tansu (0.6, and its main branch as of 2026-11) drops a member that sends LeaveGroup while
+        the group is rebalancing, but if that member was the leader it stays the leader (its
+        ``Forming`` state's leave does not clear the leader; the ``Formed`` state's does). New
+        members are then all told to follow the departed leader, and their SyncGroups answer
+        REBALANCE_IN_PROGRESS until Tansu happens to reload the group from storage: minutes, or
+        never (bench/group_restart_repro.py, ``--leave-group always``). A follower's LeaveGroup
+        leaves the leader in place, and a leader whose session expires stops being the leader,
+        so the next member to join leads. So on Tansu a follower's partitions move at once, the
+        leader's after its session timeout. Pinned to aiokafka 0.14 internals
+        (GroupCoordinator._perform_assignment, _maybe_leave_group)."""
         try:
             consumer = driver(self.app)._thread._consumer
         except AttributeError:
             consumer = None
         coordinator: Any = getattr(consumer, "_coordinator", None)  # None: no consumer yet
-        if not hasattr(coordinator, "_maybe_leave_group"):
-            log.warning("no aiokafka group coordinator found: this replica will send LeaveGroup")
+        if not (hasattr(coordinator, "_maybe_leave_group") and hasattr(coordinator, "_perform_assignment")):
+            log.warning("no aiokafka group coordinator found: this replica will send LeaveGroup as it stops")
             return
+        assign, leave = coordinator._perform_assignment, coordinator._maybe_leave_group
+        # The generation this member last assigned partitions in, as the group's leader (the
+        # leader alone holds a group subscription once it assigned; a join started drops it).
+        led = [coordinator.generation if getattr(coordinator, "_group_subscription", None) is not None else -1]
 
-        async def stop_without_leaving() -> None:
+        async def perform_assignment(response: Any) -> Any:
+            led[0] = int(response.generation_id)
+            return await assign(response)
+
+        async def maybe_leave_group() -> None:
+            skip = self._skip_leave_group(consumer, led[0] == coordinator.generation)
+            if skip is None:
+                await leave()
+                return
+            log.info("stopping without LeaveGroup: %s; its partitions move when its session expires "
+                     "(consumer.session-timeout-ms)", skip)
             coordinator.reset_generation()  # what _maybe_leave_group does after its request
 
-        coordinator._maybe_leave_group = stop_without_leaving
+        coordinator._perform_assignment = perform_assignment
+        coordinator._maybe_leave_group = maybe_leave_group
+
+    def _skip_leave_group(self, consumer: Any, leader: bool) -> str | None:
+        """Why this replica stops without LeaveGroup (None: it sends it); ``leader``: it is the
+        group's leader (it assigned the partitions of the current generation)."""
+        if leader and keeps_departed_leader(consumer):
+            return "this replica leads the group, and the broker keeps a departed leader (Tansu)"
+        return None
 
     async def _start_faust(self) -> None:
         """Start the Faust worker: from here on this replica is a member of the consumer group."""
@@ -137,7 +175,7 @@ class FaustApp(WorkerState):
                       self.settings.fetch_min_bytes).install()
         self._faust_worker = faust_worker  # a stop during its start stops it too
         await faust_worker.start()
-        self._install_no_leave_group()
+        self._install_leave_group()
         self.status["isolation_level"] = isolation_level(self.app)
 
     async def _deliver(self, fetched: Fetched) -> None:

@@ -260,8 +260,8 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         timer.start()
 
     async def _shutdown(self) -> None:
-        """Stop within one deadline; the group moves this replica's partitions once its session
-        expires (no LeaveGroup, see _install_no_leave_group). Buffered data that is not
+        """Stop within one deadline; the group moves this replica's partitions as it leaves
+        (LeaveGroup, or its session expiring: see _install_leave_group). Buffered data that is not
         committed is not lost: the next owner re-reads it from the accepted position."""
         self.status["phase"] = "stopping"
         deadline = self.settings.shutdown_timeout_ms / 1000

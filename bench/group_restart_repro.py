@@ -11,10 +11,13 @@ replica while a cycle costs a few seconds of CPU.
 
     .venv/bin/python bench/group_restart_repro.py [--cycles 10] [--members 2] [--debug]
 
-``--send-leave-group`` brings back the LeaveGroup that members sent on stop before
-``Worker._install_no_leave_group``: about half of the cycles then wait until ``--timeout-s``
-(the new members are told to follow a leader that has left). After a cycle times out the
-run goes on with a fresh group id, since the stuck group stays stuck.
+``--leave-group`` says which stopping members send LeaveGroup: ``icesink`` (the default) as
+the workers do (``FaustApp._install_leave_group``: every member but the group's leader on
+Tansu, every member on Kafka), ``always`` (every member: on Tansu about a third of the cycles
+then wait until ``--timeout-s``, the new members told to follow a leader that has left), or
+``never`` (what icesink did before: a stopped member leaves when its session expires). After a
+cycle times out the run goes on with a fresh group id, since the stuck group stays stuck.
+``--broker kafka`` runs it on a real Apache Kafka broker (tests/support/kafka_broker.py).
 
 ``--debug`` logs aiokafka's group coordinator and Faust at DEBUG and runs Tansu with its
 group coordinator at debug (``--rust-log`` sets another ``RUST_LOG``); ``--keep`` keeps the
@@ -96,17 +99,26 @@ async def _member(args: argparse.Namespace) -> None:
         async def on_events(self, batch: Any) -> None:
             pass
 
-        def _install_no_leave_group(self) -> None:
-            if not args.send_leave_group:
-                super()._install_no_leave_group()
+        def _skip_leave_group(self, consumer: Any, leader: bool) -> str | None:
+            if args.leave_group == "always":
+                return None
+            if args.leave_group == "never":
+                return "--leave-group never"
+            skip = super()._skip_leave_group(consumer, leader)
+            _report("leave", leader=leader, sent=skip is None)
+            return skip
 
-        async def run(self) -> None:  # Worker.run without control topic, Spark and catalog
+        async def run(self, stop_requested: Any = None) -> None:  # Worker.run without control topic, Spark, catalog
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
             self.reader = self.producer = _Closed()
-            faust_worker = await self._start_faust()
+            await self._start_faust()
             _report("started")
             await self._stop.wait()
-            await self._shutdown(faust_worker)
-            _report("stopped")
+            began = time.monotonic()
+            await self._shutdown()
+            _report("stopped", seconds=round(time.monotonic() - began, 2))
 
     await Member(settings, args.bootstrap, Metrics()).run()
 
@@ -135,8 +147,7 @@ class Members:
                "--session-timeout-ms", str(self.args.session_timeout_ms)]
         if self.args.debug:
             cmd.append("--debug")
-        if self.args.send_leave_group:
-            cmd.append("--send-leave-group")
+        cmd += ["--leave-group", self.args.leave_group]
         with log_path.open("ab") as handle:
             proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=_die_with_parent_hook())
@@ -203,7 +214,13 @@ def driver_main(args: argparse.Namespace) -> int:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="group-restart-"))
     root.mkdir(parents=True, exist_ok=True)
     env = {"RUST_LOG": args.rust_log} if args.rust_log else {}
-    broker = EmbeddedBroker(root / "broker", env=env)
+    broker: Any
+    if args.broker == "kafka":
+        from tests.support.kafka_broker import KafkaBroker
+
+        broker = KafkaBroker(root / "kafka")
+    else:
+        broker = EmbeddedBroker(root / "broker", env=env)
     broker.start()
     members = Members(args, broker.bootstrap, root)
     times: list[float | None] = []
@@ -254,8 +271,11 @@ def main() -> int:
     p.add_argument("--settle-s", type=float, default=3.0, help="run time of a group before it is stopped")
     p.add_argument("--timeout-s", type=float, default=900.0, help="give up on a cycle after this")
     p.add_argument("--debug", action="store_true", help="DEBUG logs for aiokafka's coordinator and Faust")
-    p.add_argument("--send-leave-group", action="store_true",
-                   help="members send LeaveGroup when they stop (icesink's behaviour before the fix)")
+    p.add_argument("--leave-group", choices=("icesink", "always", "never"), default="icesink",
+                   help="which stopping members send LeaveGroup: as icesink's workers do (all but the group's "
+                        "leader on Tansu, all on Kafka), every one, or none")
+    p.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
+                   help="the embedded Tansu broker, or a real Apache Kafka one (tests/support/kafka_broker.py)")
     p.add_argument("--rust-log", default=None, help="RUST_LOG for Tansu (default: debug with --debug)")
     p.add_argument("--dir", default=None, help="work directory (kept)")
     p.add_argument("--keep", action="store_true")

@@ -16,7 +16,7 @@ Broker behaviour this relies on (checked against Tansu v0.6.0-510f3e2):
   5 s with aiokafka's default of 10 s, 23 s with 45 s); short session timeouts make tests fast.
 - A member that sends LeaveGroup while its group is rebalancing is dropped but stays the
   group's leader if it was; new members then wait for its assignment until something reloads
-  the group. icesink's workers never send LeaveGroup (``agents/worker.py``).
+  the group. icesink's group leader stops without LeaveGroup on Tansu (``agents/faust_app.py``).
 - ``CreateTopics`` for an existing topic answers error 36 (TopicAlreadyExists); aiokafka returns
   the response instead of raising, so the error codes are checked here.
 - ``DeleteRecords`` is listed in its ApiVersions (v0-v2) but not implemented: the broker's task
