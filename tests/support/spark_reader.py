@@ -119,15 +119,17 @@ def jdbc_catalog_conf(name: str, props: Mapping[str, str]) -> dict[str, str]:
     ``load_catalog(name, **props)`` opens (SQLite: ``uri=sqlite:///PATH``)."""
     uri, warehouse = props.get("uri", ""), props.get("warehouse")
     parsed = urlparse(uri)
-    if parsed.scheme != "sqlite" or not parsed.path.startswith("/"):
-        raise SparkReaderError(f"catalog {name}: expected a SQLite SQL catalog (uri sqlite:////PATH), found uri {uri!r}")
+    path = unquote(parsed.path)[1:]  # sqlite:////x/y.db -> /x/y.db; sqlite:///y.db is relative (to a cwd)
+    if parsed.scheme != "sqlite" or not path.startswith("/"):
+        raise SparkReaderError(f"catalog {name}: expected a SQLite SQL catalog at an absolute path (uri sqlite:////PATH), "
+                               f"found uri {uri!r}")
     if not warehouse:
         raise SparkReaderError(f"catalog {name}: expected a warehouse property (Iceberg's JdbcCatalog needs one), found none")
     prefix = f"spark.sql.catalog.{name}"
     return {
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.type": "jdbc",
-        f"{prefix}.uri": f"jdbc:sqlite:{unquote(parsed.path)}",  # sqlite:////x -> path /x; ?timeout=... dropped
+        f"{prefix}.uri": f"jdbc:sqlite:{path}",  # SQLAlchemy's ?timeout=... is not sqlite-jdbc's: dropped
         f"{prefix}.warehouse": warehouse,
         f"{prefix}.jdbc.init-catalog-tables": "false",
         f"{prefix}.cache-enabled": "false",
