@@ -151,15 +151,27 @@ class SparkReader:
         self._log: IO[bytes] | None = None
         self._next_id = 0
         self._lock = threading.Lock()
+        self.reads = 0
+        self.reading_s = 0.0  # the time spent waiting for Spark's answers (the warm-up's included)
+        self.warmed_in_s: float | None = None
+        self._starter: threading.Thread | None = None
+        self._start_error: BaseException | None = None
+        self._spawned_at = 0.0
 
     def start(self) -> None:
+        self._spawn()
+        self._wait_ready()
+
+    def _spawn(self) -> None:
+        """The child process, from this thread: its parent-death signal fires when the thread that
+        made it ends (Linux ``PR_SET_PDEATHSIG``), so never from a short-lived one."""
         home = resolve()
         jars = sorted(str(p) for p in (home / "lib").glob("*.jar"))
         self.directory.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
-        began = time.monotonic()
+        self._spawned_at = time.monotonic()
         from icesink.app.embedded import _die_with_parent_hook
 
         self._proc = subprocess.Popen(
@@ -167,12 +179,59 @@ class SparkReader:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env,
             start_new_session=True, preexec_fn=_die_with_parent_hook(),
         )
+
+    def _wait_ready(self) -> None:
         ready = self._answer(self.start_timeout_s, "start")
-        self.started_in_s = time.monotonic() - began
+        self.started_in_s = time.monotonic() - self._spawned_at
         self.spark_version = ready.get("spark")
         logger.info("Spark reader (Spark %s) started in %.1f s", self.spark_version, self.started_in_s)
 
+    def start_in_background(self) -> None:
+        """Start and warm up (:meth:`warm_up`) in a thread, while the test that asked for the reader
+        runs its pipeline; the first read waits for it, and fails with the reason if it failed."""
+        self._spawn()
+
+        def run() -> None:
+            try:
+                self._wait_ready()
+                self.warm_up()
+            except BaseException as exc:  # handed to the first read, which raises it
+                self._start_error = exc
+
+        self._starter = threading.Thread(target=run, name="spark-reader-start", daemon=True)
+        self._starter.start()
+
+    def wait_started(self) -> None:
+        starter = self._starter
+        if starter is None or starter is threading.current_thread():
+            return
+        starter.join()
+        if self._start_error is not None:
+            raise SparkReaderError(f"the Spark reader did not start: {self._start_error}") from self._start_error
+
+    def warm_up(self) -> None:
+        """Read a small table of a SQLite catalog of its own (every row, and rows per value), the
+        reads the tests make: the JVM's first Iceberg read loads and compiles most of what later
+        ones use (about 30 s on a busy 2-core machine; later reads take about a second)."""
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        began = time.monotonic()
+        where = self.directory / "warm-up"
+        where.mkdir(parents=True, exist_ok=True)
+        catalog = SqlCatalog("warm", uri=f"sqlite:///{where}/catalog.db", warehouse=f"file://{where}/wh")
+        catalog.create_namespace("db")
+        table = catalog.create_table("db.w", schema=pa.schema([("id", pa.int64()), ("s", pa.string())]))
+        table.append(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "s": ["a", "b", "a"]}))
+        spark = self.catalog("warm", catalog.properties)
+        rows = spark.table("db.w").num_rows
+        counts = dict(zip(*spark.table("db.w", group_by=["s"]).to_pydict().values(), strict=True))
+        if rows != 3 or counts != {"a": 2, "b": 1}:
+            raise SparkReaderError(f"warm-up: expected 3 rows and counts {{'a': 2, 'b': 1}}, found {rows} and {counts}")
+        self.warmed_in_s = time.monotonic() - began
+
     def stop(self) -> None:
+        if self._starter is not None and self._starter is not threading.current_thread():
+            self._starter.join()
         proc, self._proc = self._proc, None
         if proc is not None:
             try:
@@ -200,15 +259,19 @@ class SparkReader:
         return SparkCatalogReader(self, name, jdbc_catalog_conf(name, props))
 
     def request(self, request: dict[str, Any]) -> pa.Table:
+        self.wait_started()
         with self._lock:
             proc = self._proc
             if proc is None or proc.stdin is None:
                 raise SparkReaderError("the Spark reader is not running")
             self._next_id += 1
             request = {**request, "id": self._next_id}
+            began = time.monotonic()
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
             answer = self._answer(self.read_timeout_s, json.dumps(request))
+            self.reads += 1
+            self.reading_s += time.monotonic() - began
         if "error" in answer:
             raise SparkReaderError(f"Spark could not read {request.get('table') or request.get('sql')}: {answer['error']}")
         path = Path(answer["path"])
@@ -226,6 +289,11 @@ class SparkReader:
         reader.start()
         reader.join(timeout_s)
         if not result or not result[0]:
+            if result:  # its stdout closed: it is exiting (a negative code is the signal that ended it)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
             state = "no answer" if not result else f"exited with {proc.poll()}"
             self._kill()  # a reader that missed an answer is out of step: no later read may use it
             raise SparkReaderError(f"Spark reader: {state} within {timeout_s:.0f} s to {what}:\n{self._log_tail()}")
