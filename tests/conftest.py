@@ -53,6 +53,7 @@ def spark_reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkRead
     reader.start_in_background()  # while the first test runs its pipeline; its first read waits
     try:
         yield reader
+        reader.wait_started()  # a reader that could not start fails, even if no test read with it
     finally:
         reader.stop()
         print(f"\nSpark reader (Spark {reader.spark_version}): started in {reader.started_in_s or 0:.1f} s, warmed up in "

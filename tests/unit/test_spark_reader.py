@@ -58,3 +58,25 @@ def test_a_difference_names_the_engine_and_the_rows():
     assert "only Spark's (first 5): [(2,)]; only pyiceberg's: [(3,)]" in text
     with pytest.raises(AssertionError, match=r"\{7: \(2, 3\)\}"):
         assert_engines_agree({"spark": {7: 2, None: 1}, "duckdb": {7: 3, None: 1}}, "per store")
+
+
+def test_a_reader_that_cannot_start_fails_the_first_read_with_its_log(tmp_path, monkeypatch):
+    """Started in the background, a reader whose process dies (here: a Python without pyspark)
+    fails the read that waits for it, naming why, never skipping it."""
+    import sys
+
+    from tests.support import spark_reader
+
+    home = tmp_path / "home"
+    (home / "venv" / "bin").mkdir(parents=True)
+    (home / "lib").mkdir()
+    (home / "venv" / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setattr(spark_reader, "resolve", lambda: home)
+    reader = spark_reader.SparkReader(tmp_path / "reader", start_timeout_s=60)
+    reader.start_in_background()
+    try:
+        with pytest.raises(SparkReaderError, match="did not start") as failure:
+            reader.catalog("it", sqlite_catalog_properties(tmp_path / "cat", initialize=False)).table("db.t")
+        assert "exited with 1" in str(failure.value) and "pyspark" in str(failure.value)
+    finally:
+        reader.stop()
