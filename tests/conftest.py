@@ -11,6 +11,7 @@ import pytest
 if TYPE_CHECKING:
     from icesink.app.embedded import EmbeddedBroker
     from tests.support.kafka_broker import KafkaBroker
+    from tests.support.spark_reader import SparkReader
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +39,25 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
         yield started
     finally:
         started.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkReader]:
+    """Spark 4.1 with the Iceberg Spark runtime in a process of its own (tests/support/spark_reader.py),
+    separate from the workers' Spark: one for the whole session, started and warmed up in the background when
+    a test first asks for it (its first read waits, and fails loudly if it could not start). Read a
+    catalog's tables with ``spark_reader.catalog(name, props).table(...)``."""
+    from tests.support.spark_reader import SparkReader
+
+    reader = SparkReader(tmp_path_factory.mktemp("spark-reader"))
+    reader.start_in_background()  # while the first test runs its pipeline; its first read waits
+    try:
+        yield reader
+        reader.wait_started()  # a reader that could not start fails, even if no test read with it
+    finally:
+        reader.stop()
+        print(f"\nSpark reader (Spark {reader.spark_version}): started in {reader.started_in_s or 0:.1f} s, warmed up in "
+              f"{reader.warmed_in_s or 0:.1f} s, {reader.reads} reads (the warm-up's 2 included) in {reader.reading_s:.1f} s")
 
 
 @pytest.fixture(params=["tansu", pytest.param("kafka", marks=pytest.mark.kafka)])

@@ -3,7 +3,9 @@
 The tutorial's connector JSON (addresses changed) is PUT to one process; both serve it; its two
 tasks run as worker replicas on both processes; the table is exact. Then: a bad config is a 400
 naming the key, pause makes no new snapshots, resume continues exactly once, a connect process
-killed -9 has its task moved to the other (still exact), and DELETE stops the replicas (404).
+killed -9 has its task moved to the other (still exact), and Spark (the session fixture
+``spark_reader``) reads the table through the same catalog as DuckDB and pyiceberg do; DELETE
+stops the replicas (404).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def _snapshots(catalog: Any) -> int:
     return len(catalog.load_table(TABLE).metadata.snapshots)
 
 
-def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_broker, catalog_props, tmp_path):
+def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_broker, catalog_props, tmp_path, spark_reader):
     """On Tansu and on a real Kafka broker (``each_broker``): the same flow, groups and all."""
     broker = each_broker
     from pyiceberg.catalog import load_catalog
@@ -113,6 +115,7 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_brok
     from icesink.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from tests.support.sinkrun import assert_exact, metric
+    from tests.support.spark_reader import assert_engines_agree, engine_counts, engine_rows
 
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 4))
     values = pizza_values(3000, seed=21)
@@ -200,6 +203,14 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_brok
         asyncio.run(produce(broker.bootstrap, TOPIC, values[2500:], partitions=4))
         _wait_rows(catalog, 3000, procs)
         assert_exact(catalog, TABLE, keys)
+
+        # Spark reads the tutorial's table through the same catalog: orders per store (the
+        # tutorial's query) and every row, as DuckDB and pyiceberg do
+        began = time.monotonic()
+        spark = spark_reader.catalog("it", catalog_props)
+        assert_engines_agree(engine_counts(spark, catalog, TABLE, "store_id"), f"{TABLE}: orders per store")
+        assert_engines_agree(engine_rows(spark, catalog, TABLE), f"{TABLE}: rows")
+        print(f"Spark's reads took {time.monotonic() - began:.1f} s")
 
         # DELETE stops the replicas
         assert _call(second[1], "DELETE", "/connectors/pizzas")[0] == 204

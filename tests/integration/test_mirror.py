@@ -165,8 +165,42 @@ def _wait_compacted(catalog: Any, replicas: Any, names: list[str], timeout_s: fl
     raise AssertionError(f"expected compaction to fold every delete file, found (folded, live delete files) {state}")
 
 
+def _with_position_deletes(table: Any) -> int:
+    """The last snapshot of the table with live position delete files (before compaction folded them)."""
+    from pyiceberg.manifest import DataFileContent
+
+    found = [s.snapshot_id for s in table.snapshots()
+             if any(e.data_file.content == DataFileContent.POSITION_DELETES
+                    for m in s.manifests(table.io) for e in m.fetch_manifest_entry(table.io, discard_deleted=True))]
+    assert found, f"{table.name()}: expected a snapshot with position delete files, found none in {len(table.snapshots())}"
+    return found[-1]
+
+
+def _assert_spark_reads(spark: Any, catalog: Any, want: dict[str, dict[int, tuple[Any, ...]]]) -> None:
+    """Spark with the Iceberg Spark runtime reads each mirror table as DuckDB and pyiceberg do: at
+    the last snapshot with position deletes (Spark applies them) and now, when its rows by key
+    are the source table's."""
+    from tests.support.spark_reader import assert_engines_agree, engine_rows
+
+    for t, (text, number) in TABLES.items():
+        name = f"mirror.public_{t}"
+        table = catalog.load_table(name)
+        at = _with_position_deletes(table)
+        read = engine_rows(spark, catalog, name, snapshot_id=at)
+        assert_engines_agree(read, f"{name} at snapshot {at} (position deletes)")
+        at_columns = [f.name for f in table.schemas()[table.snapshot_by_id(at).schema_id].fields]
+        ids = [r[at_columns.index("id")] for r in read["spark"]]
+        assert len(ids) == len(set(ids)), f"{name} at {at}: a key twice: {sorted(ids)}"
+        columns = [f.name for f in table.schema().fields]
+        read = engine_rows(spark, catalog, name)
+        assert_engines_agree(read, name)
+        by_key = {r[columns.index("id")]: (r[columns.index(text)], r[columns.index(number)]) for r in read["spark"]}
+        assert len(by_key) == len(read["spark"]) and by_key == want[t], (name, by_key, want[t])
+
+
 @pytest.mark.parametrize("form", ["plain", "schema"])
-def test_a_random_postgres_workload_is_mirrored_exactly(broker, catalog_props, tmp_path: Path, history, form):
+def test_a_random_postgres_workload_is_mirrored_exactly(broker, catalog_props, tmp_path: Path, history, form,
+                                                        spark_reader):
     from pyiceberg.catalog import load_catalog
 
     from icesink.kafka_admin import ensure_topic
@@ -222,6 +256,7 @@ def test_a_random_postgres_workload_is_mirrored_exactly(broker, catalog_props, t
         assert [f.name for f in table.schema().fields if f.field_id in table.schema().identifier_field_ids] == ["id"]
         assert table.format_version == 2
         assert len(table.snapshots()) >= 2  # the changes spanned several rounds
+    _assert_spark_reads(spark_reader.catalog("it", catalog_props), catalog, history["final"])
     rows = {t: len(history["final"][t]) for t in TABLES}
     print(f"mirror ({form}): {len(events)} Debezium events, final rows {rows}")
 

@@ -1,7 +1,8 @@
 """Compaction's rewrite with a real local Spark (spark_bridge/rewrite.py): Spark reads the small
 files by field id across schema evolution, drops the rows the position delete files name, keeps
 required columns required, and the coordinator's compaction step commits the result; pyiceberg
-and DuckDB read the same rows before and after. A table Spark cannot read by id (a list column)
+and DuckDB read the same rows before and after, and so does Spark with the Iceberg Spark runtime
+(the engine users query with). A table Spark cannot read by id (a list column)
 goes through pyiceberg, said in the log; a table on S3 has its inputs copied locally and its
 output uploaded."""
 
@@ -29,6 +30,7 @@ from coordinator.maintenance import MaintenanceSettings, compact, live_files
 from tests.support import duck
 from spark_bridge.rewrite import rewrite_files
 from spark_bridge.writer import SparkFileWriter, SparkSettings
+from tests.support.spark_reader import SparkCatalogReader, SparkReader, assert_engines_agree, engine_rows
 from tests.support.tables import sqlite_catalog
 
 FALLBACK = "with pyiceberg"
@@ -79,6 +81,13 @@ def _duck_rows(table: Any, columns: str) -> list[tuple[Any, ...]]:
             f"SELECT {columns} FROM iceberg_scan('{duck.plain_path(table.metadata_location)}')").fetchall())
 
 
+def _assert_spark_reads(spark: SparkCatalogReader, catalog: Any, name: str, want: list[tuple[Any, ...]]) -> None:
+    """Spark with the Iceberg Spark runtime reads the rows ``want`` (pyiceberg's), as DuckDB does."""
+    read = engine_rows(spark, catalog, name)
+    assert_engines_agree(read, name)
+    assert sorted(read["spark"]) == want
+
+
 def _compact(writer: SparkFileWriter, catalog: Any, name: str, min_input_files: int,
              caplog: pytest.LogCaptureFixture) -> Any:
     """One compaction step through the coordinator's compact() with rewrite_files as its
@@ -94,7 +103,7 @@ def _compact(writer: SparkFileWriter, catalog: Any, name: str, min_input_files: 
 
 
 def test_spark_rewrites_evolved_files_with_deletes_and_keeps_every_row_and_field_id(
-    writer: SparkFileWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    writer: SparkFileWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture, spark_reader: SparkReader
 ) -> None:
     catalog = sqlite_catalog(tmp_path)
     schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "qty", IntegerType()),
@@ -131,6 +140,8 @@ def test_spark_rewrites_evolved_files_with_deletes_and_keeps_every_row_and_field
     before = _rows(table)
     assert len(before) == 500 - 5
     assert _duck_rows(table, "id, qty, label, shop, extra") == before
+    spark = spark_reader.catalog(catalog.name, catalog.properties)
+    _assert_spark_reads(spark, catalog, "db.r", before)  # position deletes and evolved files
 
     out = _compact(writer, catalog, "db.r", 4, caplog)
     assert FALLBACK not in caplog.text, caplog.text  # Spark read them
@@ -141,6 +152,7 @@ def test_spark_rewrites_evolved_files_with_deletes_and_keeps_every_row_and_field
     assert tuple(live[0].partition) == ("a",)
     assert _rows(table) == before
     assert _duck_rows(table, "id, qty, label, shop, extra") == before
+    _assert_spark_reads(spark, catalog, "db.r", before)  # the compacted file
     file_schema = pq.read_schema(duck.plain_path(live[0].file_path))
     ids = {f.name: int(f.metadata[b"PARQUET:field_id"]) for f in file_schema}
     assert ids == {"id": 1, "qty": 2, "label": 3, "shop": 4, "extra": 5}
