@@ -147,6 +147,7 @@ class Rounds(WorkerState):
             self.metrics.write_duration.observe(wrote_s)
             if not await self._early_files_exist(snap, written):
                 return
+            self._write_succeeded(check=True)
             sending = time.monotonic()
             try:  # DataWritten split to fit the control topic, then DataComplete
                 sent = await send_response(self.producer, written, lambda n: DataComplete(
@@ -184,7 +185,7 @@ class Rounds(WorkerState):
             self.buffers.give_back(snap)
             self._delete_void({name: files for name, files in own.items() if files})
             self._settle_voided()
-            self._write_failed(exc)  # capped backoff; the replica stops at write.failure-limit
+            self._write_failed(exc, check=True)  # capped backoff; the replica stops at write.failure-limit
             return False
         if not missing:
             return True
@@ -295,20 +296,24 @@ class Rounds(WorkerState):
             self._writing_early = False
         self._maybe_write_early()  # what came in meanwhile may be past the mark already
 
-    def _write_failed(self, exc: Exception) -> None:
-        """Count a failed write (agents/write_failures.py): in the log, /status and a metric; at
-        ``write.failure-limit`` in a row the replica stops with exit code 2."""
-        give_up = self.write_failures.failed(exc)
+    def _write_failed(self, exc: Exception, *, check: bool = False) -> None:
+        """Count a failed write, or (``check``) existence check of early files
+        (agents/write_failures.py): in the log, /status and a metric; at ``write.failure-limit``
+        in a row the replica stops with exit code 2."""
+        give_up = self.write_failures.failed(exc, check=check)
         self.metrics.write_failures_in_a_row.set(self.write_failures.in_a_row)
         self.status["write_failures"] = self.write_failures.status()
         if give_up:
             self.fail(WritesKeepFailing(f"{self.write_failures.reason()}; stopping the replica (its partitions' "
                                         f"data is read again by their next owner)"))
 
-    def _write_succeeded(self) -> None:
-        if self.write_failures.in_a_row:
-            log.info("writing files succeeded again after %d failed writes", self.write_failures.in_a_row)
-            self.write_failures.succeeded()
+    def _write_succeeded(self, *, check: bool = False) -> None:
+        failed = self.write_failures.in_a_row
+        if failed:
+            self.write_failures.succeeded(check=check)
+            if self.write_failures.in_a_row:
+                return  # a write does not clear a failing existence check
+            log.info("writing files succeeded again after %d failed writes", failed)
             self.metrics.write_failures_in_a_row.set(0)
             self.status.pop("write_failures", None)
 

@@ -34,14 +34,17 @@ class WriteFailures:
         self._first_at = 0.0
         self._retry_at = 0.0
         self._last = ""
+        self._checking = False  # the last failure was an existence check (see succeeded)
 
     def wait_s(self) -> float:
         """Seconds until the next write may be attempted (0: now)."""
         return max(0.0, self._retry_at - self.clock()) if self.in_a_row else 0.0
 
-    def failed(self, exc: BaseException) -> bool:
-        """Record a failed write; True when it is the ``limit``-th in a row: give up."""
+    def failed(self, exc: BaseException, *, check: bool = False) -> bool:
+        """Record a failed write (``check``: a failed existence check of files written early);
+        True when it is the ``limit``-th in a row: give up."""
         now = self.clock()
+        self._checking = check
         if not self.in_a_row:
             self._first_at = now
         self.in_a_row += 1
@@ -49,8 +52,14 @@ class WriteFailures:
         self._retry_at = now + min(self.backoff_cap_s, self.backoff_s * 2 ** (self.in_a_row - 1))
         return self.in_a_row >= self.limit
 
-    def succeeded(self) -> None:
+    def succeeded(self, *, check: bool = False) -> None:
+        """A write (or, ``check``, an existence check) succeeded. A write does not clear a failing
+        check: a storage that takes writes but refuses the check would otherwise be retried for
+        ever, each round's write resetting the count."""
+        if self._checking and not check:
+            return
         self.in_a_row = 0
+        self._checking = False
 
     def status(self) -> dict[str, Any] | None:
         """For /status while writes fail (None when the last write succeeded)."""

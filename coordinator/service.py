@@ -252,8 +252,10 @@ class Coordinator:
         self.status["phase"] = "running"
 
     async def _read_checkpoint(self) -> CommitComplete | None:
-        """The CommitComplete the coordinator group's committed offset points to; if that is not
-        readable (refused, deleted), the last valid one below it; None if neither (or no offset)."""
+        """The CommitComplete the coordinator group's committed offset points to, or None (no
+        offset: a first start or expired group offsets; not readable: deleted, timed out, or
+        refused, as a forged one is): recovery then takes the tables' state, never an older
+        CommitComplete (after a secret change only unsigned ones pass: stale or an outsider's)."""
         committed = await self._reader.committed()
         if committed is None:
             log.warning("no committed offset for %s-coordinator: no checkpoint", self.group)
@@ -261,10 +263,9 @@ class Coordinator:
         ev = await self._reader.read_one(committed)
         if isinstance(ev, CommitComplete):
             return ev
-        found = await self._reader.last_before(committed, CommitComplete)  # refused (forged): the last valid one
-        log.warning("coordinator checkpoint at control offset %s is not readable (found %s); the last valid one "
-                    "below it: %s", committed, type(ev).__name__ if ev else "nothing", found and found[0])
-        return found[1] if found is not None else None
+        log.warning("coordinator checkpoint at control offset %s is not readable (found %s)", committed,
+                    type(ev).__name__ if ev is not None else "nothing")
+        return None
 
     def _table_states(self, more: Iterable[str] = ()) -> dict[str, SinkState]:
         """Every table's sink state for this group: the configured tables (and ``more``), and the

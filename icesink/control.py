@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition as KafkaTP
 from aiokafka.structs import OffsetAndMetadata
@@ -25,7 +25,6 @@ from icesink.kafka_admin import TopicError, ensure_topic, topic_configs
 from icesink.metrics import Metrics
 
 log = logging.getLogger(__name__)
-E = TypeVar("E", bound=protocol.Event)
 
 #: The control topic is the commit log: never deleted by time or size, never compacted (every
 #: event of a group has the same key, so compaction would keep one event per group).
@@ -214,20 +213,6 @@ class ControlReader:
         if self._invalid is not None:
             self._invalid.inc()
         log.error("invalid control event skipped by the %s reader: %s", self.reader, exc)
-
-    async def last_before(self, offset: int, kind: type[E]) -> tuple[int, E] | None:
-        """The group's last valid event of type ``kind`` below control offset ``offset``, with
-        its offset (refused events are skipped: a forged one is never found); None if none."""
-        at = await self.seek_to_beginning()
-        found: tuple[int, E] | None = None
-        while at < offset:
-            batch = await self.read(1.0)
-            found = next(((o, ev) for o, ev in reversed(batch) if o < offset and isinstance(ev, kind)), found)
-            position = await self.position()
-            if not batch and position == at:
-                break  # the end of the log
-            at = position
-        return found
 
     async def read_one(self, offset: int, timeout_s: float = 10.0) -> protocol.Event | None:
         await self.seek(offset)

@@ -85,3 +85,20 @@ def test_a_storage_error_while_checking_keeps_the_data_and_its_early_files_for_t
     assert w.write_failures.in_a_row == 1 and w.failures == [] and deleted == ["own.parquet"]
     again = w.buffers.take(1)
     assert again.written == [early] and [(r.start, r.end) for r in again.ranges] == [(0, 4)]
+
+
+def test_existence_checks_failing_round_after_round_stop_the_replica_although_writes_succeed():
+    """A storage that takes writes but refuses the existence check (an S3 policy allowing PUT,
+    not HEAD): each round writes its files (a successful write), then the check fails. The
+    writes' successes used to reset the count, so the replica retried for ever; only a check
+    that passes clears a failing check, and at write.failure-limit the replica stops."""
+    w = make_worker(max_bytes=1 << 30)
+    w.status = {}
+    w.failures = []
+    w.fail = w.failures.append
+    for _ in range(w.write_failures.limit):
+        w._write_succeeded()  # the round's (or an early) write
+        w._write_failed(PermissionError("s3: 403 Forbidden"), check=True)
+    assert w.failures and "5 times in a row" in str(w.failures[0]), w.write_failures.in_a_row
+    w._write_succeeded(check=True)  # a check that passes
+    assert w.write_failures.in_a_row == 0
