@@ -177,6 +177,9 @@ def test_a_replica_stopped_with_sigterm_hands_its_partitions_over_at_once(kafka:
         broker_log_offset = kafka.log_path.stat().st_size
         signalled_ms = time.time() * 1000
         assert replicas.stop(stopped) == 0
+        # what the broker logged while only the stopped replica left (read before stop_all: the
+        # other replica's own LeaveGroup at the end must not count)
+        broker_log = kafka.log_path.read_bytes()[broker_log_offset:].decode(errors="replace")
         asyncio.run(produce(kafka.bootstrap, topic, second, partitions=4))
         wait_rows(catalog, replicas, (table,), len(keys), timeout_s=240)
         time.sleep(5)  # two more rounds: nothing may land twice
@@ -191,7 +194,6 @@ def test_a_replica_stopped_with_sigterm_hands_its_partitions_over_at_once(kafka:
     assert everything is not None, f"{other} never claimed all four partitions after {stopped} stopped: {claims}"
     handover_s = (everything - signalled_ms) / 1000
     print(f"hand-over after SIGTERM: {handover_s:.1f} s (session timeout {session_ms / 1000:.0f} s)")
-    broker_log = kafka.log_path.read_bytes()[broker_log_offset:].decode(errors="replace")
     left = [line for line in broker_log.splitlines() if group in line and "LeaveGroup" in line]
     assert left, f"the broker logged no LeaveGroup of group {group}:\n{broker_log[-3000:]}"
     # Only a LeaveGroup moves the partitions before the stopped member's session expires.
