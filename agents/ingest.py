@@ -429,31 +429,42 @@ class Ingest(WorkerState):
 
     async def _dropped(self, name: str) -> bool:
         """Whether ``name``, which does not exist, existed for the group (agents/missing.py):
-        the group has run and the table is configured, or the group committed to it."""
+        the group has run and the table is configured, or the group committed to it (or its
+        control log, truncated, cannot tell)."""
         if not await self._group_has_run():
             return False
-        return name in self.settings.tables or name in await self._committed_tables()
+        if name in self.settings.tables:
+            return True
+        committed = await self._committed_tables()
+        return committed is None or name in committed
 
-    async def _committed_tables(self) -> set[str]:
+    async def _committed_tables(self) -> set[str] | None:
         """The tables the group committed to, as its control log shows (CommitToTable events,
-        read once from the log's start, signed by the group's key) and as read since."""
+        read once from the log's start, signed by the group's key) and as read since; None if the
+        log cannot tell: truncated (its first events deleted), or not read in time."""
         if self._missing.committed is None:
             reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id,
                                    self.settings.kafka_client_kwargs(), secret=self.secret.keyring)
             names: set[str] = set()
             await reader.start()
             try:
-                await reader.seek_to_beginning()
+                start = await reader.seek_to_beginning()
                 end = await reader.end_offset()
                 deadline = time.monotonic() + COMMITTED_SCAN_S
-                while await reader.position() < end:
+                complete = start == 0
+                while complete and await reader.position() < end:
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"reading control topic {self.settings.control_topic!r} to "
-                                                f"offset {end} for the tables the group committed to timed out")
+                        log.warning("reading control topic %r to offset %d for the tables the group committed to "
+                                    "timed out: a missing table is waited for as if dropped",
+                                    self.settings.control_topic, end)
+                        complete = False
+                        break
                     names.update(ev.table for _, ev in await reader.read(1.0) if isinstance(ev, CommitToTable))
             finally:
                 await reader.stop()
-            self._missing.committed = names
+            self._missing.committed, self._missing.log_complete = names, complete
+        if not self._missing.log_complete:
+            return None
         return self._missing.committed | self._missing.seen_committed
 
     async def _look_for_missing(self) -> None:

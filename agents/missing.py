@@ -54,6 +54,7 @@ class MissingTables:
         self.tables: dict[str, Missing] = {}
         self.group_has_run = False  # once seen, for good: the rule above
         self.committed: set[str] | None = None  # tables of the control log's CommitToTable events, once read
+        self.log_complete = False  # ...from its first event (not truncated), in time: the set is the truth
         self.seen_committed: set[str] = set()  # and those read since by the control loop
 
     def committed_to(self, name: str) -> None:

@@ -249,3 +249,32 @@ def test_the_tables_committed_to_are_read_from_the_control_log_once_and_followed
     assert asyncio.run(w._committed_tables()) == {"db.gone"}
     w._missing.committed_to("db.later")  # the control loop's CommitToTable
     assert asyncio.run(w._committed_tables()) == {"db.gone", "db.later"} and Reader.opened == 1
+
+
+def test_on_a_truncated_control_log_a_missing_dynamic_table_is_held_not_refused(monkeypatch):
+    """The log the group's CommitToTable events are looked for in may be truncated (the
+    coordinator truncates it every 10 minutes by default on Kafka): no CommitToTable there is no
+    proof the group never committed to a table. Refusing it (exit code 2) stopped replica after
+    replica; it is held, and shown, as a dropped table is."""
+    from icesink.protocol import StartCommit
+
+    class Reader:
+        def __init__(self, *args, **kwargs) -> None:
+            self.at = 3
+
+        async def start(self) -> None: ...
+        async def stop(self) -> None: ...
+        async def seek_to_beginning(self) -> int: return 3  # offsets 0-2 deleted
+        async def end_offset(self) -> int: return 4
+        async def position(self) -> int: return self.at
+
+        async def read(self, timeout_s: float):
+            self.at = 4
+            return [(3, StartCommit(1, "c9"))]
+
+    monkeypatch.setattr(ingest_module, "ControlReader", Reader)
+    w = dynamic_worker(monkeypatch, {}, committed=set())
+    del w._committed_tables  # the real one, over the truncated log
+    w.bootstrap, w.secret = "b:9092", SimpleNamespace(keyring=None)
+    asyncio.run(w.on_fetch(fetch(P1, 0, ["db.new"])))
+    assert w._missing.is_held(P1) and "db.new" in w._missing.tables
