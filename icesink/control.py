@@ -377,7 +377,10 @@ class ControlLogTruncator:
             if isinstance(ev, protocol.CommitComplete):
                 start = ev.replay_from if ev.replay_from is not None else ev.through + 1
                 return min(start, at)
-        return None
+            return None
+        # Not read (a slow broker): no answer, not "no checkpoint", which may let the log go
+        raise TopicError(f"control topic {self.topic!r}: the checkpoint of group {group!r} at offset {at} was not "
+                         "read within 5 s; not truncated this time", retriable=True)
 
     async def _scan(self, consumer: AIOKafkaConsumer, tp: KafkaTP, start: int, end: int) -> None:
         """Note the first offset of every group's events in ``[start, end)``."""

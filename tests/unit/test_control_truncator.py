@@ -53,3 +53,23 @@ def test_a_definite_unsupported_answer_stops_asking_and_a_closed_connection_only
     for _ in range(UNSUPPORTED_AFTER):
         out = asyncio.run(t.truncate())
     assert t.unsupported == "closed the connection" and out["unsupported"] == t.unsupported
+
+
+def test_a_checkpoint_not_read_in_time_is_no_answer_rather_than_no_checkpoint(monkeypatch):
+    """A group whose checkpoint record is not read within 5 s (a slow broker) used to count as
+    having no checkpoint, and then, with no event of its own newer than 7 days in the part of the
+    log scanned, as gone: the log could be truncated past what it needs. It is no answer now:
+    not truncated this time."""
+    async def group_offset(*args, **kwargs) -> int:
+        return 5
+
+    class Slow:
+        def seek(self, tp, offset) -> None: ...
+
+        async def getmany(self, tp, timeout_ms, max_records):
+            return {}
+
+    monkeypatch.setattr(kafka_admin, "group_offset", group_offset)
+    t = ControlLogTruncator("b:9092", "ctl", "g", {})
+    with pytest.raises(TopicError, match="not read within 5 s"):
+        asyncio.run(t._needs(Slow(), ("ctl", 0), "other"))
