@@ -89,7 +89,8 @@ async def supervise_coordinator(
         except Exception:
             failures = 1 if time.monotonic() - started >= COORDINATOR_STABLE_S else failures + 1
             if stopping():  # logged, not escalated: the stop is under way already
-                log.warning("coordinator failed while the replica stops; not restarted", exc_info=True)
+                log.error("coordinator failed while the replica stops; not restarted (what it had not committed "
+                          "is committed after the next start)", exc_info=True)
                 return
             if failures >= COORDINATOR_FAILURES:
                 log.error("coordinator failed %d times in a row; giving up", failures)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from coordinator.recovery import _doubt
+from coordinator.recovery import doubt
 from icesink.control import ControlLogTruncator
 from icesink.offload import Offload
 from icesink.protocol import SinkState
@@ -26,7 +26,7 @@ def replay_floor(states: dict[str, SinkState], parked: Iterable[str]) -> tuple[i
     no state at all (its first round, or dropped), the whole log."""
     need = [(_start(states[t]), t) if t in states else (0, t) for t in sorted(parked)]
     if states:
-        _table, _newest, doubtful, missing = _doubt(states)
+        _table, _newest, doubtful, missing = doubt(states)
         need += [(0, t) for t in missing] + [(_start(st), t) for t, st in doubtful.items()]
     return min(need) if need else None
 

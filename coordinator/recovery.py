@@ -72,7 +72,7 @@ class Base:
     reason: str
 
 
-def _doubt(states: dict[str, SinkState]) -> tuple[str, SinkState, dict[str, SinkState], list[str]]:
+def doubt(states: dict[str, SinkState]) -> tuple[str, SinkState, dict[str, SinkState], list[str]]:
     """The newest state, the tables of its round that lack it (with a state), and those that
     have no state of the group at all."""
     newest_table, newest = max(states.items(), key=lambda kv: (_through(kv[1]), kv[1].watermark))
@@ -88,7 +88,7 @@ def from_tables(states: dict[str, SinkState], log_start: int, topic: str) -> Bas
     """The base when the checkpoint cannot be used (see the module docstring)."""
     if not states:
         return Base(None, log_start, "no checkpoint and no table state: first start, replaying the whole log")
-    newest_table, newest, doubtful, missing = _doubt(states)
+    newest_table, newest, doubtful, missing = doubt(states)
     if missing:
         # A table of the round in doubt has no state of this group at all (the round was its
         # first): only the whole log can roll it forward.
@@ -130,7 +130,7 @@ def adopt_states(states: dict[str, SinkState], log_id: str, log_start: int) -> d
     old = {t: st for t, st in states.items() if st.log_id != log_id}
     if not old:
         return states
-    newest_table, newest, doubtful, missing = _doubt(old)
+    newest_table, newest, doubtful, missing = doubt(old)
     if doubtful or missing:
         raise ControlLogError(
             f"cannot adopt control log {log_id}: table(s) {', '.join(sorted([*doubtful, *missing]))} lack round "
