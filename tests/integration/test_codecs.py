@@ -1,7 +1,8 @@
 """Compressed records from a real librdkafka producer (confluent-kafka), with real processes
 (Tansu, then a real Kafka broker; a Faust + Spark worker, SQLite catalog, DuckDB): one topic fed
 with each codec Kafka has in turn (none, gzip, snappy, lz4, zstd); every record lands exactly once, read with
-isolation.level=read_committed. And a replica whose consumer can no longer decode a batch
+isolation.level=read_committed. The same with Kafka's own Java producer (kafka-console-producer)
+on the real broker, one topic per codec. And a replica whose consumer can no longer decode a batch
 stops with a clear log line instead of running on without consuming."""
 
 from __future__ import annotations
@@ -130,3 +131,67 @@ def test_a_batch_the_consumer_cannot_decode_stops_the_replica_loudly(broker, cat
         assert_exact(catalog, table, keys)
     finally:
         replicas.stop_all()
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(300)
+def test_every_codec_of_the_java_producer_lands_exactly_once(kafka, catalog_props, tmp_path):
+    """Kafka's own Java producer (``kafka-console-producer``: org.apache.kafka.tools.ConsoleProducer
+    on the broker's class path) sends JSON lines with known ids into one topic per codec, each
+    with ``compression.type`` gzip, snappy, lz4 or zstd, and the broker keeps its batches so
+    (read from its log segments). One worker sinks the four topics into one table: each id exactly
+    once, read with DuckDB and with a pyiceberg scan."""
+    import subprocess
+    from collections import Counter
+
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.kafka_admin import end_offsets, ensure_topic
+    from icesink.app.pizzas import PIZZA_SCHEMA, pizza_event
+    from icesink.app.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, wait_rows, write_config
+
+    codecs, table, per_codec = CODECS[1:], "jp.pizzas", 300
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("jp")
+    catalog.create_table(table, schema=PIZZA_SCHEMA)
+    rng = random.Random(17)
+    keys: set[str] = set()
+    producers = []
+    for codec in codecs:
+        topic = f"jp-{codec}"
+        asyncio.run(ensure_topic(kafka.bootstrap, topic, 1))
+        events = [pizza_event(rng) for _ in range(per_codec)]
+        keys |= {e["order_id"] for e in events}
+        lines = tmp_path / f"{codec}.jsonl"
+        lines.write_text("".join(json.dumps(e) + "\n" for e in events))
+        cmd = kafka.tool_command("org.apache.kafka.tools.ConsoleProducer", "--bootstrap-server", kafka.bootstrap,
+                                 "--topic", topic, "--compression-codec", codec,
+                                 "--producer-property", "acks=all", "--producer-property", "linger.ms=50")
+        with lines.open("rb") as stdin, (tmp_path / f"{codec}.log").open("wb") as out:
+            producers.append((codec, subprocess.Popen(cmd, stdin=stdin, stdout=out, stderr=subprocess.STDOUT)))
+    for codec, proc in producers:  # the four JVMs start side by side
+        code = proc.wait(120)
+        assert code == 0, f"{codec}: ConsoleProducer exit code {code}:\n{(tmp_path / f'{codec}.log').read_text()[-3000:]}"
+    for codec in codecs:
+        # every line sent (a failed send is only logged; the exit code stays 0) ...
+        assert asyncio.run(end_offsets(kafka.bootstrap, f"jp-{codec}")) == {0: per_codec}, (
+            (tmp_path / f"{codec}.log").read_text()[-3000:])
+        # ... in batches of several records each, compressed with the codec asked for
+        batches = kafka.batch_codecs(f"jp-{codec}")
+        assert set(batches) == {codec} and 1 <= len(batches) < per_codec, (codec, batches)
+
+    cfg = write_config(tmp_path / "sink.json", topics=",".join(f"jp-{c}" for c in codecs), tables=table,
+                       bootstrap=kafka.bootstrap, catalog_props=catalog_props, state_dir=tmp_path / "state",
+                       group="jp-sink", **{"iceberg.tables.auto-create-enabled": "false",
+                                           "iceberg.control.topic.replication-factor": 1})
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        replicas.start("w1")
+        wait_rows(catalog, replicas, (table,), len(keys), timeout_s=120)
+        replicas.check_alive()
+    finally:
+        replicas.stop_all()
+    assert_exact(catalog, table, keys)  # DuckDB
+    scanned = Counter(catalog.load_table(table).scan(selected_fields=("order_id",)).to_arrow()["order_id"].to_pylist())
+    assert scanned == Counter(dict.fromkeys(keys, 1))  # pyiceberg

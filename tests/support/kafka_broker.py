@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -49,6 +50,8 @@ _LOG_FILE = "kafka.log"
 _READY_LINE = "Kafka Server started"
 _PORT_TAKEN = "Address already in use"
 _PORT_ATTEMPTS = 3
+_BATCH_HEADER = 23  # bytes of a v2 record batch up to its attributes
+_CODEC_IDS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 #: Settings of every broker started here; ``KafkaBroker(settings=...)`` adds or overrides.
 BROKER_SETTINGS: Mapping[str, str] = {
@@ -277,6 +280,30 @@ class KafkaBroker:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+    def tool_command(self, main: str, *args: str) -> list[str]:
+        """The command line of one of Kafka's own tools, the Java class ``main`` (for example
+        ``org.apache.kafka.tools.ConsoleProducer``, what ``kafka-console-producer.sh`` runs) with
+        ``args``, on this broker's class path and JVM options; it logs to stdout."""
+        return self._java(resolve_classpath(), main, *args)
+
+    def batch_codecs(self, topic: str, partition: int = 0) -> list[str]:
+        """The codec of each record batch of ``topic``'s ``partition`` as this broker stored it,
+        read from its log segments (a v2 batch header's attributes, bits 0-2: Kafka's
+        CompressionType ids)."""
+        codecs: list[str] = []
+        for segment in sorted((self.data_dir / f"{topic}-{partition}").glob("*.log")):
+            data = segment.read_bytes()
+            at = 0
+            while at + _BATCH_HEADER <= len(data):
+                (length,) = struct.unpack_from(">i", data, at + 8)  # after the base offset
+                magic = data[at + 16]
+                (attributes,) = struct.unpack_from(">h", data, at + 21)  # after epoch, magic, crc
+                if length <= 0 or magic != 2:
+                    raise KafkaError(f"{segment}: no v2 record batch at byte {at} (length {length}, magic {magic})")
+                codecs.append(_CODEC_IDS[attributes & 7] if attributes & 7 < len(_CODEC_IDS) else f"unknown {attributes & 7}")
+                at += 12 + length
+        return codecs
 
     # ------------------------------------------------------------------ internals
 
