@@ -1,6 +1,8 @@
-"""Broker restart mid-stream: Tansu on durable storage (S3 on a local SeaweedFS) is stopped
-for 10 s and started again on the same port while 2 worker processes ingest. They must
-reconnect by themselves; the table must hold every record exactly once (DuckDB)."""
+"""Broker restart mid-stream: the broker is stopped for 10 s and started again on the same port
+with its data while 2 worker processes ingest: Tansu on durable storage (S3 on a local
+SeaweedFS), and a real Kafka broker of the test's own (its log directory; the session's broker
+is shared, so never restarted). The workers must reconnect by themselves; the table must hold
+every record exactly once (DuckDB)."""
 
 from __future__ import annotations
 
@@ -17,11 +19,16 @@ TOPIC = "br-pizzas"
 TABLE = "br.pizzas"
 
 
-@pytest.fixture
-def durable_broker(tmp_path):
+@pytest.fixture(params=["tansu", pytest.param("kafka", marks=pytest.mark.kafka)])
+def durable_broker(request, tmp_path):
     from icesink.app.embedded import EmbeddedBroker
+    from tests.support.kafka_broker import KafkaBroker
     from tests.support.seaweed import SeaweedS3
 
+    if request.param == "kafka":
+        with KafkaBroker(tmp_path / "kafka") as kafka:
+            yield kafka
+        return
     s3 = SeaweedS3(tmp_path / "seaweed", "tansu")
     s3.start()
     broker = EmbeddedBroker(tmp_path / "broker", storage_engine="s3://tansu/", env=s3.tansu_env())
@@ -47,7 +54,8 @@ def test_broker_restart_on_durable_storage_loses_and_duplicates_nothing(durable_
     catalog = load_catalog("it", **catalog_props)
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 6))
     cfg = write_config(tmp_path / "sink.json", topics=TOPIC, tables=TABLE, bootstrap=broker.bootstrap,
-                       catalog_props=catalog_props, state_dir=tmp_path / "state", group="br-sink")
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group="br-sink",
+                       **{"iceberg.control.topic.replication-factor": 1})  # one Kafka broker
     values = pizza_values(30_000, seed=9)
     keys = {json.loads(v)["order_id"] for v in values}
     replicas = ReplicaSet(cfg, tmp_path / "logs")
