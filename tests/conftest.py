@@ -88,3 +88,24 @@ def postgres() -> Iterator[Any]:
         yield server
     finally:
         server.destroy()
+
+
+@pytest.fixture(autouse=True)
+def _one_machine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under pytest-xdist (`./dev test` runs two workers) every test holds a shared lock on one
+    file of the run, and a test marked ``alone`` (it measures the whole machine, e.g. its fork
+    counter) holds it exclusively: it waits for the other worker's test to end and runs by itself."""
+    import fcntl
+    import os
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    path = tmp_path_factory.getbasetemp().parent / "one-machine.lock"  # shared by the run's workers
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

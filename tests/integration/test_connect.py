@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -217,9 +218,10 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_brok
         assert _call(second[1], "GET", "/connectors/pizzas")[0] == 404
         assert _call(second[1], "GET", "/connectors") == (200, [])
         deadline, found = time.monotonic() + 60, ["?"]
+        ours = f"{re.escape(str(state))}/.*/tasks/pizzas-"  # this test's replicas, not a parallel test's
         while found and time.monotonic() < deadline:  # replicas stop gracefully, within their shutdown bound
             time.sleep(1)
-            found = subprocess.run(["pgrep", "-f", "tasks/pizzas-"], capture_output=True, text=True).stdout.split()
+            found = subprocess.run(["pgrep", "-f", ours], capture_output=True, text=True).stdout.split()
         assert not found, f"task replicas still running: {found}"
         assert metric(second[2], 'icesink_connect_tasks{') == 0
         assert metric(second[2], 'icesink_info{connector="pizzas"') == 0

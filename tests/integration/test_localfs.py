@@ -49,6 +49,7 @@ def _write_200_partitions(writer: SparkFileWriter, tmp_path: Path, name: str) ->
     return forks, files
 
 
+@pytest.mark.alone  # the fork counter is the machine's: no other test may start processes meanwhile
 def test_a_local_session_writes_200_files_without_a_process_each(tmp_path: Path) -> None:
     writer = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-localfs-test", warm_up_rows=0))
     writer.start()
