@@ -39,7 +39,8 @@ from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from coordinator.committer import TableCache, commit_table
 from coordinator.maintenance import MaintenanceSettings, compact, expire
 from coordinator.state import Accepted
-from icesink.catalogs import SqlCatalog, sqlite_catalog_properties
+from coordinator.iceberg_ext.catalogs import SqlCatalog
+from icesink.catalogs import sqlite_catalog_properties
 from icesink.iceberg import to_file_info
 from icesink.protocol import TopicPartition
 from spark_bridge.rewrite import read_files

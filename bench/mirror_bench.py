@@ -42,7 +42,7 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.types import LongType, NestedField, StringType
 
 from coordinator.committer import commit_table
-from coordinator.deletes import WithPositionDeletes, write_position_deletes
+from coordinator.iceberg_ext.deletes import WithPositionDeletes, write_position_deletes
 from coordinator.mirror import MirrorIndexes
 from coordinator.state import Accepted
 from tests.support import duck
