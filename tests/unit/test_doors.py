@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from icesink.errors import ConfigError
@@ -112,3 +113,36 @@ def test_every_entry_point_that_commits_installs_the_extensions() -> None:
 
     assert "iceberg_ext.install()" in inspect.getsource(cli.cmd_worker)
     assert "iceberg_ext.install()" in inspect.getsource(commit_processes._start)
+
+
+SCHEMAS = [
+    pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())]),
+    pa.schema([
+        pa.field("s", pa.struct([pa.field("a", pa.int32(), nullable=False), pa.field("b", pa.list_(pa.float64()))])),
+        pa.field("m", pa.map_(pa.string(), pa.struct([pa.field("x", pa.bool_())]))),
+        pa.field("l", pa.large_list(pa.field("item", pa.struct([pa.field("y", pa.binary())]), nullable=False))),
+        pa.field("f", pa.list_(pa.int16(), 3)),
+    ]),
+    pa.schema([
+        pa.field("ts", pa.timestamp("us", tz="UTC")), pa.field("t", pa.timestamp("us")),
+        pa.field("d", pa.date32()), pa.field("dec", pa.decimal128(12, 3)), pa.field("u", pa.large_string()),
+        pa.field("dict", pa.dictionary(pa.int32(), pa.string())), pa.field("fix", pa.binary(16)),
+        pa.field("doc", pa.int64(), metadata={b"doc": b"a column with a doc"}),
+    ]),
+    pa.schema([pa.field("ids", pa.list_(pa.field("element", pa.int64(), nullable=False)), nullable=False),
+               pa.field("nested", pa.map_(pa.string(), pa.list_(pa.map_(pa.int32(), pa.string()))))]),
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+def test_the_schema_conversion_by_public_api_is_pyicebergs_own(schema: pa.Schema) -> None:
+    """icesink.schema_changes.iceberg_schema (what agents/tables.py creates tables with) gives
+    what pyiceberg 0.12's private ``Catalog._convert_schema_if_needed`` gave, numbered afresh."""
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    from icesink.schema_changes import iceberg_schema
+
+    theirs = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(schema))
+    assert iceberg_schema(schema) == theirs
+    assert iceberg_schema(schema).model_dump_json() == theirs.model_dump_json()
