@@ -38,6 +38,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from bench.benchlib import file_create_us
+from coordinator import iceberg_ext
 from coordinator.committer import TableCache, commit_table, round_tables
 from coordinator.iceberg_ext.catalogs import SqlCatalog
 from coordinator.state import Accepted
@@ -66,6 +67,7 @@ def described_file(table_location: str, rows: int) -> FileInfo:
 
 
 def main() -> None:
+    iceberg_ext.install()  # as a replica does (coordinator/iceberg_ext/): the committer requires it
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tables", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)

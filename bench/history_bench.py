@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyiceberg.table.snapshots as _snapshots
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
+from coordinator import iceberg_ext
 from coordinator.committer import TableCache, commit_table
 from coordinator.maintenance import MaintenanceSettings, compact, expire
 from coordinator.state import Accepted
@@ -80,6 +81,7 @@ class TimedLock:
 
 
 def main() -> None:
+    iceberg_ext.install()  # as a replica does (coordinator/iceberg_ext/): the committer requires it
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--interval-ms", type=int, default=1000, help="simulated time between rounds")
