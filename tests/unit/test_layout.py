@@ -150,12 +150,12 @@ def library_private_names() -> frozenset[str]:
     """Every private name the installed libraries define: methods, attributes set on their
     instances or classes, module-level names: every private identifier in their sources (a text
     scan, fast; one mentioned only in a comment is harmless here)."""
-    import importlib.util
+    from importlib.machinery import PathFinder
 
     names: set[str] = set()
     pattern = re.compile(r"(?<![\w.])_[A-Za-z0-9]\w*|(?<=\.)_[A-Za-z0-9]\w*")
     for library in LIBRARIES:
-        spec = importlib.util.find_spec(library)
+        spec = PathFinder.find_spec(library)  # the installed package (sys.modules may hold a test's stand-in)
         assert spec is not None and spec.submodule_search_locations, library
         for location in spec.submodule_search_locations:
             for path in Path(location).rglob("*.py"):
