@@ -1,10 +1,11 @@
 """The Faust app of a worker replica and the patches it runs with.
 
 The app subscribes the source topics through its conductor; the records reach the agent
-``icesink-ingest`` as whole fetches (:func:`agents.source_consumer.install_batch_drain`), one
+``icesink-ingest`` as whole fetches (:func:`agents.kafka.install_batch_drain`), one
 channel event per fetch. Faust owns group membership, rebalances (the worker's
 :class:`agents.ownership.Ownership` answers them) and leader election (the leader runs the
-coordinator). Pinned to faust-streaming 0.15.3 and aiokafka 0.14 internals (pyproject.toml).
+coordinator). The patches themselves live behind agents/kafka/ (pinned faust-streaming and
+aiokafka internals, checked as Faust starts).
 """
 
 from __future__ import annotations
@@ -15,30 +16,14 @@ from typing import Any
 
 import faust
 
-from agents.source_consumer import (
-    ConsumerGuard, Fetched, driver, faust_credentials, inject_faults, install_batch_drain, isolation_level,
-)
+from agents import kafka
+from agents.kafka import ConsumerGuard, Fetched, faust_credentials, inject_faults, install_batch_drain, isolation_level
 from agents.worker_state import WorkerState
 from icesink.errors import ConfigError, DataError, UnsupportedTypeError
 
 log = logging.getLogger(__name__)
 
 FETCHES_QUEUED = 2  # fetches waiting for the ingest agent
-#: OffsetForLeaderEpoch: every Apache Kafka broker since 0.11 declares it in ApiVersions; Tansu
-#: (0.6) does not (a Tansu group's leader logs that it stops without LeaveGroup).
-OFFSET_FOR_LEADER_EPOCH = 23
-
-
-def keeps_departed_leader(consumer: Any) -> bool:
-    """Whether the consumer's broker is one whose group coordinator keeps a leader that sent
-    LeaveGroup during a rebalance (Tansu; see FaustApp._install_leave_group): recognised by the
-    ApiVersions answer of its connections, which lacks OffsetForLeaderEpoch. False when no
-    connection has answered (aiokafka 0.14 internals: AIOKafkaConnection._versions)."""
-    conns = getattr(getattr(consumer, "_client", None), "_conns", {})
-    versions = [v for conn in list(conns.values()) if (v := getattr(conn, "_versions", None))]
-    return bool(versions) and all(OFFSET_FOR_LEADER_EPOCH not in v for v in versions)
-
-
 class FaustApp(WorkerState):
     """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
 
@@ -70,7 +55,7 @@ class FaustApp(WorkerState):
         )
         # acks=False: Faust never tracks or commits these offsets; icesink commits them only
         # after CommitComplete. The topic is subscribed through the conductor (_start_faust); its records
-        # reach the agent as whole fetches (source_consumer.install_batch_drain), through an
+        # reach the agent as whole fetches (kafka.install_batch_drain), through an
         # in-memory channel of at most FETCHES_QUEUED fetches: a slow agent holds the drain
         # back, so fetched bytes waiting for conversion stay bounded.
         self.source = app.topic(*s.topics, value_serializer="raw", key_serializer="raw", acks=False)
@@ -104,59 +89,20 @@ class FaustApp(WorkerState):
         return app
 
     def _install_leave_group(self) -> None:
-        """A stopping replica sends LeaveGroup (aiokafka does, as its consumer stops), so the
-        group hands its partitions to the others at once instead of after
-        ``consumer.session-timeout-ms``. Except the group's leader on a broker that keeps a
-        departed leader (:func:`keeps_departed_leader`: Tansu), which stops without it.
-
-        Tansu (0.6, and its main branch as of 2026-11) drops a member that sends LeaveGroup while
-        the group is rebalancing, but if that member was the leader it stays the leader (its
-        ``Forming`` state's leave does not clear the leader; the ``Formed`` state's does). New
-        members are then all told to follow the departed leader, and their SyncGroups answer
-        REBALANCE_IN_PROGRESS until Tansu happens to reload the group from storage: minutes, or
-        never (bench/group_restart_repro.py, ``--leave-group always``). A follower's LeaveGroup
-        leaves the leader in place, and a leader whose session expires stops being the leader,
-        so the next member to join leads. So on Tansu a follower's partitions move at once, the
-        leader's after its session timeout. Pinned to aiokafka 0.14 internals
-        (GroupCoordinator._perform_assignment, _maybe_leave_group)."""
-        try:
-            consumer = driver(self.app)._thread._consumer
-        except AttributeError:
-            consumer = None
-        coordinator: Any = getattr(consumer, "_coordinator", None)  # None: no consumer yet
-        if not (hasattr(coordinator, "_maybe_leave_group") and hasattr(coordinator, "_perform_assignment")):
-            log.warning("no aiokafka group coordinator found: this replica will send LeaveGroup as it stops")
-            return
-        assign, leave = coordinator._perform_assignment, coordinator._maybe_leave_group
-        # The generation this member last assigned partitions in, as the group's leader (the
-        # leader alone holds a group subscription once it assigned; a join started drops it).
-        led = [coordinator.generation if getattr(coordinator, "_group_subscription", None) is not None else -1]
-
-        async def perform_assignment(response: Any) -> Any:
-            led[0] = int(response.generation_id)
-            return await assign(response)
-
-        async def maybe_leave_group() -> None:
-            skip = self._skip_leave_group(consumer, led[0] == coordinator.generation)
-            if skip is None:
-                await leave()
-                return
-            log.info("stopping without LeaveGroup: %s; its partitions move when its session expires "
-                     "(consumer.session-timeout-ms)", skip)
-            coordinator.reset_generation()  # what _maybe_leave_group does after its request
-
-        coordinator._perform_assignment = perform_assignment
-        coordinator._maybe_leave_group = maybe_leave_group
+        """LeaveGroup as the replica stops, unless :meth:`_skip_leave_group` says why not
+        (agents/kafka/group.py)."""
+        kafka.install_leave_group(self.app, self._skip_leave_group)
 
     def _skip_leave_group(self, consumer: Any, leader: bool) -> str | None:
         """Why this replica stops without LeaveGroup (None: it sends it); ``leader``: it is the
         group's leader (it assigned the partitions of the current generation)."""
-        if leader and keeps_departed_leader(consumer):
+        if leader and kafka.keeps_departed_leader(consumer):
             return "this replica leads the group, and the broker keeps a departed leader (Tansu)"
         return None
 
     async def _start_faust(self) -> None:
         """Start the Faust worker: from here on this replica is a member of the consumer group."""
+        kafka.check_versions()  # the internals agents/kafka/ patches are those of the pinned versions
         loop = asyncio.get_running_loop()
         faust_worker = faust.Worker(
             self.app, loop=loop, override_logging=False, quiet=True, redirect_stdouts=False, daemon=False,

@@ -72,7 +72,7 @@ from pyiceberg.types import (
 )
 
 from agents.convert import Converted, EpochUnit, Reject, decode_json, infer_schema, struct_array
-from agents.tables import iceberg_schema
+from icesink.schema_changes import iceberg_schema
 from icesink.config import BYTES_CONVERTER, Settings
 from icesink.errors import ConfigError, UnsupportedTypeError
 from spark_bridge.schema import arrow_only_column

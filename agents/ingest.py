@@ -26,7 +26,7 @@ from agents.deadletter import screen
 from agents import mirror
 from agents.debezium import CDC_COLUMN
 from agents.routing import Routes
-from agents.source_consumer import Fetched
+from agents.kafka import Fetched
 from agents.tables import Target, create_target, holds_group_state, load_target, not_created
 from agents.tasks import highwater, unless_moved
 from agents.worker_state import WorkerState

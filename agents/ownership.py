@@ -12,7 +12,7 @@ from typing import Any
 from faust.types import TP
 
 from agents.buffer import PartitionState
-from agents.source_consumer import group_member_id
+from agents.kafka import group_member_id
 from agents.tasks import unless_moved
 from agents.worker_state import WorkerState
 from icesink.protocol import Claim, Resume, Rewind, TopicPartition

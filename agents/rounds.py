@@ -19,7 +19,7 @@ from agents.deadletter import DeadLetterSendError
 from agents.keys_files import write_keys_file
 from agents.mirror import collapse
 from agents.respond import send_response
-from agents.source_consumer import driver
+from agents.kafka import commit_offsets
 from agents.tasks import highwater, unless_moved
 from agents.worker_state import WorkerState
 from icesink.errors import ResponseSendError, WritesKeepFailing, is_retriable
@@ -391,7 +391,7 @@ class Rounds(WorkerState):
                 offsets[TP(p.tp.topic, p.tp.partition)] = p.offset
         if offsets:
             try:
-                await driver(self.app)._commit(offsets)
+                await commit_offsets(self.app, offsets)
             except Exception as exc:  # a hint only; the truth is in the snapshot summaries
                 log.warning("consumer group offset commit failed: %s", exc)
         self.status.update(last_commit_id=ev.commit_id, valid_through_ms=ev.valid_through_ms)

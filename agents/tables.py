@@ -34,6 +34,7 @@ from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_fiel
 from icesink.config import Settings
 from icesink.errors import ConfigError, ProtocolError, UnsupportedTypeError
 from icesink.iceberg import latest_sink_summary, mirror_keys, split_name
+from icesink.schema_changes import iceberg_schema
 from icesink.partitioning import build_partition_spec, parse_partition_by
 
 NAME_MAPPING = "schema.name-mapping.default"
@@ -232,7 +233,3 @@ def _all_optional(schema: Schema) -> Schema:
 
 
 
-def iceberg_schema(schema: pa.Schema | Schema) -> Schema:
-    """Arrow schema without field ids (or an Iceberg schema) -> Iceberg schema with ids 1..n
-    (as create_table does)."""
-    return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(schema))

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from agents.formats import RecordFormat
     from agents.missing import MissingTables
     from agents.routing import Router
-    from agents.source_consumer import Fetched
+    from agents.kafka import Fetched
     from agents.tables import Target
     from agents.tasks import EpochGate, TaskOwner
     from agents.write_failures import WriteFailures

@@ -357,7 +357,7 @@ STAGES: Final = (
     ("decode (JSON to Arrow, routing, screening)", ("agents/convert/", "agents/formats.py", "agents/routing.py",
                                                     "agents/deadletter.py", "agents/debezium.py", "agents/evolution.py")),
     ("buffer (chunks, rounds bookkeeping)", ("agents/buffer.py", "agents/rounds.py", "agents/respond.py")),
-    ("fetch (aiokafka record parsing, Faust drain)", ("aiokafka/", "agents/source_consumer.py", "faust/", "mode/")),
+    ("fetch (aiokafka record parsing, Faust drain)", ("aiokafka/", "agents/kafka/source_consumer.py", "faust/", "mode/")),
     ("ingest glue", ("agents/ingest.py",)),
 )
 

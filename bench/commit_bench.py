@@ -4,7 +4,7 @@ writing many dynamic tables gives), run on ``--threads`` commit threads as the c
 them, against a SQLite SQL catalog and local files (the ingest benchmark's set-up). No data file
 is read by a fast append, so the files are only described.
 
-It runs the rounds on pyiceberg's SQL catalog, then on icesink's (icesink.catalogs.SqlCatalog,
+It runs the rounds on pyiceberg's SQL catalog, then on icesink's (coordinator.iceberg_ext.catalogs.SqlCatalog,
 which the sink uses for SQL catalogs), each on a fresh catalog. Prints, per round, the wall time
 and the process CPU per table commit; ``--profile`` runs the
 rounds on one thread under cProfile and prints the functions with the most cumulative and own
@@ -38,8 +38,9 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from bench.benchlib import file_create_us
+from coordinator import iceberg_ext
 from coordinator.committer import TableCache, commit_table, round_tables
-from icesink.catalogs import SqlCatalog
+from coordinator.iceberg_ext.catalogs import SqlCatalog
 from coordinator.state import Accepted
 from icesink.catalogs import sqlite_catalog_properties
 from icesink.protocol import FileInfo, TopicPartition
@@ -66,6 +67,7 @@ def described_file(table_location: str, rows: int) -> FileInfo:
 
 
 def main() -> None:
+    iceberg_ext.install()  # as a replica does (coordinator/iceberg_ext/): the committer requires it
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tables", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)

@@ -11,7 +11,7 @@ collector settings (icesink/gc_tuning.py):
   read_committed bookkeeping, one ``ConsumerRecord`` per record, in Faust's consumer thread);
 - aiokafka-no-crc: the same with ``check_crcs`` off;
 - record-batches: what the source consumer does now, a batch at a time
-  (``agents.record_batches.take``: the same checks, a ``SourceRecord`` per record built in one
+  (``agents.kafka.record_batches.take``: the same checks, a ``SourceRecord`` per record built in one
   list comprehension per batch);
 - batches: iterating the batches' records only (aiokafka's C extension, no per-record Python):
   the floor of any reader that would take whole batches (the issue's "take whole fetched
@@ -40,8 +40,8 @@ from aiokafka.structs import TopicPartition
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents.deadletter import screen
-from agents.record_batches import take
-from agents.source_consumer import serialized_bytes
+from agents.kafka.record_batches import take
+from agents.kafka.source_consumer import serialized_bytes
 from bench.convert_bench import best_rates
 from icesink import gc_tuning
 from icesink.app.pizzas import pizza_values

@@ -36,10 +36,12 @@ import pyarrow as pa
 import pyiceberg.table.snapshots as _snapshots
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
+from coordinator import iceberg_ext
 from coordinator.committer import TableCache, commit_table
 from coordinator.maintenance import MaintenanceSettings, compact, expire
 from coordinator.state import Accepted
-from icesink.catalogs import SqlCatalog, sqlite_catalog_properties
+from coordinator.iceberg_ext.catalogs import SqlCatalog
+from icesink.catalogs import sqlite_catalog_properties
 from icesink.iceberg import to_file_info
 from icesink.protocol import TopicPartition
 from spark_bridge.rewrite import read_files
@@ -79,6 +81,7 @@ class TimedLock:
 
 
 def main() -> None:
+    iceberg_ext.install()  # as a replica does (coordinator/iceberg_ext/): the committer requires it
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--interval-ms", type=int, default=1000, help="simulated time between rounds")

@@ -41,8 +41,9 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.types import LongType, NestedField, StringType
 
+from coordinator import iceberg_ext
 from coordinator.committer import commit_table
-from coordinator.deletes import WithPositionDeletes, write_position_deletes
+from coordinator.iceberg_ext.deletes import WithPositionDeletes, write_position_deletes
 from coordinator.mirror import MirrorIndexes
 from coordinator.state import Accepted
 from tests.support import duck
@@ -153,6 +154,7 @@ def write(table, name: str, data: pa.Table) -> str:
 
 
 def main() -> int:
+    iceberg_ext.install()  # as a replica does (coordinator/iceberg_ext/): the committer requires it
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--changed", type=int, default=10_000)

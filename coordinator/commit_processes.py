@@ -169,11 +169,15 @@ WATCH_S = 0.5
 
 
 def _start(settings: Settings, level: int, replica: int) -> None:
-    """A commit process's start: the replica's log format, Ctrl-C left to the replica (which
+    """A commit process's start: icesink's pyiceberg extensions installed (coordinator/iceberg_ext/),
+    the replica's log format, Ctrl-C left to the replica (which
     closes the pool), its own catalog, and a watch on the replica: a replica killed with
     SIGKILL cannot close its pool, and a process left behind would commit late."""
     global _catalog, _settings, _replica
+    from coordinator import iceberg_ext
     from icesink.iceberg import load_catalog
+
+    iceberg_ext.install()  # a fresh process (forkserver): this is its composition root
 
     logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)-7s commit process {os.getpid()} %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)

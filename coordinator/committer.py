@@ -16,28 +16,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
     BadRequestError, CommitFailedException, ForbiddenError, NoSuchTableError, UnauthorizedError,
 )
-from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriter
-from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table, Transaction
-from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update.snapshot import _FastAppendFiles
-from pyiceberg.typedef import EMPTY_DICT, Record
 
-from coordinator.deletes import add_position_deletes
 from coordinator.files import confined, data_roots, field_id_mismatch
-from coordinator.manifest_writers import manifest_writer
+from coordinator.iceberg_ext import MemoTransaction, SpecAwareAppend, check_before_retry, require_installed
 from coordinator.mirror import MirrorIndexes, position_deletes
 from coordinator.state import Accepted, Checkpoint
-from icesink.catalogs import manifests_of, staged_metadata
 from icesink.errors import ControlLogError, FencedError, TableChangedError
 from icesink.iceberg import latest_sink_summary, to_data_file
 from icesink.protocol import FileInfo, SinkState, TopicPartition, state_property, summary_properties
@@ -117,6 +107,7 @@ def commit_table(
     ``tables``: the coordinator's :class:`TableCache` (None: load the table every time).
     ``tables_of_round``: :func:`round_tables` of ``batch``, worked out once for all the round's
     table commits (None: here; at 200 tables it was a few percent of each commit's CPU)."""
+    require_installed()  # the composition root installed coordinator/iceberg_ext/ in this process
     table = tables.get(table_name) if tables is not None else None
     if table is None or not _fits(table, table_name, batch) or (mirrors is not None and mirrors.keys(table_name, table)):
         table = _load_table(catalog, table_name, batch)  # mirror tables plan deletes: always the newest snapshot
@@ -170,10 +161,10 @@ def _commit(
     deletes = (position_deletes(table, table_name, index, todo, coordinator_prefix(group, epoch, "delete"))
                if index is not None else [])
     try:
-        with _MemoTransaction(table) as tx:
+        with MemoTransaction(table) as tx:
             _recheck_on_retry(tx, table_name, group, epoch, applied, log_id, adopted, replan=index is not None)
             tx.set_properties({state_property(group): state.to_json()})
-            with _SpecAwareAppend.of(tx, props, deletes) as append:
+            with SpecAwareAppend.of(tx, props, deletes) as append:
                 for f in files:
                     append.append_data_file(to_data_file(f, table))
     except _REFUSED:
@@ -268,45 +259,23 @@ def _recheck_on_retry(
     refreshed table. Re-check icesink's preconditions first: if another coordinator committed
     meanwhile (newer epoch: fenced; moved watermark: the plan is stale), stop, so the caller
     re-plans from the table. ``replan``: stop on any conflict (a mirror table's position
-    deletes were planned against the snapshot the commit expected). Pinned to pyiceberg 0.12's
-    Transaction._rebuild_snapshot_updates (pyproject.toml); tests/integration/test_commit_race.py
-    fails if that hook is not called."""
-    rebuild = tx._rebuild_snapshot_updates
+    deletes were planned against the snapshot the commit expected). The hook is pyiceberg's
+    (:func:`coordinator.iceberg_ext.check_before_retry`); tests/integration/test_commit_race.py
+    fails if it is not called."""
 
-    def checked_rebuild() -> None:
+    def check(refreshed: Table) -> None:
         if replan:
             raise CommitFailedException(
                 f"table {table_name}: another commit landed during a mirror commit; its position deletes are "
                 "re-planned against the new snapshot")
-        now = _applied_watermark(tx._table, table_name, group, epoch, log_id, adopted)
+        now = _applied_watermark(refreshed, table_name, group, epoch, log_id, adopted)
         if now != applied:
             raise CommitFailedException(
                 f"table {table_name}: control watermark moved from {applied} to {now} during the commit "
                 "(another icesink commit landed); re-planning"
             )
-        rebuild()
 
-    tx._rebuild_snapshot_updates = checked_rebuild  # type: ignore[method-assign]
-
-
-class _MemoTransaction(Transaction):
-    """A transaction that computes its staged metadata once per change. pyiceberg 0.12
-    recomputes it (every update re-applied, then a deep copy of the whole metadata) on each
-    read of ``table_metadata``, which a fast append does about sixteen times: a third of a
-    commit's CPU, growing with the table's snapshot count. The result depends only on the
-    table's metadata and the staged updates, both replaced (never mutated) on change, so it is
-    cached on their identity. Pinned to pyiceberg 0.12's ``Transaction.table_metadata``
-    (pyproject.toml); tests/unit/test_coordinator_commit.py checks the cache against it."""
-
-    _memo: tuple[object, object, TableMetadata] | None = None
-
-    @property
-    def table_metadata(self) -> TableMetadata:
-        base, updates = self._table.metadata, self._updates
-        memo = self._memo
-        if memo is None or memo[0] is not base or memo[1] is not updates:
-            memo = self._memo = (base, updates, staged_metadata(base, updates))
-        return memo[2]
+    check_before_retry(tx, check)
 
 
 class TableCache:
@@ -360,87 +329,6 @@ def _load_table(catalog: Catalog, table_name: str, batch: list[Accepted]) -> Tab
         ) from exc
 
 
-class _SpecAwareAppend(_FastAppendFiles):
-    """A fast append that writes each file under the partition spec it was written with.
-    pyiceberg 0.12 writes every added file into one manifest of the table's current default
-    spec, which mislabels the partitions of files written before another writer changed the
-    spec. Files of other specs get one manifest per spec here (a table may hold files of
-    several specs); the snapshot summary still counts them all. The manifests are written in
-    the committing thread (:meth:`_manifests`). Pinned to pyiceberg 0.12's
-    ``_SnapshotProducer._manifests``, ``_summary`` and ``_added_data_files`` (pyproject.toml);
-    tests/integration/test_table_changes.py fails if they change."""
-
-    position_deletes: Sequence[DataFile] = ()
-
-    @classmethod
-    def of(cls, tx: Transaction, props: dict[str, str], deletes: list[DataFile] = []) -> _SpecAwareAppend:  # noqa: B006
-        """With ``deletes`` (a mirror table's position delete files) the snapshot also adds
-        them, in a DELETES manifest, as an overwrite."""
-        update = tx.update_snapshot(snapshot_properties=props)
-        out = cls(
-            operation=Operation.OVERWRITE if deletes else Operation.APPEND, transaction=tx, io=update._io,
-            branch=update._branch, snapshot_properties=update._snapshot_properties,
-        )
-        out.position_deletes = list(deletes)
-        return out
-
-    def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
-        """pyiceberg 0.12's, with a writer prepared once per shape (coordinator/manifest_writers.py)."""
-        metadata = self._transaction.table_metadata
-        return manifest_writer(metadata.format_version, spec, metadata.schema(), self.new_manifest_output(),
-                               self._snapshot_id, self._compression)
-
-    def _existing_manifests(self) -> list[ManifestFile]:
-        """pyiceberg 0.12's, reading the parent's manifest list once per process
-        (:func:`icesink.catalogs.manifests_of`)."""
-        if self._parent_snapshot_id is None:
-            return []
-        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id)
-        if parent is None:
-            raise ValueError(f"Snapshot could not be found: {self._parent_snapshot_id}")
-        return [m for m in manifests_of(parent, self._io)
-                if m.has_added_files() or m.has_existing_files() or m.added_snapshot_id == self._snapshot_id]
-
-    def _manifests(self) -> list[ManifestFile]:
-        """pyiceberg 0.12's ``_SnapshotProducer._manifests`` for a fast append (nothing deleted,
-        no post-processing), with a manifest per spec of the added files (other specs first, in
-        order), run in this thread: pyiceberg hands the new manifest's write and the parent's
-        manifest list to its executor and waits, thread hand-offs that each wait for the GIL
-        again while a busy process's other threads hold it (a 200-table round's commits,
-        bench/README.md)."""
-        metadata = self._transaction.table_metadata
-        default = metadata.default_spec_id
-        by_spec: dict[int, list[DataFile]] = defaultdict(list)
-        for f in self._added_data_files:
-            by_spec[f.spec_id].append(f)
-        specs = metadata.specs()
-        added: list[ManifestFile] = []
-        for spec_id in [*sorted(s for s in by_spec if s != default), *([default] if default in by_spec else [])]:
-            if spec_id not in specs:  # to_data_file checked it; the table changed since
-                raise TableChangedError(
-                    f"table {'.'.join(self._transaction._table.name())}: expected partition spec id {spec_id} "
-                    f"of {len(by_spec[spec_id])} files, found spec ids {sorted(specs)}")
-            with self.new_manifest_writer(spec=specs[spec_id]) as writer:
-                for f in by_spec[spec_id]:
-                    writer.add(ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
-                        sequence_number=None, file_sequence_number=None, data_file=f,
-                    ))
-            added.append(writer.to_manifest_file())
-        return added + self._existing_manifests() + add_position_deletes(self, self.position_deletes)
-
-    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        # pyiceberg reads every added file's partition with the default spec (partition
-        # metrics); files of another spec are counted without their partition tuple.
-        default = self._transaction.table_metadata.default_spec_id
-        every = self._added_data_files
-        self._added_data_files = [f if f.spec_id == default else _unpartitioned_copy(f) for f in every]
-        try:
-            return super()._summary(snapshot_properties)
-        finally:
-            self._added_data_files = every
-
-
 def _delete_quietly(table: Table, path: str) -> None:
     try:
         table.io.delete(path)
@@ -448,9 +336,3 @@ def _delete_quietly(table: Table, path: str) -> None:
         log.warning("could not delete unused position delete file %s (icesink gc will): %s", path, exc)
 
 
-def _unpartitioned_copy(f: DataFile) -> DataFile:
-    """``f`` for the snapshot summary's counts only: same size and records, no partition."""
-    return DataFile.from_args(
-        content=f.content, file_path=f.file_path, file_format=f.file_format, partition=Record(),
-        record_count=f.record_count, file_size_in_bytes=f.file_size_in_bytes,
-    )

@@ -1,5 +1,5 @@
 """The key index of a mirror table: each live key -> (data file, row position), so the rows a
-round's changes replace can be deleted by position (coordinator/deletes.py).
+round's changes replace can be deleted by position (coordinator/iceberg_ext/deletes.py).
 
 It is rebuilt from the table itself (the key columns of its live data files, minus the rows its
 position delete files delete), so a new coordinator after a failover builds the same index

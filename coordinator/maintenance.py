@@ -31,24 +31,20 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.manifest import (
-    DataFile, DataFileContent, ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile, ManifestWriter,
-)
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.typedef import EMPTY_DICT
-from pyiceberg.table.update.snapshot import ExpireSnapshots, _OverwriteFiles
+from pyiceberg.table.update.snapshot import ExpireSnapshots
 
-from coordinator.committer import TableCache, _MemoTransaction
-from coordinator.deletes import DeletesManifest
+from coordinator.committer import TableCache
 from coordinator.gc import InFlight, normalize
+from coordinator.iceberg_ext import MemoTransaction, Replace, check_before_retry
 from coordinator.key_index import read_keys
 from coordinator.mirror import MirrorIndexes
 from icesink.catalogs import manifests_of
@@ -204,7 +200,7 @@ def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.
             return Expired(0, 0)
         # A transaction that stages its metadata once: pyiceberg's deep-copies it at every
         # read, twice per expired snapshot (seconds under the lock at thousands of snapshots).
-        ExpireSnapshots(_MemoTransaction(table, autocommit=True)).by_ids(due).commit()
+        ExpireSnapshots(MemoTransaction(table, autocommit=True)).by_ids(due).commit()
     gone = read - _reachable(table, [sn.snapshot_id for sn in table.metadata.snapshots], cache, lists)
     deleted = 0
     for path in sorted(gone):  # after the commit: a failure above deleted nothing
@@ -423,12 +419,9 @@ def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFi
                 _delete_all(table, new)
                 return None
             try:
-                with _MemoTransaction(table) as tx:  # stages its metadata once (coordinator/committer.py)
-                    tx._rebuild_snapshot_updates = _no_blind_retry  # type: ignore[method-assign]
-                    update = tx.update_snapshot(snapshot_properties={MAINTENANCE_KEY: "compaction"})
-                    rewrite = _Replace(operation=Operation.OVERWRITE, transaction=tx, io=update._io,
-                                       branch=update._branch, snapshot_properties=update._snapshot_properties)
-                    rewrite.live = cache if cache is not None else {}
+                with MemoTransaction(table) as tx:  # stages its metadata once (coordinator/iceberg_ext/)
+                    check_before_retry(tx, _no_blind_retry)
+                    rewrite = Replace.of(tx, {MAINTENANCE_KEY: "compaction"}, cache)
                     with rewrite:
                         for f in (*plan.data, *plan.deletes):
                             rewrite.delete_data_file(f)
@@ -447,73 +440,7 @@ def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFi
     raise CommitFailedException(f"{name}: compaction commit conflicted {_COMMIT_ATTEMPTS} times; dropped")
 
 
-class _Replace(_OverwriteFiles):
-    """pyiceberg's overwrite, recorded as what it is (``replace``: same rows, other files), and
-    able to remove delete files: pyiceberg 0.12 drops only data files and rewrites every
-    manifest as a data manifest, so the manifests are written here by content (DELETES
-    manifests with :class:`coordinator.deletes.DeletesManifest`). Summary totals are computed
-    as for an overwrite (pyiceberg 0.12 computes none for replace), then the operation named."""
-
-    live: Mapping[str, tuple[DataFile, ...]] = EMPTY_DICT  # live_files's cache: manifests known to hold no input
-
-    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        summary = super()._summary(snapshot_properties)
-        return Summary(Operation.REPLACE, **summary.additional_properties)
-
-    def _writer(self, content: ManifestContent, spec_id: int) -> ManifestWriter:
-        if content == ManifestContent.DATA:
-            return self.new_manifest_writer(self.spec(spec_id))
-        return DeletesManifest(spec=self.spec(spec_id), schema=self.schema(), output_file=self.new_manifest_output(),
-                               snapshot_id=self._snapshot_id, avro_compression=self._compression)
-
-    def _rewritten(self, content: ManifestContent, spec_id: int, entries: list[ManifestEntry],
-                   status: ManifestEntryStatus) -> ManifestFile:
-        """A manifest of ``entries`` again, as EXISTING (kept) or DELETED (by this snapshot)."""
-        with self._writer(content, spec_id) as writer:
-            for e in entries:
-                writer.add_entry(ManifestEntry.from_args(
-                    status=status,
-                    snapshot_id=e.snapshot_id if status == ManifestEntryStatus.EXISTING else self._snapshot_id,
-                    sequence_number=e.sequence_number, file_sequence_number=e.file_sequence_number,
-                    data_file=e.data_file))
-        return writer.to_manifest_file()
-
-    def _manifests(self) -> list[ManifestFile]:
-        meta = self._transaction.table_metadata
-        parent = meta.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
-        removed = set(self._deleted_data_files)
-        out: list[ManifestFile] = []
-        found: set[DataFile] = set()
-        gone: dict[tuple[ManifestContent, int], list[ManifestEntry]] = defaultdict(list)
-        for m in manifests_of(parent, self._io) if parent is not None else []:
-            known = self.live.get(m.manifest_path)
-            if known is not None and not any(f in removed for f in known):
-                out.append(m)  # no input in it: kept as it is, not read again
-                continue
-            entries = m.fetch_manifest_entry(self._io, discard_deleted=True)
-            hit = [e for e in entries if e.data_file in removed]
-            if not hit:
-                out.append(m)
-                continue
-            found.update(e.data_file for e in hit)
-            gone[(m.content, m.partition_spec_id)] += hit
-            keep = [e for e in entries if e.data_file not in removed]
-            if keep:
-                out.append(self._rewritten(m.content, m.partition_spec_id, keep, ManifestEntryStatus.EXISTING))
-        if missing := sorted(f.file_path for f in removed - found):
-            raise CommitFailedException(f"files to replace are no longer live: {', '.join(missing)}")
-        for (content, spec_id), entries in sorted(gone.items(), key=lambda kv: (kv[0][0].value, kv[0][1])):
-            out.append(self._rewritten(content, spec_id, entries, ManifestEntryStatus.DELETED))
-        if self._added_data_files:
-            with self.new_manifest_writer(meta.spec()) as writer:
-                for f in self._added_data_files:
-                    writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=self._snapshot_id,
-                                                       sequence_number=None, file_sequence_number=None, data_file=f))
-            out.append(writer.to_manifest_file())
-        return out
-
-
-def _no_blind_retry() -> None:
+def _no_blind_retry(refreshed: Table) -> None:
     """In place of pyiceberg's rebuild of a conflicting commit on the refreshed table: fail, so
     :func:`commit_rewrite` retries with every check (inputs live, no new delete files, fence)."""
     raise CommitFailedException("another commit landed during the compaction's; re-checked by the next attempt")

@@ -24,7 +24,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
-from coordinator.deletes import write_position_deletes
+from coordinator.iceberg_ext.deletes import write_position_deletes
 from coordinator.key_index import KeyIndex
 from coordinator.state import Accepted
 from icesink.config import Settings

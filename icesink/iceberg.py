@@ -39,17 +39,19 @@ def catalog_properties(settings: Settings) -> dict[str, str]:
 
 
 def load_catalog(settings: Settings) -> Catalog:
-    """The sink's catalog; a SQL catalog as :class:`icesink.catalogs.SqlCatalog` (cheaper commits)."""
+    """The sink's catalog; a SQL catalog as :func:`icesink.catalogs.sql_catalog_class` (once the
+    composition root installed coordinator/iceberg_ext/: its cheaper commits)."""
     from pyiceberg.catalog.sql import SqlCatalog as _SqlCatalog
 
-    from icesink.catalogs import SqlCatalog, sqlite_init_lock
+    from icesink.catalogs import sql_catalog_class, sqlite_init_lock
 
     props = catalog_properties(settings)
     with sqlite_init_lock(props.get("uri", "")):  # replicas opening a new SQLite catalog together
         catalog = _load_catalog(settings.catalog_name, **props)
-        if type(catalog) is _SqlCatalog and "py-catalog-impl" not in props:  # a user's own implementation is kept
-            catalog.engine.dispose()
-            catalog = SqlCatalog(catalog.name, **catalog.properties)
+        sql_catalog = sql_catalog_class()
+        if type(catalog) is _SqlCatalog and sql_catalog is not _SqlCatalog and "py-catalog-impl" not in props:
+            catalog.engine.dispose()  # a user's own implementation (py-catalog-impl) is kept
+            catalog = sql_catalog(catalog.name, **catalog.properties)
     return catalog
 
 

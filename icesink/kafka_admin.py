@@ -331,22 +331,24 @@ async def topic_id(
     versions answer no Metadata v10, or an all-zero id). Never creates the topic."""
     import uuid
 
-    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.client import AIOKafkaClient
     from aiokafka.errors import IncompatibleBrokerVersion
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(client_kwargs or {}))
+    # aiokafka's own client (what its admin client wraps and starts with bootstrap()): the
+    # request is one aiokafka does not have, sent as is.
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, **dict(client_kwargs or {}))
     try:
         async with asyncio.timeout(timeout_s):
-            await admin.start()
-            node = admin._client.get_random_node()
+            await client.bootstrap()
+            node = client.get_random_node()
             try:
-                response = await admin._client.send(node, _TopicIdRequest([name]))
+                response = await client.send(node, _TopicIdRequest([name]))
             except (NotImplementedError, IncompatibleBrokerVersion):
                 return None  # the broker speaks no Metadata v10: no topic ids
     except TimeoutError:
         raise TopicError(f"topic {name!r}: metadata not read within {timeout_s:.1f} s", retriable=True) from None
     finally:
-        await admin.close()
+        await client.close()
     for error_code, topic, raw_id in ((t[0], t[1], t[2]) for t in response.topics):
         if topic != name:
             continue

@@ -13,13 +13,13 @@ Paths name nested fields: ``("customer", "address", "zip")``; a list's element i
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
 import pyarrow as pa
-from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 from pyiceberg.types import IcebergType
@@ -184,9 +184,41 @@ def apply_changes(schema: pa.Schema, todo: Sequence[Change], *, case_insensitive
 # Proposals: Arrow schema <-> the SchemaProposal encoding (Iceberg schema JSON) --------------
 
 
+def iceberg_schema(schema: pa.Schema | Schema) -> Schema:
+    """Arrow schema without field ids (or an Iceberg schema) -> Iceberg schema with ids 1..n,
+    as ``create_table`` converts it (pyiceberg 0.12's ``Catalog._convert_schema_if_needed``, by
+    its public parts: the conversion without ids, then ids by name, then numbered afresh)."""
+    from pyiceberg.io.pyarrow import pyarrow_to_schema
+    from pyiceberg.table import DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE, TableProperties
+    from pyiceberg.table.name_mapping import MappedField, NameMapping
+    from pyiceberg.utils.config import Config
+
+    if isinstance(schema, Schema):
+        return assign_fresh_schema_ids(schema)
+    ids = itertools.count(1)
+
+    def mapped(name: str, t: pa.DataType) -> MappedField:
+        return MappedField(field_id=next(ids), names=[name], fields=children(t))
+
+    def children(t: pa.DataType) -> list[MappedField]:
+        if isinstance(t, pa.DictionaryType):
+            return children(t.value_type)
+        if pa.types.is_struct(t):
+            return [mapped(f.name, f.type) for f in t]
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            return [mapped("element", t.value_type)]
+        if pa.types.is_map(t):
+            return [mapped("key", t.key_type), mapped("value", t.item_type)]
+        return []
+
+    mapping = NameMapping([mapped(f.name, f.type) for f in schema])
+    downcast = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
+    return assign_fresh_schema_ids(pyarrow_to_schema(schema, name_mapping=mapping, downcast_ns_timestamp_to_us=downcast,
+                                                     format_version=TableProperties.DEFAULT_FORMAT_VERSION))
+
+
 def _iceberg(schema: pa.Schema) -> Schema:
-    plain = pa.schema([pa.field(f.name, _strip(f.type), f.nullable) for f in schema])
-    return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(plain))
+    return iceberg_schema(pa.schema([pa.field(f.name, _strip(f.type), f.nullable) for f in schema]))
 
 
 def _strip(t: pa.DataType) -> pa.DataType:

@@ -14,6 +14,15 @@ if TYPE_CHECKING:
     from tests.support.spark_reader import SparkReader
 
 
+@pytest.fixture(scope="session", autouse=True)
+def iceberg_extensions() -> None:
+    """The test process commits as a replica does: with icesink's pyiceberg extensions installed
+    (coordinator/iceberg_ext/; the CLI's composition root installs them in every replica)."""
+    from coordinator import iceberg_ext
+
+    iceberg_ext.install()
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """One in-memory Tansu broker for the whole session; use a fresh topic name per test."""

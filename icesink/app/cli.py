@@ -60,6 +60,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda _signum, _frame: terminated.set())
 
     from agents.worker import Worker
+    from coordinator import iceberg_ext
     from coordinator.service import Coordinator
     from icesink.metrics import Metrics
     from icesink import gc_tuning
@@ -67,6 +68,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from icesink.app.status import serve
 
     gc_tuning.tune()  # before start-up allocates (icesink/gc_tuning.py)
+    iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit
     settings = _settings(args)
     redact = settings.redactor()
     log.info("settings: %s", settings.masked())

@@ -76,7 +76,7 @@ def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(each_broker, ca
         replicas.check_alive()
         # Read from the running consumer's fetcher: both brokers serve read_committed fetches.
         assert http_json(worker.metrics_port)["isolation_level"] == "read_committed"
-        # ... through agents/record_batches.py, which decompressed every codec's batches.
+        # ... through agents/kafka/record_batches.py, which decompressed every codec's batches.
         assert "fetched records are taken a record batch at a time" in worker.log_path.read_text(errors="replace")
     finally:
         replicas.stop_all()

@@ -4,7 +4,7 @@ pyiceberg, exact by key set.
 
 - Transactions: a transactional producer (librdkafka) interleaves committed and aborted
   transactions in one partition; the source consumer's read_committed path
-  (agents/record_batches.py over aiokafka's fetcher) takes every committed record and no aborted
+  (agents/kafka/record_batches.py over aiokafka's fetcher) takes every committed record and no aborted
   one, the transaction markers being offset gaps. (Tansu has no transactions for this producer.)
 - A replica stopped with SIGTERM sends LeaveGroup: its partitions are claimed by the other
   replica at once, long before its session would have expired (chaos). On Tansu the group's

@@ -25,7 +25,7 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DoubleType, IntegerType, ListType, LongType, NestedField, StringType
 
-from coordinator.deletes import WithPositionDeletes, write_position_deletes
+from coordinator.iceberg_ext.deletes import WithPositionDeletes, write_position_deletes
 from coordinator.maintenance import MaintenanceSettings, compact, live_files
 from tests.support import duck
 from spark_bridge.rewrite import rewrite_files

@@ -19,7 +19,7 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform
 from pyiceberg.types import LongType, TimestampType
 
-from icesink.catalogs import SqlCatalog
+from coordinator.iceberg_ext.catalogs import SqlCatalog
 from icesink.app.pizzas import PIZZA_SCHEMA
 from icesink.partitioning import build_partition_spec, parse_partition_by
 

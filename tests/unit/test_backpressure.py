@@ -14,7 +14,7 @@ from agents.deadletter import DeadLetters
 from agents.formats import RecordFormat
 from agents.missing import MissingTables
 from agents.routing import Router
-from agents.source_consumer import Fetched
+from agents.kafka.source_consumer import Fetched
 from agents.tables import Target
 from agents.tasks import TaskOwner
 from agents.worker import Worker

@@ -183,7 +183,7 @@ def test_a_fetch_that_follows_on_is_taken_whole_and_clears_a_confirmed_gap():
     assert taken == records and suspect is None and st.confirmed_gap is None
 
 
-class Fetch:  # agents.source_consumer.Fetched, as far as Buffers looks
+class Fetch:  # agents.kafka.source_consumer.Fetched, as far as Buffers looks
     def __init__(self, nbytes):
         self.nbytes = nbytes
 

@@ -1,4 +1,4 @@
-"""icesink.catalogs.SqlCatalog against pyiceberg's own SQL catalog, on one real SQLite catalog
+"""coordinator.iceberg_ext.catalogs.SqlCatalog against pyiceberg's own SQL catalog, on one real SQLite catalog
 database: a commit from a current table skips the reload and leaves what pyiceberg's commit
 leaves (snapshots, metadata log, the catalog row's previous location); a stale table, or a
 pointer that moved between the check and the update, never loses another writer's commit; the
@@ -19,7 +19,8 @@ from pyiceberg.types import LongType, NestedField
 from sqlalchemy import select
 
 from icesink import catalogs
-from icesink.catalogs import SqlCatalog, staged_metadata
+from coordinator.iceberg_ext import catalogs as ext_catalogs
+from coordinator.iceberg_ext.catalogs import SqlCatalog, staged_metadata
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False))
 
@@ -160,7 +161,7 @@ def test_each_manifest_list_is_read_once_by_the_commits_and_maintenance(tmp_path
     import pyiceberg.manifest as manifest
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
-    from coordinator.committer import _SpecAwareAppend
+    from coordinator.iceberg_ext import SpecAwareAppend
     from coordinator.maintenance import MaintenanceSettings, plan_compaction
 
     reads: list[str] = []
@@ -177,7 +178,7 @@ def test_each_manifest_list_is_read_once_by_the_commits_and_maintenance(tmp_path
     settings = MaintenanceSettings(min_input_files=100)
     for i in range(4):
         files = list(_dataframe_to_data_files(table.metadata, _rows(i), table.io, write_uuid=uuid.uuid4()))
-        with table.transaction() as tx, _SpecAwareAppend.of(tx, {}) as append:
+        with table.transaction() as tx, SpecAwareAppend.of(tx, {}) as append:
             for f in files:
                 f.spec_id = table.metadata.default_spec_id
                 append.append_data_file(f)
@@ -198,7 +199,7 @@ def test_metadata_files_are_pyicebergs_bytes_and_its_configuration_is_read_once(
     table = ours.create_table("db.t", schema=SCHEMA)
     table.append(_rows(1, 2))
     metadata = table.metadata.model_copy(update={"current_snapshot_id": None})  # None: legacy-current-snapshot-id
-    catalogs._legacy_current_snapshot_id.cache_clear()
+    ext_catalogs._legacy_current_snapshot_id.cache_clear()
     built: list[object] = []
     real_init = config.Config.__init__
     monkeypatch.setattr(config.Config, "__init__", lambda self: built.append(self) or real_init(self))
@@ -209,12 +210,12 @@ def test_metadata_files_are_pyicebergs_bytes_and_its_configuration_is_read_once(
     assert _content(tmp_path / f"ours0-{name}") == _content(tmp_path / f"theirs-{name}")
 
     monkeypatch.setenv("PYICEBERG_LEGACY_CURRENT_SNAPSHOT_ID", "true")  # a process that starts with it set
-    catalogs._legacy_current_snapshot_id.cache_clear()
+    ext_catalogs._legacy_current_snapshot_id.cache_clear()
     SqlCatalog._write_metadata(metadata, table.io, f"{tmp_path}/ours-legacy-{name}")
     ToOutputFile.table_metadata(metadata, table.io.new_output(f"{tmp_path}/theirs-legacy-{name}"))
     legacy = _content(tmp_path / f"ours-legacy-{name}")
     assert legacy == _content(tmp_path / f"theirs-legacy-{name}") and legacy != _content(tmp_path / f"ours0-{name}")
-    catalogs._legacy_current_snapshot_id.cache_clear()
+    ext_catalogs._legacy_current_snapshot_id.cache_clear()
 
 
 def _content(path) -> bytes:

@@ -372,24 +372,25 @@ def test_a_commit_computes_the_staged_metadata_once_per_change_and_equal_to_pyic
     from pyiceberg.table import Transaction
 
     from coordinator import committer
+    from coordinator.iceberg_ext import snapshots
 
     calls: list[int] = []
-    real = committer.staged_metadata
+    real = snapshots.staged_metadata
 
     def counted(base, updates, *a, **k):
         calls.append(len(updates))
         return real(base, updates, *a, **k)
 
     seen: list[tuple[Any, Any]] = []
-    memo_property = committer._MemoTransaction.table_metadata
+    memo_property = snapshots.MemoTransaction.table_metadata
 
     def checked(self):
         mine = memo_property.fget(self)
         seen.append((mine, Transaction.table_metadata.fget(self)))
         return mine
 
-    monkeypatch.setattr(committer, "staged_metadata", counted)
-    monkeypatch.setattr(committer._MemoTransaction, "table_metadata", property(checked))
+    monkeypatch.setattr(snapshots, "staged_metadata", counted)
+    monkeypatch.setattr(snapshots.MemoTransaction, "table_metadata", property(checked))
     table = two_tables.load_table("db.a")
     acc = service.Accepted(offset=5, commit_id="r1", worker="w1", ranges=(), valid_through_ms=None,
                            files={"db.a": (data_file(table, "m", [1, 2]),)})

@@ -26,7 +26,7 @@ from agents.deadletter import (
 from agents.worker import Worker
 from icesink.config import build
 from icesink.errors import ConfigError, DataError
-from agents.source_consumer import Fetched
+from agents.kafka.source_consumer import Fetched
 from agents.write_failures import WriteFailures
 from icesink.protocol import TopicPartition
 from icesink.metrics import Metrics

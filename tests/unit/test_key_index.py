@@ -13,7 +13,7 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.types import LongType, NestedField, StringType
 
-from coordinator.deletes import WithPositionDeletes, write_position_deletes
+from coordinator.iceberg_ext.deletes import WithPositionDeletes, write_position_deletes
 from coordinator.key_index import KeyIndex
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "v", StringType(), required=False))

@@ -130,7 +130,7 @@ def test_a_mirror_partition_with_delete_files_is_folded_and_reads_the_same(tmp_p
     from pyiceberg.table.snapshots import Operation
     from pyiceberg.table.update.snapshot import _FastAppendFiles
 
-    from coordinator.deletes import WithPositionDeletes, write_position_deletes
+    from coordinator.iceberg_ext.deletes import WithPositionDeletes, write_position_deletes
     from tests.support import duck
 
     class MirrorAppend(WithPositionDeletes, _FastAppendFiles):

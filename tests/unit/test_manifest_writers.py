@@ -1,4 +1,4 @@
-"""The committer's prepared manifest and manifest list writers (coordinator/manifest_writers.py):
+"""The committer's prepared manifest and manifest list writers (coordinator/iceberg_ext/manifest_writers.py):
 the same bytes as pyiceberg 0.12's writers, one resolved writer per shape instead of one per
 file, and a manifest list this process wrote is never read back by the next commit."""
 
@@ -23,7 +23,8 @@ from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, LongType, NestedField, StringType
 
-from coordinator import committer, manifest_writers
+from coordinator import committer
+from coordinator.iceberg_ext import manifest_writers
 from icesink.catalogs import manifests_of
 from tests.unit.test_coordinator_commit import TP, _accepted, rows
 

@@ -19,7 +19,7 @@ from faust.types import TP
 from agents import ingest as ingest_module
 from agents.missing import RETRY_FIRST_S, RETRY_MAX_S, MissingTables
 from agents.routing import Router
-from agents.source_consumer import Fetched
+from agents.kafka.source_consumer import Fetched
 from agents.tables import Target
 from agents.tasks import TaskOwner
 from icesink.config import build

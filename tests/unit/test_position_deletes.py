@@ -1,4 +1,4 @@
-"""coordinator/deletes.py: a round's new data file and a position delete file of rows in an
+"""coordinator/iceberg_ext/deletes.py: a round's new data file and a position delete file of rows in an
 older file, committed in ONE snapshot through pyiceberg's fast append, read back exactly by a
 pyiceberg scan and by DuckDB's iceberg extension (an engine that is not ours)."""
 
@@ -15,7 +15,7 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.types import LongType, NestedField, StringType
 
-from coordinator.deletes import WithPositionDeletes, write_position_deletes
+from coordinator.iceberg_ext.deletes import WithPositionDeletes, write_position_deletes
 from tests.support import duck
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "v", StringType(), required=False))

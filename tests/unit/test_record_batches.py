@@ -1,4 +1,4 @@
-"""agents/record_batches.py takes a partition's fetched records a batch at a time: what it hands
+"""agents/kafka/record_batches.py takes a partition's fetched records a batch at a time: what it hands
 out, and where it leaves the fetch position, must be what aiokafka's per-record generator
 (``PartitionRecords``, aiokafka 0.14) gives for the same bytes, call by call, whatever
 ``max_records`` each call brings. Record batches are built with aiokafka's own builder."""
@@ -16,7 +16,7 @@ from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.record.util import calc_crc32c
 from aiokafka.structs import TopicPartition
 
-from agents.record_batches import SourceRecord, take
+from agents.kafka.record_batches import SourceRecord, take
 
 TP = TopicPartition("pizzas", 3)
 # A v2 record batch's header (the Kafka protocol; aiokafka's pure-Python DefaultRecordBatch):

@@ -1,4 +1,4 @@
-"""The source consumer (agents/source_consumer.py): built with read_committed, and its fatal
+"""The source consumer (agents/kafka/source_consumer.py): built with read_committed, and its fatal
 errors reported once, with where they happened."""
 
 import asyncio
@@ -11,7 +11,7 @@ from aiokafka.consumer.fetcher import FetchResult
 from aiokafka.errors import ConsumerStoppedError, UnsupportedCodecError
 from aiokafka.structs import TopicPartition as KafkaTP
 
-from agents.source_consumer import FETCH_MAX_WAIT_MS, ConsumerGuard, use_read_committed
+from agents.kafka.source_consumer import FETCH_MAX_WAIT_MS, ConsumerGuard, use_read_committed
 from agents.worker import Worker
 from icesink.config import build
 from icesink.errors import ConsumerError
@@ -168,7 +168,7 @@ def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(t
     asked for, with its raw bytes; a fetch that spans a generation change is dropped."""
     from faust.types import TP as FaustTP
 
-    from agents.source_consumer import Fetched, install_batch_drain
+    from agents.kafka.source_consumer import Fetched, install_batch_drain
     from icesink.protocol import TopicPartition
 
     settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
@@ -225,7 +225,7 @@ def test_the_batch_drain_waits_for_an_active_partition_without_faust_one_second_
     once a partition is active."""
     from faust.types import TP as FaustTP
 
-    from agents.source_consumer import install_batch_drain
+    from agents.kafka.source_consumer import install_batch_drain
 
     settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
     t0 = FaustTP("t", 0)
@@ -260,8 +260,8 @@ def test_the_batch_drain_waits_for_an_active_partition_without_faust_one_second_
 def test_serialized_bytes_counts_key_and_value_bytes_and_nothing_for_a_null():
     from aiokafka.structs import ConsumerRecord
 
-    from agents.record_batches import SourceRecord
-    from agents.source_consumer import serialized_bytes
+    from agents.kafka.record_batches import SourceRecord
+    from agents.kafka.source_consumer import serialized_bytes
 
     def rec(key: bytes | None, value: bytes | None) -> SourceRecord:
         return SourceRecord("t", 0, 0, 0, 0, key, value, [])

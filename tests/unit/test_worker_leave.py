@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 
-from agents.faust_app import OFFSET_FOR_LEADER_EPOCH
+from agents.kafka import OFFSET_FOR_LEADER_EPOCH
 from agents.worker import Worker
 
 

@@ -15,7 +15,8 @@ parent's manifests without reading the file it has just written.
 :func:`manifest_writer` replaces pyiceberg's ``write_manifest`` for the committer's appends;
 :func:`write_manifest_list` replaces ``write_manifest_list`` in
 ``pyiceberg.table.update.snapshot``, which every snapshot producer of this process calls
-(:func:`install`, on import). Pinned to pyiceberg 0.12's ``AvroOutputFile`` (its attributes,
+(:func:`install`, called by the composition root through :func:`coordinator.iceberg_ext.install`).
+Pinned to pyiceberg 0.12's ``AvroOutputFile`` (its attributes,
 ``__enter__``, ``write_block`` and ``_write_header``), ``BinaryEncoder``,
 ``ManifestWriter.new_writer`` / ``_with_partition`` and ``ManifestListWriter.__enter__`` /
 ``add_manifests`` (pyproject.toml);
@@ -53,7 +54,7 @@ from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
 from icesink.catalogs import remember_manifests
 
-__all__ = ["AvroEncoder", "PreparedAvroFile", "install", "manifest_writer", "write_manifest_list"]
+__all__ = ["AvroEncoder", "PreparedAvroFile", "install", "installed", "manifest_writer", "write_manifest_list"]
 
 D = TypeVar("D", bound=StructProtocol)
 
@@ -235,8 +236,10 @@ def write_manifest_list(format_version: TableVersion, output_file: OutputFile, s
 
 def install() -> None:
     """Every snapshot producer of this process writes its manifest list with
-    :func:`write_manifest_list` (pyiceberg looks the function up in its module at each commit)."""
+    :func:`write_manifest_list` (pyiceberg looks the function up in its module at each commit).
+    Called by :func:`coordinator.iceberg_ext.install`, never on import."""
     _snapshot_module.write_manifest_list = write_manifest_list  # type: ignore[attr-defined]
 
 
-install()
+def installed() -> bool:
+    return _snapshot_module.write_manifest_list is write_manifest_list  # type: ignore[attr-defined]

@@ -42,7 +42,7 @@ import faust
 from aiokafka.consumer.fetcher import FetchResult
 from aiokafka.errors import ConsumerStoppedError
 
-from agents import record_batches
+from agents.kafka import record_batches
 from icesink.config import Settings
 from icesink.errors import ConsumerError
 from icesink.protocol import TopicPartition
@@ -122,7 +122,7 @@ class ConsumerGuard:
                     aio._coordinator.check_errors()
                 fetcher = getattr(aio, "_fetcher", None)
                 if fetcher is not None and not getattr(fetcher, "_icesink_batches", False):
-                    record_batches.install(fetcher)  # before its first fetch (agents/record_batches.py)
+                    record_batches.install(fetcher)  # before its first fetch (agents/kafka/record_batches.py)
                 return await fetch(aio, active, timeout=timeout, max_records=max_records)
             except (asyncio.CancelledError, ConsumerStoppedError):
                 raise
@@ -206,7 +206,7 @@ def group_member_id(app: faust.App) -> str | None:
 @dataclass(frozen=True, eq=False)
 class Fetched:
     """One fetch of the source consumer, as it came: record lists (``SourceRecord`` s,
-    agents/record_batches.py; offset order, ``timestamp`` in ms) of the partitions that were
+    agents/kafka/record_batches.py; offset order, ``timestamp`` in ms) of the partitions that were
     active when it was asked for.
     Compared and hashed by identity: the buffers hold it in a weak set until it is converted."""
 

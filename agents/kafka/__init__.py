@@ -1,0 +1,28 @@
+"""The door to Faust's, mode's and aiokafka's internals: everything icesink does with their
+private parts lives in this package, and the rest of agents/ uses only what it exports.
+
+- :mod:`agents.kafka.source_consumer`: read committed records, whole fetches to the ingest
+  agent instead of Faust's per-record drain, a consumer that can no longer consume stops the
+  replica (:class:`ConsumerGuard`), this replica's member id, Faust's credentials.
+- :mod:`agents.kafka.record_batches`: aiokafka's fetched records taken a record batch at a time.
+- :mod:`agents.kafka.group`: LeaveGroup on stop (not as Tansu's leader), offset commits.
+- :mod:`agents.kafka.versions`: the pinned faust-streaming and aiokafka, checked at start-up.
+
+The worker installs it as it starts Faust (agents/faust_app.py ``_start_faust``): first
+:func:`check_versions`, then the patches, on the app it built. Nothing is patched on import.
+"""
+
+from __future__ import annotations
+
+from agents.kafka.group import OFFSET_FOR_LEADER_EPOCH, commit_offsets, install_leave_group, keeps_departed_leader
+from agents.kafka.source_consumer import (
+    FETCH_MAX_WAIT_MS, ConsumerGuard, Fetched, faust_credentials, group_member_id, inject_faults, install_batch_drain,
+    isolation_level, serialized_bytes, use_read_committed,
+)
+from agents.kafka.versions import check as check_versions
+
+__all__ = [
+    "FETCH_MAX_WAIT_MS", "OFFSET_FOR_LEADER_EPOCH", "ConsumerGuard", "Fetched", "check_versions", "commit_offsets",
+    "faust_credentials", "group_member_id", "inject_faults", "install_batch_drain", "install_leave_group",
+    "isolation_level", "keeps_departed_leader", "serialized_bytes", "use_read_committed",
+]

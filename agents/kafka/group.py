@@ -1,0 +1,87 @@
+"""The consumer group as Faust's aiokafka consumer runs it: LeaveGroup on stop (except the
+leader on a broker that keeps a departed leader) and the group's offset commits.
+
+Pinned to aiokafka 0.14 internals (GroupCoordinator._perform_assignment, _maybe_leave_group,
+AIOKafkaConnection._versions) and faust-streaming 0.15.3's consumer (``_thread``, ``_commit``);
+agents/kafka/versions.py checks the pins at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from agents.kafka.source_consumer import driver
+
+log = logging.getLogger(__name__)
+
+#: OffsetForLeaderEpoch: every Apache Kafka broker since 0.11 declares it in ApiVersions; Tansu
+#: (0.6) does not (a Tansu group's leader logs that it stops without LeaveGroup).
+OFFSET_FOR_LEADER_EPOCH = 23
+
+
+def keeps_departed_leader(consumer: Any) -> bool:
+    """Whether the consumer's broker is one whose group coordinator keeps a leader that sent
+    LeaveGroup during a rebalance (Tansu; see :func:`install_leave_group`): recognised by the
+    ApiVersions answer of its connections, which lacks OffsetForLeaderEpoch. False when no
+    connection has answered (aiokafka 0.14 internals: AIOKafkaConnection._versions)."""
+    conns = getattr(getattr(consumer, "_client", None), "_conns", {})
+    versions = [v for conn in list(conns.values()) if (v := getattr(conn, "_versions", None))]
+    return bool(versions) and all(OFFSET_FOR_LEADER_EPOCH not in v for v in versions)
+
+
+def install_leave_group(app: faust.App, skip_leave_group: Callable[[Any, bool], str | None]) -> None:
+    """A stopping replica sends LeaveGroup (aiokafka does, as its consumer stops), so the
+    group hands its partitions to the others at once instead of after
+    ``consumer.session-timeout-ms``, unless ``skip_leave_group(consumer, leader)`` gives a
+    reason not to (``leader``: this member assigned the current generation's partitions).
+    Call after the consumer started.
+
+    Tansu (0.6, and its main branch as of 2026-11) drops a member that sends LeaveGroup while
+    the group is rebalancing, but if that member was the leader it stays the leader (its
+    ``Forming`` state's leave does not clear the leader; the ``Formed`` state's does). New
+    members are then all told to follow the departed leader, and their SyncGroups answer
+    REBALANCE_IN_PROGRESS until Tansu happens to reload the group from storage: minutes, or
+    never (bench/group_restart_repro.py, ``--leave-group always``). A follower's LeaveGroup
+    leaves the leader in place, and a leader whose session expires stops being the leader,
+    so the next member to join leads. So on Tansu a follower's partitions move at once, the
+    leader's after its session timeout. Pinned to aiokafka 0.14 internals
+    (GroupCoordinator._perform_assignment, _maybe_leave_group)."""
+    try:
+        consumer = driver(app)._thread._consumer
+    except AttributeError:
+        consumer = None
+    coordinator: Any = getattr(consumer, "_coordinator", None)  # None: no consumer yet
+    if not (hasattr(coordinator, "_maybe_leave_group") and hasattr(coordinator, "_perform_assignment")):
+        log.warning("no aiokafka group coordinator found: this replica will send LeaveGroup as it stops")
+        return
+    assign, leave = coordinator._perform_assignment, coordinator._maybe_leave_group
+    # The generation this member last assigned partitions in, as the group's leader (the
+    # leader alone holds a group subscription once it assigned; a join started drops it).
+    led = [coordinator.generation if getattr(coordinator, "_group_subscription", None) is not None else -1]
+
+    async def perform_assignment(response: Any) -> Any:
+        led[0] = int(response.generation_id)
+        return await assign(response)
+
+    async def maybe_leave_group() -> None:
+        skip = skip_leave_group(consumer, led[0] == coordinator.generation)
+        if skip is None:
+            await leave()
+            return
+        log.info("stopping without LeaveGroup: %s; its partitions move when its session expires "
+                 "(consumer.session-timeout-ms)", skip)
+        coordinator.reset_generation()  # what _maybe_leave_group does after its request
+
+    coordinator._perform_assignment = perform_assignment
+    coordinator._maybe_leave_group = maybe_leave_group
+
+
+async def commit_offsets(app: faust.App, offsets: Mapping[TP, int]) -> None:
+    """Commit ``offsets`` for the consumer group now (Faust's own commit path, ``_commit``:
+    Faust never tracks icesink's records, acks=False)."""
+    await driver(app)._commit(offsets)
