@@ -75,7 +75,7 @@ from agents.convert import Converted, EpochUnit, Reject, decode_json, infer_sche
 from icesink.schema_changes import iceberg_schema
 from icesink.config import BYTES_CONVERTER, Settings
 from icesink.errors import ConfigError, UnsupportedTypeError
-from spark_bridge.schema import arrow_only_column
+from icesink.writable_types import arrow_only_column
 
 __all__ = [
     "ConnectSchemaError",

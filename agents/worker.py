@@ -6,8 +6,9 @@ buffers through Spark, reports the files (DataWritten) and the consumed ranges o
 partition it owns (DataComplete). Source offsets are committed to the consumer group only
 after CommitComplete, i.e. never past data that is not in Iceberg. The replica that is the
 Faust leader also runs the coordinator: the composition root (icesink/app/cli.py) hands
-``coordinator.service.Coordinator`` in as ``leader`` (:class:`LeaderFactory`), so agents/
-never imports coordinator/.
+``coordinator.service.Coordinator`` in as ``leader`` (:class:`LeaderFactory`), and the Spark
+file writer as ``files`` (agents/file_writer.py), so agents/ imports neither coordinator/ nor
+spark_bridge/.
 
 The replica's concerns live in their own modules, mixed into :class:`Worker` (one state):
 
@@ -40,6 +41,7 @@ from agents.deadletter import DeadLetters
 from agents.debezium import DebeziumTransform
 from agents.evolution import Evolver
 from agents.faust_app import FaustApp
+from agents.file_writer import FileWritingFactory
 from agents.formats import RecordFormat
 from agents.ingest import Ingest
 from agents.missing import MissingTables
@@ -60,8 +62,6 @@ from icesink.iceberg import load_catalog
 from icesink.metrics import Metrics
 from icesink.offload import Offload
 from icesink.signing import Keyring
-from spark_bridge.rewrite import rewrite_files
-from spark_bridge.writer import SparkFileWriter, SparkSettings
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +89,11 @@ class LeaderFactory(Protocol):
 
 
 class Worker(FaustApp, Ownership, Ingest, Rounds):
-    def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics, *,
+    def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics, *, files: FileWritingFactory,
                  leader: LeaderFactory | None = None) -> None:
-        """``leader``: what this replica runs while it leads the group (the coordinator); None:
-        a worker only, whoever leads."""
+        """``files``: makes this replica's file writer and compaction's rewrite with it (the
+        Spark-backed ones: icesink/app/files.py). ``leader``: what this replica runs while it
+        leads the group (the coordinator); None: a worker only, whoever leads."""
         self.settings = settings
         self._leader = leader
         self.bootstrap = bootstrap
@@ -115,16 +116,9 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self.evolver = Evolver(  # (case folding alone is the record format's and the transform's)
             self.worker_id, evolve=True, case_insensitive=settings.schema_case_insensitive,
         ) if settings.evolve_schema else None
-        self.spark = SparkFileWriter(SparkSettings(
-            master=settings.spark_master,
-            remote=settings.spark_remote,
-            conf=dict(settings.spark_conf),
-            app_name=f"icesink-{self.worker_id}",
-            stage=settings.write_staging,
-            staging_dir=str(settings.state_dir / "staging" / self.worker_id),
-            warm_up_rows=settings.write_warm_up_rows,
-            class_archive=settings.write_class_archive,
-        ))
+        writing = files(settings, self.worker_id)  # the writer the app chose (icesink/app/files.py)
+        self.spark = writing.writer
+        self._rewrite_files = writing.rewrite
         self.write_failures = WriteFailures(settings.write_failure_limit)
         self.generation = -1
         self.member_id: str | None = None
@@ -311,10 +305,10 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
             log.error("coordinator fenced, stopping it: %s", exc)
 
     def _rewrite(self, table: Any, data_files: Any, delete_files: Any, prefix: str) -> Any:
-        """Compaction's rewrite: this replica's Spark session reads and writes the files
-        (coordinator/maintenance.py, spark_bridge/rewrite.py)."""
-        return rewrite_files(self.spark, table, data_files, delete_files, file_prefix=prefix,
-                             target_file_size_bytes=self.settings.target_file_size_bytes)
+        """Compaction's rewrite: this replica's file writer reads and writes the files
+        (coordinator/maintenance.py; spark_bridge/rewrite.py, handed in by icesink/app/files.py)."""
+        return self._rewrite_files(table, data_files, delete_files, file_prefix=prefix,
+                                   target_file_size_bytes=self.settings.target_file_size_bytes)
 
     async def _stop_coordinator(self, drain: bool = False) -> None:
         """Stop the coordinator; with ``drain`` (the replica stops) it first gets half the

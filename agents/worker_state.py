@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from agents.deadletter import DeadLetters
     from agents.debezium import DebeziumTransform
     from agents.evolution import Evolver
+    from agents.file_writer import FileWriter
     from agents.formats import RecordFormat
     from agents.missing import MissingTables
     from agents.routing import Router
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from icesink.protocol import Resume, Rewind, TopicPartition
     from icesink.metrics import Metrics
     from icesink.offload import Offload
-    from spark_bridge.writer import SparkFileWriter
 
 
 class WorkerState:
@@ -55,7 +55,7 @@ class WorkerState:
     debezium: DebeziumTransform | None
     router: Router
     evolver: Evolver | None
-    spark: SparkFileWriter
+    spark: FileWriter  # Spark's (icesink/app/files.py)
     write_failures: WriteFailures
     generation: int
     member_id: str | None

@@ -34,7 +34,8 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 from coordinator.maintenance import MaintenanceSettings, compact, expire, live_files
 from tests.support import duck
 from spark_bridge.rewrite import rewrite_files
-from spark_bridge.writer import SparkFileWriter, SparkSettings
+from spark_bridge.session import SparkSettings
+from spark_bridge.writer import SparkFileWriter
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "store", StringType(), required=False),
                 NestedField(3, "price", DoubleType(), required=False))

@@ -69,6 +69,7 @@ def _report(kind: str, **data: Any) -> None:
 
 async def _member(args: argparse.Namespace) -> None:
     from agents.worker import Worker
+    from icesink.app.files import spark_files
     from icesink.config import load_settings
     from icesink.metrics import Metrics
 
@@ -120,7 +121,7 @@ async def _member(args: argparse.Namespace) -> None:
             await self._shutdown()
             _report("stopped", seconds=round(time.monotonic() - began, 2))
 
-    await Member(settings, args.bootstrap, Metrics()).run()
+    await Member(settings, args.bootstrap, Metrics(), files=spark_files).run()
 
 
 # Driver --------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from pyiceberg.table import Table
 
 from icesink.app.pizzas import PIZZA_SCHEMA
 from icesink.partitioning import build_partition_spec, parse_partition_by
-from spark_bridge.writer import SparkFileWriter, SparkSettings
+from spark_bridge.session import SparkSettings
+from spark_bridge.writer import SparkFileWriter
 
 
 

@@ -3,7 +3,10 @@ expressions, specs and values are :mod:`icesink.partitioning` (pure, shared with
 
 - :mod:`spark_bridge.schema`: Iceberg schema -> Spark schema with Parquet field ids.
 - :mod:`spark_bridge.labels`: partition directory names that map back to one value each.
+- :mod:`spark_bridge.session`: :class:`~spark_bridge.session.SparkSettings` and the long-lived session.
 - :mod:`spark_bridge.writer`: :class:`~spark_bridge.writer.SparkFileWriter`, Arrow -> DataFiles.
+- :mod:`spark_bridge.files`: where files go, Parquet options, footers -> DataFiles (no Spark).
+- :mod:`spark_bridge.rewrite`: compaction's rewrite with the writer's session.
 
 Importing this package does not import pyspark; import the submodules you need.
 """

@@ -78,9 +78,9 @@ def with_archive(conf: Mapping[str, str], root: Path | None = None) -> dict[str,
 def session_archive(master: str = "local[2]", conf: Mapping[str, str] | None = None,
                     root: Path | None = None) -> Path | None:
     """The archive a worker's local session of ``conf`` looks for (it may not exist yet)."""
-    from spark_bridge.writer import SparkFileWriter, SparkSettings
+    from spark_bridge.session import SparkSessionOwner, SparkSettings
 
-    return archive_path(SparkFileWriter(SparkSettings(master=master, conf=dict(conf or {}))).startup_conf(), root)
+    return archive_path(SparkSessionOwner(SparkSettings(master=master, conf=dict(conf or {}))).startup_conf(), root)
 
 
 def build(master: str = "local[2]", conf: Mapping[str, str] | None = None, root: Path | None = None) -> Path | None:
@@ -90,13 +90,14 @@ def build(master: str = "local[2]", conf: Mapping[str, str] | None = None, root:
     which this call ends)."""
     from pyspark import SparkContext
 
-    from spark_bridge.writer import SparkFileWriter, SparkSettings
+    from spark_bridge.session import SparkSessionOwner, SparkSettings
+    from spark_bridge.writer import SparkFileWriter
 
     if SparkContext._gateway is not None:
         raise RuntimeError("build() needs a process whose Spark JVM has not started yet")
     settings = SparkSettings(master=master, conf=dict(conf or {}), app_name="icesink-class-archive",
                              warm_up_rows=20_000, class_archive=False)
-    base = SparkFileWriter(settings).startup_conf()
+    base = SparkSessionOwner(settings).startup_conf()
     target = archive_path(base, root)
     if target is None:
         logger.warning("no java binary or Spark jars found: no class-data archive")

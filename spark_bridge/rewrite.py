@@ -44,10 +44,11 @@ from pyspark.sql import types as st
 
 from icesink.errors import SparkWriteError
 from spark_bridge import staging
-from spark_bridge.schema import arrow_only_column, requires_name_mapping, spark_schema
-from spark_bridge.writer import (
-    _WRITE_OPTIONS, SparkFileWriter, _delete_quietly, _filesystem, _is_local, _parquet_options, _place, _spark_uri,
+from spark_bridge.files import (
+    WRITE_OPTIONS, delete_quietly, filesystem, is_local, parquet_options, place, read_data_files, spark_uri,
 )
+from spark_bridge.schema import arrow_only_column, requires_name_mapping, spark_schema
+from spark_bridge.writer import SparkFileWriter
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -112,12 +113,12 @@ def _spark_rewrite(
     from pyspark.sql import functions as F
 
     spark = writer.spark
-    settings = writer._settings
-    local_spark = writer._local_spark()
+    settings = writer.session.settings
+    local_spark = writer.session.local
     metadata = table.metadata
     data_root = metadata.properties.get("write.data.path", f"{table.location().rstrip('/')}/data")
     out_uri = f"{data_root.rstrip('/')}/{prefix}"
-    fs, out_path = _filesystem(table, out_uri)
+    fs, out_path = filesystem(table, out_uri)
     if fs.get_file_info(out_path).type != pafs.FileType.NotFound:
         raise FileExistsError(f"output directory {out_uri} already exists: each write needs a fresh file_prefix")
     scratch = staging.scratch(settings.staging_dir, "icesink-rewrite-")
@@ -133,23 +134,23 @@ def _spark_rewrite(
                      .join(gone, [f_col, r_col], "left_anti").select(*columns))
         frame = frame.select(*_required(frame, table))
         n_files = max(1, math.ceil(sum(f.file_size_in_bytes for f in data_files) / target))
-        options = {**_WRITE_OPTIONS, **_parquet_options(metadata.properties),
+        options = {**WRITE_OPTIONS, **parquet_options(metadata.properties),
                    "maxRecordsPerFile": str(max(1, math.ceil(expected / n_files)))}
         staged = settings.stages(out_uri)
-        job_uri = (scratch / "out").as_uri() if staged else _spark_uri(out_uri)
+        job_uri = (scratch / "out").as_uri() if staged else spark_uri(out_uri)
         try:
             frame.coalesce(1).write.options(**options).mode("error").parquet(job_uri)
             partition = data_files[0].partition
             if not staged:
-                return writer._data_files(table, fs, out_path, out_uri, [], partition=partition)
+                return read_data_files(table, fs, out_path, out_uri, [], partition=partition)
             local_fs = pafs.LocalFileSystem()
-            new = writer._data_files(table, local_fs, str(scratch / "out"), out_uri, [], partition=partition)
-            _place(local_fs, str(scratch / "out"), fs, out_path, out_uri, len(new), move=fs.type_name == "local")
+            new = read_data_files(table, local_fs, str(scratch / "out"), out_uri, [], partition=partition)
+            place(local_fs, str(scratch / "out"), fs, out_path, out_uri, len(new), move=fs.type_name == "local")
             return new
         except FileExistsError:
             raise
         except Exception:
-            _delete_quietly(fs, out_path)
+            delete_quietly(fs, out_path)
             raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -169,7 +170,7 @@ def _why_pyiceberg_reads(writer: SparkFileWriter, table: Table, data_files: Sequ
     if len(set(names)) != len(names) or not all(_PLAIN_NAME.match(n) for n in names):
         return "input file names are not unique plain names (the deletes are matched by file name)"
     for f in data_files:
-        file_fs, path = _filesystem(table, f.file_path)
+        file_fs, path = filesystem(table, f.file_path)
         with file_fs.open_input_file(path) as stream:
             missing = _without_field_id(pq.read_schema(stream))
         if missing is not None:
@@ -203,14 +204,14 @@ def _without_field_id(schema: pa.Schema) -> str | None:
 def _spark_inputs(table: Table, data_files: Sequence[DataFile], scratch: Path, local_spark: bool) -> list[str]:
     """Paths Spark reads the inputs by: the files themselves, or (a local Spark, an object
     store) local copies under ``scratch`` with the same names."""
-    if not local_spark or all(_is_local(f.file_path) for f in data_files):
-        return [_spark_uri(f.file_path) for f in data_files]
+    if not local_spark or all(is_local(f.file_path) for f in data_files):
+        return [spark_uri(f.file_path) for f in data_files]
     copies = scratch / "in"
     copies.mkdir()
     local_fs = pafs.LocalFileSystem()
     out = []
     for f in data_files:
-        file_fs, path = _filesystem(table, f.file_path)
+        file_fs, path = filesystem(table, f.file_path)
         target = copies / _base_name(f.file_path)
         pafs.copy_files(path, str(target), source_filesystem=file_fs, destination_filesystem=local_fs)
         out.append(target.as_uri())
@@ -225,7 +226,7 @@ def _deleted_positions(table: Table, data_files: Sequence[DataFile], delete_file
     by_path = {_normal(f.file_path): (_base_name(f.file_path), f.record_count) for f in data_files}
     parts = []
     for d in delete_files:
-        file_fs, path = _filesystem(table, d.file_path)
+        file_fs, path = filesystem(table, d.file_path)
         with file_fs.open_input_file(path) as stream:
             rows = pq.read_table(stream, columns=["file_path", "pos"])
         paths = rows.column("file_path").unique().to_pylist()

@@ -12,11 +12,9 @@ reader maps their columns by name through the table's name mapping
 (``schema.name-mapping.default``), the way Iceberg reads files of migrated tables: see
 :func:`requires_name_mapping`, :func:`name_mapping_properties` and :func:`name_mapping_mismatch`.
 
-Spark has no type for Iceberg's uuid (FIXED_LEN_BYTE_ARRAY(16) with the UUID logical type) and
-fixed[n] (FIXED_LEN_BYTE_ARRAY(n)): the writer writes tables with such columns with pyarrow
-instead (see :func:`arrow_only_column`), with every field id, so those files need no name
-mapping. Format-version 3 types (timestamp_ns, timestamptz_ns, unknown...) are refused: pyarrow
-could write them, but pyiceberg 0.12, which commits, cannot write format-version 3 metadata.
+Which Iceberg types Spark cannot write (uuid, fixed[n]: the writer writes such tables with
+pyarrow) or no writer can write is :mod:`icesink.writable_types`, a leaf the worker imports too:
+:func:`~icesink.writable_types.arrow_only_column` is re-exported here.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ from pyiceberg.types import (
     DateType,
     DecimalType,
     DoubleType,
-    FixedType,
     FloatType,
     IcebergType,
     IntegerType,
@@ -43,11 +40,10 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
     TimeType,
-    UUIDType,
 )
 from pyspark.sql import types as st
 
-from icesink.errors import UnsupportedTypeError
+from icesink.writable_types import ARROW_ONLY_TYPES, SPARK_PRIMITIVES, arrow_only_column, unsupported
 
 __all__ = [
     "ARROW_ONLY_TYPES",
@@ -60,21 +56,6 @@ __all__ = [
 ]
 
 FIELD_ID_KEY = "parquet.field.id"
-
-
-def _unsupported(column: str, iceberg_type: IcebergType) -> UnsupportedTypeError:
-    """A table column has an Iceberg type that neither Spark nor the pyarrow writer can write."""
-    return UnsupportedTypeError(
-        column, iceberg_type, "icesink cannot write Iceberg type",
-        "boolean, int, long, float, double, decimal, string, binary, fixed, uuid, date, time, timestamp, "
-        "timestamptz, struct, list or map",
-        "change the column type or write this table with another tool (format-version 3 types such as "
-        "timestamp_ns need format-version 3 metadata, which pyiceberg 0.12 cannot commit)",
-    )
-
-
-#: Types Spark's Parquet writer has no type for, written with pyarrow instead.
-ARROW_ONLY_TYPES: tuple[type[IcebergType], ...] = (UUIDType, FixedType)
 
 
 _PRIMITIVES: dict[type[IcebergType], st.DataType] = {
@@ -90,6 +71,8 @@ _PRIMITIVES: dict[type[IcebergType], st.DataType] = {
     TimestamptzType: st.TimestampType(),
     TimeType: st.TimeType(6),  # needs spark.sql.timeType.enabled (Spark 4.1+)
 }
+if set(_PRIMITIVES) != SPARK_PRIMITIVES:  # the leaf's list is what this module maps
+    raise RuntimeError(f"icesink.writable_types.SPARK_PRIMITIVES differs from Spark's types: {sorted(map(str, _PRIMITIVES))}")
 
 
 def _spark_type(iceberg_type: IcebergType, path: str, ids: bool) -> st.DataType:
@@ -111,7 +94,7 @@ def _spark_type(iceberg_type: IcebergType, path: str, ids: bool) -> st.DataType:
     spark_type = _PRIMITIVES.get(type(iceberg_type))
     if spark_type is None:
         # ARROW_ONLY_TYPES (callers check arrow_only_column first), timestamp_ns, unknown, variant...
-        raise _unsupported(path, iceberg_type)
+        raise unsupported(path, iceberg_type)
     return spark_type
 
 
@@ -133,35 +116,6 @@ def spark_schema(schema: Schema, *, field_ids: bool = True) -> st.StructType:
     (:data:`ARROW_ONLY_TYPES`, unknown, variant, ...).
     """
     return st.StructType([_spark_field(f, None, field_ids) for f in schema.fields])
-
-
-def arrow_only_column(schema: Schema) -> tuple[str, IcebergType] | None:
-    """The first column (dotted path) whose type only pyarrow can write (:data:`ARROW_ONLY_TYPES`),
-    with its type; None when Spark can write every column.
-
-    Raises :class:`UnsupportedTypeError` naming a column that neither can write (timestamp_ns,
-    unknown, variant...).
-    """
-    found: tuple[str, IcebergType] | None = None
-
-    def visit(iceberg_type: IcebergType, path: str) -> None:
-        nonlocal found
-        if isinstance(iceberg_type, StructType):
-            for f in iceberg_type.fields:
-                visit(f.field_type, f"{path}.{f.name}")
-        elif isinstance(iceberg_type, ListType):
-            visit(iceberg_type.element_type, f"{path}.element")
-        elif isinstance(iceberg_type, MapType):
-            visit(iceberg_type.key_type, f"{path}.key")
-            visit(iceberg_type.value_type, f"{path}.value")
-        elif isinstance(iceberg_type, ARROW_ONLY_TYPES):
-            found = found or (path, iceberg_type)
-        elif not isinstance(iceberg_type, DecimalType) and type(iceberg_type) not in _PRIMITIVES:
-            raise _unsupported(path, iceberg_type)
-
-    for f in schema.fields:
-        visit(f.field_type, f.name)
-    return found
 
 
 def requires_name_mapping(schema: Schema) -> bool:

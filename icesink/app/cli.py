@@ -64,6 +64,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from coordinator.service import Coordinator
     from icesink.metrics import Metrics
     from icesink import gc_tuning
+    from icesink.app.files import spark_files
     from icesink.app.stack import resolve_bootstrap
     from icesink.app.status import serve
 
@@ -75,7 +76,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     bootstrap, broker = resolve_bootstrap(settings)
     metrics = Metrics()
     # A replica is a worker, and the coordinator while it leads the group.
-    worker = Worker(settings, bootstrap, metrics, leader=Coordinator)
+    worker = Worker(settings, bootstrap, metrics, files=spark_files, leader=Coordinator)
     if settings.metrics_port:
         serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
     try:

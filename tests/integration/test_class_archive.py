@@ -19,7 +19,8 @@ SESSION = """
 import logging
 import sys
 logging.basicConfig(level=logging.INFO)
-from spark_bridge.writer import SparkFileWriter, SparkSettings
+from spark_bridge.session import SparkSettings
+from spark_bridge.writer import SparkFileWriter
 writer = SparkFileWriter(SparkSettings(master="local[1]", warm_up_rows=0,
                                        conf={"spark.driver.extraJavaOptions": sys.argv[1]}))
 writer.start()

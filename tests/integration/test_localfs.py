@@ -19,7 +19,8 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField
 
 from spark_bridge.localfs import FILE_SYSTEM_CLASS
-from spark_bridge.writer import SparkFileWriter, SparkSettings
+from spark_bridge.session import SparkSettings
+from spark_bridge.writer import SparkFileWriter
 from tests.support.tables import local_path, sqlite_catalog
 
 pytestmark = pytest.mark.skipif(shutil.which("javac") is None, reason="needs javac (./dev installs a JDK)")

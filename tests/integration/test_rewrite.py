@@ -29,7 +29,8 @@ from coordinator.iceberg_ext.deletes import WithPositionDeletes, write_position_
 from coordinator.maintenance import MaintenanceSettings, compact, live_files
 from tests.support import duck
 from spark_bridge.rewrite import rewrite_files
-from spark_bridge.writer import SparkFileWriter, SparkSettings
+from spark_bridge.session import SparkSettings
+from spark_bridge.writer import SparkFileWriter
 from tests.support.spark_reader import SparkCatalogReader, SparkReader, assert_engines_agree, engine_rows
 from tests.support.tables import sqlite_catalog
 

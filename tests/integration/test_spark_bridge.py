@@ -59,7 +59,8 @@ from icesink.partitioning import build_partition_spec, parse_partition_by
 from icesink.errors import UnsupportedTypeError
 from spark_bridge.schema import arrow_only_column, name_mapping_properties, spark_schema
 from spark_bridge.staging import MARKER
-from spark_bridge.writer import SparkFileWriter, SparkSettings
+from spark_bridge.session import SparkSettings
+from spark_bridge.writer import SparkFileWriter
 from tests.support import duck
 from icesink.app.embedded import free_port
 from tests.support.spark_cluster import spark_home

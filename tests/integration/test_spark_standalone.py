@@ -16,7 +16,8 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from tests.support import duck
-from spark_bridge.writer import SparkFileWriter, SparkSettings
+from spark_bridge.session import SparkSettings
+from spark_bridge.writer import SparkFileWriter
 from tests.support.spark_cluster import SparkStandalone, stop_classic_spark
 from tests.support.tables import (
     assert_same_rows,

@@ -60,7 +60,8 @@ def _file_infos(table, rows):
     them: FileInfo, through the control event's JSON encoding and back."""
     from icesink import protocol
     from icesink.iceberg import to_file_info
-    from spark_bridge.writer import SparkFileWriter, SparkSettings
+    from spark_bridge.session import SparkSettings
+    from spark_bridge.writer import SparkFileWriter
 
     # uuid and fixed columns: the worker's writer writes the table with pyarrow (no Spark session)
     writer = SparkFileWriter(SparkSettings(master="local[1]"))

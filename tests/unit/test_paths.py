@@ -38,10 +38,12 @@ def test_the_default_worker_id_of_a_replica_is_a_plain_name_whatever_the_host_is
     from prometheus_client import CollectorRegistry
 
     from agents.worker import Worker
+    from icesink.app.files import spark_files
     from icesink.metrics import Metrics
 
     monkeypatch.setattr(socket, "gethostname", lambda: "../odd host/name")
-    w = Worker(build({**BASE, "state.dir": str(tmp_path)}), "127.0.0.1:1", Metrics(CollectorRegistry()))
+    w = Worker(build({**BASE, "state.dir": str(tmp_path)}), "127.0.0.1:1", Metrics(CollectorRegistry()),
+               files=spark_files)
     build({**BASE, "worker.id": w.worker_id})  # valid
     assert "/" not in w.worker_id and not w.worker_id.startswith(".")
 

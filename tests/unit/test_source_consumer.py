@@ -13,6 +13,7 @@ from aiokafka.structs import TopicPartition as KafkaTP
 
 from agents.kafka.source_consumer import FETCH_MAX_WAIT_MS, ConsumerGuard, use_read_committed
 from agents.worker import Worker
+from icesink.app.files import spark_files
 from icesink.config import build
 from icesink.errors import ConsumerError
 from icesink.metrics import Metrics
@@ -28,7 +29,7 @@ def test_the_workers_faust_consumer_is_built_read_committed_with_short_fetch_wai
     leader topic) held every partition's next fetch, so a partition resumed at its accepted
     position took up to 1.5 s to bring its first records, at every start-up."""
     settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
-    worker = Worker(settings, "127.0.0.1:9", Metrics())
+    worker = Worker(settings, "127.0.0.1:9", Metrics(), files=spark_files)
     thread = worker.app.consumer._thread
 
     async def built() -> tuple[str, str | None, int, int]:
@@ -204,7 +205,7 @@ def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(t
 
     async def drain() -> None:
         nonlocal app
-        app = Worker(settings, "127.0.0.1:9", Metrics()).app  # Faust binds its services to this loop
+        app = Worker(settings, "127.0.0.1:9", Metrics(), files=spark_files).app  # Faust binds its services to this loop
         app.consumer._wait_next_records = wait_next_records
         app.consumer._active_partitions.update({t0, t1})  # else the drain waits for one (below)
         install_batch_drain(app, deliver)
@@ -246,7 +247,7 @@ def test_the_batch_drain_waits_for_an_active_partition_without_faust_one_second_
 
     async def drain() -> None:
         nonlocal app
-        app = Worker(settings, "127.0.0.1:9", Metrics()).app
+        app = Worker(settings, "127.0.0.1:9", Metrics(), files=spark_files).app
         app.consumer._wait_next_records = wait_next_records
         install_batch_drain(app, deliver)
         asyncio.get_running_loop().call_later(0.2, app.consumer.resume_partitions, {t0})

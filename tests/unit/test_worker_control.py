@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from agents import tasks
 from agents.tasks import TaskOwner, supervise_coordinator, unless_moved
 from agents.worker import Worker
+from icesink.app.files import spark_files
 from icesink.config import build
 from icesink.protocol import CommitComplete, CommitToTable, Position, Resume, Rewind, StartCommit, TopicPartition
 from icesink.metrics import Metrics
@@ -38,7 +39,7 @@ class Reader:
 
 def make_worker(tmp_path):
     settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
-    w = Worker(settings, "127.0.0.1:1", Metrics(CollectorRegistry()))
+    w = Worker(settings, "127.0.0.1:1", Metrics(CollectorRegistry()), files=spark_files)
     w.worker_id = "w1"
     w.calls = []
     w.stops = []

@@ -1,0 +1,263 @@
+"""Data files on disk and in object stores, for the Spark writer (spark_bridge/writer.py) and
+compaction's rewrite (spark_bridge/rewrite.py): where a table's files go (its FileIO's file
+system), the table's Parquet options, listing and moving written files, reading their footers
+into pyiceberg :class:`DataFile` values, and writing with pyarrow the tables Spark cannot write.
+
+No Spark here: every function is plain pyarrow and pyiceberg, blocking.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyiceberg.io.pyarrow import (
+    PyArrowFileIO,
+    _check_pyarrow_schema_compatible,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.typedef import Record
+
+from icesink.errors import ConfigError, SparkWriteError
+from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+__all__ = [
+    "WRITE_OPTIONS", "FooterPlan", "arrow_parquet_options", "delete_quietly", "filesystem", "is_local",
+    "list_data_files", "parquet_options", "place", "read_data_files", "spark_uri", "write_with_arrow",
+]
+
+logger = logging.getLogger(__name__)
+
+# Hadoop options passed with every write (they reach Spark Connect servers too).
+WRITE_OPTIONS: dict[str, str] = {
+    "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+}
+
+# Iceberg table property -> Spark/parquet-mr write option.
+_ICEBERG_CODECS = {
+    "zstd": "zstd",
+    "snappy": "snappy",
+    "gzip": "gzip",
+    "lz4": "lz4",
+    "brotli": "brotli",
+    "uncompressed": "uncompressed",
+    "none": "uncompressed",
+}
+
+_METRICS_PREFIX = "write.metadata.metrics."
+
+
+@dataclass
+class FooterPlan:
+    """What reading a table's footers needs from its schema and properties (:func:`read_data_files`)."""
+
+    stats: dict[int, Any]  # compute_statistics_plan
+    ids: dict[str, int]  # parquet_path_to_id_mapping
+    checked: bool = False  # the files' Parquet schema was checked against the table's
+
+
+def filesystem(table: Table, uri: str) -> tuple[pafs.FileSystem, str]:
+    io = table.io
+    if isinstance(io, PyArrowFileIO):
+        scheme, netloc, path = PyArrowFileIO.parse_location(uri, io.properties)
+        return io.fs_by_scheme(scheme, netloc), path
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, path
+
+
+def is_local(uri: str) -> bool:
+    """A path on this machine's filesystem (plain path or file://), not an object store."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    return scheme in ("", "file")
+
+
+def spark_uri(uri: str) -> str:
+    """Hadoop's S3 connector is s3a; Iceberg's files keep their s3:// URIs."""
+    if uri.startswith("s3://"):
+        return "s3a://" + uri[len("s3://") :]
+    return uri
+
+
+def list_data_files(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int]]:
+    """(relative path, size) of every Parquet file under root; removes Hadoop's .crc files."""
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    for info in sorted(infos, key=lambda i: i.path):
+        if info.type != pafs.FileType.File:
+            continue
+        relative = info.path[len(root) :].lstrip("/")
+        base = info.base_name
+        if base.startswith(".") and base.endswith(".crc"):
+            fs.delete_file(info.path)
+            continue
+        if base.startswith(("_", ".")) or any(p.startswith(("_", ".")) for p in relative.split("/")[:-1]):
+            raise SparkWriteError(f"unexpected file {relative!r} left in {root} after the Spark job")
+        if not base.endswith(".parquet"):
+            raise SparkWriteError(f"unexpected non-Parquet file {relative!r} in {root}")
+        assert info.size is not None
+        yield relative, info.size
+
+
+def place(local_fs: pafs.FileSystem, stage_path: str, fs: pafs.FileSystem, out_path: str, out_uri: str,
+           n_files: int, *, move: bool = False) -> None:
+    """Every file under ``stage_path`` to the same relative path under ``out_path`` of ``fs``
+    (moved when that is a local path and ``move``, else copied); on failure nothing stays there."""
+    try:
+        for relative, _ in list_data_files(local_fs, stage_path):
+            target = f"{out_path}/{relative}"
+            if fs.type_name == "local":  # object stores have no directories to make
+                fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+                if move:
+                    shutil.move(f"{stage_path}/{relative}", target)
+                    continue
+            pafs.copy_files(f"{stage_path}/{relative}", target, source_filesystem=local_fs, destination_filesystem=fs)
+    except Exception as e:
+        delete_quietly(fs, out_path)
+        raise SparkWriteError(f"could not upload {n_files} staged files to {out_uri}: {e}") from e
+
+
+def delete_quietly(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        if fs.get_file_info(path).type != pafs.FileType.NotFound:
+            fs.delete_dir(path)
+    except Exception:
+        logger.warning("could not remove partial output %s", path, exc_info=True)
+
+
+def _codec(properties: Mapping[str, str]) -> str:
+    codec_name = properties.get("write.parquet.compression-codec", "zstd").lower()
+    codec = _ICEBERG_CODECS.get(codec_name)
+    if codec is None:
+        raise ConfigError("write.parquet.compression-codec", codec_name, f"one of {', '.join(sorted(_ICEBERG_CODECS))}")
+    return codec
+
+
+def parquet_options(properties: Mapping[str, str]) -> dict[str, str]:
+    codec = _codec(properties)
+    options = {"compression": codec}
+    if (level := properties.get("write.parquet.compression-level")) is not None and codec == "zstd":
+        options["parquet.compression.codec.zstd.level"] = level
+    if (row_group := properties.get("write.parquet.row-group-size-bytes")) is not None:
+        options["parquet.block.size"] = row_group
+    if (page := properties.get("write.parquet.page-size-bytes")) is not None:
+        options["parquet.page.size"] = page
+    return options
+
+
+def arrow_parquet_options(properties: Mapping[str, str], bytes_per_row: int) -> dict[str, Any]:
+    """``pq.write_table`` arguments for the table's write.parquet.* properties (row groups by
+    the in-memory size of the rows, roughly)."""
+    codec = _codec(properties)
+    options: dict[str, Any] = {"compression": "none" if codec == "uncompressed" else codec}
+    if (level := _int_property(properties, "write.parquet.compression-level")) is not None and codec == "zstd":
+        options["compression_level"] = level
+    if (row_group := _int_property(properties, "write.parquet.row-group-size-bytes")) is not None:
+        options["row_group_size"] = max(1, row_group // bytes_per_row)
+    if (page := _int_property(properties, "write.parquet.page-size-bytes")) is not None:
+        options["data_page_size"] = page
+    return options
+
+
+def _int_property(properties: Mapping[str, str], key: str) -> int | None:
+    text = properties.get(key)
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        raise ConfigError(key, text, "an integer") from None
+
+
+def write_with_arrow(
+    arrow_schema: pa.Schema, extended: pa.Table, labels: Sequence[PartitionLabels], data: pa.Table,
+    target_file_size_bytes: int, properties: Mapping[str, str], fs: pafs.FileSystem, root: str,
+) -> None:
+    """pyarrow instead of Spark (``SparkFileWriter._run_job``) for a table with columns Spark
+    cannot write: the same layout (a ``label=value`` directory per partition tuple, escaped like Spark),
+    one file per tuple split past the target size, the table's codec, every field id."""
+    bytes_per_row = max(1, math.ceil(data.nbytes / data.num_rows))
+    options = arrow_parquet_options(properties, bytes_per_row)
+    try:
+        rows = data.cast(arrow_schema)  # the field ids, in nested types too
+        if fs.type_name == "local":  # object stores have no directories to make
+            fs.create_dir(root, recursive=True)
+        for directory, indices in partition_directories(extended, labels):
+            part = rows if indices is None else rows.take(indices)
+            part_bytes = data.nbytes * part.num_rows / data.num_rows
+            n_files = max(1, math.ceil(part_bytes / target_file_size_bytes))
+            per_file = math.ceil(part.num_rows / n_files)
+            if directory and fs.type_name == "local":
+                fs.create_dir(f"{root}/{directory}", recursive=True)
+            for start in range(0, part.num_rows, per_file):
+                path = f"{root}/{directory}{'/' if directory else ''}part-{uuid.uuid4()}.parquet"
+                pq.write_table(part.slice(start, per_file), path, filesystem=fs, **options)
+    except Exception as e:
+        raise SparkWriteError(f"pyarrow failed to write {data.num_rows} rows to {root}: {e}") from e
+
+
+def read_data_files(
+    table: Table, fs: pafs.FileSystem, out_path: str, out_uri: str, labels: Sequence[PartitionLabels],
+    *, partition: Record | None = None, job: dict[tuple[Any, ...], FooterPlan] | None = None,
+) -> list[DataFile]:
+    """A DataFile per Parquet file under ``out_path``, its partition from its directories
+    (``labels``), or ``partition`` for every file. ``job``: shared by the tables one Spark job
+    wrote (``SparkFileWriter._write_group``; their files have one Parquet schema), so tables
+    alike in schema and metrics settings share their statistics plan and one schema check."""
+    metadata = table.metadata
+    schema = table.schema()
+    metrics = tuple(sorted((k, v) for k, v in metadata.properties.items() if k.startswith(_METRICS_PREFIX)))
+    plan_key = (str(schema), metadata.format_version, metrics)  # str(schema) names every field id and type
+    plan = job.get(plan_key) if job is not None else None
+    if plan is None:
+        plan = FooterPlan(compute_statistics_plan(schema, metadata.properties), parquet_path_to_id_mapping(schema))
+        if job is not None:
+            job[plan_key] = plan
+    stats_plan, id_mapping = plan.stats, plan.ids
+    records: dict[tuple[str | None, ...], Record] = {}
+    data_files: list[DataFile] = []
+    for relative, size in list_data_files(fs, out_path):
+        *dirs, _ = relative.split("/")
+        key = parse_partition_dirs(dirs, labels, relative) if partition is None else ()
+        record = records.get(key) if partition is None else partition
+        if record is None:
+            record = Record(*[None if lbl is None else p.values[lbl] for lbl, p in zip(key, labels, strict=True)])
+            records[key] = record
+        file_uri = f"{out_uri}/{relative}"
+        with fs.open_input_file(f"{out_path}/{relative}") as stream:
+            parquet_metadata = pq.read_metadata(stream)
+        if not plan.checked:
+            _check_pyarrow_schema_compatible(
+                schema, parquet_metadata.schema.to_arrow_schema(), format_version=metadata.format_version
+            )
+            plan.checked = True
+        statistics = data_file_statistics_from_parquet_metadata(
+            parquet_metadata=parquet_metadata,
+            stats_columns=stats_plan,
+            parquet_column_mapping=id_mapping,
+        )
+        data_file = DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=file_uri,
+            file_format=FileFormat.PARQUET,
+            partition=record,
+            file_size_in_bytes=size,
+            sort_order_id=None,
+            equality_ids=None,
+            key_metadata=None,
+            **statistics.to_serialized_dict(),
+        )
+        # Not a field of the manifest struct: from_args would drop it (pyiceberg 0.12).
+        data_file.spec_id = metadata.default_spec_id
+        data_files.append(data_file)
+    return data_files

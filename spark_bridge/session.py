@@ -1,0 +1,202 @@
+"""The long-lived Spark session of a replica: its settings, its start-up conf, start and stop.
+
+:class:`SparkSettings` says how to reach Spark (a local session, a standalone master or a Spark
+Connect server) and how the writer stages and warms up; :class:`SparkSessionOwner` starts the
+session once (a local one maps the JVM's class-data archive and gets icesink's file system for
+``file:``, spark_bridge/class_archive.py and spark_bridge/localfs.py) and stops it.
+spark_bridge/writer.py writes files with it, spark_bridge/rewrite.py compacts with it.
+
+The session is blocking: run these calls off the event loop, in one executor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from icesink.errors import ConfigError
+from spark_bridge import class_archive, staging
+from spark_bridge.files import is_local
+from spark_bridge.localfs import session_conf
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["SparkSessionOwner", "SparkSettings"]
+
+logger = logging.getLogger(__name__)
+
+# SQL confs every session gets; all are runtime confs, so they also apply to Spark Connect.
+_RUNTIME_CONF: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.fieldId.write.enabled": "true",
+    # Compaction's reads (spark_bridge/rewrite.py) match columns by Iceberg field id.
+    "spark.sql.parquet.fieldId.read.enabled": "true",
+    "spark.sql.caseSensitive": "true",
+    "spark.sql.shuffle.partitions": "8",
+}
+# Confs that only a locally started session can take (static or core confs).
+_LOCAL_CONF: dict[str, str] = {
+    # Local mode runs tasks in the driver JVM, which also holds the Arrow batches of a write.
+    "spark.driver.memory": "2g",
+    # An OutOfMemoryError can kill Spark's scheduler thread and leave the job waiting forever:
+    # exit instead, so the write fails (SparkWriteError) and the owner restarts the process.
+    "spark.driver.extraJavaOptions": "-XX:+ExitOnOutOfMemoryError",
+    "spark.ui.enabled": "false",
+    # Iceberg time columns: Spark 4.1+ writes TIME as Parquet TIME(MICROS) once enabled. Not
+    # forced on Spark Connect servers, which may be older (a time column then fails to write).
+    "spark.sql.timeType.enabled": "true",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    # createDataFrame(arrow) below this size (48 MB by default) becomes a LocalRelation: the
+    # driver turns every row into an UnsafeRow and each analyzer and optimizer rule walks all of
+    # them. 0 sends the Arrow batches to the write task as they are: a warm write of 60k rows
+    # took half the time (bench/README.md). Not for Spark Connect, whose servers cache relations.
+    "spark.sql.execution.arrow.localRelationThreshold": "0",
+}
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """How to reach Spark. Frozen; built once at start-up."""
+
+    master: str = "local[*]"  # ignored when remote is set
+    remote: str | None = None  # Spark Connect URL "sc://host:port"
+    conf: Mapping[str, str] = field(default_factory=dict)  # extra spark conf
+    app_name: str = "icesink"
+    # Upper bound on the write tasks of one call (each task writes whole partitions).
+    max_write_tasks: int = 64
+    # Arrow bytes per write task: smaller batches are written by one task without a shuffle.
+    bytes_per_write_task: int = 128 * 1024 * 1024
+    # Staging: a local Spark writes into staging_dir, then the files are uploaded to the table
+    # location with the table's FileIO. "auto" stages when the location is not a local path
+    # (s3://, gs://, ...: Spark would need the user's hadoop-aws jars) and Spark runs locally.
+    stage: Literal["auto", "always", "never"] = "auto"
+    staging_dir: str | None = None  # this writer's scratch directories (spark_bridge/staging.py)
+    # Rows of a throw-away write run twice at start() by a local session (0: none): the JVM
+    # loads and compiles the Arrow-to-Parquet path then instead of during the first round.
+    warm_up_rows: int = 20_000
+    # A local session's JVM maps the class-data archive built for its JVM and class path, when
+    # there is one (spark_bridge/class_archive.py: it starts in about half the time).
+    class_archive: bool = True
+
+    def validate(self) -> None:
+        if self.remote is not None and not self.remote.startswith("sc://"):
+            raise ConfigError("spark.remote", self.remote, "a Spark Connect URL like sc://host:15002")
+        if self.max_write_tasks < 1:
+            raise ConfigError("SparkSettings.max_write_tasks", self.max_write_tasks, "a positive integer")
+        if self.bytes_per_write_task < 1:
+            raise ConfigError("SparkSettings.bytes_per_write_task", self.bytes_per_write_task, "a positive integer")
+        if self.stage not in ("auto", "always", "never"):
+            raise ConfigError("write.staging", self.stage, "one of auto, always, never")
+        if self.stage == "always" and self.staging_dir is None:
+            raise ConfigError("write.staging", self.stage, "auto or never when no staging directory is given")
+        if self.warm_up_rows < 0:
+            raise ConfigError("write.warm-up-rows", self.warm_up_rows, "0 or a positive number of rows")
+
+    def stages(self, location: str) -> bool:
+        """Whether files for ``location`` are written locally first and then uploaded."""
+        if self.staging_dir is None or self.stage == "never":
+            return False
+        if self.stage == "always":
+            return True
+        local_spark = self.remote is None and self.master.startswith("local")
+        return local_spark and not is_local(location)
+
+
+class SparkSessionOwner:
+    """Owns one long-lived Spark session: :meth:`start` creates it, :meth:`stop` ends it."""
+
+    def __init__(self, settings: SparkSettings) -> None:
+        settings.validate()
+        self.settings = settings
+        self._spark: SparkSession | None = None
+        # Rows per Arrow batch of createDataFrame(arrow) in a classic session, which makes a
+        # partition of each batch (None on Spark Connect: the server decides).
+        self.batch_rows: int | None = None
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            raise RuntimeError("SparkFileWriter is not started: call start() first")
+        return self._spark
+
+    @property
+    def started(self) -> bool:
+        """Whether the session runs (False again once :meth:`stop` was called)."""
+        return self._spark is not None
+
+    @property
+    def local(self) -> bool:
+        """Whether Spark runs in this process (local mode), not on a cluster or a Connect server."""
+        return self.settings.remote is None and self.settings.master.startswith("local")
+
+    def start(self) -> None:
+        """Create the session (blocking: a local session takes seconds)."""
+        if self._spark is not None:
+            return
+        from pyspark.sql import SparkSession
+
+        s = self.settings
+        if s.staging_dir is not None:
+            staging.claim(s.staging_dir)  # a crash's leftovers go, if icesink made the directory
+        if s.remote is not None:
+            spark = SparkSession.builder.remote(s.remote).appName(s.app_name).create()
+            for key, value in {**_RUNTIME_CONF, **s.conf}.items():
+                try:
+                    spark.conf.set(key, value)
+                except Exception as e:
+                    spark.stop()
+                    raise ConfigError(
+                        f"spark.conf.{key}", value, f"a runtime conf the Spark Connect server accepts ({e})"
+                    ) from e
+        else:
+            builder = SparkSession.builder.master(s.master).appName(s.app_name)
+            conf = self.startup_conf()
+            if s.class_archive and s.master.startswith("local"):
+                conf = class_archive.with_archive(conf)
+            for key, value in conf.items():
+                builder = builder.config(key, value)
+            spark = builder.getOrCreate()
+            spark.sparkContext.setLogLevel("WARN")
+            _quiet_task_size_warnings(spark)
+            self.batch_rows = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000") or 10000)
+        self._spark = spark
+        logger.info("spark session started (%s)", s.remote or s.master)
+
+    def startup_conf(self) -> dict[str, str]:
+        """The conf a classic (not Spark Connect) session starts with: ours, then the user's."""
+        s = self.settings
+        # A local session talks only to itself: keep its driver on loopback.
+        loopback = (
+            {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+            if s.master.startswith("local") else {}
+        )
+        # A local session's driver runs the tasks: its file: scheme can skip chmod processes.
+        # Elsewhere executors lack the classes: Hadoop's own, also over a conf an earlier local
+        # session of this process left in the JVM's system properties.
+        fast_fs = (session_conf(s.conf) if s.master.startswith("local")
+                   else {} if "spark.hadoop.fs.file.impl" in s.conf
+                   else {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"})
+        return {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs}
+
+    def stop(self) -> None:
+        spark, self._spark = self._spark, None
+        if spark is not None:
+            spark.stop()
+
+
+def _quiet_task_size_warnings(spark: SparkSession) -> None:
+    """createDataFrame ships the Arrow batches inside the tasks: Spark warns on every write."""
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.scheduler.TaskSetManager", jvm.org.apache.logging.log4j.Level.ERROR
+        )
+    except Exception:  # logging only; never fail start-up for it
+        logger.debug("could not lower TaskSetManager log level", exc_info=True)
+
