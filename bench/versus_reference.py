@@ -145,6 +145,7 @@ class RunResult:
     interference: Interference | None = None
     profile: list[tuple[str, int]] = field(default_factory=list)
     log_path: Path | None = None
+    load: tuple[float, float] = (0.0, 0.0)  # the 1-minute load average at launch and at the last row
 
     @property
     def cpu_s(self) -> float:
@@ -178,6 +179,7 @@ def result_table(results: list[RunResult]) -> str:
         ("peak RSS, all its processes (MiB)", [_num(r.peak_rss_bytes / MIB) for r in results]),
         ("tables / data files / snapshots", [f"{r.tables} / {r.files:,} / {r.snapshots:,}" for r in results]),
         ("every table exact (count and order_id set)", ["yes" if r.problem is None else "NO" for r in results]),
+        ("load average (1 min) at launch / at last row", [f"{r.load[0]:.1f} / {r.load[1]:.1f}" for r in results]),
     ]
     header = ["", *(r.label for r in results)]
     lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * len(results)]
@@ -571,13 +573,23 @@ def main(argv: list[str] | None = None) -> int:
                     sink = ReferenceSink(directory, broker.bootstrap, pg, catalog, mode, tasks, args.interval_ms)
                 print(f"{time.strftime('%H:%M:%S')} {sink.label}, mode {mode}: load average {os.getloadavg()[0]:.2f}",
                       file=sys.stderr, flush=True)
+                # Iceberg's JdbcCatalog.createNamespace checks, then inserts: two tasks auto-creating
+                # their first table at once race, and the loser's task FAILS on the unique key of
+                # iceberg_namespace_properties (seen with tasks.max=2). Every sink finds it made.
+                load_catalog(catalog, type="sql", uri=pg.uri).create_namespace(NAMESPACE)
                 rows = CommittedRows(pg.uri.replace("postgresql+psycopg2://", "postgresql://"), catalog)
+                load_began = os.getloadavg()[0]
                 try:
                     result = measure(sink, mode, rows, args.records, args.tables, args.timeout_s,
                                      broker_pid=broker.pid, pg_data=pg.data,
                                      profile=directory / "profile.txt" if args.profile and tasks is None else None)
+                except Exception as exc:  # noqa: BLE001 - one failed run must not lose the others' figures
+                    print(f"{sink.label}, mode {mode}: FAILED: {exc}", file=sys.stderr, flush=True)
+                    ok = False
+                    continue
                 finally:
                     rows.close()
+                result.load = (load_began, os.getloadavg()[0])
                 result.tables, result.files, result.snapshots, result.problem = check_tables(
                     pg.uri, catalog, expected[mode])
                 ok = ok and result.problem is None
