@@ -21,6 +21,12 @@ for its own Kafka clients (``IcebergSinkConfig.loadWorkerProps``), so ``bootstra
 set once. On one Kafka broker its control topic needs replication factor 1: create it first
 (:func:`icesink.kafka_admin.ensure_topic`), or the broker's default of 1 applies.
 
+It needs a real Kafka broker: on the embedded Tansu broker (tried 2026-11-28) its task is
+RUNNING and the Java client's transactional InitProducerId succeeds, but the sink's leader
+election (``CommitterImpl``: DescribeConsumerGroups, the member holding the first partition)
+finds no partitions assigned to any member, so no task starts the commit coordinator and
+nothing is ever committed (one WARN "cannot determine leader").
+
 ``python -m tests.support.kafka_connect resolve`` fetches both class paths and prints them.
 """
 
