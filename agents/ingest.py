@@ -272,7 +272,9 @@ class Ingest(WorkerState):
                 by_table[name] = np.sort(np.concatenate([by_table.get(name, bad[:0]), bad[idx]]))
             unrouted = [*routes.unrouted, *(dataclasses.replace(r, index=int(bad[r.index])) for r in more.unrouted)]
             routes = Routes(by_table, tuple(sorted(unrouted, key=lambda r: r.index)))
-        if not routes.by_table or any(self.targets.get(n) is not members.get(n) for n in routes.by_table):
+        # a table not a member (None is None would let a new one through, never created) or
+        # reloaded since: the usual way
+        if not routes.by_table or any(n not in members or self.targets.get(n) is not members[n] for n in routes.by_table):
             return None
         names = list(routes.by_table)
         owner = np.full(len(values), -1, dtype=np.int32)

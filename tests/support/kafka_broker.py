@@ -99,10 +99,10 @@ def kafka_home(pom: Path = POM) -> Path:
     return cache_root() / f"kafka-{digest}"
 
 
-def resolve_classpath(pom: Path = POM, *, timeout_s: float = 900.0) -> Path:
-    """The directory holding Kafka's jars, copied there from Maven Central by ``mvn`` unless a
-    previous run did (a stamp file says it finished). Safe to call from several processes at
-    once (a lock file)."""
+def resolve_classpath(pom: Path = POM, *, expect: str = "kafka_2.13-*.jar", timeout_s: float = 900.0) -> Path:
+    """The directory holding ``pom``'s jars (Kafka's by default), copied there from Maven Central
+    by ``mvn`` unless a previous run did (a stamp file says it finished); ``expect`` is a jar that
+    must be among them. Safe to call from several processes at once (a lock file)."""
     home = kafka_home(pom)
     lib = home / "lib"
     if (home / _STAMP).exists():
@@ -125,12 +125,12 @@ def resolve_classpath(pom: Path = POM, *, timeout_s: float = 900.0) -> Path:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             raise KafkaError(f"{' '.join(cmd)}: no result within {timeout_s:.0f} s") from None
-        if done.returncode != 0 or not any(partial.glob("kafka_2.13-*.jar")):
+        if done.returncode != 0 or not any(partial.glob(expect)):
             raise KafkaError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
         shutil.rmtree(lib, ignore_errors=True)
         partial.rename(lib)
         (home / _STAMP).write_text(" ".join(sorted(p.name for p in lib.glob("*.jar"))) + "\n")
-        logger.info("Kafka's class path resolved into %s in %.1f s", lib, time.monotonic() - began)
+        logger.info("%s resolved into %s in %.1f s", pom, lib, time.monotonic() - began)
     return lib
 
 
