@@ -162,8 +162,9 @@ class Snapshot:
         """Rows per table, in buffer order, one Arrow chunk per column. ``cast(table, rows)``
         brings rows to the table's schema (chunks decoded against an evolved schema differ from
         it): once per run of chunks of one schema, not per chunk. A table a round routes to
-        gets a small chunk from every fetch (200 tables at 6k records/s: 300 chunks of two rows
-        each, per table and round); cast one by one, that was 3.8 CPU-s a round."""
+        gets a small chunk from every fetch (hundreds of small chunks per table and round with
+        many tables); cast one by one, that dominated a round (see bench/README.md,
+        fanout_bench)."""
         parts: dict[str, list[list[pa.Table]]] = {}
 
         def add(name: str, t: pa.Table) -> None:

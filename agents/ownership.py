@@ -70,7 +70,8 @@ class Ownership(WorkerState):
         Faust sends on_rebalance_complete, then resumes every assigned partition and seeks
         them to the group's committed offsets (Recovery._resume_streams). That undid the pause
         of partitions still claiming: their records were fetched, parsed and dropped until the
-        coordinator's Resume (321k records of a 1M backlog at start-up, bench/README.md), and
+        coordinator's Resume (a large part of a backlog at start-up; see bench/README.md,
+        ingest_bench), and
         the pause of full buffers. Faust's consumer now resumes only partitions this worker
         does not hold (:meth:`_held`); the worker's own resumes come after it let go of them
         (Resume activates first; backpressure is lifted first). Call before Faust starts."""

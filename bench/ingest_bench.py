@@ -157,8 +157,8 @@ class CommittedRows:
     """The rows committed to the benchmark's tables, polled while the worker runs: one read of
     the SQLite catalog's pointers (WAL mode: the worker's commits never wait for it), then the
     metadata file of each table whose pointer moved, read as plain JSON. :func:`committed_rows`
-    loads every table through pyiceberg instead: at 200 tables of a dozen snapshots that is
-    0.17-0.28 CPU-s a poll, every 0.5 s, on the worker's two cores (bench/README.md)."""
+    loads every table through pyiceberg instead: at 200 tables of a dozen snapshots that takes
+    a large share of a core, polled every 0.5 s, on the worker's two cores."""
 
     def __init__(self, database: Path) -> None:
         self._database = database
@@ -301,9 +301,9 @@ def run_worker(
             consumed = None
             if now >= next_metrics_poll:
                 # Every 0.2 s until the worker consumes (start-up ends there), then every 5 s, as
-                # a Prometheus scrapes (15 s by default): a /metrics page of 200 tables is 48 ms
-                # of the worker's CPU (it was 14% of its samples at 0.2 s, 17% of the time it
-                # held the GIL at 1 s).
+                # a Prometheus scrapes (15 s by default): a /metrics page of 200 tables costs the
+                # worker noticeable CPU (see bench/README.md, ingest_bench --profile: the /metrics
+                # stage).
                 next_metrics_poll = now + (SAMPLE_EVERY_S if startup_s is None else METRICS_POLL_S)
                 consumed = metric_total(replica.metrics_port, "icesink_records_consumed_total")
             if consumed and (not consumed_curve or consumed != consumed_curve[-1][1]):
@@ -419,7 +419,7 @@ def commit_walls(log_path: Path) -> list[tuple[float, float, int, float, float]]
 def warm_rounds_note(walls: list[tuple[float, float, int, float, float]], produced_until: float | None) -> list[str]:
     """With --rate: the median round of the later half of the rounds answered while records were
     still produced. A fresh JVM compiles its write path over its first writes (a 200-file write
-    takes 1.8 s, then 0.9 s, and settles near 0.5 s after about 15: bench/spark_write_bench.py),
+    settles only after a dozen or so: bench/README.md, spark_write_bench),
     so a short run's rounds are mostly warm-up; a worker runs for days. Rounds answered after
     the producer stopped share the machine with less and are left out."""
     if produced_until is None:

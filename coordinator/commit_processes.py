@@ -2,8 +2,8 @@
 
 A table commit is CPU work in Python (manifests, metadata JSON, the catalog call), so the
 coordinator's commit threads share one interpreter lock with each other and with the
-replica's ingest: at 200 tables a round's commits took 1.35 s of which 0.85 s was the commit
-threads' own CPU (bench/README.md). With this setting each commit runs instead in one of N
+replica's ingest: at 200 tables most of a round's commit time was the commit threads' own
+CPU (see bench/README.md, commit_bench). With this setting each commit runs instead in one of N
 worker processes, each with its own catalog and table cache, which the operating system
 runs on other cores.
 

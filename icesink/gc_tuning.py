@@ -4,10 +4,10 @@ A fetch hands the ingest agent tens of thousands of records at once: aiokafka bu
 ``ConsumerRecord`` per record, and each is a container the collector tracks. With Python's
 default young-generation threshold (700 allocations) a fetch's records were scanned again and
 again while they lived, promoted to the old generations, and every few fetches a full collection
-walked the whole heap (pyspark, pyiceberg, Faust and their modules: about 140 ms each). Over a
-1M-record backlog that was 1,700 young and 14 full collections, 2.2 s of a worker's 6.5 s of
-Python CPU (bench/README.md). Those records die by reference counting, together, once their
-fetch is converted: collecting them finds nothing.
+walked the whole heap (pyspark, pyiceberg, Faust and their modules). Over a backlog that was
+a large share of a worker's Python CPU (see bench/README.md, ingest_bench --profile). Those
+records die by reference counting, together, once their fetch is converted: collecting them
+finds nothing.
 
 :func:`tune` raises the young threshold above a fetch's records, so they are freed before a
 collection sees them; reference cycles are still collected, every ``YOUNG_THRESHOLD`` net

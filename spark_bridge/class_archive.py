@@ -1,9 +1,9 @@
 """A class-data-sharing archive for the local Spark session's JVM.
 
 Each start of a local session's JVM loads, parses and verifies the same ten thousand-odd
-classes of Spark, Hadoop, Parquet and Arrow: about 3 of the 5-7 s a session takes to start, and
+classes of Spark, Hadoop, Parquet and Arrow: much of the time a session takes to start, and
 as much again of CPU in its first writes, which on a replica that starts behind a backlog share
-the cores with reading it (bench/README.md). Java's class-data sharing (JDK 13+) keeps those
+the cores with reading it (see bench/README.md, ingest_bench). Java's class-data sharing (JDK 13+) keeps those
 classes, already parsed and verified, in an archive file that every later JVM maps instead.
 
 :func:`build` makes the archive in a JVM of its own: a throw-away local session started with

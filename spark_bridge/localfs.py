@@ -2,8 +2,8 @@
 
 Hadoop's local file system sets the permissions of every file, checksum file and directory it
 creates. Without Hadoop's native library (pyspark ships none) it does so by running ``chmod``:
-a process spawned from the JVM, about 15 ms each. A round written to 200 tables creates about
-600 of them: 3.5 of the 4 seconds its Spark job took (bench/README.md). The two small classes in
+a process spawned from the JVM for each. A round written to 200 tables creates hundreds of
+them: most of its Spark job's time (see bench/README.md, ingest_bench with --tables). The two small classes in
 ``spark_bridge/hadoop/`` set the permissions through ``java.nio`` instead; :func:`classes`
 compiles them once with ``javac`` against the session's Hadoop jar into a jar of their own
 (cached by source and jar; a jar, not a directory, so the JVM's class-data archive can hold

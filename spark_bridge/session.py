@@ -53,8 +53,8 @@ _LOCAL_CONF: dict[str, str] = {
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
     # createDataFrame(arrow) below this size (48 MB by default) becomes a LocalRelation: the
     # driver turns every row into an UnsafeRow and each analyzer and optimizer rule walks all of
-    # them. 0 sends the Arrow batches to the write task as they are: a warm write of 60k rows
-    # took half the time (bench/README.md). Not for Spark Connect, whose servers cache relations.
+    # them. 0 sends the Arrow batches to the write task as they are: a warm write is much faster
+    # (see bench/README.md, spark_write_bench). Not for Spark Connect, whose servers cache relations.
     "spark.sql.execution.arrow.localRelationThreshold": "0",
 }
 

@@ -15,7 +15,7 @@ The steps of one :meth:`SparkFileWriter.write` call:
    every partition tuple goes to one task, hence one file (split only past the target size).
    A batch smaller than ``bytes_per_write_task`` uses ``coalesce(1)`` instead of the shuffle:
    one task, still one file per tuple (Spark sorts a task's rows by partition before writing),
-   and no shuffle (500k pizza rows: about 19 instead of 30-36 CPU seconds, measured here).
+   and no shuffle (far less CPU; see bench/README.md, spark_write_bench).
    An unpartitioned table gets ``ceil(bytes / target)`` files, each a run of neighbouring Arrow
    batches (``coalesce``, no shuffle).
 4. List the output directory, read each footer, compute Iceberg metrics with pyiceberg's own
@@ -126,8 +126,8 @@ class SparkFileWriter:
 
     def _warm_up(self, rows: int, times: int = 2) -> None:
         """Write ``rows`` synthetic rows (the common column types, zstd) ``times`` into a
-        temporary directory and delete them. A fresh JVM takes about 6 s of CPU for its first
-        500k-row write and under 2 s once warm (bench/README.md): this moves that cost to
+        temporary directory and delete them. A fresh JVM's first write costs several times a
+        warm one (see bench/README.md, spark_write_bench): this moves that cost to
         start-up, where it overlaps joining the group. A failure is logged, never raised: the
         first real write then fails or succeeds on its own."""
         started = time.monotonic()
@@ -376,8 +376,8 @@ class SparkFileWriter:
                 n_files = max(1, math.ceil(data.nbytes / target_file_size_bytes))
                 frame = spark.createDataFrame(data, schema=sp_schema)
                 # Merge neighbouring input slices (one per Arrow batch) into a task per file, without
-                # a shuffle: each file is a run of consecutive rows. A round-robin shuffle cost twice
-                # the write's CPU (bench/README.md); only when there are fewer slices than files (rows
+                # a shuffle: each file is a run of consecutive rows. A round-robin shuffle cost more than
+                # the write's CPU (bench/README.md, spark_write_bench); only when there are fewer slices than files (rows
                 # of many kilobytes, or Spark Connect, whose slices are the server's) is it needed.
                 slices = (len(data.to_batches(max_chunksize=self.session.batch_rows))
                           if self.session.batch_rows is not None and self.session.batch_rows > 0 else 1)

@@ -98,7 +98,8 @@ _WRAP_OVERHEAD: Final = len(_PREFIX) + 1  # the closing "}"
 
 
 #: At most this many records go straight to the reference path instead of another bulk read
-#: (a pyarrow read costs ~60-300 us of fixed overhead; the reference path ~5-15 us a record).
+#: (a pyarrow read has a fixed overhead that a short run does not repay; see bench/README.md,
+#: convert_bench).
 _SMALL_RUN: Final = 16
 
 

@@ -67,8 +67,8 @@ def use_read_committed(thread: Any, fetch_min_bytes: int) -> None:
     """Make Faust's consumer thread build its AIOKafkaConsumer with read_committed (a setting
     Faust does not expose) and fetches that wait at most FETCH_MAX_WAIT_MS on the broker (Faust
     fixes 1.5 s) for ``fetch_min_bytes`` (``consumer.fetch-min-bytes``; Faust passes none, so
-    aiokafka's 1: at 6,000 records/s to 200 tables, fetches of a few records each cost the
-    worker's Python and the broker 44 of 193 busy CPU-s in 120 s, bench/README.md). Call before
+    aiokafka's 1: with many tables at a modest rate, fetches of a few records each cost the
+    worker's Python and the broker much CPU; see bench/README.md, ingest_bench). Call before
     the consumer starts: aiokafka hands these to its fetcher in ``start()``."""
     create = thread._create_worker_consumer
 
@@ -224,8 +224,8 @@ _KEY = operator.attrgetter("key")
 
 def serialized_bytes(records: Sequence[Any]) -> int:
     """The key and value bytes of fetched records (a null counts nothing), in C loops: a
-    generator over the records was 0.3 us a record, 17% of the event loop's busy time while a
-    worker read a backlog (bench/README.md)."""
+    generator over the records took a large share of the event loop's busy time while a
+    worker read a backlog (see bench/README.md, fetch_bench)."""
     values: int = sum(map(len, filter(None, map(_VALUE, records))))
     keys: int = sum(map(len, filter(None, map(_KEY, records))))
     return values + keys

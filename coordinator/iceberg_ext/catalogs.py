@@ -102,7 +102,7 @@ class SqlCatalog(_PyicebergSqlCatalog):
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
         """pyiceberg 0.12's ``ToOutputFile.table_metadata``, the same bytes, without building a
         ``Config`` for every file: that searches for and parses pyiceberg's configuration file
-        and walks the environment, 7% of a table commit's CPU (py-spy, bench/commit_bench.py)."""
+        and walks the environment, for every commit (see bench/README.md, commit_bench --profile)."""
         output = io.new_output(metadata_path)
         with output.create(overwrite=False) as stream:
             # None values are written when asked (legacy-current-snapshot-id dumps -1), as pyiceberg does.
@@ -116,7 +116,8 @@ def _legacy_current_snapshot_id() -> bool:
     return bool(Config().get_bool("legacy-current-snapshot-id"))
 
 
-# The pointer's compare-and-set, built once (building it took about 5% of a commit's CPU).
+# The pointer's compare-and-set, built once (building it per commit showed in
+# bench/README.md, commit_bench --profile).
 _SWAP_POINTER: Final = (
     update(IcebergTables)
     .where(IcebergTables.catalog_name == bindparam("catalog"), IcebergTables.table_namespace == bindparam("namespace"),

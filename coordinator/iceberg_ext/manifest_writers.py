@@ -2,9 +2,9 @@
 
 For every manifest and manifest list it writes, pyiceberg 0.12 builds the entry schema (with
 the table's partition type), converts it to Avro's JSON and resolves a writer tree for it:
-about a third of a table commit's CPU, spent again for every table of a round routed to many
+a large share of a table commit's CPU, spent again for every table of a round routed to many
 tables, although the shape only changes with the format version and the partition type
-(bench/README.md). The writers here do that once per shape and write the same bytes
+(see bench/README.md, commit_bench). The writers here do that once per shape and write the same bytes
 (:class:`PreparedAvroFile`; only the random sync marker differs from file to file, as it does
 in pyiceberg), with ints encoded in one write each (:class:`AvroEncoder`).
 
@@ -97,7 +97,7 @@ class AvroEncoder(BinaryEncoder):
     """pyiceberg's ``BinaryEncoder`` with Avro's zig-zag varint written in one call: pyiceberg
     writes a fresh one-byte ``bytes`` per byte of every int and long, and a manifest entry
     holds hundreds of them (file sizes, counts and the keys and lengths of every column's
-    metrics). A one-entry manifest of 20 columns: 185 -> 156 us of CPU (bench/README.md)."""
+    metrics). See bench/README.md, commit_bench."""
 
     def write_int(self, integer: int) -> None:
         datum = (integer << 1) ^ (integer >> 63)

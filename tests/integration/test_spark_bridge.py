@@ -300,7 +300,7 @@ def test_a_large_unpartitioned_write_is_split_into_files_without_a_shuffle(
 ) -> None:
     """Past the target size an unpartitioned batch gets several files. Spark already holds it as
     one partition per Arrow batch, so neighbouring batches are merged into a task per file: a
-    round-robin shuffle cost about twice the CPU of the write itself (bench/README.md), and it
+    round-robin shuffle cost more CPU than the write itself (bench/README.md, spark_write_bench), and it
     scattered the rows. Each file holds one run of consecutive rows, in consumed order."""
     table = catalog.create_table("db.large", schema=PIZZA_SCHEMA)
     data = pizzas(table, 60_000, seed=5)  # six Arrow batches of 10k rows for createDataFrame

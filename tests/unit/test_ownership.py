@@ -61,8 +61,8 @@ def faust_resumes_every_assigned_partition(w: Worker) -> None:
 
 def test_claimed_partitions_stay_paused_through_faust_resume_until_the_coordinator_resumes_them():
     """Faust resumed every assigned partition after a rebalance: a claimed partition's records
-    were then fetched, parsed and dropped until the coordinator's Resume came (321k records of
-    a 1M backlog at start-up, bench/README.md)."""
+    were then fetched, parsed and dropped until the coordinator's Resume came (a large part of
+    a backlog at start-up; see bench/README.md, ingest_bench)."""
     w = make_worker()
 
     async def go() -> None:
