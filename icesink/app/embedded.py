@@ -19,6 +19,7 @@ import asyncio
 import ctypes
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -35,6 +36,7 @@ from icesink.errors import IcesinkError
 __all__ = [
     "BrokerStartError",
     "EmbeddedBroker",
+    "ephemeral_ports",
     "free_port",
 ]
 
@@ -60,16 +62,37 @@ class BrokerStartError(IcesinkError):
     """The embedded broker did not come up (exited, or did not answer Kafka requests in time)."""
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux's default if unknown)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
-    Another process may take it before the caller binds it; :class:`EmbeddedBroker` retries with
-    a new port when that happens.
+
+def free_port() -> int:
+    """Return a TCP port that was free a moment ago, on every interface.
+
+    Drawn at random below the kernel's ephemeral range: a port from that range (a bind to port 0)
+    is also where every outgoing connection's local port comes from, so a client could take it
+    before the caller binds it. Another listener may still take it first: :class:`EmbeddedBroker`
+    retries with a new port when that happens.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    low, _ = ephemeral_ports()
+    for _ in range(200):
+        port = random.randrange(10_000 if low > 12_000 else 1024, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded range: the kernel's pick
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
 
 
 def _port_accepts(port: int, timeout_s: float = 0.2) -> bool:
