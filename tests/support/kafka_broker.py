@@ -152,6 +152,18 @@ def _cluster_id() -> str:
             return text
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> None:
+    """SIGTERM (a clean shutdown), then SIGKILL after ``timeout_s``; returns once it has exited."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        logger.warning("%s pid %d ignored SIGTERM for %.0f s: SIGKILL", what, proc.pid, timeout_s)
+        proc.kill()
+        proc.wait(10)
+
 class KafkaBroker:
     """One Apache Kafka node (KRaft combined mode) run as a child process on loopback ports.
 
@@ -248,14 +260,7 @@ class KafkaBroker:
         proc = self._proc
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(self._stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                logger.warning("kafka pid %d ignored SIGTERM for %.0f s: SIGKILL", proc.pid, self._stop_timeout_s)
-                proc.kill()
-                proc.wait(10)
+        terminate(proc, self._stop_timeout_s, "kafka")
         logger.info("kafka broker on %s stopped (exit code %s)", self.bootstrap, proc.returncode)
         self._reap()
         self._keep_archive()

@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -49,7 +48,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from icesink.app.embedded import _die_with_parent_hook, free_port
-from tests.support.kafka_broker import KafkaError, resolve_classpath
+from tests.support.kafka_broker import KafkaError, resolve_classpath, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -252,14 +251,7 @@ class KafkaConnect:
         proc = self._proc
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(self._stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                logger.warning("Kafka Connect pid %d ignored SIGTERM for %.0f s: SIGKILL", proc.pid, self._stop_timeout_s)
-                proc.kill()
-                proc.wait(10)
+        terminate(proc, self._stop_timeout_s, "Kafka Connect")
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None
