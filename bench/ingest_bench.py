@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.benchlib import (  # noqa: E402
     MIB, SAMPLE_EVERY_S, TABLE, BaselineResult, Interference, RssSampler, _cpu_seconds, baseline_in_child,
-    file_create_us,
+    ensure_class_archive, file_create_us,
     Profiler, fmt_int, metric_total, per_partition_counts, process_cpu_s, system_cpu_s,
 )
 from icesink.catalogs import sqlite_catalog_properties  # noqa: E402
@@ -263,6 +263,7 @@ def run_worker(
     config.update(extra or {})
     config_path = directory / "worker.json"
     config_path.write_text(json.dumps(config, indent=2))
+    print(f"({ensure_class_archive(config_path)})", flush=True)
     # The worker imports icesink, agents... from the repository, wherever this is run from.
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     replicas = ReplicaSet(config_path, directory / "logs", env={"PYTHONPATH": pythonpath})

@@ -61,7 +61,7 @@ ROOT: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.benchlib import (  # noqa: E402
-    MIB, SAMPLE_EVERY_S, Interference, Profiler, RssSampler, _cpu_seconds, descendants, metric_total,
+    MIB, SAMPLE_EVERY_S, Interference, ensure_class_archive, Profiler, RssSampler, _cpu_seconds, descendants, metric_total,
     process_cpu_s, system_cpu_s,
 )
 from bench.ingest_bench import NAMESPACE, ROUTE_FIELD, SEED, SPREAD_DAYS, routed  # noqa: E402
@@ -432,6 +432,7 @@ class IcesinkSink:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "worker.json"
         path.write_text(json.dumps(config, indent=2))
+        print(f"({ensure_class_archive(path)})", flush=True)
         pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         self._replicas = ReplicaSet(path, directory / "logs", env={"PYTHONPATH": pythonpath})
         self._consumed = False
