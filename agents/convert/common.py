@@ -74,7 +74,7 @@ class Converted:
                 raise ValueError(f"record {reject.index}: expected a row or a reject, found both")
 
 
-def _unsupported(field: str, type_: pa.DataType) -> UnsupportedTypeError:
+def unsupported(field: str, type_: pa.DataType) -> UnsupportedTypeError:
     """The target schema has a type that decode_json cannot fill from JSON."""
     return UnsupportedTypeError(
         field, type_, "decode_json cannot fill",
@@ -85,50 +85,50 @@ def _unsupported(field: str, type_: pa.DataType) -> UnsupportedTypeError:
     )
 
 
-_PREFIX: Final = b'{"v":'
+PREFIX: Final = b'{"v":'
 
 
-_SEP: Final = b'}\n{"v":'
+SEP: Final = b'}\n{"v":'
 
 
-_BOM: Final = b"\xef\xbb\xbf"
+BOM: Final = b"\xef\xbb\xbf"
 
 
-_WRAP_OVERHEAD: Final = len(_PREFIX) + 1  # the closing "}"
+WRAP_OVERHEAD: Final = len(PREFIX) + 1  # the closing "}"
 
 
 #: At most this many records go straight to the reference path instead of another bulk read
 #: (a pyarrow read has a fixed overhead that a short run does not repay; see bench/README.md,
 #: convert_bench).
-_SMALL_RUN: Final = 16
+SMALL_RUN: Final = 16
 
 
-#: After this many failures in a row within ``_DENSE_GAP`` records of each other, the next
-#: ``_DENSE_WINDOW`` records go to the reference path (pathological batches stay O(n)).
-_DENSE_LIMIT: Final = 3
+#: After this many failures in a row within ``DENSE_GAP`` records of each other, the next
+#: ``DENSE_WINDOW`` records go to the reference path (pathological batches stay O(n)).
+DENSE_LIMIT: Final = 3
 
 
-_DENSE_GAP: Final = 16
+DENSE_GAP: Final = 16
 
 
-_DENSE_WINDOW: Final = 256
+DENSE_WINDOW: Final = 256
 
 
-_MAX_SINGLE_BLOCK: Final = 2**31 - 2
+MAX_SINGLE_BLOCK: Final = 2**31 - 2
 
 
 #: The block a threaded read parses at a time (pyarrow's default). Inferring, pyarrow types
 #: each block from that block alone and cannot carry a field that was null all through one
 #: block into a later block where it is an object or an array (ArrowNotImplementedError "JSON
 #: conversion to struct<...> is not supported"): an inferring read that fails so is read again
-#: as one block (see :data:`_INFER_FAILURES`). Tests make it small to cross blocks in small batches.
-_BLOCK_SIZE: Final = 1 << 20
+#: as one block (see :data:`INFER_FAILURES`). Tests make it small to cross blocks in small batches.
+BLOCK_SIZE: Final = 1 << 20
 
 
 #: What a failed inferring read raises: both send the scan to its fallbacks (one block, then
 #: splitting at the row named or bisecting), never out of decode_json. A read against an
 #: explicit schema fails only with ArrowInvalid; anything else there is a bug in the parse schema.
-_INFER_FAILURES: Final = (pa.ArrowInvalid, pa.ArrowNotImplementedError)
+INFER_FAILURES: Final = (pa.ArrowInvalid, pa.ArrowNotImplementedError)
 
 
 # Each grammar is written once: Python's ``re`` (per-record path) and RE2 (pyarrow.compute)
@@ -162,167 +162,167 @@ _B64_TEXT: Final = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}
 _UUID_TEXT: Final = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 
 
-_NUM_RE: Final = re.compile(_NUM_TEXT, re.ASCII)
+NUM_RE: Final = re.compile(_NUM_TEXT, re.ASCII)
 
 
-_TS_RE: Final = re.compile(_TS_TEXT, re.ASCII)
+TS_RE: Final = re.compile(_TS_TEXT, re.ASCII)
 
 
-_DATE_RE: Final = re.compile(_DATE_TEXT, re.ASCII)
+DATE_RE: Final = re.compile(_DATE_TEXT, re.ASCII)
 
 
-_TIME_RE: Final = re.compile(_TIME_TEXT, re.ASCII)
+TIME_RE: Final = re.compile(_TIME_TEXT, re.ASCII)
 
 
-_B64_RE: Final = re.compile(_B64_TEXT, re.ASCII)
+B64_RE: Final = re.compile(_B64_TEXT, re.ASCII)
 
 
-_UUID_RE: Final = re.compile(_UUID_TEXT, re.ASCII)
+UUID_RE: Final = re.compile(_UUID_TEXT, re.ASCII)
 
 
-_NUM_PATTERN: Final = f"^{_NUM_TEXT}$"
+NUM_PATTERN: Final = f"^{_NUM_TEXT}$"
 
 
-_TS_PATTERN: Final = f"^{_TS_TEXT}$"
+TS_PATTERN: Final = f"^{_TS_TEXT}$"
 
 
-_TS_OFFSET_PATTERN: Final = f"^{_TS_BASE}{_OFFSET_TEXT}$"
+TS_OFFSET_PATTERN: Final = f"^{_TS_BASE}{_OFFSET_TEXT}$"
 
 
-_DATE_PATTERN: Final = f"^{_DATE_TEXT}$"
+DATE_PATTERN: Final = f"^{_DATE_TEXT}$"
 
 
-_TIME_PATTERN: Final = f"^{_TIME_TEXT}$"
+TIME_PATTERN: Final = f"^{_TIME_TEXT}$"
 
 
-_B64_PATTERN: Final = f"^{_B64_TEXT}$"
+B64_PATTERN: Final = f"^{_B64_TEXT}$"
 
 
-_UUID_PATTERN: Final = f"^{_UUID_TEXT}$"
+UUID_PATTERN: Final = f"^{_UUID_TEXT}$"
 
 
-_OFFSET_PATTERN: Final = f"{_OFFSET_TEXT}$"
+OFFSET_PATTERN: Final = f"{_OFFSET_TEXT}$"
 
 
 #: Epoch counts the bulk path reads as int64 (the strict cast flags those beyond int64).
-_COUNT_PATTERN: Final = r"^-?[0-9]{1,19}$"
+COUNT_PATTERN: Final = r"^-?[0-9]{1,19}$"
 
 
 #: Integers written one way only (map keys in bulk cannot then collide: "1" and "01" can).
-_CANONICAL_INT_PATTERN: Final = r"^(?:0|-?[1-9][0-9]*)$"
+CANONICAL_INT_PATTERN: Final = r"^(?:0|-?[1-9][0-9]*)$"
 
 
 #: Integers that always fit int64 and that Arrow's string->int cast reads exactly.
-_INT_PATTERN: Final = r"^-?[0-9]{1,18}$"
+INT_PATTERN: Final = r"^-?[0-9]{1,18}$"
 
 
-_TS_FORMAT: Final = (
+TS_FORMAT: Final = (
     "an ISO-8601 timestamp 'YYYY-MM-DD[T ]HH:MM:SS[.fffffffff][Z|+HH:MM]' or a count since the epoch"
 )
 
 
-_TIME_FORMAT: Final = "'HH:MM:SS[.fffffffff]' or a count since midnight"
+TIME_FORMAT: Final = "'HH:MM:SS[.fffffffff]' or a count since midnight"
 
 
-_UNIT_DIGITS: Final = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+UNIT_DIGITS: Final = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 
 
 _UTC_NAMES: Final = frozenset({"UTC", "Etc/UTC", "+00:00", "Z"})
 
 
-_CONSTANTS: Final = frozenset({"NaN", "Infinity", "-Infinity"})
+CONSTANTS: Final = frozenset({"NaN", "Infinity", "-Infinity"})
 
 
-_EPOCH_ORDINAL: Final = date(1970, 1, 1).toordinal()
+EPOCH_ORDINAL: Final = date(1970, 1, 1).toordinal()
 
 
-_MIN_DAYS: Final = date(1, 1, 1).toordinal() - _EPOCH_ORDINAL
+MIN_DAYS: Final = date(1, 1, 1).toordinal() - EPOCH_ORDINAL
 
 
-_MIN_SECONDS: Final = _MIN_DAYS * 86_400
+MIN_SECONDS: Final = MIN_DAYS * 86_400
 
 
-_MAX_DAYS: Final = date(9999, 12, 31).toordinal() - _EPOCH_ORDINAL
+MAX_DAYS: Final = date(9999, 12, 31).toordinal() - EPOCH_ORDINAL
 
 
-_MAX_SECONDS: Final = (_MAX_DAYS + 1) * 86_400 - 1
+MAX_SECONDS: Final = (MAX_DAYS + 1) * 86_400 - 1
 
 
-_DAY_SECONDS: Final = 86_400
+DAY_SECONDS: Final = 86_400
 
 
 #: Decimal arithmetic that never rounds the values this module handles (at most ~80 digits).
-_EXACT: Final = Context(prec=100)
+EXACT: Final = Context(prec=100)
 
 
-_INT64: Final = (-(2**63), 2**63 - 1)
+INT64: Final = (-(2**63), 2**63 - 1)
 
 
 #: Wide decimal that integer columns fall back to when a value is not a plain integer token.
-_WIDE_INT: Final = pa.decimal128(38, 18)
+WIDE_INT: Final = pa.decimal128(38, 18)
 
 
-_KIND_ERROR: Final = re.compile(r"Column\((?P<path>.*)\) changed from (?P<old>\w+) to (?P<new>\w+)")
+KIND_ERROR: Final = re.compile(r"Column\((?P<path>.*)\) changed from (?P<old>\w+) to (?P<new>\w+)")
 
 
-_ROW: Final = re.compile(r" in row (\d+)\s*$")
+ROW: Final = re.compile(r" in row (\d+)\s*$")
 
 
-_NUMBER_OR_BOOL: Final = rb"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false)"
+NUMBER_OR_BOOL: Final = rb"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false)"
 
 
-def _is_string(t: pa.DataType) -> bool:
+def is_string(t: pa.DataType) -> bool:
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
 
 
-def _is_list(t: pa.DataType) -> bool:
+def is_list(t: pa.DataType) -> bool:
     return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
 
 
-def _is_uuid(t: pa.DataType) -> bool:
+def is_uuid(t: pa.DataType) -> bool:
     return isinstance(t, pa.BaseExtensionType) and t.extension_name == "arrow.uuid"
 
 
-def _is_binary(t: pa.DataType) -> bool:
+def is_binary(t: pa.DataType) -> bool:
     return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t))
 
 
-def _is_temporal(t: pa.DataType) -> bool:
+def is_temporal(t: pa.DataType) -> bool:
     return bool(pa.types.is_timestamp(t) or pa.types.is_date32(t) or pa.types.is_time(t))
 
 
-def _meta(f: pa.Field, key: str) -> str | None:
+def meta(f: pa.Field, key: str) -> str | None:
     value = (f.metadata or {}).get(key.encode())
     return None if value is None else value.decode()
 
 
-def _connect_bytes(f: pa.Field) -> bool:
-    return pa.types.is_decimal(f.type) and _meta(f, DECIMAL_ENCODING) == _CONNECT_BYTES
+def connect_bytes(f: pa.Field) -> bool:
+    return pa.types.is_decimal(f.type) and meta(f, DECIMAL_ENCODING) == _CONNECT_BYTES
 
 
-def _strict_text(f: pa.Field) -> bool:
+def strict_text(f: pa.Field) -> bool:
     """Columns that take only JSON strings: a quoted number would mean something else there."""
-    return _is_binary(f.type) or _is_uuid(f.type) or _connect_bytes(f)
+    return is_binary(f.type) or is_uuid(f.type) or connect_bytes(f)
 
 
-def _unit_digits(f: pa.Field, default: EpochUnit) -> int:
+def epoch_digits(f: pa.Field, default: EpochUnit) -> int:
     """Decimal digits of the epoch unit of numbers in temporal field ``f``."""
-    return _UNIT_DIGITS[_meta(f, EPOCH_UNIT) or default]
+    return UNIT_DIGITS[meta(f, EPOCH_UNIT) or default]
 
 
-def _ts_bounds(digits: int) -> tuple[int, int]:
+def ts_bounds(digits: int) -> tuple[int, int]:
     """Counts of ``10**-digits`` s that are instants in 0001-01-01..9999-12-31 and fit int64."""
     scale = 10**digits
-    return max(_MIN_SECONDS * scale, _INT64[0]), min((_MAX_SECONDS + 1) * scale - 1, _INT64[1])
+    return max(MIN_SECONDS * scale, INT64[0]), min((MAX_SECONDS + 1) * scale - 1, INT64[1])
 
 
-def _is_null_mask(arr: pa.Array) -> Mask | None:
+def is_null_mask(arr: pa.Array) -> Mask | None:
     if arr.null_count == 0:
         return None
     return np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
 
 
-def _false_mask(ok: pa.Array) -> Mask | None:
+def false_mask(ok: pa.Array) -> Mask | None:
     """Rows where a boolean check is False (null means 'no value', not a failure)."""
     failed = pc.invert(ok).fill_null(False)
     if not pc.any(failed).as_py():
@@ -330,7 +330,7 @@ def _false_mask(ok: pa.Array) -> Mask | None:
     return np.asarray(failed.to_numpy(zero_copy_only=False), dtype=np.bool_)
 
 
-def _or(a: Mask | None, b: Mask | None) -> Mask | None:
+def or_mask(a: Mask | None, b: Mask | None) -> Mask | None:
     if a is None:
         return b
     if b is None:
@@ -341,7 +341,7 @@ def _or(a: Mask | None, b: Mask | None) -> Mask | None:
 def if_else(cond: pa.Array, a: pa.Array, b: pa.Array) -> pa.Array:
     """``pc.if_else`` for columns of any type: pyarrow has no kernel for extension types (uuid),
     at any depth, so those go through their storage type."""
-    storage = _storage_field(pa.field("x", a.type)).type
+    storage = storage_field(pa.field("x", a.type)).type
     if storage == a.type:
         return pc.if_else(cond, a, b)
     return pc.if_else(cond, a.cast(storage), b.cast(storage)).cast(a.type)
@@ -363,16 +363,16 @@ def struct_array(
     if mask is not None and len(mask) != length:
         raise ValueError(f"struct {t}: expected a null mask of {length} rows, found {len(mask)}")
     valid = None if mask is None else ~np.asarray(mask.to_numpy(zero_copy_only=False), dtype=np.bool_)
-    return pa.StructArray.from_buffers(t, length, [None if valid is None else _validity(valid)], children=[])
+    return pa.StructArray.from_buffers(t, length, [None if valid is None else validity(valid)], children=[])
 
 
-def _null_where(arr: pa.Array, bad: Mask | None) -> pa.Array:
+def null_where(arr: pa.Array, bad: Mask | None) -> pa.Array:
     if bad is None:
         return arr
     return pc.if_else(pa.array(bad), pa.scalar(None, arr.type), arr)
 
 
-def _strict_cast(arr: pa.Array, to: pa.DataType) -> tuple[pa.Array, Mask | None]:
+def strict_cast(arr: pa.Array, to: pa.DataType) -> tuple[pa.Array, Mask | None]:
     """Cast; values the cast refuses (Feb 30, hour 24...) become null and are flagged."""
     try:
         return pc.cast(arr, to), None
@@ -380,8 +380,8 @@ def _strict_cast(arr: pa.Array, to: pa.DataType) -> tuple[pa.Array, Mask | None]
         if len(arr) == 1:
             return pa.nulls(1, to), np.ones(1, dtype=np.bool_)
     mid = len(arr) // 2
-    left, left_bad = _strict_cast(arr.slice(0, mid), to)
-    right, right_bad = _strict_cast(arr.slice(mid), to)
+    left, left_bad = strict_cast(arr.slice(0, mid), to)
+    right, right_bad = strict_cast(arr.slice(mid), to)
     bad = np.zeros(len(arr), dtype=np.bool_)
     if left_bad is not None:
         bad[:mid] = left_bad
@@ -390,14 +390,14 @@ def _strict_cast(arr: pa.Array, to: pa.DataType) -> tuple[pa.Array, Mask | None]
     return pa.concat_arrays([left, right]), bad
 
 
-def _int_bounds(t: pa.DataType) -> tuple[int, int]:
+def int_bounds(t: pa.DataType) -> tuple[int, int]:
     bits = t.bit_width
     if pa.types.is_signed_integer(t):
         return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     return 0, 2**bits - 1
 
 
-def _type_name(t: pa.DataType) -> str:
+def type_name(t: pa.DataType) -> str:
     """Iceberg-style name of a column type, for reject reasons."""
     if pa.types.is_int32(t):
         return "int"
@@ -409,7 +409,7 @@ def _type_name(t: pa.DataType) -> str:
         return "double"
     if pa.types.is_decimal(t):
         return f"decimal({t.precision}, {t.scale})"
-    if _is_string(t):
+    if is_string(t):
         return "string"
     if pa.types.is_boolean(t):
         return "boolean"
@@ -420,7 +420,7 @@ def _type_name(t: pa.DataType) -> str:
         return "date"
     if pa.types.is_time(t):
         return "time" if t.unit == "us" else f"time_{t.unit}"
-    if _is_uuid(t):
+    if is_uuid(t):
         return "uuid"
     if pa.types.is_fixed_size_binary(t):
         return f"fixed[{t.byte_width}]"
@@ -428,7 +428,7 @@ def _type_name(t: pa.DataType) -> str:
         return "binary"
     if pa.types.is_struct(t):
         return "struct"
-    if _is_list(t):
+    if is_list(t):
         return "list"
     if pa.types.is_map(t):
         return "map"
@@ -438,66 +438,66 @@ def _type_name(t: pa.DataType) -> str:
 def check_schema(schema: pa.Schema) -> None:
     """Raise :class:`UnsupportedTypeError` naming the field when ``decode_json`` cannot fill
     ``schema``: a type it has no conversion for, or unknown or misplaced icesink metadata."""
-    _check_supported(schema)
+    check_supported(schema)
 
 
-def _has_map(schema: pa.Schema) -> bool:
-    return any(_holds_map(f.type) for f in schema)
+def has_map(schema: pa.Schema) -> bool:
+    return any(holds_map(f.type) for f in schema)
 
 
-def _holds_map(t: pa.DataType) -> bool:
+def holds_map(t: pa.DataType) -> bool:
     if pa.types.is_map(t):
         return True
     if pa.types.is_struct(t):
-        return any(_holds_map(c.type) for c in t)
-    return _is_list(t) and _holds_map(t.value_type)
+        return any(holds_map(c.type) for c in t)
+    return is_list(t) and holds_map(t.value_type)
 
 
-def _check_supported(schema: pa.Schema) -> None:
+def check_supported(schema: pa.Schema) -> None:
     def check(f: pa.Field, path: str) -> None:
         t = f.type
         _check_metadata(f, path)
         if pa.types.is_struct(t):
             for child in t:
                 check(child, f"{path}.{child.name}")
-        elif _is_list(t):
+        elif is_list(t):
             check(t.value_field, f"{path}[]")
         elif pa.types.is_map(t):
             key = t.key_type
-            if pa.types.is_struct(key) or _is_list(key) or pa.types.is_map(key):
-                raise _unsupported(f"{path}.key", key)  # JSON object keys are text
+            if pa.types.is_struct(key) or is_list(key) or pa.types.is_map(key):
+                raise unsupported(f"{path}.key", key)  # JSON object keys are text
             check(t.key_field, f"{path}.key")
             check(t.item_field, f"{path}.value")
         elif pa.types.is_timestamp(t):
             if t.tz is not None and t.tz not in _UTC_NAMES:
-                raise _unsupported(path, t)
+                raise unsupported(path, t)
         elif not (
             pa.types.is_integer(t)
             or pa.types.is_float32(t)
             or pa.types.is_float64(t)
             or pa.types.is_decimal128(t)
-            or _is_string(t)
+            or is_string(t)
             or pa.types.is_boolean(t)
             or pa.types.is_date32(t)
             or pa.types.is_time(t)
-            or _is_binary(t)
-            or _is_uuid(t)
+            or is_binary(t)
+            or is_uuid(t)
         ):
-            raise _unsupported(path, t)
+            raise unsupported(path, t)
 
     for f in schema:
         check(f, f.name)
 
 
 def _check_metadata(f: pa.Field, path: str) -> None:
-    unit = _meta(f, EPOCH_UNIT)
-    if unit is not None and (unit not in EPOCH_UNITS or not _is_temporal(f.type)):
+    unit = meta(f, EPOCH_UNIT)
+    if unit is not None and (unit not in EPOCH_UNITS or not is_temporal(f.type)):
         raise UnsupportedTypeError(
             path, f.type, f"field metadata {EPOCH_UNIT}={unit!r} on",
             f"{', '.join(EPOCH_UNITS)} on a timestamp, date or time field",
             "fix the metadata the schema was built with",
         )
-    encoding = _meta(f, DECIMAL_ENCODING)
+    encoding = meta(f, DECIMAL_ENCODING)
     if encoding is not None and (encoding != _CONNECT_BYTES or not pa.types.is_decimal(f.type)):
         raise UnsupportedTypeError(
             path, f.type, f"field metadata {DECIMAL_ENCODING}={encoding!r} on",
@@ -505,24 +505,24 @@ def _check_metadata(f: pa.Field, path: str) -> None:
         )
 
 
-def _validity(valid: Mask) -> pa.Buffer | None:
+def validity(valid: Mask) -> pa.Buffer | None:
     """An Arrow validity bitmap for ``valid`` (None when every row is valid)."""
     return None if valid.all() else pa.array(valid).buffers()[1]
 
 
-def _utf8_reason(exc: UnicodeDecodeError) -> str:
+def utf8_reason(exc: UnicodeDecodeError) -> str:
     return f"malformed JSON: invalid UTF-8 at byte {exc.start} ({exc.reason})"
 
 
-def _storage_field(f: pa.Field) -> pa.Field:
+def storage_field(f: pa.Field) -> pa.Field:
     t = f.type
     if isinstance(t, pa.BaseExtensionType):
         return f.with_type(t.storage_type)
     if pa.types.is_struct(t):
-        return f.with_type(pa.struct([_storage_field(c) for c in t]))
-    if _is_list(t):
-        element = _storage_field(t.value_field)
+        return f.with_type(pa.struct([storage_field(c) for c in t]))
+    if is_list(t):
+        element = storage_field(t.value_field)
         return f.with_type(pa.large_list(element) if pa.types.is_large_list(t) else pa.list_(element))
     if pa.types.is_map(t):
-        return f.with_type(pa.map_(_storage_field(t.key_field), _storage_field(t.item_field), t.keys_sorted))
+        return f.with_type(pa.map_(storage_field(t.key_field), storage_field(t.item_field), t.keys_sorted))
     return f

@@ -20,7 +20,7 @@ RECORDS = [
 SCRIPT = """
 import json, sys
 from agents.convert import common, decode_json, infer_schema
-common._SMALL_RUN, common._BLOCK_SIZE = 1, int(sys.argv[1])  # bulk reads of tiny blocks
+common.SMALL_RUN, common.BLOCK_SIZE = 1, int(sys.argv[1])  # bulk reads of tiny blocks
 values = [line.encode() for line in sys.stdin.read().splitlines()]
 schema = infer_schema(values)
 out = decode_json(values, schema)

@@ -42,7 +42,7 @@ from agents.tables import _with_column_metadata
 from icesink.config import load_settings
 from icesink.errors import ConfigError, UnsupportedTypeError
 
-BULK = 3 * common._SMALL_RUN
+BULK = 3 * common.SMALL_RUN
 SIZES = [1, BULK]
 U = uuid.UUID("af69865f-61a7-4e39-824e-cbdcf4a0c45e")
 

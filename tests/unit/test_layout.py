@@ -366,7 +366,6 @@ def convert_private_crossings() -> dict[str, list[str]]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="128 private names cross agents/convert/ until its seams are made")
 def test_convert_modules_use_no_private_name_of_another() -> None:
     """A name one module of agents/convert/ uses from another is public in the one module that
     owns it (issue 36's Avro and Protobuf and issue 39's transforms build on these seams)."""
