@@ -98,9 +98,18 @@ the parsed record the same way.
 
 Where each step lives
 ---------------------
-``common`` (outcome types, constants, grammars, schema checks), ``wrapped`` (step 1 and the
-pyarrow.json read), ``plan`` (step 2), ``vectorised`` (step 3), ``reference`` (step 4),
-``decoder`` (a batch against a schema), ``inference``; this module holds the public API.
+Each module imports only the ones listed before it (tests/unit/test_layout.py checks that no
+import goes back up and that no module uses a private name of another):
+
+1. Leaves: ``outcome`` (:class:`Reject`, :class:`Converted`), ``limits`` (the bulk reader's
+   tuning: short runs, dense failures, block size), ``grammar`` (the text grammars for ``re``
+   and RE2, value bounds), ``columns`` (the target column types and metadata, the schema
+   checks, field paths), ``arrays`` (row masks, strict casts, struct arrays).
+2. ``wrapped``: step 1, the wrapped buffer, per-record rewrites and the pyarrow.json read.
+3. ``plan``: step 2, the parse schema and how it adapts.
+4. ``vectorised`` (step 3) and ``reference`` (step 4, the per-record path), side by side.
+5. ``inference`` (a batch's schema) and ``decoder`` (a batch against a schema).
+6. This module: the public API.
 """
 
 from __future__ import annotations
@@ -111,12 +120,15 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agents.convert.common import (
-    DECIMAL_ENCODING, EPOCH_UNIT, EPOCH_UNITS, Converted, EpochUnit, Path, Reject, TS_OFFSET_PATTERN,
-    check_supported, has_map, is_list, is_string, check_schema, if_else, struct_array,
+from agents.convert.arrays import if_else, struct_array
+from agents.convert.columns import (
+    DECIMAL_ENCODING, EPOCH_UNIT, EPOCH_UNITS, EpochUnit, Path, check_schema, check_supported, has_map,
+    is_list, is_string,
 )
 from agents.convert.decoder import Decoder
+from agents.convert.grammar import TS_OFFSET_PATTERN
 from agents.convert.inference import infer, miscased
+from agents.convert.outcome import Converted, Reject
 from agents.convert.plan import leaves
 from agents.convert.wrapped import holds_struct, prepare, rewritten
 

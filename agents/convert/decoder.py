@@ -11,11 +11,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from agents.convert import common, wrapped
-from agents.convert.common import (
-    Converted, EpochUnit, Reject, DENSE_WINDOW, MAX_SINGLE_BLOCK, is_null_mask, or_mask,
-    storage_field,
-)
+from agents.convert import limits, wrapped
+from agents.convert.arrays import is_null_mask, or_mask
+from agents.convert.columns import EpochUnit, storage_field
+from agents.convert.limits import DENSE_WINDOW, MAX_SINGLE_BLOCK
+from agents.convert.outcome import Converted, Reject
 from agents.convert.plan import Plan, parse_form
 from agents.convert.reference import Bad, Oracle
 from agents.convert.vectorised import convert_children
@@ -61,7 +61,7 @@ class Decoder:
         """Decode records ``[lo, hi)`` of ``run``: each ends in a batch, a slow row or a reject."""
         pacer = Pacer()
         while lo < hi:
-            if hi - lo <= common.SMALL_RUN:
+            if hi - lo <= limits.SMALL_RUN:
                 self.slow_range(run, lo, hi)
                 return
             if not self.plan.quoted <= run.keys:

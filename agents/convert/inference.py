@@ -9,10 +9,10 @@ from functools import reduce
 
 import pyarrow as pa
 
-from agents.convert import common, wrapped
-from agents.convert.common import (
-    DENSE_WINDOW, INFER_FAILURES, INT64, MAX_SINGLE_BLOCK, is_list, is_string,
-)
+from agents.convert import limits, wrapped
+from agents.convert.columns import is_list, is_string
+from agents.convert.grammar import INT64
+from agents.convert.limits import DENSE_WINDOW, INFER_FAILURES, MAX_SINGLE_BLOCK
 from agents.convert.reference import Bad, Number, load
 from agents.convert.wrapped import Pacer, Run, error_row, holds_struct
 
@@ -124,7 +124,7 @@ class _Inference:
         out: pa.DataType = pa.null()
         pacer = Pacer()
         while lo < hi:
-            if hi - lo <= common.SMALL_RUN:
+            if hi - lo <= limits.SMALL_RUN:
                 return _merge(out, self.slow(run, lo, hi))
             view = run.view(lo, hi)
             single = not threaded and view.size <= MAX_SINGLE_BLOCK

@@ -5,15 +5,22 @@ pyarrow should expect for each field) and how it adapts when a bulk parse fails
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final
 
 import pyarrow as pa
 
-from agents.convert.common import (
-    Path, KIND_ERROR, WIDE_INT, connect_bytes, is_list, is_string, is_temporal, strict_text,
-)
+from agents.convert.columns import Path, connect_bytes, is_list, is_string, is_temporal, strict_text
 from agents.convert.wrapped import ENTRY_KEY, ENTRY_VALUE
+
+
+#: Wide decimal that integer columns fall back to when a value is not a plain integer token.
+_WIDE_INT: Final = pa.decimal128(38, 18)
+
+
+_KIND_ERROR: Final = re.compile(r"Column\((?P<path>.*)\) changed from (?P<old>\w+) to (?P<new>\w+)")
 
 
 def default_parse_type(f: pa.Field) -> pa.DataType:
@@ -109,12 +116,12 @@ class Plan:
 
     def adapt(self, message: str) -> Plan | None:
         """A plan that avoids the failure in ``message``, or None when none does."""
-        kind = KIND_ERROR.search(message)
+        kind = _KIND_ERROR.search(message)
         if kind is not None:
             return self._adapt_kind(kind.group("path"), kind.group("new"))
         if "Failed to convert JSON to int64" in message:
             wide = {
-                p: WIDE_INT
+                p: _WIDE_INT
                 for p, f in leaves(self.target)
                 if (pa.types.is_integer(f.type) or is_temporal(f.type)) and self.parse_type(p, f) == pa.int64()
             }

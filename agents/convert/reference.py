@@ -13,13 +13,15 @@ from decimal import ROUND_FLOOR, Decimal, InvalidOperation, localcontext
 
 import pyarrow as pa
 
-from agents.convert.common import (
-    EPOCH_UNIT, EpochUnit, B64_RE, CONSTANTS, DATE_RE, DAY_SECONDS, EPOCH_ORDINAL, EXACT,
-    INT64, MAX_DAYS, MIN_DAYS, MIN_SECONDS, NUM_RE, TIME_FORMAT, TIME_RE, TS_FORMAT, TS_RE,
-    UNIT_DIGITS, UUID_RE, connect_bytes, int_bounds, is_binary, is_list, is_string, is_uuid,
-    meta, ts_bounds, type_name, unsupported, utf8_reason,
+from agents.convert.columns import (
+    EPOCH_UNIT, EpochUnit, connect_bytes, int_bounds, is_binary, is_list, is_string, is_uuid, meta, type_name,
+    unsupported,
 )
-from agents.convert.wrapped import map_items, rewriter
+from agents.convert.grammar import (
+    B64_RE, CONSTANTS, DATE_RE, DAY_SECONDS, EPOCH_ORDINAL, EXACT, INT64, MAX_DAYS, MIN_DAYS, MIN_SECONDS,
+    NUM_RE, TIME_FORMAT, TIME_RE, TS_FORMAT, TS_RE, UNIT_DIGITS, UUID_RE, ts_bounds,
+)
+from agents.convert.wrapped import map_items, rewriter, utf8_reason
 
 
 class Bad(Exception):

@@ -14,13 +14,17 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agents.convert.common import (
-    EPOCH_UNIT, EpochUnit, Mask, B64_PATTERN, CANONICAL_INT_PATTERN, COUNT_PATTERN,
-    DATE_PATTERN, DAY_SECONDS, INT64, INT_PATTERN, MAX_DAYS, MIN_DAYS, MIN_SECONDS,
-    NUM_PATTERN, OFFSET_PATTERN, TIME_PATTERN, TS_PATTERN, UNIT_DIGITS, UUID_PATTERN,
-    connect_bytes, false_mask, int_bounds, is_binary, is_list, is_null_mask, is_string,
-    is_uuid, meta, null_where, or_mask, strict_cast, ts_bounds, epoch_digits, unsupported,
-    validity, struct_array,
+from agents.convert.arrays import (
+    Mask, false_mask, is_null_mask, null_where, or_mask, strict_cast, struct_array, validity,
+)
+from agents.convert.columns import (
+    EPOCH_UNIT, EpochUnit, connect_bytes, epoch_digits, int_bounds, is_binary, is_list, is_string, is_uuid,
+    meta, unsupported,
+)
+from agents.convert.grammar import (
+    B64_PATTERN, CANONICAL_INT_PATTERN, COUNT_PATTERN, DATE_PATTERN, DAY_SECONDS, INT64, INT_PATTERN,
+    MAX_DAYS, MIN_DAYS, MIN_SECONDS, NUM_PATTERN, OFFSET_PATTERN, TIME_PATTERN, TS_PATTERN, UNIT_DIGITS,
+    UUID_PATTERN, ts_bounds,
 )
 from agents.convert.plan import default_parse_type
 from agents.convert.wrapped import ENTRY_KEY, ENTRY_VALUE

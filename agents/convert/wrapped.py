@@ -16,20 +16,41 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.json as pj
 
-from agents.convert import common
-from agents.convert.common import (
-    Reject, BOM, DENSE_GAP, DENSE_LIMIT, NUMBER_OR_BOOL, PREFIX, ROW, SEP, WRAP_OVERHEAD,
-    holds_map, is_list, utf8_reason,
-)
+from agents.convert import limits
+from agents.convert.columns import holds_map, is_list
+from agents.convert.limits import DENSE_GAP, DENSE_LIMIT
+from agents.convert.outcome import Reject
+
+
+_PREFIX: Final = b'{"v":'
+
+
+_SEP: Final = b'}\n{"v":'
+
+
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+_WRAP_OVERHEAD: Final = len(_PREFIX) + 1  # the closing "}"
+
+
+_ROW: Final = re.compile(r" in row (\d+)\s*$")
+
+
+_NUMBER_OR_BOOL: Final = rb"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false)"
+
+
+def utf8_reason(exc: UnicodeDecodeError) -> str:
+    return f"malformed JSON: invalid UTF-8 at byte {exc.start} ({exc.reason})"
 
 
 def _wrap(parts: list[bytes]) -> bytes:
     """``{"v":a}\\n{"v":b}...`` in one join (``parts`` is modified)."""
     if len(parts) == 1:
-        return PREFIX + parts[0] + b"}"
-    parts[0] = PREFIX + parts[0]
+        return _PREFIX + parts[0] + b"}"
+    parts[0] = _PREFIX + parts[0]
     parts[-1] = parts[-1] + b"}"
-    return SEP.join(parts)
+    return _SEP.join(parts)
 
 
 def _utf8_ok(buf: bytes) -> bool:
@@ -74,7 +95,7 @@ class Run:
         target type (each accepts the quoted form with the same value).
         """
         names = b"|".join(re.escape(k.encode()) for k in sorted(keys))
-        pattern = re.compile(rb'("(?:' + names + rb')"\s*:\s*)' + NUMBER_OR_BOOL + rb"(?=\s*[,}])")
+        pattern = re.compile(rb'("(?:' + names + rb')"\s*:\s*)' + _NUMBER_OR_BOOL + rb"(?=\s*[,}])")
 
         def quote(text: bytes) -> bytes:
             pieces = pattern.split(text)  # text, key, value, text, key, value, ..., text
@@ -88,7 +109,7 @@ class Run:
             return Run(buf, starts, self.positions[lo:hi], False, keys)
         whole = self.buf
         parts = [
-            quote(whole[int(self.starts[k]) + len(PREFIX) : int(self.starts[k + 1]) - 2])
+            quote(whole[int(self.starts[k]) + len(_PREFIX) : int(self.starts[k + 1]) - 2])
             for k in range(lo, hi)
         ]
         return Run(_wrap(list(parts)), _starts(parts), self.positions[lo:hi], True, keys)
@@ -166,7 +187,7 @@ def rewritten(values: Sequence[bytes], schema: pa.Schema, *, fold: bool) -> list
             out.append(value)
             continue
         raw = bytes(value)
-        if raw[:3] == BOM:
+        if raw[:3] == _BOM:
             raw = raw[3:]
         try:
             if b"\\u0000" in raw:
@@ -281,7 +302,7 @@ def _starts(parts: list[bytes]) -> npt.NDArray[np.int64]:
     """Where each wrapped part starts in ``_wrap(parts)`` (and one past the end)."""
     lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
     starts = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum(lengths + WRAP_OVERHEAD + 1, out=starts[1:])
+    np.cumsum(lengths + _WRAP_OVERHEAD + 1, out=starts[1:])
     return starts
 
 
@@ -307,8 +328,8 @@ def prepare(values: Sequence[bytes]) -> tuple[Run | None, list[Reject]]:
         if not parts:
             return None, rejects
         buf = _wrap(list(parts))
-    if BOM[:1] in buf and PREFIX + BOM in buf:  # memchr first: most batches are ASCII
-        parts = [p[3:] if p[:3] == BOM else p for p in parts]
+    if _BOM[:1] in buf and _PREFIX + _BOM in buf:  # memchr first: most batches are ASCII
+        parts = [p[3:] if p[:3] == _BOM else p for p in parts]
         buf = _wrap(list(parts))
     if not _utf8_ok(buf):
         keep_mask = np.ones(len(parts), dtype=np.bool_)
@@ -342,12 +363,12 @@ def read_buffer(data: pa.Buffer, schema: pa.Schema | None, multiline: bool, sing
     if single:
         read = pj.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 16, 2 * longest))
     else:
-        read = pj.ReadOptions(use_threads=True, block_size=max(common.BLOCK_SIZE, 2 * longest))
+        read = pj.ReadOptions(use_threads=True, block_size=max(limits.BLOCK_SIZE, 2 * longest))
     return pj.read_json(pa.BufferReader(data), read_options=read, parse_options=parse)
 
 
 def error_row(message: str) -> int | None:
-    match = ROW.search(message)
+    match = _ROW.search(message)
     return int(match.group(1)) if match else None
 
 

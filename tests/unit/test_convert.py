@@ -33,7 +33,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from agents.convert import common, reference, wrapped
+from agents.convert import limits, reference, wrapped
 from agents.convert import Converted, Reject, decode_json, infer_schema
 from icesink.errors import UnsupportedTypeError
 
@@ -47,7 +47,7 @@ SAMPLE = {
     "date_ordered": "2024-01-04 12:28:13",
 }
 #: Enough records that decode_json takes the bulk path (small batches go record by record).
-BULK = 3 * common.SMALL_RUN
+BULK = 3 * limits.SMALL_RUN
 
 
 class Raw(str):
@@ -161,7 +161,7 @@ def test_inference_across_read_blocks_takes_a_field_null_in_the_first_block() ->
     pad = "p" * 100
     first = [enc({"id": i, "x": None, "l": None, "pad": pad}) for i in range(16_000)]
     later = [enc({"id": i, "x": {"a": i}, "l": [{"b": i}], "pad": pad}) for i in range(10)]
-    assert sum(map(len, first)) > 2 * common.BLOCK_SIZE
+    assert sum(map(len, first)) > 2 * limits.BLOCK_SIZE
     result = decode_json(first + later)
     assert result.rejects == ()
     assert result.table.schema == pa.schema([

@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 import agents.convert as convert
-from agents.convert import common, wrapped
+from agents.convert import limits, wrapped
 from agents.convert import decode_json
 
-BULK = 3 * common.SMALL_RUN
+BULK = 3 * limits.SMALL_RUN
 SIZES = [1, BULK]
 
 ADDRESS = pa.struct([pa.field("zip", pa.string()), pa.field("lines", pa.list_(pa.string()))])

@@ -22,11 +22,11 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, LongType, MapType, NestedField, StringType, StructType
 
 import agents.convert as convert
-from agents.convert import common
+from agents.convert import limits
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, decode_json, infer_schema, with_field_metadata
 from icesink.errors import UnsupportedTypeError
 
-BULK = 3 * common.SMALL_RUN
+BULK = 3 * limits.SMALL_RUN
 SIZES = [1, BULK]
 TS = pa.timestamp("us")
 
