@@ -37,7 +37,7 @@ from pyiceberg.types import IntegerType, LongType, MapType, NestedField, StringT
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents.convert import decode_json
-from agents.convert.reference import _Oracle
+from agents.convert.reference import Oracle
 from icesink.app.pizzas import pizza_values
 
 PIZZA_SCHEMA = Schema(
@@ -94,7 +94,7 @@ def main() -> None:
         v[:-1] + b',"attrs":{"crust":"thin","size":"%d","oven":"stone"},"counts":{"slices":%d,"boxes":1}}' % (i % 3, i % 12)
         for i, v in enumerate(values)
     ]
-    oracle = _Oracle(map_schema, "ms")
+    oracle = Oracle(map_schema, "ms")
     miscased = [
         v.replace(b'"store_id":', b'"Store_ID":', 1).replace(b'"sauce":', b'"SAUCE":', 1) if i % 2 else v
         for i, v in enumerate(values)

@@ -8,15 +8,16 @@ Kafka config-provider references (``${file:/path:key}``, ``${env:VAR}``), resolv
 providers the config declares (icesink/config_providers.py); what they resolve to is a secret.
 
 Nothing else in icesink reads ``os.environ`` for settings.
+
+The keys, the checks across settings and the reading of the file and environment are in
+icesink/config_load.py (a leaf below this module); its public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -24,57 +25,24 @@ from typing import Any, Literal, cast
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+# The keys, their checks and how they are read (icesink/config_load.py): re-exported, so that
+# `from icesink.config import X` works for each as it did before the split.
+from icesink.config_load import (
+    ACCEPTED_IGNORED as ACCEPTED_IGNORED, BYTES_CONVERTER as BYTES_CONVERTER, CDC_ROUTE_FIELDS as CDC_ROUTE_FIELDS,
+    CONNECT_CONSUMER_OVERRIDES as CONNECT_CONSUMER_OVERRIDES, DEBEZIUM_PROPS as DEBEZIUM_PROPS,
+    DEBEZIUM_TRANSFORMS as DEBEZIUM_TRANSFORMS, JSON_CONVERTER as JSON_CONVERTER, KEY_CONVERTERS as KEY_CONVERTERS,
+    PREFIX_CATALOG as PREFIX_CATALOG, PREFIX_CREATE_PROPS as PREFIX_CREATE_PROPS,
+    STRING_CONVERTER as STRING_CONVERTER, TABLE_KEY as TABLE_KEY, TABLE_PROPS as TABLE_PROPS,
+    TIMESTAMP_UNITS as TIMESTAMP_UNITS, VALUE_CONVERTERS as VALUE_CONVERTERS, WORKER_ID as WORKER_ID,
+    WORKER_ID_RULE as WORKER_ID_RULE, catalog_paths_absolute as catalog_paths_absolute,
+    check_settings as check_settings, env_keys as env_keys, flatten as flatten,
+    is_secret_setting as is_secret_setting, read_config_file as read_config_file, reraise_as as reraise_as,
+    shown as shown,
+)
 from icesink.errors import ConfigError
 from icesink.secrets import MASK, Hidden, Redactor, is_secret_key, mask_setting, mask_url, url_secrets
 
 log = logging.getLogger(__name__)
-
-JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
-STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
-BYTES_CONVERTER = "org.apache.kafka.connect.converters.ByteArrayConverter"
-KEY_CONVERTERS = (
-    STRING_CONVERTER,
-    JSON_CONVERTER,
-    BYTES_CONVERTER,
-)
-VALUE_CONVERTERS = (JSON_CONVERTER,)
-#: The ``_cdc`` fields Debezium change events can be routed on (``iceberg.tables.route-field``).
-CDC_ROUTE_FIELDS = ("target", "source", "op")
-# The reference's Debezium SMT, under its Tabular and its Apache package (agents/debezium.py).
-DEBEZIUM_TRANSFORMS = (
-    "io.tabular.iceberg.connect.transforms.DebeziumTransform",
-    "org.apache.iceberg.connect.transforms.DebeziumTransform",
-)
-DEBEZIUM_PROPS = ("cdc.target.pattern",)
-
-# Reference-sink keys that are accepted and have no effect here (documented in docs/config.md).
-ACCEPTED_IGNORED = {
-    "connector.class": "icesink is not a Kafka Connect plugin; the key is ignored",
-    "tasks.max": "parallelism comes from worker replicas (processes), not tasks",
-    "name": "the sink group is named by group.id",
-}
-
-# Kafka Connect's per-connector consumer overrides of settings icesink has, so a connector's
-# config moves over as it is; the icesink key wins when both are given. Other
-# consumer.override.* keys are unknown settings (warned about).
-CONNECT_CONSUMER_OVERRIDES = {
-    "consumer.override.fetch.min.bytes": "consumer.fetch-min-bytes",
-    "consumer.override.max.poll.records": "consumer.max-batch",
-    "consumer.override.session.timeout.ms": "consumer.session-timeout-ms",
-}
-
-_PREFIX_CATALOG = "iceberg.catalog."
-_PREFIX_CREATE_PROPS = "iceberg.tables.auto-create-props."
-# Per-table keys iceberg.table.<table>.<prop>: prop -> the map field holding table -> value.
-_TABLE_PROPS = ("partition-by", "route-regex", "timestamp-unit", "timestamp-fields", "id-columns")
-_TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>" + "|".join(_TABLE_PROPS) + ")$")
-#: What a ``worker.id`` may be: it names this replica's directories (staging, Faust's data) and
-#: is part of its data files' names, so a plain name, never a path.
-WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-WORKER_ID_RULE = ("a plain name: 1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit "
-                  "(it names this replica's directories and files, so never a path)")
-#: Units of JSON numbers in timestamp and time columns (agents.convert.EPOCH_UNITS).
-TIMESTAMP_UNITS = ("s", "ms", "us", "ns")
 
 
 class Settings(BaseSettings):
@@ -294,116 +262,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        if self.value_converter not in VALUE_CONVERTERS:
-            raise ConfigError("value.converter", self.value_converter, f"one of {VALUE_CONVERTERS}")
-        self._check_transforms()
-        if self.key_converter not in KEY_CONVERTERS:
-            raise ConfigError("key.converter", self.key_converter, f"one of {KEY_CONVERTERS}")
-        if self.kafka_metadata and self.key_column and self.key_column.startswith(self.kafka_metadata_field):
-            raise ConfigError(
-                "iceberg.tables.key-column", self.key_column,
-                f"a name apart from the Kafka metadata columns ({self.kafka_metadata_field}...)",
-            )
-        if self.sasl_mechanism and not self.security_protocol.startswith("SASL"):
-            raise ConfigError(
-                "security.protocol", self.security_protocol,
-                "SASL_PLAINTEXT or SASL_SSL when sasl.mechanism is set",
-            )
-        # Without these aiokafka clients fail at construction and Faust's would fall back to
-        # no SASL (agents/worker.py _faust_credentials): refuse at start-up instead.
-        if self.security_protocol.startswith("SASL") and not self.sasl_mechanism:
-            raise ConfigError(
-                "sasl.mechanism", None,
-                f"PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 when security.protocol is {self.security_protocol}",
-            )
-        if self.sasl_mechanism and (not self.sasl_username or self.sasl_password is None):
-            key = "sasl.username" if not self.sasl_username else "sasl.password"
-            raise ConfigError(key, None, f"a value when sasl.mechanism is {self.sasl_mechanism}")
-        if not self.tables and not self.dynamic_tables:
-            raise ConfigError("iceberg.tables", "", "one or more namespace.table names (or iceberg.tables.dynamic-enabled=true)")
-        if self.dynamic_tables and not self.route_field:
-            raise ConfigError("iceberg.tables.route-field", None,
-                              "the field naming each record's table, since iceberg.tables.dynamic-enabled is true")
-        if self.table_route_regex and not self.route_field:
-            raise ConfigError("iceberg.tables.route-field", None, "a field name, since route-regex is set for "
-                              + ", ".join(sorted(self.table_route_regex)))
-        for table, pattern in self.table_route_regex.items():
-            if table not in self.tables:
-                raise ConfigError(f"iceberg.table.{table}.route-regex", pattern,
-                                  f"a table listed in iceberg.tables {list(self.tables)}")
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ConfigError(f"iceberg.table.{table}.route-regex", pattern, f"a valid regular expression ({exc})") from None
-        for prop, per_table in (
-            ("partition-by", self.table_partition_by),
-            ("timestamp-unit", self.table_timestamp_unit),
-            ("timestamp-fields", self.table_timestamp_fields),
-            ("id-columns", self.table_id_columns),
-        ):
-            for table in per_table:
-                if table not in self.tables and not self.dynamic_tables:
-                    raise ConfigError(
-                        f"iceberg.table.{table}.{prop}", table,
-                        f"a table listed in iceberg.tables {list(self.tables)}",
-                    )
-        units = {"iceberg.tables.timestamp-unit": self.timestamp_unit} | {
-            f"iceberg.table.{t}.timestamp-unit": u for t, u in self.table_timestamp_unit.items()
-        }
-        for key, unit in units.items():
-            if unit not in TIMESTAMP_UNITS:
-                raise ConfigError(key, unit, f"one of {', '.join(TIMESTAMP_UNITS)} (the unit of epoch numbers)")
-        patterns = {"iceberg.tables.timestamp-fields": self.timestamp_fields} | {
-            f"iceberg.table.{t}.timestamp-fields": p for t, p in self.table_timestamp_fields.items()
-        }
-        for key, fields_pattern in patterns.items():
-            if fields_pattern is not None:
-                try:
-                    re.compile(fields_pattern)
-                except re.error as exc:
-                    raise ConfigError(key, fields_pattern, f"a regular expression over dotted field names ({exc})") from None
-        for table in self.tables:
-            if "." not in table:
-                raise ConfigError("iceberg.tables", table, "namespace.table names, e.g. rpc.pizzas")
-        version = self.auto_create_props.get("format-version")
-        if version is not None and version not in ("1", "2"):
-            raise ConfigError(  # pyiceberg 0.12 (which commits) refuses to write format-version 3 metadata
-                "iceberg.tables.auto-create-props.format-version", version,
-                "1 or 2 (format-version 3 tables cannot be committed by pyiceberg 0.12)",
-            )
-        # Partition expressions are parsed here so a typo stops the start-up, not a commit.
-        from icesink.partitioning import parse_partition_by  # pure parser
-
-        if self.default_partition_by:
-            _reraise_as("iceberg.tables.default-partition-by", parse_partition_by, self.default_partition_by)
-        for table, spec in self.table_partition_by.items():
-            _reraise_as(f"iceberg.table.{table}.partition-by", parse_partition_by, spec)
+        check_settings(self)
         return self
-
-    def _check_transforms(self) -> None:
-        for name in self.transform_props.keys() - set(self.transforms):
-            log.warning("settings transforms.%s.* ignored: %s is not listed in transforms", name, name)
-        debezium = [n for n in self.transforms if self.transform_props.get(n, {}).get("type") in DEBEZIUM_TRANSFORMS]
-        for name in self.transforms:
-            props = self.transform_props.get(name, {})
-            if props.get("type") not in DEBEZIUM_TRANSFORMS:
-                raise ConfigError(f"transforms.{name}.type", props.get("type"), f"one of {DEBEZIUM_TRANSFORMS}")
-            for prop in props.keys() - {"type", *DEBEZIUM_PROPS}:
-                log.warning("setting transforms.%s.%s ignored: the Debezium transform has no such property", name, prop)
-        if len(debezium) > 1:
-            raise ConfigError("transforms", ",".join(self.transforms), "at most one Debezium transform")
-        pattern = self.debezium_target_pattern
-        if pattern is not None:
-            for found in re.findall(r"\{[^{}]*\}", pattern):
-                if found not in ("{db}", "{table}"):
-                    raise ConfigError(
-                        f"transforms.{debezium[0]}.cdc.target.pattern", pattern,
-                        f"a pattern using only the placeholders {{db}} and {{table}} ({found} is unknown)",
-                    )
-            route = self.route_field or ""
-            if route.startswith("_cdc.") and route[5:] not in CDC_ROUTE_FIELDS:
-                raise ConfigError("iceberg.tables.route-field", route, "a field of the row image or one of "
-                                  + ", ".join(f"_cdc.{f}" for f in CDC_ROUTE_FIELDS) + " (Debezium transform)")
 
     # Derived views -------------------------------------------------------------------------
 
@@ -514,32 +374,6 @@ class Settings(BaseSettings):
         return Redactor(self.secret_values())
 
 
-def catalog_paths_absolute(props: Mapping[str, str]) -> dict[str, str]:
-    """Catalog properties with their local paths made absolute: a SQLite ``uri``
-    (``sqlite:///relative.db``) and the ``warehouse`` of a catalog that is not REST (where it
-    names a warehouse, not a directory) when it is a plain relative path: table locations
-    written into metadata must not depend on a process's directory."""
-    out = dict(props)
-    uri = out.get("uri", "")
-    if (m := _SQLITE_RELATIVE.fullmatch(uri)) is not None and not m["path"].startswith((":memory:", "file:")):
-        out["uri"] = f"{m['scheme']}:///{os.path.abspath(m['path'])}{m['query'] or ''}"
-    warehouse = out.get("warehouse")
-    rest = out.get("type", "rest" if uri.startswith(("http://", "https://")) else "").lower() == "rest"
-    if warehouse and not rest and "://" not in warehouse and not os.path.isabs(warehouse):
-        out["warehouse"] = os.path.abspath(warehouse)
-    return out
-
-
-_SQLITE_RELATIVE = re.compile(r"(?P<scheme>sqlite(?:\+\w+)?):///(?P<path>[^/?][^?]*)(?P<query>\?.*)?")
-
-
-def _reraise_as(key: str, fn: Any, value: str) -> None:
-    try:
-        fn(value)
-    except ConfigError as exc:
-        raise ConfigError(key, value, exc.expected) from None
-
-
 # Loading -----------------------------------------------------------------------------------
 
 _FIELD_KEYS = {
@@ -547,73 +381,13 @@ _FIELD_KEYS = {
 }
 
 
-def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        # Nested TOML tables flatten to dotted keys, except the values of known map keys.
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    text = path.read_text(encoding="utf-8")
-    try:
-        raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError("--config", str(path), f"a valid JSON or TOML file ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError("--config", str(path), "a JSON object or TOML document of settings")
-    return _flatten(raw)
-
-
 def _env_key_map() -> dict[str, str]:
     return {re.sub(r"[.\-]", "_", alias).upper(): alias for alias in _FIELD_KEYS}
 
 
-#: pyiceberg 0.12 catalog and FileIO properties whose names hold a ``-`` (from pyiceberg.io and
-#: its catalogs), so that ``ICESINK_ICEBERG_CATALOG_S3_ACCESS_KEY_ID`` means ``s3.access-key-id``.
-_HYPHENATED_CATALOG_PROPS = (
-    "adls.account-host", "adls.account-key", "adls.account-name", "adls.blob-storage-authority",
-    "adls.blob-storage-scheme", "adls.client-id", "adls.client-secret", "adls.connection-string",
-    "adls.dfs-storage-authority", "adls.dfs-storage-scheme", "adls.sas-token", "adls.tenant-id",
-    "client.access-key-id", "client.profile-name", "client.role-arn", "client.role-session-name",
-    "client.secret-access-key", "client.session-token", "gcs.cache-timeout", "gcs.default-bucket-location",
-    "gcs.oauth2.token-expires-at", "gcs.project-id", "gcs.requester-pays", "gcs.version-aware",
-    "glue.access-key-id", "glue.max-retries", "glue.profile-name", "glue.retry-mode", "glue.secret-access-key",
-    "glue.session-token", "glue.skip-archive", "oauth2-server-uri", "rest.signing-name", "rest.signing-region",
-    "rest.sigv4-enabled", "s3.access-key-id", "s3.connect-timeout", "s3.force-virtual-addressing",
-    "s3.profile-name", "s3.proxy-uri", "s3.request-timeout", "s3.resolve-region", "s3.role-arn",
-    "s3.role-session-name", "s3.secret-access-key", "s3.server-side-encryption", "s3.session-token",
-    "s3.sse-kms-key-id",
-)
-_CATALOG_ENV = {k.upper().replace(".", "_").replace("-", "_"): k for k in _HYPHENATED_CATALOG_PROPS}
-
-
 def keys_from_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """``ICESINK_<KEY>`` variables as config keys. Known keys map exactly; catalog properties
-    use ``ICESINK_ICEBERG_CATALOG_<PROP>``: pyiceberg's hyphenated properties by name
-    (``S3_ACCESS_KEY_ID``: ``s3.access-key-id``), any other with ``_`` read as ``.``
-    (s3.endpoint, client.region)."""
-    known = _env_key_map()
-    out: dict[str, str] = {}
-    for name, value in environ.items():
-        if not name.startswith("ICESINK_"):
-            continue
-        rest = name[len("ICESINK_"):]
-        if rest in known:
-            out[known[rest]] = value
-        elif rest.startswith("ICEBERG_CATALOG_"):
-            prop = rest[len("ICEBERG_CATALOG_"):]
-            out[_PREFIX_CATALOG + _CATALOG_ENV.get(prop, prop.lower().replace("_", "."))] = value
-        elif rest.startswith("SPARK_"):
-            out["spark." + rest[len("SPARK_"):].lower().replace("_", ".")] = value
-        else:
-            log.warning("ignoring environment variable %s: no setting has that name", name)
-    return out
+    """``ICESINK_<KEY>`` variables as config keys (see :func:`icesink.config_load.env_keys`)."""
+    return env_keys(environ, _env_key_map())
 
 
 def build(raw: Mapping[str, Any], *, warn_unknown: bool = True, refuse_unknown: bool = False,
@@ -638,18 +412,12 @@ def build_resolved(raw: Mapping[str, Any], environ: Mapping[str, str], **kwargs:
     return build(resolved, provided=provided, **kwargs)
 
 
-def is_secret_setting(key: str) -> bool:
-    """Whether config key ``key`` names a secret (README, Secrets): masked wherever shown."""
-    return key in _SECRET_FIELDS or (
-        key.startswith((_PREFIX_CATALOG, "spark.")) and is_secret_key(key.removeprefix(_PREFIX_CATALOG)))
-
-
 def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, provided: dict[str, str]) -> Settings:
     fields: dict[str, Any] = {}
     catalog: dict[str, str] = {}
     create_props: dict[str, str] = {}
     spark: dict[str, str] = {}
-    per_table: dict[str, dict[str, str]] = {prop: {} for prop in _TABLE_PROPS}
+    per_table: dict[str, dict[str, str]] = {prop: {} for prop in TABLE_PROPS}
     transforms: dict[str, dict[str, str]] = {}
     unknown: list[str] = []
     for key, value in raw.items():
@@ -662,16 +430,16 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
                 log.warning("setting %s ignored: %s is set too, and wins", key, own)
             else:
                 fields[own] = value
-        elif key.startswith(_PREFIX_CATALOG):
-            catalog[key[len(_PREFIX_CATALOG):]] = str(value)
-        elif key.startswith(_PREFIX_CREATE_PROPS):
-            create_props[key[len(_PREFIX_CREATE_PROPS):]] = str(value)
+        elif key.startswith(PREFIX_CATALOG):
+            catalog[key[len(PREFIX_CATALOG):]] = str(value)
+        elif key.startswith(PREFIX_CREATE_PROPS):
+            create_props[key[len(PREFIX_CREATE_PROPS):]] = str(value)
         elif key.startswith("spark."):
             spark[key] = str(value)
         elif key.startswith("transforms.") and key.count(".") >= 2:
             name, _, prop = key[len("transforms."):].partition(".")
             transforms.setdefault(name, {})[prop] = str(value)
-        elif (m := _TABLE_KEY.match(key)) is not None:
+        elif (m := TABLE_KEY.match(key)) is not None:
             per_table[m["prop"]][m["table"]] = str(value)
         elif key.startswith(("key.converter.", "value.converter.")):
             log.info("setting %s accepted; it has no effect for this converter", key)
@@ -679,7 +447,7 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
             unknown.append(key)
     if unknown and refuse_unknown:
         key = sorted(unknown)[0]
-        raise ConfigError(key, _shown(key, raw[key]), "a key icesink has (README, Settings); this one would be "
+        raise ConfigError(key, shown(key, raw[key]), "a key icesink has (README, Settings); this one would be "
                           "ignored" + (f" (and {len(unknown) - 1} more: {', '.join(sorted(unknown)[1:])})"
                                        if len(unknown) > 1 else ""))
     if unknown and warn_unknown:
@@ -699,22 +467,10 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
         key = str(loc)
         if key in Settings.model_fields:
             key = Settings.model_fields[key].alias or key
-        found = Hidden(err.get("input")) if key in provided else _shown(key, err.get("input", fields.get(key)))
+        found = Hidden(err.get("input")) if key in provided else shown(key, err.get("input", fields.get(key)))
         if err["type"] == "missing":
             raise ConfigError(key, None, "a value (the setting is required)") from None
         raise ConfigError(key, found, err["msg"].removeprefix("Value error, ")) from None
-
-
-_SECRET_FIELDS = {"sasl.password", "ssl.password", "iceberg.control.secret"}
-
-
-def _shown(key: str, value: Any) -> Any:
-    """A value as a config error may quote it: secrets only by type, URL passwords masked."""
-    if key in _SECRET_FIELDS or (
-        key.startswith((_PREFIX_CATALOG, "spark.")) and is_secret_key(key.removeprefix(_PREFIX_CATALOG))
-    ):
-        return Hidden(value)
-    return mask_url(value) if isinstance(value, str) else value
 
 
 def load_settings(

@@ -20,7 +20,7 @@ How a batch is decoded
    (range checks, regex-validated string parsing, ISO-8601 timestamps with offsets, decimal
    scale and precision checks). Each step also yields a mask of rows it cannot convert exactly.
 4. **Fall back per record, rarely.** Rows in such a mask, and records pyarrow refuses to parse,
-   go to the per-record reference path (``_Oracle``, plain Python ``json``), which converts the
+   go to the per-record reference path (``Oracle``, plain Python ``json``), which converts the
    record or returns the :class:`Reject`. The reference path defines the semantics; the bulk
    path only accepts what it converts to the same value.
 
@@ -76,7 +76,7 @@ What each column type accepts
 Maps in bulk
 ------------
 pyarrow.json has no map type and keeps no raw JSON text, so for schemas with a map (and only
-those) each record is first rewritten by ``_rewritten``: one C-level ``json.loads`` and
+those) each record is first rewritten by ``rewritten``: one C-level ``json.loads`` and
 ``json.dumps`` turns every map (object or pairs) into a list ``[{"k": key, "v": value}, ...]`` which the
 reader parses as list<struct<k: string, v: V>> and step 3 turns into a map array. Non-integer
 numbers (and a bare ``-0``) keep their exact text (a marker string, unquoted again after
@@ -98,9 +98,18 @@ the parsed record the same way.
 
 Where each step lives
 ---------------------
-``common`` (outcome types, constants, grammars, schema checks), ``wrapped`` (step 1 and the
-pyarrow.json read), ``plan`` (step 2), ``vectorised`` (step 3), ``reference`` (step 4),
-``decoder`` (a batch against a schema), ``inference``; this module holds the public API.
+Each module imports only the ones listed before it (tests/unit/test_layout.py checks that no
+import goes back up and that no module uses a private name of another):
+
+1. Leaves: ``outcome`` (:class:`Reject`, :class:`Converted`), ``limits`` (the bulk reader's
+   tuning: short runs, dense failures, block size), ``grammar`` (the text grammars for ``re``
+   and RE2, value bounds), ``columns`` (the target column types and metadata, the schema
+   checks, field paths), ``arrays`` (row masks, strict casts, struct arrays).
+2. ``wrapped``: step 1, the wrapped buffer, per-record rewrites and the pyarrow.json read.
+3. ``plan``: step 2, the parse schema and how it adapts.
+4. ``vectorised`` (step 3) and ``reference`` (step 4, the per-record path), side by side.
+5. ``inference`` (a batch's schema) and ``decoder`` (a batch against a schema).
+6. This module: the public API.
 """
 
 from __future__ import annotations
@@ -111,14 +120,17 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agents.convert.common import (
-    DECIMAL_ENCODING, EPOCH_UNIT, EPOCH_UNITS, Converted, EpochUnit, Path, Reject, _TS_OFFSET_PATTERN,
-    _check_supported, _has_map, _is_list, _is_string, check_schema, if_else, struct_array,
+from agents.convert.arrays import if_else, struct_array
+from agents.convert.columns import (
+    DECIMAL_ENCODING, EPOCH_UNIT, EPOCH_UNITS, EpochUnit, Path, check_schema, check_supported, has_map,
+    is_list, is_string,
 )
-from agents.convert.decoder import _Decoder
-from agents.convert.inference import _infer, _miscased
-from agents.convert.plan import _leaves
-from agents.convert.wrapped import _holds_struct, _prepare, _rewritten
+from agents.convert.decoder import Decoder
+from agents.convert.grammar import TS_OFFSET_PATTERN
+from agents.convert.inference import infer, miscased
+from agents.convert.outcome import Converted, Reject
+from agents.convert.plan import leaves
+from agents.convert.wrapped import holds_struct, prepare, rewritten
 
 
 __all__ = [
@@ -156,18 +168,18 @@ def decode_json(
     """
     if epoch_unit not in EPOCH_UNITS:
         raise ValueError(f"epoch_unit: expected one of {EPOCH_UNITS}, found {epoch_unit!r}")
-    fold = fold_case and schema is not None and _holds_struct(pa.struct(list(schema)))
+    fold = fold_case and schema is not None and holds_struct(pa.struct(list(schema)))
     if schema is not None:
-        _check_supported(schema)
-    if schema is not None and _has_map(schema):
-        run, rejects = _prepare(_rewritten(values, schema, fold=fold))
+        check_supported(schema)
+    if schema is not None and has_map(schema):
+        run, rejects = prepare(rewritten(values, schema, fold=fold))
     else:
-        run, rejects = _prepare(values)
-        if fold and run is not None and _miscased(run, values, schema):
-            run, rejects = _prepare(_rewritten(values, schema, fold=True))
+        run, rejects = prepare(values)
+        if fold and run is not None and miscased(run, values, schema):
+            run, rejects = prepare(rewritten(values, schema, fold=True))
     if schema is None:
-        schema = _infer(run, values)
-    decoder = _Decoder(values, schema, rejects, epoch_unit, fold=fold)
+        schema = infer(run, values)
+    decoder = Decoder(values, schema, rejects, epoch_unit, fold=fold)
     if run is not None:
         decoder.scan(run, 0, run.size, threaded=True)
     return decoder.result()
@@ -188,8 +200,8 @@ def infer_schema(values: Sequence[bytes], *, timestamp_fields: re.Pattern[str] |
     some string in ``values`` carries an offset or ``Z``, else ``timestamp`` (wall times).
     Values that then do not parse as timestamps are rejects when the batch is decoded.
     """
-    run, _ = _prepare(values)
-    schema = _infer(run, values)
+    run, _ = prepare(values)
+    schema = infer(run, values)
     if timestamp_fields is None:
         return schema
     return _timestamp_columns(schema, values, timestamp_fields)
@@ -207,7 +219,7 @@ def with_field_metadata(schema: pa.Schema, metadata: dict[str, dict[str, str]]) 
         t = f.type
         if pa.types.is_struct(t):
             t = pa.struct([visit(c, f"{name}.{c.name}") for c in t])
-        elif _is_list(t):
+        elif is_list(t):
             element = visit(t.value_field, f"{name}[]")
             t = pa.large_list(element) if pa.types.is_large_list(t) else pa.list_(element)
         elif pa.types.is_map(t):
@@ -232,18 +244,18 @@ def _timestamp_columns(schema: pa.Schema, values: Sequence[bytes], pattern: re.P
     """``schema`` with string and integer fields whose dotted path matches ``pattern`` as timestamps."""
     chosen: dict[Path, pa.DataType] = {}
     strings: list[Path] = []
-    for path, f in _leaves(pa.struct(list(schema))):
+    for path, f in leaves(pa.struct(list(schema))):
         if not pattern.fullmatch(_dotted(path)):
             continue
         if pa.types.is_integer(f.type):
             chosen[path] = pa.timestamp("us", tz="UTC")
-        elif _is_string(f.type):
+        elif is_string(f.type):
             strings.append(path)
     if strings:
         decoded = decode_json(values, schema).table
         for path in strings:
             column = _column_at(decoded, path)
-            zoned = pc.any(pc.match_substring_regex(column, _TS_OFFSET_PATTERN)).as_py()
+            zoned = pc.any(pc.match_substring_regex(column, TS_OFFSET_PATTERN)).as_py()
             chosen[path] = pa.timestamp("us", tz="UTC") if zoned else pa.timestamp("us")
     if not chosen:
         return schema
@@ -254,7 +266,7 @@ def _timestamp_columns(schema: pa.Schema, values: Sequence[bytes], pattern: re.P
             return f.with_type(chosen[path])
         if pa.types.is_struct(t):
             return f.with_type(pa.struct([build(c, (*path, c.name)) for c in t]))
-        if _is_list(t):
+        if is_list(t):
             return f.with_type(pa.list_(build(t.value_field, (*path, "[]"))))
         return f
 

@@ -1,6 +1,6 @@
 """Decoding a batch against a schema: bulk reads of runs of the wrapped buffer, split at the
 row a failure names or bisected, with the rows the bulk path cannot take sent to the
-reference path (:class:`_Decoder`).
+reference path (:class:`Decoder`).
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from agents.convert import common, wrapped
-from agents.convert.common import (
-    Converted, EpochUnit, Reject, _DENSE_WINDOW, _MAX_SINGLE_BLOCK, _is_null_mask, _or,
-    _storage_field,
-)
-from agents.convert.plan import _Plan, _parse_form
-from agents.convert.reference import _Bad, _Oracle
-from agents.convert.vectorised import _convert_children
-from agents.convert.wrapped import _Pacer, _Run, _error_row
+from agents.convert import limits, wrapped
+from agents.convert.arrays import is_null_mask, or_mask
+from agents.convert.columns import EpochUnit, storage_field
+from agents.convert.limits import DENSE_WINDOW, MAX_SINGLE_BLOCK
+from agents.convert.outcome import Converted, Reject
+from agents.convert.plan import Plan, parse_form
+from agents.convert.reference import Bad, Oracle
+from agents.convert.vectorised import convert_children
+from agents.convert.wrapped import Pacer, Run, error_row
 
 
-class _Decoder:
+class Decoder:
     """Collects converted pieces, reference-path rows and rejects for one batch."""
 
     def __init__(
@@ -32,8 +32,8 @@ class _Decoder:
         self.schema = schema
         self.fields = list(schema)
         self.unit = unit
-        self.oracle = _Oracle(schema, unit, fold)
-        self.plan = _Plan(pa.struct([_parse_form(f) for f in self.fields]))
+        self.oracle = Oracle(schema, unit, fold)
+        self.plan = Plan(pa.struct([parse_form(f) for f in self.fields]))
         self.batches: list[pa.RecordBatch] = []
         self.batch_indices: list[npt.NDArray[np.int64]] = []
         self.slow_rows: list[dict[str, object]] = []
@@ -45,31 +45,31 @@ class _Decoder:
     def slow(self, index: int) -> None:
         try:
             row = self.oracle.row(self.values[index])
-        except _Bad as bad:
+        except Bad as bad:
             self.rejects.append(Reject(index, bad.reason, bad.field))
             return
         self.slow_rows.append(row)
         self.slow_indices.append(index)
 
-    def slow_range(self, run: _Run, lo: int, hi: int) -> None:
+    def slow_range(self, run: Run, lo: int, hi: int) -> None:
         for k in range(lo, hi):
             self.slow(int(run.positions[k]))
 
     # -- in bulk -----------------------------------------------------------------------------
 
-    def scan(self, run: _Run, lo: int, hi: int, threaded: bool) -> None:
+    def scan(self, run: Run, lo: int, hi: int, threaded: bool) -> None:
         """Decode records ``[lo, hi)`` of ``run``: each ends in a batch, a slow row or a reject."""
-        pacer = _Pacer()
+        pacer = Pacer()
         while lo < hi:
-            if hi - lo <= common._SMALL_RUN:
+            if hi - lo <= limits.SMALL_RUN:
                 self.slow_range(run, lo, hi)
                 return
             if not self.plan.quoted <= run.keys:
                 run, lo, hi = run.quoted(lo, hi, self.plan.quoted), 0, hi - lo
             view = run.view(lo, hi)
-            single = not threaded and view.size <= _MAX_SINGLE_BLOCK
+            single = not threaded and view.size <= MAX_SINGLE_BLOCK
             try:
-                table = wrapped._read(view, self.plan.schema(), run.multiline, single=single,
+                table = wrapped.read_buffer(view, self.plan.schema(), run.multiline, single=single,
                                       longest=run.longest(lo, hi))
             except pa.ArrowInvalid as exc:
                 message = str(exc)
@@ -80,7 +80,7 @@ class _Decoder:
                 if threaded:  # read again as one block: the error then names the row
                     threaded = False
                     continue
-                row = _error_row(message) if single else None
+                row = error_row(message) if single else None
                 if row is None or row >= hi - lo:
                     self._bisect(run, lo, hi)
                     return
@@ -89,7 +89,7 @@ class _Decoder:
                 self.slow(int(run.positions[lo + row]))
                 lo += row + 1
                 if pacer.failed_at(row):
-                    window = min(_DENSE_WINDOW, hi - lo)
+                    window = min(DENSE_WINDOW, hi - lo)
                     self.slow_range(run, lo, lo + window)
                     lo += window
                 continue
@@ -99,17 +99,17 @@ class _Decoder:
             self._accept(table, run, lo)
             return
 
-    def _bisect(self, run: _Run, lo: int, hi: int) -> None:
+    def _bisect(self, run: Run, lo: int, hi: int) -> None:
         mid = (lo + hi) // 2
         self.scan(run, lo, mid, threaded=False)
         self.scan(run, mid, hi, threaded=False)
 
-    def _accept(self, table: pa.Table, run: _Run, lo: int) -> None:
+    def _accept(self, table: pa.Table, run: Run, lo: int) -> None:
         start = lo
         for chunk in table.column(0).chunks:
             n = len(chunk)
-            arrays, bad = _convert_children(chunk, self.fields, self.unit)
-            bad = _or(bad, _is_null_mask(chunk))  # the value was JSON null
+            arrays, bad = convert_children(chunk, self.fields, self.unit)
+            bad = or_mask(bad, is_null_mask(chunk))  # the value was JSON null
             indices = run.positions[start : start + n]
             if bad is not None and bad.any():
                 for k in np.flatnonzero(bad):
@@ -147,7 +147,7 @@ class _Decoder:
 
 def _from_pylist(rows: list[dict[str, object]], schema: pa.Schema) -> pa.Table:
     """Rows of the reference path as a table (pyarrow cannot build nested uuid columns directly)."""
-    storage = pa.schema([_storage_field(f) for f in schema], metadata=schema.metadata)
+    storage = pa.schema([storage_field(f) for f in schema], metadata=schema.metadata)
     if storage.equals(schema, check_metadata=True):
         return pa.Table.from_pylist(rows, schema=schema)
     return pa.Table.from_pylist(rows, schema=storage).cast(schema)

@@ -9,15 +9,15 @@ from functools import reduce
 
 import pyarrow as pa
 
-from agents.convert import common, wrapped
-from agents.convert.common import (
-    _DENSE_WINDOW, _INFER_FAILURES, _INT64, _MAX_SINGLE_BLOCK, _is_list, _is_string,
-)
-from agents.convert.reference import _Bad, _Number, _load
-from agents.convert.wrapped import _Pacer, _Run, _error_row, _holds_struct
+from agents.convert import limits, wrapped
+from agents.convert.columns import is_list, is_string
+from agents.convert.grammar import INT64
+from agents.convert.limits import DENSE_WINDOW, INFER_FAILURES, MAX_SINGLE_BLOCK
+from agents.convert.reference import Bad, Number, load
+from agents.convert.wrapped import Pacer, Run, error_row, holds_struct
 
 
-def _miscased(run: _Run, values: Sequence[bytes], schema: pa.Schema) -> bool:
+def miscased(run: Run, values: Sequence[bytes], schema: pa.Schema) -> bool:
     """Whether some record of ``run`` may spell a field of ``schema`` in another case: one
     inferring parse (fast, in C++) tells the keys at every level."""
     return _miscased_type(pa.struct(list(schema)), _Inference(values).scan(run, 0, run.size, threaded=True))
@@ -28,18 +28,18 @@ def _miscased_type(t: pa.DataType, seen: pa.DataType) -> bool:
     another case. True when inference cannot tell: kinds that conflicted (inferred as
     string) where ``t`` has fields, or a map written as pairs; a false positive only costs
     the rewrite."""
-    if pa.types.is_null(seen) or not _holds_struct(t):
+    if pa.types.is_null(seen) or not holds_struct(t):
         return False
     if pa.types.is_struct(t):
         if not pa.types.is_struct(seen):
-            return _is_string(seen)
+            return is_string(seen)
         exact = {c.name: c.type for c in t}
         lower = {c.name.lower() for c in t}
         return any(
             s.name.lower() in lower if s.name not in exact else _miscased_type(exact[s.name], s.type) for s in seen
         )
-    if _is_list(t):
-        return _miscased_type(t.value_type, seen.value_type) if _is_list(seen) else _is_string(seen)
+    if is_list(t):
+        return _miscased_type(t.value_type, seen.value_type) if is_list(seen) else is_string(seen)
     if pa.types.is_struct(seen):  # a map written as an object: its keys are data
         return any(_miscased_type(t.item_type, s.type) for s in seen)
     return True
@@ -71,7 +71,7 @@ def _as_inferred(t: pa.DataType) -> pa.DataType:
         return pa.string()
     if pa.types.is_struct(t):
         return pa.struct([pa.field(f.name, _as_inferred(f.type)) for f in t])
-    if _is_list(t):
+    if is_list(t):
         return pa.list_(_as_inferred(t.value_type))
     return t
 
@@ -82,7 +82,7 @@ def _finish(t: pa.DataType) -> pa.DataType:
         return pa.string()
     if pa.types.is_struct(t):
         return pa.struct([pa.field(f.name, _finish(f.type)) for f in t])
-    if _is_list(t):
+    if is_list(t):
         return pa.list_(_finish(t.value_type))
     return t
 
@@ -94,8 +94,8 @@ def _type_of(v: object) -> pa.DataType:
         return pa.bool_()
     if isinstance(v, str):
         return pa.string()
-    if isinstance(v, _Number):
-        if v.is_int and len(v.text) <= 20 and _INT64[0] <= int(v.text) <= _INT64[1]:
+    if isinstance(v, Number):
+        if v.is_int and len(v.text) <= 20 and INT64[0] <= int(v.text) <= INT64[1]:
             return pa.int64()
         return pa.float64()
     if isinstance(v, list):
@@ -109,32 +109,32 @@ class _Inference:
     def __init__(self, values: Sequence[bytes]) -> None:
         self.values = values
 
-    def slow(self, run: _Run, lo: int, hi: int) -> pa.DataType:
+    def slow(self, run: Run, lo: int, hi: int) -> pa.DataType:
         out: pa.DataType = pa.null()
         for k in range(lo, hi):
             try:
-                doc = _load(self.values[int(run.positions[k])])
-            except _Bad:
+                doc = load(self.values[int(run.positions[k])])
+            except Bad:
                 continue  # rejected when the batch is decoded
             if isinstance(doc, dict):
                 out = _merge(out, _type_of(doc))
         return out
 
-    def scan(self, run: _Run, lo: int, hi: int, threaded: bool) -> pa.DataType:
+    def scan(self, run: Run, lo: int, hi: int, threaded: bool) -> pa.DataType:
         out: pa.DataType = pa.null()
-        pacer = _Pacer()
+        pacer = Pacer()
         while lo < hi:
-            if hi - lo <= common._SMALL_RUN:
+            if hi - lo <= limits.SMALL_RUN:
                 return _merge(out, self.slow(run, lo, hi))
             view = run.view(lo, hi)
-            single = not threaded and view.size <= _MAX_SINGLE_BLOCK
+            single = not threaded and view.size <= MAX_SINGLE_BLOCK
             try:
-                table = wrapped._read(view, None, run.multiline, single=single, longest=run.longest(lo, hi))
-            except _INFER_FAILURES as exc:
+                table = wrapped.read_buffer(view, None, run.multiline, single=single, longest=run.longest(lo, hi))
+            except INFER_FAILURES as exc:
                 if threaded:
                     threaded = False
                     continue
-                row = _error_row(str(exc)) if single else None
+                row = error_row(str(exc)) if single else None
                 if row is None or row >= hi - lo:
                     mid = (lo + hi) // 2
                     out = _merge(out, self.scan(run, lo, mid, threaded=False))
@@ -144,7 +144,7 @@ class _Inference:
                 out = _merge(out, self.slow(run, lo + row, lo + row + 1))
                 lo += row + 1
                 if pacer.failed_at(row):
-                    window = min(_DENSE_WINDOW, hi - lo)
+                    window = min(DENSE_WINDOW, hi - lo)
                     out = _merge(out, self.slow(run, lo, lo + window))
                     lo += window
                 continue
@@ -157,7 +157,7 @@ class _Inference:
         return out
 
 
-def _infer(run: _Run | None, values: Sequence[bytes]) -> pa.Schema:
+def infer(run: Run | None, values: Sequence[bytes]) -> pa.Schema:
     if run is None:
         return pa.schema([])
     found = _finish(_Inference(values).scan(run, 0, run.size, threaded=True))

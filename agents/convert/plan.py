@@ -1,24 +1,31 @@
 """Step 2 of agents.convert: the parse schema derived from the target schema (what JSON kind
 pyarrow should expect for each field) and how it adapts when a bulk parse fails
-(:class:`_Plan`).
+(:class:`Plan`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final
 
 import pyarrow as pa
 
-from agents.convert.common import (
-    Path, _KIND_ERROR, _WIDE_INT, _connect_bytes, _is_list, _is_string, _is_temporal, _strict_text,
-)
-from agents.convert.wrapped import _ENTRY_KEY, _ENTRY_VALUE
+from agents.convert.columns import Path, connect_bytes, is_list, is_string, is_temporal, strict_text
+from agents.convert.wrapped import ENTRY_KEY, ENTRY_VALUE
 
 
-def _default_parse_type(f: pa.Field) -> pa.DataType:
+#: Wide decimal that integer columns fall back to when a value is not a plain integer token.
+_WIDE_INT: Final = pa.decimal128(38, 18)
+
+
+_KIND_ERROR: Final = re.compile(r"Column\((?P<path>.*)\) changed from (?P<old>\w+) to (?P<new>\w+)")
+
+
+def default_parse_type(f: pa.Field) -> pa.DataType:
     t = f.type
-    if _connect_bytes(f):
+    if connect_bytes(f):
         return pa.string()
     if pa.types.is_integer(t):
         return pa.int64()
@@ -36,13 +43,13 @@ def _default_parse_type(f: pa.Field) -> pa.DataType:
     return pa.string()  # string, timestamp, date, time, binary, uuid (temporal ones adapt)
 
 
-def _leaves(t: pa.DataType, path: Path = ()) -> Iterator[tuple[Path, pa.Field]]:
+def leaves(t: pa.DataType, path: Path = ()) -> Iterator[tuple[Path, pa.Field]]:
     """The leaf fields of struct/list type ``t`` with their paths (``[]`` for list elements)."""
     children = list(t) if pa.types.is_struct(t) else [t.value_field]
     for child in children:
         child_path = (*path, child.name if pa.types.is_struct(t) else "[]")
-        if pa.types.is_struct(child.type) or _is_list(child.type):
-            yield from _leaves(child.type, child_path)
+        if pa.types.is_struct(child.type) or is_list(child.type):
+            yield from leaves(child.type, child_path)
         else:
             yield child_path, child
 
@@ -55,31 +62,31 @@ def _leaf_at(t: pa.DataType, path: Path) -> pa.Field | None:
             if index < 0:
                 return None
             f = t.field(index)
-        elif _is_list(t) and part == "[]":
+        elif is_list(t) and part == "[]":
             f = t.value_field
         else:
             return None
         t = f.type
-    if f is None or pa.types.is_struct(t) or _is_list(t):
+    if f is None or pa.types.is_struct(t) or is_list(t):
         return None
     return f
 
 
-def _parse_form(f: pa.Field) -> pa.Field:
+def parse_form(f: pa.Field) -> pa.Field:
     """``f`` as the bulk reader parses it: maps as lists of ``{"k": key text, "v": value}``."""
     t = f.type
     if pa.types.is_struct(t):
-        return f.with_type(pa.struct([_parse_form(c) for c in t]))
-    if _is_list(t):
-        return f.with_type(pa.list_(_parse_form(t.value_field)))
+        return f.with_type(pa.struct([parse_form(c) for c in t]))
+    if is_list(t):
+        return f.with_type(pa.list_(parse_form(t.value_field)))
     if pa.types.is_map(t):
-        key = pa.field(_ENTRY_KEY, pa.string(), nullable=False)
-        return f.with_type(pa.list_(pa.struct([key, _parse_form(t.item_field.with_name(_ENTRY_VALUE))])))
+        key = pa.field(ENTRY_KEY, pa.string(), nullable=False)
+        return f.with_type(pa.list_(pa.struct([key, parse_form(t.item_field.with_name(ENTRY_VALUE))])))
     return f
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     """How to parse: a JSON parse type per leaf (default or adapted), keys whose values are quoted."""
 
     target: pa.StructType
@@ -90,24 +97,24 @@ class _Plan:
         for p, t in self.overrides:
             if p == path:
                 return t
-        return _default_parse_type(leaf)
+        return default_parse_type(leaf)
 
     def schema(self) -> pa.Schema:
         def build(f: pa.Field, path: Path) -> pa.DataType:
             t = f.type
             if pa.types.is_struct(t):
                 return pa.struct([pa.field(c.name, build(c, (*path, c.name))) for c in t])
-            if _is_list(t):
+            if is_list(t):
                 return pa.list_(build(t.value_field, (*path, "[]")))
             return self.parse_type(path, f)
 
         return pa.schema([pa.field("v", build(pa.field("v", self.target), ()))])
 
-    def _with(self, changes: dict[Path, pa.DataType], quote: frozenset[str] = frozenset()) -> _Plan:
+    def _with(self, changes: dict[Path, pa.DataType], quote: frozenset[str] = frozenset()) -> Plan:
         kept = tuple((p, t) for p, t in self.overrides if p not in changes)
-        return _Plan(self.target, kept + tuple(changes.items()), self.quoted | quote)
+        return Plan(self.target, kept + tuple(changes.items()), self.quoted | quote)
 
-    def adapt(self, message: str) -> _Plan | None:
+    def adapt(self, message: str) -> Plan | None:
         """A plan that avoids the failure in ``message``, or None when none does."""
         kind = _KIND_ERROR.search(message)
         if kind is not None:
@@ -115,14 +122,14 @@ class _Plan:
         if "Failed to convert JSON to int64" in message:
             wide = {
                 p: _WIDE_INT
-                for p, f in _leaves(self.target)
-                if (pa.types.is_integer(f.type) or _is_temporal(f.type)) and self.parse_type(p, f) == pa.int64()
+                for p, f in leaves(self.target)
+                if (pa.types.is_integer(f.type) or is_temporal(f.type)) and self.parse_type(p, f) == pa.int64()
             }
             return self._with(wide) if wide else None
         if "decimal" in message:
             # A numeric column parsed as a decimal met a value the decimal cannot hold: parse
             # those columns as (quoted) strings; the string path flags the rows instead.
-            paths = [p for p, f in _leaves(self.target) if pa.types.is_decimal(self.parse_type(p, f))]
+            paths = [p for p, f in leaves(self.target) if pa.types.is_decimal(self.parse_type(p, f))]
             if not paths:
                 return None
             keys = frozenset(p[-1] for p in paths if p[-1] != "[]" and self._quotable(p[-1]))
@@ -131,9 +138,9 @@ class _Plan:
 
     def _quotable(self, key: str) -> bool:
         """Whether quoting bare numbers of ``key`` keeps their meaning in every column so named."""
-        return not any(p[-1] == key and _strict_text(f) for p, f in _leaves(self.target))
+        return not any(p[-1] == key and strict_text(f) for p, f in leaves(self.target))
 
-    def _adapt_kind(self, arrow_path: str, found: str) -> _Plan | None:
+    def _adapt_kind(self, arrow_path: str, found: str) -> Plan | None:
         parts = arrow_path.split("/")
         if parts[:2] != ["", "v"] or len(parts) < 3:
             return None
@@ -143,13 +150,13 @@ class _Plan:
             return None
         current = self.parse_type(path, leaf)
         t = leaf.type
-        if found == "string" and not _is_string(current) and not pa.types.is_decimal(current):
-            if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or _is_temporal(t):
+        if found == "string" and not is_string(current) and not pa.types.is_decimal(current):
+            if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or is_temporal(t):
                 return self._with({path: pa.string()})
             return None
-        if found == "number" and _is_temporal(t) and _is_string(current) and path not in dict(self.overrides):
+        if found == "number" and is_temporal(t) and is_string(current) and path not in dict(self.overrides):
             return self._with({path: pa.int64()})  # epoch counts: parse them as numbers
-        if found in ("number", "boolean") and _is_string(current):
+        if found in ("number", "boolean") and is_string(current):
             key = path[-1]
             if key == "[]" or key in self.quoted or not self._quotable(key):
                 return None

@@ -1,5 +1,5 @@
 """Step 1 of agents.convert: the wrapped buffer. Each value wrapped as ``{"v":<value>}`` and the
-batch joined into one buffer (:class:`_Run`); invalid UTF-8 found up front; maps and
+batch joined into one buffer (:class:`Run`); invalid UTF-8 found up front; maps and
 case-folded keys rewritten per record when a schema needs it; the pyarrow.json read itself.
 """
 
@@ -16,11 +16,32 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.json as pj
 
-from agents.convert import common
-from agents.convert.common import (
-    Reject, _BOM, _DENSE_GAP, _DENSE_LIMIT, _NUMBER_OR_BOOL, _PREFIX, _ROW, _SEP, _WRAP_OVERHEAD,
-    _holds_map, _is_list, _utf8_reason,
-)
+from agents.convert import limits
+from agents.convert.columns import holds_map, is_list
+from agents.convert.limits import DENSE_GAP, DENSE_LIMIT
+from agents.convert.outcome import Reject
+
+
+_PREFIX: Final = b'{"v":'
+
+
+_SEP: Final = b'}\n{"v":'
+
+
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+_WRAP_OVERHEAD: Final = len(_PREFIX) + 1  # the closing "}"
+
+
+_ROW: Final = re.compile(r" in row (\d+)\s*$")
+
+
+_NUMBER_OR_BOOL: Final = rb"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false)"
+
+
+def utf8_reason(exc: UnicodeDecodeError) -> str:
+    return f"malformed JSON: invalid UTF-8 at byte {exc.start} ({exc.reason})"
 
 
 def _wrap(parts: list[bytes]) -> bytes:
@@ -45,7 +66,7 @@ def _utf8_ok(buf: bytes) -> bool:
 
 
 @dataclass(frozen=True)
-class _Run:
+class Run:
     """Records as one wrapped buffer: record ``k`` is ``buf[starts[k] : starts[k + 1] - 1]``."""
 
     buf: bytes
@@ -66,7 +87,7 @@ class _Run:
         """Bytes of the longest record in ``[lo, hi)`` (with its newline)."""
         return int(np.max(np.diff(self.starts[lo : hi + 1]))) if hi > lo else 0
 
-    def quoted(self, lo: int, hi: int, keys: frozenset[str]) -> _Run:
+    def quoted(self, lo: int, hi: int, keys: frozenset[str]) -> Run:
         """Records ``[lo, hi)`` with bare numbers and booleans of ``keys`` quoted as strings.
 
         ``"k": 42`` becomes ``"k": "42"`` wherever key ``k`` appears. Only whole values followed
@@ -85,19 +106,19 @@ class _Run:
             buf = quote(self.view(lo, hi).to_pybytes())
             newlines = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 0x0A)
             starts = np.concatenate(([0], newlines + 1, [len(buf) + 1])).astype(np.int64)
-            return _Run(buf, starts, self.positions[lo:hi], False, keys)
+            return Run(buf, starts, self.positions[lo:hi], False, keys)
         whole = self.buf
         parts = [
             quote(whole[int(self.starts[k]) + len(_PREFIX) : int(self.starts[k + 1]) - 2])
             for k in range(lo, hi)
         ]
-        return _Run(_wrap(list(parts)), _starts(parts), self.positions[lo:hi], True, keys)
+        return Run(_wrap(list(parts)), _starts(parts), self.positions[lo:hi], True, keys)
 
 
-_ENTRY_KEY: Final = "k"
+ENTRY_KEY: Final = "k"
 
 
-_ENTRY_VALUE: Final = "v"
+ENTRY_VALUE: Final = "v"
 
 
 #: A JSON number kept as text through ``json.loads``/``json.dumps``: a string marked with NUL.
@@ -147,7 +168,7 @@ _ENTRIES_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", 
 _Rewrite: TypeAlias = Callable[[object], object]
 
 
-def _rewritten(values: Sequence[bytes], schema: pa.Schema, *, fold: bool) -> list[bytes]:
+def rewritten(values: Sequence[bytes], schema: pa.Schema, *, fold: bool) -> list[bytes]:
     """``values`` as the bulk reader can parse them for ``schema``: every map (a JSON object or
     an array of ``[key, value]`` pairs) as a list of entries ``[{"k": key text, "v": value},
     ...]`` in its order, and with ``fold`` every object key that names a field in another case
@@ -158,7 +179,7 @@ def _rewritten(values: Sequence[bytes], schema: pa.Schema, *, fold: bool) -> lis
     through a marker). A record this cannot rewrite faithfully (malformed JSON, a duplicate key,
     a NUL escape, NaN, a map that is neither form) becomes ``null``, which sends it to the
     reference path with its original bytes; tombstones stay as they are."""
-    rewrite = _rewriter(pa.struct(list(schema)), entries=True, fold=fold)
+    rewrite = rewriter(pa.struct(list(schema)), entries=True, fold=fold)
     decode, careful, encode = _ENTRIES_DECODER.decode, _MINUS_ZERO_DECODER.decode, _ENTRIES_ENCODER.encode
     out: list[bytes] = []
     for value in values:
@@ -184,15 +205,15 @@ def _rewritten(values: Sequence[bytes], schema: pa.Schema, *, fold: bool) -> lis
     return out
 
 
-def _holds_struct(t: pa.DataType) -> bool:
+def holds_struct(t: pa.DataType) -> bool:
     if pa.types.is_struct(t):
         return True
     if pa.types.is_map(t):
-        return _holds_struct(t.item_type)
-    return _is_list(t) and _holds_struct(t.value_type)
+        return holds_struct(t.item_type)
+    return is_list(t) and holds_struct(t.value_type)
 
 
-def _map_items(v: object) -> list[tuple[object, object]] | None:
+def map_items(v: object) -> list[tuple[object, object]] | None:
     """The entries of a JSON map: an object, or an array of ``[key, value]`` pairs (what Kafka
     Connect's JsonConverter writes for maps whose keys are not strings); None for other kinds."""
     if isinstance(v, dict):
@@ -213,29 +234,29 @@ def _key_text(k: object) -> str:
     raise ValueError("a map key that is not a scalar")  # the reference path names it
 
 
-def _rewriter(t: pa.DataType, *, entries: bool, fold: bool) -> _Rewrite:
+def rewriter(t: pa.DataType, *, entries: bool, fold: bool) -> _Rewrite:
     """A function rewriting parsed JSON of type ``t`` in place where it can: with ``entries``
     maps become entry lists (ValueError for a map in neither JSON form), with ``fold`` object
     keys naming a field in another case are renamed to the field. Kinds that do not fit ``t``
     are left for the reader or the reference path to refuse."""
 
     def needed(c: pa.DataType) -> bool:
-        return (entries and _holds_map(c)) or (fold and _holds_struct(c))
+        return (entries and holds_map(c)) or (fold and holds_struct(c))
 
     if pa.types.is_map(t):
-        item = _rewriter(t.item_type, entries=entries, fold=fold) if needed(t.item_type) else None
+        item = rewriter(t.item_type, entries=entries, fold=fold) if needed(t.item_type) else None
 
         def map_(v: object) -> object:
             if v is None:
                 return None
-            items = _map_items(v)
+            items = map_items(v)
             if items is None:
                 if entries:
                     raise ValueError("a map that is neither an object nor an array of pairs")
                 return v
             if entries:
-                out = [{_ENTRY_KEY: _key_text(k), _ENTRY_VALUE: item(x) if item else x} for k, x in items]
-                if isinstance(v, list) and len({e[_ENTRY_KEY] for e in out}) != len(out):
+                out = [{ENTRY_KEY: _key_text(k), ENTRY_VALUE: item(x) if item else x} for k, x in items]
+                if isinstance(v, list) and len({e[ENTRY_KEY] for e in out}) != len(out):
                     raise ValueError("a key twice")  # the reference path names it (objects: _unique)
                 return out
             if item is None:
@@ -245,10 +266,10 @@ def _rewriter(t: pa.DataType, *, entries: bool, fold: bool) -> _Rewrite:
             return [[k, item(x)] for k, x in items]
 
         return map_
-    if _is_list(t):
-        element = _rewriter(t.value_type, entries=entries, fold=fold)
+    if is_list(t):
+        element = rewriter(t.value_type, entries=entries, fold=fold)
         return lambda v: [element(x) for x in v] if isinstance(v, list) else v
-    children = [(c.name, _rewriter(c.type, entries=entries, fold=fold)) for c in t if needed(c.type)]
+    children = [(c.name, rewriter(c.type, entries=entries, fold=fold)) for c in t if needed(c.type)]
     names = frozenset(c.name for c in t)
     canon = {c.name.lower(): c.name for c in reversed(list(t))} if fold else {}
 
@@ -285,7 +306,7 @@ def _starts(parts: list[bytes]) -> npt.NDArray[np.int64]:
     return starts
 
 
-def _prepare(values: Sequence[bytes]) -> tuple[_Run | None, list[Reject]]:
+def prepare(values: Sequence[bytes]) -> tuple[Run | None, list[Reject]]:
     """The wrapped buffer of every value worth parsing, and the values rejected up front."""
     parts = list(values)
     rejects: list[Reject] = []
@@ -317,7 +338,7 @@ def _prepare(values: Sequence[bytes]) -> tuple[_Run | None, list[Reject]]:
                 part.decode("utf-8")
             except UnicodeDecodeError as exc:
                 keep_mask[k] = False
-                rejects.append(Reject(int(positions[k]), _utf8_reason(exc), None))
+                rejects.append(Reject(int(positions[k]), utf8_reason(exc), None))
         parts = [p for p, keep_it in zip(parts, keep_mask, strict=True) if keep_it]
         positions = positions[keep_mask]
         if not parts:
@@ -325,10 +346,10 @@ def _prepare(values: Sequence[bytes]) -> tuple[_Run | None, list[Reject]]:
         buf = _wrap(list(parts))
     newlines = int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8) == 0x0A))
     multiline = newlines != len(parts) - 1 or b"\r" in buf
-    return _Run(buf, _starts(parts), positions, multiline), rejects
+    return Run(buf, _starts(parts), positions, multiline), rejects
 
 
-def _read(data: pa.Buffer, schema: pa.Schema | None, multiline: bool, single: bool, longest: int) -> pa.Table:
+def read_buffer(data: pa.Buffer, schema: pa.Schema | None, multiline: bool, single: bool, longest: int) -> pa.Table:
     """One pyarrow.json read. ``single``: one block, no threads, so errors name the row.
     ``longest``: bytes of the longest record. A block is always at least twice that: pyarrow
     26 crashes the process (a segfault or abort, not an error) on some inputs where a record
@@ -342,16 +363,16 @@ def _read(data: pa.Buffer, schema: pa.Schema | None, multiline: bool, single: bo
     if single:
         read = pj.ReadOptions(use_threads=False, block_size=max(data.size + 1, 1 << 16, 2 * longest))
     else:
-        read = pj.ReadOptions(use_threads=True, block_size=max(common._BLOCK_SIZE, 2 * longest))
+        read = pj.ReadOptions(use_threads=True, block_size=max(limits.BLOCK_SIZE, 2 * longest))
     return pj.read_json(pa.BufferReader(data), read_options=read, parse_options=parse)
 
 
-def _error_row(message: str) -> int | None:
+def error_row(message: str) -> int | None:
     match = _ROW.search(message)
     return int(match.group(1)) if match else None
 
 
-class _Pacer:
+class Pacer:
     """Notices failures that come thick and fast, so a scan can switch to per-record work."""
 
     def __init__(self) -> None:
@@ -359,8 +380,8 @@ class _Pacer:
 
     def failed_at(self, row: int) -> bool:
         """Record a failure ``row`` records into the current read; True when it is time to stop."""
-        self.dense = self.dense + 1 if row < _DENSE_GAP else 0
-        if self.dense >= _DENSE_LIMIT:
+        self.dense = self.dense + 1 if row < DENSE_GAP else 0
+        if self.dense >= DENSE_LIMIT:
             self.dense = 0
             return True
         return False

@@ -3,10 +3,10 @@ that decodes a batch: plain JSON against a table schema and inferred, Kafka Conn
 and Debezium change events with and without schemas (the transform, its schema inference and
 routing on ``_cdc`` and row fields).
 
-Each batch is decoded twice: in bulk (``agents.common._SMALL_RUN`` 1, so every run of two or
-more records goes through pyarrow.json, whatever the batch size; ``_BLOCK_SIZE`` sometimes
+Each batch is decoded twice: in bulk (``agents.convert.limits.SMALL_RUN`` 1, so every run of two or
+more records goes through pyarrow.json, whatever the batch size; ``BLOCK_SIZE`` sometimes
 small, so a batch spans many of pyarrow's blocks) and by the reference path
-alone (``_SMALL_RUN`` past any batch: every record through ``_Oracle``, inference through
+alone (``SMALL_RUN`` past any batch: every record through ``Oracle``, inference through
 ``_type_of``). Both must give the same schema, rows, indices and rejects, or raise the same
 way. Batches hold 1 to 300 records; fields are null (or absent) in every record, in the first
 N records or here and there; structs may have no fields (objects always ``{}``); a few values
@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.convert import common
+from agents.convert import limits
 from agents.convert import Converted, decode_json
 from agents.debezium import DebeziumTransform
 from agents.formats import Envelopes, connect_arrow_schema, decode_envelopes
@@ -49,12 +49,12 @@ BLOCKS = st.sampled_from([1 << 20, 256, 1024, 4096])
 
 @contextmanager
 def tuned(small_run: int, block: int) -> Iterator[None]:
-    saved = common._SMALL_RUN, common._BLOCK_SIZE
-    common._SMALL_RUN, common._BLOCK_SIZE = small_run, block  # type: ignore[misc]
+    saved = limits.SMALL_RUN, limits.BLOCK_SIZE
+    limits.SMALL_RUN, limits.BLOCK_SIZE = small_run, block  # type: ignore[misc]
     try:
         yield
     finally:
-        common._SMALL_RUN, common._BLOCK_SIZE = saved  # type: ignore[misc]
+        limits.SMALL_RUN, limits.BLOCK_SIZE = saved  # type: ignore[misc]
 
 
 def outcome(fn: Callable[[], T]) -> T | tuple[str, str]:

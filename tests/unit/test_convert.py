@@ -33,7 +33,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from agents.convert import common, reference, wrapped
+from agents.convert import limits, reference, wrapped
 from agents.convert import Converted, Reject, decode_json, infer_schema
 from icesink.errors import UnsupportedTypeError
 
@@ -47,7 +47,7 @@ SAMPLE = {
     "date_ordered": "2024-01-04 12:28:13",
 }
 #: Enough records that decode_json takes the bulk path (small batches go record by record).
-BULK = 3 * common._SMALL_RUN
+BULK = 3 * limits.SMALL_RUN
 
 
 class Raw(str):
@@ -108,13 +108,13 @@ def same(a: object, b: object) -> bool:
 def oracle_calls(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Values that went through the per-record reference path."""
     calls: list[bytes] = []
-    original = reference._Oracle.row
+    original = reference.Oracle.row
 
-    def spy(self: reference._Oracle, value: bytes) -> dict[str, object]:
+    def spy(self: reference.Oracle, value: bytes) -> dict[str, object]:
         calls.append(value)
         return original(self, value)
 
-    monkeypatch.setattr(reference._Oracle, "row", spy)
+    monkeypatch.setattr(reference.Oracle, "row", spy)
     return calls
 
 
@@ -154,14 +154,14 @@ def test_validate_catches_a_row_that_is_also_rejected() -> None:
 
 
 def test_inference_across_read_blocks_takes_a_field_null_in_the_first_block() -> None:
-    """pyarrow reads a big batch in blocks (``_BLOCK_SIZE``, 1 MiB) and infers each block's
+    """pyarrow reads a big batch in blocks (``BLOCK_SIZE``, 1 MiB) and infers each block's
     types alone: a field null all through the first block and an object or array later once
     failed the whole batch (ArrowNotImplementedError "JSON conversion to struct<a: int64> is
     not supported"), at the batch size of a busy partition."""
     pad = "p" * 100
     first = [enc({"id": i, "x": None, "l": None, "pad": pad}) for i in range(16_000)]
     later = [enc({"id": i, "x": {"a": i}, "l": [{"b": i}], "pad": pad}) for i in range(10)]
-    assert sum(map(len, first)) > 2 * common._BLOCK_SIZE
+    assert sum(map(len, first)) > 2 * limits.BLOCK_SIZE
     result = decode_json(first + later)
     assert result.rejects == ()
     assert result.table.schema == pa.schema([
@@ -805,13 +805,13 @@ def test_mixed_kinds_are_quoted_in_bulk_not_per_record(oracle_calls: list[bytes]
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Sizes (bytes) of the pyarrow.json reads decode_json makes."""
     sizes: list[int] = []
-    original = wrapped._read
+    original = wrapped.read_buffer
 
     def spy(data: pa.Buffer, *args: Any, **kwargs: Any) -> pa.Table:
         sizes.append(data.size)
         return original(data, *args, **kwargs)
 
-    monkeypatch.setattr(wrapped, "_read", spy)
+    monkeypatch.setattr(wrapped, "read_buffer", spy)
     return sizes
 
 

@@ -19,8 +19,8 @@ RECORDS = [
 
 SCRIPT = """
 import json, sys
-from agents.convert import common, decode_json, infer_schema
-common._SMALL_RUN, common._BLOCK_SIZE = 1, int(sys.argv[1])  # bulk reads of tiny blocks
+from agents.convert import limits, decode_json, infer_schema
+limits.SMALL_RUN, limits.BLOCK_SIZE = 1, int(sys.argv[1])  # bulk reads of tiny blocks
 values = [line.encode() for line in sys.stdin.read().splitlines()]
 schema = infer_schema(values)
 out = decode_json(values, schema)

@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 import agents.convert as convert
-from agents.convert import common, wrapped
+from agents.convert import limits, wrapped
 from agents.convert import decode_json
 
-BULK = 3 * common._SMALL_RUN
+BULK = 3 * limits.SMALL_RUN
 SIZES = [1, BULK]
 
 ADDRESS = pa.struct([pa.field("zip", pa.string()), pa.field("lines", pa.list_(pa.string()))])
@@ -101,13 +101,13 @@ def test_batch_spelt_exactly_is_not_rewritten(monkeypatch: pytest.MonkeyPatch) -
     """The byte-level fast path stays: only a batch with another spelling is rewritten. An
     optional struct column that is null in every record does not count as one."""
     calls: list[bool] = []
-    real = wrapped._rewritten
+    real = wrapped.rewritten
 
     def spy(values: Any, schema: pa.Schema, *, fold: bool) -> list[bytes]:
         calls.append(fold)
         return real(values, schema, fold=fold)
 
-    monkeypatch.setattr(convert, "_rewritten", spy)
+    monkeypatch.setattr(convert, "rewritten", spy)
     plain = pa.schema([f for f in SCHEMA if f.name != "byStore"])
     exact = [json.dumps({"id": i, "customerName": "x", "customer": None, "items": [{"sku": "s"}]}).encode() for i in range(BULK)]
     assert decode_json(exact, plain, fold_case=True).table.num_rows == BULK

@@ -22,11 +22,11 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, LongType, MapType, NestedField, StringType, StructType
 
 import agents.convert as convert
-from agents.convert import common
+from agents.convert import limits
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, decode_json, infer_schema, with_field_metadata
 from icesink.errors import UnsupportedTypeError
 
-BULK = 3 * common._SMALL_RUN
+BULK = 3 * limits.SMALL_RUN
 SIZES = [1, BULK]
 TS = pa.timestamp("us")
 
@@ -322,7 +322,7 @@ def test_schemas_without_maps_skip_the_rewrite(monkeypatch: pytest.MonkeyPatch) 
     def boom(*_: object) -> None:
         raise AssertionError("rewrote a batch without maps")
 
-    monkeypatch.setattr(convert, "_rewritten", boom)
+    monkeypatch.setattr(convert, "rewritten", boom)
     result = decode_json([b'{"x": {"a": 1}}'] * BULK, schema_of(pa.struct([pa.field("a", pa.int64())])))
     assert result.table.num_rows == BULK
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.convert import common
+from agents.convert import grammar
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, EPOCH_UNITS, decode_json
 
 EPOCH = datetime(1970, 1, 1)
@@ -105,7 +105,7 @@ def iso_timestamp(draw: st.DrawFn, zoned: bool) -> tuple[object, object]:
 @st.composite
 def epoch_timestamp(draw: st.DrawFn, unit: str, zoned: bool) -> tuple[object, object]:
     digits = UNIT_DIGITS[unit]
-    lo, hi = common._ts_bounds(digits)
+    lo, hi = grammar.ts_bounds(digits)
     count = draw(st.integers(lo, hi) | st.integers(-(10 ** (digits + 9)), 10 ** (digits + 9)))
     instant = EPOCH + timedelta(microseconds=ticks_to_micros(count, digits))
     return draw(as_number_or_digits(count)), instant.replace(tzinfo=UTC) if zoned else instant
@@ -116,7 +116,7 @@ def timestamp_kind(draw: st.DrawFn, default_unit: str) -> Kind:
     unit = draw(st.none() | st.sampled_from(EPOCH_UNITS))
     effective = unit or default_unit
     digits = UNIT_DIGITS[effective]
-    past_9999 = (common._MAX_SECONDS + 1) * 10**digits  # never read in the wrong unit
+    past_9999 = (grammar.MAX_SECONDS + 1) * 10**digits  # never read in the wrong unit
     too_big = st.integers(past_9999, past_9999 * 10)
     return Kind(
         pa.timestamp("us", tz="UTC" if zoned else None),

@@ -36,13 +36,13 @@ from pyiceberg.types import (
 )
 
 import agents.convert as convert
-from agents.convert import common
+from agents.convert import limits
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, decode_json, infer_schema, with_field_metadata
 from agents.tables import _with_column_metadata
 from icesink.config import load_settings
 from icesink.errors import ConfigError, UnsupportedTypeError
 
-BULK = 3 * common._SMALL_RUN
+BULK = 3 * limits.SMALL_RUN
 SIZES = [1, BULK]
 U = uuid.UUID("af69865f-61a7-4e39-824e-cbdcf4a0c45e")
 

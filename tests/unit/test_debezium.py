@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from agents.convert import common
+from agents.convert import limits
 from agents.debezium import CDC_TYPE, DebeziumTransform
 from icesink.config import build
 from icesink.errors import ConfigError
@@ -360,7 +360,7 @@ def test_a_batch_of_many_inserts_then_deletes_infers_the_row_schema(form: str) -
     a schemaless batch (auto-create, schema evolution) with ArrowNotImplementedError."""
     insert, delete = (v for v in values(form)[2:5:2])  # the fixture's insert and delete
     batch = [insert] * 6000 + [delete] * 10
-    assert sum(map(len, batch)) > 2 * common._BLOCK_SIZE
+    assert sum(map(len, batch)) > 2 * limits.BLOCK_SIZE
     t = DebeziumTransform(schemas=form == "schema")
     schema = t.infer_schema(batch)
     assert schema == t.infer_schema(values(form))

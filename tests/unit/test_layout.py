@@ -92,8 +92,9 @@ def test_the_shared_schema_changes_import_no_side_and_no_io() -> None:
 
 #: The leaf modules: what every side imports. They import no I/O package and, of icesink's own
 #: code, only other leaves.
-LEAVES = ("icesink/errors.py", "icesink/config.py", "icesink/config_providers.py", "icesink/metrics.py", "icesink/secrets.py",
-          "icesink/partitioning.py", "icesink/schema_changes.py", "icesink/writable_types.py", "icesink/protocol")
+LEAVES = ("icesink/errors.py", "icesink/config.py", "icesink/config_load.py", "icesink/config_providers.py",
+          "icesink/metrics.py", "icesink/secrets.py", "icesink/partitioning.py", "icesink/schema_changes.py",
+          "icesink/writable_types.py", "icesink/protocol")
 IO = ("asyncio", "aiokafka", "faust", "mode", "pyspark", "py4j", "socket", "http", "sqlalchemy", "requests")
 
 
@@ -291,3 +292,102 @@ def test_private_names_of_faust_aiokafka_and_pyiceberg_only_behind_the_two_doors
                 outside[rel] = sites
     summary = "\n".join(f"{m} ({len(s)}):\n    " + "\n    ".join(s) for m, s in sorted(outside.items()))
     assert outside == {}, f"private names of {', '.join(LIBRARIES)} outside {', '.join(DOORS)}:\n{summary}"
+
+
+# agents/convert/: seams between its modules ---------------------------------------------------
+
+CONVERT = "agents.convert"
+
+
+def _convert_modules() -> dict[str, Any]:
+    """``agents.convert``'s modules by short name (``__init__`` for the package), parsed."""
+    return {p.stem: _parsed(p) for p in sorted((ROOT / "agents" / "convert").glob("*.py"))}
+
+
+def _defined_private(tree: Any) -> set[str]:
+    """Private names a module defines: functions, classes, module-level names, attributes set on ``self``."""
+    import ast
+
+    out = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    out |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        out |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return {n for n in out if _private(n)}
+
+
+def convert_imports() -> dict[str, set[str]]:
+    """For each module of agents.convert, the package's modules it imports (at its top or in a
+    function; ``from agents.convert import x`` is the package itself unless ``x`` is a module)."""
+    import ast
+
+    trees = _convert_modules()
+    graph: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                if node.module == CONVERT:
+                    deps |= {a.name if a.name in trees else "__init__" for a in node.names}
+                elif node.module.startswith(CONVERT + "."):
+                    deps.add(node.module.split(".")[2])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[2] for a in node.names if a.name.startswith(CONVERT + ".")}
+        graph[name] = deps - {name}
+    return graph
+
+
+def convert_private_crossings() -> dict[str, list[str]]:
+    """For each module of agents.convert, the private names of its sibling modules it imports
+    (``from agents.convert.common import _x``), reaches on a sibling module (``common._x``) or on
+    another object (``run._pos``, defined only by a sibling)."""
+    import ast
+
+    trees = _convert_modules()
+    defined = {name: _defined_private(tree) for name, tree in trees.items()}
+    found: dict[str, list[str]] = {}
+    for name, tree in trees.items():
+        siblings = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == CONVERT
+                    for a in n.names if a.name in trees}
+        sites: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level \
+                    and (node.module == CONVERT or node.module.startswith(CONVERT + ".")):
+                sites |= {f"{node.lineno}: from {node.module} import {a.name}" for a in node.names if _private(a.name)}
+            elif isinstance(node, ast.Attribute) and _private(node.attr):
+                receiver = node.value
+                on_sibling = isinstance(receiver, ast.Name) and receiver.id in siblings
+                on_own = isinstance(receiver, ast.Name) and receiver.id in ("self", "cls")
+                elsewhere = node.attr not in defined[name] and any(
+                    node.attr in d for other, d in defined.items() if other != name)
+                if on_sibling or (not on_own and elsewhere):
+                    sites.add(f"{node.lineno}: {ast.unparse(node)}")
+        if sites:
+            found[name] = sorted(sites, key=lambda s: int(s.split(":")[0]))
+    return found
+
+
+def test_convert_modules_use_no_private_name_of_another() -> None:
+    """A name one module of agents/convert/ uses from another is public in the one module that
+    owns it (issue 36's Avro and Protobuf and issue 39's transforms build on these seams)."""
+    found = convert_private_crossings()
+    summary = "\n".join(f"{m} ({len(s)}):\n    " + "\n    ".join(s) for m, s in sorted(found.items()))
+    assert found == {}, f"private names crossing agents/convert/'s modules:\n{summary}"
+
+
+def test_convert_modules_import_one_way() -> None:
+    """agents/convert/'s modules import each other without a cycle (function-level imports
+    included): the order is the one agents/convert/__init__.py's docstring gives."""
+    graph = convert_imports()
+
+    def reaches(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), set()) - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    cycles = sorted(f"{a} -> {b}" for a in graph for b in graph[a] if a in reaches(b))
+    assert cycles == [], f"imports on a cycle in agents/convert/: {cycles}"

@@ -1,0 +1,118 @@
+"""A worker's record format (:class:`RecordFormat`): plain JSON, Connect envelopes or a
+transform's values, plus the key and metadata columns, per its settings.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
+
+import pyarrow as pa
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
+
+from agents.convert import Converted, EpochUnit, decode_json, infer_schema
+from agents.formats.connect_schema import ConnectSchemaError, connect_arrow_schema, connect_iceberg_schema
+from agents.formats.envelopes import Envelopes, decode_envelopes, split_envelope
+from agents.formats.extras import Extras, assemble
+from icesink.config import BYTES_CONVERTER, Settings
+from icesink.schema_changes import iceberg_schema
+from icesink.writable_types import arrow_only_column
+
+
+#: Schema-driven evolution (agents.evolution.Growth): the stated schemas of a batch's record
+#: groups -> the table schema to decode the batch against.
+Grow: TypeAlias = Callable[[Sequence[pa.Schema]], pa.Schema]
+#: Decodes the value columns of a batch against a schema, growing it first if given a Grow.
+ValueDecoder: TypeAlias = Callable[[pa.Schema, "Grow | None"], Converted]
+
+
+class RecordFormat:
+    """How a worker turns a partition's messages into rows of one table, per its settings."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.envelope = settings.value_converter_schemas_enable
+        metadata = settings.kafka_metadata_field if settings.kafka_metadata else None
+        self.extras = Extras(
+            settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, settings.kafka_metadata_nested,
+        )
+        self.plain = not self.envelope and not self.extras.names()
+        self.fold_case = settings.schema_case_insensitive
+        self._envelopes = Envelopes()
+
+    def table_schema(
+        self, values: Sequence[bytes], *, timestamp_fields: re.Pattern[str] | None = None
+    ) -> pa.Schema | Schema | None:
+        """The schema of an auto-created table for these records (None: no record tells it).
+        ``timestamp_fields``: a regex of JSON string fields to create as timestamps."""
+        if self.plain:
+            return infer_schema(values, timestamp_fields=timestamp_fields)
+        if self.envelope:
+            schema = None
+            for value in values:
+                parts = split_envelope(value)
+                if isinstance(parts, str):
+                    continue
+                try:
+                    schema = connect_iceberg_schema(parts[0])
+                    break
+                except ConnectSchemaError:
+                    continue  # that record is a reject
+            if schema is None:
+                return None
+        else:
+            schema = iceberg_schema(infer_schema(values, timestamp_fields=timestamp_fields))
+        return self.with_extras(schema)
+
+    def with_extras(self, schema: pa.Schema | Schema) -> Schema:
+        """An auto-created table's schema: the value columns, then the key and metadata columns.
+        Raises UnsupportedTypeError naming a column that cannot be filled or written."""
+        schema = iceberg_schema(schema)
+        decode_json([], schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
+        schema = assign_fresh_schema_ids(Schema(*schema.fields, *self.extras.iceberg_fields()))
+        arrow_only_column(schema)  # likewise for types no writer can write (Spark or pyarrow)
+        return schema
+
+    def convert(
+        self, messages: Sequence[Any], values: Sequence[bytes], target: pa.Schema | None, *,
+        epoch_unit: EpochUnit = "ms", grow: Grow | None = None, decode_values: ValueDecoder | None = None,
+    ) -> Converted:
+        """Rows of ``target`` (a table's Arrow schema) for ``messages``; the rest are rejects.
+        ``target`` None: the table does not exist and no record could create it.
+
+        ``grow`` (schema-driven evolution, envelope values or ``decode_values``): given the
+        stated schemas of the value columns, returns the table schema to decode against.
+        ``decode_values``: decodes the value columns instead of this format (a transform such
+        as Debezium's); the key and metadata columns are added to its rows all the same."""
+        if self.plain and decode_values is None:
+            assert target is not None
+            return decode_json(values, target, epoch_unit=epoch_unit, fold_case=self.fold_case)
+        extra = self.extras.names()
+        full = target
+
+        def values_of(schema: pa.Schema) -> pa.Schema:
+            return pa.schema([f for f in schema if f.name not in extra], metadata=schema.metadata) if extra else schema
+
+        def grow_values(wanted: Sequence[pa.Schema]) -> pa.Schema:
+            nonlocal full
+            assert grow is not None
+            full = grow(wanted)  # the key and metadata columns never evolve: not in the values
+            return values_of(full)
+
+        value_schema = values_of(target) if target is not None else None
+        if decode_values is not None:
+            assert value_schema is not None
+            converted = decode_values(value_schema, grow_values if grow is not None else None)
+        elif self.envelope:
+            groups, rejects = self._envelopes.group([m.value for m in messages])
+            if grow is not None and value_schema is not None:
+                value_schema = grow_values([w for g in groups if (w := connect_arrow_schema(g.schema)) is not None])
+            converted = decode_envelopes(groups, rejects, value_schema, fold_case=self.fold_case)
+        else:
+            assert value_schema is not None
+            converted = decode_json(values, value_schema, epoch_unit=epoch_unit, fold_case=self.fold_case)
+        if full is None or not extra:
+            return converted
+        columns, key_rejects = self.extras.columns(messages, full)
+        return assemble(converted, columns, key_rejects, full)
