@@ -22,7 +22,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
 from coordinator.commit_processes import CommitProcesses
-from coordinator.committer import Held, TableCache, TableCommit, commit_table, held_commit, round_tables
+from coordinator.committer import Held, RoundCommit, TableCache, TableCommit, commit_table, held_commit, round_tables
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import in_flight_files, normalize
@@ -585,11 +585,12 @@ class Coordinator:
         tables = sorted({t for a in batch for t in a.files})
         now = time.monotonic()
         due = sorted((t for t in tables if self._parked.due(t, now)), key=lambda t: t in self._parked)  # healthy first
-        tables_of_round = round_tables(batch)
+        round = RoundCommit(self.group, self.epoch, commit_id, cp.positions, valid_through_ms=valid_through,
+                            checkpoint=cp, log_id=self.log_id, adopted=self._adopted, tables_of_round=round_tables(batch))
         results: dict[str, TableCommit] = {}
 
         async def commit_and_announce(table: str) -> None:
-            result = await self._commit_table_with_retry(table, batch, commit_id, cp, valid_through, tables_of_round)
+            result = await self._commit_table_with_retry(table, batch, round)
             if result is None:  # parked
                 return
             results[table] = result
@@ -650,21 +651,14 @@ class Coordinator:
         while self._applied_next < end:
             await asyncio.sleep(0.05)
 
-    async def _commit_table_with_retry(
-        self,
-        table: str,
-        batch: list[Accepted],
-        commit_id: str,
-        cp: Checkpoint,
-        valid_through: int | None,
-        tables_of_round: dict[str, int],
-    ) -> TableCommit | None:
+    async def _commit_table_with_retry(self, table: str, batch: list[Accepted], round: RoundCommit) -> TableCommit | None:
         """The table's commit, retried with capped backoff; None once it is parked: it failed
         for ``iceberg.control.commit.park-after-ms`` (a parked table gets one attempt)."""
         attempt = 0
         began: list[float] = []  # when each attempt began on a commit thread
         failing_since: float | None = None
         park_after = self.settings.commit_park_after_ms / 1000
+        commit_id, valid_through = round.commit_id, round.valid_through_ms
         commit, head, here = (  # on this replica's threads, or in the table's commit process
             (commit_table, (self.catalog, table, batch), {"mirrors": self._mirrors, "tables": self._tables})
             if self._processes is None else (self._processes.commit, (table, batch), {}))
@@ -674,11 +668,7 @@ class Coordinator:
             try:
                 result: TableCommit
                 result, ended = await self._commits.run(
-                    _committing, self._locks.of(table), began, commit, *head,
-                    group=self.group, epoch=self.epoch,
-                    commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
-                    checkpoint=cp, log_id=self.log_id, adopted=self._adopted, tables_of_round=tables_of_round, **here,
-                )
+                    _committing, self._locks.of(table), began, commit, *head, round, **here)
             except FencedError:
                 self.status["phase"] = "fenced"
                 raise
