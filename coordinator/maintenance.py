@@ -52,6 +52,7 @@ from icesink.config import Settings
 from icesink.errors import FencedError, is_retriable
 from icesink.iceberg import latest_sink_summary
 from icesink.protocol.fences import coordinator_prefix
+from icesink.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -469,7 +470,7 @@ class Maintainer:
     backoff; it never stops the coordinator. The owner cancels and awaits the pass (:meth:`stop`).
     """
 
-    RETRY_BASE_S, RETRY_CAP_S = 1.0, 300.0
+    RETRY_FIRST_S, RETRY_CAP_S = 2.0, 300.0  # a failed step's backoff: 2 s, doubling to 5 min
 
     def __init__(self, settings: Settings, catalog: Catalog, metrics: Any, status: dict[str, Any],
                  locks: TableLocks, rewrite: Rewriter | None, in_flight: Callable[[int | None], Awaitable[InFlight]],
@@ -492,7 +493,7 @@ class Maintainer:
         self.truncate = truncate
         self._truncate_at = time.monotonic() + self.s.control_log_every_s
         self._due: set[str] = set()
-        self._retry: dict[str, tuple[int, float]] = {}  # table -> (failed attempts, not before)
+        self._retry: dict[str, Backoff] = {}  # table -> its failed attempts in a row, and when it is tried again
         self._orphans_at: dict[str, float] = {}
         self._manifests: dict[str, frozenset[str]] = {}
         self._lists: ManifestLists = {}  # manifest list -> its manifests, for expiry's walks
@@ -523,7 +524,7 @@ class Maintainer:
             task, self._task = self._task, None
             task.result()  # failures are handled per step; anything raised here is a bug: loud
         now = time.monotonic()
-        tables = sorted(t for t in self._due if self._retry.get(t, (0, 0.0))[1] <= now)
+        tables = sorted(t for t in self._due if t not in self._retry or self._retry[t].retry_at <= now)
         sweeps = sorted(t for t, at in self._orphans_at.items() if at <= now)
         truncate = (self.s.enabled and self.truncate is not None and self.s.control_log_every_s > 0
                     and now >= self._truncate_at)
@@ -561,12 +562,11 @@ class Maintainer:
         try:
             report = await fn(table)
         except Exception as exc:  # noqa: BLE001 - retried with backoff, surfaced, never fatal
-            attempts = self._retry.get(table, (0, 0.0))[0] + 1
+            backoff = self._retry.setdefault(table, Backoff(self.RETRY_FIRST_S, self.RETRY_CAP_S))
             # An error no retry mends (a hand-edited sink state, a type no writer has) waits the
             # longest backoff at once: maintenance never stops the coordinator; an operator may.
-            delay = (min(self.RETRY_CAP_S, self.RETRY_BASE_S * 2 ** min(attempts, 12)) if is_retriable(exc)
-                     else self.RETRY_CAP_S)
-            self._retry[table] = (attempts, time.monotonic() + delay)
+            delay = backoff.next(longest=not is_retriable(exc))
+            attempts = backoff.attempts
             self._due.add(table)
             self.metrics.maintenance_failures.labels(table=table, step=step).inc()
             self.report[table] = {**self.report.get(table, {}), "error": f"{type(exc).__name__}: {exc}",

@@ -53,14 +53,20 @@ from icesink.protocol import SinkState
 from icesink.kafka_admin import end_offsets, partition_counts, topic_id
 from icesink.metrics import Metrics
 from icesink.offload import Offload
+from icesink.retry import Backoff
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-RETRY_BASE_S = 0.5
+RETRY_BASE_S = 0.5  # a failed commit is retried after 2 * RETRY_BASE_S, doubling up to RETRY_CAP_S
 RETRY_CAP_S = 30.0
 SCHEMA_ATTEMPTS = 3  # per round; then the proposals wait for the next round
+
+
+def retry_backoff() -> Backoff:
+    """The backoff of a round's commit, a table's commit, and a schema update."""
+    return Backoff(2 * RETRY_BASE_S, RETRY_CAP_S)
 
 
 class Abandoned(IcesinkError):
@@ -467,6 +473,7 @@ class Coordinator:
     async def _evolve_schemas(self) -> None:
         """One schema update per table with pending proposals (agents/evolution.py)."""
         for table, proposals in self.state.take_proposals().items():
+            backoff = retry_backoff()
             for attempt in range(1, SCHEMA_ATTEMPTS + 1):
                 try:
                     done = await self.offload.run(
@@ -483,7 +490,7 @@ class Coordinator:
                     if attempt == SCHEMA_ATTEMPTS or not is_retriable(exc):  # the next round tries again
                         self.state.return_proposals(table, proposals)
                         break
-                    await asyncio.sleep(RETRY_BASE_S * 2 ** attempt)
+                    await asyncio.sleep(backoff.next())
                     continue
                 if done:
                     self.metrics.schema_changes.labels(table=table).inc()
@@ -529,7 +536,7 @@ class Coordinator:
             log.info("round %s closed on the commit timeout; late responses join the next round", commit_id)
         vts = [a.valid_through_ms for a in batch]
         valid_through = None if (partial or not vts or None in vts) else min(v for v in vts if v is not None)
-        attempt = 0
+        backoff = retry_backoff()
         while True:
             try:
                 results = await self._commit_round(commit_id, batch, cp, valid_through)
@@ -539,7 +546,8 @@ class Coordinator:
                     self.status["phase"] = "fenced"
                 raise
             except Exception as exc:  # noqa: BLE001 - retried; never dropped
-                attempt += 1
+                delay = backoff.next()
+                attempt = backoff.attempts
                 self.metrics.round_failures.inc()
                 if not is_retriable(exc):  # no retry mends it: stop this coordinator loudly, round pending
                     self.status.update(phase="round-failed", round=commit_id, error=f"{type(exc).__name__}: {exc}",
@@ -547,7 +555,6 @@ class Coordinator:
                     log.error("round %s not finished (%s: %s), which no retry mends: stopping the coordinator; "
                               "its %d accepted responses stay pending", commit_id, type(exc).__name__, exc, len(batch))
                     raise
-                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10))
                 self.status.update(phase="round-retrying", round=commit_id, error=f"{type(exc).__name__}: {exc}", attempt=attempt)
                 log.error(
                     "round %s not finished (attempt %d, %s: %s); its %d accepted responses stay pending, retrying in %.1fs",
@@ -564,9 +571,9 @@ class Coordinator:
                       for t in {t for a in batch for t, fs in a.deleted_keys.items() if fs} - parked}
         if keys_files:  # consumed by the round's commit, never part of a snapshot
             await self.offload.run(delete_keys_files, self.catalog, keys_files)
-        if attempt:
+        if backoff.attempts:
             self.status.update(phase="running", error=None)
-            log.info("round %s finished after %d failed attempts", commit_id, attempt)
+            log.info("round %s finished after %d failed attempts", commit_id, backoff.attempts)
 
     async def _backoff(self, delay: float) -> None:
         """Sleep ``delay`` before a retry; a stop (:meth:`drain`) ends it and abandons the round."""
@@ -654,7 +661,7 @@ class Coordinator:
     async def _commit_table_with_retry(self, table: str, batch: list[Accepted], round: RoundCommit) -> TableCommit | None:
         """The table's commit, retried with capped backoff; None once it is parked: it failed
         for ``iceberg.control.commit.park-after-ms`` (a parked table gets one attempt)."""
-        attempt = 0
+        backoff = retry_backoff()
         began: list[float] = []  # when each attempt began on a commit thread
         failing_since: float | None = None
         park_after = self.settings.commit_park_after_ms / 1000
@@ -673,14 +680,15 @@ class Coordinator:
                 self.status["phase"] = "fenced"
                 raise
             except ControlLogError as exc:  # keep the accepted files pending; say so; retry
-                attempt += 1
+                backoff.next()  # counted; the wait is the longest at once
                 self.metrics.control_log_refused.set(1)
-                self.status.update(phase="refused", table=table, error=str(exc), attempt=attempt)
+                self.status.update(phase="refused", table=table, error=str(exc), attempt=backoff.attempts)
                 log.error("coordinator refuses to commit round %s to %s: %s", commit_id, table, exc)
                 await self._backoff(RETRY_CAP_S)
                 continue
             except Exception as exc:  # conflict, catalog down: retry, never drop accepted files
-                attempt += 1
+                delay = backoff.next()
+                attempt = backoff.attempts
                 kind = "conflict" if isinstance(exc, CommitFailedException) else type(exc).__name__
                 self.metrics.commit_failures.labels(table=table).inc()
                 if not is_retriable(exc):  # e.g. a sink state no reader can parse: the round stops (_commit)
@@ -696,7 +704,7 @@ class Coordinator:
                     if self._draining.is_set():
                         raise Abandoned("the replica is stopping") from exc
                     return None
-                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10), park_after - (now - failing_since))
+                delay = min(delay, park_after - (now - failing_since))
                 self.metrics.commit_retrying.labels(table=table).set(1)
                 self.status.update(phase="commit-retrying", table=table, error=f"{kind}: {exc}", attempt=attempt)
                 log.warning(
@@ -714,7 +722,7 @@ class Coordinator:
                 self._parked.resume(table)
             # From the first attempt, retries included; not the round's wait for a commit thread,
             # nor, timed by its commit process, the wait behind that process's other commits.
-            took = result.duration_s if attempt == 0 and result.duration_s is not None else ended - began[0]
+            took = result.duration_s if backoff.attempts == 0 and result.duration_s is not None else ended - began[0]
             self.metrics.commit_duration.labels(table=table).observe(took)
             if result.snapshot_id is not None:
                 self.metrics.snapshots_committed.labels(table=table).inc()

@@ -21,6 +21,7 @@ from coordinator.committer import RoundCommit
 from coordinator.service import Coordinator, commit_processes
 from coordinator.state import Accepted, CoordinatorState
 from icesink.config import load_settings
+from icesink.retry import Backoff
 from icesink.errors import ControlLogError, FencedError, TableChangedError, is_retriable
 from icesink.metrics import Metrics
 from icesink.offload import Offload
@@ -240,7 +241,7 @@ def test_a_round_in_processes_leaves_clear_tables_out_of_the_maintenance_pass(tm
     producer = FlakyProducer(CommitComplete, fail=0)
     coord = coordinator(tmp_path, two_tables, producer, "r1", [1, 2, 3], start=0)
     try:
-        coord._maintainer._retry["db.b"] = (1, 0.0)  # its last step failed: retried as planned
+        coord._maintainer._retry["db.b"] = Backoff(2.0, 300.0)  # its last step failed: retried as planned
         asyncio.run(coord._commit("r1", partial=False))
         assert coord._maintainer._due == {"db.b"}
         assert coord.metrics.maintenance_last.labels(table="db.a")._value.get() > 0

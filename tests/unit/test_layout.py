@@ -93,7 +93,8 @@ def test_the_shared_schema_changes_import_no_side_and_no_io() -> None:
 #: The leaf modules: what every side imports. They import no I/O package and, of icesink's own
 #: code, only other leaves.
 LEAVES = ("icesink/errors.py", "icesink/config.py", "icesink/config_providers.py", "icesink/metrics.py", "icesink/secrets.py",
-          "icesink/partitioning.py", "icesink/schema_changes.py", "icesink/writable_types.py", "icesink/protocol")
+          "icesink/partitioning.py", "icesink/schema_changes.py", "icesink/writable_types.py", "icesink/protocol",
+          "icesink/retry.py")
 IO = ("asyncio", "aiokafka", "faust", "mode", "pyspark", "py4j", "socket", "http", "sqlalchemy", "requests")
 
 

@@ -404,7 +404,7 @@ def test_a_maintenance_error_no_retry_mends_waits_the_longest_backoff_at_once(ta
             raise error
         before = clock.monotonic()
         await m._step("db.t", "maintain", step)
-        return m._retry["db.t"][1] - before
+        return m._retry["db.t"].retry_at - before
 
     transient = asyncio.run(fails(OSError("catalog unreachable")))
     assert transient < 10 and status["maintenance"]["db.t"]["retriable"] is True
