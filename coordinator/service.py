@@ -27,7 +27,8 @@ from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import in_flight_files, normalize
 from coordinator.log_floor import GuardedTruncation
-from coordinator.maintenance import Maintainer, MaintenanceSettings, Rewriter, TableLocks
+from coordinator.maintainer import Maintainer
+from coordinator.maintenance import MaintenanceSettings, Rewriter, TableLocks
 from coordinator.mirror import MirrorIndexes, delete_keys_files
 from coordinator.parking import ParkedTables
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
