@@ -15,6 +15,7 @@ from faust.types import TP
 
 from icesink.protocol import CommitComplete, CommitToTable, Event, Resume, Rewind, StartCommit
 from icesink.metrics import Metrics
+from icesink.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 # replica stops with exit code 1 instead of crash-looping for ever.
 COORDINATOR_FAILURES = 10
 COORDINATOR_STABLE_S = 60.0
+COORDINATOR_BACKOFF_S = (2.0, 30.0)  # first, cap
 
 
 class TaskOwner:
@@ -78,7 +80,7 @@ async def supervise_coordinator(
     after an unexpected error. Raises the last error after COORDINATOR_FAILURES quick failures
     in a row: its task owner then stops the replica (a crash loop is never silent). Once
     ``stopping()`` (the replica stops) an error is logged and no new coordinator starts."""
-    failures = 0
+    backoff = Backoff(*COORDINATOR_BACKOFF_S)  # counts the failures in a row
     while True:
         started = time.monotonic()
         try:
@@ -87,7 +89,10 @@ async def supervise_coordinator(
         except asyncio.CancelledError:
             raise
         except Exception:
-            failures = 1 if time.monotonic() - started >= COORDINATOR_STABLE_S else failures + 1
+            if time.monotonic() - started >= COORDINATOR_STABLE_S:
+                backoff.reset()  # it ran a while: a new count of failures in a row
+            delay = backoff.next()
+            failures = backoff.attempts
             if stopping():  # logged, not escalated: the stop is under way already
                 log.error("coordinator failed while the replica stops; not restarted (what it had not committed "
                           "is committed after the next start)", exc_info=True)
@@ -95,7 +100,6 @@ async def supervise_coordinator(
             if failures >= COORDINATOR_FAILURES:
                 log.error("coordinator failed %d times in a row; giving up", failures)
                 raise
-            delay = min(30.0, 2.0 * 2 ** (failures - 1))
             metrics.coordinator_restarts.inc()
             log.exception("coordinator failed (%d in a row); restarting it in %.0fs", failures, delay)
             await sleep(delay)

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from icesink.retry import Backoff
+
 BACKOFF_S = 5.0
 BACKOFF_CAP_S = 300.0
 
@@ -30,15 +32,19 @@ class WriteFailures:
         self.backoff_s = backoff_s
         self.backoff_cap_s = backoff_cap_s
         self.clock = clock
-        self.in_a_row = 0
+        self._backoff = Backoff(backoff_s, backoff_cap_s, clock=clock)  # counts the failures in a row
         self._first_at = 0.0
-        self._retry_at = 0.0
         self._last = ""
         self._checking = False  # the last failure was an existence check (see succeeded)
 
+    @property
+    def in_a_row(self) -> int:
+        """Failed writes since the last that succeeded."""
+        return self._backoff.attempts
+
     def wait_s(self) -> float:
         """Seconds until the next write may be attempted (0: now)."""
-        return max(0.0, self._retry_at - self.clock()) if self.in_a_row else 0.0
+        return self._backoff.wait_s()
 
     def failed(self, exc: BaseException, *, check: bool = False) -> bool:
         """Record a failed write (``check``: a failed existence check of files written early);
@@ -47,9 +53,8 @@ class WriteFailures:
         self._checking = check
         if not self.in_a_row:
             self._first_at = now
-        self.in_a_row += 1
+        self._backoff.next()
         self._last = _without_frames(f"{type(exc).__name__}: {exc}")[:2000]
-        self._retry_at = now + min(self.backoff_cap_s, self.backoff_s * 2 ** (self.in_a_row - 1))
         return self.in_a_row >= self.limit
 
     def succeeded(self, *, check: bool = False) -> None:
@@ -58,7 +63,7 @@ class WriteFailures:
         ever, each round's write resetting the count."""
         if self._checking and not check:
             return
-        self.in_a_row = 0
+        self._backoff.reset()
         self._checking = False
 
     def status(self) -> dict[str, Any] | None:

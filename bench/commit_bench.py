@@ -39,7 +39,7 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType, Times
 
 from bench.benchlib import file_create_us
 from coordinator import iceberg_ext
-from coordinator.committer import TableCache, commit_table, round_tables
+from coordinator.committer import RoundCommit, TableCache, commit_table, round_tables
 from coordinator.iceberg_ext.catalogs import SqlCatalog
 from coordinator.state import Accepted
 from icesink.catalogs import sqlite_catalog_properties
@@ -121,9 +121,9 @@ def run(kind: str, args: argparse.Namespace) -> None:
 
                 def one(name: str, batch: list[Accepted] = batch, r: int = r,
                         tables_of_round: dict[str, int] = of_round) -> None:
-                    out = commit_table(catalog, name, batch, group="bench", epoch=1, commit_id=f"round-{r}",
-                                       positions={TopicPartition("t", 0): 1000 * (r + 1)}, valid_through_ms=None,
-                                       tables=cache, tables_of_round=tables_of_round)
+                    out = commit_table(catalog, name, batch, RoundCommit(
+                        group="bench", epoch=1, commit_id=f"round-{r}", positions={TopicPartition("t", 0): 1000 * (r + 1)},
+                        valid_through_ms=None, tables_of_round=tables_of_round), tables=cache)
                     assert out.snapshot_id is not None
 
                 started, cpu = time.monotonic(), time.process_time()

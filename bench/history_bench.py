@@ -37,7 +37,7 @@ import pyiceberg.table.snapshots as _snapshots
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
 from coordinator import iceberg_ext
-from coordinator.committer import TableCache, commit_table
+from coordinator.committer import RoundCommit, TableCache, commit_table
 from coordinator.maintenance import MaintenanceSettings, compact, expire
 from coordinator.state import Accepted
 from coordinator.iceberg_ext.catalogs import SqlCatalog
@@ -135,8 +135,8 @@ def run(args: argparse.Namespace, s: MaintenanceSettings, clock: FakeClock) -> N
                               None)]
             began, cpu = time.perf_counter(), time.thread_time()
             with lock:
-                out = commit_table(catalog, name, batch, group="bench", epoch=1, commit_id=f"round-{r}",
-                                   positions={tp: r * 1000 for tp in tps}, valid_through_ms=None, tables=cache)
+                out = commit_table(catalog, name, batch, RoundCommit(group="bench", epoch=1, commit_id=f"round-{r}",
+                                   positions={tp: r * 1000 for tp in tps}, valid_through_ms=None), tables=cache)
             commits.append(time.perf_counter() - began)
             commit_cpu.append(time.thread_time() - cpu)
             assert out.snapshot_id is not None

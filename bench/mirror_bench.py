@@ -42,7 +42,7 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.types import LongType, NestedField, StringType
 
 from coordinator import iceberg_ext
-from coordinator.committer import commit_table
+from coordinator.committer import RoundCommit, commit_table
 from coordinator.iceberg_ext.deletes import WithPositionDeletes, write_position_deletes
 from coordinator.mirror import MirrorIndexes
 from coordinator.state import Accepted
@@ -120,8 +120,8 @@ def run(directory: Path, rows: int, changed: int, rounds: int, trace: bool = Fal
         if trace:
             tracemalloc.start()
         began = time.perf_counter()
-        done = commit_table(catalog, "db.mirror", [response], group="bench", epoch=1, commit_id=f"r{r}",
-                            positions={TopicPartition("cdc", 0): r + 1}, valid_through_ms=None, mirrors=mirrors)
+        done = commit_table(catalog, "db.mirror", [response], RoundCommit(group="bench", epoch=1, commit_id=f"r{r}",
+                            positions={TopicPartition("cdc", 0): r + 1}, valid_through_ms=None), mirrors=mirrors)
         round_s = time.perf_counter() - began
         memory = ""
         if trace:

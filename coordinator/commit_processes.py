@@ -50,7 +50,7 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
-from coordinator.committer import TableCache, TableCommit, commit_table
+from coordinator.committer import RoundCommit, TableCache, TableCommit, commit_table
 from coordinator.maintenance import MaintenanceSettings, expiry_due, plan_compaction
 from coordinator.state import Accepted
 from icesink.config import Settings
@@ -106,12 +106,12 @@ class CommitProcesses:
         """The process a table's commits go to: stable across rounds and restarts."""
         return zlib.crc32(table.encode()) % len(self._pools)
 
-    def commit(self, table: str, batch: list[Accepted], **kwargs: Any) -> TableCommit:
+    def commit(self, table: str, batch: list[Accepted], round: RoundCommit) -> TableCommit:
         """:func:`commit_table` of ``table`` in its process (blocks the calling thread)."""
         i = self.process_of(table)
         pool = self._pool(i)
         try:
-            return pool.submit(_commit_here, table, table_batch(batch, table), kwargs, self._maintenance).result()
+            return pool.submit(_commit_here, table, table_batch(batch, table), round, self._maintenance).result()
         except BrokenProcessPool as exc:
             self._drop(i, pool)
             raise CommitProcessError(
@@ -206,7 +206,7 @@ def _ready() -> None:
     pass
 
 
-def _commit_here(table: str, batch: list[Accepted], kwargs: dict[str, Any],
+def _commit_here(table: str, batch: list[Accepted], round: RoundCommit,
                  maintenance: tuple[MaintenanceSettings, bool] | None) -> TableCommit:
     if _catalog is None or _settings is None:
         raise RuntimeError("a commit process without a catalog (its start failed)")
@@ -214,7 +214,7 @@ def _commit_here(table: str, batch: list[Accepted], kwargs: dict[str, Any],
         os._exit(1)
     started = time.monotonic()
     try:
-        out = commit_table(_catalog, table, batch, tables=_tables, **kwargs)
+        out = commit_table(_catalog, table, batch, round, tables=_tables)
     except BaseException as exc:
         raise _crossable(exc) from None
     out = replace(out, duration_s=time.monotonic() - started)  # the commit alone, not its wait in this process's queue

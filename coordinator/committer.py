@@ -22,15 +22,18 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
     BadRequestError, CommitFailedException, ForbiddenError, NoSuchTableError, UnauthorizedError,
 )
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import Table
 
-from coordinator.files import confined, data_roots, field_id_mismatch
 from coordinator.iceberg_ext import MemoTransaction, SpecAwareAppend, check_before_retry, require_installed
 from coordinator.mirror import MirrorIndexes, position_deletes
+from coordinator.requirements import (
+    AssertFieldIds, AssertFilesConfined, applied_watermark, retry_requirements, sink_state_requirements, validate,
+    validate_only,
+)
 from coordinator.state import Accepted, Checkpoint
 from icesink.errors import ControlLogError, FencedError, TableChangedError
 from icesink.iceberg import latest_sink_summary, to_data_file
-from icesink.protocol import FileInfo, SinkState, TopicPartition, state_property, summary_properties
+from icesink.protocol import SinkState, TopicPartition, state_property, summary_properties
 from icesink.protocol.fences import coordinator_prefix
 
 log = logging.getLogger(__name__)
@@ -81,41 +84,50 @@ def held_commit(table: Table, group: str) -> Held | None:
     return Held(state.commit_id, None, 0, 0, state.watermark)
 
 
+@dataclass(frozen=True)
+class RoundCommit:
+    """What a round commits to each of its tables, one value for all of them (it crosses into
+    the commit processes pickled: coordinator/commit_processes.py).
+
+    ``checkpoint``: the state the round's CommitComplete will record (kept in the table so a
+    coordinator that cannot read its checkpoint recovers from the tables); ``log_id``: the
+    control log's identity (None: unknown, not checked); ``adopted``: the operator adopted this
+    log (iceberg.control.adopt-log-id), so state of another log counts as nothing on it.
+    ``tables_of_round``: :func:`round_tables` of the round's batch, worked out once for all the
+    round's table commits (None: by each commit; at 200 tables it was a few percent of each
+    commit's CPU)."""
+
+    group: str
+    epoch: int
+    commit_id: str
+    positions: dict[TopicPartition, int]
+    valid_through_ms: int | None
+    checkpoint: Checkpoint | None = None
+    log_id: str | None = None
+    adopted: bool = False
+    tables_of_round: dict[str, int] | None = None
+
+
 def commit_table(
     catalog: Catalog,
     table_name: str,
     batch: list[Accepted],
+    round: RoundCommit,
     *,
-    group: str,
-    epoch: int,
-    commit_id: str,
-    positions: dict[TopicPartition, int],
-    valid_through_ms: int | None,
-    checkpoint: Checkpoint | None = None,
-    log_id: str | None = None,
-    adopted: bool = False,
     mirrors: MirrorIndexes | None = None,
     tables: TableCache | None = None,
-    tables_of_round: dict[str, int] | None = None,
 ) -> TableCommit:
-    """``checkpoint``: the state the round's CommitComplete will record (kept in the table so
-    a coordinator that cannot read its checkpoint recovers from the tables); ``log_id``: the
-    control log's identity (None: unknown, not checked); ``adopted``: the operator adopted this
-    log (iceberg.control.adopt-log-id), so state of another log counts as nothing on it.
+    """``round``'s commit of ``batch`` to ``table_name``.
     ``mirrors``: the key indexes of mirror tables (None: the sink makes none); a mirror
     table's snapshot also deletes, by position, the rows the round's changes replace.
-    ``tables``: the coordinator's :class:`TableCache` (None: load the table every time).
-    ``tables_of_round``: :func:`round_tables` of ``batch``, worked out once for all the round's
-    table commits (None: here; at 200 tables it was a few percent of each commit's CPU)."""
+    ``tables``: the coordinator's :class:`TableCache` (None: load the table every time)."""
     require_installed()  # the composition root installed coordinator/iceberg_ext/ in this process
     table = tables.get(table_name) if tables is not None else None
     if table is None or not _fits(table, table_name, batch) or (mirrors is not None and mirrors.keys(table_name, table)):
         table = _load_table(catalog, table_name, batch)  # mirror tables plan deletes: always the newest snapshot
     try:
-        out = _commit(table, table_name, batch, group=group, epoch=epoch, commit_id=commit_id,
-                      positions=positions, valid_through_ms=valid_through_ms, checkpoint=checkpoint, log_id=log_id,
-                      adopted=adopted, mirrors=mirrors,
-                      tables_of_round=round_tables(batch) if tables_of_round is None else tables_of_round)
+        out = _commit(table, table_name, batch, round, mirrors,
+                      round_tables(batch) if round.tables_of_round is None else round.tables_of_round)
     except NoSuchTableError:
         if tables is not None:
             tables.drop(table_name)
@@ -131,26 +143,30 @@ def commit_table(
 
 
 def _commit(
-    table: Table, table_name: str, batch: list[Accepted], *, group: str, epoch: int,
-    commit_id: str, positions: dict[TopicPartition, int], valid_through_ms: int | None,
-    checkpoint: Checkpoint | None, log_id: str | None, adopted: bool, mirrors: MirrorIndexes | None,
+    table: Table, table_name: str, batch: list[Accepted], round: RoundCommit, mirrors: MirrorIndexes | None,
     tables_of_round: dict[str, int],
 ) -> TableCommit:
-    applied = _applied_watermark(table, table_name, group, epoch, log_id, adopted)
+    group, epoch, commit_id, log_id, adopted = round.group, round.epoch, round.commit_id, round.log_id, round.adopted
+    checkpoint = round.checkpoint
+    sink_state = validate(sink_state_requirements(table_name, epoch, log_id, adopted), table, group)
+    applied = applied_watermark(sink_state, log_id, adopted)
     todo = [a for a in batch if a.offset > applied and (a.files.get(table_name) or a.deleted_keys.get(table_name))]
     watermark = max((a.offset for a in batch), default=applied)
     files = [f for a in todo for f in a.files.get(table_name, ())]
-    _check_confined(table, table_name, files)
-    if applied < 0:  # no state of the group: a fresh table, or one dropped and created again
-        _check_field_ids(table, table_name, files)
+    paths = tuple(f.path for f in files)
+    for r in (AssertFilesConfined(table_name, paths),
+              # no state of the group: a fresh table, or one dropped and created again
+              *((AssertFieldIds(table_name, paths),) if applied < 0 else ())):
+        r.validate(table, sink_state)
     naming = [a.offset for a in batch if a.files.get(table_name) or a.deleted_keys.get(table_name)]
     held = held_commit(table, group) if naming and min(naming) <= applied else None
     if not todo:
         return TableCommit(table_name, None, 0, 0, applied, held=held)
-    props = summary_properties(group, commit_id, watermark, positions, epoch, valid_through_ms, log_id=log_id)
+    props = summary_properties(group, commit_id, watermark, round.positions, epoch, round.valid_through_ms,
+                               log_id=log_id)
     state = SinkState(
-        snapshot_id=None, commit_id=commit_id, watermark=watermark, positions=dict(positions), epoch=epoch,
-        valid_through_ms=valid_through_ms, log_id=log_id,
+        snapshot_id=None, commit_id=commit_id, watermark=watermark, positions=dict(round.positions), epoch=epoch,
+        valid_through_ms=round.valid_through_ms, log_id=log_id,
         through=checkpoint.through if checkpoint else None,
         replay_from=checkpoint.replay_from if checkpoint else None,
         owners=dict(checkpoint.owners) if checkpoint else {},
@@ -162,7 +178,11 @@ def _commit(
                if index is not None else [])
     try:
         with MemoTransaction(table) as tx:
-            _recheck_on_retry(tx, table_name, group, epoch, applied, log_id, adopted, replan=index is not None)
+            # pyiceberg retries a conflicting commit by itself, re-applying the same files on the refreshed
+            # table: icesink's preconditions are re-checked there first (tests/integration/test_commit_race.py
+            # fails if they are not)
+            again = retry_requirements(table_name, epoch, applied, log_id, adopted, replan=index is not None)
+            check_before_retry(tx, lambda refreshed: validate_only(again, refreshed, group))
             tx.set_properties({state_property(group): state.to_json()})
             with SpecAwareAppend.of(tx, props, deletes) as append:
                 for f in files:
@@ -191,33 +211,6 @@ _REFUSED = (CommitFailedException, FencedError, ControlLogError, TableChangedErr
             ForbiddenError, UnauthorizedError, BadRequestError)
 
 
-def _check_confined(table: Table, table_name: str, files: list[FileInfo]) -> None:
-    """Every file lies under the table's location: the coordinator admits files of a table that
-    does not exist when they are read (dropped; coordinator/service.py), so they are judged here.
-    A table recreated elsewhere stays parked, its files kept, until it is back where they are."""
-    roots = data_roots(table)
-    outside = [f.path for f in files if not confined(f.path, roots)]
-    if outside:
-        raise TableChangedError(
-            f"table {table_name}: expected its {len(files)} accepted data files under its location "
-            f"({' or '.join(roots)}), found {len(outside)} outside it (e.g. {outside[0]}): it was recreated "
-            "elsewhere (or the files were named by someone outside the group). Nothing is committed or deleted; "
-            "recreate the table at the location the files are in and the commit goes through")
-
-
-def _check_field_ids(table: Table, table_name: str, files: list[FileInfo]) -> None:
-    """Every file's field ids name the columns the table's schema gives them: files accepted
-    for a table that was dropped and created again (auto-created from other records, numbered
-    anew) would have their columns read as other columns. Refused like a table recreated
-    elsewhere: parked, nothing committed or deleted."""
-    found = field_id_mismatch(table, [f.path for f in files])
-    if found is not None:
-        raise TableChangedError(
-            f"table {table_name}: expected its accepted data files written with its schema's field ids, found "
-            f"{found}: it was dropped and created again with another schema. Nothing is committed or deleted; "
-            "recreate it with the schema the files were written with (or restore it) and the commit goes through")
-
-
 def round_tables(batch: list[Accepted]) -> dict[str, int]:
     """Each table of a round with the highest control offset of a response naming it."""
     out: dict[str, int] = {}
@@ -228,63 +221,13 @@ def round_tables(batch: list[Accepted]) -> dict[str, int]:
     return out
 
 
-def _applied_watermark(
-    table: Table, table_name: str, group: str, epoch: int, log_id: str | None = None, adopted: bool = False
-) -> int:
-    """The control watermark the table holds for ``group``; fences an older coordinator and
-    refuses state that names another control log."""
-    summary = latest_sink_summary(table, group)
-    if summary is not None and summary.epoch > epoch:
-        raise FencedError(
-            f"table {table_name}: expected coordinator epoch <= {epoch}, found {summary.epoch} "
-            "(a newer coordinator owns the group)"
-        )
-    if summary is not None and adopted and summary.log_id != log_id:
-        return -1  # the state of the old log: none of this log's responses is in the table yet
-    if summary is not None and log_id is not None and summary.log_id is not None and summary.log_id != log_id:
-        raise ControlLogError(
-            f"table {table_name}: expected sink state of control log {log_id}, found state of log "
-            f"{summary.log_id} (watermark {summary.watermark}); the control topic was deleted and created "
-            "again, so its offsets do not compare with the table's. Nothing is committed. See docs/commits.md "
-            "(\"The control log's identity\")"
-        )
-    return summary.watermark if summary is not None else -1
-
-
-def _recheck_on_retry(
-    tx: Transaction, table_name: str, group: str, epoch: int, applied: int, log_id: str | None = None,
-    adopted: bool = False, replan: bool = False,
-) -> None:
-    """pyiceberg retries a conflicting commit by itself, re-applying the same files on the
-    refreshed table. Re-check icesink's preconditions first: if another coordinator committed
-    meanwhile (newer epoch: fenced; moved watermark: the plan is stale), stop, so the caller
-    re-plans from the table. ``replan``: stop on any conflict (a mirror table's position
-    deletes were planned against the snapshot the commit expected). The hook is pyiceberg's
-    (:func:`coordinator.iceberg_ext.check_before_retry`); tests/integration/test_commit_race.py
-    fails if it is not called."""
-
-    def check(refreshed: Table) -> None:
-        if replan:
-            raise CommitFailedException(
-                f"table {table_name}: another commit landed during a mirror commit; its position deletes are "
-                "re-planned against the new snapshot")
-        now = _applied_watermark(refreshed, table_name, group, epoch, log_id, adopted)
-        if now != applied:
-            raise CommitFailedException(
-                f"table {table_name}: control watermark moved from {applied} to {now} during the commit "
-                "(another icesink commit landed); re-planning"
-            )
-
-    check_before_retry(tx, check)
-
-
 class TableCache:
     """The tables as the coordinator's last successful commits left them, so a round's commit
     starts from there instead of loading each table again (a fifth of a commit's CPU; a round
     of 200 tables loads 200). A stale entry (another writer committed since) is safe: the
     catalog refuses the commit (its metadata location and the main branch's snapshot are
     required), pyiceberg refreshes the table and re-applies the append, and
-    :func:`_recheck_on_retry` re-checks fencing and the watermark on the refreshed table first.
+    the commit's retry requirements (coordinator/requirements.py) are re-checked on the refreshed table first.
     Any failure drops the entry; maintenance drops the entries of tables it committed to; mirror
     tables, whose deletes are planned against the current snapshot, are always loaded."""
 

@@ -21,7 +21,7 @@ from icesink.schema_changes import (
     AddField, Change, MakeOptional, Path, Widen, apply_changes, changes, from_proposal, iceberg_type,
     identifier_paths,
 )
-from coordinator.committer import _applied_watermark
+from coordinator.requirements import AssertEpoch, validate
 from icesink.protocol import SchemaProposal
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def apply_proposals(
     """Apply what ``proposals`` need to the table in one schema update; returns the changes
     (none if the table already holds them). Fenced like a data commit."""
     table = catalog.load_table(table_name)
-    _applied_watermark(table, table_name, group, epoch)  # raises FencedError for an old coordinator
+    validate([AssertEpoch(table_name, epoch)], table, group)  # raises FencedError for an old coordinator
     todo = merge_proposals(
         schema_to_pyarrow(table.schema()), proposals,
         case_insensitive=case_insensitive, keep_required=identifier_paths(table),

@@ -27,6 +27,7 @@ from typing import Any
 
 from coordinator.state import Accepted, Checkpoint
 from icesink.metrics import Metrics
+from icesink.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,7 @@ RETRY_CAP_S = 60.0  # to at most a minute
 class Parked:
     since: float  # wall clock, when it was parked
     error: str  # the last failure
-    tries: int  # attempts since it was parked
-    next_try: float  # monotonic: not tried again before
+    backoff: Backoff  # its attempts since it was parked, and when it is tried again (monotonic)
 
 
 class ParkedTables:
@@ -62,21 +62,20 @@ class ParkedTables:
     def due(self, table: str, now: float) -> bool:
         """Whether ``table`` is tried in this round (not parked, or its backoff is over)."""
         p = self._tables.get(table)
-        return p is None or p.next_try <= now
+        return p is None or p.backoff.retry_at <= now
 
     def park(self, table: str, error: str, failing_s: float) -> None:
         """Park ``table`` (or count one more failed attempt of a parked one)."""
         p = self._tables.get(table)
         if p is None:
-            p = self._tables[table] = Parked(time.time(), error, 0, 0.0)
+            p = self._tables[table] = Parked(time.time(), error, Backoff(RETRY_BASE_S, RETRY_CAP_S))
             log.error(
                 "table %s parked: its commits failed for %.1fs (%s). Its accepted data and the checkpoint are "
                 "held for it; every other table keeps committing. It is tried again every round (backoff to "
                 "%.0fs) and resumes by itself once it can commit (docs/commits.md, \"Parked tables\")",
                 table, failing_s, error, RETRY_CAP_S)
-        p.tries += 1
         p.error = error
-        p.next_try = time.monotonic() + min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(p.tries - 1, 10))
+        p.backoff.next()
         self._metrics.table_parked.labels(table=table).set(1)
         self._metrics.commit_retrying.labels(table=table).set(1)
 
@@ -84,7 +83,7 @@ class ParkedTables:
         p = self._tables.pop(table, None)
         if p is not None:
             log.warning("table %s resumed after %.0fs parked (%d attempts): its held rounds are committed",
-                        table, time.time() - p.since, p.tries)
+                        table, time.time() - p.since, p.backoff.attempts)
         self._metrics.table_parked.labels(table=table).set(0)
 
     def stopped(self) -> None:
@@ -109,14 +108,13 @@ class ParkedTables:
     def show(self, pending: list[Accepted]) -> None:
         """/status ``parked``: per parked table since when, the last error, the attempts, the
         rounds' responses and files it holds, and the seconds until its next attempt."""
-        now = time.monotonic()
         out = {}
         for table, p in sorted(self._tables.items()):
             held = [a for a in pending if a.files.get(table) or a.deleted_keys.get(table)]
             out[table] = {
-                "since": p.since, "error": p.error, "attempts": p.tries,
+                "since": p.since, "error": p.error, "attempts": p.backoff.attempts,
                 "held_responses": len(held), "held_files": sum(len(a.files.get(table, ())) for a in held),
-                "next_try_s": round(max(0.0, p.next_try - now), 1),
+                "next_try_s": round(p.backoff.wait_s(), 1),
             }
         self._status["parked"] = out
         self._status["checkpoint_held"] = self.held.through if self.held is not None and out else None

@@ -22,12 +22,13 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
 from coordinator.commit_processes import CommitProcesses
-from coordinator.committer import Held, TableCache, TableCommit, commit_table, held_commit, round_tables
+from coordinator.committer import Held, RoundCommit, TableCache, TableCommit, commit_table, held_commit, round_tables
 from coordinator.evolution import apply_proposals, describe_changes
 from coordinator.files import TableRoots, delete_uncommitted
 from coordinator.gc import in_flight_files, normalize
 from coordinator.log_floor import GuardedTruncation
-from coordinator.maintenance import Maintainer, MaintenanceSettings, Rewriter, TableLocks
+from coordinator.maintainer import Maintainer
+from coordinator.maintenance import MaintenanceSettings, Rewriter, TableLocks
 from coordinator.mirror import MirrorIndexes, delete_keys_files
 from coordinator.parking import ParkedTables
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
@@ -53,14 +54,20 @@ from icesink.protocol import SinkState
 from icesink.kafka_admin import end_offsets, partition_counts, topic_id
 from icesink.metrics import Metrics
 from icesink.offload import Offload
+from icesink.retry import Backoff
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-RETRY_BASE_S = 0.5
+RETRY_BASE_S = 0.5  # a failed commit is retried after 2 * RETRY_BASE_S, doubling up to RETRY_CAP_S
 RETRY_CAP_S = 30.0
 SCHEMA_ATTEMPTS = 3  # per round; then the proposals wait for the next round
+
+
+def retry_backoff() -> Backoff:
+    """The backoff of a round's commit, a table's commit, and a schema update."""
+    return Backoff(2 * RETRY_BASE_S, RETRY_CAP_S)
 
 
 class Abandoned(IcesinkError):
@@ -467,6 +474,7 @@ class Coordinator:
     async def _evolve_schemas(self) -> None:
         """One schema update per table with pending proposals (agents/evolution.py)."""
         for table, proposals in self.state.take_proposals().items():
+            backoff = retry_backoff()
             for attempt in range(1, SCHEMA_ATTEMPTS + 1):
                 try:
                     done = await self.offload.run(
@@ -483,7 +491,7 @@ class Coordinator:
                     if attempt == SCHEMA_ATTEMPTS or not is_retriable(exc):  # the next round tries again
                         self.state.return_proposals(table, proposals)
                         break
-                    await asyncio.sleep(RETRY_BASE_S * 2 ** attempt)
+                    await asyncio.sleep(backoff.next())
                     continue
                 if done:
                     self.metrics.schema_changes.labels(table=table).inc()
@@ -529,7 +537,7 @@ class Coordinator:
             log.info("round %s closed on the commit timeout; late responses join the next round", commit_id)
         vts = [a.valid_through_ms for a in batch]
         valid_through = None if (partial or not vts or None in vts) else min(v for v in vts if v is not None)
-        attempt = 0
+        backoff = retry_backoff()
         while True:
             try:
                 results = await self._commit_round(commit_id, batch, cp, valid_through)
@@ -539,7 +547,8 @@ class Coordinator:
                     self.status["phase"] = "fenced"
                 raise
             except Exception as exc:  # noqa: BLE001 - retried; never dropped
-                attempt += 1
+                delay = backoff.next()
+                attempt = backoff.attempts
                 self.metrics.round_failures.inc()
                 if not is_retriable(exc):  # no retry mends it: stop this coordinator loudly, round pending
                     self.status.update(phase="round-failed", round=commit_id, error=f"{type(exc).__name__}: {exc}",
@@ -547,7 +556,6 @@ class Coordinator:
                     log.error("round %s not finished (%s: %s), which no retry mends: stopping the coordinator; "
                               "its %d accepted responses stay pending", commit_id, type(exc).__name__, exc, len(batch))
                     raise
-                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10))
                 self.status.update(phase="round-retrying", round=commit_id, error=f"{type(exc).__name__}: {exc}", attempt=attempt)
                 log.error(
                     "round %s not finished (attempt %d, %s: %s); its %d accepted responses stay pending, retrying in %.1fs",
@@ -564,9 +572,9 @@ class Coordinator:
                       for t in {t for a in batch for t, fs in a.deleted_keys.items() if fs} - parked}
         if keys_files:  # consumed by the round's commit, never part of a snapshot
             await self.offload.run(delete_keys_files, self.catalog, keys_files)
-        if attempt:
+        if backoff.attempts:
             self.status.update(phase="running", error=None)
-            log.info("round %s finished after %d failed attempts", commit_id, attempt)
+            log.info("round %s finished after %d failed attempts", commit_id, backoff.attempts)
 
     async def _backoff(self, delay: float) -> None:
         """Sleep ``delay`` before a retry; a stop (:meth:`drain`) ends it and abandons the round."""
@@ -585,11 +593,12 @@ class Coordinator:
         tables = sorted({t for a in batch for t in a.files})
         now = time.monotonic()
         due = sorted((t for t in tables if self._parked.due(t, now)), key=lambda t: t in self._parked)  # healthy first
-        tables_of_round = round_tables(batch)
+        round = RoundCommit(self.group, self.epoch, commit_id, cp.positions, valid_through_ms=valid_through,
+                            checkpoint=cp, log_id=self.log_id, adopted=self._adopted, tables_of_round=round_tables(batch))
         results: dict[str, TableCommit] = {}
 
         async def commit_and_announce(table: str) -> None:
-            result = await self._commit_table_with_retry(table, batch, commit_id, cp, valid_through, tables_of_round)
+            result = await self._commit_table_with_retry(table, batch, round)
             if result is None:  # parked
                 return
             results[table] = result
@@ -650,21 +659,14 @@ class Coordinator:
         while self._applied_next < end:
             await asyncio.sleep(0.05)
 
-    async def _commit_table_with_retry(
-        self,
-        table: str,
-        batch: list[Accepted],
-        commit_id: str,
-        cp: Checkpoint,
-        valid_through: int | None,
-        tables_of_round: dict[str, int],
-    ) -> TableCommit | None:
+    async def _commit_table_with_retry(self, table: str, batch: list[Accepted], round: RoundCommit) -> TableCommit | None:
         """The table's commit, retried with capped backoff; None once it is parked: it failed
         for ``iceberg.control.commit.park-after-ms`` (a parked table gets one attempt)."""
-        attempt = 0
+        backoff = retry_backoff()
         began: list[float] = []  # when each attempt began on a commit thread
         failing_since: float | None = None
         park_after = self.settings.commit_park_after_ms / 1000
+        commit_id, valid_through = round.commit_id, round.valid_through_ms
         commit, head, here = (  # on this replica's threads, or in the table's commit process
             (commit_table, (self.catalog, table, batch), {"mirrors": self._mirrors, "tables": self._tables})
             if self._processes is None else (self._processes.commit, (table, batch), {}))
@@ -674,23 +676,20 @@ class Coordinator:
             try:
                 result: TableCommit
                 result, ended = await self._commits.run(
-                    _committing, self._locks.of(table), began, commit, *head,
-                    group=self.group, epoch=self.epoch,
-                    commit_id=commit_id, positions=cp.positions, valid_through_ms=valid_through,
-                    checkpoint=cp, log_id=self.log_id, adopted=self._adopted, tables_of_round=tables_of_round, **here,
-                )
+                    _committing, self._locks.of(table), began, commit, *head, round, **here)
             except FencedError:
                 self.status["phase"] = "fenced"
                 raise
             except ControlLogError as exc:  # keep the accepted files pending; say so; retry
-                attempt += 1
+                backoff.next()  # counted; the wait is the longest at once
                 self.metrics.control_log_refused.set(1)
-                self.status.update(phase="refused", table=table, error=str(exc), attempt=attempt)
+                self.status.update(phase="refused", table=table, error=str(exc), attempt=backoff.attempts)
                 log.error("coordinator refuses to commit round %s to %s: %s", commit_id, table, exc)
                 await self._backoff(RETRY_CAP_S)
                 continue
             except Exception as exc:  # conflict, catalog down: retry, never drop accepted files
-                attempt += 1
+                delay = backoff.next()
+                attempt = backoff.attempts
                 kind = "conflict" if isinstance(exc, CommitFailedException) else type(exc).__name__
                 self.metrics.commit_failures.labels(table=table).inc()
                 if not is_retriable(exc):  # e.g. a sink state no reader can parse: the round stops (_commit)
@@ -706,7 +705,7 @@ class Coordinator:
                     if self._draining.is_set():
                         raise Abandoned("the replica is stopping") from exc
                     return None
-                delay = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** min(attempt, 10), park_after - (now - failing_since))
+                delay = min(delay, park_after - (now - failing_since))
                 self.metrics.commit_retrying.labels(table=table).set(1)
                 self.status.update(phase="commit-retrying", table=table, error=f"{kind}: {exc}", attempt=attempt)
                 log.warning(
@@ -724,7 +723,7 @@ class Coordinator:
                 self._parked.resume(table)
             # From the first attempt, retries included; not the round's wait for a commit thread,
             # nor, timed by its commit process, the wait behind that process's other commits.
-            took = result.duration_s if attempt == 0 and result.duration_s is not None else ended - began[0]
+            took = result.duration_s if backoff.attempts == 0 and result.duration_s is not None else ended - began[0]
             self.metrics.commit_duration.labels(table=table).observe(took)
             if result.snapshot_id is not None:
                 self.metrics.snapshots_committed.labels(table=table).inc()

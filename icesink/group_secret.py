@@ -51,6 +51,7 @@ from icesink.errors import ControlSecretError, is_retriable
 from icesink.kafka_admin import end_offsets, topic_id
 from icesink.metrics import Metrics
 from icesink.offload import Offload
+from icesink.retry import Backoff
 from icesink.secrets import learn_secret
 from icesink.signing import Keyring
 
@@ -274,7 +275,7 @@ class SecretLoader:
             self.keyring.load(configured)
             return
         namespace, group = self.settings.control_secret_namespace, self.settings.group_id
-        deadline, delay = time.monotonic() + self.START_TIMEOUT_S, self.BACKOFF_S[0]
+        backoff = Backoff(*self.BACKOFF_S, deadline_s=self.START_TIMEOUT_S)
         while True:
             try:
                 stored, made = await self._fetch(catalog, offload, has_run)
@@ -288,7 +289,8 @@ class SecretLoader:
                     "namespace's properties: allow it, set iceberg.control.secret-namespace to a namespace it may "
                     "change, or set iceberg.control.secret on every replica"), _transient(exc)
             # raised here, outside the handler: no chained error (a SQL error's text quotes the secret written)
-            if not transient or time.monotonic() + delay > deadline:
+            delay = backoff.next()
+            if not transient or not backoff.allows(delay):
                 raise error
             self.metrics.control_secret_load_failures.inc()
             if self.status is not None:
@@ -296,7 +298,6 @@ class SecretLoader:
             log.warning("%s; retrying in %.0f s (the start gives up %.0f s after it began)",
                         error, delay, self.START_TIMEOUT_S)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self.BACKOFF_S[1])
         if self.status is not None:
             self.status.pop("control_secret", None)
         self._use(stored)

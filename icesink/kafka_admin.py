@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from icesink.errors import IcesinkError
+from icesink.retry import Backoff
 
 __all__ = [
     "DeleteRecordsUnsupported", "TopicError", "delete_records", "end_offsets", "ensure_topic", "group_offset",
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 _TOPIC_ALREADY_EXISTS: Final = 36
 _INVALID_REPLICATION_FACTOR: Final = 38
 _POLL_INTERVAL_S: Final = 0.05
+_FIRST_BACKOFF_S: Final = 0.05
 _MAX_BACKOFF_S: Final = 1.0
 #: A partition-count mismatch on an existing topic must persist this long before it is an error
 #: (metadata of a topic another client is creating right now may still be filling in).
@@ -229,7 +231,7 @@ async def _create_topic(
     from aiokafka.admin import NewTopic
     from aiokafka.errors import for_code
 
-    backoff = 0.05
+    backoff = Backoff(_FIRST_BACKOFF_S, _MAX_BACKOFF_S)
     while True:
         response = await admin.create_topics(
             [NewTopic(name, partitions, replication_factor, topic_configs=dict(configs))]
@@ -254,8 +256,7 @@ async def _create_topic(
                 f"(error {code}): {message}"
             )
         logger.debug("create topic %r: retriable %s, retrying", name, error.__name__)
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, _MAX_BACKOFF_S)
+        await asyncio.sleep(backoff.next())
 
 
 async def _existing_topic_metadata(admin: Any, name: str) -> dict[str, Any] | None:

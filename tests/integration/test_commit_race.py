@@ -15,7 +15,7 @@ def test_zombie_coordinator_racing_its_successor_is_fenced_not_duplicated(catalo
     from pyiceberg.catalog import load_catalog
     from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
-    from coordinator.committer import commit_table
+    from coordinator.committer import RoundCommit, commit_table
     from coordinator.state import Accepted
     from icesink.errors import FencedError
     from icesink.protocol import OffsetRange, TopicPartition
@@ -32,8 +32,8 @@ def test_zombie_coordinator_racing_its_successor_is_fenced_not_duplicated(catalo
     batch = [Accepted(7, "r1", "w1", (OffsetRange(tp, 0, 10),), {"db.t": (info,)}, None)]
 
     def commit(epoch: int, cat):  # type: ignore[no-untyped-def]
-        return commit_table(cat, "db.t", batch, group="g", epoch=epoch, commit_id="r1",
-                            positions={tp: 10}, valid_through_ms=None)
+        return commit_table(cat, "db.t", batch, RoundCommit(group="g", epoch=epoch, commit_id="r1",
+                            positions={tp: 10}, valid_through_ms=None))
 
     # The zombie (epoch 1) has checked its preconditions; before its first attempt reaches the
     # catalog, the successor (epoch 2) commits the same response.

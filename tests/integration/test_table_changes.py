@@ -74,12 +74,12 @@ def _file_infos(table, rows):
 
 
 def _commit(catalog, name, infos, offset=10):
-    from coordinator.committer import commit_table
+    from coordinator.committer import RoundCommit, commit_table
     from coordinator.state import Accepted
 
     accepted = Accepted(offset, "c1", "w1", (), {name: tuple(infos)}, None)
-    return commit_table(catalog, name, [accepted], group=GROUP, epoch=1, commit_id=f"c{offset}",
-                        positions={}, valid_through_ms=None)
+    return commit_table(catalog, name, [accepted], RoundCommit(group=GROUP, epoch=1, commit_id=f"c{offset}",
+                        positions={}, valid_through_ms=None))
 
 
 def _duck_rows(table):

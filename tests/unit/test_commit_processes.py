@@ -17,9 +17,11 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
 from coordinator import service
 from coordinator.commit_processes import CommitProcessError, CommitProcesses, table_batch
+from coordinator.committer import RoundCommit
 from coordinator.service import Coordinator, commit_processes
 from coordinator.state import Accepted, CoordinatorState
 from icesink.config import load_settings
+from icesink.retry import Backoff
 from icesink.errors import ControlLogError, FencedError, TableChangedError, is_retriable
 from icesink.metrics import Metrics
 from icesink.offload import Offload
@@ -135,8 +137,8 @@ def test_a_killed_commit_process_fails_the_attempt_retriably_and_the_retry_start
         _kill(set(processes.pids()))
         batch = coordinator(tmp_path / "x", two_tables, producer, "r9", [9], start=4).state.plan_commit()[0]
         with pytest.raises(CommitProcessError) as raised:
-            processes.commit("db.a", batch, group="icesink", epoch=1, commit_id="r9", positions={TP: 5},
-                             valid_through_ms=None)
+            processes.commit("db.a", batch, RoundCommit(group="icesink", epoch=1, commit_id="r9", positions={TP: 5},
+                             valid_through_ms=None))
         assert is_retriable(raised.value) and "table db.a" in str(raised.value)
         assert rows(two_tables, "db.a") == 4
     finally:
@@ -223,7 +225,7 @@ def test_maintenance_is_judged_on_the_table_the_commit_left(tmp_path, two_tables
         commit_table(two_tables, "db.a", [Accepted(offset=offset, commit_id=f"r{offset}", worker="w", ranges=(),
                                                    valid_through_ms=None,
                                                    files={"db.a": (data_file(table, f"m{offset}", [offset]),)})],
-                     group="g", epoch=1, commit_id=f"r{offset}", positions={TP: offset}, valid_through_ms=None,
+                     RoundCommit(group="g", epoch=1, commit_id=f"r{offset}", positions={TP: offset}, valid_through_ms=None),
                      tables=cache)
     quiet = MaintenanceSettings(snapshot_max_age_ms=3_600_000, retain_last=1, min_input_files=16)
     assert maintenance_due(cache, "db.a", quiet, True, {}) is False
@@ -239,7 +241,7 @@ def test_a_round_in_processes_leaves_clear_tables_out_of_the_maintenance_pass(tm
     producer = FlakyProducer(CommitComplete, fail=0)
     coord = coordinator(tmp_path, two_tables, producer, "r1", [1, 2, 3], start=0)
     try:
-        coord._maintainer._retry["db.b"] = (1, 0.0)  # its last step failed: retried as planned
+        coord._maintainer._retry["db.b"] = Backoff(2.0, 300.0)  # its last step failed: retried as planned
         asyncio.run(coord._commit("r1", partial=False))
         assert coord._maintainer._due == {"db.b"}
         assert coord.metrics.maintenance_last.labels(table="db.a")._value.get() > 0
@@ -294,7 +296,7 @@ def test_a_failed_maintenance_look_does_not_fail_the_commit_that_went_through(tm
                         start=0).state.plan_commit()[0]
     out = commit_processes._commit_here(  # in this process: the commit process's own function
         "db.a", table_batch(batch, "db.a"),
-        dict(group="icesink", epoch=1, commit_id="r1", positions={TP: 2}, valid_through_ms=None),
+        RoundCommit(group="icesink", epoch=1, commit_id="r1", positions={TP: 2}, valid_through_ms=None),
         (MaintenanceSettings(snapshot_max_age_ms=3_600_000), True))
     assert out.snapshot_id is not None and out.maintenance_due is None  # not judged: the Maintainer looks
     assert rows(two_tables, "db.a") == 2

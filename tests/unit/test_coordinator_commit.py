@@ -206,14 +206,14 @@ class SlowCommits:
         self.rounds_tables: list[Any] = []
         self.fenced = fenced
 
-    def __call__(self, catalog: Any, table: str, batch: list[Any], **kw: Any) -> Any:
+    def __call__(self, catalog: Any, table: str, batch: list[Any], round: Any, **kw: Any) -> Any:
         from coordinator.committer import TableCommit
 
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
             self.events.append(f"start {table}")
-            self.rounds_tables.append(kw.get("tables_of_round"))
+            self.rounds_tables.append(round.tables_of_round)
         time.sleep(0.2)
         with self.lock:
             self.running -= 1
@@ -394,8 +394,8 @@ def test_a_commit_computes_the_staged_metadata_once_per_change_and_equal_to_pyic
     table = two_tables.load_table("db.a")
     acc = service.Accepted(offset=5, commit_id="r1", worker="w1", ranges=(), valid_through_ms=None,
                            files={"db.a": (data_file(table, "m", [1, 2]),)})
-    committer.commit_table(two_tables, "db.a", [acc], group="g", epoch=1, commit_id="r1",
-                           positions={TP: 2}, valid_through_ms=None)
+    committer.commit_table(two_tables, "db.a", [acc], committer.RoundCommit(group="g", epoch=1, commit_id="r1",
+                           positions={TP: 2}, valid_through_ms=None))
     assert len(seen) > 8  # pyiceberg reads it many times per commit
     # equal apart from the clock: pyiceberg stamps last_updated_ms with "now" on every read
     # (the catalog stamps the committed metadata itself)
@@ -423,8 +423,9 @@ def test_the_table_cache_saves_the_load_and_a_stale_entry_still_commits_exactly(
     table = real_load("db.a")
 
     def commit(offset: int, ids: list[int]) -> None:
-        committer.commit_table(two_tables, "db.a", [_accepted(table, offset, f"f{offset}", ids)], group="g", epoch=1,
-                               commit_id=f"r{offset}", positions={TP: offset}, valid_through_ms=None, tables=cache)
+        committer.commit_table(two_tables, "db.a", [_accepted(table, offset, f"f{offset}", ids)],
+                               committer.RoundCommit(group="g", epoch=1, commit_id=f"r{offset}", positions={TP: offset},
+                                                     valid_through_ms=None), tables=cache)
 
     ours = lambda: [n for n in loads if n == "db.a"]  # noqa: E731 - the SQL catalog's own loads name a tuple
     commit(1, [1, 2])
@@ -445,14 +446,14 @@ def test_a_stale_cached_table_is_still_fenced_by_a_newer_coordinator(two_tables)
 
     cache = committer.TableCache()
     table = two_tables.load_table("db.a")
-    committer.commit_table(two_tables, "db.a", [_accepted(table, 1, "f1", [1])], group="g", epoch=1,
-                           commit_id="r1", positions={TP: 1}, valid_through_ms=None, tables=cache)
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 1, "f1", [1])], committer.RoundCommit(group="g", epoch=1,
+                           commit_id="r1", positions={TP: 1}, valid_through_ms=None), tables=cache)
     # a newer coordinator (epoch 2) commits behind this one's cached table
-    committer.commit_table(two_tables, "db.a", [_accepted(table, 5, "f5", [2])], group="g", epoch=2,
-                           commit_id="r5", positions={TP: 5}, valid_through_ms=None)
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 5, "f5", [2])], committer.RoundCommit(group="g", epoch=2,
+                           commit_id="r5", positions={TP: 5}, valid_through_ms=None))
     with pytest.raises(FencedError):
-        committer.commit_table(two_tables, "db.a", [_accepted(table, 9, "f9", [3])], group="g", epoch=1,
-                               commit_id="r9", positions={TP: 9}, valid_through_ms=None, tables=cache)
+        committer.commit_table(two_tables, "db.a", [_accepted(table, 9, "f9", [3])], committer.RoundCommit(group="g", epoch=1,
+                               commit_id="r9", positions={TP: 9}, valid_through_ms=None), tables=cache)
     assert cache.get("db.a") is None  # a failure drops the entry
     assert rows(two_tables, "db.a") == 2
 
@@ -469,11 +470,11 @@ def test_a_commit_writes_its_manifests_in_its_own_thread(two_tables, monkeypatch
         raise AssertionError("the commit handed work to pyiceberg's executor")
 
     table = two_tables.load_table("db.a")
-    committer.commit_table(two_tables, "db.a", [_accepted(table, 1, "f1", [1, 2])], group="g", epoch=1,
-                           commit_id="r1", positions={TP: 1}, valid_through_ms=None)
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 1, "f1", [1, 2])], committer.RoundCommit(group="g", epoch=1,
+                           commit_id="r1", positions={TP: 1}, valid_through_ms=None))
     monkeypatch.setattr(pyiceberg_concurrent.ExecutorFactory, "get_or_create", staticmethod(no_executor))
-    committer.commit_table(two_tables, "db.a", [_accepted(table, 2, "f2", [3])], group="g", epoch=1,
-                           commit_id="r2", positions={TP: 2}, valid_through_ms=None)  # a parent to carry over
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 2, "f2", [3])], committer.RoundCommit(group="g", epoch=1,
+                           commit_id="r2", positions={TP: 2}, valid_through_ms=None))  # a parent to carry over
     monkeypatch.undo()
     now = two_tables.load_table("db.a")
     manifests = now.current_snapshot().manifests(now.io)
@@ -490,7 +491,7 @@ def test_a_tables_commit_duration_leaves_out_its_wait_for_a_commit_thread(tmp_pa
     clock = [0.0]
     lock = threading.Lock()
 
-    def commits(catalog: Any, table: str, batch: list[Any], **kw: Any) -> Any:
+    def commits(catalog: Any, table: str, batch: list[Any], round: Any, **kw: Any) -> Any:
         from coordinator.committer import TableCommit
 
         with lock:
@@ -520,7 +521,7 @@ def test_a_tables_commit_duration_leaves_out_its_wait_in_its_commit_process(tmp_
     together = threading.Barrier(3)  # the round's other three tables are all sent before any is done
 
     class OneProcess:
-        def commit(self, table: str, batch: list[Any], **kw: Any) -> TableCommit:
+        def commit(self, table: str, batch: list[Any], round: Any) -> TableCommit:
             if table != "db.t0":  # the first table is committed alone
                 together.wait(timeout=10)
             with queue:

@@ -92,10 +92,10 @@ def test_importing_the_coordinator_patches_nothing_and_install_does() -> None:
 def test_a_commit_in_a_process_that_did_not_install_the_extensions_is_refused() -> None:
     out = _run("""
         from coordinator import iceberg_ext
-        from coordinator.committer import commit_table
+        from coordinator.committer import RoundCommit, commit_table
 
         try:
-            commit_table(None, "db.t", [], group="g", epoch=1, commit_id="c", positions={}, valid_through_ms=None)
+            commit_table(None, "db.t", [], RoundCommit(group="g", epoch=1, commit_id="c", positions={}, valid_through_ms=None))
         except iceberg_ext.NotInstalled as exc:
             print("refused:", exc)
     """)

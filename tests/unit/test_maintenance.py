@@ -230,7 +230,8 @@ def test_the_maintainer_runs_passes_sweeps_orphans_and_retries_failures_with_bac
 
     from prometheus_client import CollectorRegistry
 
-    from coordinator.maintenance import Maintainer, TableLocks
+    from coordinator.maintainer import Maintainer
+    from coordinator.maintenance import TableLocks
     from icesink.config import load_settings
     from icesink.metrics import Metrics
 
@@ -323,7 +324,8 @@ def test_a_pass_with_nothing_due_in_the_rounds_view_reads_no_catalog(table_and_c
     from prometheus_client import CollectorRegistry
 
     from coordinator.committer import TableCache
-    from coordinator.maintenance import Maintainer, TableLocks
+    from coordinator.maintainer import Maintainer
+    from coordinator.maintenance import TableLocks
     from icesink.config import load_settings
     from icesink.metrics import Metrics
 
@@ -383,7 +385,8 @@ def test_a_maintenance_error_no_retry_mends_waits_the_longest_backoff_at_once(ta
 
     from prometheus_client import CollectorRegistry
 
-    from coordinator.maintenance import Maintainer, TableLocks
+    from coordinator.maintainer import Maintainer
+    from coordinator.maintenance import TableLocks
     from icesink.config import load_settings
     from icesink.errors import ProtocolError
     from icesink.metrics import Metrics
@@ -404,7 +407,7 @@ def test_a_maintenance_error_no_retry_mends_waits_the_longest_backoff_at_once(ta
             raise error
         before = clock.monotonic()
         await m._step("db.t", "maintain", step)
-        return m._retry["db.t"][1] - before
+        return m._retry["db.t"].retry_at - before
 
     transient = asyncio.run(fails(OSError("catalog unreachable")))
     assert transient < 10 and status["maintenance"]["db.t"]["retriable"] is True

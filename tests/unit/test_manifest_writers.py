@@ -133,8 +133,8 @@ def test_commits_to_alike_tables_resolve_no_avro_writer_per_file(two_tables, mon
         for name, table in (("db.a", table_a), ("db.b", table_b)):
             accepted = _accepted(table, offset, f"{name[-1]}{offset}", [offset])
             accepted = dataclasses.replace(accepted, files={name: accepted.files["db.a"]})
-            committer.commit_table(two_tables, name, [accepted], group="g", epoch=1, commit_id=f"r{offset}",
-                                   positions={TP: offset}, valid_through_ms=None)
+            committer.commit_table(two_tables, name, [accepted], committer.RoundCommit(group="g", epoch=1, commit_id=f"r{offset}",
+                                   positions={TP: offset}, valid_through_ms=None))
     assert len(resolved) == 2, resolved  # a manifest's shape and a manifest list's, once each
     assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3
 
@@ -145,13 +145,13 @@ def test_a_commit_does_not_read_back_the_manifest_list_the_last_one_wrote(two_ta
     table reads whole."""
     table = two_tables.load_table("db.a")
     cache = committer.TableCache()
-    committer.commit_table(two_tables, "db.a", [_accepted(table, 1, "f1", [1, 2])], group="g", epoch=1,
-                           commit_id="r1", positions={TP: 1}, valid_through_ms=None, tables=cache)
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 1, "f1", [1, 2])], committer.RoundCommit(group="g", epoch=1,
+                           commit_id="r1", positions={TP: 1}, valid_through_ms=None), tables=cache)
     first = two_tables.load_table("db.a").current_snapshot()
     assert first is not None
     os.remove(first.manifest_list.removeprefix("file://"))
-    committer.commit_table(two_tables, "db.a", [_accepted(table, 2, "f2", [3])], group="g", epoch=1,
-                           commit_id="r2", positions={TP: 2}, valid_through_ms=None, tables=cache)
+    committer.commit_table(two_tables, "db.a", [_accepted(table, 2, "f2", [3])], committer.RoundCommit(group="g", epoch=1,
+                           commit_id="r2", positions={TP: 2}, valid_through_ms=None), tables=cache)
     now = two_tables.load_table("db.a")
     assert sorted(now.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
 

@@ -24,7 +24,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
 from agents.mirror import collapse
-from coordinator.committer import commit_table
+from coordinator.committer import RoundCommit, commit_table
 from coordinator.mirror import MirrorIndexes
 from coordinator.state import Accepted
 from tests.support import duck
@@ -91,8 +91,8 @@ def response(catalog, changes: list[tuple[int, str | None, str]], region_of=lamb
 
 
 def commit(catalog, mirrors, batch: list[Accepted]):
-    return commit_table(catalog, "db.m", batch, group="g", epoch=1, commit_id=batch[-1].commit_id,
-                        positions={TP: batch[-1].offset}, valid_through_ms=None, mirrors=mirrors)
+    return commit_table(catalog, "db.m", batch, RoundCommit(group="g", epoch=1, commit_id=batch[-1].commit_id,
+                        positions={TP: batch[-1].offset}, valid_through_ms=None), mirrors=mirrors)
 
 
 def rows_pyiceberg(catalog) -> dict[int, str | None]:

@@ -14,7 +14,7 @@ from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from coordinator.committer import commit_table
+from coordinator.committer import RoundCommit, commit_table
 from coordinator.state import Accepted
 from icesink.catalogs import sqlite_catalog_properties
 from icesink.errors import TableChangedError
@@ -46,8 +46,8 @@ def held_file(catalog) -> Accepted:  # type: ignore[no-untyped-def]
 
 
 def commit(catalog, batch):  # type: ignore[no-untyped-def]
-    return commit_table(catalog, "db.t", batch, group="g", epoch=1, commit_id="r5", positions={TP: 2},
-                        valid_through_ms=None)
+    return commit_table(catalog, "db.t", batch, RoundCommit(group="g", epoch=1, commit_id="r5", positions={TP: 2},
+                        valid_through_ms=None))
 
 
 def test_files_are_not_committed_into_a_table_created_again_with_other_field_ids(catalog):

@@ -11,7 +11,7 @@ import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
-from coordinator.committer import commit_table
+from coordinator.committer import RoundCommit, commit_table
 from coordinator.state import Accepted, Checkpoint
 from icesink.catalogs import sqlite_catalog_properties
 from icesink.errors import ControlLogError, FencedError, ProtocolError
@@ -47,8 +47,8 @@ def _commit(catalog, batch, *, group="g", epoch=1, log_id="log-a"):  # type: ign
     end = batch[-1].ranges[0].end
     cp = Checkpoint(through=batch[-1].offset + 1, positions={TP: end}, owners={TP: ("w1", 3)},
                     replay_from=batch[-1].offset + 2)
-    return commit_table(catalog, "db.t", batch, group=group, epoch=epoch, commit_id=batch[-1].commit_id,
-                        positions={TP: end}, valid_through_ms=None, checkpoint=cp, log_id=log_id)
+    return commit_table(catalog, "db.t", batch, RoundCommit(group=group, epoch=epoch, commit_id=batch[-1].commit_id,
+                        positions={TP: end}, valid_through_ms=None, checkpoint=cp, log_id=log_id))
 
 
 def _rows(catalog) -> int:  # type: ignore[no-untyped-def]
@@ -136,14 +136,14 @@ def test_an_adopted_log_commits_over_state_of_the_old_one(catalog) -> None:
     """After iceberg.control.adopt-log-id: the old log's watermark counts for nothing on the new
     log (its offsets restart), the epoch still fences, the state then names the new log."""
     _commit(catalog, [_accepted(catalog, 50, range(0, 10))], log_id="log-a", epoch=2)
-    done = commit_table(catalog, "db.t", [_accepted(catalog, 3, range(10, 20))], group="g", epoch=3,
-                        commit_id="n1", positions={TP: 20}, valid_through_ms=None, log_id="log-b", adopted=True)
+    done = commit_table(catalog, "db.t", [_accepted(catalog, 3, range(10, 20))], RoundCommit(group="g", epoch=3,
+                        commit_id="n1", positions={TP: 20}, valid_through_ms=None, log_id="log-b", adopted=True))
     assert done.snapshot_id is not None and _rows(catalog) == 20
     state = latest_sink_summary(catalog.load_table("db.t"), "g")
     assert state is not None and (state.log_id, state.watermark) == ("log-b", 3)
     with pytest.raises(FencedError):
-        commit_table(catalog, "db.t", [_accepted(catalog, 4, range(20, 30))], group="g", epoch=1,
-                     commit_id="n2", positions={TP: 30}, valid_through_ms=None, log_id="log-b", adopted=True)
+        commit_table(catalog, "db.t", [_accepted(catalog, 4, range(20, 30))], RoundCommit(group="g", epoch=1,
+                     commit_id="n2", positions={TP: 30}, valid_through_ms=None, log_id="log-b", adopted=True))
 
 
 def test_the_state_of_a_round_is_parsed_once_for_all_its_tables(monkeypatch) -> None:
