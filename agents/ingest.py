@@ -62,7 +62,7 @@ class Ingest(WorkerState):
             st = self.buffers.partitions.get(tp)
             if st is None or not st.active:
                 continue
-            if self._backpressure or self._missing.is_held(tp):
+            if self.replica.backpressure or self._missing.is_held(tp):
                 # Paused because the buffers are full (records still in flight would grow them
                 # past the bound) or a table is missing. They are read again: the release seeks back.
                 continue
@@ -77,13 +77,13 @@ class Ingest(WorkerState):
                 st.suspect_gap(suspect)
                 log.info("%s: fresh record at %d while expecting %d; seeking again", tp, suspect, st.next_offset)
                 st.reseeking = True
-                owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
-                self._owner.spawn(unless_moved(self._seek(st, st.next_offset), owned, f"seek of {tp}"), "reseek")
+                owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
+                self._owner.spawn(unless_moved(self.ownership.seek(st, st.next_offset), owned, f"seek of {tp}"), "reseek")
         self.buffers.converted(fetched)
-        self._update_gauges()
+        self.update_gauges()
         if self.buffers.full:
             await self._apply_backpressure()
-        self._maybe_write_early()
+        self.rounds.maybe_write_early()
 
     def _check_stalls(self, now: float) -> None:
         """Probe any active partition that is behind its high watermark and has taken no
@@ -92,7 +92,7 @@ class Ingest(WorkerState):
         (warned, counted). If none come, what lies below the high watermark is no record at
         all (transaction markers, a compacted tail): that partition is not probed again until
         its high watermark moves."""
-        if self._backpressure:
+        if self.replica.backpressure:
             self._progress.clear()
             return
         consumer = self.app.consumer
@@ -113,14 +113,14 @@ class Ingest(WorkerState):
             log.info("%s: %d offsets behind its high watermark %d and no record taken for %.0f s; seeking to %d again",
                      tp, hw - st.next_offset, hw, now - seen[2], st.next_offset)
             st.reseeking = True
-            owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
+            owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
             self._owner.spawn(unless_moved(self._reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")
         for tp in set(self._progress) - set(self.buffers.partitions):
             del self._progress[tp]
 
     async def _reseek_and_resume(self, st: PartitionState) -> None:
-        await self._seek(st, st.next_offset)
-        if not self._backpressure and st.active and not self._missing.is_held(st.tp):
+        await self.ownership.seek(st, st.next_offset)
+        if not self.replica.backpressure and st.active and not self._missing.is_held(st.tp):
             self.app.consumer.resume_partitions([TP(st.tp.topic, st.tp.partition)])
 
     async def _buffer(self, st: PartitionState, messages: Sequence[Any]) -> None:
@@ -399,7 +399,7 @@ class Ingest(WorkerState):
             return False
         self._missing.hold(st.tp, missing)
         self.app.consumer.pause_partitions([TP(st.tp.topic, st.tp.partition)])
-        self._update_paused()
+        self.update_paused()
         log.warning("%s: records from offset %d go to %s, which does not exist: the partition is held there "
                     "until it does (/status missing_tables)", st.tp, st.next_offset, ", ".join(missing))
         return True
@@ -497,17 +497,17 @@ class Ingest(WorkerState):
                 if st is None or not st.active:
                     continue  # its Resume seeks and resumes it
                 st.reseeking = True
-                owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
+                owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
                 self._owner.spawn(unless_moved(self._reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")
-        self._update_paused()
+        self.update_paused()
 
     async def _apply_backpressure(self) -> None:
-        if not self._backpressure:
-            self._backpressure = True
+        if not self.replica.backpressure:
+            self.replica.backpressure = True
             active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active]
             self.app.consumer.pause_partitions(active)
             log.info("buffers full (%d bytes): pausing %d partitions until the next round", self.buffers.nbytes, len(active))
-            self._update_paused()
+            self.update_paused()
         await self._request_commit()
 
     async def _request_commit(self) -> None:
@@ -525,22 +525,22 @@ class Ingest(WorkerState):
         while paused were skipped (on_events), and Faust silently drops the rest of a fetch
         for a partition paused while that fetch is handed out (Consumer.getmany checks the
         live set of active partitions), so the consumer's position is past them."""
-        if not self._backpressure or self.buffers.full:
+        if not self.replica.backpressure or self.buffers.full:
             return
         reading = [st for tp, st in self.buffers.partitions.items() if st.active and not self._missing.is_held(tp)]
         try:
-            await self._seek_all([(st, st.next_offset) for st in reading])
+            await self.ownership.seek_all([(st, st.next_offset) for st in reading])
         except Exception as exc:  # stay paused: _housekeeping tries again
             log.warning("seek before resuming failed (%s); partitions stay paused", exc)
             return
-        if not self._backpressure or self.buffers.full:
+        if not self.replica.backpressure or self.buffers.full:
             return
-        self._backpressure = False
+        self.replica.backpressure = False
         self._last_request = 0.0  # the next fill is a new request, not a repeat
         held = self._missing.is_held
         active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active and not held(tp)]
         self.app.consumer.resume_partitions(active)
-        self._update_paused()
+        self.update_paused()
 
     async def _check_backpressure(self) -> None:
         """Paused for full buffers: ask again while no round has come (the send failed, the

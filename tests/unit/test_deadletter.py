@@ -23,6 +23,10 @@ from agents.deadletter import (
     H_FIELD, H_MESSAGE, H_OFFSET, H_PARTITION, H_REASON, H_TABLE, H_TOPIC, H_VALUE_OMITTED,
     DeadLetters, DeadLetterSendError, kind_of, screen,
 )
+from agents.parts import Replica
+from agents.rounds import Rounds
+from agents.tasks import TaskOwner
+from icesink.offload import Offload
 from agents.worker import Worker
 from icesink.config import build
 from icesink.errors import ConfigError, DataError
@@ -265,9 +269,12 @@ def worker_stub(tmp_path, producer, **extra: Any) -> Any:
         targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA, keys=None)},
         deadletters=DeadLetters(s, metrics, "w1", producer=producer),
         router=Router(s), format=RecordFormat(s), debezium=None, evolver=None, _fanout=None,
-        write_failures=WriteFailures(5), _missing=MissingTables(),
+        write_failures=WriteFailures(5), _missing=MissingTables(), replica=Replica("w1", {}),
     ).items():
         setattr(stub, name, value)
+    stub.rounds = Rounds(s, metrics, stub.replica, stub.buffers, stub.targets, None, SimpleNamespace(), Offload(),
+                         stub.deadletters, stub._missing, SimpleNamespace(), producer, TaskOwner(lambda exc: None),
+                         ownership=None, hooks=stub)
     stub.buffers.claim(TP, 1)
     stub.buffers.resume(TP, 0, now=0.0)
     return stub
@@ -327,36 +334,32 @@ class LateAcks(FakeProducer):
 
 
 def responder(tmp_path, dlq_producer) -> Any:
-    """A worker stub able to run Worker._respond for a batch holding no rows (so no Spark)."""
+    """A worker stub able to run Rounds.respond for a batch holding no rows (so no Spark)."""
     w = worker_stub(tmp_path, dlq_producer, **DLQ)
-    w.generation = 1
-    w.worker_id = "w1"
+    w.replica.generation = 1
     w.events = []
     w.acked_when_reported = []
-    w._seq = 0
 
     async def send(ev: Any) -> None:
         w.events.append(type(ev).__name__)
         w.acked_when_reported.append(all(f.done() for f in dlq_producer.futures))
 
-    w.producer = SimpleNamespace(send=send)
+    w.rounds.sender = SimpleNamespace(send=send)
     async def release() -> None:
         pass
 
     w._release_backpressure = release
-    w._valid_through_ms = lambda: None
-    w._update_gauges = lambda: None
+    w.rounds._valid_through_ms = lambda: None
+    w.update_gauges = lambda: None
     return w
 
 
 async def _round(w: Any, msgs: list[Msg]) -> None:
-    w._respond_lock = asyncio.Lock()
-    w._rebalanced = asyncio.Event()
-    w._rebalanced.set()
-    w._spark_ready = asyncio.get_running_loop().create_future()
-    w._spark_ready.set_result(None)
+    w.replica.rebalanced.set()
+    w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+    w.rounds.spark_ready.set_result(None)
     await Worker._buffer(w, w.buffers.partitions[TP], msgs)
-    await Worker._respond(w, "round-1")
+    await w.rounds.respond("round-1")
 
 
 def test_dead_letters_are_acknowledged_before_their_offsets_are_reported(tmp_path):
@@ -541,8 +544,7 @@ def test_a_fetch_of_several_partitions_lets_the_loop_run_between_them(tmp_path):
     w = worker_stub(tmp_path, FakeProducer(), **DLQ)
     w.buffers.claim(other, 1)
     w.buffers.resume(other, 0, now=0.0)
-    w._backpressure = False
-    w._update_gauges = lambda: None
+    w.update_gauges = lambda: None
     order: list[str] = []
     real_buffer = Worker._buffer
 
