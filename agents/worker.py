@@ -46,7 +46,8 @@ from agents.evolution import Evolver
 from agents.faust_app import FaustApp
 from agents.file_writer import FileWritingFactory
 from agents.formats import RecordFormat
-from agents.ingest import Ingest
+from agents.decode import BatchDecoder
+from agents.ingest import Ingest, StallProbe
 from agents.missing import MissingTables
 from agents.ownership import Ownership
 from agents.parts import Replica
@@ -126,10 +127,11 @@ class Worker(FaustApp, Ingest):
         self._owner = TaskOwner(lambda exc: self.fail(exc, exit_code=1))  # every background task, the coordinator too
         self._coordinator: Leader | None = None
         self._coordinator_task: asyncio.Task[None] | None = None
-        self._progress: dict[TopicPartition, tuple[int, int | None, float, bool]] = {}  # stall probes (ingest)
-        self._fanout = None  # decode a fan-out once (ingest)
+        self._progress: dict[TopicPartition, StallProbe] = {}  # stall probes (ingest)
         self._last_request = 0.0
         self._faust_worker: faust.Worker | None = None  # once created (agents/faust_app.py)
+        self.decoder = BatchDecoder(settings, self.format, self.router, self.debezium, self.evolver, self.targets,
+                                    self._propose)
         self.app = self._make_app()
         self.ownership = Ownership(settings.topics, self.replica, self.buffers, self._missing, self.app,
                                    self.send, self._owner, hooks=self)

@@ -15,16 +15,16 @@ from collections.abc import Callable
 
 if TYPE_CHECKING:
     import faust
-    import pyarrow as pa
     from pyiceberg.catalog import Catalog
 
     from agents.buffer import Buffers, Chunk, PartitionState
-    from agents.convert import EpochUnit
     from agents.deadletter import DeadLetters
+    from agents.decode import BatchDecoder
     from agents.debezium import DebeziumTransform
     from agents.evolution import Evolver
     from agents.file_writer import FileWriter
     from agents.formats import RecordFormat
+    from agents.ingest import StallProbe
     from agents.missing import MissingTables
     from agents.ownership import Ownership
     from agents.parts import Replica
@@ -70,8 +70,8 @@ class WorkerState:
     _stop: asyncio.Event
     _owner: TaskOwner
     _faust_worker: faust.Worker | None
-    _progress: dict[TopicPartition, tuple[int, int | None, float, bool]]  # stall probes (ingest)
-    _fanout: tuple[pa.Schema, EpochUnit, dict[str, Target]] | None  # decode a fan-out once (ingest)
+    _progress: dict[TopicPartition, StallProbe]  # stall probes (ingest)
+    decoder: BatchDecoder  # agents/decode.py
     _last_request: float
 
     if TYPE_CHECKING:

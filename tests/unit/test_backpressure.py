@@ -17,6 +17,7 @@ from agents.routing import Router
 from agents.kafka.source_consumer import Fetched
 from agents.tables import Target
 from agents.tasks import TaskOwner
+from agents.decode import BatchDecoder
 from agents.ownership import Ownership
 from agents.parts import Replica
 from agents.rounds import Rounds
@@ -75,7 +76,7 @@ def make_worker(max_bytes: int) -> Worker:
     w.app = SimpleNamespace(consumer=Consumer())
     w.producer = Producer()
     w._last_request = 0.0
-    w._fanout = None
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     w._missing = MissingTables()
     w.replica = Replica(w.worker_id, {})
     w.ownership = Ownership([P.topic], w.replica, w.buffers, w._missing, w.app, w.producer.send,

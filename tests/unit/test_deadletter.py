@@ -23,6 +23,7 @@ from agents.deadletter import (
     H_FIELD, H_MESSAGE, H_OFFSET, H_PARTITION, H_REASON, H_TABLE, H_TOPIC, H_VALUE_OMITTED,
     DeadLetters, DeadLetterSendError, kind_of, screen,
 )
+from agents.decode import BatchDecoder
 from agents.parts import Replica
 from agents.rounds import Rounds
 from agents.tasks import TaskOwner
@@ -268,10 +269,11 @@ def worker_stub(tmp_path, producer, **extra: Any) -> Any:
         settings=s, metrics=metrics, buffers=Buffers(10**9),
         targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA, keys=None)},
         deadletters=DeadLetters(s, metrics, "w1", producer=producer),
-        router=Router(s), format=RecordFormat(s), debezium=None, evolver=None, _fanout=None,
+        router=Router(s), format=RecordFormat(s), debezium=None, evolver=None,
         write_failures=WriteFailures(5), _missing=MissingTables(), replica=Replica("w1", {}),
     ).items():
         setattr(stub, name, value)
+    stub.decoder = BatchDecoder(s, stub.format, stub.router, None, None, stub.targets, stub._propose)
     stub.rounds = Rounds(s, metrics, stub.replica, stub.buffers, stub.targets, None, SimpleNamespace(), Offload(),
                          stub.deadletters, stub._missing, SimpleNamespace(), producer, TaskOwner(lambda exc: None),
                          ownership=None, hooks=stub)
@@ -401,6 +403,7 @@ def test_a_fan_out_decodes_a_fetch_once_for_all_tables_of_one_schema(tmp_path, m
                                                   "iceberg.tables.dynamic-enabled": "true"})
     w.router = Router(w.settings)
     w.targets = {n: SimpleNamespace(arrow_schema=SCHEMA, keys=None) for n in ("db.a", "db.b", "db.c")}
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     calls: list[int] = []
     convert = w.format.convert
 
@@ -432,6 +435,7 @@ def test_a_fan_out_counts_the_bytes_of_its_rows_once_not_per_table(tmp_path, mon
     w.router = Router(w.settings)
     names = [f"db.t{i}" for i in range(40)]
     w.targets = {n: SimpleNamespace(arrow_schema=SCHEMA, keys=None) for n in names}
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     decoded: list[int] = []
     convert = w.format.convert
 
@@ -456,6 +460,7 @@ def fan_out_stub(tmp_path: Any, producer: FakeProducer, names: list[str]) -> Any
                                                   "iceberg.tables.dynamic-enabled": "true"})
     w.router = Router(w.settings)
     w.targets = {n: SimpleNamespace(arrow_schema=ROUTED, keys=None) for n in names}
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     return w
 
 
@@ -510,14 +515,14 @@ def test_a_fan_out_read_once_buffers_and_dead_letters_exactly_as_the_usual_way(t
         producer = FakeProducer()
         w = fan_out_stub(tmp_path / str(once), producer, names)
         read_once: list[int] = []
-        decode_fanout = w._decode_fanout
+        decode_fanout = w.decoder.decode_fanout
 
         def fanout(*a: Any, i: list[int] = read_once, once: bool = once, f: Any = decode_fanout) -> Any:
             out = f(*a) if once else None
             i.append(out is not None)
             return out
 
-        monkeypatch.setattr(w, "_decode_fanout", fanout)
+        monkeypatch.setattr(w.decoder, "decode_fanout", fanout)
         st = w.buffers.partitions[TP]
         for i, msgs in enumerate(fetches):
             if i == 5:  # db.b reloaded (a schema change elsewhere): no longer the table the fan-out checked

@@ -25,6 +25,7 @@ from agents.tasks import TaskOwner
 from icesink.config import build
 from icesink.errors import ConfigError
 from icesink.protocol import TopicPartition
+from agents.decode import BatchDecoder
 from tests.unit.test_backpressure import make_worker
 
 A, B = "db.a", "db.b"
@@ -78,6 +79,7 @@ def worker(group_has_run: bool, monkeypatch, tables: dict[str, Target | None]):
                        warn_unknown=False)
     w.router = Router(w.settings)
     w.targets = {A: Target(A, None, SCHEMA)}
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     w._missing = w.ownership.missing = MissingTables(clock=Clock())
     w.buffers.claim(P1, 1)
     w.buffers.resume(P1, 0, now=0.0)
@@ -191,6 +193,7 @@ def dynamic_worker(monkeypatch, tables: dict[str, Target | None], committed: set
                        warn_unknown=False)
     w.router = Router(w.settings)
     w.targets = {}
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     scans = []
 
     async def committed_tables() -> set[str]:
