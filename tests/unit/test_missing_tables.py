@@ -178,7 +178,7 @@ def test_a_table_missing_at_start_is_shown_at_once_and_a_held_partition_stays_pa
         assert not w._missing.is_held(P1) and w._missing.status()[B]["held_partitions"] == []
 
     w.replica.rebalanced = asyncio.Event()
-    w._settle_voided = lambda: None
+    w.rounds.settle_voided = lambda: None
     w.app.consumer_generation_id = 2
     monkeypatch.setattr("agents.ownership.group_member_id", lambda app: "m")
     w.ownership.send_claim = lambda tps: asyncio.sleep(0)
