@@ -81,11 +81,6 @@ class FaustApp(WorkerState):
                     worker.fail(exc, exit_code=1)
                     return
 
-        # mode types every receiver as (sender, *args, signal=, **kwargs): ours take just the
-        # arguments their signal sends (the revoked or assigned partitions, or none).
-        app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
-        app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
-        app.on_rebalance_complete.connect(self._on_rebalance_complete)  # type: ignore[arg-type]
         return app
 
     def _install_leave_group(self) -> None:
@@ -114,7 +109,7 @@ class FaustApp(WorkerState):
         # that first touches it (touched in __init__, it waited on another loop for ever).
         self.app.topics.add(self.source)
         install_batch_drain(self.app, self._deliver)
-        self._hold_paused_partitions()  # claimed partitions stay paused until their Resume
+        self.ownership.hold_paused_partitions()  # claimed partitions stay paused until their Resume
         inject_faults(self.settings)  # fault tests only
         # read_committed; a consumer that can no longer consume stops the replica (exit code 1)
         ConsumerGuard(self.app, self.metrics, lambda exc: self.fail(exc, exit_code=1), self._stop.is_set,

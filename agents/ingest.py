@@ -12,19 +12,16 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 from faust.types import TP
 
-from agents.buffer import Chunk, FanoutRows, PartitionState
-from agents.convert import Converted, EpochUnit, Reject
+from agents.buffer import Chunk, PartitionState
+from agents.convert import Reject
 from agents.deadletter import screen
-from agents import mirror
-from agents.debezium import CDC_COLUMN
 from agents.routing import Routes
 from agents.kafka import Fetched
 from agents.tables import Target, create_target, holds_group_state, load_target, not_created
@@ -34,7 +31,6 @@ from icesink.control import ControlReader
 from icesink.errors import ConfigError
 from icesink.protocol import CommitRequest, CommitToTable, SchemaProposal
 from icesink.faults import should_crash
-from icesink.schema_changes import identifier_paths
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
@@ -50,6 +46,17 @@ STALL_S = 15.0
 COMMITTED_SCAN_S = 60.0  # reading the control log for the tables the group committed to
 
 
+@dataclasses.dataclass(frozen=True)
+class StallProbe:
+    """What a partition's stall probe saw (Ingest._check_stalls): its next offset and high
+    watermark, since when, and whether it was sought again (probed) at that offset."""
+
+    next_offset: int
+    highwater: int | None
+    since: float
+    probed: bool
+
+
 class Ingest(WorkerState):
     """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
 
@@ -62,7 +69,7 @@ class Ingest(WorkerState):
             st = self.buffers.partitions.get(tp)
             if st is None or not st.active:
                 continue
-            if self._backpressure or self._missing.is_held(tp):
+            if self.replica.backpressure or self._missing.is_held(tp):
                 # Paused because the buffers are full (records still in flight would grow them
                 # past the bound) or a table is missing. They are read again: the release seeks back.
                 continue
@@ -77,13 +84,13 @@ class Ingest(WorkerState):
                 st.suspect_gap(suspect)
                 log.info("%s: fresh record at %d while expecting %d; seeking again", tp, suspect, st.next_offset)
                 st.reseeking = True
-                owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
-                self._owner.spawn(unless_moved(self._seek(st, st.next_offset), owned, f"seek of {tp}"), "reseek")
+                owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
+                self._owner.spawn(unless_moved(self.ownership.seek(st, st.next_offset), owned, f"seek of {tp}"), "reseek")
         self.buffers.converted(fetched)
-        self._update_gauges()
+        self.update_gauges()
         if self.buffers.full:
             await self._apply_backpressure()
-        self._maybe_write_early()
+        self.rounds.maybe_write_early()
 
     def _check_stalls(self, now: float) -> None:
         """Probe any active partition that is behind its high watermark and has taken no
@@ -92,43 +99,43 @@ class Ingest(WorkerState):
         (warned, counted). If none come, what lies below the high watermark is no record at
         all (transaction markers, a compacted tail): that partition is not probed again until
         its high watermark moves."""
-        if self._backpressure:
+        if self.replica.backpressure:
             self._progress.clear()
             return
         consumer = self.app.consumer
         for tp, st in list(self.buffers.partitions.items()):
             probe = st.active and not st.reseeking and not self._missing.is_held(tp)
             hw = highwater(consumer, tp.topic, tp.partition) if probe else None
-            seen = self._progress.get(tp)  # next offset, high watermark, since when, probed
-            if seen is not None and seen[3] and st.next_offset > seen[0]:
+            seen = self._progress.get(tp)
+            if seen is not None and seen.probed and st.next_offset > seen.next_offset:
                 self.metrics.partition_stalls.labels(topic=tp.topic, partition=str(tp.partition)).inc()
                 log.warning("%s was stalled: records from offset %d were taken only after seeking again",
-                            tp, seen[0])
-            if hw is None or hw <= st.next_offset or seen is None or seen[0] != st.next_offset:
-                self._progress[tp] = (st.next_offset, hw, now, False)
+                            tp, seen.next_offset)
+            if hw is None or hw <= st.next_offset or seen is None or seen.next_offset != st.next_offset:
+                self._progress[tp] = StallProbe(st.next_offset, hw, now, probed=False)
                 continue
-            if (seen[3] and seen[1] == hw) or now - seen[2] < STALL_S:
+            if (seen.probed and seen.highwater == hw) or now - seen.since < STALL_S:
                 continue
-            self._progress[tp] = (st.next_offset, hw, now, True)
+            self._progress[tp] = StallProbe(st.next_offset, hw, now, probed=True)
             log.info("%s: %d offsets behind its high watermark %d and no record taken for %.0f s; seeking to %d again",
-                     tp, hw - st.next_offset, hw, now - seen[2], st.next_offset)
+                     tp, hw - st.next_offset, hw, now - seen.since, st.next_offset)
             st.reseeking = True
-            owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
+            owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
             self._owner.spawn(unless_moved(self._reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")
         for tp in set(self._progress) - set(self.buffers.partitions):
             del self._progress[tp]
 
     async def _reseek_and_resume(self, st: PartitionState) -> None:
-        await self._seek(st, st.next_offset)
-        if not self._backpressure and st.active and not self._missing.is_held(st.tp):
+        await self.ownership.seek(st, st.next_offset)
+        if not self.replica.backpressure and st.active and not self._missing.is_held(st.tp):
             self.app.consumer.resume_partitions([TP(st.tp.topic, st.tp.partition)])
 
     async def _buffer(self, st: PartitionState, messages: Sequence[Any]) -> None:
         # Tombstones and too-large values never reach conversion; their offsets still count.
         screened = screen(messages, self.settings.max_record_bytes)
         values = screened.values
-        fanout = self._decode_fanout(values, screened.messages_of(messages))
-        routes = fanout[0] if fanout is not None else self.router.route(values) if values else Routes({}, ())
+        fanout = self.decoder.decode_fanout(values, screened.messages_of(messages))
+        routes = fanout.routes if fanout is not None else self.router.route(values) if values else Routes({}, ())
         if any(name not in self.targets for name in routes.by_table) and await self._held_back(st, routes.by_table):
             return  # nothing of this fetch is taken: read again once its tables exist
         self.deadletters.tombstones(st.tp.topic, screened.tombstones)
@@ -139,8 +146,8 @@ class Ingest(WorkerState):
             self.metrics.records_unrouted.labels(topic=st.tp.topic).inc(no_route)
             rejects += [(r, None) for r in screened.at_messages(routes.unrouted)]
         if fanout is not None:  # one decode for all its tables, kept whole (agents/buffer.py FanoutRows)
-            _, rows_of, table_rejects = fanout
-            rejects += list(zip(screened.at_messages(r for r, _ in table_rejects), (n for _, n in table_rejects),
+            rows_of = fanout.rows
+            rejects += list(zip(screened.at_messages(r.reject for r in fanout.rejects), (r.table for r in fanout.rejects),
                                 strict=True))
             n = rows_of.table.num_rows
             await self._finish(st, messages, rejects, n, Chunk(st.tp, messages[-1].offset + 1, {},
@@ -148,22 +155,23 @@ class Ingest(WorkerState):
             return
         # Tables decoded together are counted once, as the rows they share: an nbytes walk per
         # table and fetch was a quarter of a fetch's handling at 200 tables (py-spy).
-        shared, nbytes = await self._decode_together(routes.by_table, values, messages, screened.positions)
+        shared = await self.decoder.decode_together(routes.by_table, values, messages, screened.positions)
+        nbytes = shared.nbytes
         tables: dict[str, pa.Table] = {}
         rows = 0
         landed = np.zeros(len(values), dtype=bool)
         for name, idx in routes.by_table.items():
             whole = len(idx) == len(values)
             target = self.targets.get(name)
-            converted = shared.get(name)
+            converted = shared.converted.get(name)
             counted = converted is not None
             if converted is None:
                 subset = values if whole else [values[i] for i in idx]
                 target = target or await self._target(name, subset)
                 sub_messages = screened.messages_of(messages) if whole else [messages[screened.positions[i]] for i in idx]
-                converted = await self._decode(name, target, subset, sub_messages)
+                converted = await self.decoder.decode(name, target, subset, sub_messages)
             if target is not None and target.keys is not None:  # a mirror table: keys and operations
-                converted = self._screen_changes(name, target.keys, converted)
+                converted = self.decoder.screen_changes(name, target.keys, converted)
             if converted.rejects:
                 in_values = converted.rejects if whole else [
                     dataclasses.replace(r, index=int(idx[r.index])) for r in converted.rejects]
@@ -184,156 +192,6 @@ class Ingest(WorkerState):
         last = messages[-1]
         ts = last.timestamp if last.timestamp is not None and last.timestamp >= 0 else None
         self.buffers.add(chunk, last.offset, ts)
-
-    async def _decode_together(self, by_table: Mapping[str, npt.NDArray[np.int64]], values: list[bytes],
-                               messages: Sequence[Any], positions: Sequence[int]) -> tuple[dict[str, Converted], int]:
-        """The tables of a fan-out whose rows have one schema, decoded together: one decode of
-        their records, then each table's rows and rejects split off (:func:`split_converted`).
-        A fetch routed to 200 tables gives most of them a record or two, and each decode has
-        a fixed cost (it was most of a worker's Python time at 200 tables). Only plain tables
-        (no schema evolution, no Debezium transform, not mirror tables), each record in one of
-        them; anything else is decoded table by table. Also the Arrow bytes of the rows decoded
-        together (each table's rows are slices of them)."""
-        if self.evolver is not None or self.debezium is not None or len(by_table) < 2:
-            return {}, 0
-        groups: list[tuple[pa.Schema, EpochUnit, list[str]]] = []
-        for name in by_table:
-            target = self.targets.get(name)
-            if target is None or target.keys is not None:
-                continue
-            unit = self.settings.timestamp_unit_of(name)
-            for schema, group_unit, names in groups:
-                if group_unit == unit and schema.equals(target.arrow_schema, check_metadata=True):
-                    names.append(name)
-                    break
-            else:
-                groups.append((target.arrow_schema, unit, [name]))
-        self._remember_fanout(groups, by_table)
-        out: dict[str, Converted] = {}
-        nbytes = 0
-        for _schema, _unit, names in groups:
-            if len(names) < 2:
-                continue
-            parts = [by_table[n] for n in names]
-            union = np.sort(np.concatenate(parts))
-            if len(union) > 1 and bool((union[1:] == union[:-1]).any()):
-                continue  # a record routed to several of them: table by table
-            converted = await self._decode(names[0], self.targets[names[0]], [values[i] for i in union],
-                                           [messages[positions[i]] for i in union])
-            out.update(split_converted(converted, union, names, parts))
-            nbytes += converted.table.nbytes
-        return out, nbytes
-
-    def _remember_fanout(self, groups: Sequence[tuple[pa.Schema, EpochUnit, list[str]]],
-                         by_table: Mapping[str, npt.NDArray[np.int64]]) -> None:
-        """After a fetch decoded the usual way: when all of its tables were one group of
-        :meth:`_decode_together` whose schema holds the route field as a string column, the
-        next fetches are read once against that schema (:meth:`_decode_fanout`)."""
-        field = self.router.top_level_field
-        one = groups[0] if len(groups) == 1 and len(groups[0][2]) == len(by_table) > 1 else None
-        if one is None or field is None or field in self.format.extras.names() or self.format.fold_case:
-            self._fanout = None
-            return
-        schema, unit, names = one
-        index = schema.get_field_index(field)
-        if index < 0 or schema.field(index).type not in (pa.string(), pa.large_string()):
-            self._fanout = None
-            return
-        members = {n: self.targets[n] for n in names}
-        if self._fanout is not None and self._fanout[1] == unit and self._fanout[0].equals(schema, check_metadata=True):
-            members = {**self._fanout[2], **members}  # tables of the fan-out seen in earlier fetches
-        self._fanout = (schema, unit, members)
-
-    def _decode_fanout(self, values: list[bytes],
-                       messages: Sequence[Any]) -> tuple[Routes, FanoutRows, list[tuple[Reject, str]]] | None:
-        """A fetch of a fan-out (a topic routed to many tables of one schema) decoded ONCE,
-        against that schema, and routed by the route field's column of the decoded rows: the
-        usual way reads every record twice, once for its route field and once for its table
-        (the route field's read was a third of a fetch's handling at 200 tables, py-spy). A
-        record that does not decode is routed by the router alone, as the usual way routes it.
-        The routes, the rows (kept whole, each with its table) and each decode reject with its
-        table (indexes into ``values``), as the usual way gives them; or None to go the usual
-        way: no fan-out remembered, a table not of the fan-out (a new one: the usual way creates
-        it), a record routed to several tables."""
-        plan = self._fanout  # only ever set for a top-level route field, without evolution or Debezium
-        if plan is None or len(values) < 2:
-            return None
-        schema, unit, members = plan
-        field = self.router.top_level_field
-        assert field is not None
-        converted = self.format.convert(messages, values, schema, epoch_unit=unit)
-        rows = np.asarray(converted.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-        routes = self.router.routes_of(rows, converted.table.column(field))
-        if converted.rejects:  # the usual way routes them first, then its decode rejects them
-            bad = np.array([r.index for r in converted.rejects], dtype=np.int64)
-            more = self.router.route([values[i] for i in bad])
-            by_table = dict(routes.by_table)
-            for name, idx in more.by_table.items():
-                by_table[name] = np.sort(np.concatenate([by_table.get(name, bad[:0]), bad[idx]]))
-            unrouted = [*routes.unrouted, *(dataclasses.replace(r, index=int(bad[r.index])) for r in more.unrouted)]
-            routes = Routes(by_table, tuple(sorted(unrouted, key=lambda r: r.index)))
-        # a table not a member (None is None would let a new one through, never created) or
-        # reloaded since: the usual way
-        if not routes.by_table or any(n not in members or self.targets.get(n) is not members[n] for n in routes.by_table):
-            return None
-        names = list(routes.by_table)
-        owner = np.full(len(values), -1, dtype=np.int32)
-        routed = 0
-        for k, part in enumerate(routes.by_table.values()):
-            owner[part] = k
-            routed += len(part)
-        if int((owner >= 0).sum()) != routed:  # a record routed to several tables
-            return None
-        row_owner = owner[rows]
-        table = converted.table
-        if len(rows) and int(row_owner.min()) < 0:  # records without a route: no table's rows or rejects
-            keep = row_owner >= 0
-            table, row_owner = table.filter(pa.array(keep)), row_owner[keep]
-        counts = np.bincount(row_owner, minlength=len(names))
-        if not counts.all():  # tables whose records all failed: no rows, only rejects
-            renumber = np.cumsum(counts > 0, dtype=np.int32) - 1
-            row_owner = renumber[row_owner]
-        present = tuple(n for n, c in zip(names, counts, strict=True) if c)
-        table_rejects = [(r, names[owner[r.index]]) for r in converted.rejects if owner[r.index] >= 0]
-        return routes, FanoutRows(table, row_owner, present), table_rejects
-
-    def _screen_changes(self, name: str, keys: tuple[str, ...], converted: Converted) -> Converted:
-        """A mirror table's changes without a key value or a readable operation become rejects."""
-        try:
-            return mirror.screen(converted, keys, self.settings.cdc_field)
-        except ValueError as exc:  # the setting does not fit the table: stop the replica, saying so
-            raise ConfigError("iceberg.tables.cdc-field", self.settings.cdc_field,
-                              f"a field of the rows of mirror table {name} ({exc})") from None
-
-    async def _decode(self, name: str, target: Target | None, values: list[bytes], messages: Sequence[Any]) -> Converted:
-        """Decode against the table's schema (through the Debezium transform or the record
-        format; key and metadata columns around either), or with evolution against what the
-        data needs (agents/evolution.py): the records' Connect schemas say it (envelopes,
-        Debezium with schemas), else their values do; schema changes are proposed to the
-        coordinator."""
-        unit = self.settings.timestamp_unit_of(name)
-        if target is None:
-            return self.format.convert(messages, values, None, epoch_unit=unit)
-        schema, dbz = target.arrow_schema, self.debezium
-        rows = None if dbz is None else (
-            lambda s, grow: dbz.apply(values, [m.offset for m in messages], s, grow=grow))
-        if self.evolver is None:
-            return self.format.convert(messages, values, schema, epoch_unit=unit, decode_values=rows)
-        keep = identifier_paths(target.table)
-        frozen = frozenset(self.format.extras.names() | ({CDC_COLUMN} if dbz is not None else set()))
-        if self.format.envelope:  # each record states its schema
-            growth = self.evolver.growth(name, schema, keep, frozen)
-            out = growth.done(self.format.convert(
-                messages, values, growth.schema, epoch_unit=unit, grow=growth, decode_values=rows))
-        elif self.format.plain and dbz is None:
-            out = self.evolver.decode(name, schema, values, keep)
-        else:
-            out = self.evolver.decode(
-                name, schema, values, keep, frozen=frozen, infer=None if dbz is None else lambda: dbz.row_schema(values),
-                decode=lambda probe: self.format.convert(messages, values, probe, epoch_unit=unit, decode_values=rows))
-        if out.proposal is not None:
-            await self._propose(out.proposal)
-        return out.converted
 
     async def _propose(self, proposal: SchemaProposal) -> None:
         try:
@@ -399,7 +257,7 @@ class Ingest(WorkerState):
             return False
         self._missing.hold(st.tp, missing)
         self.app.consumer.pause_partitions([TP(st.tp.topic, st.tp.partition)])
-        self._update_paused()
+        self.update_paused()
         log.warning("%s: records from offset %d go to %s, which does not exist: the partition is held there "
                     "until it does (/status missing_tables)", st.tp, st.next_offset, ", ".join(missing))
         return True
@@ -497,17 +355,17 @@ class Ingest(WorkerState):
                 if st is None or not st.active:
                     continue  # its Resume seeks and resumes it
                 st.reseeking = True
-                owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
+                owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
                 self._owner.spawn(unless_moved(self._reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")
-        self._update_paused()
+        self.update_paused()
 
     async def _apply_backpressure(self) -> None:
-        if not self._backpressure:
-            self._backpressure = True
+        if not self.replica.backpressure:
+            self.replica.backpressure = True
             active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active]
             self.app.consumer.pause_partitions(active)
             log.info("buffers full (%d bytes): pausing %d partitions until the next round", self.buffers.nbytes, len(active))
-            self._update_paused()
+            self.update_paused()
         await self._request_commit()
 
     async def _request_commit(self) -> None:
@@ -525,22 +383,22 @@ class Ingest(WorkerState):
         while paused were skipped (on_events), and Faust silently drops the rest of a fetch
         for a partition paused while that fetch is handed out (Consumer.getmany checks the
         live set of active partitions), so the consumer's position is past them."""
-        if not self._backpressure or self.buffers.full:
+        if not self.replica.backpressure or self.buffers.full:
             return
         reading = [st for tp, st in self.buffers.partitions.items() if st.active and not self._missing.is_held(tp)]
         try:
-            await self._seek_all([(st, st.next_offset) for st in reading])
+            await self.ownership.seek_all([(st, st.next_offset) for st in reading])
         except Exception as exc:  # stay paused: _housekeeping tries again
             log.warning("seek before resuming failed (%s); partitions stay paused", exc)
             return
-        if not self._backpressure or self.buffers.full:
+        if not self.replica.backpressure or self.buffers.full:
             return
-        self._backpressure = False
+        self.replica.backpressure = False
         self._last_request = 0.0  # the next fill is a new request, not a repeat
         held = self._missing.is_held
         active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active and not held(tp)]
         self.app.consumer.resume_partitions(active)
-        self._update_paused()
+        self.update_paused()
 
     async def _check_backpressure(self) -> None:
         """Paused for full buffers: ask again while no round has come (the send failed, the
@@ -554,30 +412,3 @@ class Ingest(WorkerState):
         except Exception as exc:
             log.warning("commit request not sent (%s); retried", exc)
 
-
-def split_converted(converted: Converted, union: npt.NDArray[np.int64], names: Sequence[str],
-                    parts: Sequence[npt.NDArray[np.int64]]) -> dict[str, Converted]:
-    """One decode of the records ``union`` (ascending value indices, the disjoint ``parts`` of
-    ``names`` together) as each table's own: its rows in input order (slices of one sort, no
-    copy per table), their indices and its rejects counted within its own part, as
-    :meth:`Ingest._decode` of that part alone would give them."""
-    owner = np.empty(int(union[-1]) + 1 if len(union) else 0, dtype=np.int64)
-    for k, part in enumerate(parts):
-        owner[part] = k
-    row_values = union[converted.indices.to_numpy(zero_copy_only=False)]
-    row_owner = owner[row_values]
-    order = np.argsort(row_owner, kind="stable")
-    rows = converted.table.take(pa.array(order, pa.int64()))
-    counts = np.bincount(row_owner, minlength=len(names))
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    rejects: dict[int, list[Reject]] = {}
-    for r in converted.rejects:
-        value = int(union[r.index])
-        k = int(owner[value])
-        rejects.setdefault(k, []).append(dataclasses.replace(r, index=int(np.searchsorted(parts[k], value))))
-    out: dict[str, Converted] = {}
-    for k, name in enumerate(names):
-        start, count = int(starts[k]), int(counts[k])
-        local = np.searchsorted(parts[k], row_values[order[start:start + count]])
-        out[name] = Converted(rows.slice(start, count), pa.array(local, pa.int64()), tuple(rejects.get(k, ())))
-    return out

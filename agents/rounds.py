@@ -9,24 +9,35 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 from faust.types import TP
 
-from agents.buffer import Chunk, Snapshot
-from agents.deadletter import DeadLetterSendError
+import faust
+
+from agents.buffer import Buffers, Chunk, PartitionState, Snapshot
+from agents.deadletter import DeadLetterSendError, DeadLetters
+from agents.evolution import Evolver
+from agents.file_writer import FileWriter
 from agents.keys_files import write_keys_file
+from agents.missing import MissingTables
 from agents.mirror import collapse
-from agents.respond import send_response
+from agents.parts import Replica
+from agents.respond import Sender, send_response
 from agents.kafka import commit_offsets
-from agents.tasks import highwater, unless_moved
-from agents.worker_state import WorkerState
+from agents.tables import Target
+from agents.tasks import EpochGate, TaskOwner, highwater, unless_moved
+from agents.write_failures import WriteFailures
+from icesink.config import Settings
+from icesink.control import ControlReader
 from icesink.errors import ResponseSendError, WritesKeepFailing, is_retriable
 from icesink.protocol import CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
 from icesink.protocol.fences import worker_files_prefix, worker_prefix
 from icesink.faults import crash_point, die, should_crash
 from icesink.iceberg import to_file_info
+from icesink.metrics import Metrics
+from icesink.offload import Offload
 
 log = logging.getLogger(__name__)
 
@@ -56,49 +67,126 @@ def missing_files(paths: list[tuple[Any, str]]) -> list[str]:
     return out
 
 
-class Rounds(WorkerState):
-    """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
+class Owner(Protocol):
+    """What the responder needs of partition ownership (agents/ownership.py)."""
 
-    async def _control_loop(self) -> None:
+    def owns(self, st: PartitionState, generation: int) -> bool: ...
+
+    async def on_resume(self, ev: Resume) -> None: ...
+
+    async def on_rewind(self, ev: Rewind) -> None: ...
+
+
+class RoundHooks(Protocol):
+    """What the responder asks of the rest of the replica (the ingest, the lifecycle)."""
+
+    async def evolution_ready(self) -> Callable[[Chunk], bool] | None:
+        """Chunks whose tables can hold them (None: all), after reloading evolved tables."""
+
+    async def release_backpressure(self) -> None:
+        """The buffers shrank: resume reading if they were full."""
+
+    async def reseek_and_resume(self, st: PartitionState) -> None:
+        """Read ``st`` again from its next offset."""
+
+    def update_gauges(self) -> None: ...
+
+    def fail(self, exc: Exception, exit_code: int = 2) -> None:
+        """Stop the replica, saying why."""
+
+
+class Rounds:
+    """Answers the coordinator's rounds from the buffers (and writes early between them):
+    the control loop of a worker replica."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, replica: Replica, buffers: Buffers,
+                 targets: dict[str, Target], evolver: Evolver | None, files: FileWriter, offload: Offload,
+                 deadletters: DeadLetters, missing: MissingTables, app: faust.App, sender: Sender,
+                 tasks: TaskOwner, ownership: Owner, hooks: RoundHooks) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.replica = replica
+        self.buffers = buffers
+        self.targets = targets  # shared with the ingest, which loads and creates tables
+        self.evolver = evolver
+        self.files = files  # Spark's (icesink/app/files.py)
+        self.offload = offload
+        self.deadletters = deadletters
+        self.missing = missing
+        self.app = app
+        self.sender = sender
+        self.tasks = tasks
+        self.ownership = ownership
+        self.hooks = hooks
+        self.write_failures = WriteFailures(settings.write_failure_limit)
+        self.epochs = EpochGate(metrics)
+        self.lock = asyncio.Lock()  # one answer or early write at a time
+        self.spark_ready: asyncio.Future[None] | None = None  # the session's start (Worker._start)
+        self.open_round: str | None = None  # latest StartCommit without its CommitComplete
+        self.writing_early = False  # an early write is in flight
+        self.seq = 0
+
+    async def _spark_started(self) -> None:
+        assert self.spark_ready is not None, "Worker._start sets it before any round"
+        await self.spark_ready
+
+    def answer_open_round(self) -> None:
+        """Partitions became active during a round: answer it for them too."""
+        if self.open_round is not None:
+            self.tasks.spawn(self.respond(self.open_round), "respond")
+
+    async def warm_up(self) -> None:
+        """Once Spark's session started: a backlog read while it started is past the write-ahead
+        mark with no fetch left to notice; write it now rather than at its round. That write
+        warms the JVM up; without one, a warm-up does."""
+        try:
+            await self._spark_started()
+        except Exception:  # Worker.run raises it
+            return
+        self.maybe_write_early()
+        if not self.writing_early:
+            await self.offload.run(self.files.warm_up)
+
+    async def control_loop(self, reader: ControlReader) -> None:
         while True:
-            for offset, ev in await self.reader.read(1.0):
+            for offset, ev in await reader.read(1.0):
                 await self._on_control(offset, ev)
 
     async def _on_control(self, offset: int, ev: Any) -> None:
-        if not self._epochs.admit(offset, ev):  # from a coordinator that was replaced
+        if not self.epochs.admit(offset, ev):  # from a coordinator that was replaced
             return
         match ev:
             case Resume():
-                self._owner.spawn(self._on_resume(ev), "resume")
+                self.tasks.spawn(self.ownership.on_resume(ev), "resume")
             case StartCommit():
-                self._open_round = ev.commit_id
-                self._owner.spawn(self._respond(ev.commit_id), "respond")
+                self.open_round = ev.commit_id
+                self.tasks.spawn(self.respond(ev.commit_id), "respond")
             case CommitComplete():
-                if self._open_round == ev.commit_id:
-                    self._open_round = None
+                if self.open_round == ev.commit_id:
+                    self.open_round = None
                 await self._on_commit_complete(ev)
             case Rewind():
-                await self._on_rewind(ev)
+                await self.ownership.on_rewind(ev)
             case CommitToTable():
-                self._missing.committed_to(ev.table)  # a table dropped later is waited for (agents/missing.py)
+                self.missing.committed_to(ev.table)  # a table dropped later is waited for (agents/missing.py)
             case _:
                 pass
 
-    async def _respond(self, commit_id: str) -> None:
-        async with self._respond_lock:
+    async def respond(self, commit_id: str) -> None:
+        async with self.lock:
             # Mid-rebalance: answer once the new assignment is settled, never skip a round.
-            await self._rebalanced.wait()
-            await self._spark_ready
+            await self.replica.rebalanced.wait()
+            await self._spark_started()
             if (wait_s := self.write_failures.wait_s()) > 0:  # after a failed write: capped backoff
                 log.info("round %s not answered, data kept: %d writes failed in a row, retrying in %.0f s",
                          commit_id, self.write_failures.in_a_row, wait_s)
                 return
             try:
-                ready = await self._evolution_ready()
+                ready = await self.hooks.evolution_ready()
             except Exception as exc:  # the catalog is down: the data waits for the next round
                 log.error("round %s not answered, data kept: reloading tables failed: %s", commit_id, exc)
                 return
-            snap = self.buffers.take(self.generation, ready)
+            snap = self.buffers.take(self.replica.generation, ready)
             if not snap.ranges:
                 return
             try:  # at-least-once: dead letters are acknowledged before their offsets are reported
@@ -106,11 +194,11 @@ class Rounds(WorkerState):
             except DeadLetterSendError as exc:
                 log.error("round %s not answered, data kept for the next round: %s", commit_id, exc)
                 self.buffers.restore(snap)
-                self._settle_voided()
+                self.settle_voided()
                 return
             if self.deadletters.delivered:  # fault tests: letters out, their offsets not yet reported
                 crash_point(self.settings, "worker.after-dead-letters")
-            await self._release_backpressure()
+            await self.hooks.release_backpressure()
             response_id = str(uuid.uuid4())
             written: list[DataWritten] = []
             started = time.monotonic()
@@ -119,8 +207,8 @@ class Rounds(WorkerState):
             try:
                 tables = await self._arrow_tables(snap)
                 deleted = self._collapse_mirrors(tables)
-                self._seq += 1
-                prefix = self._file_prefixes(snap, f"{commit_id[:8]}-{self.worker_id}-{self._seq}")
+                self.seq += 1
+                prefix = self._file_prefixes(snap, f"{commit_id[:8]}-{self.replica.worker_id}-{self.seq}")
                 files = snap.written_files()  # written early: reported now, with their ranges
                 for name, infos in (await self._write_tables(tables, prefix)).items():
                     files[name] = files.get(name, ()) + infos
@@ -129,15 +217,15 @@ class Rounds(WorkerState):
                     if name in deleted:  # a mirror table: the keys whose committed rows go
                         keys_files = (await self.offload.run(write_keys_file, self.targets[name].table, deleted[name],
                                                              prefix(name)),)
-                    written.append(DataWritten(commit_id, response_id, self.worker_id, name, infos, keys_files))
+                    written.append(DataWritten(commit_id, response_id, self.replica.worker_id, name, infos, keys_files))
             except Exception as exc:
                 self.metrics.write_failures.inc()
                 self.buffers.restore(snap)
-                self._settle_voided()
+                self.settle_voided()
                 if not is_retriable(exc):  # every round would fail alike: stop loudly; nothing is committed
                     log.error("writing files for round %s failed with an error no retry mends; stopping the "
                               "replica (its partitions' data is read again by their next owner): %s", commit_id, exc)
-                    self.fail(exc)
+                    self.hooks.fail(exc)
                     return
                 log.error("writing files for round %s failed, data kept for the next round: %s", commit_id, exc)
                 self._write_failed(exc)
@@ -150,15 +238,15 @@ class Rounds(WorkerState):
             self._write_succeeded(check=True)
             sending = time.monotonic()
             try:  # DataWritten split to fit the control topic, then DataComplete
-                sent = await send_response(self.producer, written, lambda n: DataComplete(
-                    commit_id, response_id, self.worker_id, snap.generation, snap.ranges, n, self._valid_through_ms(),
+                sent = await send_response(self.sender, written, lambda n: DataComplete(
+                    commit_id, response_id, self.replica.worker_id, snap.generation, snap.ranges, n, self._valid_through_ms(),
                 ), lambda: crash_point(self.settings, "worker.mid-response"))
             except ResponseSendError as exc:
                 log.error("round %s not answered, data kept for the next round: %s", commit_id, exc)
                 self.buffers.restore(snap)
-                self._settle_voided()
+                self.settle_voided()
                 return
-            self._update_gauges()
+            self.hooks.update_gauges()
             log.info("round %s: answered %d partitions, %d rows in %d files (%d DataWritten; written in %.2f s, "
                      "sent in %.2f s)", commit_id, len(snap.ranges), snap.rows, sum(len(w.files) for w in written),
                      sent, wrote_s, time.monotonic() - sending)
@@ -184,7 +272,7 @@ class Rounds(WorkerState):
                       "that those files still exist failed: %s: %s", round_id, type(exc).__name__, exc)
             self.buffers.give_back(snap)
             self._delete_void({name: files for name, files in own.items() if files})
-            self._settle_voided()
+            self.settle_voided()
             self._write_failed(exc, check=True)  # capped backoff; the replica stops at write.failure-limit
             return False
         if not missing:
@@ -194,7 +282,7 @@ class Rounds(WorkerState):
                   "rows again", round_id, len(missing), missing[0])
         self.buffers.restore(snap)
         self._delete_void({name: files for name, files in own.items() if files})
-        self._settle_voided()
+        self.settle_voided()
         return False
 
     async def _arrow_tables(self, snap: Snapshot) -> dict[str, pa.Table]:
@@ -228,7 +316,7 @@ class Rounds(WorkerState):
         names = [name for name, data in tables.items() if data.num_rows]
         writes = [(self.targets[name].table, tables[name], f"{prefix(name)}-{i}") for i, name in enumerate(names)]
         results = await self.offload.run(
-            self.spark.write_many, writes, target_file_size_bytes=self.settings.target_file_size_bytes,
+            self.files.write_many, writes, target_file_size_bytes=self.settings.target_file_size_bytes,
         ) if writes else []
         out: dict[str, tuple[FileInfo, ...]] = {name: () for name in tables}  # a mirror's deletes alone: no file
         for name, written in zip(names, results, strict=True):
@@ -240,30 +328,31 @@ class Rounds(WorkerState):
 
     # Early writes ----------------------------------------------------------------------------
 
-    def _maybe_write_early(self) -> None:
+    def maybe_write_early(self) -> None:
         """Write buffered rows to data files before their round once they pass
         ``buffer.write-ahead-bytes``: a backlog's Spark writing then overlaps its reading, and
         its round has little left to write. One at a time, never beside a round's answer."""
         limit = self.settings.buffer_write_ahead_bytes
-        if (not limit or self.buffers.nbytes < limit or self._writing_early or self._respond_lock.locked()
-                or not self._rebalanced.is_set() or not self._spark_ready.done() or self.write_failures.wait_s()):
+        started = self.spark_ready is not None and self.spark_ready.done()
+        if (not limit or self.buffers.nbytes < limit or self.writing_early or self.lock.locked()
+                or not self.replica.rebalanced.is_set() or not started or self.write_failures.wait_s()):
             return
-        self._writing_early = True
-        self._owner.spawn(self._write_early(), "early write")
+        self.writing_early = True
+        self.tasks.spawn(self._write_early(), "early write")
 
     async def _write_early(self) -> None:
         try:
-            async with self._respond_lock:
+            async with self.lock:
                 if self.buffers.nbytes < self.settings.buffer_write_ahead_bytes:
                     return  # a round took them meanwhile
-                stage = self.buffers.stage(self.generation, self._early_ready())
+                stage = self.buffers.stage(self.replica.generation, self._early_ready())
                 if not stage.ranges:
                     return
-                await self._release_backpressure()
+                await self.hooks.release_backpressure()
                 started = time.monotonic()
-                self._seq += 1
+                self.seq += 1
                 try:
-                    name = f"early-{uuid.uuid4().hex[:8]}-{self.worker_id}-{self._seq}"
+                    name = f"early-{uuid.uuid4().hex[:8]}-{self.replica.worker_id}-{self.seq}"
                     files = await self._write_tables(await self._arrow_tables(stage), self._file_prefixes(stage, name))
                 except asyncio.CancelledError:  # stopping: the rows go back, as after a failure
                     self.buffers.unstage(stage)
@@ -271,11 +360,11 @@ class Rounds(WorkerState):
                 except Exception as exc:
                     self.metrics.write_failures.inc()
                     self.buffers.unstage(stage)
-                    self._settle_voided()
+                    self.settle_voided()
                     if not is_retriable(exc):
                         log.error("an early write failed with an error no retry mends; stopping the replica "
                                   "(its partitions' data is read again by their next owner): %s", exc)
-                        self.fail(exc)
+                        self.hooks.fail(exc)
                     else:
                         log.error("an early write failed, its rows stay buffered for their round: %s", exc)
                         self._write_failed(exc)
@@ -287,14 +376,14 @@ class Rounds(WorkerState):
                 self.metrics.early_writes.labels(outcome="landed" if landed else "void").inc()
                 if landed is None:
                     self._delete_void(files)
-                self._settle_voided()
-                self._update_gauges()
+                self.settle_voided()
+                self.hooks.update_gauges()
                 log.info("early write: %d rows of %d partitions in %d files, %.2f s%s", stage.rows, len(stage.ranges),
                          sum(len(f) for f in files.values()), time.monotonic() - started,
                          "" if landed else " (void: a partition moved meanwhile; files deleted)")
         finally:
-            self._writing_early = False
-        self._maybe_write_early()  # what came in meanwhile may be past the mark already
+            self.writing_early = False
+        self.maybe_write_early()  # what came in meanwhile may be past the mark already
 
     def _write_failed(self, exc: Exception, *, check: bool = False) -> None:
         """Count a failed write, or (``check``) existence check of early files
@@ -302,9 +391,9 @@ class Rounds(WorkerState):
         in a row the replica stops with exit code 2."""
         give_up = self.write_failures.failed(exc, check=check)
         self.metrics.write_failures_in_a_row.set(self.write_failures.in_a_row)
-        self.status["write_failures"] = self.write_failures.status()
+        self.replica.status["write_failures"] = self.write_failures.status()
         if give_up:
-            self.fail(WritesKeepFailing(f"{self.write_failures.reason()}; stopping the replica (its partitions' "
+            self.hooks.fail(WritesKeepFailing(f"{self.write_failures.reason()}; stopping the replica (its partitions' "
                                         f"data is read again by their next owner)"))
 
     def _write_succeeded(self, *, check: bool = False) -> None:
@@ -315,7 +404,7 @@ class Rounds(WorkerState):
                 return  # a write does not clear a failing existence check
             log.info("writing files succeeded again after %d failed writes", failed)
             self.metrics.write_failures_in_a_row.set(0)
-            self.status.pop("write_failures", None)
+            self.replica.status.pop("write_failures", None)
 
     def _early_ready(self) -> Callable[[Chunk], bool]:
         """Chunks an early write may take: no mirror table (a round collapses its changes by
@@ -330,7 +419,7 @@ class Rounds(WorkerState):
 
         return ready
 
-    def _settle_voided(self) -> None:
+    def settle_voided(self) -> None:
         """After the buffers dropped data: delete written files no round will report, and seek
         the partitions that read them again back to where those files began."""
         voided, reseek = self.buffers.take_voided()
@@ -347,13 +436,13 @@ class Rounds(WorkerState):
             st = self.buffers.partitions.get(tp)
             if st is not None and st.active:
                 log.info("%s: written files voided, reading again from offset %d", tp, st.next_offset)
-                owned = lambda st=st, g=self.generation: self._owns(st, g)  # noqa: E731
-                self._owner.spawn(unless_moved(self._reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")
+                owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
+                self.tasks.spawn(unless_moved(self.hooks.reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")
 
     def _delete_void(self, files: dict[str, tuple[FileInfo, ...]]) -> None:
         tables = {name: self.targets[name].table for name in files if name in self.targets}
         paths = [(tables[name], f.path) for name, infos in files.items() if name in tables for f in infos]
-        self._owner.spawn(self.offload.run(delete_files, paths), "delete void files")
+        self.tasks.spawn(self.offload.run(delete_files, paths), "delete void files")
 
     def _collapse_mirrors(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         """Mirror tables' changes collapsed by key (agents/mirror.py), in place: each key's
@@ -394,4 +483,4 @@ class Rounds(WorkerState):
                 await commit_offsets(self.app, offsets)
             except Exception as exc:  # a hint only; the truth is in the snapshot summaries
                 log.warning("consumer group offset commit failed: %s", exc)
-        self.status.update(last_commit_id=ev.commit_id, valid_through_ms=ev.valid_through_ms)
+        self.replica.status.update(last_commit_id=ev.commit_id, valid_through_ms=ev.valid_through_ms)

@@ -10,12 +10,14 @@ Faust leader also runs the coordinator: the composition root (icesink/app/cli.py
 file writer as ``files`` (agents/file_writer.py), so agents/ imports neither coordinator/ nor
 spark_bridge/.
 
-The replica's concerns live in their own modules, mixed into :class:`Worker` (one state):
+The replica's concerns live in their own modules; :class:`Worker` builds the parts and wires
+them (state several parts read: :class:`agents.parts.Replica`):
 
+- ``agents/ownership.py``: rebalances, claims, Resume and Rewind (a part: ``Worker.ownership``);
 - ``agents/faust_app.py``: the Faust app, its agent and the patches it runs with;
-- ``agents/ownership.py``: rebalances, claims, Resume and Rewind;
 - ``agents/ingest.py``: fetched records to Arrow buffers, backpressure;
-- ``agents/rounds.py``: the control loop, answering rounds, consumer offsets after CommitComplete;
+- ``agents/rounds.py``: the control loop, answering rounds, consumer offsets after CommitComplete
+  (a part: ``Worker.rounds``);
 - here: the lifecycle (start, status, stop), the coordinator's supervision, housekeeping.
 """
 
@@ -31,26 +33,28 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import faust
 from pyiceberg.catalog import Catalog
 
-from agents.buffer import Buffers
+from agents.buffer import Buffers, Chunk, PartitionState
 from agents.deadletter import DeadLetters
 from agents.debezium import DebeziumTransform
 from agents.evolution import Evolver
 from agents.faust_app import FaustApp
 from agents.file_writer import FileWritingFactory
 from agents.formats import RecordFormat
-from agents.ingest import Ingest
+from agents.decode import BatchDecoder
+from agents.ingest import Ingest, StallProbe
 from agents.missing import MissingTables
 from agents.ownership import Ownership
+from agents.parts import Replica
 from agents.rounds import Rounds
 from agents.routing import Router
 from agents.tables import Target, load_target
-from agents.tasks import EpochGate, TaskOwner, highwater, supervise_coordinator
-from agents.write_failures import WriteFailures
+from agents.tasks import TaskOwner, highwater, supervise_coordinator
 from icesink import gc_tuning
 from icesink.config import Settings
 from icesink.control import ControlProducer, ControlReader, ensure_control_topic
@@ -64,9 +68,6 @@ from icesink.offload import Offload
 from icesink.signing import Keyring
 
 log = logging.getLogger(__name__)
-
-CLAIM_RETRY_S = 15.0
-
 
 class Leader(Protocol):
     """What the group's leading replica runs beside its worker (the coordinator)."""
@@ -88,7 +89,7 @@ class LeaderFactory(Protocol):
                  offload: Offload, metrics: Metrics, rewrite: Any = None) -> Leader: ...
 
 
-class Worker(FaustApp, Ownership, Ingest, Rounds):
+class Worker(FaustApp, Ingest):
     def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics, *, files: FileWritingFactory,
                  leader: LeaderFactory | None = None) -> None:
         """``files``: makes this replica's file writer and compaction's rewrite with it (the
@@ -119,28 +120,25 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         writing = files(settings, self.worker_id)  # the writer the app chose (icesink/app/files.py)
         self.spark = writing.writer
         self._rewrite_files = writing.rewrite
-        self.write_failures = WriteFailures(settings.write_failure_limit)
-        self.generation = -1
-        self.member_id: str | None = None
-        self.status: dict[str, Any] = {"worker": self.worker_id, "phase": "starting"}
+        self.replica = Replica(self.worker_id, {"worker": self.worker_id, "phase": "starting"})
+        self.status = self.replica.status
         self.exit_code = 0  # of the process, once run() returns
-        self._stop = asyncio.Event()
-        self._rebalanced = asyncio.Event()
+        self._stop = self.replica.stop
         self._owner = TaskOwner(lambda exc: self.fail(exc, exit_code=1))  # every background task, the coordinator too
-        self._epochs = EpochGate(metrics)
-        self._respond_lock = asyncio.Lock()
         self._coordinator: Leader | None = None
         self._coordinator_task: asyncio.Task[None] | None = None
-        self._open_round: str | None = None  # latest StartCommit without its CommitComplete
-        self._claimed_at: dict[TopicPartition, float] = {}
-        self._progress: dict[TopicPartition, tuple[int, int | None, float, bool]] = {}  # stall probes (ingest)
-        self._fanout = None  # decode a fan-out once (ingest)
-        self._backpressure = False
+        self._progress: dict[TopicPartition, StallProbe] = {}  # stall probes (ingest)
         self._last_request = 0.0
-        self._writing_early = False  # an early write is in flight (agents/rounds.py)
-        self._seq = 0
         self._faust_worker: faust.Worker | None = None  # once created (agents/faust_app.py)
+        self.decoder = BatchDecoder(settings, self.format, self.router, self.debezium, self.evolver, self.targets,
+                                    self._propose)
         self.app = self._make_app()
+        self.ownership = Ownership(settings.topics, self.replica, self.buffers, self._missing, self.app,
+                                   self.send, self._owner, hooks=self)
+        self.ownership.connect()
+        self.rounds = Rounds(settings, metrics, self.replica, self.buffers, self.targets, self.evolver, self.spark,
+                             self.offload, self.deadletters, self._missing, self.app, self, self._owner,
+                             self.ownership, hooks=self)
 
     async def run(self, stop_requested: threading.Event | None = None) -> None:
         """Start everything, run until SIGTERM/SIGINT (or :meth:`request_stop`), stop within
@@ -179,10 +177,10 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         await self.deadletters.start(self.bootstrap)
         # In a daemon thread: a session slower to start than the shutdown bound holds neither a
         # stop nor the process's exit.
-        spark_started = self._spark_ready = asyncio.ensure_future(self.offload.run_detached(self._start_spark))
+        spark_started = self.rounds.spark_ready = asyncio.ensure_future(self.offload.run_detached(self._start_spark))
         # Warming the JVM up as soon as it runs (overlapping the catalog, Faust's start and the
         # group's join) holds neither start-up nor a stop; rounds may write meanwhile.
-        self._owner.spawn(self._warm_up_spark(), "spark warm-up")
+        self._owner.spawn(self.rounds.warm_up(), "spark warm-up")
         self.catalog = await self.offload.run(load_catalog, self.settings)
         # before any event is sent or read; has_run: where signing began for a group that ran unsigned
         await self.secret.load(self.catalog, self.offload, self._group_has_run)
@@ -194,7 +192,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         if absent and not self.settings.auto_create and await self._group_has_run():
             for name in absent:  # shown and looked up from now; a first start refuses at its first record
                 self._wait_for(name)
-        self._owner.spawn(self._control_loop(), "control")
+        self._owner.spawn(self.rounds.control_loop(self.reader), "control")
         self._owner.spawn(self._housekeeping(), "housekeeping")
         await self._start_faust()
         await spark_started
@@ -207,17 +205,6 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         hold_point_blocking(self.settings, "worker.spark-start")  # fault tests only: a slow start
         self.spark.start()
 
-    async def _warm_up_spark(self) -> None:
-        try:
-            await self._spark_ready
-        except Exception:  # run() raises it
-            return
-        # A backlog read while the session started is past the write-ahead mark with no fetch
-        # left to notice: write it now rather than at its round. That write warms the JVM.
-        self._maybe_write_early()
-        if not self._writing_early:
-            await self.offload.run(self.spark.warm_up)
-
     def status_report(self) -> dict[str, Any]:
         """For /status (read from the HTTP thread: copies only)."""
         out = dict(self.status)
@@ -227,7 +214,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         }
         out["buffered"] = {"rows": self.buffers.rows, "bytes": self.buffers.nbytes,
                            "written_ahead_rows": self.buffers.written_rows,
-                           "fetched_bytes": self.buffers.fetched_bytes, "backpressure": self._backpressure}
+                           "fetched_bytes": self.buffers.fetched_bytes, "backpressure": self.replica.backpressure}
         out["missing_tables"] = self._missing.status()
         coordinator = self._coordinator if self._coordinator_task is not None else None
         out["coordinator"] = dict(coordinator.status) if coordinator is not None else None
@@ -282,7 +269,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         self.offload.close()
         log.info("worker %s stopped in %.1fs", self.worker_id, time.monotonic() - started)
 
-    async def _supervise_coordinator(self) -> None:
+    async def supervise_coordinator(self) -> None:
         """Start the coordinator when this replica leads, stop it when it no longer does; a
         stopping replica (its coordinator draining, docs/commits.md) never starts one."""
         leader = self.app.is_leader() and self._leader is not None
@@ -296,7 +283,7 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
 
     async def _run_coordinator(self) -> None:
         """One coordinator run (agents/tasks.py restarts it after an unexpected error)."""
-        assert self._leader is not None  # only started with one (_supervise_coordinator)
+        assert self._leader is not None  # only started with one (supervise_coordinator)
         self._coordinator = self._leader(self.settings, self.bootstrap, self.producer, self.catalog, self.offload,
                                          self.metrics, rewrite=self._rewrite)
         try:
@@ -329,19 +316,36 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
         while True:
             await asyncio.sleep(2.0)
             now = time.monotonic()
-            stale = [tp for tp, at in self._claimed_at.items() if now - at > CLAIM_RETRY_S
-                     and tp in self.buffers.partitions and not self.buffers.partitions[tp].active]
-            if stale and self._rebalanced.is_set():
-                log.info("no Resume for %s yet; claiming again", ",".join(map(str, stale)))
-                await self._send_claim(stale)
+            await self.ownership.reclaim_stale(now)
             await self.secret.maybe_reload(self.catalog, self.offload)
-            if self._backpressure:
+            if self.replica.backpressure:
                 await self._check_backpressure()
             self._check_stalls(now)
             await self._look_for_missing()
-            self._update_gauges()
+            self.update_gauges()
 
-    def _update_gauges(self) -> None:
+    async def send(self, event: Any) -> int:
+        """An event on the control topic (agents/respond.py Sender)."""
+        return await self.producer.send(event)
+
+    # OwnershipHooks (agents/ownership.py) and RoundHooks (agents/rounds.py) --------------------
+
+    def settle_voided(self) -> None:
+        self.rounds.settle_voided()
+
+    def answer_open_round(self) -> None:
+        self.rounds.answer_open_round()
+
+    async def evolution_ready(self) -> Callable[[Chunk], bool] | None:
+        return await self._evolution_ready()
+
+    async def release_backpressure(self) -> None:
+        await self._release_backpressure()
+
+    async def reseek_and_resume(self, st: PartitionState) -> None:
+        await self._reseek_and_resume(st)
+
+    def update_gauges(self) -> None:
         self.metrics.buffered_rows.set(self.buffers.rows)
         self.metrics.buffered_bytes.set(self.buffers.nbytes)
         self.metrics.written_ahead_rows.set(self.buffers.written_rows)
@@ -352,9 +356,9 @@ class Worker(FaustApp, Ownership, Ingest, Rounds):
                 if hw is not None:
                     self.metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, hw - st.next_offset))
 
-    def _update_paused(self) -> None:
+    def update_paused(self) -> None:
         paused = sum(1 for tp, st in self.buffers.partitions.items() if not st.active or self._missing.is_held(tp))
-        if self._backpressure:
+        if self.replica.backpressure:
             paused = len(self.buffers.partitions)
         self.metrics.paused_partitions.set(paused)
 

@@ -11,30 +11,32 @@ from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 if TYPE_CHECKING:
     import faust
-    import pyarrow as pa
     from pyiceberg.catalog import Catalog
 
     from agents.buffer import Buffers, Chunk, PartitionState
-    from agents.convert import EpochUnit
     from agents.deadletter import DeadLetters
+    from agents.decode import BatchDecoder
     from agents.debezium import DebeziumTransform
     from agents.evolution import Evolver
     from agents.file_writer import FileWriter
     from agents.formats import RecordFormat
+    from agents.ingest import StallProbe
     from agents.missing import MissingTables
+    from agents.ownership import Ownership
+    from agents.parts import Replica
+    from agents.rounds import Rounds
     from agents.routing import Router
     from agents.kafka import Fetched
     from agents.tables import Target
-    from agents.tasks import EpochGate, TaskOwner
-    from agents.write_failures import WriteFailures
+    from agents.tasks import TaskOwner
     from icesink.config import Settings
     from icesink.control import ControlProducer, ControlReader
     from icesink.group_secret import SecretLoader
-    from icesink.protocol import Resume, Rewind, TopicPartition
+    from icesink.protocol import TopicPartition
     from icesink.metrics import Metrics
     from icesink.offload import Offload
 
@@ -56,49 +58,27 @@ class WorkerState:
     router: Router
     evolver: Evolver | None
     spark: FileWriter  # Spark's (icesink/app/files.py)
-    write_failures: WriteFailures
-    generation: int
-    member_id: str | None
     status: dict[str, Any]
+    replica: Replica  # generation, backpressure, ... (agents/parts.py)
+    ownership: Ownership
+    rounds: Rounds
     app: faust.App
     producer: ControlProducer
     reader: ControlReader
     secret: SecretLoader  # the group's key (icesink/group_secret.py)
     catalog: Catalog
     _stop: asyncio.Event
-    _rebalanced: asyncio.Event
     _owner: TaskOwner
-    _epochs: EpochGate
-    _respond_lock: asyncio.Lock
-    _spark_ready: asyncio.Future[None]
     _faust_worker: faust.Worker | None
-    _open_round: str | None
-    _claimed_at: dict[TopicPartition, float]
-    _progress: dict[TopicPartition, tuple[int, int | None, float, bool]]  # stall probes (ingest)
-    _fanout: tuple[pa.Schema, EpochUnit, dict[str, Target]] | None  # decode a fan-out once (ingest)
-    _backpressure: bool
+    _progress: dict[TopicPartition, StallProbe]  # stall probes (ingest)
+    decoder: BatchDecoder  # agents/decode.py
     _last_request: float
-    _writing_early: bool
-    _seq: int
 
     if TYPE_CHECKING:
         # agents/worker.py
         def fail(self, exc: Exception, exit_code: int = 2) -> None: ...
-        def _update_gauges(self) -> None: ...
-        def _update_paused(self) -> None: ...
-        async def _supervise_coordinator(self) -> None: ...
-
-        # agents/ownership.py
-        async def _on_revoked(self, sender: Any, revoked: set[Any], **_: Any) -> None: ...
-        async def _on_assigned(self, sender: Any, assigned: set[Any], **_: Any) -> None: ...
-        async def _on_rebalance_complete(self, sender: Any, **_: Any) -> None: ...
-        def _hold_paused_partitions(self) -> None: ...
-        async def _send_claim(self, tps: Sequence[TopicPartition]) -> None: ...
-        async def _on_resume(self, ev: Resume) -> None: ...
-        async def _on_rewind(self, ev: Rewind) -> None: ...
-        def _owns(self, st: PartitionState, generation: int) -> bool: ...
-        async def _seek(self, st: PartitionState, offset: int) -> None: ...
-        async def _seek_all(self, targets: list[tuple[PartitionState, int]]) -> None: ...
+        def update_gauges(self) -> None: ...
+        def update_paused(self) -> None: ...
 
         # agents/ingest.py
         async def on_fetch(self, fetched: Fetched) -> None: ...
@@ -111,8 +91,3 @@ class WorkerState:
         async def _group_has_run(self) -> bool: ...
         async def _committed_tables(self) -> set[str] | None: ...
         async def _look_for_missing(self) -> None: ...
-
-        # agents/rounds.py
-        async def _respond(self, commit_id: str) -> None: ...
-        def _maybe_write_early(self) -> None: ...
-        def _settle_voided(self) -> None: ...

@@ -5,7 +5,7 @@ Feeds ``--records`` pizza events, each with a route field naming one of ``--tabl
 tables (as ``ingest_bench.py --tables`` does; Kafka metadata columns on), through
 ``Worker._buffer`` in fetches of ``--fetch`` records, with the tables already created: once as
 the worker does it (a fan-out decoded once and routed by the decoded column,
-``agents/ingest.py``, ``_decode_fanout``) and once the usual way (the router reads every record
+``agents/decode.py``, ``BatchDecoder.decode_fanout``) and once the usual way (the router reads every record
 for its route field, then one shared decode), alternating; then the round's rows per table are
 taken as a round takes them (``Snapshot.tables``). Prints the process CPU per record of each run
 and the medians. No broker, Spark or catalog: the rows are only counted. Nothing is asserted;
@@ -33,6 +33,7 @@ from agents.buffer import Buffers
 from agents.deadletter import DeadLetters
 from agents.formats import RecordFormat
 from agents.routing import Router
+from agents.decode import BatchDecoder
 from agents.worker import Worker
 from bench.ingest_bench import ROUTE_FIELD, routed
 from icesink.app.pizzas import pizza_values
@@ -68,12 +69,13 @@ def worker(tables: int, sample: list[bytes], read_once: bool) -> Any:
     target = SimpleNamespace(arrow_schema=schema_to_pyarrow(schema), keys=None)
     for name, value in dict(
         settings=settings, metrics=metrics, buffers=Buffers(1 << 40), deadletters=DeadLetters(settings, metrics, "w1"),
-        router=Router(settings), format=fmt, debezium=None, evolver=None, _fanout=None,
+        router=Router(settings), format=fmt, debezium=None, evolver=None,
         targets={f"bench.t{i:03d}": target for i in range(tables)},
     ).items():
         setattr(w, name, value)
+    w.decoder = BatchDecoder(settings, fmt, w.router, None, None, w.targets, w._propose)
     if not read_once:
-        w._decode_fanout = lambda *_: None
+        w.decoder.decode_fanout = lambda *_: None
     w.buffers.claim(TP, 1)
     w.buffers.resume(TP, 0, now=0.0)
     return w

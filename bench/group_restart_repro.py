@@ -87,6 +87,15 @@ async def _member(args: argparse.Namespace) -> None:
     class Member(Worker):
         """The real worker's Faust app and shutdown; no Spark, catalog or control topic."""
 
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            own, app = self.ownership, self.app  # its receivers give way to the reports (no claims)
+            for sig, real, mine in ((app.on_partitions_revoked, own.on_revoked, self._on_revoked),
+                                    (app.on_partitions_assigned, own.on_assigned, self._on_assigned),
+                                    (app.on_rebalance_complete, own.on_rebalance_complete, self._on_rebalance_complete)):
+                sig.disconnect(real)
+                sig.connect(mine)
+
         async def _on_revoked(self, sender: Any, revoked: set[Any], **_: Any) -> None:
             _report("revoked", partitions=sorted(t.partition for t in revoked if t.topic == TOPIC))
 

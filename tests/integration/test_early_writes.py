@@ -147,7 +147,7 @@ def test_a_worker_killed_after_an_early_write_loses_nothing(broker, catalog_prop
     its files are named by no event, so nothing commits them; the restarted replica reads the
     partitions again from the accepted position. Every key exactly once. The backlog is there
     before the replica starts: what is read before its Spark session is up is written as soon
-    as it is (Worker._warm_up_spark), not left for the round."""
+    as it is (Rounds.warm_up), not left for the round."""
     from pyiceberg.catalog import load_catalog
 
     from icesink.app.replicas import ReplicaSet

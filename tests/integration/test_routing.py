@@ -124,7 +124,7 @@ def test_dynamic_routing_to_200_tables(broker, catalog_props, tmp_path: Path) ->
         r = replicas.start("solo")
         deadline = time.monotonic() + 600
         # The second wave finds every table created: the worker reads its fetches once for all
-        # 200 tables (agents/ingest.py, _decode_fanout); the first decodes them the usual way.
+        # 200 tables (agents/decode.py, BatchDecoder.decode_fanout); the first decodes them the usual way.
         for ids in (range(per_table - 20), range(per_table - 20, per_table)):
             asyncio.run(produce(broker.bootstrap, topic, wave(ids), partitions=2))
             while True:

@@ -17,8 +17,11 @@ from agents.routing import Router
 from agents.kafka.source_consumer import Fetched
 from agents.tables import Target
 from agents.tasks import TaskOwner
+from agents.decode import BatchDecoder
+from agents.ownership import Ownership
+from agents.parts import Replica
+from agents.rounds import Rounds
 from agents.worker import Worker
-from agents.write_failures import WriteFailures
 from icesink.config import build
 from icesink.protocol import CommitRequest, TopicPartition
 from icesink.metrics import Metrics
@@ -61,7 +64,6 @@ class Producer:
 def make_worker(max_bytes: int) -> Worker:
     w = Worker.__new__(Worker)
     w.worker_id = "w1"
-    w.write_failures = WriteFailures(5)
     w.settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
     w.evolver = None
     w.metrics = Metrics()
@@ -73,10 +75,14 @@ def make_worker(max_bytes: int) -> Worker:
     w.targets = {TABLE: Target(TABLE, None, pa.schema([("id", pa.int64())]))}
     w.app = SimpleNamespace(consumer=Consumer())
     w.producer = Producer()
-    w._backpressure = False
     w._last_request = 0.0
-    w._fanout = None
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     w._missing = MissingTables()
+    w.replica = Replica(w.worker_id, {})
+    w.ownership = Ownership([P.topic], w.replica, w.buffers, w._missing, w.app, w.producer.send,
+                            TaskOwner(lambda exc: None), hooks=w)
+    w.rounds = Rounds(w.settings, w.metrics, w.replica, w.buffers, w.targets, None, SimpleNamespace(), Offload(),
+                      w.deadletters, w._missing, w.app, w.producer, TaskOwner(lambda exc: None), w.ownership, hooks=w)
     w.buffers.claim(P, 1)
     w.buffers.resume(P, 0, now=0.0)
     return w
@@ -97,7 +103,7 @@ def test_full_buffers_pause_ask_once_and_stop_growing():
 
     async def run():
         await w.on_fetch(batch(0, 20))
-        assert w._backpressure and w.buffers.full and w.buffers.rows == 20
+        assert w.replica.backpressure and w.buffers.full and w.buffers.rows == 20
         assert ("pause", [FP]) in w.app.consumer.calls
         assert len(requests(w)) == 1 and requests(w)[0].buffered_bytes == w.buffers.nbytes
         # Records still in flight after the pause are not taken: the buffers stay as they are.
@@ -116,19 +122,19 @@ def test_a_round_resumes_where_the_buffer_ends_and_the_next_fill_asks_at_once():
     async def run():
         await w.on_fetch(batch(0, 20))
         await w.on_fetch(batch(20, 40))  # skipped while paused
-        w.buffers.take(1)  # a round takes the buffers (Worker._respond) ...
+        w.buffers.take(1)  # a round takes the buffers (Rounds.respond) ...
         await w._release_backpressure()  # ... and releases them
         calls = w.app.consumer.calls
         # Seek back to the end of the buffer (records 20..39 were skipped, and Faust drops
         # the rest of a fetch for a partition paused mid-way) before resuming.
         assert calls[-2:] == [("seek", {FP: 20}), ("resume", [FP])]
-        assert not w._backpressure
+        assert not w.replica.backpressure
         await w.on_fetch(batch(20, 40))
         assert w.buffers.rows == 20 and w.buffers.partitions[P].next_offset == 40
         # Full again within REQUEST_EVERY_S of the first request: asked at once. (It used to
         # be rate-limited; with partitions paused no batch came to ask again: stalled until
         # the commit interval.)
-        assert w._backpressure and len(requests(w)) == 2
+        assert w.replica.backpressure and len(requests(w)) == 2
 
     asyncio.run(run())
 
@@ -146,7 +152,7 @@ def test_housekeeping_asks_again_while_full_and_resumes_when_no_longer_full(monk
         w.buffers.rewind(P)  # the buffers shrink without a round (rejected response)
         w.buffers.resume(P, 0, now=time.monotonic())
         await w._check_backpressure()
-        assert not w._backpressure and w.app.consumer.calls[-2:] == [("seek", {FP: 0}), ("resume", [FP])]
+        assert not w.replica.backpressure and w.app.consumer.calls[-2:] == [("seek", {FP: 0}), ("resume", [FP])]
 
     asyncio.run(run())
 
@@ -159,10 +165,10 @@ def test_a_failed_seek_keeps_partitions_paused():
         w.buffers.take(1)
         w.app.consumer.fail_seek = True
         await w._release_backpressure()
-        assert w._backpressure and not any(c[0] == "resume" for c in w.app.consumer.calls)
+        assert w.replica.backpressure and not any(c[0] == "resume" for c in w.app.consumer.calls)
         w.app.consumer.fail_seek = False
         await w._check_backpressure()  # housekeeping tries again
-        assert not w._backpressure and w.app.consumer.calls[-1] == ("resume", [FP])
+        assert not w.replica.backpressure and w.app.consumer.calls[-1] == ("resume", [FP])
 
     asyncio.run(run())
 
@@ -172,15 +178,13 @@ def early_writing_worker() -> Worker:
     w = make_worker(max_bytes=10**9)
     w.settings = build({"topics": P.topic, "iceberg.tables": TABLE, "buffer.write-ahead-bytes": 1024},
                        warn_unknown=False)
-    w.generation = 1
-    w._respond_lock = asyncio.Lock()
-    w._seq = 0
-    w._writing_early = False
+    w.rounds.settings = w.settings
+    w.replica.generation = 1
 
     async def arrow(snap):
         return snap.tables()
 
-    w._arrow_tables = arrow
+    w.rounds._arrow_tables = arrow
     return w
 
 
@@ -194,12 +198,12 @@ def test_an_early_write_cancelled_mid_way_gives_its_rows_back():
         started.set()
         await asyncio.sleep(3600)
 
-    w._write_tables = write_forever
+    w.rounds._write_tables = write_forever
 
     async def go():
-        w._rebalanced = asyncio.Event()  # not set: on_fetch starts no early write itself
+        w.replica.rebalanced = asyncio.Event()  # not set: on_fetch starts no early write itself
         await w.on_fetch(batch(0, 500))
-        task = asyncio.ensure_future(Worker._write_early(w))
+        task = asyncio.ensure_future(w.rounds._write_early())
         await started.wait()
         assert w.buffers.rows == 0  # staged
         task.cancel()
@@ -223,19 +227,19 @@ def test_a_backlog_read_before_spark_started_is_written_early_once_it_has():
         written.append(sum(t.num_rows for t in tables.values()))
         return {}
 
-    w._write_tables = write
-    w._owner = TaskOwner(failures.append)
-    w.offload = Offload()
-    w.spark = SimpleNamespace(warm_up=lambda: warmed.append(True))
+    w.rounds._write_tables = write
+    w._owner = w.rounds.tasks = TaskOwner(failures.append)
+    w.offload = w.rounds.offload = Offload()
+    w.rounds.files = SimpleNamespace(warm_up=lambda: warmed.append(True))
 
     async def go():
-        w._rebalanced = asyncio.Event()
-        w._rebalanced.set()
-        w._spark_ready = asyncio.get_running_loop().create_future()  # starting
+        w.replica.rebalanced = asyncio.Event()
+        w.replica.rebalanced.set()
+        w.rounds.spark_ready = asyncio.get_running_loop().create_future()  # starting
         await w.on_fetch(batch(0, 500))
         assert not written and w.buffers.rows == 500  # no session yet: no early write
-        w._spark_ready.set_result(None)
-        await Worker._warm_up_spark(w)
+        w.rounds.spark_ready.set_result(None)
+        await w.rounds.warm_up()
         deadline = time.monotonic() + 5
         while len(w._owner) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

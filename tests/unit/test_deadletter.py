@@ -23,6 +23,11 @@ from agents.deadletter import (
     H_FIELD, H_MESSAGE, H_OFFSET, H_PARTITION, H_REASON, H_TABLE, H_TOPIC, H_VALUE_OMITTED,
     DeadLetters, DeadLetterSendError, kind_of, screen,
 )
+from agents.decode import BatchDecoder
+from agents.parts import Replica
+from agents.rounds import Rounds
+from agents.tasks import TaskOwner
+from icesink.offload import Offload
 from agents.worker import Worker
 from icesink.config import build
 from icesink.errors import ConfigError, DataError
@@ -264,10 +269,14 @@ def worker_stub(tmp_path, producer, **extra: Any) -> Any:
         settings=s, metrics=metrics, buffers=Buffers(10**9),
         targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA, keys=None)},
         deadletters=DeadLetters(s, metrics, "w1", producer=producer),
-        router=Router(s), format=RecordFormat(s), debezium=None, evolver=None, _fanout=None,
-        write_failures=WriteFailures(5), _missing=MissingTables(),
+        router=Router(s), format=RecordFormat(s), debezium=None, evolver=None,
+        write_failures=WriteFailures(5), _missing=MissingTables(), replica=Replica("w1", {}),
     ).items():
         setattr(stub, name, value)
+    stub.decoder = BatchDecoder(s, stub.format, stub.router, None, None, stub.targets, stub._propose)
+    stub.rounds = Rounds(s, metrics, stub.replica, stub.buffers, stub.targets, None, SimpleNamespace(), Offload(),
+                         stub.deadletters, stub._missing, SimpleNamespace(), producer, TaskOwner(lambda exc: None),
+                         ownership=None, hooks=stub)
     stub.buffers.claim(TP, 1)
     stub.buffers.resume(TP, 0, now=0.0)
     return stub
@@ -327,36 +336,32 @@ class LateAcks(FakeProducer):
 
 
 def responder(tmp_path, dlq_producer) -> Any:
-    """A worker stub able to run Worker._respond for a batch holding no rows (so no Spark)."""
+    """A worker stub able to run Rounds.respond for a batch holding no rows (so no Spark)."""
     w = worker_stub(tmp_path, dlq_producer, **DLQ)
-    w.generation = 1
-    w.worker_id = "w1"
+    w.replica.generation = 1
     w.events = []
     w.acked_when_reported = []
-    w._seq = 0
 
     async def send(ev: Any) -> None:
         w.events.append(type(ev).__name__)
         w.acked_when_reported.append(all(f.done() for f in dlq_producer.futures))
 
-    w.producer = SimpleNamespace(send=send)
+    w.rounds.sender = SimpleNamespace(send=send)
     async def release() -> None:
         pass
 
     w._release_backpressure = release
-    w._valid_through_ms = lambda: None
-    w._update_gauges = lambda: None
+    w.rounds._valid_through_ms = lambda: None
+    w.update_gauges = lambda: None
     return w
 
 
 async def _round(w: Any, msgs: list[Msg]) -> None:
-    w._respond_lock = asyncio.Lock()
-    w._rebalanced = asyncio.Event()
-    w._rebalanced.set()
-    w._spark_ready = asyncio.get_running_loop().create_future()
-    w._spark_ready.set_result(None)
+    w.replica.rebalanced.set()
+    w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+    w.rounds.spark_ready.set_result(None)
     await Worker._buffer(w, w.buffers.partitions[TP], msgs)
-    await Worker._respond(w, "round-1")
+    await w.rounds.respond("round-1")
 
 
 def test_dead_letters_are_acknowledged_before_their_offsets_are_reported(tmp_path):
@@ -398,6 +403,7 @@ def test_a_fan_out_decodes_a_fetch_once_for_all_tables_of_one_schema(tmp_path, m
                                                   "iceberg.tables.dynamic-enabled": "true"})
     w.router = Router(w.settings)
     w.targets = {n: SimpleNamespace(arrow_schema=SCHEMA, keys=None) for n in ("db.a", "db.b", "db.c")}
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     calls: list[int] = []
     convert = w.format.convert
 
@@ -429,6 +435,7 @@ def test_a_fan_out_counts_the_bytes_of_its_rows_once_not_per_table(tmp_path, mon
     w.router = Router(w.settings)
     names = [f"db.t{i}" for i in range(40)]
     w.targets = {n: SimpleNamespace(arrow_schema=SCHEMA, keys=None) for n in names}
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     decoded: list[int] = []
     convert = w.format.convert
 
@@ -453,6 +460,7 @@ def fan_out_stub(tmp_path: Any, producer: FakeProducer, names: list[str]) -> Any
                                                   "iceberg.tables.dynamic-enabled": "true"})
     w.router = Router(w.settings)
     w.targets = {n: SimpleNamespace(arrow_schema=ROUTED, keys=None) for n in names}
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     return w
 
 
@@ -507,14 +515,14 @@ def test_a_fan_out_read_once_buffers_and_dead_letters_exactly_as_the_usual_way(t
         producer = FakeProducer()
         w = fan_out_stub(tmp_path / str(once), producer, names)
         read_once: list[int] = []
-        decode_fanout = w._decode_fanout
+        decode_fanout = w.decoder.decode_fanout
 
         def fanout(*a: Any, i: list[int] = read_once, once: bool = once, f: Any = decode_fanout) -> Any:
             out = f(*a) if once else None
             i.append(out is not None)
             return out
 
-        monkeypatch.setattr(w, "_decode_fanout", fanout)
+        monkeypatch.setattr(w.decoder, "decode_fanout", fanout)
         st = w.buffers.partitions[TP]
         for i, msgs in enumerate(fetches):
             if i == 5:  # db.b reloaded (a schema change elsewhere): no longer the table the fan-out checked
@@ -541,8 +549,7 @@ def test_a_fetch_of_several_partitions_lets_the_loop_run_between_them(tmp_path):
     w = worker_stub(tmp_path, FakeProducer(), **DLQ)
     w.buffers.claim(other, 1)
     w.buffers.resume(other, 0, now=0.0)
-    w._backpressure = False
-    w._update_gauges = lambda: None
+    w.update_gauges = lambda: None
     order: list[str] = []
     real_buffer = Worker._buffer
 

@@ -49,10 +49,9 @@ def info(path: str) -> FileInfo:
 
 def test_a_storage_error_while_checking_keeps_the_data_and_its_early_files_for_the_next_round():
     w = make_worker(max_bytes=1 << 30)
-    w.generation = 1
+    w.replica.generation = 1
     w.failures = []
-    w._owner = TaskOwner(w.failures.append)
-    w.status = {}
+    w.rounds.tasks = TaskOwner(w.failures.append)
     w.fail = w.failures.append
     w.targets[TABLE] = SimpleNamespace(table=None)
 
@@ -63,7 +62,7 @@ def test_a_storage_error_while_checking_keeps_the_data_and_its_early_files_for_t
             raise PermissionError("s3: 403 Forbidden")
         deleted.extend(path for _, path in args[0])  # delete_files: the response's own files
 
-    w.offload = SimpleNamespace(run=run)
+    w.rounds.offload = SimpleNamespace(run=run)
     rows = pa.table({"id": pa.array([1, 2], pa.int64())})
     w.buffers.add(Chunk(P, 2, {TABLE: rows}, rows.nbytes, 2), 1, None)
     stage = w.buffers.stage(1)
@@ -73,7 +72,7 @@ def test_a_storage_error_while_checking_keeps_the_data_and_its_early_files_for_t
     written = [DataWritten("c1", "r1", "w1", TABLE, (info("early.parquet"), info("own.parquet")))]
 
     async def check() -> bool:
-        found = await w._early_files_exist(snap, written)
+        found = await w.rounds._early_files_exist(snap, written)
         await asyncio.sleep(0.01)  # the spawned deletion
         return found
 
@@ -82,7 +81,7 @@ def test_a_storage_error_while_checking_keeps_the_data_and_its_early_files_for_t
     assert st.written == [early] and not early.sent, "expected the early files kept for the next round"
     assert st.range_start == 0 and st.next_offset == 4 and [c.end for c in st.chunks] == [4]
     assert w.buffers.take_voided() == ([], [])  # nothing voided, nothing read again
-    assert w.write_failures.in_a_row == 1 and w.failures == [] and deleted == ["own.parquet"]
+    assert w.rounds.write_failures.in_a_row == 1 and w.failures == [] and deleted == ["own.parquet"]
     again = w.buffers.take(1)
     assert again.written == [early] and [(r.start, r.end) for r in again.ranges] == [(0, 4)]
 
@@ -93,12 +92,12 @@ def test_existence_checks_failing_round_after_round_stop_the_replica_although_wr
     writes' successes used to reset the count, so the replica retried for ever; only a check
     that passes clears a failing check, and at write.failure-limit the replica stops."""
     w = make_worker(max_bytes=1 << 30)
-    w.status = {}
     w.failures = []
     w.fail = w.failures.append
-    for _ in range(w.write_failures.limit):
-        w._write_succeeded()  # the round's (or an early) write
-        w._write_failed(PermissionError("s3: 403 Forbidden"), check=True)
-    assert w.failures and "5 times in a row" in str(w.failures[0]), w.write_failures.in_a_row
-    w._write_succeeded(check=True)  # a check that passes
-    assert w.write_failures.in_a_row == 0
+    r = w.rounds
+    for _ in range(r.write_failures.limit):
+        r._write_succeeded()  # the round's (or an early) write
+        r._write_failed(PermissionError("s3: 403 Forbidden"), check=True)
+    assert w.failures and "5 times in a row" in str(w.failures[0]), r.write_failures.in_a_row
+    r._write_succeeded(check=True)  # a check that passes
+    assert r.write_failures.in_a_row == 0

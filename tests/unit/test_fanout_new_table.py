@@ -1,4 +1,4 @@
-"""A fetch read the fan-out way (agents/ingest.py, Worker._decode_fanout: a topic routed to many
+"""A fetch read the fan-out way (agents/decode.py, BatchDecoder.decode_fanout: a topic routed to many
 tables of one schema, decoded once) only when each of its tables is a known member of the
 fan-out: a table neither loaded nor a member is new, and goes the usual way, which creates it.
 
@@ -11,24 +11,27 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
+from agents.decode import BatchDecoder, FanoutPlan
 from agents.formats import RecordFormat
 from agents.routing import Router
 from agents.tables import Target
-from agents.worker import Worker
 from icesink.config import build
 
 SCHEMA = pa.schema([("tbl", pa.string()), ("id", pa.int64())])
 
 
-def make_worker(members: list[str]) -> Worker:
-    w = Worker.__new__(Worker)
-    w.settings = build({"topics": "t", "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "tbl"},
-                       warn_unknown=False)
-    w.router = Router(w.settings)
-    w.format = RecordFormat(w.settings)
-    w.targets = {name: Target(name, None, SCHEMA) for name in members}
-    w._fanout = (SCHEMA, w.settings.timestamp_unit_of(members[0]), dict(w.targets))
-    return w
+async def no_proposal(proposal) -> None:
+    raise AssertionError(f"no schema change here: {proposal}")
+
+
+def make_decoder(members: list[str]) -> BatchDecoder:
+    """A decoder that saw a fan-out of ``members`` (tables of SCHEMA) in earlier fetches."""
+    settings = build({"topics": "t", "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "tbl"},
+                     warn_unknown=False)
+    targets = {name: Target(name, None, SCHEMA) for name in members}
+    d = BatchDecoder(settings, RecordFormat(settings), Router(settings), None, None, targets, no_proposal)
+    d.fanout = FanoutPlan(SCHEMA, settings.timestamp_unit_of(members[0]), dict(targets))
+    return d
 
 
 def fetch(tables: list[str]) -> tuple[list[bytes], list[SimpleNamespace]]:
@@ -39,18 +42,17 @@ def fetch(tables: list[str]) -> tuple[list[bytes], list[SimpleNamespace]]:
 
 
 def test_a_fetch_of_members_only_is_read_the_fanout_way():
-    w = make_worker(["db.t1", "db.t3"])
-    out = w._decode_fanout(*fetch(["db.t1", "db.t3", "db.t1"]))
+    d = make_decoder(["db.t1", "db.t3"])
+    out = d.decode_fanout(*fetch(["db.t1", "db.t3", "db.t1"]))
     assert out is not None
-    routes, rows, _ = out
-    assert sorted(routes.by_table) == ["db.t1", "db.t3"] and rows.table.num_rows == 3
+    assert sorted(out.routes.by_table) == ["db.t1", "db.t3"] and out.rows.table.num_rows == 3
 
 
 def test_a_fetch_of_new_tables_only_goes_the_usual_way():
-    w = make_worker(["db.t1", "db.t3"])
-    assert w._decode_fanout(*fetch(["db.t0", "db.t2", "db.t0"])) is None
+    d = make_decoder(["db.t1", "db.t3"])
+    assert d.decode_fanout(*fetch(["db.t0", "db.t2", "db.t0"])) is None
 
 
 def test_a_fetch_with_one_new_table_goes_the_usual_way():
-    w = make_worker(["db.t1", "db.t3"])
-    assert w._decode_fanout(*fetch(["db.t1", "db.t2"])) is None
+    d = make_decoder(["db.t1", "db.t3"])
+    assert d.decode_fanout(*fetch(["db.t1", "db.t2"])) is None

@@ -25,6 +25,7 @@ from agents.tasks import TaskOwner
 from icesink.config import build
 from icesink.errors import ConfigError
 from icesink.protocol import TopicPartition
+from agents.decode import BatchDecoder
 from tests.unit.test_backpressure import make_worker
 
 A, B = "db.a", "db.b"
@@ -78,10 +79,11 @@ def worker(group_has_run: bool, monkeypatch, tables: dict[str, Target | None]):
                        warn_unknown=False)
     w.router = Router(w.settings)
     w.targets = {A: Target(A, None, SCHEMA)}
-    w._missing = MissingTables(clock=Clock())
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
+    w._missing = w.ownership.missing = MissingTables(clock=Clock())
     w.buffers.claim(P1, 1)
     w.buffers.resume(P1, 0, now=0.0)
-    w.generation = 1
+    w.replica.generation = 1
     w.failures = []
     w._owner = TaskOwner(w.failures.append)
     w.catalog = None
@@ -165,22 +167,21 @@ def test_a_table_missing_at_start_is_shown_at_once_and_a_held_partition_stays_pa
     w = worker(group_has_run=True, monkeypatch=monkeypatch, tables={})
     w._wait_for(B)  # what Worker._start does for a configured table it cannot load, once the group has run
     assert B in w._missing.status() and w.metrics.table_missing.labels(table=B)._value.get() == 1
-    w._hold_paused_partitions()
+    w.ownership.hold_paused_partitions()
 
     async def run():
         await w.on_fetch(fetch(P1, 0, "b"))
         assert w.lookups == 0 and w._missing.is_held(P1)
         w.app.consumer.resume_partitions([TP("t", 0), TP("t", 1)])  # Faust's resume after a rebalance
         assert w.app.consumer.calls[-1] == ("resume", [TP("t", 0)])
-        await w._on_assigned(None, {TP("t", 0)})  # P1 moved away: nothing held for it any more
+        await w.ownership.on_assigned(None, {TP("t", 0)})  # P1 moved away: nothing held for it any more
         assert not w._missing.is_held(P1) and w._missing.status()[B]["held_partitions"] == []
 
-    w._rebalanced = asyncio.Event()
-    w._claimed_at = {}
-    w._settle_voided = lambda: None
+    w.replica.rebalanced = asyncio.Event()
+    w.rounds.settle_voided = lambda: None
     w.app.consumer_generation_id = 2
     monkeypatch.setattr("agents.ownership.group_member_id", lambda app: "m")
-    w._send_claim = lambda tps: asyncio.sleep(0)
+    w.ownership.send_claim = lambda tps: asyncio.sleep(0)
     asyncio.run(run())
 
 
@@ -192,6 +193,7 @@ def dynamic_worker(monkeypatch, tables: dict[str, Target | None], committed: set
                        warn_unknown=False)
     w.router = Router(w.settings)
     w.targets = {}
+    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
     scans = []
 
     async def committed_tables() -> set[str]:

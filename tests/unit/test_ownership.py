@@ -1,5 +1,5 @@
 """Partitions a worker holds paused stay paused through Faust's resume after a rebalance
-(agents/ownership.py, Ownership._hold_paused_partitions)."""
+(agents/ownership.py, Ownership.hold_paused_partitions)."""
 
 import asyncio
 from types import SimpleNamespace
@@ -8,7 +8,9 @@ from faust.types import TP
 
 from agents.buffer import Buffers
 from agents.missing import MissingTables
-from agents.worker import Worker
+from agents.ownership import Ownership
+from agents.parts import Replica
+from agents.tasks import TaskOwner
 from icesink.protocol import Position, Resume, TopicPartition
 
 P0, P1 = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -31,30 +33,38 @@ class FaustConsumer:
         self.seeks.append(dict(offsets))
 
 
-def make_worker() -> Worker:
-    w = Worker.__new__(Worker)
-    w.worker_id = "w1"
-    w.generation = 3
-    w.buffers = Buffers(10**9)
-    w.app = SimpleNamespace(consumer=FaustConsumer())
-    w._backpressure = False
-    w._rebalanced = asyncio.Event()
-    w._claimed_at = {}
-    w._open_round = None
-    w._missing = MissingTables()
-    w._update_paused = lambda: None
+class Hooks:
+    """What ownership asks of the rest of the replica (agents/ownership.py, OwnershipHooks)."""
 
-    async def supervise() -> None:
+    def settle_voided(self) -> None:
         return None
 
-    w._supervise_coordinator = supervise
+    def answer_open_round(self) -> None:
+        return None
+
+    async def supervise_coordinator(self) -> None:
+        return None
+
+    def update_paused(self) -> None:
+        return None
+
+
+async def no_send(event) -> None:
+    raise AssertionError(f"nothing is sent here: {event}")
+
+
+def make_ownership() -> Ownership:
+    replica = Replica("w1", {}, generation=3)
+    buffers = Buffers(10**9)
+    app = SimpleNamespace(consumer=FaustConsumer())
+    own = Ownership(["t"], replica, buffers, MissingTables(), app, no_send, TaskOwner(lambda exc: None), Hooks())
     for tp in (P0, P1):
-        w.buffers.claim(tp, 3)
-    w._hold_paused_partitions()
-    return w
+        buffers.claim(tp, 3)
+    own.hold_paused_partitions()
+    return own
 
 
-def faust_resumes_every_assigned_partition(w: Worker) -> None:
+def faust_resumes_every_assigned_partition(w: Ownership) -> None:
     """What Faust's Recovery._resume_streams does right after on_rebalance_complete."""
     w.app.consumer.resume_partitions({TP("t", 0), TP("t", 1)})
 
@@ -63,13 +73,13 @@ def test_claimed_partitions_stay_paused_through_faust_resume_until_the_coordinat
     """Faust resumed every assigned partition after a rebalance: a claimed partition's records
     were then fetched, parsed and dropped until the coordinator's Resume came (a large part of
     a backlog at start-up; see bench/README.md, ingest_bench)."""
-    w = make_worker()
+    w = make_ownership()
 
     async def go() -> None:
-        await w._on_rebalance_complete(None)
+        await w.on_rebalance_complete(None)
         faust_resumes_every_assigned_partition(w)
         assert w.app.consumer.active == set(), "claimed partitions were resumed before the coordinator said so"
-        await w._on_resume(Resume(1, "w1", 3, (Position(P0, 7),)))
+        await w.on_resume(Resume(1, "w1", 3, (Position(P0, 7),)))
         assert w.app.consumer.active == {TP("t", 0)}
         assert w.app.consumer.seeks == [{TP("t", 0): 7}]
 
@@ -77,16 +87,16 @@ def test_claimed_partitions_stay_paused_through_faust_resume_until_the_coordinat
 
 
 def test_full_buffers_keep_active_partitions_paused_through_a_rebalance():
-    w = make_worker()
+    w = make_ownership()
     for tp in (P0, P1):
         w.buffers.resume(tp, 0, now=0.0)
-    w._backpressure = True
+    w.replica.backpressure = True
 
     async def go() -> None:
-        await w._on_rebalance_complete(None)
+        await w.on_rebalance_complete(None)
         faust_resumes_every_assigned_partition(w)
         assert w.app.consumer.active == set()
-        w._backpressure = False  # what _release_backpressure does before its own resume
+        w.replica.backpressure = False  # what _release_backpressure does before its own resume
         w.app.consumer.resume_partitions([TP("t", 0), TP("t", 1)])
         assert w.app.consumer.active == {TP("t", 0), TP("t", 1)}
 

@@ -178,20 +178,20 @@ def _failing_worker(tmp_path, limit):
     w.settings = w.settings.model_copy(update={"write_failure_limit": limit})
     from agents.write_failures import WriteFailures
 
-    w.write_failures = WriteFailures(limit, backoff_s=5, clock=Clock())
+    w.rounds.write_failures = WriteFailures(limit, backoff_s=5, clock=Clock())
     return w
 
 
 def test_a_round_write_that_keeps_failing_stops_the_replica_with_the_reason_in_status_and_a_metric(tmp_path):
     async def go():
         w = _failing_worker(tmp_path, limit=3)
-        w._spark_ready = asyncio.get_running_loop().create_future()
-        w._spark_ready.set_result(None)
+        w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+        w.rounds.spark_ready.set_result(None)
         gauge = []
         for i in range(5):
-            await w._respond(f"r{i}")  # a round during the backoff is not attempted
+            await w.rounds.respond(f"r{i}")  # a round during the backoff is not attempted
             gauge.append(w.metrics.registry.get_sample_value("icesink_write_failures_in_a_row"))
-            w.write_failures.clock.now += 60
+            w.rounds.write_failures.clock.now += 60
             if w.stops:
                 break
         return w, gauge
@@ -206,15 +206,15 @@ def test_a_round_write_that_keeps_failing_stops_the_replica_with_the_reason_in_s
 def test_a_round_during_the_backoff_is_not_attempted(tmp_path, caplog):
     async def go():
         w = _failing_worker(tmp_path, limit=3)
-        w._spark_ready = asyncio.get_running_loop().create_future()
-        w._spark_ready.set_result(None)
-        await w._respond("r1")
+        w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+        w.rounds.spark_ready.set_result(None)
+        await w.rounds.respond("r1")
         with caplog.at_level(logging.INFO):
-            await w._respond("r2")
+            await w.rounds.respond("r2")
         return w
 
     w = asyncio.run(go())
-    assert w.write_failures.in_a_row == 1 and not w.stops
+    assert w.rounds.write_failures.in_a_row == 1 and not w.stops
     assert "retrying in" in caplog.text
 
 

@@ -1,4 +1,4 @@
-"""A worker's response (agents/respond.py, Worker._respond): an oversized DataWritten is split
+"""A worker's response (agents/respond.py, Rounds.respond): an oversized DataWritten is split
 into events that fit the control topic and the coordinator accepts the response; a failed
 DataWritten or DataComplete send keeps the buffers, and the next round carries the data."""
 
@@ -13,8 +13,10 @@ from pyiceberg.typedef import Record
 from agents.buffer import Buffers, Chunk
 from agents.respond import MAX_EVENT_BYTES, send_response, split_written
 from agents.tables import Target
-from agents.worker import Worker
-from agents.write_failures import WriteFailures
+from agents.parts import Replica
+from agents.missing import MissingTables
+from agents.rounds import Rounds
+from agents.tasks import TaskOwner
 from coordinator.state import CoordinatorState
 from icesink import protocol
 from icesink.config import build
@@ -125,7 +127,7 @@ def test_send_response_raises_on_a_failed_send(fail_at):
                                   lambda n: DataComplete("r1", "x", "w1", 1, (), n, None)))
 
 
-# Worker._respond with a fake Spark writer and producer -------------------------------------
+# Rounds.respond with a fake Spark writer and producer ---------------------------------------
 
 
 def data_file(i: int) -> DataFile:
@@ -143,42 +145,55 @@ class Offload:
         return fn(*args, **kwargs)
 
 
-def make_worker(producer: Producer) -> Worker:
-    w = Worker.__new__(Worker)
-    w.worker_id = "w1"
-    w.write_failures = WriteFailures(5)
-    w.settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
-    w.metrics = Metrics()
-    w.evolver = None
-    w.offload = Offload()
+class Hooks:
+    """What the responder asks of the rest of the replica (agents/rounds.py, RoundHooks)."""
+
+    def __init__(self) -> None:
+        self.failures: list[Exception] = []
+
+    async def evolution_ready(self):
+        return None
+
+    async def release_backpressure(self) -> None:
+        return None
+
+    async def reseek_and_resume(self, st) -> None:
+        raise AssertionError("nothing is read again here")
+
+    def update_gauges(self) -> None:
+        return None
+
+    def fail(self, exc: Exception, exit_code: int = 2) -> None:
+        self.failures.append(exc)
+
+
+def make_rounds(producer: Producer) -> Rounds:
+    """The responder with a fake Spark writer and producer."""
+    settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
     writes: list[int] = []
 
     def write_many(batch, **kw):
         writes.extend(data.num_rows for _, data, _ in batch)
         return [[data_file(len(writes))] for _ in batch]
 
-    w.spark = SimpleNamespace(write_many=write_many)
-    w.writes = writes
     table = SimpleNamespace(spec=lambda: SimpleNamespace(spec_id=0))
-    w.targets = {TABLE: Target(TABLE, table, pa.schema([("id", pa.int64())]))}
-    w.deadletters = SimpleNamespace(flush=_nothing, delivered=False)
-    w.producer = producer
-    w.buffers = Buffers(1 << 20)
-    w.buffers.claim(P, 1)
-    w.buffers.resume(P, 0, now=0.0)
-    w.generation = 1
-    w._respond_lock = asyncio.Lock()
-    w._backpressure = False
-    w._seq = 0
-    w.app = SimpleNamespace(consumer=SimpleNamespace(highwater=lambda tp: None))
-    return w
+    buffers = Buffers(1 << 20)
+    buffers.claim(P, 1)
+    buffers.resume(P, 0, now=0.0)
+    app = SimpleNamespace(consumer=SimpleNamespace(highwater=lambda tp: None))
+    r = Rounds(settings, Metrics(), Replica("w1", {}, generation=1), buffers,
+               {TABLE: Target(TABLE, table, pa.schema([("id", pa.int64())]))}, None,
+               SimpleNamespace(write_many=write_many), Offload(), SimpleNamespace(flush=_nothing, delivered=False),
+               MissingTables(), app, producer, TaskOwner(lambda exc: None), ownership=None, hooks=Hooks())
+    r.writes = writes
+    return r
 
 
 async def _nothing():
     return None
 
 
-def buffer_rows(w: Worker, start: int, end: int) -> None:
+def buffer_rows(w: Rounds, start: int, end: int) -> None:
     rows = pa.table({"id": list(range(start, end))})
     w.buffers.add(Chunk(P, end, {TABLE: rows}, rows.nbytes, end - start), end - 1, None)
 
@@ -186,19 +201,18 @@ def buffer_rows(w: Worker, start: int, end: int) -> None:
 @pytest.mark.parametrize("fail_at", [1, 2])  # the DataWritten, the DataComplete
 def test_a_failed_send_keeps_the_buffers_and_the_next_round_carries_the_data(fail_at):
     producer = Producer(fail_at)
-    w = make_worker(producer)
+    w = make_rounds(producer)
 
     async def run():
-        w._rebalanced = asyncio.Event()
-        w._rebalanced.set()
-        w._spark_ready = asyncio.get_running_loop().create_future()
-        w._spark_ready.set_result(None)
+        w.replica.rebalanced.set()
+        w.spark_ready = asyncio.get_running_loop().create_future()
+        w.spark_ready.set_result(None)
         buffer_rows(w, 0, 3)
-        await w._respond("r1")  # the send fails: nothing complete went out
+        await w.respond("r1")  # the send fails: nothing complete went out
         assert not [e for e in producer.sent if isinstance(e, DataComplete)]
         assert w.buffers.rows == 3 and w.buffers.partitions[P].range_start == 0  # kept
         buffer_rows(w, 3, 5)
-        await w._respond("r2")
+        await w.respond("r2")
 
     asyncio.run(run())
     [complete] = [e for e in producer.sent if isinstance(e, DataComplete)]

@@ -19,7 +19,7 @@ def stalled_worker(hw: int):
     w = make_worker(max_bytes=1 << 20)
     w.app.consumer.highwater = lambda tp: hw
     w._progress = {}
-    w.generation = 1
+    w.replica.generation = 1
     w.failures = []
     w._owner = TaskOwner(w.failures.append)
     return w
@@ -101,7 +101,7 @@ def test_no_stall_is_seen_while_the_buffers_are_full():
 
     async def run():
         await w.on_fetch(batch(0, 20))
-        w._backpressure = True
+        w.replica.backpressure = True
         w._check_stalls(T0)
         w._check_stalls(T0 + 2 * STALL_S)
         await asyncio.sleep(0.01)

@@ -40,7 +40,7 @@ class Reader:
 def make_worker(tmp_path):
     settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
     w = Worker(settings, "127.0.0.1:1", Metrics(CollectorRegistry()), files=spark_files)
-    w.worker_id = "w1"
+    w.worker_id = w.replica.worker_id = "w1"
     w.calls = []
     w.stops = []
 
@@ -56,7 +56,8 @@ def make_worker(tmp_path):
     async def on_commit_complete(ev):
         w.calls.append(("commit-complete", ev.epoch))
 
-    w._on_resume, w._respond, w._on_rewind, w._on_commit_complete = on_resume, respond, on_rewind, on_commit_complete
+    w.rounds.respond, w.rounds._on_commit_complete = respond, on_commit_complete
+    w.ownership.on_resume, w.ownership.on_rewind = on_resume, on_rewind
     w.request_stop = lambda: w.stops.append(True)
     return w
 
@@ -64,7 +65,7 @@ def make_worker(tmp_path):
 async def drive(w, batches):
     """Run the worker's real control loop as run() starts it, until the reader is drained."""
     w.reader = Reader(batches)
-    loop = asyncio.create_task(w._control_loop())
+    loop = asyncio.create_task(w.rounds.control_loop(w.reader))
     _done, _ = await asyncio.wait([loop, asyncio.create_task(w.reader.drained.wait())], return_when=asyncio.FIRST_COMPLETED)
     for _ in range(5):
         await asyncio.sleep(0)  # let spawned handlers run
@@ -96,7 +97,7 @@ def test_resume_start_commit_and_rewind_of_an_older_epoch_are_ignored(tmp_path, 
     with caplog.at_level(logging.INFO, logger="agents.tasks"):
         w = asyncio.run(go())
     assert sorted(w.calls) == sorted([("respond", "r5"), ("commit-complete", 4), ("resume", 5), ("rewind", 6)])
-    assert w._open_round == "r5"
+    assert w.rounds.open_round == "r5"
     assert (stale(w, "resume"), stale(w, "start-commit"), stale(w, "rewind")) == (1, 2, 1)
     assert "control offset 1: resume of coordinator epoch 4 ignored: epoch 5 seen already" in caplog.text
 
@@ -108,7 +109,7 @@ def test_a_handler_task_that_fails_stops_the_replica_with_exit_code_1(tmp_path):
         async def respond(commit_id):
             raise RuntimeError("control send failed half-way")
 
-        w._respond = respond
+        w.rounds.respond = respond
         await drive(w, [[(0, StartCommit(1, "r1"))]])
         return w
 
@@ -121,7 +122,7 @@ def test_a_control_loop_that_fails_stops_the_replica(tmp_path):
     async def go():
         w = make_worker(tmp_path)
         w.reader = Reader([UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")])
-        w._owner.spawn(w._control_loop(), "control")  # as run() starts it
+        w._owner.spawn(w.rounds.control_loop(w.reader), "control")  # as run() starts it
         for _ in range(5):
             await asyncio.sleep(0)
         await w._owner.close()
@@ -246,16 +247,16 @@ def test_the_high_watermark_of_a_partition_a_rebalance_just_took_is_unknown_not_
 def test_a_round_met_by_a_catalog_outage_is_not_answered_and_the_replica_goes_on(tmp_path):
     async def go():
         w = make_worker(tmp_path)
-        del w._respond  # the real one
-        w._rebalanced.set()
-        w._spark_ready = asyncio.get_running_loop().create_future()
-        w._spark_ready.set_result(None)
+        del w.rounds.respond  # the real one
+        w.replica.rebalanced.set()
+        w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+        w.rounds.spark_ready.set_result(None)
 
         async def evolution_ready():
             raise ConnectionError("catalog unreachable")
 
         w._evolution_ready = evolution_ready
-        await w._respond("r1")
+        await w.rounds.respond("r1")
         return w
 
     w = asyncio.run(go())
@@ -270,21 +271,21 @@ def _worker_with_a_buffered_round(tmp_path, error):
     from icesink.protocol import TopicPartition
 
     w = make_worker(tmp_path)
-    del w._respond  # the real one
+    del w.rounds.respond  # the real one
     tp = TopicPartition("t", 0)
-    w.generation = 1
+    w.replica.generation = 1
     w.buffers.claim(tp, 1)
     w.buffers.resume(tp, 0, now=0.0)
     rows = pa.table({"id": [1, 2]})
     w.buffers.add(Chunk(tp, 2, {"db.t": rows}, rows.nbytes, 2), 0, None)
-    w.targets = {"db.t": type("Target", (), {"table": object(), "keys": None})()}
-    w._rebalanced.set()
+    w.rounds.targets = w.targets = {"db.t": type("Target", (), {"table": object(), "keys": None})()}
+    w.replica.rebalanced.set()
 
     class Spark:
         def write_many(self, *a, **k):
             raise error
 
-    w.spark = Spark()
+    w.rounds.files = Spark()
     return w
 
 
@@ -296,9 +297,9 @@ def test_a_write_error_no_retry_mends_stops_the_replica_loudly_with_the_data_kep
 
     async def go(error):
         w = _worker_with_a_buffered_round(tmp_path, error)
-        w._spark_ready = asyncio.get_running_loop().create_future()
-        w._spark_ready.set_result(None)
-        await w._respond("r1")
+        w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+        w.rounds.spark_ready.set_result(None)
+        await w.rounds.respond("r1")
         return w
 
     w = asyncio.run(go(SparkWriteError("executor lost")))
@@ -332,14 +333,14 @@ def test_a_stopping_replica_never_starts_a_second_coordinator(tmp_path):
     w.producer = w.catalog = None
 
     async def go():
-        await w._supervise_coordinator()
+        await w.supervise_coordinator()
         for _ in range(5):
             await asyncio.sleep(0)
         assert len(made) == 1
         w._stop.set()  # request_stop, as SIGTERM does
         stopping = asyncio.create_task(w._stop_coordinator(drain=True))
         await draining.wait()
-        await w._supervise_coordinator()  # the housekeeping's tick during the drain
+        await w.supervise_coordinator()  # the housekeeping's tick during the drain
         for _ in range(5):
             await asyncio.sleep(0)
         release.set()

@@ -1,0 +1,29 @@
+"""What the parts of a worker replica share (agents/worker.py builds and wires them).
+
+The replica's parts are objects, each built with the few collaborators it uses:
+:class:`agents.ownership.Ownership` (rebalances, claims, Resume, Rewind) and the worker's
+other parts. State several of them read lives in one :class:`Replica`, handed to those that
+need it; what one part needs of another is a small Protocol in the module that uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(eq=False)
+class Replica:
+    """Who this replica is and where it stands in the group: its id, the generation it holds
+    partitions in (and its member id there), whether that assignment is settled (between a
+    rebalance's assignment and its completion it is not), whether its buffers are full
+    (backpressure: every partition paused), the stop requested, and its /status."""
+
+    worker_id: str
+    status: dict[str, Any]
+    generation: int = -1
+    member_id: str | None = None
+    backpressure: bool = False
+    rebalanced: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    stop: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
