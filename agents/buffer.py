@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from icesink.protocol import OffsetRange, TopicPartition
+from icesink.shared.protocol import OffsetRange, TopicPartition
 
 
 @dataclass(frozen=True, eq=False)

@@ -31,9 +31,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agents.convert import Reject
-from icesink.config import Settings
-from icesink.errors import DataError, IcesinkError
-from icesink.metrics import Metrics
+from icesink.shared.config import Settings
+from icesink.shared.errors import DataError, IcesinkError
+from icesink.shared.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class DeadLetters:
         if self._producer is None:
             from aiokafka import AIOKafkaProducer
 
-            from icesink.kafka_admin import ensure_topic, topic_exists
+            from icesink.shared.kafka_admin import ensure_topic, topic_exists
 
             client = s.kafka_client_kwargs()
             if not await topic_exists(bootstrap, self.topic, client_kwargs=client):

@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 
 from agents.convert import Converted, Reject, decode_json, if_else, infer_schema, struct_array
 from agents.formats import ConnectSchemaError, Envelopes, Grow, connect_arrow_schema, decode_envelopes, decode_schema
-from icesink.config import CDC_ROUTE_FIELDS
+from icesink.shared.config import CDC_ROUTE_FIELDS
 
 __all__ = ["CDC_COLUMN", "CDC_TYPE", "DebeziumTransform"]
 
@@ -85,7 +85,7 @@ _SOURCE: Final = pa.struct([
 
 @dataclass(frozen=True)
 class DebeziumTransform:
-    """``target_pattern``: ``cdc.target.pattern`` (checked by icesink.config); ``schemas``: values
+    """``target_pattern``: ``cdc.target.pattern`` (checked by icesink.shared.config); ``schemas``: values
     carry the JsonConverter's schema envelope (``value.converter.schemas.enable``)."""
 
     target_pattern: str = DEFAULT_TARGET_PATTERN
@@ -241,7 +241,7 @@ class DebeziumTransform:
         cdc = field.startswith(f"{CDC_COLUMN}.")
         if cdc:
             part = field[len(CDC_COLUMN) + 1:]
-            assert part in CDC_ROUTE_FIELDS, field  # checked by icesink.config
+            assert part in CDC_ROUTE_FIELDS, field  # checked by icesink.shared.config
             image: pa.DataType = pa.struct([])
         else:
             *parents, leaf = field.split(".")

@@ -29,10 +29,10 @@ from agents.evolution import Evolver
 from agents.formats import Grow, RecordFormat
 from agents.routing import Router, Routes
 from agents.tables import Target
-from icesink.config import Settings
-from icesink.errors import ConfigError
-from icesink.protocol import SchemaProposal
-from icesink.schema_changes import identifier_paths
+from icesink.shared.config import Settings
+from icesink.shared.errors import ConfigError
+from icesink.shared.protocol import SchemaProposal
+from icesink.shared.schema_changes import identifier_paths
 
 
 @dataclasses.dataclass(frozen=True)

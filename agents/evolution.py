@@ -38,8 +38,8 @@ import pyarrow.compute as pc
 
 from agents.buffer import Buffers, Chunk
 from agents.convert import Converted, decode_json, infer_schema, struct_array
-from icesink.protocol import SchemaProposal
-from icesink.schema_changes import (  # what the worker shares with the coordinator
+from icesink.shared.protocol import SchemaProposal
+from icesink.shared.schema_changes import (  # what the worker shares with the coordinator
     ELEMENT, MAX_DECIMAL_PRECISION, AddField, Path, apply_changes, changes, find_field, holds, is_list, to_proposal,
 )
 

@@ -19,7 +19,7 @@ import faust
 from agents import kafka
 from agents.kafka import ConsumerGuard, Fetched, faust_credentials, inject_faults, install_batch_drain, isolation_level
 from agents.worker_state import WorkerState
-from icesink.errors import ConfigError, DataError, UnsupportedTypeError
+from icesink.shared.errors import ConfigError, DataError, UnsupportedTypeError
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ the composition root (icesink/app/files.py) fills with the Spark-backed parts
 (spark_bridge/writer.py, spark_bridge/rewrite.py), so agents/ never imports spark_bridge/
 (tests/unit/test_layout.py) and loads no pyspark of its own.
 
-Every call here is blocking: the worker runs them off the event loop (icesink/offload.py).
+Every call here is blocking: the worker runs them off the event loop (icesink/shared/offload.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table
 
-    from icesink.config import Settings
+    from icesink.shared.config import Settings
 
 __all__ = ["FileWriter", "FileWriting", "FileWritingFactory", "RewriteFiles"]
 

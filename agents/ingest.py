@@ -27,10 +27,10 @@ from agents.kafka import Fetched
 from agents.tables import Target, create_target, holds_group_state, load_target, not_created
 from agents.tasks import highwater, unless_moved
 from agents.worker_state import WorkerState
-from icesink.control import ControlReader
-from icesink.errors import ConfigError
-from icesink.protocol import CommitRequest, CommitToTable, SchemaProposal
-from icesink.faults import should_crash
+from icesink.shared.control import ControlReader
+from icesink.shared.errors import ConfigError
+from icesink.shared.protocol import CommitRequest, CommitToTable, SchemaProposal
+from icesink.shared.faults import should_crash
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
-from icesink.protocol import FileInfo
+from icesink.shared.protocol import FileInfo
 
 __all__ = ["write_keys_file"]
 

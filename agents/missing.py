@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from icesink.protocol import TopicPartition
+from icesink.shared.protocol import TopicPartition
 
 RETRY_FIRST_S = 2.0
 RETRY_MAX_S = 30.0

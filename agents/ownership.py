@@ -17,7 +17,7 @@ from agents.kafka import group_member_id
 from agents.missing import MissingTables
 from agents.parts import Replica
 from agents.tasks import TaskOwner, unless_moved
-from icesink.protocol import Claim, Resume, Rewind, TopicPartition
+from icesink.shared.protocol import Claim, Resume, Rewind, TopicPartition
 
 log = logging.getLogger(__name__)
 

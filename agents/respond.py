@@ -4,7 +4,7 @@ so that it fits the control topic, all at once, then the ``DataComplete`` that c
 A ``DataWritten`` carries every file's column statistics; a table with many columns written
 into many files can pass what a broker takes in one record (Kafka's default
 ``message.max.bytes`` is about 1 MiB; the control producer's ``max_request_size`` is
-:data:`icesink.control.MAX_REQUEST_BYTES`). The coordinator merges the DataWritten events of
+:data:`icesink.shared.control.MAX_REQUEST_BYTES`). The coordinator merges the DataWritten events of
 one response per table, so splitting one into several changes nothing but their count, which
 ``DataComplete.events_sent`` carries.
 
@@ -19,10 +19,10 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from icesink import protocol
-from icesink.control import MAX_REQUEST_BYTES
-from icesink.errors import ProtocolError, ResponseSendError
-from icesink.protocol import DataComplete, DataWritten
+from icesink.shared import protocol
+from icesink.shared.control import MAX_REQUEST_BYTES
+from icesink.shared.errors import ProtocolError, ResponseSendError
+from icesink.shared.protocol import DataComplete, DataWritten
 
 #: Largest encoded DataWritten sent: under Kafka's default message.max.bytes (1 MiB) and far
 #: under the control producer's max_request_size.

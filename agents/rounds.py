@@ -29,15 +29,17 @@ from agents.kafka import commit_offsets
 from agents.tables import Target
 from agents.tasks import EpochGate, TaskOwner, highwater, unless_moved
 from agents.write_failures import WriteFailures
-from icesink.config import Settings
-from icesink.control import ControlReader
-from icesink.errors import ResponseSendError, WritesKeepFailing, is_retriable
-from icesink.protocol import CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit
-from icesink.protocol.fences import worker_files_prefix, worker_prefix
-from icesink.faults import crash_point, die, should_crash
-from icesink.iceberg import to_file_info
-from icesink.metrics import Metrics
-from icesink.offload import Offload
+from icesink.shared.config import Settings
+from icesink.shared.control import ControlReader
+from icesink.shared.errors import ResponseSendError, WritesKeepFailing, is_retriable
+from icesink.shared.protocol import (
+    CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit,
+)
+from icesink.shared.protocol.fences import worker_files_prefix, worker_prefix
+from icesink.shared.faults import crash_point, die, should_crash
+from icesink.shared.iceberg import to_file_info
+from icesink.shared.metrics import Metrics
+from icesink.shared.offload import Offload
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +298,7 @@ class Rounds:
     def _file_prefixes(self, snap: Snapshot, name: str) -> Callable[[str], str]:
         """Each table's file prefix for a write of ``snap`` (a response's or an early write's):
         ``name`` fenced by a partition with rows for that table, from where the snapshot's range
-        of it starts (icesink/protocol/fences.py). So once those rows, read again by whoever
+        of it starts (icesink/shared/protocol/fences.py). So once those rows, read again by whoever
         owns the partition, are committed to the table, its state there shows the file can never
         be committed, and a sweep may delete it."""
         group = self.settings.group_id

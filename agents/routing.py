@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agents.convert import Converted, Reject, decode_json
-from icesink.config import Settings
+from icesink.shared.config import Settings
 
 if TYPE_CHECKING:
     from agents.debezium import DebeziumTransform

@@ -31,11 +31,11 @@ from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.types import DoubleType, FloatType, ListType, MapType, NestedField, PrimitiveType, StructType
 
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_field_metadata
-from icesink.config import Settings
-from icesink.errors import ConfigError, ProtocolError, UnsupportedTypeError
-from icesink.iceberg import latest_sink_summary, mirror_keys, split_name
-from icesink.schema_changes import iceberg_schema
-from icesink.partitioning import build_partition_spec, parse_partition_by
+from icesink.shared.config import Settings
+from icesink.shared.errors import ConfigError, ProtocolError, UnsupportedTypeError
+from icesink.shared.iceberg import latest_sink_summary, mirror_keys, split_name
+from icesink.shared.schema_changes import iceberg_schema
+from icesink.shared.partitioning import build_partition_spec, parse_partition_by
 
 NAME_MAPPING = "schema.name-mapping.default"
 

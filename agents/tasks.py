@@ -13,9 +13,9 @@ from typing import Any
 
 from faust.types import TP
 
-from icesink.protocol import CommitComplete, CommitToTable, Event, Resume, Rewind, StartCommit
-from icesink.metrics import Metrics
-from icesink.retry import Backoff
+from icesink.shared.protocol import CommitComplete, CommitToTable, Event, Resume, Rewind, StartCommit
+from icesink.shared.metrics import Metrics
+from icesink.shared.retry import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -55,17 +55,17 @@ from agents.rounds import Rounds
 from agents.routing import Router
 from agents.tables import Target, load_target
 from agents.tasks import TaskOwner, highwater, supervise_coordinator
-from icesink import gc_tuning
-from icesink.config import Settings
-from icesink.control import ControlProducer, ControlReader, ensure_control_topic
-from icesink.errors import FencedError
-from icesink.faults import hold_point_blocking
-from icesink.group_secret import SecretLoader
-from icesink.protocol import TopicPartition
-from icesink.iceberg import load_catalog
-from icesink.metrics import Metrics
-from icesink.offload import Offload
-from icesink.signing import Keyring
+from icesink.shared import gc_tuning
+from icesink.shared.config import Settings
+from icesink.shared.control import ControlProducer, ControlReader, ensure_control_topic
+from icesink.shared.errors import FencedError
+from icesink.shared.faults import hold_point_blocking
+from icesink.shared.group_secret import SecretLoader
+from icesink.shared.protocol import TopicPartition
+from icesink.shared.iceberg import load_catalog
+from icesink.shared.metrics import Metrics
+from icesink.shared.offload import Offload
+from icesink.shared.signing import Keyring
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Worker(FaustApp, Ingest):
         self._leader = leader
         self.bootstrap = bootstrap
         self.metrics = metrics
-        # A plain name (icesink.config.WORKER_ID): it names this replica's directories and files.
+        # A plain name (icesink.shared.config.WORKER_ID): it names this replica's directories and files.
         default = re.sub(r"[^A-Za-z0-9._-]", "_", f"{socket.gethostname()[:100]}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
         self.worker_id = settings.worker_id or (default if default[0].isalnum() else f"w{default}")
         metrics.info.labels(group=settings.group_id, worker=self.worker_id).set(1)

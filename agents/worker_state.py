@@ -33,12 +33,12 @@ if TYPE_CHECKING:
     from agents.kafka import Fetched
     from agents.tables import Target
     from agents.tasks import TaskOwner
-    from icesink.config import Settings
-    from icesink.control import ControlProducer, ControlReader
-    from icesink.group_secret import SecretLoader
-    from icesink.protocol import TopicPartition
-    from icesink.metrics import Metrics
-    from icesink.offload import Offload
+    from icesink.shared.config import Settings
+    from icesink.shared.control import ControlProducer, ControlReader
+    from icesink.shared.group_secret import SecretLoader
+    from icesink.shared.protocol import TopicPartition
+    from icesink.shared.metrics import Metrics
+    from icesink.shared.offload import Offload
 
 
 class WorkerState:
@@ -65,7 +65,7 @@ class WorkerState:
     app: faust.App
     producer: ControlProducer
     reader: ControlReader
-    secret: SecretLoader  # the group's key (icesink/group_secret.py)
+    secret: SecretLoader  # the group's key (icesink/shared/group_secret.py)
     catalog: Catalog
     _stop: asyncio.Event
     _owner: TaskOwner

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from icesink.retry import Backoff
+from icesink.shared.retry import Backoff
 
 BACKOFF_S = 5.0
 BACKOFF_CAP_S = 300.0

@@ -24,7 +24,7 @@ from typing import Final
 ROOT: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from icesink.catalogs import sqlite_catalog_properties  # noqa: E402
+from icesink.shared.catalogs import sqlite_catalog_properties  # noqa: E402
 
 TABLE: Final = "bench.pizzas"
 SAMPLE_EVERY_S: Final = 0.2

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.chaos import run_chaos
-from icesink.catalogs import sqlite_catalog_properties
+from icesink.shared.catalogs import sqlite_catalog_properties
 from icesink.app.embedded import EmbeddedBroker
 
 

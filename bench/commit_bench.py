@@ -42,8 +42,8 @@ from coordinator import iceberg_ext
 from coordinator.committer import RoundCommit, TableCache, commit_table, round_tables
 from coordinator.iceberg_ext.catalogs import SqlCatalog
 from coordinator.state import Accepted
-from icesink.catalogs import sqlite_catalog_properties
-from icesink.protocol import FileInfo, TopicPartition
+from icesink.shared.catalogs import sqlite_catalog_properties
+from icesink.shared.protocol import FileInfo, TopicPartition
 
 SCHEMA = Schema(*(
     NestedField(i + 1, name, kind, required=False) for i, (name, kind) in enumerate([
@@ -97,7 +97,7 @@ def hold_the_gil(stop: threading.Event) -> None:
 
 
 def run(kind: str, args: argparse.Namespace) -> None:
-    """The rounds on ``kind``'s SQL catalog class: pyiceberg's own, or icesink.catalogs'."""
+    """The rounds on ``kind``'s SQL catalog class: pyiceberg's own, or icesink.shared.catalogs'."""
     with tempfile.TemporaryDirectory(prefix="commit-bench-") as tmp:
         props = sqlite_catalog_properties(Path(tmp))
         catalog = load_catalog("bench", **props) if kind == "pyiceberg" else SqlCatalog("bench", **props)

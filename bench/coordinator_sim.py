@@ -10,7 +10,7 @@ partition over all tables). The round is built as the protocol builds it: a Clai
 Resume per worker (set-up, not timed), then StartCommit, one DataWritten per worker and table
 (its files with column statistics for 7 columns, as a pizza table has) and one DataComplete
 per worker listing the ranges of its partitions. It prints the events and the bytes they take
-on the control topic (``icesink.protocol.encode``, the value of each control record; keys and
+on the control topic (``icesink.shared.protocol.encode``, the value of each control record; keys and
 signatures add a few dozen bytes each), the largest event, the time to apply them all
 (``CoordinatorState.apply``) and to decide (``round_answered`` + ``plan_commit``), and a grid
 showing what the events grow with.
@@ -30,7 +30,7 @@ from typing import Final
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from coordinator.state import CoordinatorState
-from icesink.protocol import (
+from icesink.shared.protocol import (
     Claim, DataComplete, DataWritten, Event, FileInfo, OffsetRange, Position, Resume, StartCommit, TopicPartition,
     decode, encode,
 )

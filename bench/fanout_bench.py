@@ -37,9 +37,9 @@ from agents.decode import BatchDecoder
 from agents.worker import Worker
 from bench.ingest_bench import ROUTE_FIELD, routed
 from icesink.app.pizzas import pizza_values
-from icesink.config import build
-from icesink.metrics import Metrics
-from icesink.protocol import TopicPartition
+from icesink.shared.config import build
+from icesink.shared.metrics import Metrics
+from icesink.shared.protocol import TopicPartition
 
 TP = TopicPartition("pizzas", 0)
 

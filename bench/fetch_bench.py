@@ -5,7 +5,7 @@
 Builds one fetch of pizza events as a broker returns it (aiokafka's own batch builder, 200
 records a batch, uncompressed; N defaults to ``consumer.max-batch``, the most records a fetch
 hands over) and times, best of R rounds, each path over all of it, with the worker's garbage
-collector settings (icesink/gc_tuning.py):
+collector settings (icesink/shared/gc_tuning.py):
 
 - aiokafka: what aiokafka's fetch does with them (``PartitionRecords``: the CRC check, the
   read_committed bookkeeping, one ``ConsumerRecord`` per record, in Faust's consumer thread);
@@ -43,7 +43,7 @@ from agents.deadletter import screen
 from agents.kafka.record_batches import take
 from agents.kafka.source_consumer import serialized_bytes
 from bench.convert_bench import best_rates
-from icesink import gc_tuning
+from icesink.shared import gc_tuning
 from icesink.app.pizzas import pizza_values
 
 BATCH = 200

@@ -70,8 +70,8 @@ def _report(kind: str, **data: Any) -> None:
 async def _member(args: argparse.Namespace) -> None:
     from agents.worker import Worker
     from icesink.app.files import spark_files
-    from icesink.config import load_settings
-    from icesink.metrics import Metrics
+    from icesink.shared.config import load_settings
+    from icesink.shared.metrics import Metrics
 
     settings = load_settings(None, {}, {
         "topics": TOPIC, "iceberg.tables": "repro.t", "group.id": args.group,
@@ -219,7 +219,7 @@ def wait_formed(members: Members, partitions: int, timeout_s: float) -> float | 
 
 def driver_main(args: argparse.Namespace) -> int:
     from icesink.app.embedded import EmbeddedBroker
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
 
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="group-restart-"))
     root.mkdir(parents=True, exist_ok=True)

@@ -41,9 +41,9 @@ from coordinator.committer import RoundCommit, TableCache, commit_table
 from coordinator.maintenance import MaintenanceSettings, compact, expire
 from coordinator.state import Accepted
 from coordinator.iceberg_ext.catalogs import SqlCatalog
-from icesink.catalogs import sqlite_catalog_properties
-from icesink.iceberg import to_file_info
-from icesink.protocol import TopicPartition
+from icesink.shared.catalogs import sqlite_catalog_properties
+from icesink.shared.iceberg import to_file_info
+from icesink.shared.protocol import TopicPartition
 from spark_bridge.rewrite import read_files
 
 PARTITIONS = 6  # source partitions: each round's positions name them all

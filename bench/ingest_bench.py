@@ -67,7 +67,7 @@ from bench.benchlib import (  # noqa: E402
     ensure_class_archive, file_create_us,
     Profiler, fmt_int, metric_total, per_partition_counts, process_cpu_s, system_cpu_s,
 )
-from icesink.catalogs import sqlite_catalog_properties  # noqa: E402
+from icesink.shared.catalogs import sqlite_catalog_properties  # noqa: E402
 from icesink.app.embedded import EmbeddedBroker  # noqa: E402
 
 TOPIC: Final = "bench-pizzas"
@@ -699,7 +699,7 @@ def main() -> int:
     print(f"N = {n:,} pizza events, {args.partitions} partitions, {os.cpu_count()} CPUs")
     sys.stdout.flush()
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
 
     tmp = Path(tempfile.mkdtemp(prefix="icesink-bench-"))

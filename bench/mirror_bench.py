@@ -47,8 +47,8 @@ from coordinator.iceberg_ext.deletes import WithPositionDeletes, write_position_
 from coordinator.mirror import MirrorIndexes
 from coordinator.state import Accepted
 from tests.support import duck
-from icesink.config import load_settings
-from icesink.protocol import FileInfo, TopicPartition
+from icesink.shared.config import load_settings
+from icesink.shared.protocol import FileInfo, TopicPartition
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "v", StringType(), required=False),
                 identifier_field_ids=[1])

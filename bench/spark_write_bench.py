@@ -23,7 +23,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
 
 from icesink.app.pizzas import PIZZA_SCHEMA
-from icesink.partitioning import build_partition_spec, parse_partition_by
+from icesink.shared.partitioning import build_partition_spec, parse_partition_by
 from spark_bridge.session import SparkSettings
 from spark_bridge.writer import SparkFileWriter
 

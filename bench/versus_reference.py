@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyiceberg.catalog import load_catalog
 
     from icesink.app.pizzas import pizza_values, produce
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.kafka_broker import KafkaBroker
     from tests.support.kafka_connect import resolve
     from tests.support.postgres import PostgresServer

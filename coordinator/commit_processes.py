@@ -53,9 +53,9 @@ from pyiceberg.catalog import Catalog
 from coordinator.committer import RoundCommit, TableCache, TableCommit, commit_table
 from coordinator.maintenance import MaintenanceSettings, expiry_due, plan_compaction
 from coordinator.state import Accepted
-from icesink.config import Settings
-from icesink.errors import IcesinkError, is_retriable
-from icesink.faults import crash_point
+from icesink.shared.config import Settings
+from icesink.shared.errors import IcesinkError, is_retriable
+from icesink.shared.faults import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def _start(settings: Settings, level: int, replica: int) -> None:
     SIGKILL cannot close its pool, and a process left behind would commit late."""
     global _catalog, _settings, _replica
     from coordinator import iceberg_ext
-    from icesink.iceberg import load_catalog
+    from icesink.shared.iceberg import load_catalog
 
     iceberg_ext.install()  # a fresh process (forkserver): this is its composition root
 

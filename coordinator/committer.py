@@ -31,10 +31,10 @@ from coordinator.requirements import (
     validate_only,
 )
 from coordinator.state import Accepted, Checkpoint
-from icesink.errors import ControlLogError, FencedError, TableChangedError
-from icesink.iceberg import latest_sink_summary, to_data_file
-from icesink.protocol import SinkState, TopicPartition, state_property, summary_properties
-from icesink.protocol.fences import coordinator_prefix
+from icesink.shared.errors import ControlLogError, FencedError, TableChangedError
+from icesink.shared.iceberg import latest_sink_summary, to_data_file
+from icesink.shared.protocol import SinkState, TopicPartition, state_property, summary_properties
+from icesink.shared.protocol.fences import coordinator_prefix
 
 log = logging.getLogger(__name__)
 

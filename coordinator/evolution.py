@@ -17,12 +17,12 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-from icesink.schema_changes import (
+from icesink.shared.schema_changes import (
     AddField, Change, MakeOptional, Path, Widen, apply_changes, changes, from_proposal, iceberg_type,
     identifier_paths,
 )
 from coordinator.requirements import AssertEpoch, validate
-from icesink.protocol import SchemaProposal
+from icesink.shared.protocol import SchemaProposal
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ snapshots expired by another tool. A file is deleted only if all of these hold:
   included, is read);
 - no DataWritten event of the group's control log after its checkpoint names it;
 - it is older than the grace period;
-- its name's fence says no round can commit it any more (icesink/protocol/fences.py): its
+- its name's fence says no round can commit it any more (icesink/shared/protocol/fences.py): its
   group's position in the table passed where its response began, or a later coordinator
   epoch of its group committed to the table. This holds for every group whose state the table
   holds, whatever its control log. A file without a fence (another tool's, or written before
@@ -30,13 +30,13 @@ from urllib.parse import urlparse
 from pyarrow import fs as pafs
 from pyiceberg.table import Table
 
-from icesink.config import Settings
-from icesink.control import ControlReader
-from icesink.errors import ConfigError
-from icesink.iceberg import latest_sink_summary
-from icesink.protocol import GROUP, CommitComplete, DataWritten, SinkState
-from icesink.protocol.fences import fence_of, judge
-from icesink.signing import Keyring
+from icesink.shared.config import Settings
+from icesink.shared.control import ControlReader
+from icesink.shared.errors import ConfigError
+from icesink.shared.iceberg import latest_sink_summary
+from icesink.shared.protocol import GROUP, CommitComplete, DataWritten, SinkState
+from icesink.shared.protocol.fences import fence_of, judge
+from icesink.shared.signing import Keyring
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ async def in_flight_files(settings: Settings, bootstrap: str, table_start: int |
     coordinator's checkpoint's; without a readable checkpoint, ``table_start`` (the lowest
     ``replay_from`` of the group's state in the tables swept: every event naming a file one of
     them lacks is at or after it); without either, the log's start (the group never committed).
-    ``keyring``: the group's (icesink/group_secret.py), as its replicas check: an event not
+    ``keyring``: the group's (icesink/shared/group_secret.py), as its replicas check: an event not
     signed with it, a checkpoint too, names nothing and moves nothing."""
     group = settings.group_id
     reader = ControlReader(

@@ -1,6 +1,6 @@
 """How far the coordinator may truncate its control log (docs/maintenance.md, "Control log").
 
-The truncator (icesink/control.py) never deletes past the replay start of the group's
+The truncator (icesink/shared/control.py) never deletes past the replay start of the group's
 checkpoint. But the checkpoint can become unusable (expired group offsets, its record lost), and
 a recovery then starts from the tables' sink state (coordinator/recovery.py): a table that lacks
 a round (a parked table, or a round in doubt) needs the log from its own, older replay start, or
@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from coordinator.recovery import doubt
-from icesink.control import ControlLogTruncator
-from icesink.offload import Offload
-from icesink.protocol import SinkState
+from icesink.shared.control import ControlLogTruncator
+from icesink.shared.offload import Offload
+from icesink.shared.protocol import SinkState
 
 
 def replay_floor(states: dict[str, SinkState], parked: Iterable[str]) -> tuple[int, str] | None:

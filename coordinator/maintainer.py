@@ -16,9 +16,9 @@ from coordinator.committer import TableCache
 from coordinator.gc import InFlight
 from coordinator.maintenance import ManifestLists, MaintenanceSettings, Rewriter, TableLocks, compact, expire
 from coordinator.mirror import MirrorIndexes
-from icesink.config import Settings
-from icesink.errors import is_retriable
-from icesink.retry import Backoff
+from icesink.shared.config import Settings
+from icesink.shared.errors import is_retriable
+from icesink.shared.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Maintainer:
                  locks: TableLocks, rewrite: Rewriter | None, in_flight: Callable[[int | None], Awaitable[InFlight]],
                  tables: TableCache | None = None, mirrors: MirrorIndexes | None = None,
                  truncate: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
-        from icesink.offload import Offload
+        from icesink.shared.offload import Offload
 
         self.s = MaintenanceSettings.of(settings)
         self.catalog, self.metrics, self.locks, self.rewrite = catalog, metrics, locks, rewrite
@@ -54,7 +54,7 @@ class Maintainer:
         self.mirrors = mirrors  # the rounds' key indexes: moved to a mirror table's compacted files
         self.report: dict[str, dict[str, Any]] = status.setdefault("maintenance", {})
         self.status = status
-        # async () -> what it did: deletes the control log's records no group needs (icesink/control.py)
+        # async () -> what it did: deletes the control log's records no group needs (icesink/shared/control.py)
         self.truncate = truncate
         self._truncate_at = time.monotonic() + self.s.control_log_every_s
         self._due: set[str] = set()

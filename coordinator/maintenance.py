@@ -47,11 +47,11 @@ from coordinator.gc import normalize
 from coordinator.iceberg_ext import MemoTransaction, Replace, check_before_retry
 from coordinator.key_index import read_keys
 from coordinator.mirror import MirrorIndexes
-from icesink.catalogs import manifests_of
-from icesink.config import Settings
-from icesink.errors import FencedError
-from icesink.iceberg import latest_sink_summary
-from icesink.protocol.fences import coordinator_prefix
+from icesink.shared.catalogs import manifests_of
+from icesink.shared.config import Settings
+from icesink.shared.errors import FencedError
+from icesink.shared.iceberg import latest_sink_summary
+from icesink.shared.protocol.fences import coordinator_prefix
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading
     manifest entries (:func:`live_files`), kept by the caller between steps. ``mirrors``: the
     coordinator's key indexes; a mirror table's index moves to the new files in place.
     ``seen``: as for :func:`expire`: nothing due there, no catalog read. ``fence``: the
-    coordinator's group and epoch, named in the new files' prefix (icesink/protocol/fences.py)
+    coordinator's group and epoch, named in the new files' prefix (icesink/shared/protocol/fences.py)
     and checked under the lock before the commit: a coordinator fenced meanwhile commits nothing."""
     if seen is not None and plan_compaction(seen, s, cache) is None:
         return None

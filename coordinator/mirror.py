@@ -27,10 +27,10 @@ from pyiceberg.typedef import Record
 from coordinator.iceberg_ext.deletes import write_position_deletes
 from coordinator.key_index import KeyIndex
 from coordinator.state import Accepted
-from icesink.config import Settings
-from icesink.errors import TableChangedError
-from icesink.protocol import FileInfo
-from icesink.iceberg import mirror_keys, to_data_file
+from icesink.shared.config import Settings
+from icesink.shared.errors import TableChangedError
+from icesink.shared.protocol import FileInfo
+from icesink.shared.iceberg import mirror_keys, to_data_file
 
 log = logging.getLogger(__name__)
 

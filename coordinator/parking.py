@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.state import Accepted, Checkpoint
-from icesink.metrics import Metrics
-from icesink.retry import Backoff
+from icesink.shared.metrics import Metrics
+from icesink.shared.retry import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from icesink.errors import ControlLogError
-from icesink.protocol import CommitComplete, Owner, Position, TopicPartition
-from icesink.protocol import SinkState
+from icesink.shared.errors import ControlLogError
+from icesink.shared.protocol import CommitComplete, Owner, Position, TopicPartition
+from icesink.shared.protocol import SinkState
 
 
 def check_log_identity(

@@ -17,9 +17,9 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
 from coordinator.files import confined, data_roots, field_id_mismatch
-from icesink.errors import ControlLogError, FencedError, TableChangedError
-from icesink.iceberg import latest_sink_summary
-from icesink.protocol import SinkState
+from icesink.shared.errors import ControlLogError, FencedError, TableChangedError
+from icesink.shared.iceberg import latest_sink_summary
+from icesink.shared.protocol import SinkState
 
 
 class TableRequirement(Protocol):

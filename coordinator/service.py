@@ -33,10 +33,10 @@ from coordinator.mirror import MirrorIndexes, delete_keys_files
 from coordinator.parking import ParkedTables
 from coordinator.recovery import Base, adopt_states, check_log_identity, from_tables, table_positions
 from coordinator.state import Accepted, Checkpoint, CoordinatorState, TableFile, checkpoint_event, next_epoch
-from icesink.config import Settings
-from icesink.control import ControlLogTruncator, ControlProducer, ControlReader
-from icesink.errors import ControlLogError, FencedError, IcesinkError, is_retriable
-from icesink.protocol import (
+from icesink.shared.config import Settings
+from icesink.shared.control import ControlLogTruncator, ControlProducer, ControlReader
+from icesink.shared.errors import ControlLogError, FencedError, IcesinkError, is_retriable
+from icesink.shared.protocol import (
     Claim,
     CommitComplete,
     CommitToTable,
@@ -48,13 +48,13 @@ from icesink.protocol import (
     StartCommit,
     TopicPartition,
 )
-from icesink.faults import crash_point, hold_point, hold_point_blocking
-from icesink.iceberg import latest_sink_summary
-from icesink.protocol import SinkState
-from icesink.kafka_admin import end_offsets, partition_counts, topic_id
-from icesink.metrics import Metrics
-from icesink.offload import Offload
-from icesink.retry import Backoff
+from icesink.shared.faults import crash_point, hold_point, hold_point_blocking
+from icesink.shared.iceberg import latest_sink_summary
+from icesink.shared.protocol import SinkState
+from icesink.shared.kafka_admin import end_offsets, partition_counts, topic_id
+from icesink.shared.metrics import Metrics
+from icesink.shared.offload import Offload
+from icesink.shared.retry import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
-from icesink.errors import PreconditionFailed
-from icesink.protocol.codec import MAX_EPOCH
-from icesink.protocol import (
+from icesink.shared.errors import PreconditionFailed
+from icesink.shared.protocol.codec import MAX_EPOCH
+from icesink.shared.protocol import (
     Claim,
     CommitComplete,
     CommitRequest,

@@ -1,5 +1,5 @@
 """Spark as the Parquet file writer of icesink; pyiceberg commits the files. Partition
-expressions, specs and values are :mod:`icesink.partitioning` (pure, shared with the config).
+expressions, specs and values are :mod:`icesink.shared.partitioning` (pure, shared with the config).
 
 - :mod:`spark_bridge.schema`: Iceberg schema -> Spark schema with Parquet field ids.
 - :mod:`spark_bridge.labels`: partition directory names that map back to one value each.

@@ -29,7 +29,7 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.typedef import Record
 
-from icesink.errors import ConfigError, SparkWriteError
+from icesink.shared.errors import ConfigError, SparkWriteError
 from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 from pyiceberg.partitioning import PartitionField, PartitionSpec, partition_record_value
 from pyiceberg.schema import Schema
 
-from icesink.errors import SparkWriteError
-from icesink.partitioning import partition_values
+from icesink.shared.errors import SparkWriteError
+from icesink.shared.partitioning import partition_values
 
 # Spark's name for a null (or empty) partition value.
 HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"

@@ -42,7 +42,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask
 from pyspark.sql import types as st
 
-from icesink.errors import SparkWriteError
+from icesink.shared.errors import SparkWriteError
 from spark_bridge import staging
 from spark_bridge.files import (
     WRITE_OPTIONS, delete_quietly, filesystem, is_local, parquet_options, place, read_data_files, spark_uri,

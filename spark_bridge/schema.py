@@ -13,8 +13,8 @@ reader maps their columns by name through the table's name mapping
 :func:`requires_name_mapping`, :func:`name_mapping_properties` and :func:`name_mapping_mismatch`.
 
 Which Iceberg types Spark cannot write (uuid, fixed[n]: the writer writes such tables with
-pyarrow) or no writer can write is :mod:`icesink.writable_types`, a leaf the worker imports too:
-:func:`~icesink.writable_types.arrow_only_column` is re-exported here.
+pyarrow) or no writer can write is :mod:`icesink.shared.writable_types`, a leaf the worker imports too:
+:func:`~icesink.shared.writable_types.arrow_only_column` is re-exported here.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pyiceberg.types import (
 )
 from pyspark.sql import types as st
 
-from icesink.writable_types import ARROW_ONLY_TYPES, SPARK_PRIMITIVES, arrow_only_column, unsupported
+from icesink.shared.writable_types import ARROW_ONLY_TYPES, SPARK_PRIMITIVES, arrow_only_column, unsupported
 
 __all__ = [
     "ARROW_ONLY_TYPES",
@@ -72,7 +72,8 @@ _PRIMITIVES: dict[type[IcebergType], st.DataType] = {
     TimeType: st.TimeType(6),  # needs spark.sql.timeType.enabled (Spark 4.1+)
 }
 if set(_PRIMITIVES) != SPARK_PRIMITIVES:  # the leaf's list is what this module maps
-    raise RuntimeError(f"icesink.writable_types.SPARK_PRIMITIVES differs from Spark's types: {sorted(map(str, _PRIMITIVES))}")
+    raise RuntimeError("icesink.shared.writable_types.SPARK_PRIMITIVES differs from Spark's types: "
+                       f"{sorted(map(str, _PRIMITIVES))}")
 
 
 def _spark_type(iceberg_type: IcebergType, path: str, ids: bool) -> st.DataType:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from icesink.errors import ConfigError
+from icesink.shared.errors import ConfigError
 from spark_bridge import class_archive, staging
 from spark_bridge.files import is_local
 from spark_bridge.localfs import session_conf

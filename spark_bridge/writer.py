@@ -52,7 +52,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyspark.sql import types as st
 
-from icesink.errors import SparkWriteError
+from icesink.shared.errors import SparkWriteError
 from spark_bridge import staging
 from spark_bridge.files import (
     WRITE_OPTIONS, FooterPlan, delete_quietly, filesystem, parquet_options, place, read_data_files, spark_uri,

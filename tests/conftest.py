@@ -81,7 +81,7 @@ def each_broker(request: pytest.FixtureRequest) -> EmbeddedBroker | KafkaBroker:
 @pytest.fixture
 def catalog_props(tmp_path: Path) -> dict[str, str]:
     """Properties of a fresh SQLite SQL catalog for this test (``load_catalog(name, **props)``)."""
-    from icesink.catalogs import sqlite_catalog_properties
+    from icesink.shared.catalogs import sqlite_catalog_properties
 
     return sqlite_catalog_properties(tmp_path / "catalog")
 

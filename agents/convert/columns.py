@@ -9,7 +9,7 @@ from typing import Final, Literal, TypeAlias, get_args
 import pyarrow as pa
 
 from agents.convert.grammar import UNIT_DIGITS
-from icesink.errors import UnsupportedTypeError
+from icesink.shared.errors import UnsupportedTypeError
 
 
 Path: TypeAlias = tuple[str, ...]

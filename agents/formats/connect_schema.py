@@ -33,7 +33,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from icesink.errors import UnsupportedTypeError
+from icesink.shared.errors import UnsupportedTypeError
 
 
 EPOCH_UNIT: Final = b"icesink.epoch-unit"

@@ -25,7 +25,7 @@ from pyiceberg.types import (
 )
 
 from agents.convert import Converted, Reject, struct_array
-from icesink.errors import ConfigError
+from icesink.shared.errors import ConfigError
 
 
 _META_TYPES: Final[Mapping[str, tuple[pa.DataType, IcebergType]]] = {

@@ -16,9 +16,9 @@ from agents.convert import Converted, EpochUnit, decode_json, infer_schema
 from agents.formats.connect_schema import ConnectSchemaError, connect_arrow_schema, connect_iceberg_schema
 from agents.formats.envelopes import Envelopes, decode_envelopes, split_envelope
 from agents.formats.extras import Extras, assemble
-from icesink.config import BYTES_CONVERTER, Settings
-from icesink.schema_changes import iceberg_schema
-from icesink.writable_types import arrow_only_column
+from icesink.shared.config import BYTES_CONVERTER, Settings
+from icesink.shared.schema_changes import iceberg_schema
+from icesink.shared.writable_types import arrow_only_column
 
 
 #: Schema-driven evolution (agents.evolution.Growth): the stated schemas of a batch's record

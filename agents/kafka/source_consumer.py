@@ -43,11 +43,11 @@ from aiokafka.consumer.fetcher import FetchResult
 from aiokafka.errors import ConsumerStoppedError
 
 from agents.kafka import record_batches
-from icesink.config import Settings
-from icesink.errors import ConsumerError
-from icesink.protocol import TopicPartition
-from icesink.faults import should_crash
-from icesink.metrics import Metrics
+from icesink.shared.config import Settings
+from icesink.shared.errors import ConsumerError
+from icesink.shared.protocol import TopicPartition
+from icesink.shared.faults import should_crash
+from icesink.shared.metrics import Metrics
 
 if TYPE_CHECKING:
     from faust.transport.drivers.aiokafka import Consumer as AIOKafkaDriver

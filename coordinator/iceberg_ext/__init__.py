@@ -11,7 +11,7 @@ lives in this package, and the rest of icesink uses only what it exports.
 Importing it changes nothing in pyiceberg. :func:`install`, called by the composition root
 (icesink/app/) in every process that commits, checks the installed pyiceberg against the pin in
 pyproject.toml, then makes every snapshot producer of the process write its manifest list with
-:func:`manifest_writers.write_manifest_list` and ``icesink.iceberg.load_catalog`` build SQL
+:func:`manifest_writers.write_manifest_list` and ``icesink.shared.iceberg.load_catalog`` build SQL
 catalogs as :class:`catalogs.SqlCatalog`. The commit paths call :func:`require_installed`.
 """
 
@@ -25,9 +25,9 @@ from coordinator.iceberg_ext.deletes import (
     DELETE_SCHEMA, DeletesManifest, WithPositionDeletes, add_position_deletes, write_position_deletes,
 )
 from coordinator.iceberg_ext.snapshots import MemoTransaction, Replace, SpecAwareAppend, check_before_retry
-from icesink.catalogs import sql_catalog_class, use_sql_catalog
-from icesink.errors import IcesinkError
-from icesink.pins import check_pinned_versions
+from icesink.shared.catalogs import sql_catalog_class, use_sql_catalog
+from icesink.shared.errors import IcesinkError
+from icesink.shared.pins import check_pinned_versions
 
 __all__ = [
     "DELETE_SCHEMA", "DeletesManifest", "MemoTransaction", "NotInstalled", "Replace", "SpecAwareAppend", "SqlCatalog",
@@ -46,7 +46,7 @@ class NotInstalled(IcesinkError):
 
 
 def check_versions() -> None:
-    """Raise :class:`icesink.errors.ConfigError` unless the installed pyiceberg is the pinned one."""
+    """Raise :class:`icesink.shared.errors.ConfigError` unless the installed pyiceberg is the pinned one."""
     check_pinned_versions(LIBRARIES, "coordinator/iceberg_ext/")
 
 

@@ -9,8 +9,8 @@
   whose compare-and-set fails; a new table; a dialect without reliable row counts) takes
   pyiceberg's own path. It writes metadata files as pyiceberg does, but reads pyiceberg's
   configuration (files and environment) once per process, not for every file.
-  :func:`coordinator.iceberg_ext.install` makes ``icesink.iceberg.load_catalog`` use it for
-  every SQL catalog (:func:`icesink.catalogs.use_sql_catalog`).
+  :func:`coordinator.iceberg_ext.install` makes ``icesink.shared.iceberg.load_catalog`` use it for
+  every SQL catalog (:func:`icesink.shared.catalogs.use_sql_catalog`).
 
 Both are pinned to pyiceberg 0.12 (pyproject.toml); tests/unit/test_catalogs.py holds them to
 pyiceberg's own results.

@@ -64,7 +64,7 @@ def write_position_deletes(
     table's data location and describe it for a commit. A position delete file belongs to one
     partition: every deleted row's data file must be of ``partition`` under spec ``spec_id``
     (default: unpartitioned, the table's default spec). ``prefix`` starts its name (the
-    coordinator's fence: icesink/protocol/fences.py)."""
+    coordinator's fence: icesink/shared/protocol/fences.py)."""
     if table.format_version < 2:
         raise ValueError(f"table {'.'.join(table.name())}: position deletes need format version 2, "
                          f"found {table.format_version}")

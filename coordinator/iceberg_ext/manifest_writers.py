@@ -9,7 +9,7 @@ tables, although the shape only changes with the format version and the partitio
 in pyiceberg), with ints encoded in one write each (:class:`AvroEncoder`).
 
 A manifest list written here is also remembered with the manifests it holds
-(:func:`icesink.catalogs.remember_manifests`), so the next commit to the table finds its
+(:func:`icesink.shared.catalogs.remember_manifests`), so the next commit to the table finds its
 parent's manifests without reading the file it has just written.
 
 :func:`manifest_writer` replaces pyiceberg's ``write_manifest`` for the committer's appends;
@@ -52,7 +52,7 @@ from pyiceberg.table import TableProperties
 from pyiceberg.typedef import StructProtocol, TableVersion
 from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
-from icesink.catalogs import remember_manifests
+from icesink.shared.catalogs import remember_manifests
 
 __all__ = ["AvroEncoder", "PreparedAvroFile", "install", "installed", "manifest_writer", "write_manifest_list"]
 

@@ -32,8 +32,8 @@ from pyiceberg.typedef import EMPTY_DICT, Record
 from coordinator.iceberg_ext.catalogs import staged_metadata
 from coordinator.iceberg_ext.deletes import DeletesManifest, add_position_deletes
 from coordinator.iceberg_ext.manifest_writers import manifest_writer
-from icesink.catalogs import manifests_of
-from icesink.errors import TableChangedError
+from icesink.shared.catalogs import manifests_of
+from icesink.shared.errors import TableChangedError
 
 __all__ = ["MemoTransaction", "Replace", "SpecAwareAppend", "check_before_retry"]
 
@@ -109,7 +109,7 @@ class SpecAwareAppend(_FastAppendFiles):
 
     def _existing_manifests(self) -> list[ManifestFile]:
         """pyiceberg 0.12's, reading the parent's manifest list once per process
-        (:func:`icesink.catalogs.manifests_of`)."""
+        (:func:`icesink.shared.catalogs.manifests_of`)."""
         if self._parent_snapshot_id is None:
             return []
         parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id)

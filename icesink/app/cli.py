@@ -12,11 +12,11 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from icesink.errors import ConfigError, ControlLogError, ControlSecretError
-from icesink.secrets import Redactor, install_log_redaction
+from icesink.shared.errors import ConfigError, ControlLogError, ControlSecretError
+from icesink.shared.secrets import Redactor, install_log_redaction
 
 if TYPE_CHECKING:
-    from icesink.config import Settings
+    from icesink.shared.config import Settings
 
 log = logging.getLogger("icesink")
 
@@ -43,7 +43,7 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
 
 def _settings(args: argparse.Namespace) -> Settings:
     """The settings; from here on every log record is redacted of their secrets."""
-    from icesink.config import load_settings
+    from icesink.shared.config import load_settings
 
     overrides = _overrides(args.set or [])
     if getattr(args, "metrics_port", None) is not None:
@@ -62,13 +62,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from agents.worker import Worker
     from coordinator import iceberg_ext
     from coordinator.service import Coordinator
-    from icesink.metrics import Metrics
-    from icesink import gc_tuning
+    from icesink.shared.metrics import Metrics
+    from icesink.shared import gc_tuning
     from icesink.app.files import spark_files
     from icesink.app.stack import resolve_bootstrap
     from icesink.app.status import serve
 
-    gc_tuning.tune()  # before start-up allocates (icesink/gc_tuning.py)
+    gc_tuning.tune()  # before start-up allocates (icesink/shared/gc_tuning.py)
     iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit
     settings = _settings(args)
     redact = settings.redactor()
@@ -108,7 +108,7 @@ def cmd_pizzas(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
 
     bootstrap = args.bootstrap
@@ -134,10 +134,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_control_tail(args: argparse.Namespace) -> int:
-    from icesink.control import ControlReader
-    from icesink.group_secret import stored_keyring
-    from icesink.iceberg import load_catalog
-    from icesink.protocol import describe
+    from icesink.shared.control import ControlReader
+    from icesink.shared.group_secret import stored_keyring
+    from icesink.shared.iceberg import load_catalog
+    from icesink.shared.protocol import describe
 
     settings = _settings(args)
     bootstrap = args.bootstrap or settings.bootstrap_servers
@@ -168,8 +168,8 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from coordinator.gc import delete_orphans, find_orphans, in_flight_files, parse_duration, sink_states
-    from icesink.group_secret import stored_keyring
-    from icesink.iceberg import load_catalog
+    from icesink.shared.group_secret import stored_keyring
+    from icesink.shared.iceberg import load_catalog
 
     settings = _settings(args)
     older_than = parse_duration(args.older_than)

@@ -68,7 +68,7 @@ class Cluster:
     async def start(self) -> None:
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-        from icesink.kafka_admin import end_offsets, ensure_topic
+        from icesink.shared.kafka_admin import end_offsets, ensure_topic
 
         kwargs = self.settings.client_kwargs()
         await ensure_topic(self.bootstrap, self.settings.config_topic, 1,

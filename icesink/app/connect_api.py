@@ -21,7 +21,7 @@ from aiohttp.typedefs import Handler
 
 from icesink.app.connect_policy import shown
 from icesink.app.connect_security import check_basic
-from icesink.errors import ConfigError
+from icesink.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ override). Every Spark key is process-level but for :data:`CONNECTOR_SPARK_KEYS`
 output tuning): Spark reads hundreds of keys, too many of which name classes or programs for a
 list of the dangerous ones to be complete.
 
-Secrets never leave the API: :func:`shown` masks them as logs do (icesink/secrets.py), and a
+Secrets never leave the API: :func:`shown` masks them as logs do (icesink/shared/secrets.py), and a
 config PUT back with a mask keeps the stored value (:func:`unmasked`). A secret in the process's
 own settings would be handed to every connector a caller creates: :func:`secret_default` finds
 it so that the process refuses to start (connectors reference secrets through config providers).
@@ -27,10 +27,10 @@ import unicodedata
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from icesink.config import catalog_paths_absolute, is_secret_setting
-from icesink.config_providers import PREFIX as PROVIDERS, has_reference, is_reference
-from icesink.errors import ConfigError
-from icesink.secrets import MASK, Hidden, mask_url
+from icesink.shared.config import catalog_paths_absolute, is_secret_setting
+from icesink.shared.config_providers import PREFIX as PROVIDERS, has_reference, is_reference
+from icesink.shared.errors import ConfigError
+from icesink.shared.secrets import MASK, Hidden, mask_url
 
 OVERRIDE_ALLOW = "connector.config.override.allow"
 #: Keys naming the connector, not the sink (Kafka Connect's own).
@@ -104,7 +104,7 @@ def _local_path(value: str) -> bool:
 
 def relative_paths(config: Mapping[str, str], defaults: Mapping[str, object]) -> set[str]:
     """The keys of ``config`` whose value is a relative path of this host once used as the
-    settings use it: catalog properties that :func:`icesink.config.catalog_paths_absolute` makes
+    settings use it: catalog properties that :func:`icesink.shared.config.catalog_paths_absolute` makes
     absolute (judged with the process's ``defaults``, which may say the catalog is REST, where a
     warehouse is a name), and table paths and locations without a scheme."""
     merged = {**{k: str(v) for k, v in defaults.items()}, **config}

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from icesink.config_providers import parse_properties
-from icesink.errors import ConfigError
-from icesink.secrets import Hidden
+from icesink.shared.config_providers import parse_properties
+from icesink.shared.errors import ConfigError
+from icesink.shared.secrets import Hidden
 
 BASIC_AUTH_EXTENSION = "org.apache.kafka.connect.rest.basic.auth.extension.BasicAuthSecurityRestExtension"
 LOGIN_MODULE = "org.apache.kafka.connect.rest.basic.auth.extension.PropertyFileLoginModule"

@@ -34,10 +34,10 @@ from icesink.app.connect_security import (
     rest_security,
 )
 from icesink.app.connect_state import tasks_max
-from icesink.config import Settings, build_resolved, keys_from_env, read_config_file
-from icesink.config_providers import SETTINGS_ENV_PREFIX, declared, is_provider_key, resolve
-from icesink.errors import ConfigError
-from icesink.secrets import Hidden
+from icesink.shared.config import Settings, build_resolved, keys_from_env, read_config_file
+from icesink.shared.config_providers import SETTINGS_ENV_PREFIX, declared, is_provider_key, resolve
+from icesink.shared.errors import ConfigError
+from icesink.shared.secrets import Hidden
 
 #: Settings of the connect process itself, with their defaults.
 CONNECT_DEFAULTS: dict[str, Any] = {

@@ -26,7 +26,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from icesink.errors import ConfigError
+from icesink.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

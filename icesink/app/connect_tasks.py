@@ -34,7 +34,7 @@ from icesink.app.connect_policy import replica_name
 from icesink.app.connect_settings import ConnectSettings
 from icesink.app.connect_state import FAILED, PAUSED, RESTARTING, RUNNING, Connector
 from icesink.app.replicas import Replica, ReplicaSet
-from icesink.errors import ConfigError
+from icesink.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

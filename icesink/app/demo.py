@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from icesink.catalogs import sqlite_catalog_properties
+from icesink.shared.catalogs import sqlite_catalog_properties
 from icesink.app.embedded import EmbeddedBroker
-from icesink.kafka_admin import ensure_topic
+from icesink.shared.kafka_admin import ensure_topic
 from icesink.app.pizzas import pizza_event, produce
 from icesink.app.replicas import ReplicaSet
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Final, TypeVar
 
-from icesink.errors import IcesinkError
+from icesink.shared.errors import IcesinkError
 
 __all__ = [
     "BrokerStartError",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agents.file_writer import FileWriting
-from icesink.config import Settings
+from icesink.shared.config import Settings
 from spark_bridge.rewrite import rewrite_files
 from spark_bridge.session import SparkSettings
 from spark_bridge.writer import SparkFileWriter

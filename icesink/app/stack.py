@@ -4,7 +4,7 @@ Without ``bootstrap.servers`` a worker uses the embedded Tansu broker recorded i
 ``<state.dir>/broker.json`` if it still answers, else starts one (as its own child process)
 and records it there, so further replicas on the same host with the same state dir join it.
 Without ``iceberg.catalog.type`` the catalog is a SQLite SQL catalog under ``<state.dir>``
-(icesink.iceberg.catalog_properties).
+(icesink.shared.iceberg.catalog_properties).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import socket
 from pathlib import Path
 
-from icesink.config import Settings
+from icesink.shared.config import Settings
 from icesink.app.embedded import EmbeddedBroker
 
 log = logging.getLogger(__name__)

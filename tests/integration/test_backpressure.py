@@ -89,9 +89,9 @@ def _peak_rss_kib(pid: int) -> int | None:
 def test_full_buffers_pause_partitions_and_commit_early(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.control import ControlProducer
-    from icesink.protocol import CommitRequest, StartCommit
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.control import ControlProducer
+    from icesink.shared.protocol import CommitRequest, StartCommit
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, control_events, group_key, metric, total_rows, write_config

@@ -45,7 +45,7 @@ def durable_broker(request, tmp_path):
 def test_broker_restart_on_durable_storage_loses_and_duplicates_nothing(durable_broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, total_rows, wait_rows, write_config

@@ -60,7 +60,7 @@ class OtherWriter(threading.Thread):
 def test_concurrent_writer_and_postgres_outage(broker, postgres, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import PIZZA_SCHEMA, pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, http_json, metric, total_rows, wait_rows, write_config

@@ -1,7 +1,7 @@
 """Replicas that start together on a new catalog all start (issue 40, point 12).
 
 Real processes, each loading the sink's catalog as a worker replica does at start-up
-(``icesink.iceberg.load_catalog``), released at the same instant on a catalog that does not
+(``icesink.shared.iceberg.load_catalog``), released at the same instant on a catalog that does not
 exist yet: the embedded SQLite catalog under ``state.dir``, and a SQLite catalog of the
 connector's own (``iceberg.catalog.uri``). Every one must get the catalog; none may fail with
 "table iceberg_tables already exists" (the catalog tables created twice).
@@ -24,8 +24,8 @@ ROUNDS = 4  # the race was lost in about half the runs of 8 processes on 2 cores
 
 _LOAD = """
 import json, sys, time
-from icesink.config import build
-from icesink.iceberg import load_catalog
+from icesink.shared.config import build
+from icesink.shared.iceberg import load_catalog
 
 for raw, start in json.loads(sys.argv[1]):  # a new catalog each round
     settings = build(raw)

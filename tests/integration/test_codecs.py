@@ -48,7 +48,7 @@ def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(each_broker, ca
     """On Tansu and on a real Kafka broker (``each_broker``)."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import PIZZA_SCHEMA, pizza_event
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, http_json, wait_rows, write_config
@@ -91,7 +91,7 @@ def test_a_batch_the_consumer_cannot_decode_stops_the_replica_loudly(broker, cat
 
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import PIZZA_SCHEMA, pizza_event
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
@@ -146,7 +146,7 @@ def test_every_codec_of_the_java_producer_lands_exactly_once(kafka, catalog_prop
 
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import end_offsets, ensure_topic
+    from icesink.shared.kafka_admin import end_offsets, ensure_topic
     from icesink.app.pizzas import PIZZA_SCHEMA, pizza_event
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, wait_rows, write_config

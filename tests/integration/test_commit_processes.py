@@ -24,7 +24,7 @@ def test_commits_in_processes_survive_a_killed_commit_process(broker, catalog_pr
 
     from icesink.app.pizzas import produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.sinkrun import assert_exact, http_json, metric, total_rows, wait_rows, write_config
 
     topic = "proc-events"

@@ -17,9 +17,9 @@ def test_zombie_coordinator_racing_its_successor_is_fenced_not_duplicated(catalo
 
     from coordinator.committer import RoundCommit, commit_table
     from coordinator.state import Accepted
-    from icesink.errors import FencedError
-    from icesink.protocol import OffsetRange, TopicPartition
-    from icesink.iceberg import local_path, to_file_info
+    from icesink.shared.errors import FencedError
+    from icesink.shared.protocol import OffsetRange, TopicPartition
+    from icesink.shared.iceberg import local_path, to_file_info
 
     catalog = load_catalog("race", **catalog_props)
     catalog.create_namespace("db")

@@ -91,7 +91,7 @@ def _wait_status(port: int, want: str, workers: int | None = None, timeout_s: fl
 
 
 def _wait_rows(catalog: Any, n: int, procs: list[subprocess.Popen[bytes]], timeout_s: float = 180) -> None:
-    from icesink.iceberg import total_rows
+    from icesink.shared.iceberg import total_rows
 
     deadline = time.monotonic() + timeout_s
     seen = 0
@@ -113,7 +113,7 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_brok
     broker = each_broker
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from tests.support.sinkrun import assert_exact, metric
     from tests.support.spark_reader import assert_engines_agree, engine_counts, engine_rows

@@ -123,7 +123,7 @@ FILE_SECRET, ENV_TOPIC = "token-from-file-x4", "sec-providers-control"
 
 
 def test_connector_configs_cannot_load_code_or_touch_the_host_and_show_no_secret(broker, tmp_path):
-    from icesink.kafka_admin import topic_exists
+    from icesink.shared.kafka_admin import topic_exists
 
     secrets = tmp_path / "secrets"
     secrets.mkdir()

@@ -105,7 +105,7 @@ def test_a_start_up_error_a_retry_can_mend_is_retried_with_backoff_then_failed(b
 
 @pytest.mark.timeout(600)
 def test_six_tasks_starting_together_on_a_new_embedded_catalog_all_start(broker, tmp_path):
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
 
     asyncio.run(ensure_topic(broker.bootstrap, "tasks-six", 6))
     config = process_config(tmp_path, broker.bootstrap, "tasks-six", **{"spark.driver.memory": "512m"})

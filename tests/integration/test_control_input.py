@@ -32,8 +32,8 @@ BAD = [
 def test_bad_control_records_are_skipped_and_counted_without_a_coordinator_restart(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.protocol import StartCommit
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.protocol import StartCommit
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import (
@@ -92,7 +92,7 @@ def test_numbers_out_of_range_are_skipped_and_counted_and_the_group_goes_on(brok
     A claim of a partition that does not exist is answered without it, and counted."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config, write_control

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 def _setup(broker, catalog_props, tmp_path, name: str, tables: tuple[str, ...], partitions: int = 2, **extra):  # type: ignore[no-untyped-def]
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import PIZZA_SCHEMA
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import write_config
@@ -222,7 +222,7 @@ def test_foreign_append_and_expiry_of_the_sink_snapshot_then_failover(broker, ca
 
 @pytest.mark.timeout(600)
 def test_two_sink_groups_write_one_table(broker, catalog_props, tmp_path):
-    from icesink.iceberg import latest_sink_summary
+    from icesink.shared.iceberg import latest_sink_summary
     from icesink.app.pizzas import pizza_values
     from tests.support.sinkrun import total_rows
 
@@ -258,9 +258,9 @@ def test_control_topic_shape_and_identity_on_the_broker(broker):
     the topic id (Metadata v10) changes when the topic is deleted and created again."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    from icesink.control import ensure_control_topic
-    from icesink.errors import ControlLogError
-    from icesink.kafka_admin import TopicError, ensure_topic, topic_configs, topic_id
+    from icesink.shared.control import ensure_control_topic
+    from icesink.shared.errors import ControlLogError
+    from icesink.shared.kafka_admin import TopicError, ensure_topic, topic_configs, topic_id
 
     bs = broker.bootstrap
 
@@ -313,8 +313,8 @@ def test_truncation_keeps_what_any_group_on_the_shared_control_topic_still_needs
     counts up to that offset; then B holds the log at 5, and once B's checkpoint moves on, A's
     own replay start. On Tansu, DeleteRecords is said to be unsupported, once (after it closed the
     connection at the request three times in a row)."""
-    from icesink.control import GONE_AFTER_S, UNSUPPORTED_AFTER, ControlLogTruncator, ControlProducer, ensure_control_topic
-    from icesink.protocol import CommitComplete, CommitRequest
+    from icesink.shared.control import GONE_AFTER_S, UNSUPPORTED_AFTER, ControlLogTruncator, ControlProducer, ensure_control_topic
+    from icesink.shared.protocol import CommitComplete, CommitRequest
 
     topic = "shared-control"
 
@@ -403,12 +403,12 @@ def test_the_coordinators_truncator_trusts_only_its_groups_signed_checkpoint(bro
     from prometheus_client import CollectorRegistry
 
     from coordinator.service import Coordinator
-    from icesink.config import load_settings
-    from icesink.control import ControlProducer, ensure_control_topic
-    from icesink.metrics import Metrics
-    from icesink.offload import Offload
-    from icesink.protocol import CommitComplete, CommitRequest
-    from icesink.signing import Keyring
+    from icesink.shared.config import load_settings
+    from icesink.shared.control import ControlProducer, ensure_control_topic
+    from icesink.shared.metrics import Metrics
+    from icesink.shared.offload import Offload
+    from icesink.shared.protocol import CommitComplete, CommitRequest
+    from icesink.shared.signing import Keyring
 
     topic, group = "signed-truncation", "sg"
     keyring = Keyring(b"k" * 32)
@@ -472,7 +472,7 @@ def test_on_kafka_the_coordinator_truncates_the_control_log_and_a_restart_replay
     (what retention does to an idle group) and the next replica recovers from the tables' state.
     Every record lands once."""
     from icesink.app.pizzas import pizza_values
-    from icesink.kafka_admin import delete_records, end_offsets
+    from icesink.shared.kafka_admin import delete_records, end_offsets
     from tests.support.sinkrun import total_rows
 
     table, control = "clk.truncated", "clk-control"

@@ -28,7 +28,7 @@ MAX_BYTES = 4096
 def _setup(broker: Any, catalog_props: dict[str, str], namespace: str, topic: str, partitions: int) -> Any:
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import PIZZA_SCHEMA
 
     catalog = load_catalog("it", **catalog_props)
@@ -125,7 +125,7 @@ def test_bad_records_dead_lettered_with_headers_while_the_rest_land_exactly_once
             part, key, value, headers = records[i]
             assert h[dl.H_TOPIC] == topic.encode()
             assert (r.key, r.value, h["origin"]) == (key, value, headers[0][1])
-            assert h[dl.H_EXCEPTION] == b"icesink.errors.DataError"
+            assert h[dl.H_EXCEPTION] == b"icesink.shared.errors.DataError"
             assert h[dl.H_REASON].decode() == kinds[i]
             message = h[dl.H_MESSAGE].decode()
             assert f"offset={offsets[i]}" in message

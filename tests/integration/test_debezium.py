@@ -151,7 +151,7 @@ def _sink(broker: Any, catalog_props: dict[str, str], tmp_path: Path, form: str,
     every table of ``rows`` holds that many rows; returns the catalog."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import wait_rows, write_config
 
@@ -334,7 +334,7 @@ def test_added_column_evolves_the_table_with_key_and_metadata_columns(broker, ca
     from pyiceberg.catalog import load_catalog
 
     from tests.support import duck
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import metric, wait_rows, write_config
 

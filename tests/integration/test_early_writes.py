@@ -39,7 +39,7 @@ def data_files_referenced(table) -> set[str]:
 
 
 def new_topic(broker, topic: str, partitions: int) -> None:
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
 
     asyncio.run(ensure_topic(broker.bootstrap, topic, partitions))
 
@@ -191,8 +191,8 @@ def test_a_worker_killed_after_an_early_write_loses_nothing(broker, catalog_prop
 def request_round(bootstrap: str, topic: str, group: str, catalog: Any) -> None:
     """A CommitRequest on the group's control log, as a worker with a full buffer sends (signed
     with the group's key, as the group's replicas sign): the coordinator starts a round now."""
-    from icesink.control import ControlProducer
-    from icesink.protocol import CommitRequest
+    from icesink.shared.control import ControlProducer
+    from icesink.shared.protocol import CommitRequest
     from tests.support.sinkrun import group_key
 
     async def send() -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from icesink.app.embedded import BrokerStartError, EmbeddedBroker
-from icesink.kafka_admin import TopicError, end_offsets, ensure_topic
+from icesink.shared.kafka_admin import TopicError, end_offsets, ensure_topic
 from icesink.app.pizzas import pizza_values, produce
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ def topic_and_table(broker, catalog_props, topic: str, partitions: int, table_na
     from pyiceberg.schema import Schema
     from pyiceberg.types import IntegerType, NestedField, StringType, StructType
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
 
     asyncio.run(ensure_topic(broker.bootstrap, topic, partitions))
     catalog = load_catalog("it", **catalog_props)

@@ -34,12 +34,12 @@ POINTS = ("coordinator.between-table-commits", "worker.mid-response", "worker.du
 def test_injected_crashes_zombie_and_rebalances(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.protocol import DataComplete, DataWritten, Rewind
-    from icesink.iceberg import local_path
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.protocol import DataComplete, DataWritten, Rewind
+    from icesink.shared.iceberg import local_path
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import PIZZA_SCHEMA, pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.partitioning import build_partition_spec, parse_partition_by
+    from icesink.shared.partitioning import build_partition_spec, parse_partition_by
     from tests.support.sinkrun import assert_exact, control_events, http_json, wait_rows, write_config
 
     catalog = load_catalog("it", **catalog_props)

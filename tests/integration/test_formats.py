@@ -109,7 +109,7 @@ def test_connect_envelopes_with_key_and_metadata_columns(broker, catalog_props, 
     from pyiceberg.catalog import load_catalog
 
     from tests.support import duck
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import wait_rows, write_config
     catalog = load_catalog("it", **catalog_props)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def _plain(uri: str) -> Path:
-    from icesink.iceberg import local_path
+    from icesink.shared.iceberg import local_path
 
     return local_path(uri)
 
@@ -40,8 +40,8 @@ def test_gc_deletes_only_old_unreferenced_unannounced_files(broker, catalog_prop
     from pyiceberg.catalog import load_catalog
     from pyiceberg.expressions import LessThan
 
-    from icesink.control import ControlProducer, ensure_control_topic
-    from icesink.protocol import DataWritten, FileInfo
+    from icesink.shared.control import ControlProducer, ensure_control_topic
+    from icesink.shared.protocol import DataWritten, FileInfo
     from tests.support import duck
 
     catalog = load_catalog("gc", **catalog_props)
@@ -116,9 +116,9 @@ def test_gc_reads_the_control_log_from_the_checkpoint_or_the_tables_state_never_
 
     from icesink.app.pizzas import PIZZA_SCHEMA, pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.control import ControlProducer, ensure_control_topic
-    from icesink.kafka_admin import ensure_topic
-    from icesink.protocol import DataWritten, FileInfo, encode
+    from icesink.shared.control import ControlProducer, ensure_control_topic
+    from icesink.shared.kafka_admin import ensure_topic
+    from icesink.shared.protocol import DataWritten, FileInfo, encode
     from tests.integration.test_control_log import _delete_groups
     from tests.support.sinkrun import total_rows, wait_rows, write_config, write_control
 

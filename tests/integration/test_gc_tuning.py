@@ -1,5 +1,5 @@
 """A real worker process ingests a backlog without full garbage collections
-(icesink/gc_tuning.py): the records of a fetch die by reference counting, not by collection."""
+(icesink/shared/gc_tuning.py): the records of a fetch die by reference counting, not by collection."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_a_backlog_is_ingested_without_full_collections(broker, catalog_props, t
 
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
 
     n = 200_000
     asyncio.run(ensure_topic(broker.bootstrap, "gc-pizzas", 3))

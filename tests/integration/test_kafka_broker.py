@@ -53,7 +53,7 @@ def test_kafka_serves_topics_and_groups(kafka: Any) -> None:
     committed offsets."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from icesink.kafka_admin import end_offsets, ensure_topic
+    from icesink.shared.kafka_admin import end_offsets, ensure_topic
     from icesink.app.pizzas import produce
 
     async def topics_and_groups() -> tuple[dict[int, int], int | None]:
@@ -81,7 +81,7 @@ def test_kafka_serves_topics_and_groups(kafka: Any) -> None:
 def test_librdkafka_transactions_on_each_broker(each_broker: Any) -> None:
     """librdkafka's (confluent-kafka's) transactional producer works on both brokers: committed
     transactions are read, an aborted one is not (read_committed)."""
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
 
     asyncio.run(ensure_topic(each_broker.bootstrap, "kb-tx", 1))
     seen = _transactions(each_broker.bootstrap, "kb-tx")
@@ -96,7 +96,7 @@ def test_aiokafka_idempotent_producer_on_each_broker(each_broker: Any) -> None:
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import UnknownError
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.kafka_broker import KafkaBroker
 
     async def send() -> int:
@@ -122,7 +122,7 @@ def test_a_restarted_kafka_keeps_its_address_and_its_data(tmp_path: Any) -> None
     offsets are still there."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from icesink.kafka_admin import end_offsets, ensure_topic
+    from icesink.shared.kafka_admin import end_offsets, ensure_topic
     from icesink.app.pizzas import produce
     from tests.support.kafka_broker import KafkaBroker
 
@@ -165,10 +165,10 @@ def test_a_replication_factor_above_the_brokers_is_refused_naming_the_setting(ka
     from prometheus_client import CollectorRegistry
 
     from agents.deadletter import DeadLetters
-    from icesink.config import build
-    from icesink.control import ensure_control_topic
-    from icesink.kafka_admin import TopicError
-    from icesink.metrics import Metrics
+    from icesink.shared.config import build
+    from icesink.shared.control import ensure_control_topic
+    from icesink.shared.kafka_admin import TopicError
+    from icesink.shared.metrics import Metrics
 
     with pytest.raises(TopicError, match=r"iceberg\.control\.topic\.replication-factor"):
         asyncio.run(ensure_control_topic(kafka.bootstrap, "kb-ctl-rf3", {}, replication_factor=3))
@@ -184,7 +184,7 @@ def test_partition_counts_name_every_topic_without_a_consumer_asking_for_it(each
     """The coordinator checks a claim's partitions against these counts. It used a fresh
     consumer's own metadata, which held every topic on Tansu and none on Kafka: every claim on
     Kafka was answered without its partitions, and no record was ever read (CI, test_codecs[kafka])."""
-    from icesink.kafka_admin import ensure_topic, partition_counts
+    from icesink.shared.kafka_admin import ensure_topic, partition_counts
 
     async def counts() -> dict[str, int]:
         await ensure_topic(each_broker.bootstrap, "pc-four", 4)

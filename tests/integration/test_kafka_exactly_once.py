@@ -58,8 +58,8 @@ def _control_records(bootstrap: str, topic: str, group: str) -> list[tuple[int, 
     """(offset, timestamp in ms, event) of every event of ``group`` on its control topic."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from icesink.control import decode_record
-    from icesink.kafka_admin import end_offsets
+    from icesink.shared.control import decode_record
+    from icesink.shared.kafka_admin import end_offsets
 
     async def go() -> list[tuple[int, int, Any]]:
         end = (await end_offsets(bootstrap, topic))[0]
@@ -118,7 +118,7 @@ def test_aborted_transactions_never_land_and_committed_ones_all_do(kafka: Any, c
     aborted one, so once its records landed an aborted record read would have landed too."""
     from icesink.app.pizzas import pizza_values
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.sinkrun import read_topic, wait_rows
 
     topic, table, group = "tx-src", "tx.pizzas", "tx-sink"
@@ -153,8 +153,8 @@ def test_a_replica_stopped_with_sigterm_hands_its_partitions_over_at_once(kafka:
     after the session timeout."""
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
-    from icesink.protocol import Claim
+    from icesink.shared.kafka_admin import ensure_topic
+    from icesink.shared.protocol import Claim
     from tests.support.sinkrun import coordinator_status, wait_rows
 
     topic, table, group, session_ms = "kl-src", "kl.pizzas", "kl-sink", 30_000

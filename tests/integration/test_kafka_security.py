@@ -49,7 +49,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def settings(bootstrap: str, **security: str) -> Any:
-    from icesink.config import load_settings
+    from icesink.shared.config import load_settings
 
     return load_settings(overrides={
         "topics": "sec-src", "iceberg.tables": "sec.t", "bootstrap.servers": bootstrap,
@@ -70,7 +70,7 @@ def sasl_keys(mechanism: str, password: str = PASSWORD) -> dict[str, str]:
 
 
 def ensure(bootstrap: str, topic: str, kwargs: dict[str, Any], timeout_s: float = 15) -> None:
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
 
     asyncio.run(ensure_topic(bootstrap, topic, 1, client_kwargs=kwargs, timeout_s=timeout_s))
 
@@ -213,9 +213,9 @@ def assert_refused(front: Any, bootstrap: str, keys: dict[str, str], front_says:
 def test_icesink_clients_through_tls_and_sasl(tmp_path: Path, certs: Any, variant: str,
                                                caplog: pytest.LogCaptureFixture) -> None:
     from coordinator.gc import in_flight_files
-    from icesink.control import ControlProducer, ControlReader, ensure_control_topic
-    from icesink.protocol import Claim, TopicPartition
-    from icesink.kafka_admin import end_offsets
+    from icesink.shared.control import ControlProducer, ControlReader, ensure_control_topic
+    from icesink.shared.protocol import Claim, TopicPartition
+    from icesink.shared.kafka_admin import end_offsets
 
     spec = VARIANTS[variant]
     front, tansu, keys = start_secured(tmp_path, certs, **spec)
@@ -280,7 +280,7 @@ def test_worker_replica_end_to_end_over_sasl_ssl_with_client_certificate(
     coordinator all reach the broker only through TLS + SCRAM-SHA-512."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, total_rows, write_config

@@ -24,7 +24,7 @@ def test_maintenance_keeps_files_and_snapshots_bounded_and_the_table_exact_throu
     from pyiceberg.catalog import load_catalog
 
     from coordinator.maintenance import live_files
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, coordinator_status, metric, total_rows, wait_rows, write_config

@@ -209,7 +209,7 @@ def test_a_random_postgres_workload_is_mirrored_exactly(each_broker, catalog_pro
     depend on the broker, and ``./dev chaos`` makes no Spark reader)."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import write_config
 
@@ -281,7 +281,7 @@ def test_changes_without_key_or_operation_are_dead_lettered_and_the_rest_mirrore
     from pyiceberg.catalog import load_catalog
 
     from tests.support import duck
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import read_topic, write_config
 
@@ -332,7 +332,7 @@ def test_a_mirror_table_without_key_columns_stops_the_replica_at_start_up_naming
     from pyiceberg.schema import Schema
     from pyiceberg.types import LongType, NestedField, StringType
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import write_config
 

@@ -45,7 +45,7 @@ def _keys(values: list[bytes], dest: str) -> set[str]:
 def _setup(broker: Any, catalog_props: dict[str, str], tmp_path: Path, ns: str, **extra: Any) -> tuple[Any, str, Path]:
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.sinkrun import write_config
 
     catalog = load_catalog("it", **catalog_props)
@@ -227,7 +227,7 @@ def test_a_new_dynamic_route_without_auto_create_is_refused_not_held_once_the_gr
 
     from icesink.app.pizzas import PIZZA_SCHEMA, produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.sinkrun import wait_rows, wait_up, write_config
 
     catalog = load_catalog("it", **catalog_props)

@@ -66,7 +66,7 @@ def _start_prometheus(tmp_path: Path, targets: list[int]) -> tuple[subprocess.Po
 def test_every_dashboard_panel_returns_data_and_every_alert_rule_evaluates(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import wait_rows, write_config

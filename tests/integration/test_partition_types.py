@@ -75,8 +75,8 @@ def assert_partitions_exact(table) -> set[int]:
     from pyiceberg.io.pyarrow import schema_to_pyarrow
     from pyiceberg.partitioning import partition_record_value
 
-    from icesink.iceberg import local_path
-    from icesink.partitioning import partition_values
+    from icesink.shared.iceberg import local_path
+    from icesink.shared.partitioning import partition_values
 
     def norm(v):
         return v.bytes if isinstance(v, uuid.UUID) else v
@@ -105,10 +105,10 @@ def test_decimal_binary_fixed_uuid_partitions_and_tables_changed_by_other_writer
     from pyiceberg.transforms import BucketTransform
     from pyiceberg.types import BinaryType, DecimalType, FixedType, LongType, NestedField, UUIDType
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.partitioning import build_partition_spec, parse_partition_by
+    from icesink.shared.partitioning import build_partition_spec, parse_partition_by
     from tests.support.sinkrun import http_json, metric, wait_rows, write_config
     from tests.support.spark_reader import assert_engines_agree, engine_rows
 

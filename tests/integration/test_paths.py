@@ -113,7 +113,7 @@ def test_a_worker_with_the_default_relative_state_dir_writes_many_tables_warms_u
     from coordinator.maintenance import live_files
     from icesink.app.embedded import free_port
     from icesink.app.pizzas import produce
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.duck import connect, plain_path
     from tests.support.sinkrun import total_rows
 
@@ -167,7 +167,7 @@ def test_a_write_that_keeps_failing_stops_the_replica_loudly_and_one_a_retry_men
 
     from icesink.app.embedded import free_port
     from icesink.app.pizzas import produce
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.sinkrun import assert_exact, total_rows
 
     topic = "paths-fail"

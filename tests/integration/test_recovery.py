@@ -46,8 +46,8 @@ def leader(replicas, http_json):
 def test_failover_while_a_dead_workers_response_is_open_deletes_no_committed_file(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.protocol import CommitComplete
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.protocol import CommitComplete
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, control_events, http_json, wait_rows, write_config
@@ -127,7 +127,7 @@ def test_a_control_send_failing_after_one_table_committed_keeps_the_round_for_th
     from pyiceberg.catalog import load_catalog
 
     from icesink.app.embedded import EmbeddedBroker
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.integration.test_round_commits import announced_snapshots
@@ -216,7 +216,7 @@ def test_ownership_survives_a_consumer_group_reset(broker, catalog_props, tmp_pa
     below the ones the coordinator recorded. The new members' claims must take their partitions."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config
@@ -264,8 +264,8 @@ def test_forged_responses_naming_files_elsewhere_are_neither_committed_nor_delet
     import pyarrow.parquet as pq
     from pyiceberg.catalog import load_catalog
 
-    from icesink.protocol import DataComplete, DataWritten, FileInfo, OffsetRange, TopicPartition, encode
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.protocol import DataComplete, DataWritten, FileInfo, OffsetRange, TopicPartition, encode
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import (
@@ -333,8 +333,8 @@ def test_by_default_a_forged_empty_data_complete_from_outside_skips_no_record(br
     both are skipped and counted, every record lands, and the secret is shown nowhere."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.protocol import CommitComplete, DataComplete, OffsetRange, encode
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.protocol import CommitComplete, DataComplete, OffsetRange, encode
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import (
@@ -389,8 +389,8 @@ def test_with_a_group_secret_a_forged_start_commit_from_outside_is_ignored(broke
     (no round would close again), is skipped and counted by every reader; data keeps landing."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.protocol import StartCommit, encode
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.protocol import StartCommit, encode
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config, write_control
@@ -433,10 +433,10 @@ def test_unsigned_events_forged_before_a_new_groups_first_start_are_not_trusted(
     ran trusts no unsigned event: the forged one is skipped and counted, every record lands."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.control import ensure_control_topic
-    from icesink.group_secret import read_secret
-    from icesink.kafka_admin import ensure_topic
-    from icesink.protocol import StartCommit, encode
+    from icesink.shared.control import ensure_control_topic
+    from icesink.shared.group_secret import read_secret
+    from icesink.shared.kafka_admin import ensure_topic
+    from icesink.shared.protocol import StartCommit, encode
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, metric, wait_rows, write_config, write_control
@@ -472,8 +472,8 @@ def test_a_forged_checkpoint_changes_nothing_the_group_commits(broker, catalog_p
     lands once (exact keys, no duplicates)."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
-    from icesink.protocol import CommitComplete, encode
+    from icesink.shared.kafka_admin import ensure_topic
+    from icesink.shared.protocol import CommitComplete, encode
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.integration.test_control_log import _commit_offset

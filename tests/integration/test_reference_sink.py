@@ -34,7 +34,7 @@ def _order_ids(catalog: Any, table: str) -> Counter[str]:
 
 def _wait_rows(catalogs: dict[str, Any], want: int, alive: Any, timeout_s: float = 300.0) -> None:
     """Until ``TABLE`` holds ``want`` rows in every catalog; ``alive()`` raises if a sink died."""
-    from icesink.iceberg import total_rows
+    from icesink.shared.iceberg import total_rows
 
     seen: dict[str, int] = {}
     deadline = time.monotonic() + timeout_s
@@ -55,7 +55,7 @@ def test_reference_and_icesink_sink_one_topic_exactly_into_one_postgres_catalog(
 
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet, write_fast_config
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.kafka_connect import KafkaConnect, iceberg_sink_config, jdbc_catalog
     from tests.support.sinkrun import assert_exact
 

@@ -37,7 +37,7 @@ def seaweed(tmp_path: Path):
 def test_rest_catalog_with_s3_tables_exact(seaweed, broker, tmp_path: Path) -> None:
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, total_rows, wait_rows, write_config

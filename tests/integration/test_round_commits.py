@@ -29,7 +29,7 @@ def announced_snapshots(catalog: Any, bootstrap: str, group: str, tables: tuple[
                         recreated: tuple[str, ...] = ()) -> None:
     """Every sink snapshot of every table has exactly one CommitToTable (same round and snapshot)
     on the log, and (but for a table dropped and created again) the log announces no other."""
-    from icesink.protocol import CommitToTable
+    from icesink.shared.protocol import CommitToTable
     from tests.support.sinkrun import control_events
 
     commits = [ev for _, ev in control_events(bootstrap, f"{group}-control", group) if isinstance(ev, CommitToTable)]
@@ -64,7 +64,7 @@ def stop_in_table_commit(broker: Any, catalog_props: dict[str, str], tmp_path: P
 
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.sinkrun import assert_exact, wait_rows, write_config
 
     topic, tables, group = f"{name}-orders", (f"{name}.a", f"{name}.b"), f"{name}-sink"
@@ -127,7 +127,7 @@ def test_a_dropped_table_is_parked_while_the_other_keeps_committing(broker, cata
 
     from icesink.app.pizzas import PIZZA_SCHEMA, pizza_values, produce
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.sinkrun import (
         assert_exact, coordinator_status, http_json, metric, total_rows, wait_rows, wait_up, write_config,
     )

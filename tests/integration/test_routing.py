@@ -41,7 +41,7 @@ def ids_of(values: list[bytes], pattern: str) -> set[str]:
 def test_three_event_types_fan_out_by_regex(broker, catalog_props, tmp_path: Path) -> None:
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, metric, read_topic, total_rows, wait_rows, write_config
@@ -92,7 +92,7 @@ def test_dynamic_routing_to_200_tables(broker, catalog_props, tmp_path: Path) ->
     from pyiceberg.catalog import load_catalog
 
     from tests.support.duck import connect, plain_path
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import http_json, total_rows, write_config

@@ -38,7 +38,7 @@ def _connects(host: str, port: int) -> bool:
 def test_worker_log_status_and_control_topic_hold_no_secret(broker, postgres, tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import http_json, read_topic, wait_rows, write_config

@@ -21,7 +21,7 @@ def stop_when(broker: Any, catalog_props: dict[str, str], tmp_path: Path, name: 
     """Start one replica, SIGTERM it ``after_s`` after ``ready(its log)``; assert it exited 0
     within the bound, and return its log."""
     from icesink.app.replicas import ReplicaSet
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from tests.support.sinkrun import write_config
 
     asyncio.run(ensure_topic(broker.bootstrap, f"{name}-pizzas", 2))

@@ -35,10 +35,10 @@ def env(each_broker, tmp_path):
     broker = each_broker  # Tansu, then a real Kafka broker
     from pyiceberg.catalog import load_catalog
 
-    from icesink.catalogs import sqlite_catalog_properties
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.catalogs import sqlite_catalog_properties
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import PIZZA_SCHEMA as schema
-    from icesink.partitioning import build_partition_spec, parse_partition_by
+    from icesink.shared.partitioning import build_partition_spec, parse_partition_by
 
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 6))
     asyncio.run(ensure_topic(broker.bootstrap, IDLE, 2))
@@ -78,7 +78,7 @@ def produce(bootstrap, values):
 
 
 def total_rows(catalog, name):
-    from icesink.iceberg import total_rows as rows
+    from icesink.shared.iceberg import total_rows as rows
 
     return rows(catalog, name)
 
@@ -171,8 +171,8 @@ def test_pizzas_exactly_once_through_restarts(env):
 
 def check_snapshots(catalog, bootstrap):
     """One snapshot per table per round that had data; each summary holds icesink's state."""
-    from icesink.control import ControlReader
-    from icesink.protocol import CommitToTable
+    from icesink.shared.control import ControlReader
+    from icesink.shared.protocol import CommitToTable
 
     async def committed_rounds():
         reader = ControlReader(bootstrap, "it-control", GROUP, {})
@@ -214,7 +214,7 @@ def check_partitions(catalog):
     from pyiceberg.transforms import BucketTransform, DayTransform
     from pyiceberg.types import LongType, TimestampType
 
-    from icesink.iceberg import local_path
+    from icesink.shared.iceberg import local_path
 
     table = catalog.load_table(PARTED)
     day = DayTransform().transform(TimestampType())
@@ -246,8 +246,8 @@ def test_idle_partitions_do_not_delay_commits(broker, tmp_path):
     no round closes on the timeout: idle partitions answer every round."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.catalogs import sqlite_catalog_properties
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.catalogs import sqlite_catalog_properties
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values
     from icesink.app.pizzas import produce as send
     from icesink.app.replicas import ReplicaSet
@@ -298,8 +298,8 @@ def wait_metric(port, name, at_least, replicas, timeout_s=120):
 def test_partition_spec_that_cannot_apply_stops_the_replica_naming_the_key(broker, tmp_path):
     """day() of a column the first records make a string: no retry can mend that, so the
     replica exits with code 2 and a message naming the key, instead of idling on."""
-    from icesink.catalogs import sqlite_catalog_properties
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.catalogs import sqlite_catalog_properties
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values
     from icesink.app.pizzas import produce as send
     from icesink.app.replicas import ReplicaSet
@@ -327,9 +327,9 @@ def test_unexpected_error_in_ingest_stops_the_replica_instead_of_stalling(broker
     It stops with exit code 1 and the traceback instead, and nothing of the batch is committed."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.catalogs import sqlite_catalog_properties
-    from icesink.iceberg import total_rows
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.catalogs import sqlite_catalog_properties
+    from icesink.shared.iceberg import total_rows
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values
     from icesink.app.pizzas import produce as send
     from icesink.app.replicas import ReplicaSet

@@ -53,10 +53,10 @@ from pyiceberg.types import (
 )
 from pyspark.sql import types as st
 
-from icesink.errors import ConfigError, SparkWriteError
+from icesink.shared.errors import ConfigError, SparkWriteError
 from icesink.app.pizzas import PIZZA_SCHEMA
-from icesink.partitioning import build_partition_spec, parse_partition_by
-from icesink.errors import UnsupportedTypeError
+from icesink.shared.partitioning import build_partition_spec, parse_partition_by
+from icesink.shared.errors import UnsupportedTypeError
 from spark_bridge.schema import arrow_only_column, name_mapping_properties, spark_schema
 from spark_bridge.staging import MARKER
 from spark_bridge.session import SparkSettings

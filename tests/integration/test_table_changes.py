@@ -58,8 +58,8 @@ def _arrow(table, rows):
 def _file_infos(table, rows):
     """Parquet files of ``rows`` written for the table's current spec, as a worker reports
     them: FileInfo, through the control event's JSON encoding and back."""
-    from icesink import protocol
-    from icesink.iceberg import to_file_info
+    from icesink.shared import protocol
+    from icesink.shared.iceberg import to_file_info
     from spark_bridge.session import SparkSettings
     from spark_bridge.writer import SparkFileWriter
 
@@ -107,7 +107,7 @@ def catalog(catalog_props):
 
 
 def _create(catalog, name, spec_text=SPEC):
-    from icesink.partitioning import build_partition_spec, parse_partition_by
+    from icesink.shared.partitioning import build_partition_spec, parse_partition_by
 
     schema = _schema()
     return catalog.create_table(name, schema=schema,
@@ -167,7 +167,7 @@ def test_files_of_an_old_spec_are_committed_under_it_after_another_writer_change
 
 
 def test_a_dropped_or_recreated_table_fails_the_commit_clearly(catalog):
-    from icesink.errors import TableChangedError
+    from icesink.shared.errors import TableChangedError
 
     table = _create(catalog, "tc.gone", "dec, bin")
     infos = _file_infos(table, ROWS)

@@ -73,7 +73,7 @@ def test_every_type_lands_exactly(broker, catalog_props, tmp_path):
     )
 
     from tests.support import duck
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import produce
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import wait_rows, write_config

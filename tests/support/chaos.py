@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from icesink.iceberg import total_rows
+from icesink.shared.iceberg import total_rows
 from icesink.app.replicas import ReplicaSet, write_fast_config
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def run_chaos(
     every ``kill_every_s`` seconds; then let the group finish and compare."""
     from pyiceberg.catalog import load_catalog
 
-    from icesink.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
 
     rng = random.Random(seed)
@@ -96,7 +96,7 @@ def run_chaos(
     catalog.create_namespace_if_not_exists("chaos")
     if not catalog.table_exists(TABLES[1]):  # typed and partitioned; TABLES[0] is auto-created
         from icesink.app.pizzas import PIZZA_SCHEMA
-        from icesink.partitioning import build_partition_spec, parse_partition_by
+        from icesink.shared.partitioning import build_partition_spec, parse_partition_by
 
         spec = build_partition_spec(parse_partition_by("day(date_ordered), bucket(store_id, 4)"), PIZZA_SCHEMA)
         catalog.create_table(TABLES[1], schema=PIZZA_SCHEMA, partition_spec=spec)
@@ -269,8 +269,8 @@ def run_mirror_chaos(
     from pyiceberg.schema import Schema
     from pyiceberg.types import LongType, NestedField, StringType
 
-    from icesink.kafka_admin import ensure_topic
-    from icesink.partitioning import build_partition_spec, parse_partition_by
+    from icesink.shared.kafka_admin import ensure_topic
+    from icesink.shared.partitioning import build_partition_spec, parse_partition_by
 
     rng = random.Random(seed)
     changes, want = change_events(events, keys, seed)

@@ -19,7 +19,7 @@ connector.properties``: the connector starts with the worker) with the JVM optio
 the connector and all its tasks are RUNNING. The Iceberg sink reads the worker's properties file
 for its own Kafka clients (``IcebergSinkConfig.loadWorkerProps``), so ``bootstrap.servers`` is
 set once. On one Kafka broker its control topic needs replication factor 1: create it first
-(:func:`icesink.kafka_admin.ensure_topic`), or the broker's default of 1 applies.
+(:func:`icesink.shared.kafka_admin.ensure_topic`), or the broker's default of 1 applies.
 
 It needs a real Kafka broker: on the embedded Tansu broker (tried 2026-11-28) its task is
 RUNNING and the Java client's transactional InitProducerId succeeds, but the sink's leader

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from icesink.iceberg import total_rows  # the tests import it from here too
+from icesink.shared.iceberg import total_rows  # the tests import it from here too
 from icesink.app.replicas import ReplicaSet, write_fast_config
 
 
@@ -102,7 +102,7 @@ def control_events(bootstrap: str, topic: str, group: str) -> list[tuple[int, An
     """Every event of the group's control log, with its offset."""
     import asyncio
 
-    from icesink.control import ControlReader
+    from icesink.shared.control import ControlReader
 
     async def read() -> list[tuple[int, Any]]:
         reader = ControlReader(bootstrap, topic, group, {})
@@ -124,8 +124,8 @@ def control_events(bootstrap: str, topic: str, group: str) -> list[tuple[int, An
 
 def group_key(catalog: Any, group: str, namespace: str = "icesink") -> bytes:
     """The signing key of a group without iceberg.control.secret: its own, in the catalog
-    (icesink/group_secret.py), as a replica of the group (or a test playing one) signs with."""
-    from icesink.group_secret import read_secret
+    (icesink/shared/group_secret.py), as a replica of the group (or a test playing one) signs with."""
+    from icesink.shared.group_secret import read_secret
 
     stored = read_secret(catalog, namespace, group)
     assert stored is not None, f"group {group} has no secret in namespace {namespace} of the catalog"
@@ -140,7 +140,7 @@ def write_control(bootstrap: str, topic: str, records: list[tuple[bytes | None, 
 
     from aiokafka import AIOKafkaProducer
 
-    from icesink import signing
+    from icesink.shared import signing
 
     def headers(key: bytes | None, value: bytes | None) -> list[tuple[str, bytes]] | None:
         return None if secret is None else [(signing.HEADER, signing.sign(secret, key, value))]

@@ -21,7 +21,7 @@ from pyiceberg.types import LongType, TimestampType
 
 from coordinator.iceberg_ext.catalogs import SqlCatalog
 from icesink.app.pizzas import PIZZA_SCHEMA
-from icesink.partitioning import build_partition_spec, parse_partition_by
+from icesink.shared.partitioning import build_partition_spec, parse_partition_by
 
 #: The partitioning of pizza tables: both transforms, with null partition values.
 PIZZA_PARTITION_BY = "day(date_ordered), bucket(store_id, 8)"

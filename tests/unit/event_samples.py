@@ -1,6 +1,6 @@
 """One sample of every control event type, shared by the golden-bytes tests."""
 
-from icesink.protocol import (
+from icesink.shared.protocol import (
     Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, FileInfo,
     OffsetRange, Owner, Position, Resume, Rewind, SchemaProposal, StartCommit, TopicPartition,
 )

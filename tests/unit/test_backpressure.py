@@ -22,10 +22,10 @@ from agents.ownership import Ownership
 from agents.parts import Replica
 from agents.rounds import Rounds
 from agents.worker import Worker
-from icesink.config import build
-from icesink.protocol import CommitRequest, TopicPartition
-from icesink.metrics import Metrics
-from icesink.offload import Offload
+from icesink.shared.config import build
+from icesink.shared.protocol import CommitRequest, TopicPartition
+from icesink.shared.metrics import Metrics
+from icesink.shared.offload import Offload
 
 P = TopicPartition("t", 0)
 FP = TP("t", 0)

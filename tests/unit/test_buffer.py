@@ -7,7 +7,7 @@ import pytest
 import pyarrow as pa
 
 from agents.buffer import Buffers, Chunk
-from icesink.protocol import OffsetRange, TopicPartition
+from icesink.shared.protocol import OffsetRange, TopicPartition
 
 P = TopicPartition("t", 0)
 Q = TopicPartition("t", 1)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from icesink.config import load_settings
-from icesink.iceberg import load_catalog
+from icesink.shared.config import load_settings
+from icesink.shared.iceberg import load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 

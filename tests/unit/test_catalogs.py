@@ -2,7 +2,7 @@
 database: a commit from a current table skips the reload and leaves what pyiceberg's commit
 leaves (snapshots, metadata log, the catalog row's previous location); a stale table, or a
 pointer that moved between the check and the update, never loses another writer's commit; the
-base metadata is never mutated; icesink.iceberg.load_catalog picks it for SQL catalogs only."""
+base metadata is never mutated; icesink.shared.iceberg.load_catalog picks it for SQL catalogs only."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pyiceberg.table.update import AssertRefSnapshotId
 from pyiceberg.types import LongType, NestedField
 from sqlalchemy import select
 
-from icesink import catalogs
+from icesink.shared import catalogs
 from coordinator.iceberg_ext import catalogs as ext_catalogs
 from coordinator.iceberg_ext.catalogs import SqlCatalog, staged_metadata
 
@@ -137,8 +137,8 @@ def test_staged_metadata_equals_pyicebergs_update_apart_from_the_deep_copy(tmp_p
 
 
 def test_load_catalog_uses_it_for_sql_catalogs_only(tmp_path):
-    from icesink.config import load_settings
-    from icesink.iceberg import load_catalog
+    from icesink.shared.config import load_settings
+    from icesink.shared.iceberg import load_catalog
 
     base = {"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path / "state")}
     sql = load_catalog(load_settings(None, None, {**base, "iceberg.catalog.uri": f"sqlite:///{tmp_path}/c.db",

@@ -20,12 +20,12 @@ from coordinator.commit_processes import CommitProcessError, CommitProcesses, ta
 from coordinator.committer import RoundCommit
 from coordinator.service import Coordinator, commit_processes
 from coordinator.state import Accepted, CoordinatorState
-from icesink.config import load_settings
-from icesink.retry import Backoff
-from icesink.errors import ControlLogError, FencedError, TableChangedError, is_retriable
-from icesink.metrics import Metrics
-from icesink.offload import Offload
-from icesink.protocol import (
+from icesink.shared.config import load_settings
+from icesink.shared.retry import Backoff
+from icesink.shared.errors import ControlLogError, FencedError, TableChangedError, is_retriable
+from icesink.shared.metrics import Metrics
+from icesink.shared.offload import Offload
+from icesink.shared.protocol import (
     Claim, CommitComplete, DataComplete, DataWritten, OffsetRange, Position, Resume, StartCommit, TopicPartition,
 )
 from tests.unit.test_coordinator_commit import FakeReader, FlakyProducer, data_file, rows
@@ -306,7 +306,7 @@ def test_an_error_that_would_not_unpickle_crosses_as_itself_in_kind():
     """A broken pool reads as a dead process, which is retried: an error that cannot unpickle
     must not turn a final error into endless retries."""
     from coordinator.commit_processes import CommitProcessFailure, _crossable
-    from icesink.errors import PreconditionFailed
+    from icesink.shared.errors import PreconditionFailed
 
     fenced = FencedError("table db.a: epoch")
     assert _crossable(fenced) is fenced

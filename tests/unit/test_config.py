@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from icesink.config import load_settings
-from icesink.errors import ConfigError
+from icesink.shared.config import load_settings
+from icesink.shared.errors import ConfigError
 
 TUTORIAL = {
     "connector.class": "io.tabular.iceberg.connect.IcebergSinkConnector",
@@ -148,7 +148,7 @@ def test_hyphenated_catalog_properties_can_come_from_the_environment():
     """pyiceberg spells credentials with hyphens (s3.access-key-id); reading every ``_`` of
     the variable as ``.`` made ICESINK_ICEBERG_CATALOG_S3_ACCESS_KEY_ID the unknown
     property s3.access.key.id, so the credential was silently not used."""
-    from icesink.config import keys_from_env
+    from icesink.shared.config import keys_from_env
 
     env = {"ICESINK_ICEBERG_CATALOG_S3_ACCESS_KEY_ID": "a", "ICESINK_ICEBERG_CATALOG_S3_SECRET_ACCESS_KEY": "b",
            "ICESINK_ICEBERG_CATALOG_S3_ENDPOINT": "http://minio:9000", "ICESINK_ICEBERG_CATALOG_CLIENT_REGION": "eu"}

@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-from icesink.config import load_settings
-from icesink.config_providers import (
+from icesink.shared.config import load_settings
+from icesink.shared.config_providers import (
     ENV_PROVIDER, FILE_PROVIDER, declared, is_reference, parse_properties, resolve,
 )
-from icesink.errors import ConfigError
+from icesink.shared.errors import ConfigError
 
 SECRET = "file-secret-value-1"
 

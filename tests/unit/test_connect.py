@@ -13,7 +13,7 @@ from icesink.app.connect import connect_settings, load_connect_settings
 from icesink.app.connect_state import (
     FAILED, PAUSED, RUNNING, UNASSIGNED, ClusterState, assign, connector_key, status_key, status_of, worker_key,
 )
-from icesink.errors import ConfigError
+from icesink.shared.errors import ConfigError
 
 
 def _record(value: Any) -> bytes:

@@ -16,8 +16,8 @@ from icesink.app.connect_security import (
     BASIC_AUTH_EXTENSION, LOGIN_MODULE, check_basic, https_settings, parse_listeners, rest_security,
 )
 from icesink.app.connect_settings import connect_settings
-from icesink.errors import ConfigError
-from icesink.secrets import MASK
+from icesink.shared.errors import ConfigError
+from icesink.shared.secrets import MASK
 
 
 @pytest.mark.parametrize("key, value", [

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings, strategies as st
 
 from coordinator.state import CoordinatorState, checkpoint_event
-from icesink.errors import ProtocolError
-from icesink.protocol import (
+from icesink.shared.errors import ProtocolError
+from icesink.shared.protocol import (
     EVENT_TYPES, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, FileInfo,
     OffsetRange, Owner, Position, Resume, Rewind, SchemaProposal, StartCommit, TopicPartition, decode, encode,
 )
@@ -185,7 +185,7 @@ def integers_in(value: Any) -> list[int]:
 def test_every_number_of_a_decoded_event_fits_a_long_a_float_and_the_next_epoch(data):
     """Issue 40: no number a reader accepts can crash it, a metric or a comparison."""
     from coordinator.state import next_epoch
-    from icesink.protocol.codec import INT64_MAX, INT64_MIN, MAX_EPOCH
+    from icesink.shared.protocol.codec import INT64_MAX, INT64_MIN, MAX_EPOCH
 
     ev = decoded_or_refused(data)
     if ev is None:

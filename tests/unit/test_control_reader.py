@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
-from icesink.control import ControlReader
-from icesink.protocol import CommitRequest, StartCommit, encode
-from icesink.metrics import Metrics
+from icesink.shared.control import ControlReader
+from icesink.shared.protocol import CommitRequest, StartCommit, encode
+from icesink.shared.metrics import Metrics
 
 GROUP = "g"
 
@@ -58,12 +58,12 @@ def test_invalid_records_are_skipped_logged_once_and_counted(caplog):
         again = await reader.read(0.1)  # read again after a seek back (recovery): no second report
         return first, again
 
-    with caplog.at_level(logging.ERROR, logger="icesink.control"):
+    with caplog.at_level(logging.ERROR, logger="icesink.shared.control"):
         first, again = asyncio.run(go())
     assert first == [(0, StartCommit(1, "r1")), (5, StartCommit(1, "r2"))]
     assert again == []
     assert counted(metrics) == len(BAD)
-    lines = [r.getMessage() for r in caplog.records if r.name == "icesink.control"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "icesink.shared.control"]
     assert len(lines) == len(BAD)
     assert "control offset 1: key: expected UTF-8 text (a sink group id), found b'\\xff\\xfe'" in lines[0]
     assert "control offset 2: expected a JSON event, found text that is not JSON" in lines[1]

@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 
-from icesink import kafka_admin
-from icesink.control import UNSUPPORTED_AFTER, ControlLogTruncator
-from icesink.kafka_admin import DeleteRecordsUnsupported, TopicError
+from icesink.shared import kafka_admin
+from icesink.shared.control import UNSUPPORTED_AFTER, ControlLogTruncator
+from icesink.shared.kafka_admin import DeleteRecordsUnsupported, TopicError
 
 
 def truncator(monkeypatch, outcomes: list[BaseException | int]) -> ControlLogTruncator:

@@ -35,7 +35,7 @@ from pyiceberg.types import (
 
 from agents.convert import limits, reference, wrapped
 from agents.convert import Converted, Reject, decode_json, infer_schema
-from icesink.errors import UnsupportedTypeError
+from icesink.shared.errors import UnsupportedTypeError
 
 SAMPLE = {
     "order_id": "af69865f-61a7-4e39-824e-cbdcf4a0c45e",

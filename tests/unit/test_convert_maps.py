@@ -24,7 +24,7 @@ from pyiceberg.types import IntegerType, LongType, MapType, NestedField, StringT
 import agents.convert as convert
 from agents.convert import limits
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, decode_json, infer_schema, with_field_metadata
-from icesink.errors import UnsupportedTypeError
+from icesink.shared.errors import UnsupportedTypeError
 
 BULK = 3 * limits.SMALL_RUN
 SIZES = [1, BULK]

@@ -39,8 +39,8 @@ import agents.convert as convert
 from agents.convert import limits
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, decode_json, infer_schema, with_field_metadata
 from agents.tables import _with_column_metadata
-from icesink.config import load_settings
-from icesink.errors import ConfigError, UnsupportedTypeError
+from icesink.shared.config import load_settings
+from icesink.shared.errors import ConfigError, UnsupportedTypeError
 
 BULK = 3 * limits.SMALL_RUN
 SIZES = [1, BULK]

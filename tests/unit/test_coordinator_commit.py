@@ -17,14 +17,14 @@ import pytest
 from coordinator import service
 from coordinator.service import Coordinator
 from coordinator.state import CoordinatorState
-from icesink.config import load_settings
-from icesink.errors import FencedError
-from icesink.protocol import (
+from icesink.shared.config import load_settings
+from icesink.shared.errors import FencedError
+from icesink.shared.protocol import (
     Claim, CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, OffsetRange, Position,
     Resume, StartCommit, TopicPartition,
 )
-from icesink.metrics import Metrics
-from icesink.offload import Offload
+from icesink.shared.metrics import Metrics
+from icesink.shared.offload import Offload
 from prometheus_client import CollectorRegistry
 
 TP = TopicPartition("src", 0)
@@ -34,7 +34,7 @@ class FlakyProducer:
     """Control sends: the first ``fail`` sends of ``fail_type`` time out, as when the broker is
     unreachable for longer than the producer's request timeout."""
 
-    keyring = None  # unsigned (icesink/signing.py)
+    keyring = None  # unsigned (icesink/shared/signing.py)
 
     def __init__(self, fail_type: type, fail: int) -> None:
         self.sent: list[Any] = []
@@ -140,7 +140,7 @@ def test_a_commit_error_no_retry_mends_stops_the_round_loudly_and_a_transient_on
     stops the coordinator after one attempt, surfaced in /status, the round kept pending."""
     from pyiceberg.exceptions import CommitFailedException
 
-    from icesink.errors import ProtocolError
+    from icesink.shared.errors import ProtocolError
 
     monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
     real = service.commit_table

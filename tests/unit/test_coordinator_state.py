@@ -2,7 +2,7 @@
 checkpoints and replay."""
 
 from coordinator.state import CoordinatorState, checkpoint_event
-from icesink.protocol import (
+from icesink.shared.protocol import (
     Claim, CommitRequest, DataComplete, DataWritten, FileInfo, OffsetRange, Position, Resume,
     StartCommit, TopicPartition,
 )
@@ -221,7 +221,7 @@ def test_a_stale_claim_of_a_known_member_never_takes_ownership():
 
 
 def test_a_range_with_start_past_end_is_rejected_not_raised():
-    """Decoding refuses it (icesink/protocol/codec.py); an event built in code must not crash apply either."""
+    """Decoding refuses it (icesink/shared/protocol/codec.py); an event built in code must not crash apply either."""
     st = run(log_with_owners() + response("x", "w1", 1, [OffsetRange(A, 5, 2)]))
     [rej] = st.take_rejected()
     assert "range of t[0]: expected 0 <= start <= end, found [5, 2)" in rej.reason and not st.pending
@@ -230,7 +230,7 @@ def test_a_range_with_start_past_end_is_rejected_not_raised():
 def test_a_checkpoint_taken_right_after_a_group_reset_is_readable():
     """A reset leaves the partitions the new group has not claimed yet at generation -1; the
     checkpoint holding them must decode, or every reader would skip it (issue 40)."""
-    from icesink.protocol import decode, encode
+    from icesink.shared.protocol import decode, encode
 
     st = run([Claim("w1", 7, (A, B), member="m1"), Resume(1, "w1", 7, (Position(A, 0), Position(B, 0)))])
     st.apply(10, Claim("w3", 1, (A,), member="m3"))  # the reset; B not claimed yet
@@ -244,8 +244,8 @@ def test_the_next_epoch_is_one_above_every_epoch_seen_up_to_what_readers_accept(
     """Issue 40: one above a forged epoch at the top would be unreadable for every reader, and
     no coordinator could ever be heard again; at the top the epoch stays there."""
     from coordinator.state import next_epoch
-    from icesink.protocol import StartCommit, decode, encode
-    from icesink.protocol.codec import MAX_EPOCH
+    from icesink.shared.protocol import StartCommit, decode, encode
+    from icesink.shared.protocol.codec import MAX_EPOCH
 
     assert next_epoch([0]) == 1
     assert next_epoch([3, 9, 4]) == 10

@@ -27,14 +27,14 @@ from agents.decode import BatchDecoder
 from agents.parts import Replica
 from agents.rounds import Rounds
 from agents.tasks import TaskOwner
-from icesink.offload import Offload
+from icesink.shared.offload import Offload
 from agents.worker import Worker
-from icesink.config import build
-from icesink.errors import ConfigError, DataError
+from icesink.shared.config import build
+from icesink.shared.errors import ConfigError, DataError
 from agents.kafka.source_consumer import Fetched
 from agents.write_failures import WriteFailures
-from icesink.protocol import TopicPartition
-from icesink.metrics import Metrics
+from icesink.shared.protocol import TopicPartition
+from icesink.shared.metrics import Metrics
 
 TP = TopicPartition("orders", 3)
 SCHEMA = pa.schema([pa.field("order_id", pa.string(), nullable=False), pa.field("store_id", pa.int64())])
@@ -167,7 +167,7 @@ def test_dead_letter_keeps_key_value_and_headers_and_adds_connect_context(tmp_pa
     h = first["headers"]
     assert h["trace"] == b"t1"  # original headers kept
     assert (h[H_TOPIC], h[H_PARTITION], h[H_OFFSET]) == (b"orders", b"3", b"40")
-    assert h["__connect.errors.exception.class.name"] == b"icesink.errors.DataError"
+    assert h["__connect.errors.exception.class.name"] == b"icesink.shared.errors.DataError"
     assert h["__connect.errors.stage"] == b"VALUE_CONVERTER"
     assert h["__connect.errors.connector.name"] == b"g" and h["__connect.errors.task.id"] == b"w1"
     assert h[H_FIELD] == b"store_id" and h[H_TABLE] == b"db.a" and h[H_REASON] == b"uncoercible"

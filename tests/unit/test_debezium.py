@@ -20,8 +20,8 @@ import pytest
 
 from agents.convert import limits
 from agents.debezium import CDC_TYPE, DebeziumTransform
-from icesink.config import build
-from icesink.errors import ConfigError
+from icesink.shared.config import build
+from icesink.shared.errors import ConfigError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "debezium"
 OFFSETS = [100, 101, 102, 103, 104, 105]
@@ -252,7 +252,7 @@ def test_added_source_column_evolves_the_table_with_key_and_metadata(form: str) 
     says so, or without schemas its values do); _cdc never evolves; key and metadata columns
     are filled on the Debezium path too."""
     from agents.evolution import Evolver
-    from icesink.schema_changes import from_proposal
+    from icesink.shared.schema_changes import from_proposal
 
     t = DebeziumTransform(schemas=form == "schema")
     fmt = _format(form)
@@ -296,7 +296,7 @@ def test_without_evolution_an_added_source_column_is_dropped_but_key_and_metadat
 def test_schema_widening_in_the_source_widens_the_column() -> None:
     """``ALTER TABLE orders ALTER COLUMN id TYPE bigint``: the Connect schema says int64."""
     from agents.evolution import Evolver
-    from icesink.schema_changes import from_proposal
+    from icesink.shared.schema_changes import from_proposal
 
     t = DebeziumTransform(schemas=True)
     table = t.infer_schema(values("schema")[:3])

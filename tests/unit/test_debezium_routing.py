@@ -9,8 +9,8 @@ import pytest
 
 from agents.debezium import DebeziumTransform
 from agents.routing import Router
-from icesink.config import build
-from icesink.errors import ConfigError
+from icesink.shared.config import build
+from icesink.shared.errors import ConfigError
 from tests.unit.test_debezium import events
 
 DEBEZIUM = {

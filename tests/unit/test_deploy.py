@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from icesink.config import load_settings
+from icesink.shared.config import load_settings
 
-from icesink.metrics import Metrics
+from icesink.shared.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from icesink.errors import ConfigError
-from icesink.pins import check_pinned_versions, pinned_versions
+from icesink.shared.errors import ConfigError
+from icesink.shared.pins import check_pinned_versions, pinned_versions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def test_a_worker_refuses_to_start_faust_on_another_aiokafka(monkeypatch: pytest
     import asyncio
 
     from agents.worker import Worker
-    from icesink import pins
+    from icesink.shared import pins
 
     real = pins._installed
     monkeypatch.setattr(pins, "_installed", lambda name: "0.13.0" if name == "aiokafka" else real(name))
@@ -75,7 +75,7 @@ def test_importing_the_coordinator_patches_nothing_and_install_does() -> None:
         import coordinator.committer, coordinator.maintenance, coordinator.service, coordinator.commit_processes
         import agents.worker, icesink.app.cli
         from coordinator import iceberg_ext
-        from icesink.catalogs import sql_catalog_class
+        from icesink.shared.catalogs import sql_catalog_class
 
         assert snapshot.write_manifest_list is manifest.write_manifest_list, "patched on import"
         assert sql_catalog_class() is SqlCatalog
@@ -136,12 +136,12 @@ SCHEMAS = [
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
 def test_the_schema_conversion_by_public_api_is_pyicebergs_own(schema: pa.Schema) -> None:
-    """icesink.schema_changes.iceberg_schema (what agents/tables.py creates tables with) gives
+    """icesink.shared.schema_changes.iceberg_schema (what agents/tables.py creates tables with) gives
     what pyiceberg 0.12's private ``Catalog._convert_schema_if_needed`` gave, numbered afresh."""
     from pyiceberg.catalog import Catalog
     from pyiceberg.schema import assign_fresh_schema_ids
 
-    from icesink.schema_changes import iceberg_schema
+    from icesink.shared.schema_changes import iceberg_schema
 
     theirs = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(schema))
     assert iceberg_schema(schema) == theirs

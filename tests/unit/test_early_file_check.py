@@ -15,7 +15,7 @@ import pytest
 from agents.buffer import Chunk
 from agents.rounds import missing_files
 from agents.tasks import TaskOwner
-from icesink.protocol import DataWritten, FileInfo
+from icesink.shared.protocol import DataWritten, FileInfo
 from tests.unit.test_backpressure import P, TABLE, make_worker
 
 

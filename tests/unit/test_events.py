@@ -2,8 +2,8 @@
 
 import pytest
 
-from icesink.errors import ProtocolError
-from icesink.protocol import EVENT_TYPES, decode, describe, encode
+from icesink.shared.errors import ProtocolError
+from icesink.shared.protocol import EVENT_TYPES, decode, describe, encode
 from tests.unit.event_samples import SAMPLES
 
 # Bytes written by version 1. Never edit an entry: add new ones. A change that breaks one of
@@ -88,7 +88,7 @@ def test_a_data_written_with_deleted_keys_is_version_2_and_round_trips():
     import dataclasses
     import json
 
-    from icesink.protocol import DataWritten, FileInfo
+    from icesink.shared.protocol import DataWritten, FileInfo
 
     plain = SAMPLES["data-written"]
     assert encode(plain) == GOLDEN["data-written"]  # no deleted_keys: version 1, unchanged

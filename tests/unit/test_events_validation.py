@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from icesink.errors import ProtocolError
-from icesink.protocol import MAX_EVENT_BYTES, Claim, CommitToTable, DataWritten, FileInfo, decode, encode
+from icesink.shared.errors import ProtocolError
+from icesink.shared.protocol import MAX_EVENT_BYTES, Claim, CommitToTable, DataWritten, FileInfo, decode, encode
 from tests.unit.event_samples import SAMPLES
 
 

@@ -22,13 +22,13 @@ from agents.evolution import Evolver, conform
 from agents.tables import create_target, target_of
 from coordinator.evolution import apply_proposals, merge_proposals
 from coordinator.state import CoordinatorState
-from icesink.config import build
-from icesink.errors import ConfigError
-from icesink.protocol import SchemaProposal, decode, encode
-from icesink.schema_changes import (
+from icesink.shared.config import build
+from icesink.shared.errors import ConfigError
+from icesink.shared.protocol import SchemaProposal, decode, encode
+from icesink.shared.schema_changes import (
     AddField, MakeOptional, Widen, apply_changes, changes, from_proposal, holds, identifier_paths, to_proposal,
 )
-from icesink.metrics import Metrics
+from icesink.shared.metrics import Metrics
 
 
 def js(*records: dict) -> list[bytes]:
@@ -37,7 +37,7 @@ def js(*records: dict) -> list[bytes]:
 
 @pytest.fixture
 def catalog(tmp_path):
-    from icesink.catalogs import sqlite_catalog_properties
+    from icesink.shared.catalogs import sqlite_catalog_properties
 
     cat = load_catalog("t", **sqlite_catalog_properties(tmp_path / "catalog"))
     cat.create_namespace("db")

@@ -24,10 +24,10 @@ from pyiceberg.types import FloatType, IntegerType, LongType, NestedField, Strin
 
 from agents.buffer import Buffers, Chunk
 from agents.evolution import Evolver
-from icesink.schema_changes import identifier_paths
+from icesink.shared.schema_changes import identifier_paths
 from agents.tables import target_of
 from coordinator.evolution import apply_proposals
-from icesink.protocol import TopicPartition
+from icesink.shared.protocol import TopicPartition
 
 TP = TopicPartition("src", 0)
 INT32_MAX = 2**31 - 1
@@ -94,7 +94,7 @@ def append_parquet(table, data: pa.Table) -> None:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
 def test_any_sequence_of_batches_reads_back_as_written(plan):
-    from icesink.catalogs import sqlite_catalog_properties
+    from icesink.shared.catalogs import sqlite_catalog_properties
 
     with tempfile.TemporaryDirectory() as tmp:
         catalog = load_catalog("p", **sqlite_catalog_properties(Path(tmp)))

@@ -15,7 +15,7 @@ from agents.decode import BatchDecoder, FanoutPlan
 from agents.formats import RecordFormat
 from agents.routing import Router
 from agents.tables import Target
-from icesink.config import build
+from icesink.shared.config import build
 
 SCHEMA = pa.schema([("tbl", pa.string()), ("id", pa.int64())])
 

@@ -47,9 +47,9 @@ from agents.formats import (
     decode_schema,
     split_envelope,
 )
-from icesink.config import build
-from icesink.errors import ConfigError, UnsupportedTypeError
-from icesink.metrics import Metrics
+from icesink.shared.config import build
+from icesink.shared.errors import ConfigError, UnsupportedTypeError
+from icesink.shared.metrics import Metrics
 
 C = "org.apache.kafka.connect.data."
 D = "io.debezium.time."

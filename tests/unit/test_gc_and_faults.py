@@ -3,9 +3,9 @@
 import pytest
 
 from coordinator.gc import normalize, parse_duration
-from icesink.config import load_settings
-from icesink.errors import ConfigError
-from icesink.faults import should_crash
+from icesink.shared.config import load_settings
+from icesink.shared.errors import ConfigError
+from icesink.shared.faults import should_crash
 
 
 @pytest.mark.parametrize("text,seconds", [("90", 90), ("90s", 90), ("30m", 1800), ("6h", 21600), ("3d", 259200), ("0s", 0)])
@@ -32,14 +32,14 @@ def test_a_fault_point_fires_once_per_state_dir(tmp_path):
 
 
 def _state(positions: dict, epoch: int = 1):
-    from icesink.protocol import SinkState
+    from icesink.shared.protocol import SinkState
 
     return SinkState(None, "c", 10, positions, epoch, None)
 
 
 def test_a_worker_file_is_dead_only_once_its_groups_position_in_the_table_passed_its_start():
-    from icesink.protocol import OffsetRange, TopicPartition
-    from icesink.protocol.fences import fence_of, judge, worker_files_prefix
+    from icesink.shared.protocol import OffsetRange, TopicPartition
+    from icesink.shared.protocol.fences import fence_of, judge, worker_files_prefix
 
     p0, p1 = TopicPartition("pizzas.v1", 0), TopicPartition("pizzas.v1", 1)
     ranges = (OffsetRange(p0, 500, 500), OffsetRange(p1, 120, 180))  # fenced by the first with data: p1 at 120
@@ -60,7 +60,7 @@ def test_a_worker_file_is_dead_only_once_its_groups_position_in_the_table_passed
 
 
 def test_a_coordinator_file_is_dead_once_a_later_epoch_of_its_group_committed():
-    from icesink.protocol.fences import coordinator_prefix, fence_of, judge
+    from icesink.shared.protocol.fences import coordinator_prefix, fence_of, judge
 
     fence = fence_of(coordinator_prefix("sink-a", 4, "compacted-17000-1") + "/part-0.parquet")
     assert fence is not None and fence.epoch == 4

@@ -66,7 +66,7 @@ def test_the_committed_rows_poll_counts_what_the_tables_hold(tmp_path):
     from pyiceberg.catalog import load_catalog
 
     from bench.ingest_bench import NAMESPACE, CommittedRows, committed_rows
-    from icesink.catalogs import sqlite_catalog_properties
+    from icesink.shared.catalogs import sqlite_catalog_properties
 
     catalog = load_catalog("b2", **sqlite_catalog_properties(tmp_path))
     poll = CommittedRows(tmp_path / "catalog.db")

@@ -1,4 +1,4 @@
-"""The layout a newcomer relies on: no module over about 800 lines; agents.convert a package
+"""The layout a newcomer relies on: no module over 600 lines, no class over 400; agents.convert a package
 along the steps it documents; imports one way between the worker, the coordinator and the
 writer; leaf modules (the protocol package, config, errors, metrics) free of I/O."""
 
@@ -13,7 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("agents", "coordinator", "spark_bridge", "icesink")
-MAX_LINES = 800
+MAX_LINES = 600
+MAX_CLASS_LINES = 400
+#: Over a size cap, and how far at most, until they are split (issue 41: the coordinator's round
+#: commit and recovery become parts of their own). Nothing may join this list or grow.
+NOT_YET_MODULES = {"coordinator/service.py": 800}
+NOT_YET_CLASSES = {"coordinator/service.py:Coordinator": 666}
 
 
 def modules(package: str) -> list[Path]:
@@ -21,9 +26,50 @@ def modules(package: str) -> list[Path]:
 
 
 @pytest.mark.parametrize("package", PACKAGES)
-def test_no_module_is_over_800_lines(package: str) -> None:
-    long = {str(p.relative_to(ROOT)): n for p in modules(package) if (n := len(p.read_text().splitlines())) > MAX_LINES}
+def test_no_module_is_over_600_lines(package: str) -> None:
+    long = {rel: n for p in modules(package)
+            if (n := len(p.read_text().splitlines())) > NOT_YET_MODULES.get(rel := str(p.relative_to(ROOT)), MAX_LINES)}
     assert not long, f"expected modules of at most {MAX_LINES} lines, found {long}"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_class_is_over_400_lines(package: str) -> None:
+    import ast
+
+    long = {}
+    for path in modules(package):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                key = f"{path.relative_to(ROOT)}:{node.name}"
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > NOT_YET_CLASSES.get(key, MAX_CLASS_LINES):
+                    long[key] = n
+    assert not long, f"expected classes of at most {MAX_CLASS_LINES} lines, found {long}"
+
+
+def test_the_size_exceptions_are_still_needed() -> None:
+    """An entry of NOT_YET_* goes once its module or class is back under the cap."""
+    import ast
+
+    for rel in NOT_YET_MODULES:
+        assert len((ROOT / rel).read_text().splitlines()) > MAX_LINES, f"{rel} is under {MAX_LINES} lines now: drop it"
+    for key in NOT_YET_CLASSES:
+        rel, name = key.split(":")
+        sizes = {n.name: (n.end_lineno or n.lineno) - n.lineno + 1
+                 for n in ast.walk(ast.parse((ROOT / rel).read_text())) if isinstance(n, ast.ClassDef)}
+        assert sizes.get(name, 0) > MAX_CLASS_LINES, f"{key} is under {MAX_CLASS_LINES} lines now: drop it"
+
+
+def test_the_composition_root_stands_above_the_ground_floor() -> None:
+    """icesink/ holds the composition root (app/, imported by `python -m icesink`) and the
+    ground floor every side imports (shared/), nothing else: the package names say which is
+    which, and no import runs from shared/ up to a side or to the root."""
+    top = sorted(p.name for p in (ROOT / "icesink").iterdir() if p.name != "__pycache__")
+    assert top == ["__init__.py", "__main__.py", "app", "shared"], top
+    up = {str(p.relative_to(ROOT)): hits for p in modules("icesink/shared")
+          if (hits := sorted(m for m in imported(p)
+                             if m.split(".")[0] in ("agents", "coordinator", "spark_bridge") or m.startswith("icesink.app")))}
+    assert up == {}, f"the ground floor imports nothing above it: {up}"
 
 
 def test_convert_is_a_package_with_its_public_names() -> None:
@@ -85,16 +131,16 @@ def test_only_the_composition_root_imports_everything() -> None:
 
 
 def test_the_shared_schema_changes_import_no_side_and_no_io() -> None:
-    hits = imported(ROOT / "icesink" / "schema_changes.py")
+    hits = imported(ROOT / "icesink" / "shared" / "schema_changes.py")
     assert not {m for m in hits if m.split(".")[0] in ("agents", "coordinator", "spark_bridge", "asyncio",
                                                         "aiokafka", "faust", "pyspark")}, hits
 
 
 #: The leaf modules: what every side imports. They import no I/O package and, of icesink's own
 #: code, only other leaves.
-LEAVES = ("icesink/errors.py", "icesink/config.py", "icesink/config_load.py", "icesink/config_providers.py",
-          "icesink/metrics.py", "icesink/secrets.py", "icesink/partitioning.py", "icesink/schema_changes.py",
-          "icesink/writable_types.py", "icesink/protocol", "icesink/retry.py")
+LEAVES = tuple(f"icesink/shared/{leaf}" for leaf in (
+    "errors.py", "config.py", "config_load.py", "config_providers.py", "metrics.py", "secrets.py", "partitioning.py",
+    "schema_changes.py", "writable_types.py", "protocol", "retry.py"))
 IO = ("asyncio", "aiokafka", "faust", "mode", "pyspark", "py4j", "socket", "http", "sqlalchemy", "requests")
 
 
@@ -119,15 +165,15 @@ def test_leaf_modules_import_no_io_and_nothing_above_them() -> None:
 
 
 def test_the_protocol_is_one_package_both_sides_import() -> None:
-    """Events, their codec, the snapshot-summary keys and FileInfo live in icesink/protocol/;
+    """Events, their codec, the snapshot-summary keys and FileInfo live in icesink/shared/protocol/;
     the worker and the coordinator both speak it."""
-    import icesink.protocol as protocol
+    import icesink.shared.protocol as protocol
 
     for name in ("encode", "decode", "FileInfo", "DataWritten", "COMMIT_ID", "SinkState"):
         assert hasattr(protocol, name), name
     assert not (ROOT / "icesink" / "events.py").exists()
     for side in ("agents", "coordinator"):
-        assert any(m.startswith("icesink.protocol") for p in modules(side) for m in imported(p)), side
+        assert any(m.startswith("icesink.shared.protocol") for p in modules(side) for m in imported(p)), side
 
 
 # Library internals behind two doors ----------------------------------------------------------

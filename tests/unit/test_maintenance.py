@@ -203,8 +203,8 @@ def test_a_partition_that_gains_delete_files_meanwhile_is_not_rewritten(table_an
 def test_maintenance_settings_are_on_by_default_and_named_in_errors(tmp_path):
     import json
 
-    from icesink.config import load_settings
-    from icesink.errors import ConfigError
+    from icesink.shared.config import load_settings
+    from icesink.shared.errors import ConfigError
 
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"topics": "t", "iceberg.tables": "db.t"}))
@@ -232,8 +232,8 @@ def test_the_maintainer_runs_passes_sweeps_orphans_and_retries_failures_with_bac
 
     from coordinator.maintainer import Maintainer
     from coordinator.maintenance import TableLocks
-    from icesink.config import load_settings
-    from icesink.metrics import Metrics
+    from icesink.shared.config import load_settings
+    from icesink.shared.metrics import Metrics
 
     catalog, table = table_and_catalog
     for i in range(5):
@@ -326,8 +326,8 @@ def test_a_pass_with_nothing_due_in_the_rounds_view_reads_no_catalog(table_and_c
     from coordinator.committer import TableCache
     from coordinator.maintainer import Maintainer
     from coordinator.maintenance import TableLocks
-    from icesink.config import load_settings
-    from icesink.metrics import Metrics
+    from icesink.shared.config import load_settings
+    from icesink.shared.metrics import Metrics
 
     catalog, table = table_and_catalog
     for i in range(3):
@@ -387,9 +387,9 @@ def test_a_maintenance_error_no_retry_mends_waits_the_longest_backoff_at_once(ta
 
     from coordinator.maintainer import Maintainer
     from coordinator.maintenance import TableLocks
-    from icesink.config import load_settings
-    from icesink.errors import ProtocolError
-    from icesink.metrics import Metrics
+    from icesink.shared.config import load_settings
+    from icesink.shared.errors import ProtocolError
+    from icesink.shared.metrics import Metrics
 
     catalog, _ = table_and_catalog
     path = tmp_path / "s.json"

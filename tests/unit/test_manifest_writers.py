@@ -25,7 +25,7 @@ from pyiceberg.types import DateType, LongType, NestedField, StringType
 
 from coordinator import committer
 from coordinator.iceberg_ext import manifest_writers
-from icesink.catalogs import manifests_of
+from icesink.shared.catalogs import manifests_of
 from tests.unit.test_coordinator_commit import TP, _accepted, rows
 
 WIDE = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "day", DateType(), required=False),

@@ -28,10 +28,10 @@ from coordinator.committer import RoundCommit, commit_table
 from coordinator.mirror import MirrorIndexes
 from coordinator.state import Accepted
 from tests.support import duck
-from icesink.config import load_settings
-from icesink.errors import ConfigError
-from icesink.protocol import FileInfo, TopicPartition
-from icesink.iceberg import mirror_keys
+from icesink.shared.config import load_settings
+from icesink.shared.errors import ConfigError
+from icesink.shared.protocol import FileInfo, TopicPartition
+from icesink.shared.iceberg import mirror_keys
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True), NestedField(2, "v", StringType(), required=False),

@@ -22,9 +22,9 @@ from agents.routing import Router
 from agents.kafka.source_consumer import Fetched
 from agents.tables import Target
 from agents.tasks import TaskOwner
-from icesink.config import build
-from icesink.errors import ConfigError
-from icesink.protocol import TopicPartition
+from icesink.shared.config import build
+from icesink.shared.errors import ConfigError
+from icesink.shared.protocol import TopicPartition
 from agents.decode import BatchDecoder
 from tests.unit.test_backpressure import make_worker
 
@@ -224,7 +224,7 @@ def test_a_dynamic_route_to_a_table_the_group_committed_to_and_was_dropped_is_he
 
 
 def test_the_tables_committed_to_are_read_from_the_control_log_once_and_followed_after(monkeypatch):
-    from icesink.protocol import CommitToTable, StartCommit
+    from icesink.shared.protocol import CommitToTable, StartCommit
 
     log = [(0, StartCommit(1, "c1")), (1, CommitToTable(1, "c1", "db.gone", 5, 1, 1, 0)), (2, StartCommit(1, "c2"))]
 
@@ -258,7 +258,7 @@ def test_on_a_truncated_control_log_a_missing_dynamic_table_is_held_not_refused(
     coordinator truncates it every 10 minutes by default on Kafka): no CommitToTable there is no
     proof the group never committed to a table. Refusing it (exit code 2) stopped replica after
     replica; it is held, and shown, as a dropped table is."""
-    from icesink.protocol import StartCommit
+    from icesink.shared.protocol import StartCommit
 
     class Reader:
         def __init__(self, *args, **kwargs) -> None:

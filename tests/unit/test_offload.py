@@ -1,4 +1,4 @@
-"""icesink.offload: the executor for blocking work, and its detached calls."""
+"""icesink.shared.offload: the executor for blocking work, and its detached calls."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from icesink.offload import Offload
+from icesink.shared.offload import Offload
 
 
 def test_a_detached_call_returns_its_result_and_raises_its_error_in_a_daemon_thread():
@@ -38,7 +38,7 @@ def test_a_detached_call_still_running_holds_neither_its_cancelled_waiter_nor_th
     thread would hold the exit until the call returned)."""
     script = """
 import asyncio, time
-from icesink.offload import Offload
+from icesink.shared.offload import Offload
 
 async def main():
     offload = Offload()

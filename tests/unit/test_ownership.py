@@ -11,7 +11,7 @@ from agents.missing import MissingTables
 from agents.ownership import Ownership
 from agents.parts import Replica
 from agents.tasks import TaskOwner
-from icesink.protocol import Position, Resume, TopicPartition
+from icesink.shared.protocol import Position, Resume, TopicPartition
 
 P0, P1 = TopicPartition("t", 0), TopicPartition("t", 1)
 

@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry
 from coordinator import service
 from coordinator.service import Coordinator
 from coordinator.state import Accepted, CoordinatorState
-from icesink.config import load_settings
-from icesink.errors import TableChangedError
-from icesink.metrics import Metrics
-from icesink.offload import Offload
-from icesink.protocol import (
+from icesink.shared.config import load_settings
+from icesink.shared.errors import TableChangedError
+from icesink.shared.metrics import Metrics
+from icesink.shared.offload import Offload
+from icesink.shared.protocol import (
     Claim, CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, OffsetRange, Position, Resume,
     StartCommit, TopicPartition,
 )
@@ -143,7 +143,7 @@ def test_a_table_that_keeps_failing_is_parked_and_the_other_commits_every_round(
 
 def test_a_parked_table_waits_for_its_backoff_and_an_error_no_retry_mends_is_not_parked(
         tmp_path, two_tables, monkeypatch):
-    from icesink.errors import ProtocolError
+    from icesink.shared.errors import ProtocolError
 
     monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
     bad = {"db.b"}
@@ -307,9 +307,9 @@ def test_truncation_never_passes_the_replay_start_of_a_parked_table(tmp_path, tw
     recovery from the tables (the checkpoint unusable: expired group offsets) refused for good:
     the table lacks a round and its replay start is gone. The truncation stops at it."""
     from coordinator.recovery import from_tables
-    from icesink.control import ControlLogTruncator
-    from icesink.errors import ControlLogError
-    from icesink.iceberg import latest_sink_summary
+    from icesink.shared.control import ControlLogTruncator
+    from icesink.shared.errors import ControlLogError
+    from icesink.shared.iceberg import latest_sink_summary
 
     floors: list[Any] = []
 
@@ -345,8 +345,8 @@ def test_truncation_never_passes_the_replay_start_of_a_parked_table(tmp_path, tw
 
 def test_the_truncator_plan_stops_at_the_floor_and_replay_floor_names_what_needs_the_log(monkeypatch):
     from coordinator.log_floor import replay_floor
-    from icesink import control
-    from icesink.protocol import SinkState
+    from icesink.shared import control
+    from icesink.shared.protocol import SinkState
 
     class Consumer:
         def __init__(self, **k: Any) -> None: ...

@@ -37,8 +37,8 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from icesink.errors import ConfigError
-from icesink.partitioning import (
+from icesink.shared.errors import ConfigError
+from icesink.shared.partitioning import (
     PartitionExpr,
     build_partition_spec,
     parse_partition_by,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from icesink.config import build, load_settings
-from icesink.errors import ConfigError
+from icesink.shared.config import build, load_settings
+from icesink.shared.errors import ConfigError
 
 BASE = {"topics": "t", "iceberg.tables": "db.t"}
 
@@ -39,7 +39,7 @@ def test_the_default_worker_id_of_a_replica_is_a_plain_name_whatever_the_host_is
 
     from agents.worker import Worker
     from icesink.app.files import spark_files
-    from icesink.metrics import Metrics
+    from icesink.shared.metrics import Metrics
 
     monkeypatch.setattr(socket, "gethostname", lambda: "../odd host/name")
     w = Worker(build({**BASE, "state.dir": str(tmp_path)}), "127.0.0.1:1", Metrics(CollectorRegistry()),
@@ -172,7 +172,7 @@ def test_a_success_resets_the_failures():
 def _failing_worker(tmp_path, limit):
     from tests.unit.test_worker_control import _worker_with_a_buffered_round
 
-    from icesink.errors import SparkWriteError
+    from icesink.shared.errors import SparkWriteError
 
     w = _worker_with_a_buffered_round(tmp_path, SparkWriteError("Spark failed to write 2 rows: mkdirs failed"))
     w.settings = w.settings.model_copy(update={"write_failure_limit": limit})

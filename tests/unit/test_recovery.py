@@ -7,10 +7,10 @@ import pytest
 
 from coordinator.recovery import adopt_states, as_checkpoint, check_log_identity, from_tables, table_positions
 from coordinator.state import CoordinatorState
-from icesink.control import check_control_configs
-from icesink.errors import ControlLogError
-from icesink.protocol import TopicPartition
-from icesink.protocol import SinkState
+from icesink.shared.control import check_control_configs
+from icesink.shared.errors import ControlLogError
+from icesink.shared.protocol import TopicPartition
+from icesink.shared.protocol import SinkState
 
 A, B = TopicPartition("src", 0), TopicPartition("src", 1)
 
@@ -98,8 +98,8 @@ def test_a_compacted_control_topic_is_refused() -> None:
 
 
 def test_control_topic_replication_factor_setting() -> None:
-    from icesink.config import build
-    from icesink.errors import ConfigError
+    from icesink.shared.config import build
+    from icesink.shared.errors import ConfigError
 
     base = {"topics": "t", "iceberg.tables": "db.t"}
     assert build(base).control_replication_factor == 3
@@ -141,9 +141,9 @@ def test_a_partition_the_tables_hold_starts_at_their_position_not_the_hint() -> 
     from types import SimpleNamespace
 
     from coordinator.service import Coordinator
-    from icesink.config import build
-    from icesink.protocol import Position
-    from icesink.metrics import Metrics
+    from icesink.shared.config import build
+    from icesink.shared.protocol import Position
+    from icesink.shared.metrics import Metrics
 
     async def go() -> list[Position]:
         settings = build({"topics": "src", "iceberg.tables": "db.t", "bootstrap.servers": "127.0.0.1:1"})

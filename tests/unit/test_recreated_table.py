@@ -16,10 +16,10 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from coordinator.committer import RoundCommit, commit_table
 from coordinator.state import Accepted
-from icesink.catalogs import sqlite_catalog_properties
-from icesink.errors import TableChangedError
-from icesink.iceberg import local_path, to_file_info, total_rows
-from icesink.protocol import OffsetRange, TopicPartition
+from icesink.shared.catalogs import sqlite_catalog_properties
+from icesink.shared.errors import TableChangedError
+from icesink.shared.iceberg import local_path, to_file_info, total_rows
+from icesink.shared.protocol import OffsetRange, TopicPartition
 
 TP = TopicPartition("src", 0)
 OLD = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "name", StringType(), required=False))

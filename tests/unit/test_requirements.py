@@ -13,8 +13,8 @@ from coordinator.requirements import (
     AssertControlLog, AssertEpoch, AssertFieldIds, AssertFilesConfined, AssertNoOtherCommit, AssertWatermark,
     applied_watermark, retry_requirements, sink_state_requirements, validate,
 )
-from icesink.errors import ControlLogError, FencedError, TableChangedError
-from icesink.protocol import SinkState
+from icesink.shared.errors import ControlLogError, FencedError, TableChangedError
+from icesink.shared.protocol import SinkState
 
 
 def state(epoch: int = 1, watermark: int = 7, log_id: str | None = "L1") -> SinkState:

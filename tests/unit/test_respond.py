@@ -18,14 +18,14 @@ from agents.missing import MissingTables
 from agents.rounds import Rounds
 from agents.tasks import TaskOwner
 from coordinator.state import CoordinatorState
-from icesink import protocol
-from icesink.config import build
-from icesink.control import MAX_REQUEST_BYTES
-from icesink.errors import ProtocolError, ResponseSendError
-from icesink.protocol import (
+from icesink.shared import protocol
+from icesink.shared.config import build
+from icesink.shared.control import MAX_REQUEST_BYTES
+from icesink.shared.errors import ProtocolError, ResponseSendError
+from icesink.shared.protocol import (
     Claim, DataComplete, DataWritten, FileInfo, OffsetRange, Position, Resume, StartCommit, TopicPartition,
 )
-from icesink.metrics import Metrics
+from icesink.shared.metrics import Metrics
 
 P = TopicPartition("t", 0)
 TABLE = "db.t"

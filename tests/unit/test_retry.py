@@ -1,8 +1,8 @@
-"""The one backoff every retry loop uses (icesink/retry.py)."""
+"""The one backoff every retry loop uses (icesink/shared/retry.py)."""
 
 import pytest
 
-from icesink.retry import Backoff
+from icesink.shared.retry import Backoff
 
 
 class Clock:
@@ -61,12 +61,12 @@ def test_a_backoff_that_would_not_back_off_is_refused():
 
 
 def test_creating_a_topic_backs_off_from_50_ms_doubling_to_one_second(monkeypatch):
-    """icesink/kafka_admin.py's CreateTopics loop: a retriable refusal (a timeout) is sent again
+    """icesink/shared/kafka_admin.py's CreateTopics loop: a retriable refusal (a timeout) is sent again
     after 0.05 s, doubling, capped at 1 s; the topic is then created."""
     import asyncio
     from types import SimpleNamespace
 
-    from icesink import kafka_admin
+    from icesink.shared import kafka_admin
 
     slept: list[float] = []
     answers = iter([7] * 7 + [0])  # REQUEST_TIMED_OUT (retriable) seven times, then created

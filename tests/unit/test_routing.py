@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents.routing import Router
-from icesink.config import build
-from icesink.errors import ConfigError
+from icesink.shared.config import build
+from icesink.shared.errors import ConfigError
 
 BASE = {"topics": "events"}
 

@@ -9,9 +9,9 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from icesink.config import load_settings
-from icesink.errors import ConfigError
-from icesink.secrets import MASK, Redactor, RedactingFilter, install_log_redaction, mask_url
+from icesink.shared.config import load_settings
+from icesink.shared.errors import ConfigError
+from icesink.shared.secrets import MASK, Redactor, RedactingFilter, install_log_redaction, mask_url
 from icesink.app.status import serve
 
 SECRETS = {

@@ -1,4 +1,4 @@
-"""Signed control events (iceberg.control.secret, icesink/signing.py): readers with the secret
+"""Signed control events (iceberg.control.secret, icesink/shared/signing.py): readers with the secret
 skip events that are unsigned, signed with another secret, or altered after signing."""
 
 import asyncio
@@ -7,12 +7,12 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from icesink import signing
-from icesink.config import load_settings
-from icesink.control import ControlReader, decode_record
-from icesink.errors import ProtocolError
-from icesink.protocol import StartCommit, encode
-from icesink.metrics import Metrics
+from icesink.shared import signing
+from icesink.shared.config import load_settings
+from icesink.shared.control import ControlReader, decode_record
+from icesink.shared.errors import ProtocolError
+from icesink.shared.protocol import StartCommit, encode
+from icesink.shared.metrics import Metrics
 from tests.unit.test_control_reader import FakeConsumer, record
 
 GROUP = "g"
@@ -23,10 +23,10 @@ VALUE = encode(StartCommit(1, "r1"))
 
 @pytest.fixture(autouse=True)
 def forget_learned_secrets(monkeypatch):
-    """Secrets learned here (icesink.secrets.learn_secret) are the process's: undone after each test."""
-    import icesink.secrets
+    """Secrets learned here (icesink.shared.secrets.learn_secret) are the process's: undone after each test."""
+    import icesink.shared.secrets
 
-    monkeypatch.setattr(icesink.secrets, "_learned", ())
+    monkeypatch.setattr(icesink.shared.secrets, "_learned", ())
 
 
 def signed(value: bytes = VALUE, secret: bytes = SECRET, key: bytes = KEY):
@@ -61,7 +61,7 @@ def test_a_reader_with_the_secret_skips_and_counts_unsigned_events(caplog):
         reader._consumer = FakeConsumer([[record(0, KEY, VALUE, signed()), record(1, KEY, forged)]])
         return await reader.read(0.1)
 
-    with caplog.at_level(logging.ERROR, logger="icesink.control"):
+    with caplog.at_level(logging.ERROR, logger="icesink.shared.control"):
         assert asyncio.run(go()) == [(0, StartCommit(1, "r1"))]
     assert metrics.registry.get_sample_value("icesink_control_events_invalid_total", {"reader": "worker"}) == 1
     assert "control offset 1: signature" in caplog.text
@@ -103,14 +103,14 @@ def test_a_keyring_not_loaded_yet_trusts_and_signs_nothing():
 
 
 def sqlite_catalog(directory):
-    from icesink.catalogs import sqlite_catalog_properties
+    from icesink.shared.catalogs import sqlite_catalog_properties
     from pyiceberg.catalog import load_catalog
 
     return load_catalog("it", **sqlite_catalog_properties(directory))
 
 
 def _provision_in_a_process(directory: str, group: str, start) -> tuple[str, int, bool]:
-    from icesink import group_secret
+    from icesink.shared import group_secret
 
     catalog = sqlite_catalog(directory)
     start.wait()
@@ -137,7 +137,7 @@ def test_replicas_of_a_new_group_starting_at_once_converge_on_one_secret(tmp_pat
 
 
 def test_a_second_group_in_the_same_namespace_gets_its_own_secret(tmp_path):
-    from icesink import group_secret
+    from icesink.shared import group_secret
 
     catalog = sqlite_catalog(tmp_path)
     a, made_a = group_secret.provision(catalog, "icesink", "a", None, 0)
@@ -181,7 +181,7 @@ def test_without_an_atomic_write_racing_replicas_read_back_after_the_settle_time
     both use the stored one."""
     import threading
 
-    from icesink import group_secret
+    from icesink.shared import group_secret
 
     both_read, both_wrote = threading.Barrier(2), threading.Barrier(2)
 
@@ -212,8 +212,8 @@ def test_without_an_atomic_write_racing_replicas_read_back_after_the_settle_time
 
 
 def test_a_stored_value_that_is_not_a_secret_is_refused_without_quoting_it():
-    from icesink import group_secret
-    from icesink.errors import ControlSecretError
+    from icesink.shared import group_secret
+    from icesink.shared.errors import ControlSecretError
 
     catalog = DictCatalog()
     catalog.create_namespace("icesink", {"icesink.control-secret.g": '{"v":1,"key":"short-and-secret","from":0}'})
@@ -224,14 +224,14 @@ def test_a_stored_value_that_is_not_a_secret_is_refused_without_quoting_it():
 
 
 def test_a_long_group_id_gets_a_property_key_a_sql_catalog_can_hold():
-    from icesink.group_secret import property_key
+    from icesink.shared.group_secret import property_key
 
     assert property_key("g") == "icesink.control-secret.g"
     assert len(property_key("x" * 400)) <= 255 and property_key("x" * 400) != property_key("y" * 400)
 
 
 def loader(tmp_path, **extra):
-    from icesink.group_secret import SecretLoader
+    from icesink.shared.group_secret import SecretLoader
 
     s = load_settings(None, None, {"topics": "t", "iceberg.tables": "db.t", "group.id": "g", **extra})
     ring = signing.Keyring()
@@ -253,7 +253,7 @@ def test_a_replica_whose_events_are_refused_reads_the_secret_again_and_takes_the
     """The race a catalog without an atomic write leaves open: this replica holds a secret that
     another replica's write replaced. Events of its group fail its check: it reads the stored
     secret again (at most every RELOAD_S), takes it, says so and counts it."""
-    from icesink import group_secret
+    from icesink.shared import group_secret
 
     catalog = sqlite_catalog(tmp_path)
     stored, _ = group_secret.provision(catalog, "icesink", "g", None, 0)
@@ -263,7 +263,7 @@ def test_a_replica_whose_events_are_refused_reads_the_secret_again_and_takes_the
     assert ring.key == b"0" * 64  # nothing refused yet: nothing read
     with pytest.raises(ProtocolError):
         decode_record(KEY, VALUE, 5, GROUP, headers=signed(secret=stored.key.encode()), secret=ring)
-    with caplog.at_level(logging.WARNING, logger="icesink.group_secret"):
+    with caplog.at_level(logging.WARNING, logger="icesink.shared.group_secret"):
         asyncio.run(secret.maybe_reload(catalog, InlineOffload()))
     assert ring.key == stored.key.encode()
     assert secret.metrics.registry.get_sample_value("icesink_control_secret_reloads_total") == 1
@@ -272,7 +272,7 @@ def test_a_replica_whose_events_are_refused_reads_the_secret_again_and_takes_the
 
 
 def test_a_learned_secret_is_masked_by_every_redactor_even_one_made_before(caplog):
-    from icesink.secrets import MASK, Redactor, RedactingFilter, learn_secret
+    from icesink.shared.secrets import MASK, Redactor, RedactingFilter, learn_secret
 
     before = Redactor([])
     value = "4f" * 32
@@ -285,7 +285,7 @@ def test_a_learned_secret_is_masked_by_every_redactor_even_one_made_before(caplo
 
 
 def test_the_secret_namespace_setting_has_a_default_and_refuses_an_empty_one():
-    from icesink.errors import ConfigError
+    from icesink.shared.errors import ConfigError
 
     base = {"topics": "t", "iceberg.tables": "db.t"}
     assert load_settings(None, None, base).control_secret_namespace == "icesink"
@@ -297,8 +297,8 @@ def test_the_secret_namespace_setting_has_a_default_and_refuses_an_empty_one():
 def test_a_catalog_that_refuses_the_property_stops_the_start_naming_what_to_set(tmp_path, monkeypatch):
     from pyiceberg.exceptions import ForbiddenError
 
-    from icesink import group_secret
-    from icesink.errors import ControlSecretError
+    from icesink.shared import group_secret
+    from icesink.shared.errors import ControlSecretError
 
     async def topic_id(*_a, **_kw):
         return "log-1"
@@ -328,7 +328,7 @@ def test_a_catalog_that_refuses_the_property_stops_the_start_naming_what_to_set(
 
 
 def _fake_log(monkeypatch, end):
-    from icesink import group_secret
+    from icesink.shared import group_secret
 
     async def topic_id(*_a, **_kw):
         return "log-1"
@@ -394,7 +394,7 @@ def test_a_refused_checkpoint_is_no_base_and_no_older_one_is_taken_instead(caplo
     from types import SimpleNamespace
 
     from coordinator.service import Coordinator
-    from icesink.protocol import CommitComplete, encode
+    from icesink.shared.protocol import CommitComplete, encode
 
     def rec(offset, event, secret=SECRET):
         value = encode(event)

@@ -13,11 +13,11 @@ from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
 from coordinator.committer import RoundCommit, commit_table
 from coordinator.state import Accepted, Checkpoint
-from icesink.catalogs import sqlite_catalog_properties
-from icesink.errors import ControlLogError, FencedError, ProtocolError
-from icesink.protocol import OffsetRange, TopicPartition
-from icesink.iceberg import latest_sink_summary, local_path, to_file_info, total_rows
-from icesink.protocol import SinkState, state_property, summary_properties
+from icesink.shared.catalogs import sqlite_catalog_properties
+from icesink.shared.errors import ControlLogError, FencedError, ProtocolError
+from icesink.shared.protocol import OffsetRange, TopicPartition
+from icesink.shared.iceberg import latest_sink_summary, local_path, to_file_info, total_rows
+from icesink.shared.protocol import SinkState, state_property, summary_properties
 
 TP = TopicPartition("src", 0)
 
@@ -151,7 +151,7 @@ def test_the_state_of_a_round_is_parsed_once_for_all_its_tables(monkeypatch) -> 
     state: one JSON parse for all of them, and every reader gets dicts of its own."""
     import json
 
-    from icesink.protocol import summary
+    from icesink.shared.protocol import summary
 
     text = SinkState(snapshot_id=None, commit_id="c1", watermark=7, positions={TP: 10}, epoch=1,
                      valid_through_ms=None, owners={TP: ("w", 2)},

@@ -14,9 +14,9 @@ from aiokafka.structs import TopicPartition as KafkaTP
 from agents.kafka.source_consumer import FETCH_MAX_WAIT_MS, ConsumerGuard, use_read_committed
 from agents.worker import Worker
 from icesink.app.files import spark_files
-from icesink.config import build
-from icesink.errors import ConsumerError
-from icesink.metrics import Metrics
+from icesink.shared.config import build
+from icesink.shared.errors import ConsumerError
+from icesink.shared.metrics import Metrics
 
 
 def _failures(metrics: Metrics, error: str) -> float:
@@ -170,7 +170,7 @@ def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(t
     from faust.types import TP as FaustTP
 
     from agents.kafka.source_consumer import Fetched, install_batch_drain
-    from icesink.protocol import TopicPartition
+    from icesink.shared.protocol import TopicPartition
 
     settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
     t0, t1 = FaustTP("t", 0), FaustTP("t", 1)

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from icesink.catalogs import sqlite_catalog_properties
+from icesink.shared.catalogs import sqlite_catalog_properties
 from tests.support.spark_reader import SparkReaderError, _rows, assert_engines_agree, jdbc_catalog_conf
 
 

@@ -9,7 +9,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from agents.tables import create_target
-from icesink.config import load_settings
+from icesink.shared.config import load_settings
 
 
 class RacingCatalog(SqlCatalog):

@@ -13,9 +13,9 @@ from agents import tasks
 from agents.tasks import TaskOwner, supervise_coordinator, unless_moved
 from agents.worker import Worker
 from icesink.app.files import spark_files
-from icesink.config import build
-from icesink.protocol import CommitComplete, CommitToTable, Position, Resume, Rewind, StartCommit, TopicPartition
-from icesink.metrics import Metrics
+from icesink.shared.config import build
+from icesink.shared.protocol import CommitComplete, CommitToTable, Position, Resume, Rewind, StartCommit, TopicPartition
+from icesink.shared.metrics import Metrics
 
 A = TopicPartition("t", 0)
 
@@ -268,7 +268,7 @@ def _worker_with_a_buffered_round(tmp_path, error):
     import pyarrow as pa
 
     from agents.buffer import Chunk
-    from icesink.protocol import TopicPartition
+    from icesink.shared.protocol import TopicPartition
 
     w = make_worker(tmp_path)
     del w.rounds.respond  # the real one
@@ -293,7 +293,7 @@ def test_a_write_error_no_retry_mends_stops_the_replica_loudly_with_the_data_kep
     """Retry loops branch on ``retriable``: a Spark failure is retried with the next round; a
     column no writer can write would fail every round, so the replica stops (exit code 2)
     instead of holding its partitions for ever. Nothing was reported: the data stays."""
-    from icesink.errors import SparkWriteError, UnsupportedTypeError
+    from icesink.shared.errors import SparkWriteError, UnsupportedTypeError
 
     async def go(error):
         w = _worker_with_a_buffered_round(tmp_path, error)

@@ -1,7 +1,7 @@
 """The group's control secret, kept in the Iceberg catalog (issue 40, docs/commits.md).
 
 Without ``iceberg.control.secret`` (the default) a group still signs its control events
-(icesink/signing.py), with a random secret of its own: 32 bytes from :mod:`secrets`, made by the
+(icesink/shared/signing.py), with a random secret of its own: 32 bytes from :mod:`secrets`, made by the
 first replica that finds none and kept in the catalog, which every replica of the group reaches
 with credentials and someone who can only write the control topic does not. A check alone
 cannot make a forged event harmless: an empty ``DataComplete`` for a partition's owner, from its
@@ -46,14 +46,14 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchNamespaceError
 
-from icesink.config import Settings
-from icesink.errors import ControlSecretError, is_retriable
-from icesink.kafka_admin import end_offsets, topic_id
-from icesink.metrics import Metrics
-from icesink.offload import Offload
-from icesink.retry import Backoff
-from icesink.secrets import learn_secret
-from icesink.signing import Keyring
+from icesink.shared.config import Settings
+from icesink.shared.errors import ControlSecretError, is_retriable
+from icesink.shared.kafka_admin import end_offsets, topic_id
+from icesink.shared.metrics import Metrics
+from icesink.shared.offload import Offload
+from icesink.shared.retry import Backoff
+from icesink.shared.secrets import learn_secret
+from icesink.shared.signing import Keyring
 
 log = logging.getLogger(__name__)
 

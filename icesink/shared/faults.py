@@ -19,7 +19,7 @@ import signal
 import time
 from pathlib import Path
 
-from icesink.config import Settings
+from icesink.shared.config import Settings
 
 log = logging.getLogger(__name__)
 

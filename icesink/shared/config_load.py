@@ -1,4 +1,4 @@
-"""The keys of icesink's settings and how they are read, below :mod:`icesink.config` (which
+"""The keys of icesink's settings and how they are read, below :mod:`icesink.shared.config` (which
 re-exports every public name here): the converters and transforms accepted, the checks across
 settings that ``Settings`` runs once built, the config file's and the environment's keys, and
 how a config error shows a value. Leaf module: no I/O but reading the config file.
@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from icesink.errors import ConfigError
-from icesink.secrets import Hidden, is_secret_key, mask_url
+from icesink.shared.errors import ConfigError
+from icesink.shared.secrets import Hidden, is_secret_key, mask_url
 
 if TYPE_CHECKING:
-    from icesink.config import Settings
+    from icesink.shared.config import Settings
 
-log = logging.getLogger("icesink.config")  # the settings' own logger, as before this module was split out
+log = logging.getLogger("icesink.shared.config")  # the settings' own logger, as before this module was split out
 
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
@@ -155,7 +155,7 @@ def check_settings(s: Settings) -> None:
             "1 or 2 (format-version 3 tables cannot be committed by pyiceberg 0.12)",
         )
     # Partition expressions are parsed here so a typo stops the start-up, not a commit.
-    from icesink.partitioning import parse_partition_by  # pure parser
+    from icesink.shared.partitioning import parse_partition_by  # pure parser
 
     if s.default_partition_by:
         reraise_as("iceberg.tables.default-partition-by", parse_partition_by, s.default_partition_by)

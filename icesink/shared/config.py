@@ -5,12 +5,12 @@ Sources, later ones win: the config file (JSON or TOML, flat dotted keys as in t
 Kafka Connect sink, or nested TOML tables), then environment variables ``ICESINK_<KEY>``
 (``ICESINK_METRICS_PORT`` for ``metrics.port``), then ``--set key=value`` flags. Values may be
 Kafka config-provider references (``${file:/path:key}``, ``${env:VAR}``), resolved here with the
-providers the config declares (icesink/config_providers.py); what they resolve to is a secret.
+providers the config declares (icesink/shared/config_providers.py); what they resolve to is a secret.
 
 Nothing else in icesink reads ``os.environ`` for settings.
 
 The keys, the checks across settings and the reading of the file and environment are in
-icesink/config_load.py (a leaf below this module); its public names are re-exported here.
+icesink/shared/config_load.py (a leaf below this module); its public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any, Literal, cast
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-# The keys, their checks and how they are read (icesink/config_load.py): re-exported, so that
-# `from icesink.config import X` works for each as it did before the split.
-from icesink.config_load import (
+# The keys, their checks and how they are read (icesink/shared/config_load.py): re-exported, so that
+# `from icesink.shared.config import X` works for each as it did before the split.
+from icesink.shared.config_load import (
     ACCEPTED_IGNORED as ACCEPTED_IGNORED, BYTES_CONVERTER as BYTES_CONVERTER, CDC_ROUTE_FIELDS as CDC_ROUTE_FIELDS,
     CONNECT_CONSUMER_OVERRIDES as CONNECT_CONSUMER_OVERRIDES, DEBEZIUM_PROPS as DEBEZIUM_PROPS,
     DEBEZIUM_TRANSFORMS as DEBEZIUM_TRANSFORMS, JSON_CONVERTER as JSON_CONVERTER, KEY_CONVERTERS as KEY_CONVERTERS,
@@ -39,8 +39,8 @@ from icesink.config_load import (
     is_secret_setting as is_secret_setting, read_config_file as read_config_file, reraise_as as reraise_as,
     shown as shown,
 )
-from icesink.errors import ConfigError
-from icesink.secrets import MASK, Hidden, Redactor, is_secret_key, mask_setting, mask_url, url_secrets
+from icesink.shared.errors import ConfigError
+from icesink.shared.secrets import MASK, Hidden, Redactor, is_secret_key, mask_setting, mask_url, url_secrets
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     # over on it from the positions in the tables (docs/commits.md).
     control_adopt_log_id: str | None = Field(None, alias="iceberg.control.adopt-log-id")
     control_secret: SecretStr | None = Field(None, alias="iceberg.control.secret")
-    # Without control_secret: the namespace whose property keeps the group's own secret (icesink/group_secret.py).
+    # Without control_secret: the namespace whose property keeps the group's own secret (icesink/shared/group_secret.py).
     control_secret_namespace: str = Field("icesink", alias="iceberg.control.secret-namespace", min_length=1)
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
@@ -193,7 +193,7 @@ class Settings(BaseSettings):
     dlq_context_headers: bool = Field(True, alias="errors.deadletterqueue.context.headers.enable")
     max_record_bytes: int = Field(16 * 1024 * 1024, alias="errors.max-record-bytes", ge=1)
 
-    # Fault injection for the fault tests (icesink/faults.py); never set in production.
+    # Fault injection for the fault tests (icesink/shared/faults.py); never set in production.
     fault_crash_at: tuple[
         Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response",
                 "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable",
@@ -346,7 +346,7 @@ class Settings(BaseSettings):
         return kw
 
     def masked(self) -> dict[str, Any]:
-        """Settings for logs and status output, secrets masked (icesink/secrets.py)."""
+        """Settings for logs and status output, secrets masked (icesink/shared/secrets.py)."""
         out = self.model_dump(by_alias=True)
         del out["<config provider values>"]
         for field in ("iceberg.catalog.*", "spark.*"):
@@ -355,7 +355,7 @@ class Settings(BaseSettings):
                 for k, v in out.items()}
 
     def control_signing_key(self) -> bytes | None:
-        """The key that signs and checks control events (icesink/signing.py), if set."""
+        """The key that signs and checks control events (icesink/shared/signing.py), if set."""
         return self.control_secret.get_secret_value().encode() if self.control_secret is not None else None
 
     def secret_values(self) -> set[str]:
@@ -386,7 +386,7 @@ def _env_key_map() -> dict[str, str]:
 
 
 def keys_from_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """``ICESINK_<KEY>`` variables as config keys (see :func:`icesink.config_load.env_keys`)."""
+    """``ICESINK_<KEY>`` variables as config keys (see :func:`icesink.shared.config_load.env_keys`)."""
     return env_keys(environ, _env_key_map())
 
 
@@ -406,7 +406,7 @@ def build(raw: Mapping[str, Any], *, warn_unknown: bool = True, refuse_unknown: 
 def build_resolved(raw: Mapping[str, Any], environ: Mapping[str, str], **kwargs: Any) -> Settings:
     """:func:`build` after resolving config-provider references with the providers ``raw``
     declares (``environ``: what the env provider reads)."""
-    from icesink.config_providers import declared, resolve
+    from icesink.shared.config_providers import declared, resolve
 
     resolved, provided = resolve(raw, declared(raw), environ)
     return build(resolved, provided=provided, **kwargs)

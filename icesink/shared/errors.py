@@ -112,7 +112,7 @@ class ControlLogError(IcesinkError):
 
 class ControlSecretError(IcesinkError):
     """The group's control secret could not be read or stored in the catalog
-    (icesink/group_secret.py): names the namespace, the property and what to do. Fatal at start."""
+    (icesink/shared/group_secret.py): names the namespace, the property and what to do. Fatal at start."""
 
 
 class ResponseSendError(IcesinkError):

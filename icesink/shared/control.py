@@ -4,7 +4,7 @@ The control topic has one partition, so its offsets give every event of a sink g
 total order. Events are keyed by the group id; readers skip other groups' events.
 
 The topic is input, not trust: a record whose key is not UTF-8, whose value is null, not
-JSON, too large or not a valid event (icesink/protocol/codec.py) is logged once with its control
+JSON, too large or not a valid event (icesink/shared/protocol/codec.py) is logged once with its control
 offset, counted in ``icesink_control_events_invalid_total`` and skipped by every reader.
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition as KafkaTP
 from aiokafka.structs import OffsetAndMetadata
 
-from icesink import protocol, signing
-from icesink.errors import ControlLogError, ProtocolError
-from icesink.kafka_admin import TopicError, ensure_topic, topic_configs
-from icesink.metrics import Metrics
+from icesink.shared import protocol, signing
+from icesink.shared.errors import ControlLogError, ProtocolError
+from icesink.shared.kafka_admin import TopicError, ensure_topic, topic_configs
+from icesink.shared.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def keyring_of(secret: bytes | signing.Keyring | None) -> signing.Keyring | None
 
 
 class ControlProducer:
-    """Sends this group's events; with ``secret`` (the group's key, or its keyring: icesink/signing.py)
+    """Sends this group's events; with ``secret`` (the group's key, or its keyring: icesink/shared/signing.py)
     each is signed."""
 
     def __init__(
@@ -329,7 +329,7 @@ class ControlLogTruncator:
 
     async def truncate(self, floor: tuple[int, str] | None = None) -> dict[str, Any]:
         """One truncation (:meth:`plan`, then DeleteRecords); returns what happened (/status)."""
-        from icesink.kafka_admin import DeleteRecordsUnsupported, delete_records
+        from icesink.shared.kafka_admin import DeleteRecordsUnsupported, delete_records
 
         if self.unsupported is not None:
             return {"unsupported": self.unsupported}
@@ -359,7 +359,7 @@ class ControlLogTruncator:
 
     async def _needs(self, consumer: AIOKafkaConsumer, tp: KafkaTP, group: str) -> int | None:
         """Where ``group`` needs the log from: its checkpoint's replay start; None if unknown."""
-        from icesink.kafka_admin import group_offset
+        from icesink.shared.kafka_admin import group_offset
 
         at = await group_offset(self.bootstrap, f"{group}-coordinator", self.topic, 0, client_kwargs=self._kwargs)
         if at is None:

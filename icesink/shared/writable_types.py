@@ -33,7 +33,7 @@ from pyiceberg.types import (
     UUIDType,
 )
 
-from icesink.errors import UnsupportedTypeError
+from icesink.shared.errors import UnsupportedTypeError
 
 __all__ = ["ARROW_ONLY_TYPES", "SPARK_PRIMITIVES", "arrow_only_column", "unsupported"]
 

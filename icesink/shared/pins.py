@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 
-from icesink.errors import ConfigError
+from icesink.shared.errors import ConfigError
 
 __all__ = ["check_pinned_versions", "pinned_versions"]
 

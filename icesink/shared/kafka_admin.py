@@ -32,8 +32,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from icesink.errors import IcesinkError
-from icesink.retry import Backoff
+from icesink.shared.errors import IcesinkError
+from icesink.shared.retry import Backoff
 
 __all__ = [
     "DeleteRecordsUnsupported", "TopicError", "delete_records", "end_offsets", "ensure_topic", "group_offset",

@@ -24,7 +24,7 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table
 from pyiceberg.types import IcebergType
 
-from icesink.protocol import SchemaProposal
+from icesink.shared.protocol import SchemaProposal
 
 __all__ = [
     "ELEMENT", "MAX_DECIMAL_PRECISION", "AddField", "Change", "MakeOptional", "Path", "Widen", "apply_changes", "changes",

@@ -2,7 +2,7 @@
 commit, the table property holding a sink group's state, and that state (:class:`SinkState`).
 
 Leaf module of the protocol package: plain values and JSON, no table access
-(:func:`icesink.iceberg.latest_sink_summary` reads the state back from a table).
+(:func:`icesink.shared.iceberg.latest_sink_summary` reads the state back from a table).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from icesink.errors import ProtocolError
-from icesink.protocol.events import TopicPartition
+from icesink.shared.errors import ProtocolError
+from icesink.shared.protocol.events import TopicPartition
 
 COMMIT_ID = "icesink.commit-id"
 WATERMARK = "icesink.control-watermark"

@@ -6,7 +6,7 @@
   processes share (the embedded stack's, the tests' and the benchmarks').
 - :func:`sqlite_init_lock`: processes that open a new SQLite catalog together create its
   tables one at a time (pyiceberg checks, then creates: the others' CREATE TABLE failed).
-- :func:`use_sql_catalog`: the class :func:`icesink.iceberg.load_catalog` builds a SQL catalog
+- :func:`use_sql_catalog`: the class :func:`icesink.shared.iceberg.load_catalog` builds a SQL catalog
   as (pyiceberg's own until :func:`coordinator.iceberg_ext.install` names its cheaper one).
 
 All are pinned to pyiceberg 0.12 (pyproject.toml); tests/unit/test_catalogs.py holds them to
@@ -44,7 +44,7 @@ _sql_catalog: type[_PyicebergSqlCatalog] = _PyicebergSqlCatalog
 
 
 def use_sql_catalog(cls: type[_PyicebergSqlCatalog]) -> None:
-    """Build SQL catalogs as ``cls`` from now on (:func:`icesink.iceberg.load_catalog`)."""
+    """Build SQL catalogs as ``cls`` from now on (:func:`icesink.shared.iceberg.load_catalog`)."""
     global _sql_catalog
     _sql_catalog = cls
 

@@ -77,7 +77,7 @@ _NOT_SECRET = re.compile(r"^(\d+|true|false)$", re.IGNORECASE)
 
 
 #: Secrets the process learned after its settings were read (the group's control secret from the
-#: catalog, icesink/group_secret.py): every :class:`Redactor` masks them too. A tuple, replaced
+#: catalog, icesink/shared/group_secret.py): every :class:`Redactor` masks them too. A tuple, replaced
 #: whole, so the threads that redact (the HTTP server's) never see it change under them.
 _learned: tuple[str, ...] = ()
 _learning = threading.Lock()

@@ -6,7 +6,7 @@ whose signature is missing or wrong (logged with its control offset and counted,
 invalid event). Events written by anyone outside the group, who lacks the secret, are then
 ignored however well-formed they are: a forged ``StartCommit`` with a huge epoch, an empty
 ``DataComplete`` impersonating an owner. The secret is ``iceberg.control.secret`` if set, else
-the group's own, kept in the catalog (icesink/group_secret.py). Leaf module: no I/O.
+the group's own, kept in the catalog (icesink/shared/group_secret.py). Leaf module: no I/O.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def problem(secret: bytes, key: bytes | None, value: bytes | None,
 class Keyring:
     """The group's signing key, shared by a replica's control producer and readers, loaded once
     before they send or read (agents/worker.py), replaced if the stored secret turns out to be
-    another (a provisioning race, icesink/group_secret.py).
+    another (a provisioning race, icesink/shared/group_secret.py).
 
     ``unsigned_below``: the control offset where the group's signing began on this log. An
     event below it without a signature was written by the group before it signed (an upgrade);

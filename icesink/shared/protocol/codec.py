@@ -1,4 +1,4 @@
-"""The control protocol's codec: events (:mod:`icesink.protocol.events`) to bytes and back.
+"""The control protocol's codec: events (:mod:`icesink.shared.protocol.events`) to bytes and back.
 
 On the wire each event is one JSON object ``{"v": 1, "type": "<tag>", ...fields}`` with sorted
 keys (``v`` 2 when it holds a field that older readers must not ignore: :data:`_SINCE`), so
@@ -19,8 +19,8 @@ from dataclasses import MISSING, fields, is_dataclass
 from types import UnionType
 from typing import Any, Union, assert_never, get_args, get_origin, get_type_hints
 
-from icesink.errors import ProtocolError
-from icesink.protocol.events import (
+from icesink.shared.errors import ProtocolError
+from icesink.shared.protocol.events import (
     EVENT_TYPES, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, Event, FileInfo,
     OffsetRange, Owner, Rewind, Resume, SchemaProposal, StartCommit, TopicPartition,
 )
@@ -28,7 +28,7 @@ from icesink.protocol.events import (
 VERSION = 2
 
 # The largest encoded event a reader accepts (and a writer may send). The control producer's
-# max_request_size (icesink/control.py) is 1 MiB more: room for the key and the batch framing.
+# max_request_size (icesink/shared/control.py) is 1 MiB more: room for the key and the batch framing.
 MAX_EVENT_BYTES = 15 * 1024 * 1024
 
 def _to_json(value: Any) -> Any:

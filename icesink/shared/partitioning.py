@@ -38,7 +38,7 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import BinaryType, NestedField, StructType
 
-from icesink.errors import ConfigError
+from icesink.shared.errors import ConfigError
 
 __all__ = [
     "PARTITION_BY_KEY",

@@ -1,19 +1,19 @@
 """The control protocol both sides speak: a leaf package that ``agents/`` (the worker) and
 ``coordinator/`` import, and that imports nothing with I/O.
 
-- :mod:`icesink.protocol.events`: the events of the control topic and :class:`FileInfo`, the
+- :mod:`icesink.shared.protocol.events`: the events of the control topic and :class:`FileInfo`, the
   description of a written data file that travels from the writer to the committer;
-- :mod:`icesink.protocol.codec`: their bytes on the wire (checked field by field on the way in);
-- :mod:`icesink.protocol.summary`: the keys icesink writes into Iceberg snapshot summaries and
+- :mod:`icesink.shared.protocol.codec`: their bytes on the wire (checked field by field on the way in);
+- :mod:`icesink.shared.protocol.summary`: the keys icesink writes into Iceberg snapshot summaries and
   table properties, and the sink state they hold.
 """
 
-from icesink.protocol.codec import MAX_EVENT_BYTES, VERSION, decode, describe, encode
-from icesink.protocol.events import (
+from icesink.shared.protocol.codec import MAX_EVENT_BYTES, VERSION, decode, describe, encode
+from icesink.shared.protocol.events import (
     EVENT_TYPES, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, Event, FileInfo,
     OffsetRange, Owner, Position, Resume, Rewind, SchemaProposal, StartCommit, TopicPartition,
 )
-from icesink.protocol.summary import (
+from icesink.shared.protocol.summary import (
     COMMIT_ID, EPOCH, GROUP, LOG_ID, POSITIONS, STATE_VERSION, VALID_THROUGH, WATERMARK, SinkState, state_property,
     summary_properties,
 )

@@ -31,7 +31,7 @@ class Metrics:
         # replica show as changes of its start time (deploy/prometheus/alerts.yml, flapping).
         ProcessCollector(registry=r)
         # python_gc_collections_total{generation}: a worker's full collections (generation 2)
-        # should stay rare while it ingests (icesink/gc_tuning.py).
+        # should stay rare while it ingests (icesink/shared/gc_tuning.py).
         GCCollector(registry=r)
         # The replica itself.
         self.info = Gauge(

@@ -1,8 +1,8 @@
 """The control protocol's events: the commit log of a sink group, and the file description
 that travels from the writer (agents/) to the committer (coordinator/).
 
-Leaf module of the protocol package (icesink/protocol/): frozen, tagged dataclasses, nothing
-with I/O. How they go on the wire is :mod:`icesink.protocol.codec`.
+Leaf module of the protocol package (icesink/shared/protocol/): frozen, tagged dataclasses, nothing
+with I/O. How they go on the wire is :mod:`icesink.shared.protocol.codec`.
 
 The protocol (design/exactly-once.md, docs/commits.md):
   Claim -> Resume                                 partition ownership
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from icesink.errors import ProtocolError
+from icesink.shared.errors import ProtocolError
 @dataclass(frozen=True, order=True)
 class TopicPartition:
     topic: str

@@ -1,6 +1,6 @@
 """pyiceberg glue shared by agents and coordinator: the catalog, data files to and from the
 protocol's FileInfo, and the sink state read back from a table (its keys and format:
-icesink/protocol/summary.py).
+icesink/shared/protocol/summary.py).
 
 Blocking calls; callers run them off the event loop.
 """
@@ -21,16 +21,16 @@ from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 from pyiceberg.types import BinaryType, DecimalType, FixedType, IcebergType, UUIDType
 
-from icesink.config import Settings
-from icesink.errors import ConfigError, TableChangedError
-from icesink.protocol import COMMIT_ID, EPOCH, GROUP, LOG_ID, POSITIONS, VALID_THROUGH, WATERMARK, FileInfo, SinkState
-from icesink.protocol.summary import flat_positions, state_property
+from icesink.shared.config import Settings
+from icesink.shared.errors import ConfigError, TableChangedError
+from icesink.shared.protocol import COMMIT_ID, EPOCH, GROUP, LOG_ID, POSITIONS, VALID_THROUGH, WATERMARK, FileInfo, SinkState
+from icesink.shared.protocol.summary import flat_positions, state_property
 
 
 
 def catalog_properties(settings: Settings) -> dict[str, str]:
     if settings.embedded_catalog:
-        from icesink.catalogs import sqlite_catalog_properties
+        from icesink.shared.catalogs import sqlite_catalog_properties
 
         directory = settings.state_dir.resolve() / "catalog"
         directory.mkdir(parents=True, exist_ok=True)
@@ -39,11 +39,11 @@ def catalog_properties(settings: Settings) -> dict[str, str]:
 
 
 def load_catalog(settings: Settings) -> Catalog:
-    """The sink's catalog; a SQL catalog as :func:`icesink.catalogs.sql_catalog_class` (once the
+    """The sink's catalog; a SQL catalog as :func:`icesink.shared.catalogs.sql_catalog_class` (once the
     composition root installed coordinator/iceberg_ext/: its cheaper commits)."""
     from pyiceberg.catalog.sql import SqlCatalog as _SqlCatalog
 
-    from icesink.catalogs import sql_catalog_class, sqlite_init_lock
+    from icesink.shared.catalogs import sql_catalog_class, sqlite_init_lock
 
     props = catalog_properties(settings)
     with sqlite_init_lock(props.get("uri", "")):  # replicas opening a new SQLite catalog together

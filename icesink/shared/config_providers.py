@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from icesink.errors import ConfigError
-from icesink.secrets import Hidden
+from icesink.shared.errors import ConfigError
+from icesink.shared.secrets import Hidden
 
 PREFIX = "config.providers"
 FILE_PROVIDER = "org.apache.kafka.common.config.provider.FileConfigProvider"

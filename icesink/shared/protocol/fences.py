@@ -28,8 +28,8 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from icesink.protocol.events import OffsetRange, TopicPartition
-from icesink.protocol.summary import SinkState
+from icesink.shared.protocol.events import OffsetRange, TopicPartition
+from icesink.shared.protocol.summary import SinkState
 
 WORKER, COORDINATOR = "iskw", "iskc"
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
