@@ -152,8 +152,18 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
     properties = dict(settings.auto_create_props)
     properties.setdefault(NAME_MAPPING, create_mapping_from_schema(assign_fresh_schema_ids(schema)).model_dump_json())
     try:
-        table = catalog.create_table(name, schema=schema, partition_spec=spec, properties=properties)
-        log.info("created table %s with schema %s and partition spec %s", name, table.schema(), table.spec())
+        created = catalog.create_table(name, schema=schema, partition_spec=spec, properties=properties)
+        log.info("created table %s with schema %s and partition spec %s", name, created.schema(), created.spec())
+        # What the catalog holds, not what this creation returned: a catalog that lets two
+        # concurrent creations both succeed keeps one (SeaweedFS's REST catalog), and files
+        # written under the other's location would be refused by the coordinator for ever.
+        try:
+            table = catalog.load_table(name)
+        except NoSuchTableError:  # dropped at once by another writer: the creation's own, as before
+            table = created
+        if table.location() != created.location():
+            log.info("table %s was created again meanwhile by another replica, at %s: using that", name,
+                     table.location())
     except TableAlreadyExistsError:
         table = catalog.load_table(name)
     except Exception as exc:  # a lost race reported as a database integrity error (SQL catalog)

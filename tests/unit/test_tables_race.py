@@ -66,3 +66,22 @@ def test_a_created_table_holds_its_name_mapping_from_its_first_metadata_file(tmp
     own = load_settings(None, None, {"topics": "t", "iceberg.tables": "db.b", "iceberg.tables.auto-create-enabled": "true",
                                      "iceberg.tables.auto-create-props.schema.name-mapping.default": "[]"})
     assert create_target(catalog, own, "db.b", schema).table.properties["schema.name-mapping.default"] == "[]"
+
+
+def test_a_creation_that_another_replica_replaced_uses_what_the_catalog_holds(tmp_path):
+    """Seen in CI on SeaweedFS's REST catalog: two replicas created one table at the same moment,
+    both creations succeeded, each at a location of its own, and the catalog kept the second. The
+    first replica wrote its files under its own location for ever, and the coordinator refused
+    every one of them (outside the table's location). A creator uses what the catalog holds."""
+
+    class Overwritten(SqlCatalog):
+        def create_table(self, identifier, schema, **kwargs):  # type: ignore[no-untyped-def, override]
+            mine = super().create_table(identifier, schema, **kwargs)
+            # The other replica's creation lands just after and replaces this one (its own location).
+            super().drop_table(identifier)
+            super().create_table(identifier, schema, location=f"file://{tmp_path}/wh/db/a-other", **kwargs)
+            return mine
+
+    catalog = Overwritten("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    target = create_target(catalog, settings(), "db.a", pa.schema([("id", pa.int64())]))
+    assert target.table.location() == catalog.load_table("db.a").location() == f"file://{tmp_path}/wh/db/a-other"
