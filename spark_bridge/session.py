@@ -42,9 +42,6 @@ _RUNTIME_CONF: dict[str, str] = {
 _LOCAL_CONF: dict[str, str] = {
     # Local mode runs tasks in the driver JVM, which also holds the Arrow batches of a write.
     "spark.driver.memory": "2g",
-    # An OutOfMemoryError can kill Spark's scheduler thread and leave the job waiting forever:
-    # exit instead, so the write fails (SparkWriteError) and the owner restarts the process.
-    "spark.driver.extraJavaOptions": "-XX:+ExitOnOutOfMemoryError",
     "spark.ui.enabled": "false",
     # Iceberg time columns: Spark 4.1+ writes TIME as Parquet TIME(MICROS) once enabled. Not
     # forced on Spark Connect servers, which may be older (a time column then fails to write).
@@ -57,6 +54,22 @@ _LOCAL_CONF: dict[str, str] = {
     # (see bench/README.md, spark_write_bench). Not for Spark Connect, whose servers cache relations.
     "spark.sql.execution.arrow.localRelationThreshold": "0",
 }
+# The local driver JVM's options; a user's spark.driver.extraJavaOptions follow them (HotSpot
+# takes a flag's last value, so the user's win) instead of replacing them.
+_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+_LOCAL_JAVA_OPTIONS = (
+    # An OutOfMemoryError can kill Spark's scheduler thread and leave the job waiting forever:
+    # exit instead, so the write fails (SparkWriteError) and the owner restarts the process.
+    "-XX:+ExitOnOutOfMemoryError",
+    # C2 compiles a method once it is 10 times as hot as by default: at start the JVM loads
+    # classes, spins lambdas and parses confs hot enough for C2 by default, which then took
+    # about 9 CPU-s of a 1M-record run; the write path's methods still reach C2 within its
+    # first rounds (bench/README.md, ingest_bench "JIT thresholds").
+    "-XX:Tier4InvocationThreshold=50000",
+    "-XX:Tier4MinInvocationThreshold=6000",
+    "-XX:Tier4CompileThreshold=150000",
+    "-XX:Tier4BackEdgeThreshold=400000",
+)
 
 
 @dataclass(frozen=True)
@@ -181,7 +194,8 @@ class SparkSessionOwner:
         fast_fs = (session_conf(s.conf) if s.master.startswith("local")
                    else {} if "spark.hadoop.fs.file.impl" in s.conf
                    else {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"})
-        return {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs}
+        java = " ".join([*_LOCAL_JAVA_OPTIONS, s.conf.get(_JAVA_OPTIONS, "")]).strip()
+        return {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs, _JAVA_OPTIONS: java}
 
     def stop(self) -> None:
         spark, self._spark = self._spark, None

@@ -244,6 +244,17 @@ def test_a_local_session_warms_up_with_a_throw_away_write_and_leaves_nothing(
         SparkFileWriter(SparkSettings(warm_up_rows=-1))
 
 
+def test_the_local_jvm_runs_with_the_driver_options(writer: SparkFileWriter) -> None:
+    """The JVM Spark started has our options (spark_bridge/session.py): exit on OutOfMemoryError,
+    and C2's raised thresholds (bench/README.md, ingest_bench "JIT thresholds")."""
+    jvm = writer.spark.sparkContext._jvm
+    assert jvm is not None
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert "-XX:+ExitOnOutOfMemoryError" in arguments
+    assert "-XX:Tier4InvocationThreshold=50000" in arguments
+    assert "-XX:Tier4BackEdgeThreshold=400000" in arguments
+
+
 def test_staged_write_uploads_files_and_cleans_the_staging_dir(
     writer: SparkFileWriter, catalog: SqlCatalog, tmp_path: Path
 ) -> None:

@@ -1,0 +1,29 @@
+"""The conf a local Spark session starts with (spark_bridge/session.py)."""
+
+from __future__ import annotations
+
+import shlex
+
+from spark_bridge.session import SparkSessionOwner, SparkSettings
+
+JAVA = "spark.driver.extraJavaOptions"
+
+
+def _options(conf: dict[str, str] | None = None) -> list[str]:
+    return shlex.split(SparkSessionOwner(SparkSettings(master="local[2]", conf=conf or {})).startup_conf()[JAVA])
+
+
+def test_driver_exits_on_out_of_memory_and_compiles_less_at_start() -> None:
+    options = _options()
+    assert "-XX:+ExitOnOutOfMemoryError" in options
+    # bench/README.md, ingest_bench "JIT thresholds": C2 compiled start-up code for 9 CPU-s.
+    assert "-XX:Tier4InvocationThreshold=50000" in options
+    assert "-XX:Tier4BackEdgeThreshold=400000" in options
+
+
+def test_a_users_java_options_come_after_ours_and_keep_them() -> None:
+    options = _options({JAVA: "-Xss4m -XX:Tier4InvocationThreshold=5000"})
+    # The user's flags last: HotSpot takes a flag's last value, so theirs win.
+    assert options[-2:] == ["-Xss4m", "-XX:Tier4InvocationThreshold=5000"]
+    # Ours stay: without ExitOnOutOfMemoryError an OOM can leave a write waiting for ever.
+    assert "-XX:+ExitOnOutOfMemoryError" in options[:-2]
