@@ -133,7 +133,7 @@ class CoordinatorState:
     seen_members: set[str] = field(default_factory=set)
     max_generation: int = -1
     group_resets: int = 0
-    # Per table, the highest watermark a CommitToTable on the log announced (coordinator/service.py
+    # Per table, the highest watermark a CommitToTable on the log announced (coordinator/round_commit.py
     # announces a table that holds a round without one).
     announced_to: dict[str, int] = field(default_factory=dict)
 

@@ -20,7 +20,7 @@ def is_retriable(exc: BaseException) -> bool:
     icesink error says so itself (``retriable``); any other error (a catalog's, a broker's, the
     operating system's: a conflict, a timeout, a refused connection) is taken as transient.
     Retry loops retry the transient with capped backoff and stop on the rest, loudly: the
-    coordinator's commits (coordinator/service.py), its schema updates, the worker's writes
+    coordinator's commits (coordinator/round_commit.py), its schema updates (coordinator/service.py), the worker's writes
     (agents/rounds.py); maintenance, never fatal, waits its longest backoff instead."""
     return exc.retriable if isinstance(exc, IcesinkError) else True
 

@@ -12,23 +12,20 @@ import time
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
-from coordinator import service
+from coordinator import round_commit
 from coordinator.commit_processes import CommitProcessError, CommitProcesses, table_batch
 from coordinator.committer import RoundCommit
-from coordinator.service import Coordinator, commit_processes
+from coordinator.round_commit import RoundCommits, commit_processes
 from coordinator.state import Accepted, CoordinatorState
 from icesink.shared.config import load_settings
 from icesink.shared.retry import Backoff
 from icesink.shared.errors import ControlLogError, FencedError, TableChangedError, is_retriable
-from icesink.shared.metrics import Metrics
-from icesink.shared.offload import Offload
 from icesink.shared.protocol import (
     Claim, CommitComplete, DataComplete, DataWritten, OffsetRange, Position, Resume, StartCommit, TopicPartition,
 )
-from tests.unit.test_coordinator_commit import FakeReader, FlakyProducer, data_file, rows
+from tests.unit.test_coordinator_commit import FlakyProducer, data_file, round_commits, rows
 
 TP = TopicPartition("src", 0)
 
@@ -41,15 +38,11 @@ def settings_for(tmp_path, processes: int = 2, **extra: str) -> Any:
         "state.dir": str(tmp_path / "state"), "iceberg.control.commit.processes": str(processes), **extra})
 
 
-def coordinator(tmp_path, catalog, producer, round_id: str, ids: list[int], start: int) -> Coordinator:
-    """A coordinator holding one accepted response of ``round_id`` that writes ``ids`` to both tables."""
-    async def make() -> Coordinator:
-        return Coordinator(settings_for(tmp_path), "127.0.0.1:9", producer, catalog, Offload(2),
-                           Metrics(CollectorRegistry()))
-
-    coord = asyncio.run(make())
-    coord.epoch = 1
-    coord._reader = FakeReader()  # type: ignore[assignment]
+def coordinator(tmp_path, catalog, producer, round_id: str, ids: list[int], start: int, processes: Any = None,
+                **extra: str) -> RoundCommits:
+    """A round's commit holding one accepted response of ``round_id`` that writes ``ids`` to both
+    tables, on ``processes`` (None: commit processes of its own, not started yet)."""
+    settings = settings_for(tmp_path, **extra)
     files = {t: data_file(catalog.load_table(t), f"{t}-{round_id}", ids) for t in ("db.a", "db.b")}
     st = CoordinatorState()
     log = [Claim("w1", 1, (TP,)), Resume(1, "w1", 1, (Position(TP, start),)), StartCommit(1, round_id),
@@ -58,8 +51,7 @@ def coordinator(tmp_path, catalog, producer, round_id: str, ids: list[int], star
            DataComplete(round_id, "x", "w1", 1, (OffsetRange(TP, start, start + len(ids)),), 2, None)]
     for off, ev in enumerate(log, start=100 * start):
         st.apply(off, ev)
-    coord.state = st
-    return coord
+    return round_commits(settings, producer, catalog, st, processes or commit_processes(settings))
 
 
 def test_a_round_commits_in_processes_of_their_own_exactly_once(tmp_path, two_tables, monkeypatch):
@@ -68,7 +60,7 @@ def test_a_round_commits_in_processes_of_their_own_exactly_once(tmp_path, two_ta
     def not_here(*_: Any, **__: Any) -> Any:
         raise AssertionError("committed in the replica's process")
 
-    monkeypatch.setattr(service, "commit_table", not_here)
+    monkeypatch.setattr(round_commit, "commit_table", not_here)
     producer = FlakyProducer(CommitComplete, fail=0)
     coord = coordinator(tmp_path, two_tables, producer, "r1", [1, 2, 3], start=0)
     answers: list[Any] = []  # each table's TableCommit, as its process answered it
@@ -81,7 +73,7 @@ def test_a_round_commits_in_processes_of_their_own_exactly_once(tmp_path, two_ta
 
     monkeypatch.setattr(coord._processes, "commit", noting)
     try:
-        asyncio.run(coord._commit("r1", partial=False))
+        asyncio.run(coord.commit("r1", partial=False))
         assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3
         # Each table's commit_duration is the commit as its process timed it, without the
         # round trip to the process or a wait in its queue.
@@ -90,23 +82,21 @@ def test_a_round_commits_in_processes_of_their_own_exactly_once(tmp_path, two_ta
             assert a.duration_s is not None and a.duration_s > 0
             assert coord.metrics.registry.get_sample_value(
                 "icesink_commit_duration_seconds_sum", {"table": a.table}) == pytest.approx(a.duration_s)
-        assert not coord.state.pending
+        assert not coord.session.state.pending
         assert coord._processes is not None
         pids = coord._processes.pids()
         assert pids and os.getpid() not in pids
-        assert coord.status["commit_processes"] == pids
+        assert coord.session.status["commit_processes"] == pids
         [done] = [e for e in producer.sent if isinstance(e, CommitComplete)]
         assert done.positions == (Position(TP, 3),)
         # A second round on the same processes: no new process, the rows exact again.
-        second = coordinator(tmp_path, two_tables, producer, "r2", [4, 5], start=3)
-        second._processes, second.epoch = coord._processes, 1
-        asyncio.run(second._commit("r2", partial=False))
+        second = coordinator(tmp_path, two_tables, producer, "r2", [4, 5], start=3, processes=coord._processes)
+        asyncio.run(second.commit("r2", partial=False))
         assert rows(two_tables, "db.a") == 5 and rows(two_tables, "db.b") == 5
         assert coord._processes.pids() == pids
         # Replayed (a coordinator that did not see its own CommitComplete): the watermark skips it.
-        again = coordinator(tmp_path, two_tables, producer, "r2", [4, 5], start=3)
-        again._processes = coord._processes
-        asyncio.run(again._commit("r2", partial=False))
+        again = coordinator(tmp_path, two_tables, producer, "r2", [4, 5], start=3, processes=coord._processes)
+        asyncio.run(again.commit("r2", partial=False))
         assert rows(two_tables, "db.a") == 5 and rows(two_tables, "db.b") == 5
     finally:
         if coord._processes is not None:
@@ -115,27 +105,26 @@ def test_a_round_commits_in_processes_of_their_own_exactly_once(tmp_path, two_ta
 
 def test_a_killed_commit_process_fails_the_attempt_retriably_and_the_retry_starts_a_new_one(
         tmp_path, two_tables, monkeypatch):
-    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr(round_commit, "RETRY_BASE_S", 0.01)
     producer = FlakyProducer(CommitComplete, fail=0)
     first = coordinator(tmp_path, two_tables, producer, "r1", [1, 2], start=0)
     processes = first._processes
     assert processes is not None
     try:
-        asyncio.run(first._commit("r1", partial=False))
+        asyncio.run(first.commit("r1", partial=False))
         killed = set(processes.pids())
         assert killed  # db.a and db.b share process 0 of 2
         _kill(killed)
         # Through the coordinator's retry loop: the first attempt finds its process gone, the
         # retry starts a new one, and the round commits exactly.
-        second = coordinator(tmp_path, two_tables, producer, "r2", [3, 4], start=2)
-        second._processes, second.epoch = processes, 1
-        asyncio.run(asyncio.wait_for(second._commit("r2", partial=False), 60))
+        second = coordinator(tmp_path, two_tables, producer, "r2", [3, 4], start=2, processes=processes)
+        asyncio.run(asyncio.wait_for(second.commit("r2", partial=False), 60))
         assert rows(two_tables, "db.a") == 4 and rows(two_tables, "db.b") == 4
         assert second.metrics.commit_failures.labels(table="db.a")._value.get() == 1  # its first attempt
         assert processes.pids() and not killed & set(processes.pids())
         # Straight on the processes: the error is retriable and names the table.
         _kill(set(processes.pids()))
-        batch = coordinator(tmp_path / "x", two_tables, producer, "r9", [9], start=4).state.plan_commit()[0]
+        batch = coordinator(tmp_path / "x", two_tables, producer, "r9", [9], start=4).session.state.plan_commit()[0]
         with pytest.raises(CommitProcessError) as raised:
             processes.commit("db.a", batch, RoundCommit(group="icesink", epoch=1, commit_id="r9", positions={TP: 5},
                              valid_through_ms=None))
@@ -164,17 +153,17 @@ def test_fencing_and_a_conflict_cross_the_process_boundary_as_themselves(tmp_pat
     parent sees FencedError (which is never retried), not a wrapped error."""
     producer = FlakyProducer(CommitComplete, fail=0)
     newer = coordinator(tmp_path, two_tables, producer, "r1", [1], start=0)
-    newer.epoch = 2
+    newer.session.epoch = 2
     try:
-        asyncio.run(newer._commit("r1", partial=False))
+        asyncio.run(newer.commit("r1", partial=False))
     finally:
         assert newer._processes is not None
         newer._processes.close()
     older = coordinator(tmp_path, two_tables, producer, "r2", [2], start=1)
     try:
         with pytest.raises(FencedError):
-            asyncio.run(asyncio.wait_for(older._commit("r2", partial=False), 60))
-        assert older.status["phase"] == "fenced"
+            asyncio.run(asyncio.wait_for(older.commit("r2", partial=False), 60))
+        assert older.session.status["phase"] == "fenced"
     finally:
         assert older._processes is not None
         older._processes.close()
@@ -242,11 +231,11 @@ def test_a_round_in_processes_leaves_clear_tables_out_of_the_maintenance_pass(tm
     coord = coordinator(tmp_path, two_tables, producer, "r1", [1, 2, 3], start=0)
     try:
         coord._maintainer._retry["db.b"] = Backoff(2.0, 300.0)  # its last step failed: retried as planned
-        asyncio.run(coord._commit("r1", partial=False))
+        asyncio.run(coord.commit("r1", partial=False))
         assert coord._maintainer._due == {"db.b"}
         assert coord.metrics.maintenance_last.labels(table="db.a")._value.get() > 0
-        assert coord.status["maintenance"]["db.a"]["error"] is None  # /status shows the pass, as on threads
-        assert coord.status["maintenance"]["db.a"]["expired_snapshots"] == 0
+        assert coord.session.status["maintenance"]["db.a"]["error"] is None  # /status shows the pass, as on threads
+        assert coord.session.status["maintenance"]["db.a"]["expired_snapshots"] == 0
         assert set(coord._maintainer._orphans_at) == {"db.a", "db.b"}  # sweeps still planned for both
     finally:
         assert coord._processes is not None
@@ -257,25 +246,18 @@ def test_a_process_killed_after_its_commit_went_through_is_not_committed_twice(t
     """The outcome a coordinator cannot know: the table took the commit, its process died
     before answering. The retry, in a new process, finds the round in the table (watermark)
     and skips it; the other table commits; every row is there once."""
-    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr(round_commit, "RETRY_BASE_S", 0.01)
     point = "coordinator.commit-process.after-commit"
     producer = FlakyProducer(CommitComplete, fail=0)
 
-    async def make() -> Coordinator:
-        return Coordinator(settings_for(tmp_path, **{"fault.crash-at": point}), "127.0.0.1:9", producer,
-                           two_tables, Offload(2), Metrics(CollectorRegistry()))
-
-    coord = coordinator(tmp_path, two_tables, producer, "r1", [1, 2, 3], start=0)
-    state = coord.state
-    coord = asyncio.run(make())
-    coord.epoch, coord.state, coord._reader = 1, state, FakeReader()  # type: ignore[assignment]
+    coord = coordinator(tmp_path, two_tables, producer, "r1", [1, 2, 3], start=0, **{"fault.crash-at": point})
     try:
-        asyncio.run(asyncio.wait_for(coord._commit("r1", partial=False), 60))
+        asyncio.run(asyncio.wait_for(coord.commit("r1", partial=False), 60))
         assert (tmp_path / "state" / f"fault-{point}.fired").exists()  # it did die after committing db.a
         assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3
         assert len(two_tables.load_table("db.a").metadata.snapshots) == 1
         assert coord.metrics.commit_failures.labels(table="db.a")._value.get() == 1
-        assert not coord.state.pending
+        assert not coord.session.state.pending
     finally:
         assert coord._processes is not None
         coord._processes.close()
@@ -293,7 +275,7 @@ def test_a_failed_maintenance_look_does_not_fail_the_commit_that_went_through(tm
     monkeypatch.setattr(commit_processes, "_replica", os.getpid())
     monkeypatch.setattr(commit_processes, "plan_compaction", unreadable)
     batch = coordinator(tmp_path / "x", two_tables, FlakyProducer(CommitComplete, fail=0), "r1", [1, 2],
-                        start=0).state.plan_commit()[0]
+                        start=0).session.state.plan_commit()[0]
     out = commit_processes._commit_here(  # in this process: the commit process's own function
         "db.a", table_batch(batch, "db.a"),
         RoundCommit(group="icesink", epoch=1, commit_id="r1", positions={TP: 2}, valid_through_ms=None),

@@ -14,9 +14,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from coordinator import service
+from coordinator import round_commit
+from coordinator.committer import TableCache
+from coordinator.maintainer import Maintainer
+from coordinator.maintenance import TableLocks
+from coordinator.parking import ParkedTables
+from coordinator.round_commit import RoundCommits
 from coordinator.service import Coordinator
-from coordinator.state import CoordinatorState
+from coordinator.session import Session
+from coordinator.state import Accepted, CoordinatorState
 from icesink.shared.config import load_settings
 from icesink.shared.errors import FencedError
 from icesink.shared.protocol import (
@@ -55,6 +61,37 @@ class FakeReader:
     async def commit(self, offset: int) -> None:
         self.commits.append(offset)
 
+    async def end_offset(self) -> int:
+        return 0
+
+
+async def no_in_flight(at: int | None) -> Any:
+    raise AssertionError("no orphan sweep in these tests")
+
+
+def round_commits(settings: Any, producer: Any, catalog: Any, state: CoordinatorState,
+                  processes: Any = None) -> RoundCommits:
+    """A round's commit (coordinator/round_commit.py) at epoch 1 holding ``state``, the control
+    reader faked (FakeReader); the maintainer, parking, table locks and table cache real."""
+    metrics = Metrics(CollectorRegistry())
+    session = Session(state=state, epoch=1)
+    locks, tables = TableLocks(), TableCache()
+    maintainer = Maintainer(settings, catalog, metrics, session.status, locks, None, no_in_flight, tables=tables)
+    return RoundCommits(settings, session, producer, FakeReader(), catalog, Offload(2), metrics, maintainer,
+                        ParkedTables(metrics, session.status), locks, tables, processes=processes)
+
+
+def coordinator_of(settings: Any, producer: Any, catalog: Any, state: CoordinatorState) -> Coordinator:
+    """A coordinator (for its control loop: claims, admission, rounds, a stop) at epoch 1 holding
+    ``state``; its round commits' control reader faked (FakeReader)."""
+    async def make() -> Coordinator:  # aiokafka builds its (unused) control consumer on a loop
+        return Coordinator(settings, "127.0.0.1:9", producer, catalog, Offload(2), Metrics(CollectorRegistry()))
+
+    coord = asyncio.run(make())
+    coord.session.epoch, coord.session.state = 1, state
+    coord._rounds._reader = FakeReader()
+    return coord
+
 
 def data_file(table: Any, name: str, ids: list[int]) -> FileInfo:
     path = f"{table.location()}/data/{name}.parquet"
@@ -65,15 +102,9 @@ def data_file(table: Any, name: str, ids: list[int]) -> FileInfo:
     return FileInfo(path=path, record_count=len(ids), size_bytes=1, spec_id=0)
 
 
-def coordinator_with_round(tmp_path, catalog, producer) -> Coordinator:
+def coordinator_with_round(tmp_path, catalog, producer) -> RoundCommits:
     settings = load_settings(None, None, {"topics": "src", "iceberg.tables": "db.a,db.b",
                                           "iceberg.catalog.type": "sql", "state.dir": str(tmp_path / "state")})
-    async def make() -> Coordinator:  # aiokafka builds its (unused) control consumer on a loop
-        return Coordinator(settings, "127.0.0.1:9", producer, catalog, Offload(2), Metrics(CollectorRegistry()))
-
-    coord = asyncio.run(make())
-    coord.epoch = 1
-    coord._reader = FakeReader()  # type: ignore[assignment]
     files = {t: data_file(catalog.load_table(t), t, [1, 2, 3]) for t in ("db.a", "db.b")}
     st = CoordinatorState()
     log = [Claim("w1", 1, (TP,)), Resume(1, "w1", 1, (Position(TP, 0),)), StartCommit(1, "r1"),
@@ -82,8 +113,7 @@ def coordinator_with_round(tmp_path, catalog, producer) -> Coordinator:
            DataComplete("r1", "x", "w1", 1, (OffsetRange(TP, 0, 3),), 2, None)]
     for off, ev in enumerate(log):
         st.apply(off, ev)
-    coord.state = st
-    return coord
+    return round_commits(settings, producer, catalog, st)
 
 
 def rows(catalog, name: str) -> int:
@@ -92,12 +122,12 @@ def rows(catalog, name: str) -> int:
 
 def test_a_failed_control_send_after_one_table_committed_keeps_the_round_pending_and_retries(
         tmp_path, two_tables, monkeypatch):
-    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr(round_commit, "RETRY_BASE_S", 0.01)
     producer = FlakyProducer(CommitToTable, fail=2)
     coord = coordinator_with_round(tmp_path, two_tables, producer)
-    asyncio.run(coord._commit("r1", partial=False))
+    asyncio.run(coord.commit("r1", partial=False))
     assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3
-    assert not coord.state.pending
+    assert not coord.session.state.pending
     [done] = [e for e in producer.sent if isinstance(e, CommitComplete)]
     assert done.positions == (Position(TP, 3),)
     assert coord.metrics.round_failures._value.get() == 2
@@ -105,12 +135,12 @@ def test_a_failed_control_send_after_one_table_committed_keeps_the_round_pending
 
 
 def test_a_failed_commit_complete_send_keeps_the_round_pending_until_it_is_sent(tmp_path, two_tables, monkeypatch):
-    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr(round_commit, "RETRY_BASE_S", 0.01)
     producer = FlakyProducer(CommitComplete, fail=1)
     coord = coordinator_with_round(tmp_path, two_tables, producer)
-    asyncio.run(coord._commit("r1", partial=False))
+    asyncio.run(coord.commit("r1", partial=False))
     assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3  # no table twice
-    assert not coord.state.pending
+    assert not coord.session.state.pending
     assert sum(isinstance(e, CommitComplete) for e in producer.sent) == 1
 
 
@@ -121,16 +151,17 @@ def test_a_fenced_commit_stops_the_coordinator_and_keeps_the_round_pending(tmp_p
     def fenced(*_: Any, **__: Any) -> Any:
         raise FencedError("table db.a: expected coordinator epoch <= 1, found 2")
 
-    monkeypatch.setattr(service, "commit_table", fenced)
+    monkeypatch.setattr(round_commit, "commit_table", fenced)
+    coord = coordinator_of(coord.settings, producer, two_tables, coord.session.state)  # type: ignore[assignment]
 
     async def go() -> None:
-        coord._commit_task = asyncio.create_task(coord._commit("r1", partial=False))
+        coord._commit_task = asyncio.create_task(coord._rounds.commit("r1", partial=False))
         await asyncio.wait([coord._commit_task])
         coord._reap_commit_task()
 
     with pytest.raises(FencedError):
         asyncio.run(go())
-    assert coord.status["phase"] == "fenced" and len(coord.state.pending) == 1
+    assert coord.session.status["phase"] == "fenced" and len(coord.session.state.pending) == 1
 
 
 def test_a_commit_error_no_retry_mends_stops_the_round_loudly_and_a_transient_one_is_retried(
@@ -142,8 +173,8 @@ def test_a_commit_error_no_retry_mends_stops_the_round_loudly_and_a_transient_on
 
     from icesink.shared.errors import ProtocolError
 
-    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
-    real = service.commit_table
+    monkeypatch.setattr(round_commit, "RETRY_BASE_S", 0.01)
+    real = round_commit.commit_table
     calls: list[str] = []
 
     def conflicts_once(catalog: Any, table: str, *a: Any, **k: Any) -> Any:
@@ -152,10 +183,10 @@ def test_a_commit_error_no_retry_mends_stops_the_round_loudly_and_a_transient_on
             raise CommitFailedException("requirement failed: branch main has changed")
         return real(catalog, table, *a, **k)
 
-    monkeypatch.setattr(service, "commit_table", conflicts_once)
+    monkeypatch.setattr(round_commit, "commit_table", conflicts_once)
     coord = coordinator_with_round(tmp_path, two_tables, FlakyProducer(CommitToTable, fail=0))
-    asyncio.run(coord._commit("r1", partial=False))
-    assert rows(two_tables, "db.a") == 3 and not coord.state.pending and sorted(calls).count("db.a") == 2
+    asyncio.run(coord.commit("r1", partial=False))
+    assert rows(two_tables, "db.a") == 3 and not coord.session.state.pending and sorted(calls).count("db.a") == 2
 
     unreadable: list[str] = []
 
@@ -163,36 +194,28 @@ def test_a_commit_error_no_retry_mends_stops_the_round_loudly_and_a_transient_on
         unreadable.append(table)
         raise ProtocolError(f"table {table} property icesink.g.state: expected icesink sink state JSON, found 'x'")
 
-    monkeypatch.setattr(service, "commit_table", hand_edited)
+    monkeypatch.setattr(round_commit, "commit_table", hand_edited)
     coord = coordinator_with_round(tmp_path / "2", two_tables, FlakyProducer(CommitToTable, fail=0))
     with pytest.raises(ProtocolError):
-        asyncio.run(asyncio.wait_for(coord._commit("r1", partial=False), 10))
+        asyncio.run(asyncio.wait_for(coord.commit("r1", partial=False), 10))
     assert unreadable == ["db.a"]  # the round's first table (committed alone, first), once, not again
-    assert coord.status["phase"] == "round-failed" and coord.status["retriable"] is False
-    assert "expected icesink sink state JSON" in coord.status["error"] and len(coord.state.pending) == 1
+    assert coord.session.status["phase"] == "round-failed" and coord.session.status["retriable"] is False
+    assert "expected icesink sink state JSON" in coord.session.status["error"] and len(coord.session.state.pending) == 1
 
 
 # Tables of a round committed at once (iceberg.control.commit.threads) --------------------
 
-def round_of_tables(tmp_path, producer, names: list[str], threads: int) -> Coordinator:
+def round_of_tables(tmp_path, producer, names: list[str], threads: int, processes: Any = None) -> RoundCommits:
     settings = load_settings(None, None, {"topics": "src", "iceberg.tables": ",".join(names),
                                           "iceberg.catalog.type": "sql", "state.dir": str(tmp_path / "state"),
                                           "iceberg.control.commit.threads": str(threads)})
-
-    async def make() -> Coordinator:
-        return Coordinator(settings, "127.0.0.1:9", producer, None, Offload(2), Metrics(CollectorRegistry()))  # type: ignore[arg-type]
-
-    coord = asyncio.run(make())
-    coord.epoch = 1
-    coord._reader = FakeReader()  # type: ignore[assignment]
     st = CoordinatorState()
     log: list[Any] = [Claim("w1", 1, (TP,)), Resume(1, "w1", 1, (Position(TP, 0),)), StartCommit(1, "r1")]
     log += [DataWritten("r1", "x", "w1", t, (FileInfo(f"file:///wh/{t}/data/f.parquet", 3, 1, 0),)) for t in names]
     log.append(DataComplete("r1", "x", "w1", 1, (OffsetRange(TP, 0, 3),), len(names), None))
     for off, ev in enumerate(log):
         st.apply(off, ev)
-    coord.state = st
-    return coord
+    return round_commits(settings, producer, None, st, processes)
 
 
 class SlowCommits:
@@ -225,30 +248,30 @@ class SlowCommits:
 
 def test_the_tables_of_a_round_are_committed_at_once_after_the_first(tmp_path, monkeypatch):
     commits = SlowCommits()
-    monkeypatch.setattr(service, "commit_table", commits)
+    monkeypatch.setattr(round_commit, "commit_table", commits)
     producer = FlakyProducer(CommitToTable, fail=0)
     names = [f"db.t{i}" for i in range(7)]
     coord = round_of_tables(tmp_path, producer, names, threads=3)
-    asyncio.run(coord._commit("r1", partial=False))
+    asyncio.run(coord.commit("r1", partial=False))
     assert commits.events[:2] == ["start db.t0", "end db.t0"]  # alone: the between-tables crash point follows it
     assert commits.most == 3  # iceberg.control.commit.threads at a time
     announced = [e.table for e in producer.sent if isinstance(e, CommitToTable)]
     assert sorted(announced) == names
     assert isinstance(producer.sent[-1], CommitComplete)  # only once every table holds the round
-    assert not coord.state.pending
+    assert not coord.session.state.pending
 
 
 def test_the_tables_of_a_round_are_worked_out_once_for_all_its_table_commits(tmp_path, monkeypatch):
     """Each table's sink state names every table of its round (recovery reads it); at 200 tables,
     working that out again in each commit was a few percent of the commit's CPU."""
     commits = SlowCommits()
-    monkeypatch.setattr(service, "commit_table", commits)
+    monkeypatch.setattr(round_commit, "commit_table", commits)
     worked_out: list[object] = []
-    real = service.round_tables
-    monkeypatch.setattr(service, "round_tables", lambda batch: worked_out.append(batch) or real(batch))
+    real = round_commit.round_tables
+    monkeypatch.setattr(round_commit, "round_tables", lambda batch: worked_out.append(batch) or real(batch))
     names = [f"db.t{i}" for i in range(5)]
     coord = round_of_tables(tmp_path, FlakyProducer(CommitToTable, fail=0), names, threads=3)
-    asyncio.run(coord._commit("r1", partial=False))
+    asyncio.run(coord.commit("r1", partial=False))
     assert len(worked_out) == 1
     assert commits.rounds_tables == [dict.fromkeys(names, commits.rounds_tables[0][names[0]])] * len(names)
 
@@ -259,9 +282,9 @@ def test_commit_threads_default_to_twice_the_cores():
 
 
 def test_a_failed_announcement_of_one_table_lets_the_others_finish_and_the_round_retries(tmp_path, monkeypatch):
-    monkeypatch.setattr(service, "RETRY_BASE_S", 0.01)
+    monkeypatch.setattr(round_commit, "RETRY_BASE_S", 0.01)
     commits = SlowCommits()
-    monkeypatch.setattr(service, "commit_table", commits)
+    monkeypatch.setattr(round_commit, "commit_table", commits)
     producer = FlakyProducer(CommitToTable, fail=0)
     send = producer.send
     failed: list[str] = []
@@ -275,23 +298,23 @@ def test_a_failed_announcement_of_one_table_lets_the_others_finish_and_the_round
     producer.send = t2_fails_once  # type: ignore[method-assign]
     names = [f"db.t{i}" for i in range(4)]
     coord = round_of_tables(tmp_path, producer, names, threads=4)
-    asyncio.run(coord._commit("r1", partial=False))
+    asyncio.run(coord.commit("r1", partial=False))
     first = commits.events[:commits.events.index("start db.t0", 1)]  # the first attempt
     assert sorted(e for e in first if e.startswith("end")) == [f"end {t}" for t in names]
     first_sent = [e.table for e in producer.sent if isinstance(e, CommitToTable)][:3]
     assert sorted(first_sent) == ["db.t0", "db.t1", "db.t3"]  # the others were announced all the same
     assert coord.metrics.round_failures._value.get() == 1
-    assert sum(isinstance(e, CommitComplete) for e in producer.sent) == 1 and not coord.state.pending
+    assert sum(isinstance(e, CommitComplete) for e in producer.sent) == 1 and not coord.session.state.pending
 
 
 def test_fencing_of_one_table_among_parallel_commits_stops_the_round(tmp_path, monkeypatch):
     commits = SlowCommits(fenced="db.t2")
-    monkeypatch.setattr(service, "commit_table", commits)
+    monkeypatch.setattr(round_commit, "commit_table", commits)
     producer = FlakyProducer(CommitToTable, fail=0)
     coord = round_of_tables(tmp_path, producer, [f"db.t{i}" for i in range(4)], threads=4)
     with pytest.raises(FencedError):
-        asyncio.run(coord._commit("r1", partial=False))
-    assert coord.status["phase"] == "fenced" and len(coord.state.pending) == 1
+        asyncio.run(coord.commit("r1", partial=False))
+    assert coord.session.status["phase"] == "fenced" and len(coord.session.state.pending) == 1
     assert not any(isinstance(e, CommitComplete) for e in producer.sent)
 
 
@@ -342,7 +365,8 @@ def test_a_data_written_naming_files_outside_its_table_is_refused_and_nothing_is
     """A forged response (a DataWritten naming a file elsewhere, then a DataComplete) is neither
     committed nor deleted: the DataWritten is refused, the response is rejected as incomplete."""
     producer = FlakyProducer(CommitToTable, fail=0)
-    coord = coordinator_with_round(tmp_path, two_tables, producer)
+    rounds = coordinator_with_round(tmp_path, two_tables, producer)
+    coord = coordinator_of(rounds.settings, producer, two_tables, rounds.session.state)
     victim = tmp_path / "victim.parquet"
     victim.write_text("someone else's file")
     forged = [DataWritten("r1", "f", "w1", "db.a", (FileInfo(f"file://{victim}", 1, 1, 0),)),
@@ -351,10 +375,10 @@ def test_a_data_written_naming_files_outside_its_table_is_refused_and_nothing_is
     async def go() -> None:
         for off, ev in enumerate(forged, start=100):
             if await coord._admit(off, ev):
-                coord.state.apply(off, ev)
-        for rej in coord.state.take_rejected():
-            await coord._delete_files(rej.files)
-        await coord._commit("r1", partial=False)
+                coord.session.state.apply(off, ev)
+        for rej in coord.session.state.take_rejected():
+            await coord.delete_files(rej.files)
+        await coord._rounds.commit("r1", partial=False)
 
     asyncio.run(go())
     assert victim.exists()
@@ -392,7 +416,7 @@ def test_a_commit_computes_the_staged_metadata_once_per_change_and_equal_to_pyic
     monkeypatch.setattr(snapshots, "staged_metadata", counted)
     monkeypatch.setattr(snapshots.MemoTransaction, "table_metadata", property(checked))
     table = two_tables.load_table("db.a")
-    acc = service.Accepted(offset=5, commit_id="r1", worker="w1", ranges=(), valid_through_ms=None,
+    acc = Accepted(offset=5, commit_id="r1", worker="w1", ranges=(), valid_through_ms=None,
                            files={"db.a": (data_file(table, "m", [1, 2]),)})
     committer.commit_table(two_tables, "db.a", [acc], committer.RoundCommit(group="g", epoch=1, commit_id="r1",
                            positions={TP: 2}, valid_through_ms=None))
@@ -406,7 +430,7 @@ def test_a_commit_computes_the_staged_metadata_once_per_change_and_equal_to_pyic
 
 
 def _accepted(table: Any, offset: int, name: str, ids: list[int]) -> Any:
-    return service.Accepted(offset=offset, commit_id=f"r{offset}", worker="w1", ranges=(), valid_through_ms=None,
+    return Accepted(offset=offset, commit_id=f"r{offset}", worker="w1", ranges=(), valid_through_ms=None,
                             files={"db.a": (data_file(table, name, ids),)})
 
 
@@ -498,11 +522,11 @@ def test_a_tables_commit_duration_leaves_out_its_wait_for_a_commit_thread(tmp_pa
             clock[0] += 10.0
         return TableCommit(table, 7, 1, 3, max(a.offset for a in batch))
 
-    monkeypatch.setattr(service, "commit_table", commits)
-    monkeypatch.setattr(service, "_now", lambda: clock[0])
+    monkeypatch.setattr(round_commit, "commit_table", commits)
+    monkeypatch.setattr(round_commit, "_now", lambda: clock[0])
     names = [f"db.t{i}" for i in range(4)]
     coord = round_of_tables(tmp_path, FlakyProducer(CommitToTable, fail=0), names, threads=1)
-    asyncio.run(coord._commit("r1", partial=False))
+    asyncio.run(coord.commit("r1", partial=False))
     registry = coord.metrics.registry
     for t in names:
         assert registry.get_sample_value("icesink_commit_duration_seconds_count", {"table": t}) == 1
@@ -531,11 +555,10 @@ def test_a_tables_commit_duration_leaves_out_its_wait_in_its_commit_process(tmp_
         def pids(self) -> list[int]:
             return []
 
-    monkeypatch.setattr(service, "_now", lambda: clock[0])
+    monkeypatch.setattr(round_commit, "_now", lambda: clock[0])
     names = [f"db.t{i}" for i in range(4)]
-    coord = round_of_tables(tmp_path, FlakyProducer(CommitToTable, fail=0), names, threads=4)
-    coord._processes = OneProcess()  # type: ignore[assignment]
-    asyncio.run(coord._commit("r1", partial=False))
+    coord = round_of_tables(tmp_path, FlakyProducer(CommitToTable, fail=0), names, threads=4, processes=OneProcess())
+    asyncio.run(coord.commit("r1", partial=False))
     registry = coord.metrics.registry
     for t in names:
         assert registry.get_sample_value("icesink_commit_duration_seconds_count", {"table": t}) == 1

@@ -335,20 +335,21 @@ def test_coordinator_applies_before_start_commit_once_per_table():
     sent = []
 
     class Producer:
+        keyring = None  # unsigned
+
         async def send(self, ev):
             sent.append(ev)
 
-    c = service.Coordinator.__new__(service.Coordinator)
-    c.settings = SimpleNamespace(schema_case_insensitive=False, commit_timeout_ms=1000, commit_interval_ms=1000)
-    c.group, c.epoch, c.catalog = "g", 3, None
-    c.offload, c.producer, c.metrics, c.status = Offload(), Producer(), Metrics(), {}
-    c.state = CoordinatorState()
-    c._round_sent = c._commit_task = None
-    c._draining = service.asyncio.Event()
-    c._next_round_at = 0.0
+    async def make():  # aiokafka builds its (unused) control consumer on a loop
+        settings = build({"topics": "src", "iceberg.tables": "db.t", "bootstrap.servers": "127.0.0.1:1",
+                          "group.id": "g"})
+        return service.Coordinator(settings, "127.0.0.1:1", Producer(), None, Offload(), Metrics())
+
+    c = asyncio.run(make())
+    c.session.epoch = 3
     for i, ev in enumerate([SchemaProposal("w1", "db.t", "{}"), SchemaProposal("w2", "db.t", "{}"),
                             SchemaProposal("w1", "db.bad", "{}")]):
-        c.state.apply(i, ev)
+        c.session.state.apply(i, ev)
     orig, orig_sleep = service.apply_proposals, service.asyncio.sleep
     service.apply_proposals = fake_apply
 
@@ -364,7 +365,7 @@ def test_coordinator_applies_before_start_commit_once_per_table():
     assert type(sent[-1]).__name__ == "StartCommit" and len(sent) == 1
     assert c.metrics.schema_changes.labels(table="db.t")._value.get() == 1
     assert c.metrics.schema_change_failures.labels(table="db.bad")._value.get() == service.SCHEMA_ATTEMPTS
-    assert list(c.state.take_proposals()) == ["db.bad"]  # waits for the next round
+    assert list(c.session.state.take_proposals()) == ["db.bad"]  # waits for the next round
 
 
 # Settings and auto-create --------------------------------------------------------------------------

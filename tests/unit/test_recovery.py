@@ -135,21 +135,19 @@ def test_a_round_in_doubt_cannot_be_adopted() -> None:
 
 
 def test_a_partition_the_tables_hold_starts_at_their_position_not_the_hint() -> None:
-    """_initial_positions asks no consumer group for a partition the tables' state holds."""
+    """Recovery.initial_positions asks no consumer group for a partition the tables' state holds."""
     import asyncio
 
-    from types import SimpleNamespace
-
-    from coordinator.service import Coordinator
+    from coordinator.session import Session
+    from coordinator.startup import Recovery
     from icesink.shared.config import build
     from icesink.shared.protocol import Position
     from icesink.shared.metrics import Metrics
 
     async def go() -> list[Position]:
         settings = build({"topics": "src", "iceberg.tables": "db.t", "bootstrap.servers": "127.0.0.1:1"})
-        unsigned = SimpleNamespace(keyring=None)  # the replica's control producer, as far as this needs
-        coordinator = Coordinator(settings, "127.0.0.1:1", unsigned, None, None, Metrics())  # type: ignore[arg-type]
-        coordinator._table_positions = {A: 9, B: 4}
-        return await coordinator._initial_positions([A, B])
+        recovery = Recovery(settings, "127.0.0.1:1", Session(), None, None, None, Metrics())  # type: ignore[arg-type]
+        recovery.table_positions = {A: 9, B: 4}
+        return await recovery.initial_positions([A, B])
 
     assert asyncio.run(go()) == [Position(A, 9), Position(B, 4)]

@@ -393,7 +393,9 @@ def test_a_refused_checkpoint_is_no_base_and_no_older_one_is_taken_instead(caplo
     positions are stale or chosen by the outsider (duplicates or skipped records)."""
     from types import SimpleNamespace
 
-    from coordinator.service import Coordinator
+    from coordinator.session import Session
+    from coordinator.startup import Recovery
+    from icesink.shared.config import build
     from icesink.shared.protocol import CommitComplete, encode
 
     def rec(offset, event, secret=SECRET):
@@ -408,9 +410,10 @@ def test_a_refused_checkpoint_is_no_base_and_no_older_one_is_taken_instead(caplo
     async def recover():
         reader = ControlReader("127.0.0.1:1", "c", GROUP, {}, reader="coordinator", secret=SECRET)
         reader._consumer = LogConsumer(records, committed=2)
-        coordinator = Coordinator.__new__(Coordinator)
-        coordinator._reader, coordinator.group = reader, GROUP
-        return await coordinator._read_checkpoint()
+        settings = build({"topics": "src", "iceberg.tables": "db.t", "bootstrap.servers": "127.0.0.1:1",
+                          "group.id": GROUP})
+        recovery = Recovery(settings, "127.0.0.1:1", Session(), reader, None, None, None)  # type: ignore[arg-type]
+        return await recovery.read_checkpoint()
 
     with caplog.at_level(logging.WARNING):
         assert asyncio.run(recover()) is None

@@ -1,0 +1,28 @@
+"""What the coordinator's parts share (coordinator/service.py: the control loop;
+coordinator/round_commit.py: a round's commit; coordinator/restart.py: recovery at start): one
+small object handed to each, not a base class."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.state import Checkpoint, CoordinatorState
+
+
+@dataclass
+class Session:
+    """One coordinator's term: its epoch, its state of the control log, its /status."""
+
+    status: dict[str, Any] = field(default_factory=lambda: {"role": "coordinator", "phase": "starting"})
+    state: CoordinatorState = field(default_factory=CoordinatorState)
+    epoch: int = 0
+    log_id: str | None = None  # the control topic's id (None: the broker has none)
+    adopted: bool = False  # iceberg.control.adopt-log-id names this log and a table's state another
+    # The checkpoint of the last round every table holds (the recovery base at first; a whole-log replay).
+    last_cp: Checkpoint = field(default_factory=lambda: Checkpoint(through=-1, positions={}, owners={}, replay_from=0))
+    draining: asyncio.Event = field(default_factory=asyncio.Event)  # the replica stops: finish the round in flight, start none
+    applied_next: int = 0  # the control offset after the last event the loop applied
+    loop_running: bool = False
+    round_started_at: float | None = None  # the round's StartCommit, for icesink_round_duration_seconds
