@@ -1,5 +1,5 @@
 """What the coordinator's parts share (coordinator/service.py: the control loop;
-coordinator/round_commit.py: a round's commit; coordinator/restart.py: recovery at start): one
+coordinator/round_commit.py: a round's commit; coordinator/startup.py: recovery at start): one
 small object handed to each, not a base class."""
 
 from __future__ import annotations

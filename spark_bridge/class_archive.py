@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PREFIX = "spark-classes-"
-_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"  # the driver JVM's options (spark_bridge/session.py)
 _CLASS_PATH = "spark.driver.extraClassPath"
 # What else spark-class puts on the JVM's class path (launcher's AbstractCommandBuilder).
 _CLASS_PATH_ENV = ("SPARK_HOME", "SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH",
@@ -70,7 +70,7 @@ def with_archive(conf: Mapping[str, str], root: Path | None = None) -> dict[str,
         logger.info("spark: no class-data archive for this JVM and class path: `icesink spark-archive` builds one "
                     "(a local session then starts in about half the time)")
         return out
-    out[_JAVA_OPTIONS] = f"{conf.get(_JAVA_OPTIONS, '')} -XX:SharedArchiveFile={_option_value(path)}".strip()
+    out[JAVA_OPTIONS] = f"{conf.get(JAVA_OPTIONS, '')} -XX:SharedArchiveFile={_option_value(path)}".strip()
     logger.info("spark: the JVM is given the class-data archive %s", path)
     return out
 
@@ -108,8 +108,8 @@ def build(master: str = "local[2]", conf: Mapping[str, str] | None = None, root:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}")
     # -Xlog:cds=off: the dump names every class it leaves out (signed jars, generated classes).
-    dump = f"{base.get(_JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={_option_value(partial)} -Xlog:cds=off".strip()
-    writer = SparkFileWriter(dataclasses.replace(settings, conf={**settings.conf, _JAVA_OPTIONS: dump}))
+    dump = f"{base.get(JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={_option_value(partial)} -Xlog:cds=off".strip()
+    writer = SparkFileWriter(dataclasses.replace(settings, conf={**settings.conf, JAVA_OPTIONS: dump}))
     try:
         writer.start()
         writer.warm_up()  # the unpartitioned write path

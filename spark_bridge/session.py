@@ -56,7 +56,6 @@ _LOCAL_CONF: dict[str, str] = {
 }
 # The local driver JVM's options; a user's spark.driver.extraJavaOptions follow them (HotSpot
 # takes a flag's last value, so the user's win) instead of replacing them.
-_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _LOCAL_JAVA_OPTIONS = (
     # An OutOfMemoryError can kill Spark's scheduler thread and leave the job waiting forever:
     # exit instead, so the write fails (SparkWriteError) and the owner restarts the process.
@@ -194,8 +193,8 @@ class SparkSessionOwner:
         fast_fs = (session_conf(s.conf) if s.master.startswith("local")
                    else {} if "spark.hadoop.fs.file.impl" in s.conf
                    else {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"})
-        java = " ".join([*_LOCAL_JAVA_OPTIONS, s.conf.get(_JAVA_OPTIONS, "")]).strip()
-        return {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs, _JAVA_OPTIONS: java}
+        java = " ".join([*_LOCAL_JAVA_OPTIONS, s.conf.get(class_archive.JAVA_OPTIONS, "")]).strip()
+        return {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs, class_archive.JAVA_OPTIONS: java}
 
     def stop(self) -> None:
         spark, self._spark = self._spark, None
