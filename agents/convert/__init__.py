@@ -179,10 +179,7 @@ def decode_json(
             run, rejects = prepare(rewritten(values, schema, fold=True))
     if schema is None:
         schema = infer(run, values)
-    decoder = Decoder(values, schema, rejects, epoch_unit, fold=fold)
-    if run is not None:
-        decoder.scan(run, 0, run.size, threaded=True)
-    return decoder.result()
+    return Decoder(values, schema, rejects, epoch_unit, fold=fold).decode(run)
 
 
 def infer_schema(values: Sequence[bytes], *, timestamp_fields: re.Pattern[str] | None = None) -> pa.Schema:

@@ -16,7 +16,7 @@ from agents.convert.arrays import is_null_mask, or_mask
 from agents.convert.columns import EpochUnit, storage_field
 from agents.convert.limits import DENSE_WINDOW, MAX_SINGLE_BLOCK
 from agents.convert.outcome import Converted, Reject
-from agents.convert.plan import Plan, parse_form
+from agents.convert.plan import Plan
 from agents.convert.reference import Bad, Oracle
 from agents.convert.vectorised import convert_children
 from agents.convert.wrapped import Pacer, Run, error_row
@@ -33,7 +33,7 @@ class Decoder:
         self.fields = list(schema)
         self.unit = unit
         self.oracle = Oracle(schema, unit, fold)
-        self.plan = Plan(pa.struct([parse_form(f) for f in self.fields]))
+        self.plan = Plan.of(self.fields)
         self.batches: list[pa.RecordBatch] = []
         self.batch_indices: list[npt.NDArray[np.int64]] = []
         self.slow_rows: list[dict[str, object]] = []
@@ -57,6 +57,12 @@ class Decoder:
 
     # -- in bulk -----------------------------------------------------------------------------
 
+    def decode(self, run: Run | None) -> Converted:
+        """The batch's result: every record of ``run`` (None: no record to read) decoded."""
+        if run is not None:
+            self.scan(run, 0, run.size, threaded=True)
+        return self.result()
+
     def scan(self, run: Run, lo: int, hi: int, threaded: bool) -> None:
         """Decode records ``[lo, hi)`` of ``run``: each ends in a batch, a slow row or a reject."""
         pacer = Pacer()
@@ -69,7 +75,7 @@ class Decoder:
             view = run.view(lo, hi)
             single = not threaded and view.size <= MAX_SINGLE_BLOCK
             try:
-                table = wrapped.read_buffer(view, self.plan.schema(), run.multiline, single=single,
+                table = wrapped.read_buffer(view, self.plan.parse_schema, run.multiline, single=single,
                                       longest=run.longest(lo, hi))
             except pa.ArrowInvalid as exc:
                 message = str(exc)

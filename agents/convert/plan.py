@@ -6,8 +6,8 @@ pyarrow should expect for each field) and how it adapts when a bulk parse fails
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Final
 
 import pyarrow as pa
@@ -87,11 +87,21 @@ def parse_form(f: pa.Field) -> pa.Field:
 
 @dataclass(frozen=True)
 class Plan:
-    """How to parse: a JSON parse type per leaf (default or adapted), keys whose values are quoted."""
+    """How to parse: a JSON parse type per leaf (default or adapted), keys whose values are quoted,
+    and the parse schema they give (built once, when the plan is made)."""
 
     target: pa.StructType
     overrides: tuple[tuple[Path, pa.DataType], ...] = ()
     quoted: frozenset[str] = frozenset()
+    parse_schema: pa.Schema = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, fields: Sequence[pa.Field]) -> Plan:
+        """The default plan for a table of ``fields``."""
+        return cls(pa.struct([parse_form(f) for f in fields]))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parse_schema", self._schema())
 
     def parse_type(self, path: Path, leaf: pa.Field) -> pa.DataType:
         for p, t in self.overrides:
@@ -99,7 +109,7 @@ class Plan:
                 return t
         return default_parse_type(leaf)
 
-    def schema(self) -> pa.Schema:
+    def _schema(self) -> pa.Schema:
         def build(f: pa.Field, path: Path) -> pa.DataType:
             t = f.type
             if pa.types.is_struct(t):

@@ -38,19 +38,17 @@ def convert_children(
     valid: Mask | None = None
     if arr.null_count:
         valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
-    out: list[pa.Array] = []
+    # Every column first, then their masks: each step stays with its own helpers.
+    pieces = [_convert(pc.struct_field(arr, [i]), f, unit) for i, f in enumerate(fields)]  # applies the parent's nulls
     bad: Mask | None = None
-    for i, f in enumerate(fields):
-        child = pc.struct_field(arr, [i])  # applies the parent's nulls
-        converted, child_bad = _convert(child, f, unit)
+    for f, (converted, child_bad) in zip(fields, pieces, strict=True):
         if not f.nullable:
             missing = is_null_mask(converted)
             if missing is not None and valid is not None:
                 missing = missing & valid
             child_bad = or_mask(child_bad, missing)
-        out.append(converted)
         bad = or_mask(bad, child_bad)
-    return out, bad
+    return [converted for converted, _ in pieces], bad
 
 
 def _convert(arr: pa.Array, f: pa.Field, unit: EpochUnit) -> tuple[pa.Array, Mask | None]:

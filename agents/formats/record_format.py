@@ -12,7 +12,7 @@ import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 
-from agents.convert import Converted, EpochUnit, decode_json, infer_schema
+from agents.convert import Converted, EpochUnit, check_schema, decode_json, infer_schema
 from agents.formats.connect_schema import ConnectSchemaError, connect_arrow_schema, connect_iceberg_schema
 from agents.formats.envelopes import Envelopes, decode_envelopes, split_envelope
 from agents.formats.extras import Extras, assemble
@@ -69,7 +69,7 @@ class RecordFormat:
         """An auto-created table's schema: the value columns, then the key and metadata columns.
         Raises UnsupportedTypeError naming a column that cannot be filled or written."""
         schema = iceberg_schema(schema)
-        decode_json([], schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
+        check_schema(schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
         schema = assign_fresh_schema_ids(Schema(*schema.fields, *self.extras.iceberg_fields()))
         arrow_only_column(schema)  # likewise for types no writer can write (Spark or pyarrow)
         return schema

@@ -3,7 +3,8 @@
 :func:`walk` runs a callable under ``sys.setprofile`` and records, for every Python call that
 crosses from one module ("room") of those two packages into another, the room entered. From
 that sequence: ``stops`` (room changes), ``returns`` (entering a room left before in the same
-decode) and ``upcalls`` (a call from a room into one listed above it in :data:`LAYERS`, the
+entry, a call from outside the two packages such as one ``decode_json``) and ``upcalls`` (a
+call from a room into one listed above it in :data:`LAYERS`, the
 order of the modules' own docstring: leaves first, public entry last).
 
 Run ``python -m tests.support.rooms`` to print the figures for the representative batches.
@@ -32,6 +33,7 @@ RANK = {room: i for i, room in enumerate(LAYERS)}
 @dataclass
 class Walk:
     rooms: list[str] = field(default_factory=list)  # rooms entered, in order (consecutive repeats collapsed)
+    entries: list[int] = field(default_factory=list)  # where in rooms each call from outside begins
     upcalls: list[tuple[str, str]] = field(default_factory=list)  # (caller, callee), callee higher
 
     @property
@@ -42,7 +44,9 @@ class Walk:
     def returns(self) -> list[str]:
         seen: set[str] = set()
         out = []
-        for room in self.rooms:
+        for i, room in enumerate(self.rooms):
+            if i in self.entries:
+                seen = set()
             if room in seen:
                 out.append(room)
             seen.add(room)
@@ -75,7 +79,10 @@ def walk(run: Callable[[], Any]) -> tuple[Walk, Any]:
             return
         if caller is not None and RANK[caller] < RANK[callee]:
             w.upcalls.append((caller, callee))
-        if not w.rooms or w.rooms[-1] != callee:
+        if caller is None:
+            w.entries.append(len(w.rooms))
+            w.rooms.append(callee)
+        elif w.rooms[-1] != callee:
             w.rooms.append(callee)
 
     sys.setprofile(profile)
