@@ -265,7 +265,7 @@ class BatchDecoder:
             return self.format.convert(messages, values, None, epoch_unit=unit)
         schema, dbz = target.arrow_schema, self.debezium
         rows = None if dbz is None else DebeziumRows(dbz, values, [m.offset for m in messages])
-        if self.evolver is None:
+        if self.evolver is None or self.format.raw is not None:  # string or bytes values: nothing to evolve
             return self.format.convert(messages, values, schema, epoch_unit=unit, decode_values=rows)
         keep = identifier_paths(target.table)
         frozen = frozenset(self.format.extras.names() | ({CDC_COLUMN} if dbz is not None else set()))

@@ -34,11 +34,18 @@ columns are built from the messages with Arrow, never read from the value. An ex
 gets those of them it has (a ``long`` timestamp column, as the reference SMT creates, gets epoch
 milliseconds).
 
+String and bytes values
+-----------------------
+With ``value.converter`` = StringConverter or ByteArrayConverter each value goes whole into one
+column, ``iceberg.tables.value-column`` (``value``): string (UTF-8 text; a value that is not is
+a reject) or binary, byte for byte (``raw``).
+
 Modules
 -------
 ``connect_schema`` (Kafka Connect schemas to Iceberg and Arrow), ``envelopes`` (splitting,
 grouping and decoding schema+payload envelopes), ``extras`` (the key and metadata columns),
-``record_format`` (:class:`RecordFormat`, over the three); each imports only those before it.
+``raw`` (string and bytes values), ``record_format`` (:class:`RecordFormat`, over the four);
+each imports only those before it.
 This module re-exports their public names.
 """
 

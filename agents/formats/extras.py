@@ -95,22 +95,29 @@ class Extras:
         return out, rejects
 
     def _keys(self, messages: Sequence[Any], t: pa.DataType) -> tuple[pa.Array, list[Reject]]:
-        raw = pa.array([m.key for m in messages], pa.binary())
-        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            return raw.cast(t), []
+        assert self.key_column is not None
+        return bytes_column([m.key for m in messages], t, "record key", self.key_column)
+
+
+def bytes_column(raw: Sequence[bytes | None], t: pa.DataType, what: str, column: str) -> tuple[pa.Array, list[Reject]]:
+    """``raw`` as a column of type ``t`` (binary as they are, string when they are UTF-8 text:
+    one bulk cast, and only when it fails a look for the bad ones, each a reject naming
+    ``what`` and ``column``)."""
+    arr = pa.array(raw, pa.binary())
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return arr.cast(t), []
+    try:
+        return arr.cast(t), []
+    except pa.ArrowInvalid:
+        pass
+    rejects, text = [], []
+    for i, b in enumerate(raw):  # rare: find the ones that are not UTF-8
         try:
-            return raw.cast(t), []
-        except pa.ArrowInvalid:
-            pass
-        rejects, keys = [], []
-        for i, m in enumerate(messages):  # rare: find the keys that are not UTF-8
-            try:
-                keys.append(None if m.key is None else bytes(m.key).decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                keys.append(None)
-                rejects.append(Reject(i, f"record key is not UTF-8 text (byte {exc.start}: {exc.reason})",
-                                      self.key_column))
-        return pa.array(keys, t), rejects
+            text.append(None if b is None else bytes(b).decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            text.append(None)
+            rejects.append(Reject(i, f"{what} is not UTF-8 text (byte {exc.start}: {exc.reason})", column))
+    return pa.array(text, t), rejects
 
 
 def _metadata_arrays(messages: Sequence[Any], wanted: set[str]) -> dict[str, pa.Array]:

@@ -1,5 +1,5 @@
-"""A worker's record format (:class:`RecordFormat`): plain JSON, Connect envelopes or a
-transform's values, plus the key and metadata columns, per its settings.
+"""A worker's record format (:class:`RecordFormat`): plain JSON, Connect envelopes, string or
+bytes values or a transform's values, plus the key and metadata columns, per its settings.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from agents.convert import Converted, EpochUnit, check_schema, decode_json, infe
 from agents.formats.connect_schema import ConnectSchemaError, connect_arrow_schema, connect_iceberg_schema
 from agents.formats.envelopes import Envelopes, decode_envelopes, split_envelope
 from agents.formats.extras import Extras, assemble
-from icesink.shared.config import BYTES_CONVERTER, Settings
+from agents.formats.raw import RawValues
+from icesink.shared.config import BYTES_CONVERTER, JSON_CONVERTER, Settings
 from icesink.shared.schema_changes import iceberg_schema
 from icesink.shared.writable_types import arrow_only_column
 
@@ -32,12 +33,15 @@ class RecordFormat:
     """How a worker turns a partition's messages into rows of one table, per its settings."""
 
     def __init__(self, settings: Settings) -> None:
-        self.envelope = settings.value_converter_schemas_enable
+        json = settings.value_converter == JSON_CONVERTER
+        self.envelope = json and settings.value_converter_schemas_enable
+        #: String or bytes values (None: JSON), in one column.
+        self.raw = None if json else RawValues(settings.value_column, settings.value_converter == BYTES_CONVERTER)
         metadata = settings.kafka_metadata_field if settings.kafka_metadata else None
         self.extras = Extras(
             settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, settings.kafka_metadata_nested,
         )
-        self.plain = not self.envelope and not self.extras.names()
+        self.plain = json and not self.envelope and not self.extras.names()
         self.fold_case = settings.schema_case_insensitive
         self._envelopes = Envelopes()
 
@@ -48,6 +52,8 @@ class RecordFormat:
         ``timestamp_fields``: a regex of JSON string fields to create as timestamps."""
         if self.plain:
             return infer_schema(values, timestamp_fields=timestamp_fields)
+        if self.raw is not None:
+            return self.with_extras(self.raw.schema())
         if self.envelope:
             schema = None
             for value in values:
@@ -104,6 +110,9 @@ class RecordFormat:
         if decode_values is not None:
             assert value_schema is not None
             converted = decode_values(value_schema, grow_values if grow is not None else None)
+        elif self.raw is not None:
+            assert value_schema is not None
+            converted = self.raw.convert(values, value_schema)
         elif self.envelope:
             groups, rejects = self._envelopes.group([m.value for m in messages])
             if grow is not None and value_schema is not None:

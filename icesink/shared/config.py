@@ -107,6 +107,8 @@ class Settings(BaseSettings):
     value_converter: str = Field(JSON_CONVERTER, alias="value.converter")
     value_converter_schemas_enable: bool = Field(False, alias="value.converter.schemas.enable")
     key_converter: str = Field(STRING_CONVERTER, alias="key.converter")
+    # StringConverter / ByteArrayConverter values: the one column holding them (agents/formats/raw.py).
+    value_column: str = Field("value", alias="iceberg.tables.value-column", min_length=1)
     # Key and Kafka metadata columns (agents/formats.py); names as the reference's KafkaMetadataTransform.
     key_column: str | None = Field(None, alias="iceberg.tables.key-column", min_length=1)
     kafka_metadata: bool = Field(False, alias="iceberg.tables.kafka-metadata-enabled")

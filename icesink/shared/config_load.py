@@ -31,7 +31,7 @@ KEY_CONVERTERS = (
     JSON_CONVERTER,
     BYTES_CONVERTER,
 )
-VALUE_CONVERTERS = (JSON_CONVERTER,)
+VALUE_CONVERTERS = (JSON_CONVERTER, STRING_CONVERTER, BYTES_CONVERTER)
 #: The ``_cdc`` fields Debezium change events can be routed on (``iceberg.tables.route-field``).
 CDC_ROUTE_FIELDS = ("target", "source", "op")
 # The reference's Debezium SMT, under its Tabular and its Apache package (agents/debezium.py).
@@ -80,6 +80,8 @@ def check_settings(s: Settings) -> None:
     if s.value_converter not in VALUE_CONVERTERS:
         raise ConfigError("value.converter", s.value_converter, f"one of {VALUE_CONVERTERS}")
     _check_transforms(s)
+    if s.value_converter != JSON_CONVERTER:
+        _check_raw_values(s)
     if s.key_converter not in KEY_CONVERTERS:
         raise ConfigError("key.converter", s.key_converter, f"one of {KEY_CONVERTERS}")
     if s.kafka_metadata and s.key_column and s.key_column.startswith(s.kafka_metadata_field):
@@ -161,6 +163,24 @@ def check_settings(s: Settings) -> None:
         reraise_as("iceberg.tables.default-partition-by", parse_partition_by, s.default_partition_by)
     for table, spec in s.table_partition_by.items():
         reraise_as(f"iceberg.table.{table}.partition-by", parse_partition_by, spec)
+
+
+def _check_raw_values(s: Settings) -> None:
+    """String or bytes values have no fields: refuse the settings that name one, and a value
+    column that is also the key or a metadata column."""
+    fields = {
+        "iceberg.tables.route-field": s.route_field, "iceberg.tables.cdc-field": s.cdc_field,
+        "iceberg.tables.timestamp-fields": s.timestamp_fields or next(iter(s.table_timestamp_fields.values()), None),
+        "value.converter.schemas.enable": "true" if s.value_converter_schemas_enable else None,
+        "transforms": ",".join(s.transforms) or None,
+    }
+    for key, value in fields.items():
+        if value is not None:
+            raise ConfigError(key, value, f"unset: {s.value_converter} values are text or bytes, not JSON "
+                              "objects with fields (the whole value goes to iceberg.tables.value-column)")
+    if s.value_column == s.key_column or (s.kafka_metadata and s.value_column.startswith(s.kafka_metadata_field)):
+        raise ConfigError("iceberg.tables.value-column", s.value_column,
+                          "a name apart from the key and Kafka metadata columns")
 
 
 def _check_transforms(s: Settings) -> None:
