@@ -253,3 +253,61 @@ def test_the_registry_refuses_calls_without_the_basic_auth_credentials(schema_re
 def test_an_unknown_schema_id_is_a_404_with_confluents_error_code(schema_registry: SchemaRegistry) -> None:
     status, body = schema_registry.get("/schemas/ids/987654")
     assert (status, body["error_code"]) == (404, 40403), body
+
+
+def test_serialized_records_go_through_a_broker_and_decode_with_a_consumers_own_client(
+        schema_registry: SchemaRegistry, broker: Any, pizza_proto: tuple[type[Any], int, int]) -> None:
+    """The three kinds of value produced to one topic ``t-mixed`` of the embedded broker with a
+    librdkafka producer, fetched back byte for byte, and decoded by the Deserializers with a registry
+    client of their own (they fetch each schema by the id in the bytes)."""
+    import asyncio
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from icesink.shared.kafka_admin import ensure_topic
+
+    topic, cls = "t-mixed", pizza_proto[0]
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    producer_client = registry_client(schema_registry)
+    record = {"id": 7, "name": "margherita", "price": 8.5}
+    message = cls(id=7, name="margherita")
+    message.baked.seconds = 1_700_000_000
+    values = {
+        # each kind under a subject of its own (the value subject of `t-mixed` can hold one type)
+        "avro": AvroSerializer(producer_client, json.dumps(PIZZA_AVRO),
+                               conf={"subject.name.strategy": lambda _ctx, _name: "t-mixed-avro"})(record, ctx),
+        "json": JSONSerializer(json.dumps(PIZZA_JSON_SCHEMA), producer_client,
+                               conf={"subject.name.strategy": lambda _ctx, _name: "t-mixed-json"})(record, ctx),
+        "protobuf": ProtobufSerializer(cls, producer_client, {
+            "use.deprecated.format": False, "auto.register.schemas": False, "use.latest.version": True,
+            "subject.name.strategy": lambda _ctx, _name: "t-proto-value"})(message, ctx),
+    }
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": False, "acks": "all"})
+    for kind, value in values.items():
+        producer.produce(topic, value=value, key=kind.encode())
+    assert producer.flush(30) == 0
+
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "t-mixed-reader",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    fetched: dict[str, bytes] = {}
+    try:
+        for _ in range(60):  # at most 60 polls of 1 s
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                fetched[msg.key().decode()] = msg.value()
+            if len(fetched) == len(values):
+                break
+    finally:
+        consumer.close()
+    assert fetched == values
+
+    consumer_client = registry_client(schema_registry)
+    assert AvroDeserializer(consumer_client)(fetched["avro"], ctx) == record
+    assert JSONDeserializer(None, schema_registry_client=consumer_client)(fetched["json"], ctx) == record
+    assert ProtobufDeserializer(cls, {"use.deprecated.format": False}, consumer_client)(fetched["protobuf"], ctx) == message
