@@ -4,7 +4,8 @@ basic auth on, as ``basic.auth.user.info`` sets it): the bytes they produce are 
 format (magic byte 0, the schema id as 4 big-endian bytes, for Protobuf the message-index list),
 the id is the one the server gave the subject, and ``GET /schemas/ids/{id}`` returns the schema
 that was registered, its type and (Protobuf) its references. Each payload is decoded again with
-the schema the server returned for the id in the bytes, so a wrong id fails.
+the schema the server returned for the id in the bytes, so a wrong id fails. The same values go
+through the embedded broker and decode with the Deserializers on a client of their own.
 
 This server refuses the base64 FileDescriptorProto that ProtobufSerializer registers by itself
 (docs/schema-registry.md): the Protobuf schema is registered as .proto text, with a reference, and

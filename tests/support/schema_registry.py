@@ -41,6 +41,8 @@ from typing import IO, Any
 
 import pytest
 
+from icesink.app.embedded import _die_with_parent_hook, free_port
+
 logger = logging.getLogger(__name__)
 
 MODULE = "github.com/axonops/axonops-schema-registry"
@@ -144,9 +146,6 @@ class SchemaRegistry:
         self.password = password or secrets.token_urlsafe(16)
         self._start_timeout_s = start_timeout_s
         self._stop_timeout_s = stop_timeout_s
-        from icesink.app.embedded import free_port
-
-        self._free_port = free_port
         self._port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_handle: IO[bytes] | None = None
@@ -200,7 +199,7 @@ class SchemaRegistry:
                 if attempt == _PORT_ATTEMPTS:
                     raise SchemaRegistryError(f"schema registry could not listen on {self.url}: port in use. "
                                               f"Log {self.log_path}:\n{self.log_tail()}") from None
-                self._port = self._free_port()
+                self._port = free_port()
                 continue
             except BaseException:
                 self._kill_now()
@@ -260,8 +259,6 @@ class SchemaRegistry:
         (self._directory / "config.yaml").write_text(json.dumps(config, indent=2) + "\n")
 
     def _spawn(self, binary: Path) -> None:
-        from icesink.app.embedded import _die_with_parent_hook
-
         # Only these variables: the server reads every SCHEMA_REGISTRY_* of its environment as config.
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
         if self._auth:
