@@ -312,3 +312,13 @@ def test_serialized_records_go_through_a_broker_and_decode_with_a_consumers_own_
     assert AvroDeserializer(consumer_client)(fetched["avro"], ctx) == record
     assert JSONDeserializer(None, schema_registry_client=consumer_client)(fetched["json"], ctx) == record
     assert ProtobufDeserializer(cls, {"use.deprecated.format": False}, consumer_client)(fetched["protobuf"], ctx) == message
+    # icesink reads the framing of the same fetched bytes in bulk (agents/formats/registry_wire.py)
+    from agents.formats.registry_wire import frames
+
+    kinds = list(fetched)
+    plain, proto = frames([fetched[k] for k in kinds]), frames([fetched["protobuf"]], protobuf=True)
+    assert not plain.rejects and not proto.rejects
+    for k, kind in enumerate(kinds):
+        assert (int(plain.ids[k]), plain.payload(k)) == split_wire(fetched[kind]), kind
+    assert int(proto.ids[0]) == pizza_proto[2] and proto.indexes == ((1,),)
+    assert cls.FromString(proto.payload(0)) == message
