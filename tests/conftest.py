@@ -11,6 +11,7 @@ import pytest
 if TYPE_CHECKING:
     from icesink.app.embedded import EmbeddedBroker
     from tests.support.kafka_broker import KafkaBroker
+    from tests.support.schema_registry import SchemaRegistry
     from tests.support.spark_reader import SparkReader
 
 
@@ -48,6 +49,20 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
         yield started
     finally:
         started.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchemaRegistry]:
+    """One real schema registry (AxonOps, Confluent's REST API, basic auth on;
+    tests/support/schema_registry.py) for the whole session; use a fresh subject per test."""
+    from tests.support.schema_registry import SchemaRegistry
+
+    server = SchemaRegistry(tmp_path_factory.mktemp("schema-registry"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

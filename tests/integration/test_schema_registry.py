@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.schema_registry import SchemaRegistry, schema_registry_fixture  # noqa: F401 (the fixture)
+from tests.support.schema_registry import SchemaRegistry
 
 pytestmark = pytest.mark.integration
 

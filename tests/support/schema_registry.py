@@ -34,12 +34,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-import pytest
 
 from icesink.app.embedded import _die_with_parent_hook, free_port
 
@@ -314,18 +312,6 @@ class SchemaRegistry:
 
 class _PortTaken(Exception):
     pass
-
-
-@pytest.fixture(scope="session", name="schema_registry")
-def schema_registry_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchemaRegistry]:
-    """One real schema registry (basic auth on) for the whole session; use a fresh topic (subject)
-    per test. Import this function into a test module (or a conftest) to use ``schema_registry``."""
-    server = SchemaRegistry(tmp_path_factory.mktemp("schema-registry"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
