@@ -21,6 +21,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.schema import index_by_id
 from pyiceberg.table import Table
+from pyiceberg.types import (
+    BinaryType, BooleanType, DateType, DecimalType, DoubleType, FixedType, FloatType, IcebergType, IntegerType,
+    ListType, LongType, MapType, StringType, StructType, TimestampNanoType, TimestamptzNanoType, TimestamptzType,
+    TimestampType, TimeType, UUIDType,
+)
 
 from coordinator.gc import normalize, referenced_files
 from coordinator.state import TableFile
@@ -114,34 +119,90 @@ def delete_uncommitted(
 FIELD_ID = b"PARQUET:field_id"
 
 
-def _named_ids(fields: Iterable[pa.Field], out: dict[int, str], named: bool = True) -> dict[int, str]:
-    """Each field id of an Arrow schema read from a Parquet footer with its field's name. Names
-    of list elements and map keys and values are the writer's own (``element``, ``item``...):
-    only top-level and struct fields' names are kept; nested ones are walked all the same."""
+def _file_fields(fields: Iterable[pa.Field], out: dict[int, tuple[str | None, pa.DataType]],
+                 named: bool = True) -> dict[int, tuple[str | None, pa.DataType]]:
+    """Each field id of an Arrow schema read from a Parquet footer with its field's name and type.
+    Names of list elements and map keys and values are the writer's own (``element``, ``item``...):
+    only top-level and struct fields' names are kept (None for the others); nested ones are walked
+    all the same."""
     for f in fields:
         raw = (f.metadata or {}).get(FIELD_ID)
-        if raw is not None and named:
-            out[int(raw)] = f.name
+        if raw is not None:
+            out[int(raw)] = (f.name if named else None, f.type)
         t = f.type
         if pa.types.is_struct(t):
-            _named_ids((t.field(i) for i in range(t.num_fields)), out)
+            _file_fields((t.field(i) for i in range(t.num_fields)), out)
         elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            _named_ids([t.value_field], out, named=False)
+            _file_fields([t.value_field], out, named=False)
         elif pa.types.is_map(t):
-            _named_ids([t.key_field, t.item_field], out, named=False)
+            _file_fields([t.key_field, t.item_field], out, named=False)
     return out
 
 
 def field_id_mismatch(table: Table, paths: Sequence[str]) -> str | None:
-    """Where a data file's field ids name other columns than the table's schema gives them
-    (a table dropped and created again numbers its columns anew), or None. Reads each file's
-    footer: for a table that holds none of the group's state yet (fresh, or created again)."""
-    by_id = {i: f.name for i, f in index_by_id(table.schema()).items()}
+    """Where a data file's field ids name other columns than the table's schema gives them, or
+    columns of a type the table's cannot read (a table dropped and created again numbers its
+    columns anew, maybe with the same names), or None. Reads each file's footer: for a table
+    that holds none of the group's state yet (fresh, or created again)."""
+    by_id = index_by_id(table.schema())
     for path in paths:
         with table.io.new_input(path).open() as stream:
-            found = _named_ids(pq.read_schema(stream), {})
-        for field_id, name in sorted(found.items()):
-            if field_id in by_id and by_id[field_id] != name:
-                return (f"{path}: field id {field_id} is column {name!r} in the file, {by_id[field_id]!r} in the "
+            found = _file_fields(pq.read_schema(stream), {})
+        for field_id, (name, file_type) in sorted(found.items()):
+            field = by_id.get(field_id)
+            if field is None:
+                continue
+            if name is not None and field.name != name:
+                return (f"{path}: field id {field_id} is column {name!r} in the file, {field.name!r} in the "
                         "table's schema")
+            if not readable_as(file_type, field.field_type):
+                return (f"{path}: field id {field_id} ({field.name!r}) is {file_type} in the file, "
+                        f"{field.field_type} in the table's schema")
     return None
+
+
+def readable_as(file_type: pa.DataType, table_type: IcebergType) -> bool:
+    """Whether a Parquet column of ``file_type`` (as Arrow reads it) holds values of the Iceberg
+    ``table_type``: the same kind, and no wider than it (int into long, float into double, a
+    decimal of the same scale and no more digits), as Iceberg's type promotion allows."""
+    kind, size = _file_kind(file_type)
+    want, room = _table_kind(table_type)
+    return kind == want and size <= room
+
+
+def _file_kind(t: pa.DataType) -> tuple[str, int]:
+    if isinstance(t, pa.BaseExtensionType):  # arrow.uuid and the like: what they are stored as
+        return _file_kind(t.storage_type)
+    if pa.types.is_integer(t):
+        return "integer", t.bit_width
+    if pa.types.is_floating(t):
+        return "floating", t.bit_width
+    if pa.types.is_decimal(t):
+        return f"decimal scale {t.scale}", t.precision
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string", 0
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "binary", 0
+    if pa.types.is_timestamp(t):
+        return ("timestamptz" if t.tz else "timestamp"), 0
+    for kind, test in (("boolean", pa.types.is_boolean), ("date", pa.types.is_date), ("time", pa.types.is_time),
+                       ("struct", pa.types.is_struct), ("map", pa.types.is_map)):
+        if test(t):
+            return kind, 0
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return "list", 0
+    return str(t), 0
+
+
+def _table_kind(t: IcebergType) -> tuple[str, int]:
+    widths = {IntegerType: ("integer", 32), LongType: ("integer", 64), FloatType: ("floating", 32),
+              DoubleType: ("floating", 64), StringType: ("string", 0), BinaryType: ("binary", 0),
+              UUIDType: ("binary", 0), BooleanType: ("boolean", 0), DateType: ("date", 0), TimeType: ("time", 0),
+              TimestampType: ("timestamp", 0), TimestamptzType: ("timestamptz", 0),
+              TimestampNanoType: ("timestamp", 0), TimestamptzNanoType: ("timestamptz", 0),
+              StructType: ("struct", 0), ListType: ("list", 0), MapType: ("map", 0)}
+    if isinstance(t, DecimalType):
+        return f"decimal scale {t.scale}", t.precision
+    if isinstance(t, FixedType):
+        return "binary", 0
+    return widths.get(type(t), (str(t), 0))

@@ -80,3 +80,24 @@ def test_files_outside_the_table_or_with_other_field_ids_are_refused(two_tables,
     pq.write_table(pa.table({"name": pa.array([1], pa.int64())}, schema=pa.schema([field])), local)
     with pytest.raises(TableChangedError, match=r"expected its accepted data files written with its schema's field ids"):
         AssertFieldIds("db.a", (inside,)).validate(table, None)
+
+
+def test_files_whose_columns_have_other_types_at_the_same_ids_are_refused(two_tables, tmp_path):
+    """A table dropped and created again with the same names but other types (``id`` long, then
+    string): names alone would pass, and the files would be read as the wrong type."""
+    table = two_tables.load_table("db.a")  # field 1: id long
+    path = f"{table.location()}/data/g.parquet"
+    local = path.removeprefix("file://")
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+
+    def write(t: pa.DataType, value: object) -> None:
+        field = pa.field("id", t, metadata={b"PARQUET:field_id": b"1"})
+        pq.write_table(pa.table({"id": pa.array([value], t)}, schema=pa.schema([field])), local)
+
+    write(pa.string(), "x")
+    with pytest.raises(TableChangedError, match=r"field id 1 .*string in the file, long in the table"):
+        AssertFieldIds("db.a", (path,)).validate(table, None)
+    write(pa.int32(), 1)  # int is promoted to long: the table reads it
+    AssertFieldIds("db.a", (path,)).validate(table, None)
+    write(pa.int64(), 1)
+    AssertFieldIds("db.a", (path,)).validate(table, None)
