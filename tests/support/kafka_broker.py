@@ -41,6 +41,7 @@ from types import TracebackType
 from typing import IO
 
 from icesink.app.embedded import _die_with_parent_hook, free_port
+from tests.support.logged_process import LoggedProcess
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ def terminate(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> Non
         proc.kill()
         proc.wait(10)
 
-class KafkaBroker:
+class KafkaBroker(LoggedProcess):
     """One Apache Kafka node (KRaft combined mode) run as a child process on loopback ports.
 
     ``directory`` holds its ``server.properties``, its log (``kafka.log``, appended to on every
@@ -244,7 +245,7 @@ class KafkaBroker:
                 self._kill_now()
                 if self._ports_fixed or attempt == _PORT_ATTEMPTS:
                     raise KafkaError(f"broker could not listen on {self.bootstrap} or {self._controller_port}: "
-                                     f"port in use. Log {self.log_path}:\n{self._log_tail()}") from None
+                                     f"port in use. Log {self.log_path}:\n{self.log_tail()}") from None
                 self._port, self._controller_port = free_port(), free_port()
                 continue
             except BaseException:
@@ -370,34 +371,11 @@ class KafkaBroker:
                 raise _PortTaken
             code = self._proc.poll()
             if code is not None:
-                raise KafkaError(f"kafka exited with code {code} while starting. Log {self.log_path}:\n{self._log_tail()}")
+                raise KafkaError(f"kafka exited with code {code} while starting. Log {self.log_path}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise KafkaError(f"kafka did not start within {self._start_timeout_s:.0f} s. "
-                                 f"Log {self.log_path}:\n{self._log_tail()}")
+                                 f"Log {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.1)
-
-    def _log_since(self, offset: int) -> str:
-        with self.log_path.open("rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-
-    def _log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
-
-    def _kill_now(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(10)
-        self._reap()
-
-    def _reap(self) -> None:
-        if self._log_handle is not None:
-            self._log_handle.close()
-            self._log_handle = None
-        self._proc = None
 
 
 class _PortTaken(Exception):

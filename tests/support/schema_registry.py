@@ -40,6 +40,7 @@ from typing import IO, Any
 
 
 from icesink.app.embedded import _die_with_parent_hook, free_port
+from tests.support.logged_process import LoggedProcess
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         proc.wait(10)
 
 
-class SchemaRegistry:
+class SchemaRegistry(LoggedProcess):
     """One AxonOps Schema Registry process on ``127.0.0.1:<free port>`` with in-memory storage.
 
     ``directory`` holds its ``config.yaml`` and its log (``schema-registry.log``, JSON lines, one
@@ -236,12 +237,6 @@ class SchemaRegistry:
         except ValueError:
             return status, body.decode(errors="replace")
 
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
-
     # ------------------------------------------------------------------ internals
 
     def _write_config(self) -> None:
@@ -288,26 +283,6 @@ class SchemaRegistry:
                 raise SchemaRegistryError(f"schema registry did not answer at {self.url} within "
                                           f"{self._start_timeout_s:.0f} s. Log {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.05)
-
-    def _log_since(self, offset: int) -> str:
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(offset)
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def _kill_now(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(10)
-        self._reap()
-
-    def _reap(self) -> None:
-        if self._log_handle is not None:
-            self._log_handle.close()
-            self._log_handle = None
-        self._proc = None
 
 
 class _PortTaken(Exception):
