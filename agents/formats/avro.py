@@ -30,7 +30,7 @@ import functools
 import io
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -102,6 +102,7 @@ class AvroPlan:
     iceberg: Schema  # the columns of a table for these records
     arrow: pa.Schema  # the same as Arrow (no field ids): what the payloads decode into
     writer: str  # the writer schema (JSON) fastavro reads the payloads with: unions wrapped
+    parsed: Any  # the same, parsed by fastavro
 
 
 def _join(path: str, name: str) -> str:
@@ -271,7 +272,8 @@ def avro_plan(text: str, references: tuple[str, ...] = ()) -> AvroPlan:
     t, _, writer = _Walk(named).walk(root, "")
     assert isinstance(t, StructType)
     iceberg = assign_fresh_schema_ids(Schema(*t.fields))
-    return AvroPlan(iceberg, schema_to_pyarrow(iceberg, include_field_ids=False), json.dumps(writer))
+    return AvroPlan(iceberg, schema_to_pyarrow(iceberg, include_field_ids=False), json.dumps(writer),
+                    fastavro.parse_schema(writer, _write_hint=False))
 
 
 def avro_iceberg_schema(text: str, references: tuple[str, ...] = ()) -> Schema:
@@ -305,11 +307,20 @@ def _header(writer: str, sync: bytes) -> bytes:
 _ONE: Final = _varint(1)
 
 
-def _records(header: bytes, blocks: Sequence[bytes], on_error: Any) -> Iterator[Any]:
+#: Restarts of the container read after payloads that do not decode; past them the rest of the
+#: batch is read payload by payload (as fast per record: bench/README.md, avro_bench.py), so a batch
+#: of garbage costs one pass, not one copy of the rest per bad payload.
+_RESTARTS: Final = 4
+
+
+def _records(header: bytes, blocks: Sequence[bytes], payloads: Sequence[bytes], writer: Any,
+             on_error: Callable[[int, Exception], None]) -> Iterator[Any]:
     """Each payload's record, in order; a payload that does not decode is reported to
     ``on_error(k, exception)`` and reading goes on from the next one."""
     start = 0
-    while start < len(blocks):
+    for _ in range(_RESTARTS + 1):
+        if start >= len(blocks):
+            return
         k = start
         try:
             for record in fastavro.reader(io.BytesIO(b"".join([header, *blocks[start:]]))):
@@ -319,6 +330,13 @@ def _records(header: bytes, blocks: Sequence[bytes], on_error: Any) -> Iterator[
         except Exception as e:  # noqa: BLE001 - whatever the bytes make the reader raise is the reason
             on_error(k, e)
             start = k + 1
+    for k in range(start, len(payloads)):
+        try:
+            record = fastavro.schemaless_reader(io.BytesIO(payloads[k]), writer, None)
+        except Exception as e:  # noqa: BLE001 - as above
+            on_error(k, e)
+            continue
+        yield record
 
 
 def decode_avro(
@@ -338,7 +356,7 @@ def decode_avro(
     def on_error(k: int, e: Exception) -> None:
         failed[k] = f"Avro payload of schema id {schema_id} does not decode: {type(e).__name__}: {e}"
 
-    rows = list(_records(_header(schema.writer, sync), blocks, on_error))
+    rows = list(_records(_header(schema.writer, sync), blocks, payloads, schema.parsed, on_error))
     kept = [k for k in range(len(payloads)) if k not in failed]
     try:
         table = pa.Table.from_pylist(rows, schema=target)

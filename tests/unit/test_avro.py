@@ -200,6 +200,16 @@ def test_bad_payloads_are_rejects_naming_the_schema_id_and_the_rest_are_rows() -
         assert reject.reason.startswith("Avro payload of schema id 42 does not decode: "), reject.reason
 
 
+def test_many_bad_payloads_are_each_a_reject_and_the_good_ones_rows() -> None:
+    plan = avro_plan(TEXT)
+    good = write(EVERYTHING, [record(k) for k in range(3)])
+    payloads = [p for k in range(30) for p in (good[k % 3], good[k % 3][:-5])]  # past the container's restarts
+    out = decode_avro(payloads, plan, plan.arrow, schema_id=5)
+    assert out.indices.to_pylist() == list(range(0, 60, 2)) and [r.index for r in out.rejects] == list(range(1, 60, 2))
+    assert out.table.to_pylist() == [expected(k % 3) for k in range(30)]
+    assert all(r.reason.startswith("Avro payload of schema id 5 does not decode: ") for r in out.rejects)
+
+
 def test_a_batch_of_only_bad_payloads_gives_an_empty_table_of_the_target() -> None:
     plan = avro_plan(TEXT)
     out = decode_avro([b"\x01", b""], plan, plan.arrow, schema_id=1)
