@@ -351,7 +351,8 @@ def decode_avro(
 ) -> Converted:
     """The payloads of one schema id (each an Avro binary record, the wire header removed) as rows of
     ``target`` (the table's columns: fields by name; absent ones null). ``positions``: each payload's
-    index in the batch (default 0..n-1), carried into :attr:`Converted.indices` and the rejects."""
+    index in the batch (default 0..n-1), carried into :attr:`Converted.indices` and the rejects.
+    Bytes after a whole record are ignored, as Confluent's deserializer ignores them."""
     where = list(range(len(payloads))) if positions is None else list(positions)
     if len(where) != len(payloads):
         raise ValueError(f"positions: expected one per payload ({len(payloads)}), found {len(where)}")

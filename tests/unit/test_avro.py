@@ -212,6 +212,8 @@ def test_many_bad_payloads_are_each_a_reject_and_the_good_ones_rows() -> None:
 
 def test_a_batch_of_only_bad_payloads_gives_an_empty_table_of_the_target() -> None:
     plan = avro_plan(TEXT)
+    empty = decode_avro([], plan, plan.arrow, schema_id=1)
+    assert empty.table.num_rows == 0 and empty.table.schema == plan.arrow and empty.rejects == ()
     out = decode_avro([b"\x01", b""], plan, plan.arrow, schema_id=1)
     assert out.table.num_rows == 0 and out.table.schema == plan.arrow and len(out.rejects) == 2
 
