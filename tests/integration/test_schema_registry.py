@@ -322,3 +322,48 @@ def test_serialized_records_go_through_a_broker_and_decode_with_a_consumers_own_
         assert (int(plain.ids[k]), plain.payload(k)) == split_wire(fetched[kind]), kind
     assert int(proto.ids[0]) == pizza_proto[2] and proto.indexes == ((1,),)
     assert cls.FromString(proto.payload(0)) == message
+
+
+def test_avro_serializer_values_decode_in_bulk_with_the_registered_schema(schema_registry: SchemaRegistry) -> None:
+    """Issue 36 points 2 and 3: AvroSerializer's values of every Avro type, framed with
+    registry_wire.frames, the schema fetched by id with icesink's RegistryClient, decoded in bulk with
+    agents/formats/avro.decode_avro: equal to the records serialized; a truncated value is a reject."""
+    import asyncio
+
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from pydantic import SecretStr
+
+    from agents.formats.avro import avro_plan, decode_avro
+    from agents.formats.registry_wire import frames
+    from agents.registry_client import RegistryAuth, RegistryClient
+    from tests.unit.test_avro import EVERYTHING, expected, record
+
+    serializer = AvroSerializer(registry_client(schema_registry), json.dumps(EVERYTHING))
+    ctx = SerializationContext("t-avro-bulk", MessageField.VALUE)
+    values = [serializer(record(k), ctx) for k in range(6)]
+    assert all(v is not None for v in values)
+    batch: list[bytes] = [v for v in values if v is not None]
+    batch.insert(3, batch[2][:-4])  # a truncated value among them
+    framed = frames(batch)
+    assert not framed.rejects
+    ((schema_id, rows),) = framed.groups().items()
+    assert schema_id == latest_id(schema_registry, "t-avro-bulk-value")
+
+    async def fetch() -> Any:
+        client = RegistryClient([schema_registry.url], RegistryAuth(user_info=SecretStr(schema_registry.user_info)))
+        try:
+            return await client.schema(schema_id)
+        finally:
+            await client.close()
+
+    registered = asyncio.run(fetch())
+    assert registered is not None and registered.type == "AVRO"
+    plan = avro_plan(registered.text)
+    out = decode_avro([framed.payload(int(k)) for k in rows], plan, plan.arrow, schema_id=schema_id,
+                      positions=[int(framed.positions[k]) for k in rows])
+    out.validate()
+    assert out.indices.to_pylist() == [0, 1, 2, 4, 5, 6]
+    assert out.table.to_pylist() == [expected(k) for k in range(6)]
+    assert [r.index for r in out.rejects] == [3]
+    assert f"schema id {schema_id} does not decode" in out.rejects[0].reason
