@@ -255,7 +255,7 @@ def test_a_round_met_by_a_catalog_outage_is_not_answered_and_the_replica_goes_on
         async def evolution_ready():
             raise ConnectionError("catalog unreachable")
 
-        w._evolution_ready = evolution_ready
+        w.evolution_ready = evolution_ready  # the round responder's hook
         await w.rounds.respond("r1")
         return w
 
