@@ -17,8 +17,9 @@ wires them (state several parts read: :class:`agents.parts.Replica`):
 - ``agents/ownership.py``: rebalances, claims, Resume and Rewind (``Worker.ownership``);
 - ``agents/ingest.py``: fetched records to Arrow buffers, backpressure, stalls (``Worker.ingest``);
 - ``agents/table_lookup.py``: the tables, loaded, created, reloaded, waited for (``Worker.tables``);
-- ``agents/rounds.py``: the control loop, answering rounds, consumer offsets after CommitComplete
-  (``Worker.rounds``);
+- ``agents/control_loop.py``: the control topic read, each event to the part that answers it,
+  consumer offsets after CommitComplete (``Worker.control``);
+- ``agents/rounds.py``: answering rounds, early writes (``Worker.rounds``);
 - here: the lifecycle (start, status, stop, fail), the coordinator's supervision, housekeeping.
 """
 
@@ -40,6 +41,7 @@ from typing import Any, Protocol
 from pyiceberg.catalog import Catalog
 
 from agents.buffer import Buffers, Chunk, PartitionState
+from agents.control_loop import ControlLoop
 from agents.deadletter import DeadLetters
 from agents.debezium import DebeziumTransform
 from agents.evolution import Evolver
@@ -143,8 +145,9 @@ class Worker:
                                    self.send, self._owner, hooks=self)
         self.ownership.connect()
         self.rounds = Rounds(settings, metrics, self.replica, self.buffers, self.targets, evolver, self.spark,
-                             self.offload, self.deadletters, self.missing, self.app, self, self._owner,
-                             self.ownership, hooks=self)
+                             self.offload, self.deadletters, self.app, self, self._owner, self.ownership, hooks=self)
+        self.control = ControlLoop(metrics, self.replica, self.buffers, self.app, self.missing, self._owner,
+                                   self.ownership, self.rounds)
         self.ingest = Ingest(settings, metrics, self.replica, self.buffers, self.missing, decoder, self.deadletters,
                              self.tables, self.app, self.ownership, self._owner, self.send,
                              self.rounds.maybe_write_early)
@@ -196,7 +199,7 @@ class Worker:
         # before any event is sent or read; has_run: where signing began for a group that ran unsigned
         await self.secret.load(self.catalog, self.offload, self.history.has_run)
         await self.tables.load_configured()
-        self._owner.spawn(self.rounds.control_loop(self.reader), "control")
+        self._owner.spawn(self.control.run(self.reader), "control")
         self._owner.spawn(self._housekeeping(), "housekeeping")
         await self.faust.start()
         await spark_started
@@ -327,14 +330,14 @@ class Worker:
         """An event on the control topic (agents/respond.py Sender)."""
         return await self.producer.send(event)
 
-    # OwnershipHooks (agents/ownership.py), RoundHooks (agents/rounds.py), FaustHooks ----------
+    # OwnershipHooks (agents/ownership.py), RoundHooks (agents/rounds.py), FaustHooks -----------
     # (agents/faust_app.py): what one part asks of another, passed on
 
     def settle_voided(self) -> None:
         self.rounds.settle_voided()
 
     def answer_open_round(self) -> None:
-        self.rounds.answer_open_round()
+        self.control.answer_open_round()
 
     async def evolution_ready(self) -> Callable[[Chunk], bool] | None:
         return await self.tables.evolution_ready(self.buffers)

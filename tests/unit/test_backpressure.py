@@ -17,6 +17,7 @@ from faust.types import TP
 
 from agents import ingest as ingest_module
 from agents.buffer import Buffers
+from agents.control_loop import ControlLoop
 from agents.deadletter import DeadLetters
 from agents.decode import BatchDecoder
 from agents.formats import RecordFormat
@@ -103,7 +104,7 @@ class Hooks:
         self.parts.rounds.settle_voided()
 
     def answer_open_round(self) -> None:
-        self.parts.rounds.answer_open_round()
+        self.parts.control.answer_open_round()
 
     async def supervise_coordinator(self) -> None:
         pass
@@ -149,12 +150,14 @@ def make_parts(max_bytes: int, settings: Settings | None = None, targets: dict[s
     decoder = BatchDecoder(settings, record_format, Router(settings), None, None, targets, tables.propose)
     ownership = Ownership(settings.topics, replica, buffers, missing, app, producer.send, tasks, hooks=hooks)
     rounds = Rounds(settings, metrics, replica, buffers, targets, None, files or SimpleNamespace(), offload,
-                    deadletters, missing, app, producer, tasks, ownership, hooks=hooks)
+                    deadletters, app, producer, tasks, ownership, hooks=hooks)
+    control = ControlLoop(metrics, replica, buffers, app, missing, tasks, ownership, rounds)
     ingest = Ingest(settings, metrics, replica, buffers, missing, decoder, deadletters, tables, app, ownership, tasks,
                     producer.send, rounds.maybe_write_early)
     w = SimpleNamespace(settings=settings, metrics=metrics, replica=replica, buffers=buffers, missing=missing,
                         targets=targets, app=app, producer=producer, hooks=hooks, failures=hooks.failures, tasks=tasks,
-                        tables=tables, decoder=decoder, ownership=ownership, rounds=rounds, ingest=ingest)
+                        tables=tables, decoder=decoder, ownership=ownership, rounds=rounds, control=control,
+                        ingest=ingest)
     hooks.parts = w
     buffers.claim(P, 1)
     buffers.resume(P, 0, now=0.0)

@@ -311,12 +311,6 @@ class Owner:
     async def seek_all(self, targets: Any) -> None:
         pass
 
-    async def on_resume(self, ev: Any) -> None:
-        pass
-
-    async def on_rewind(self, ev: Any) -> None:
-        pass
-
 
 class Consumer:
     def pause_partitions(self, tps: Any) -> None:
@@ -341,8 +335,8 @@ def worker_stub(tmp_path, producer, targets: dict[str, Any] | None = None, sende
     requests = FakeProducer()
     record_format = RecordFormat(s)
     decoder = BatchDecoder(s, record_format, Router(s), None, None, targets, requests.send)
-    rounds = Rounds(s, metrics, replica, buffers, targets, None, SimpleNamespace(), Offload(), deadletters, missing,
-                    app, sender or requests, tasks, owner, hooks=hooks)
+    rounds = Rounds(s, metrics, replica, buffers, targets, None, SimpleNamespace(), Offload(), deadletters, app,
+                    sender or requests, tasks, owner, hooks=hooks)
     ingest = Ingest(s, metrics, replica, buffers, missing, decoder, deadletters, Tables(targets), app, owner, tasks,
                     requests.send, rounds.maybe_write_early)
     buffers.claim(TP, 1)
