@@ -12,28 +12,57 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import faust
 
 from agents import kafka
+from agents.buffer import Buffers
 from agents.kafka import ConsumerGuard, Fetched, faust_credentials, inject_faults, install_batch_drain, isolation_level
-from agents.worker_state import WorkerState
+from agents.parts import Replica
+from icesink.shared.config import Settings
 from icesink.shared.errors import ConfigError, DataError, UnsupportedTypeError
+from icesink.shared.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 FETCHES_QUEUED = 2  # fetches waiting for the ingest agent
-class FaustApp(WorkerState):
-    """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
 
-    def _make_app(self) -> faust.App:
+
+class FaustHooks(Protocol):
+    """What the Faust app asks of the rest of the replica (:class:`agents.worker.Worker` wires it)."""
+
+    async def on_fetch(self, fetched: Fetched) -> None:
+        """One fetch of the source topics (agents/ingest.py)."""
+
+    def fail(self, exc: Exception, exit_code: int = 2) -> None:
+        """Stop the replica, saying why."""
+
+    def hold_paused_partitions(self) -> None:
+        """Before Faust starts: what the replica paused stays paused (agents/ownership.py)."""
+
+
+class FaustApp:
+    """The replica's Faust app (``app``), subscribed to ``settings.topics`` as the member of
+    its consumer group; ``buffers`` count each fetch's bytes until it is converted."""
+
+    def __init__(self, settings: Settings, bootstrap: str, replica: Replica, buffers: Buffers, metrics: Metrics,
+                 hooks: FaustHooks) -> None:
+        self.settings = settings
+        self.replica = replica
+        self.buffers = buffers
+        self.metrics = metrics
+        self.hooks = hooks
+        self.worker: faust.Worker | None = None  # once started (a stop during its start stops it too)
+        self.app = self._make_app(bootstrap)
+
+    def _make_app(self, bootstrap: str) -> faust.App:
         s = self.settings
-        datadir = (s.state_dir / "faust" / self.worker_id).resolve()
+        datadir = (s.state_dir / "faust" / self.replica.worker_id).resolve()
         datadir.parent.mkdir(parents=True, exist_ok=True)
         app = faust.App(
             s.group_id,
-            broker=";".join(f"kafka://{b.strip()}" for b in self.bootstrap.split(",")),
+            broker=";".join(f"kafka://{b.strip()}" for b in bootstrap.split(",")),
             broker_credentials=faust_credentials(s),
             value_serializer="raw",
             key_serializer="raw",
@@ -46,7 +75,7 @@ class FaustApp(WorkerState):
             broker_session_timeout=s.session_timeout_ms / 1000,
             broker_heartbeat_interval=max(0.5, s.session_timeout_ms / 10_000),
             # Shorter than Faust's defaults (1000 s poll interval, 60 s rebalance): the agent
-            # never blocks long (Spark writes run beside it). LeaveGroup: see _install_leave_group.
+            # never blocks long (Spark writes run beside it). LeaveGroup: see install_leave_group.
             broker_max_poll_interval=60.0,
             broker_rebalance_timeout=max(20.0, 2 * s.session_timeout_ms / 1000),
             broker_max_poll_records=s.consumer_max_batch,  # records of one fetch handed to the agent
@@ -54,13 +83,13 @@ class FaustApp(WorkerState):
             logging_config=None,
         )
         # acks=False: Faust never tracks or commits these offsets; icesink commits them only
-        # after CommitComplete. The topic is subscribed through the conductor (_start_faust); its records
+        # after CommitComplete. The topic is subscribed through the conductor (start); its records
         # reach the agent as whole fetches (kafka.install_batch_drain), through an
         # in-memory channel of at most FETCHES_QUEUED fetches: a slow agent holds the drain
         # back, so fetched bytes waiting for conversion stay bounded.
         self.source = app.topic(*s.topics, value_serializer="raw", key_serializer="raw", acks=False)
         self.fetches = app.channel(maxsize=FETCHES_QUEUED)
-        worker = self
+        worker = self.hooks
 
         @app.agent(self.fetches, name="icesink-ingest")
         async def ingest(stream: faust.StreamT[Fetched]) -> None:
@@ -83,19 +112,7 @@ class FaustApp(WorkerState):
 
         return app
 
-    def _install_leave_group(self) -> None:
-        """LeaveGroup as the replica stops, unless :meth:`_skip_leave_group` says why not
-        (agents/kafka/group.py)."""
-        kafka.install_leave_group(self.app, self._skip_leave_group)
-
-    def _skip_leave_group(self, consumer: Any, leader: bool) -> str | None:
-        """Why this replica stops without LeaveGroup (None: it sends it); ``leader``: it is the
-        group's leader (it assigned the partitions of the current generation)."""
-        if leader and kafka.keeps_departed_leader(consumer):
-            return "this replica leads the group, and the broker keeps a departed leader (Tansu)"
-        return None
-
-    async def _start_faust(self) -> None:
+    async def start(self) -> None:
         """Start the Faust worker: from here on this replica is a member of the consumer group."""
         kafka.check_versions()  # the internals agents/kafka/ patches are those of the pinned versions
         loop = asyncio.get_running_loop()
@@ -109,18 +126,37 @@ class FaustApp(WorkerState):
         # that first touches it (touched in __init__, it waited on another loop for ever).
         self.app.topics.add(self.source)
         install_batch_drain(self.app, self._deliver)
-        self.ownership.hold_paused_partitions()  # claimed partitions stay paused until their Resume
+        self.hooks.hold_paused_partitions()  # claimed partitions stay paused until their Resume
         inject_faults(self.settings)  # fault tests only
         # read_committed; a consumer that can no longer consume stops the replica (exit code 1)
-        ConsumerGuard(self.app, self.metrics, lambda exc: self.fail(exc, exit_code=1), self._stop.is_set,
+        ConsumerGuard(self.app, self.metrics, lambda exc: self.hooks.fail(exc, exit_code=1), self.replica.stop.is_set,
                       self.settings.fetch_min_bytes).install()
-        self._faust_worker = faust_worker  # a stop during its start stops it too
+        self.worker = faust_worker  # a stop during its start stops it too
         await faust_worker.start()
-        self._install_leave_group()
-        self.status["isolation_level"] = isolation_level(self.app)
+        install_leave_group(self.app)
+        self.replica.status["isolation_level"] = isolation_level(self.app)
+
+    async def stop(self) -> None:
+        """Stop the Faust worker, if it was started: the replica leaves the group."""
+        if self.worker is not None:
+            await self.worker.stop()
 
     async def _deliver(self, fetched: Fetched) -> None:
         """A fetch to the ingest agent; its raw bytes count against the buffers' bound until
         it is converted (Ingest.on_fetch)."""
         self.buffers.hold(fetched)
         await self.fetches.send(value=fetched)
+
+
+def install_leave_group(app: faust.App) -> None:
+    """LeaveGroup as the replica stops, unless :func:`skip_leave_group` says why not
+    (agents/kafka/group.py)."""
+    kafka.install_leave_group(app, skip_leave_group)
+
+
+def skip_leave_group(consumer: Any, leader: bool) -> str | None:
+    """Why this replica stops without LeaveGroup (None: it sends it); ``leader``: it is the
+    group's leader (it assigned the partitions of the current generation)."""
+    if leader and kafka.keeps_departed_leader(consumer):
+        return "this replica leads the group, and the broker keeps a departed leader (Tansu)"
+    return None

@@ -4,7 +4,7 @@ Arrow in bulk (agents/convert, agents/formats, the Debezium transform, schema ev
 buffered (agents/buffer.py); bad records go to the dead letters. Full buffers pause the
 partitions and ask for an early round (backpressure). A fetch with records for a table that
 does not exist and may not be created holds its partition back until the table is back
-(agents/missing.py)."""
+(agents/missing.py; the tables themselves: agents/table_lookup.py)."""
 
 from __future__ import annotations
 
@@ -12,28 +12,28 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any, Protocol
 
+import faust
 import numpy as np
 import pyarrow as pa
 from faust.types import TP
 
-from agents.buffer import Chunk, PartitionState
+from agents.buffer import Buffers, Chunk, PartitionState
 from agents.convert import Reject
-from agents.deadletter import screen
-from agents.routing import Routes
+from agents.deadletter import DeadLetters, screen
+from agents.decode import BatchDecoder
 from agents.kafka import Fetched
-from agents.tables import Target, create_target, holds_group_state, load_target, not_created
-from agents.tasks import highwater, unless_moved
-from agents.worker_state import WorkerState
-from icesink.shared.control import ControlReader
-from icesink.shared.errors import ConfigError
-from icesink.shared.protocol import CommitRequest, CommitToTable, SchemaProposal
+from agents.missing import MissingTables
+from agents.parts import Replica
+from agents.routing import Routes
+from agents.tables import Target
+from agents.tasks import TaskOwner, highwater, unless_moved
+from icesink.shared.config import Settings
 from icesink.shared.faults import should_crash
-
-if TYPE_CHECKING:
-    from pyiceberg.schema import Schema
+from icesink.shared.metrics import Metrics
+from icesink.shared.protocol import CommitRequest, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +43,11 @@ REQUEST_EVERY_S = 5.0  # while the buffers stay full, an early round is asked th
 # hold it until a newer record shows the gap, for ever on a partition that went quiet).
 # Offsets below the high watermark need not be records: transaction markers take offsets too.
 STALL_S = 15.0
-COMMITTED_SCAN_S = 60.0  # reading the control log for the tables the group committed to
 
 
 @dataclasses.dataclass(frozen=True)
 class StallProbe:
-    """What a partition's stall probe saw (Ingest._check_stalls): its next offset and high
+    """What a partition's stall probe saw (Ingest.check_stalls): its next offset and high
     watermark, since when, and whether it was sought again (probed) at that offset."""
 
     next_offset: int
@@ -57,8 +56,57 @@ class StallProbe:
     probed: bool
 
 
-class Ingest(WorkerState):
-    """Mixed into :class:`agents.worker.Worker`, whose state it shares."""
+class TableSource(Protocol):
+    """What the ingest needs of the replica's tables (agents/table_lookup.py TableLookup)."""
+
+    targets: dict[str, Target]
+
+    async def target(self, name: str, values: list[bytes]) -> Target | None:
+        """``name`` loaded, or created from these records (None: none tells its schema)."""
+
+    async def held_back(self, tp: TopicPartition, names: Iterable[str]) -> list[str]:
+        """Of ``names``, the tables ``tp`` waits for (then it is held: agents/missing.py)."""
+
+    async def look_for_missing(self) -> list[TopicPartition]:
+        """The partitions that missing tables, back now, freed."""
+
+
+class Seeker(Protocol):
+    """What the ingest needs of partition ownership (agents/ownership.py)."""
+
+    def owns(self, st: PartitionState, generation: int) -> bool: ...
+
+    async def seek(self, st: PartitionState, offset: int) -> None: ...
+
+    async def seek_all(self, targets: list[tuple[PartitionState, int]]) -> None: ...
+
+
+class Ingest:
+    """Takes the Faust app's fetches into ``buffers``: decoded by ``decoder`` for the tables
+    of ``tables``, bad records to ``deadletters``; pauses (``app``'s consumer) and asks for an
+    early round (``send``) when the buffers are full; ``write_early`` is called after each
+    fetch (agents/rounds.py writes past ``buffer.write-ahead-bytes``)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, replica: Replica, buffers: Buffers,
+                 missing: MissingTables, decoder: BatchDecoder, deadletters: DeadLetters, tables: TableSource,
+                 app: faust.App, ownership: Seeker, tasks: TaskOwner,
+                 send: Callable[[CommitRequest], Awaitable[object]], write_early: Callable[[], None]) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.replica = replica
+        self.buffers = buffers
+        self.missing = missing
+        self.decoder = decoder
+        self.deadletters = deadletters
+        self.tables = tables
+        self.targets = tables.targets  # shared with the decoder and the rounds
+        self.app = app
+        self.ownership = ownership
+        self.tasks = tasks
+        self.send = send
+        self.write_early = write_early
+        self.progress: dict[TopicPartition, StallProbe] = {}  # stall probes (check_stalls)
+        self.last_request = 0.0  # when an early round was last asked for (request_commit)
 
     async def on_fetch(self, fetched: Fetched) -> None:
         """Take the records of active partitions in offset order, convert them in bulk."""
@@ -69,13 +117,13 @@ class Ingest(WorkerState):
             st = self.buffers.partitions.get(tp)
             if st is None or not st.active:
                 continue
-            if self.replica.backpressure or self._missing.is_held(tp):
+            if self.replica.backpressure or self.missing.is_held(tp):
                 # Paused because the buffers are full (records still in flight would grow them
                 # past the bound) or a table is missing. They are read again: the release seeks back.
                 continue
             taken, suspect = st.select(records, fetched.fetched_at)
             if taken:
-                await self._buffer(st, taken)
+                await self.buffer(st, taken)
                 # After a round's write at many tables, a fetch's decoding can hold the loop for
                 # a tenth of a second or more: let the rest of the loop in between partitions
                 # (the leader's coordinator reads the round's answers on this loop too).
@@ -84,15 +132,38 @@ class Ingest(WorkerState):
                 st.suspect_gap(suspect)
                 log.info("%s: fresh record at %d while expecting %d; seeking again", tp, suspect, st.next_offset)
                 st.reseeking = True
-                owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
-                self._owner.spawn(unless_moved(self.ownership.seek(st, st.next_offset), owned, f"seek of {tp}"), "reseek")
+                self._spawn_seek(st, self.ownership.seek(st, st.next_offset))
         self.buffers.converted(fetched)
         self.update_gauges()
         if self.buffers.full:
             await self._apply_backpressure()
-        self.rounds.maybe_write_early()
+        self.write_early()
 
-    def _check_stalls(self, now: float) -> None:
+    def _spawn_seek(self, st: PartitionState, seek: Coroutine[Any, Any, None]) -> None:
+        """``seek`` of ``st`` in the background; a failure after ``st`` moved away is no error."""
+        owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
+        self.tasks.spawn(unless_moved(seek, owned, f"seek of {st.tp}"), "reseek")
+
+    async def housekeep(self, now: float) -> None:
+        """Every few seconds (the worker's housekeeping): full buffers ask again or resume,
+        stalled partitions are probed, missing tables looked up again, gauges updated."""
+        if self.replica.backpressure:
+            await self.check_backpressure()
+        self.check_stalls(now)
+        self.read_on(await self.tables.look_for_missing())
+        self.update_gauges()
+
+    def read_on(self, freed: Iterable[TopicPartition]) -> None:
+        """Partitions a table that is back freed read on from where they stopped."""
+        for tp in freed:
+            st = self.buffers.partitions.get(tp)
+            if st is None or not st.active:
+                continue  # its Resume seeks and resumes it
+            st.reseeking = True
+            self._spawn_seek(st, self.reseek_and_resume(st))
+        self.update_paused()
+
+    def check_stalls(self, now: float) -> None:
         """Probe any active partition that is behind its high watermark and has taken no
         record for STALL_S: seek it again at its next offset (called every few seconds by the
         worker's housekeeping). Records taken after a probe mean the partition was stalled
@@ -100,42 +171,43 @@ class Ingest(WorkerState):
         all (transaction markers, a compacted tail): that partition is not probed again until
         its high watermark moves."""
         if self.replica.backpressure:
-            self._progress.clear()
+            self.progress.clear()
             return
         consumer = self.app.consumer
         for tp, st in list(self.buffers.partitions.items()):
-            probe = st.active and not st.reseeking and not self._missing.is_held(tp)
+            probe = st.active and not st.reseeking and not self.missing.is_held(tp)
             hw = highwater(consumer, tp.topic, tp.partition) if probe else None
-            seen = self._progress.get(tp)
+            seen = self.progress.get(tp)
             if seen is not None and seen.probed and st.next_offset > seen.next_offset:
                 self.metrics.partition_stalls.labels(topic=tp.topic, partition=str(tp.partition)).inc()
                 log.warning("%s was stalled: records from offset %d were taken only after seeking again",
                             tp, seen.next_offset)
             if hw is None or hw <= st.next_offset or seen is None or seen.next_offset != st.next_offset:
-                self._progress[tp] = StallProbe(st.next_offset, hw, now, probed=False)
+                self.progress[tp] = StallProbe(st.next_offset, hw, now, probed=False)
                 continue
             if (seen.probed and seen.highwater == hw) or now - seen.since < STALL_S:
                 continue
-            self._progress[tp] = StallProbe(st.next_offset, hw, now, probed=True)
+            self.progress[tp] = StallProbe(st.next_offset, hw, now, probed=True)
             log.info("%s: %d offsets behind its high watermark %d and no record taken for %.0f s; seeking to %d again",
                      tp, hw - st.next_offset, hw, now - seen.since, st.next_offset)
             st.reseeking = True
-            owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
-            self._owner.spawn(unless_moved(self._reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")
-        for tp in set(self._progress) - set(self.buffers.partitions):
-            del self._progress[tp]
+            self._spawn_seek(st, self.reseek_and_resume(st))
+        for tp in set(self.progress) - set(self.buffers.partitions):
+            del self.progress[tp]
 
-    async def _reseek_and_resume(self, st: PartitionState) -> None:
+    async def reseek_and_resume(self, st: PartitionState) -> None:
+        """Read ``st`` again from its next offset."""
         await self.ownership.seek(st, st.next_offset)
-        if not self.replica.backpressure and st.active and not self._missing.is_held(st.tp):
+        if not self.replica.backpressure and st.active and not self.missing.is_held(st.tp):
             self.app.consumer.resume_partitions([TP(st.tp.topic, st.tp.partition)])
 
-    async def _buffer(self, st: PartitionState, messages: Sequence[Any]) -> None:
+    async def buffer(self, st: PartitionState, messages: Sequence[Any]) -> None:
+        """``messages`` of ``st``, in offset order: screened, routed, decoded and buffered."""
         # Tombstones and too-large values never reach conversion; their offsets still count.
         screened = screen(messages, self.settings.max_record_bytes)
         values = screened.values
         fanout = self.decoder.decode_fanout(values, screened.messages_of(messages))
-        routes = fanout.routes if fanout is not None else self.router.route(values) if values else Routes({}, ())
+        routes = fanout.routes if fanout is not None else self.decoder.router.route(values) if values else Routes({}, ())
         if any(name not in self.targets for name in routes.by_table) and await self._held_back(st, routes.by_table):
             return  # nothing of this fetch is taken: read again once its tables exist
         self.deadletters.tombstones(st.tp.topic, screened.tombstones)
@@ -167,7 +239,7 @@ class Ingest(WorkerState):
             counted = converted is not None
             if converted is None:
                 subset = values if whole else [values[i] for i in idx]
-                target = target or await self._target(name, subset)
+                target = target or await self.tables.target(name, subset)
                 sub_messages = screened.messages_of(messages) if whole else [messages[screened.positions[i]] for i in idx]
                 converted = await self.decoder.decode(name, target, subset, sub_messages)
             if target is not None and target.keys is not None:  # a mirror table: keys and operations
@@ -193,171 +265,17 @@ class Ingest(WorkerState):
         ts = last.timestamp if last.timestamp is not None and last.timestamp >= 0 else None
         self.buffers.add(chunk, last.offset, ts)
 
-    async def _propose(self, proposal: SchemaProposal) -> None:
-        try:
-            await self.producer.send(proposal)
-            self.metrics.schema_proposals.labels(table=proposal.table).inc()
-        except Exception as exc:  # re-sent at the next round while the data waits for it
-            log.warning("schema proposal for %s not sent (%s); retried at the next round", proposal.table, exc)
-
-    async def _evolution_ready(self) -> Callable[[Chunk], bool] | None:
-        """At a round: reload the tables buffered data was decoded for with an evolved schema
-        (the coordinator applied the proposals before this round); a chunk is ready when its
-        tables can hold it. Data not ready waits; its proposal is sent again."""
-        if self.evolver is None:
-            return None
-        for name in self.evolver.tables_to_reload(self.buffers, self.targets):
-            target = await self.offload.run(load_target, self.catalog, name, self.settings)
-            if target is not None:
-                self.targets[name] = target
-                self.evolver.refreshed(name, target.arrow_schema)
-        for name in list(self.evolver.schemas):
-            proposal = self.evolver.pending_proposal(name, self.targets[name].arrow_schema)
-            if proposal is not None:
-                await self._propose(proposal)
-        return self.evolver.ready(self.targets)
-
-    async def _target(self, name: str, values: list[bytes]) -> Target | None:
-        """The table ``name``: loaded if it exists (a dynamic route to an existing table), else
-        auto-created from these records (None: no record tells its schema)."""
-        target = await self.offload.run(load_target, self.catalog, name, self.settings)
-        if target is None:
-            inferred: pa.Schema | Schema | None
-            if self.debezium is not None:
-                inferred = self.format.with_extras(self.debezium.infer_schema(values))
-            else:
-                inferred = self.format.table_schema(values, timestamp_fields=self.settings.timestamp_fields_of(name))
-            if inferred is None:
-                return None
-            target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
-        self.targets[name] = target
-        return target
-
     async def _held_back(self, st: PartitionState, names: Iterable[str]) -> bool:
         """Whether a fetch of ``st`` with records routed to ``names`` waits for a missing table
-        (agents/missing.py): then ``st`` is paused where it is, and True. A table not loaded is
-        looked up; without auto-create, one that does not exist is refused on the group's first
-        start (exit code 2) and waited for after."""
-        missing = []
-        for name in names:
-            if name in self.targets:
-                continue
-            if name not in self._missing.tables:
-                if self.settings.auto_create:
-                    continue  # created from its records (_target)
-                target = await self.offload.run(load_target, self.catalog, name, self.settings)
-                if target is not None:
-                    self.targets[name] = target
-                    continue
-                if not await self._dropped(name):
-                    raise not_created(name)
-                self._wait_for(name)
-            missing.append(name)
+        (agents/missing.py): then ``st`` is paused where it is, and True."""
+        missing = await self.tables.held_back(st.tp, names)
         if not missing:
             return False
-        self._missing.hold(st.tp, missing)
         self.app.consumer.pause_partitions([TP(st.tp.topic, st.tp.partition)])
         self.update_paused()
         log.warning("%s: records from offset %d go to %s, which does not exist: the partition is held there "
                     "until it does (/status missing_tables)", st.tp, st.next_offset, ", ".join(missing))
         return True
-
-    def _wait_for(self, name: str) -> None:
-        if self._missing.add(name):
-            self.metrics.table_missing.labels(table=name).set(1)
-            log.warning("table %s does not exist (dropped by another writer?) and iceberg.tables.auto-create-enabled "
-                        "is false: partitions with records for it wait until it is back (recreated with the same "
-                        "schema, partition spec and location); the other partitions go on", name)
-
-    async def _group_has_run(self) -> bool:
-        """Whether the group completed a round (the coordinator's group has a committed offset)
-        or a table holds its sink state: a table missing now was not a typo of a first start."""
-        if not self._missing.group_has_run:
-            group = self.settings.group_id
-            reader = ControlReader(self.bootstrap, self.settings.control_topic, group,
-                                   self.settings.kafka_client_kwargs(), commit_group=f"{group}-coordinator")
-            await reader.start()
-            try:
-                ran = await reader.committed() is not None
-            finally:
-                await reader.stop()
-            if not ran:
-                names = sorted(set(self.settings.tables) | set(self.targets))
-                ran = await self.offload.run(holds_group_state, self.catalog, names, group)
-            self._missing.group_has_run = ran
-        return self._missing.group_has_run
-
-    async def _dropped(self, name: str) -> bool:
-        """Whether ``name``, which does not exist, existed for the group (agents/missing.py):
-        the group has run and the table is configured, or the group committed to it (or its
-        control log, truncated, cannot tell)."""
-        if not await self._group_has_run():
-            return False
-        if name in self.settings.tables:
-            return True
-        committed = await self._committed_tables()
-        return committed is None or name in committed
-
-    async def _committed_tables(self) -> set[str] | None:
-        """The tables the group committed to, as its control log shows (CommitToTable events,
-        read once from the log's start, signed by the group's key) and as read since; None if the
-        log cannot tell: truncated (its first events deleted), or not read in time."""
-        if self._missing.committed is None:
-            reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id,
-                                   self.settings.kafka_client_kwargs(), secret=self.secret.keyring)
-            names: set[str] = set()
-            await reader.start()
-            try:
-                start = await reader.seek_to_beginning()
-                end = await reader.end_offset()
-                deadline = time.monotonic() + COMMITTED_SCAN_S
-                complete = start == 0
-                while complete and await reader.position() < end:
-                    if time.monotonic() > deadline:
-                        log.warning("reading control topic %r to offset %d for the tables the group committed to "
-                                    "timed out: a missing table is waited for as if dropped",
-                                    self.settings.control_topic, end)
-                        complete = False
-                        break
-                    names.update(ev.table for _, ev in await reader.read(1.0) if isinstance(ev, CommitToTable))
-            finally:
-                await reader.stop()
-            self._missing.committed, self._missing.log_complete = names, complete
-        if not self._missing.log_complete:
-            return None
-        return self._missing.committed | self._missing.seen_committed
-
-    async def _look_for_missing(self) -> None:
-        """Look each missing table up again once its backoff is over (from _housekeeping); the
-        partitions a table that is back held read on from where they stopped."""
-        for name in self._missing.due():
-            error = None
-            try:
-                target = await self.offload.run(load_target, self.catalog, name, self.settings)
-            except ConfigError as exc:  # back, but the settings do not fit it (mirror keys, column properties)
-                self.fail(exc)
-                return
-            except Exception as exc:  # noqa: BLE001 - the catalog is away: looked up again after the backoff
-                target, error = None, f"{type(exc).__name__}: {exc}"
-            if target is None:
-                if self._missing.still_missing(name, error):
-                    m = self._missing.tables[name]
-                    log.warning("table %s still does not exist (%d look-ups%s); held partitions: %s", name,
-                                m.attempts, f", the last failed: {error}" if error else "",
-                                ", ".join(map(str, sorted(m.held))) or "none")
-                continue
-            self.targets[name] = target
-            freed = self._missing.found(name)
-            self.metrics.table_missing.labels(table=name).set(0)
-            log.info("table %s exists again: partitions %s read on", name, ", ".join(map(str, freed)) or "none")
-            for tp in freed:
-                st = self.buffers.partitions.get(tp)
-                if st is None or not st.active:
-                    continue  # its Resume seeks and resumes it
-                st.reseeking = True
-                owned = lambda st=st, g=self.replica.generation: self.ownership.owns(st, g)  # noqa: E731
-                self._owner.spawn(unless_moved(self._reseek_and_resume(st), owned, f"seek of {tp}"), "reseek")
-        self.update_paused()
 
     async def _apply_backpressure(self) -> None:
         if not self.replica.backpressure:
@@ -370,45 +288,62 @@ class Ingest(WorkerState):
 
     async def _request_commit(self) -> None:
         """Ask for an early round: at once the first time the buffers fill after a release,
-        then again every REQUEST_EVERY_S while they stay full (from _housekeeping too: paused
+        then again every REQUEST_EVERY_S while they stay full (from the housekeeping too: paused
         partitions bring no more batches to on_events)."""
         now = time.monotonic()
-        if now - self._last_request >= REQUEST_EVERY_S:
-            self._last_request = now
+        if now - self.last_request >= REQUEST_EVERY_S:
+            self.last_request = now
             self.metrics.early_commit_requests.inc()
-            await self.producer.send(CommitRequest(self.worker_id, self.buffers.nbytes))
+            await self.send(CommitRequest(self.replica.worker_id, self.buffers.nbytes))
 
-    async def _release_backpressure(self) -> None:
+    async def release_backpressure(self) -> None:
         """Resume reading where each buffer ends. The seek is needed: records that arrived
         while paused were skipped (on_events), and Faust silently drops the rest of a fetch
         for a partition paused while that fetch is handed out (Consumer.getmany checks the
         live set of active partitions), so the consumer's position is past them."""
         if not self.replica.backpressure or self.buffers.full:
             return
-        reading = [st for tp, st in self.buffers.partitions.items() if st.active and not self._missing.is_held(tp)]
+        reading = [st for tp, st in self.buffers.partitions.items() if st.active and not self.missing.is_held(tp)]
         try:
             await self.ownership.seek_all([(st, st.next_offset) for st in reading])
-        except Exception as exc:  # stay paused: _housekeeping tries again
+        except Exception as exc:  # stay paused: the housekeeping tries again
             log.warning("seek before resuming failed (%s); partitions stay paused", exc)
             return
         if not self.replica.backpressure or self.buffers.full:
             return
         self.replica.backpressure = False
-        self._last_request = 0.0  # the next fill is a new request, not a repeat
-        held = self._missing.is_held
+        self.last_request = 0.0  # the next fill is a new request, not a repeat
+        held = self.missing.is_held
         active = [TP(tp.topic, tp.partition) for tp, st in self.buffers.partitions.items() if st.active and not held(tp)]
         self.app.consumer.resume_partitions(active)
         self.update_paused()
 
-    async def _check_backpressure(self) -> None:
+    async def check_backpressure(self) -> None:
         """Paused for full buffers: ask again while no round has come (the send failed, the
         coordinator failed over and lost the request, the round found no active partition),
         or resume if the buffers shrank without one (partitions released or rewound)."""
         if not self.buffers.full:
-            await self._release_backpressure()
+            await self.release_backpressure()
             return
         try:
             await self._request_commit()
         except Exception as exc:
             log.warning("commit request not sent (%s); retried", exc)
 
+
+    def update_gauges(self) -> None:
+        self.metrics.buffered_rows.set(self.buffers.rows)
+        self.metrics.buffered_bytes.set(self.buffers.nbytes)
+        self.metrics.written_ahead_rows.set(self.buffers.written_rows)
+        consumer = self.app.consumer
+        for tp, st in self.buffers.partitions.items():
+            if st.active:
+                hw = highwater(consumer, tp.topic, tp.partition)
+                if hw is not None:
+                    self.metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, hw - st.next_offset))
+
+    def update_paused(self) -> None:
+        paused = sum(1 for tp, st in self.buffers.partitions.items() if not st.active or self.missing.is_held(tp))
+        if self.replica.backpressure:
+            paused = len(self.buffers.partitions)
+        self.metrics.paused_partitions.set(paused)

@@ -1,6 +1,6 @@
-"""Answering commit rounds: the control loop of a worker replica. On StartCommit the
-buffers are written through Spark and reported (DataWritten, then DataComplete: agents/respond.py);
-on CommitComplete the consumer group's offsets follow what Iceberg holds."""
+"""Answering commit rounds: on StartCommit (read by agents/control_loop.py) the buffers are
+written through Spark and reported (DataWritten, then DataComplete: agents/respond.py); between
+rounds, buffers past ``buffer.write-ahead-bytes`` are written early."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import pyarrow as pa
-from faust.types import TP
 
 import faust
 
@@ -21,19 +20,16 @@ from agents.deadletter import DeadLetterSendError, DeadLetters
 from agents.evolution import Evolver
 from agents.file_writer import FileWriter
 from agents.keys_files import write_keys_file
-from agents.missing import MissingTables
 from agents.mirror import collapse
 from agents.parts import Replica
 from agents.respond import Sender, send_response
-from agents.kafka import commit_offsets
 from agents.tables import Target
-from agents.tasks import EpochGate, TaskOwner, highwater, unless_moved
+from agents.tasks import TaskOwner, highwater, unless_moved
 from agents.write_failures import WriteFailures
 from icesink.shared.config import Settings
-from icesink.shared.control import ControlReader
 from icesink.shared.errors import ResponseSendError, WritesKeepFailing, is_retriable
 from icesink.shared.protocol import (
-    CommitComplete, CommitToTable, DataComplete, DataWritten, FileInfo, Resume, Rewind, StartCommit,
+    DataComplete, DataWritten, FileInfo,
 )
 from icesink.shared.protocol.fences import worker_files_prefix, worker_prefix
 from icesink.shared.faults import crash_point, die, should_crash
@@ -74,10 +70,6 @@ class Owner(Protocol):
 
     def owns(self, st: PartitionState, generation: int) -> bool: ...
 
-    async def on_resume(self, ev: Resume) -> None: ...
-
-    async def on_rewind(self, ev: Rewind) -> None: ...
-
 
 class RoundHooks(Protocol):
     """What the responder asks of the rest of the replica (the ingest, the lifecycle)."""
@@ -98,12 +90,12 @@ class RoundHooks(Protocol):
 
 
 class Rounds:
-    """Answers the coordinator's rounds from the buffers (and writes early between them):
-    the control loop of a worker replica."""
+    """Answers the coordinator's rounds from the buffers (and writes early between them);
+    ``app``'s consumer tells how far each partition was read (``valid_through_ms``)."""
 
     def __init__(self, settings: Settings, metrics: Metrics, replica: Replica, buffers: Buffers,
                  targets: dict[str, Target], evolver: Evolver | None, files: FileWriter, offload: Offload,
-                 deadletters: DeadLetters, missing: MissingTables, app: faust.App, sender: Sender,
+                 deadletters: DeadLetters, app: faust.App, sender: Sender,
                  tasks: TaskOwner, ownership: Owner, hooks: RoundHooks) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -114,28 +106,20 @@ class Rounds:
         self.files = files  # Spark's (icesink/app/files.py)
         self.offload = offload
         self.deadletters = deadletters
-        self.missing = missing
         self.app = app
         self.sender = sender
         self.tasks = tasks
         self.ownership = ownership
         self.hooks = hooks
         self.write_failures = WriteFailures(settings.write_failure_limit)
-        self.epochs = EpochGate(metrics)
         self.lock = asyncio.Lock()  # one answer or early write at a time
         self.spark_ready: asyncio.Future[None] | None = None  # the session's start (Worker._start)
-        self.open_round: str | None = None  # latest StartCommit without its CommitComplete
         self.writing_early = False  # an early write is in flight
         self.seq = 0
 
     async def _spark_started(self) -> None:
         assert self.spark_ready is not None, "Worker._start sets it before any round"
         await self.spark_ready
-
-    def answer_open_round(self) -> None:
-        """Partitions became active during a round: answer it for them too."""
-        if self.open_round is not None:
-            self.tasks.spawn(self.respond(self.open_round), "respond")
 
     async def warm_up(self) -> None:
         """Once Spark's session started: a backlog read while it started is past the write-ahead
@@ -148,31 +132,6 @@ class Rounds:
         self.maybe_write_early()
         if not self.writing_early:
             await self.offload.run(self.files.warm_up)
-
-    async def control_loop(self, reader: ControlReader) -> None:
-        while True:
-            for offset, ev in await reader.read(1.0):
-                await self._on_control(offset, ev)
-
-    async def _on_control(self, offset: int, ev: Any) -> None:
-        if not self.epochs.admit(offset, ev):  # from a coordinator that was replaced
-            return
-        match ev:
-            case Resume():
-                self.tasks.spawn(self.ownership.on_resume(ev), "resume")
-            case StartCommit():
-                self.open_round = ev.commit_id
-                self.tasks.spawn(self.respond(ev.commit_id), "respond")
-            case CommitComplete():
-                if self.open_round == ev.commit_id:
-                    self.open_round = None
-                await self._on_commit_complete(ev)
-            case Rewind():
-                await self.ownership.on_rewind(ev)
-            case CommitToTable():
-                self.missing.committed_to(ev.table)  # a table dropped later is waited for (agents/missing.py)
-            case _:
-                pass
 
     async def respond(self, commit_id: str) -> None:
         async with self.lock:
@@ -472,17 +431,3 @@ class Rounds:
             if hw is not None and st.next_offset < hw:
                 out = min(out, st.last_record_ms or 0)
         return out
-
-    async def _on_commit_complete(self, ev: CommitComplete) -> None:
-        """Data up to these positions is in Iceberg: the consumer group may now say so."""
-        offsets = {}
-        for p in ev.positions:
-            st = self.buffers.partitions.get(p.tp)
-            if st is not None and st.active:
-                offsets[TP(p.tp.topic, p.tp.partition)] = p.offset
-        if offsets:
-            try:
-                await commit_offsets(self.app, offsets)
-            except Exception as exc:  # a hint only; the truth is in the snapshot summaries
-                log.warning("consumer group offset commit failed: %s", exc)
-        self.replica.status.update(last_commit_id=ev.commit_id, valid_through_ms=ev.valid_through_ms)

@@ -10,15 +10,17 @@ Faust leader also runs the coordinator: the composition root (icesink/app/cli.py
 file writer as ``files`` (agents/file_writer.py), so agents/ imports neither coordinator/ nor
 spark_bridge/.
 
-The replica's concerns live in their own modules; :class:`Worker` builds the parts and wires
-them (state several parts read: :class:`agents.parts.Replica`):
+The replica's concerns are parts, objects in their own modules; :class:`Worker` builds them and
+wires them (state several parts read: :class:`agents.parts.Replica`):
 
-- ``agents/ownership.py``: rebalances, claims, Resume and Rewind (a part: ``Worker.ownership``);
-- ``agents/faust_app.py``: the Faust app, its agent and the patches it runs with;
-- ``agents/ingest.py``: fetched records to Arrow buffers, backpressure;
-- ``agents/rounds.py``: the control loop, answering rounds, consumer offsets after CommitComplete
-  (a part: ``Worker.rounds``);
-- here: the lifecycle (start, status, stop), the coordinator's supervision, housekeeping.
+- ``agents/faust_app.py``: the Faust app, its agent and the patches it runs with (``Worker.faust``);
+- ``agents/ownership.py``: rebalances, claims, Resume and Rewind (``Worker.ownership``);
+- ``agents/ingest.py``: fetched records to Arrow buffers, backpressure, stalls (``Worker.ingest``);
+- ``agents/table_lookup.py``: the tables, loaded, created, reloaded, waited for (``Worker.tables``);
+- ``agents/control_loop.py``: the control topic read, each event to the part that answers it,
+  consumer offsets after CommitComplete (``Worker.control``);
+- ``agents/rounds.py``: answering rounds, early writes (``Worker.rounds``);
+- here: the lifecycle (start, status, stop, fail), the coordinator's supervision, housekeeping.
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import faust
 from pyiceberg.catalog import Catalog
 
 from agents.buffer import Buffers, Chunk, PartitionState
+from agents.control_loop import ControlLoop
 from agents.deadletter import DeadLetters
 from agents.debezium import DebeziumTransform
 from agents.evolution import Evolver
@@ -47,21 +49,22 @@ from agents.faust_app import FaustApp
 from agents.file_writer import FileWritingFactory
 from agents.formats import RecordFormat
 from agents.decode import BatchDecoder
-from agents.ingest import Ingest, StallProbe
+from agents.ingest import Ingest
+from agents.kafka import Fetched
 from agents.missing import MissingTables
 from agents.ownership import Ownership
 from agents.parts import Replica
 from agents.rounds import Rounds
 from agents.routing import Router
-from agents.tables import Target, load_target
-from agents.tasks import TaskOwner, highwater, supervise_coordinator
+from agents.table_lookup import GroupHistory, TableLookup
+from agents.tables import Target
+from agents.tasks import TaskOwner, supervise_coordinator
 from icesink.shared import gc_tuning
 from icesink.shared.config import Settings
 from icesink.shared.control import ControlProducer, ControlReader, ensure_control_topic
 from icesink.shared.errors import FencedError
 from icesink.shared.faults import hold_point_blocking
 from icesink.shared.group_secret import SecretLoader
-from icesink.shared.protocol import TopicPartition
 from icesink.shared.iceberg import load_catalog
 from icesink.shared.metrics import Metrics
 from icesink.shared.offload import Offload
@@ -89,7 +92,11 @@ class LeaderFactory(Protocol):
                  offload: Offload, metrics: Metrics, rewrite: Any = None) -> Leader: ...
 
 
-class Worker(FaustApp, Ingest):
+class Worker:
+    """A replica's lifecycle (start, status, stop, fail) and the coordinator's supervision; it
+    builds its parts and wires them: each part takes the few collaborators it uses, and what
+    one asks of the rest of the replica goes through a small Protocol this class answers."""
+
     def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics, *, files: FileWritingFactory,
                  leader: LeaderFactory | None = None) -> None:
         """``files``: makes this replica's file writer and compaction's rewrite with it (the
@@ -106,15 +113,14 @@ class Worker(FaustApp, Ingest):
         metrics.commit_interval.set(settings.commit_interval_ms / 1000)
         self.offload = Offload()
         self.buffers = Buffers(settings.buffer_max_bytes)
-        self.targets: dict[str, Target] = {}
-        self._missing = MissingTables()  # tables waited for (agents/missing.py)
-        self.format = RecordFormat(settings)
+        self.targets: dict[str, Target] = {}  # the tables written to, shared by the parts below
+        self.missing = MissingTables()  # tables waited for (agents/missing.py)
+        record_format = RecordFormat(settings)
         self.deadletters = DeadLetters(settings, metrics, self.worker_id)
         pattern = settings.debezium_target_pattern
-        self.debezium = None if pattern is None else DebeziumTransform(
+        debezium = None if pattern is None else DebeziumTransform(
             pattern, settings.value_converter_schemas_enable, settings.schema_case_insensitive)
-        self.router = Router(settings, self.debezium)
-        self.evolver = Evolver(  # (case folding alone is the record format's and the transform's)
+        evolver = Evolver(  # (case folding alone is the record format's and the transform's)
             self.worker_id, evolve=True, case_insensitive=settings.schema_case_insensitive,
         ) if settings.evolve_schema else None
         writing = files(settings, self.worker_id)  # the writer the app chose (icesink/app/files.py)
@@ -127,18 +133,24 @@ class Worker(FaustApp, Ingest):
         self._owner = TaskOwner(lambda exc: self.fail(exc, exit_code=1))  # every background task, the coordinator too
         self._coordinator: Leader | None = None
         self._coordinator_task: asyncio.Task[None] | None = None
-        self._progress: dict[TopicPartition, StallProbe] = {}  # stall probes (ingest)
-        self._last_request = 0.0
-        self._faust_worker: faust.Worker | None = None  # once created (agents/faust_app.py)
-        self.decoder = BatchDecoder(settings, self.format, self.router, self.debezium, self.evolver, self.targets,
-                                    self._propose)
-        self.app = self._make_app()
-        self.ownership = Ownership(settings.topics, self.replica, self.buffers, self._missing, self.app,
+        self.keyring = Keyring()  # the group's key: loaded in _start, before anything is sent or read
+        self.history = GroupHistory(settings, bootstrap, self.keyring, self.missing, self.targets, self.offload)
+        self.tables = TableLookup(settings, metrics, self.targets, self.missing, self.history, self.offload,
+                                  record_format, debezium, evolver, self.send, self.fail)
+        decoder = BatchDecoder(settings, record_format, Router(settings, debezium), debezium, evolver, self.targets,
+                               self.tables.propose)
+        self.faust = FaustApp(settings, bootstrap, self.replica, self.buffers, metrics, hooks=self)
+        self.app = self.faust.app
+        self.ownership = Ownership(settings.topics, self.replica, self.buffers, self.missing, self.app,
                                    self.send, self._owner, hooks=self)
         self.ownership.connect()
-        self.rounds = Rounds(settings, metrics, self.replica, self.buffers, self.targets, self.evolver, self.spark,
-                             self.offload, self.deadletters, self._missing, self.app, self, self._owner,
-                             self.ownership, hooks=self)
+        self.rounds = Rounds(settings, metrics, self.replica, self.buffers, self.targets, evolver, self.spark,
+                             self.offload, self.deadletters, self.app, self, self._owner, self.ownership, hooks=self)
+        self.control = ControlLoop(metrics, self.replica, self.buffers, self.app, self.missing, self._owner,
+                                   self.ownership, self.rounds)
+        self.ingest = Ingest(settings, metrics, self.replica, self.buffers, self.missing, decoder, self.deadletters,
+                             self.tables, self.app, self.ownership, self._owner, self.send,
+                             self.rounds.maybe_write_early)
 
     async def run(self, stop_requested: threading.Event | None = None) -> None:
         """Start everything, run until SIGTERM/SIGINT (or :meth:`request_stop`), stop within
@@ -151,7 +163,7 @@ class Worker(FaustApp, Ingest):
         if stop_requested is not None and stop_requested.is_set():
             self.request_stop()
         client = self.settings.kafka_client_kwargs()
-        keyring = Keyring()  # loaded before anything is sent or read (_start)
+        keyring = self.keyring  # loaded (secret.load) before anything is sent or read
         self.secret = SecretLoader(self.settings, self.bootstrap, keyring, self.metrics, self.status)
         self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client, keyring)
         self.reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id, client,
@@ -182,19 +194,14 @@ class Worker(FaustApp, Ingest):
         # group's join) holds neither start-up nor a stop; rounds may write meanwhile.
         self._owner.spawn(self.rounds.warm_up(), "spark warm-up")
         self.catalog = await self.offload.run(load_catalog, self.settings)
+        self.history.attach(self.catalog)
+        self.tables.attach(self.catalog)
         # before any event is sent or read; has_run: where signing began for a group that ran unsigned
-        await self.secret.load(self.catalog, self.offload, self._group_has_run)
-        for name in self.settings.tables:
-            target = await self.offload.run(load_target, self.catalog, name, self.settings)
-            if target is not None:
-                self.targets[name] = target
-        absent = [name for name in self.settings.tables if name not in self.targets]
-        if absent and not self.settings.auto_create and await self._group_has_run():
-            for name in absent:  # shown and looked up from now; a first start refuses at its first record
-                self._wait_for(name)
-        self._owner.spawn(self.rounds.control_loop(self.reader), "control")
+        await self.secret.load(self.catalog, self.offload, self.history.has_run)
+        await self.tables.load_configured()
+        self._owner.spawn(self.control.run(self.reader), "control")
         self._owner.spawn(self._housekeeping(), "housekeeping")
-        await self._start_faust()
+        await self.faust.start()
         await spark_started
         gc_tuning.freeze_start_up()  # imports, the Spark session, catalogs: full collections skip them
         self.status["phase"] = "running"
@@ -215,7 +222,7 @@ class Worker(FaustApp, Ingest):
         out["buffered"] = {"rows": self.buffers.rows, "bytes": self.buffers.nbytes,
                            "written_ahead_rows": self.buffers.written_rows,
                            "fetched_bytes": self.buffers.fetched_bytes, "backpressure": self.replica.backpressure}
-        out["missing_tables"] = self._missing.status()
+        out["missing_tables"] = self.missing.status()
         coordinator = self._coordinator if self._coordinator_task is not None else None
         out["coordinator"] = dict(coordinator.status) if coordinator is not None else None
         return out
@@ -242,7 +249,7 @@ class Worker(FaustApp, Ingest):
 
     async def _shutdown(self) -> None:
         """Stop within one deadline; the group moves this replica's partitions as it leaves
-        (LeaveGroup, or its session expiring: see _install_leave_group). Buffered data that is not
+        (LeaveGroup, or its session expiring: see agents/faust_app.py install_leave_group). Buffered data that is not
         committed is not lost: the next owner re-reads it from the accepted position."""
         self.status["phase"] = "stopping"
         deadline = self.settings.shutdown_timeout_ms / 1000
@@ -255,9 +262,8 @@ class Worker(FaustApp, Ingest):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop_coordinator(drain=True), left())
         await self._owner.close(left())
-        if self._faust_worker is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._faust_worker.stop(), left())
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.faust.stop(), left())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.reader.stop(), left())
         with contextlib.suppress(Exception):
@@ -318,49 +324,41 @@ class Worker(FaustApp, Ingest):
             now = time.monotonic()
             await self.ownership.reclaim_stale(now)
             await self.secret.maybe_reload(self.catalog, self.offload)
-            if self.replica.backpressure:
-                await self._check_backpressure()
-            self._check_stalls(now)
-            await self._look_for_missing()
-            self.update_gauges()
+            await self.ingest.housekeep(now)
 
     async def send(self, event: Any) -> int:
         """An event on the control topic (agents/respond.py Sender)."""
         return await self.producer.send(event)
 
-    # OwnershipHooks (agents/ownership.py) and RoundHooks (agents/rounds.py) --------------------
+    # OwnershipHooks (agents/ownership.py), RoundHooks (agents/rounds.py), FaustHooks -----------
+    # (agents/faust_app.py): what one part asks of another, passed on
 
     def settle_voided(self) -> None:
         self.rounds.settle_voided()
 
     def answer_open_round(self) -> None:
-        self.rounds.answer_open_round()
+        self.control.answer_open_round()
 
     async def evolution_ready(self) -> Callable[[Chunk], bool] | None:
-        return await self._evolution_ready()
+        return await self.tables.evolution_ready(self.buffers)
 
     async def release_backpressure(self) -> None:
-        await self._release_backpressure()
+        await self.ingest.release_backpressure()
 
     async def reseek_and_resume(self, st: PartitionState) -> None:
-        await self._reseek_and_resume(st)
+        await self.ingest.reseek_and_resume(st)
 
     def update_gauges(self) -> None:
-        self.metrics.buffered_rows.set(self.buffers.rows)
-        self.metrics.buffered_bytes.set(self.buffers.nbytes)
-        self.metrics.written_ahead_rows.set(self.buffers.written_rows)
-        consumer = self.app.consumer
-        for tp, st in self.buffers.partitions.items():
-            if st.active:
-                hw = highwater(consumer, tp.topic, tp.partition)
-                if hw is not None:
-                    self.metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, hw - st.next_offset))
+        self.ingest.update_gauges()
 
     def update_paused(self) -> None:
-        paused = sum(1 for tp, st in self.buffers.partitions.items() if not st.active or self._missing.is_held(tp))
-        if self.replica.backpressure:
-            paused = len(self.buffers.partitions)
-        self.metrics.paused_partitions.set(paused)
+        self.ingest.update_paused()
+
+    async def on_fetch(self, fetched: Fetched) -> None:
+        await self.ingest.on_fetch(fetched)
+
+    def hold_paused_partitions(self) -> None:
+        self.ownership.hold_paused_partitions()
 
 
 def _exit_hard(limit: float) -> None:

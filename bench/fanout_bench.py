@@ -3,7 +3,7 @@
 
 Feeds ``--records`` pizza events, each with a route field naming one of ``--tables`` dynamic
 tables (as ``ingest_bench.py --tables`` does; Kafka metadata columns on), through
-``Worker._buffer`` in fetches of ``--fetch`` records, with the tables already created: once as
+``Ingest.buffer`` (agents/ingest.py) in fetches of ``--fetch`` records, with the tables already created: once as
 the worker does it (a fan-out decoded once and routed by the decoded column,
 ``agents/decode.py``, ``BatchDecoder.decode_fanout``) and once the usual way (the router reads every record
 for its route field, then one shared decode), alternating; then the round's rows per table are
@@ -31,10 +31,13 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from agents.buffer import Buffers
 from agents.deadletter import DeadLetters
-from agents.formats import RecordFormat
-from agents.routing import Router
 from agents.decode import BatchDecoder
-from agents.worker import Worker
+from agents.formats import RecordFormat
+from agents.ingest import Ingest
+from agents.missing import MissingTables
+from agents.parts import Replica
+from agents.routing import Router
+from agents.tasks import TaskOwner
 from bench.ingest_bench import ROUTE_FIELD, routed
 from icesink.app.pizzas import pizza_values
 from icesink.shared.config import build
@@ -54,39 +57,57 @@ class Message:
         self.topic, self.partition, self.timestamp = TP.topic, TP.partition, 1_700_000_000_000
 
 
-def worker(tables: int, sample: list[bytes], read_once: bool) -> Any:
-    """A worker without clients (only what ``_buffer`` uses), its ``tables`` tables created."""
+class Tables:
+    """The replica's tables (agents/table_lookup.py TableLookup), all created already."""
+
+    def __init__(self, targets: dict[str, Any]) -> None:
+        self.targets = targets
+
+    async def target(self, name: str, values: list[bytes]) -> Any:
+        return self.targets.get(name)
+
+    async def held_back(self, tp: TopicPartition, names: Any) -> list[str]:
+        return []
+
+    async def look_for_missing(self) -> list[TopicPartition]:
+        return []
+
+
+async def _no_send(event: Any) -> None:
+    raise AssertionError(f"nothing is sent: {event!r}")
+
+
+def worker(tables: int, sample: list[bytes], read_once: bool) -> Ingest:
+    """A worker's ingest without clients (only what ``Ingest.buffer`` uses), its ``tables`` tables created."""
     settings = build({
         "topics": TP.topic, "iceberg.tables": "", "iceberg.tables.route-field": ROUTE_FIELD,
         "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.kafka-metadata-enabled": "true",
         "state.dir": tempfile.mkdtemp(prefix="fanout-bench-"), "group.id": "bench",
     })
     metrics = Metrics(CollectorRegistry())
-    w = Worker.__new__(Worker)
     fmt = RecordFormat(settings)
     schema = fmt.table_schema(sample)
     assert schema is not None
     target = SimpleNamespace(arrow_schema=schema_to_pyarrow(schema), keys=None)
-    for name, value in dict(
-        settings=settings, metrics=metrics, buffers=Buffers(1 << 40), deadletters=DeadLetters(settings, metrics, "w1"),
-        router=Router(settings), format=fmt, debezium=None, evolver=None,
-        targets={f"bench.t{i:03d}": target for i in range(tables)},
-    ).items():
-        setattr(w, name, value)
-    w.decoder = BatchDecoder(settings, fmt, w.router, None, None, w.targets, w._propose)
+    targets: dict[str, Any] = {f"bench.t{i:03d}": target for i in range(tables)}
+    decoder = BatchDecoder(settings, fmt, Router(settings), None, None, targets, _no_send)
     if not read_once:
-        w.decoder.decode_fanout = lambda *_: None
-    w.buffers.claim(TP, 1)
-    w.buffers.resume(TP, 0, now=0.0)
-    return w
+        decoder.decode_fanout = lambda *_: None
+    buffers = Buffers(1 << 40)
+    ingest = Ingest(settings, metrics, Replica("bench", {}), buffers, MissingTables(), decoder,
+                    DeadLetters(settings, metrics, "w1"), Tables(targets), SimpleNamespace(), None,
+                    TaskOwner(lambda exc: None), _no_send, lambda: None)
+    buffers.claim(TP, 1)
+    buffers.resume(TP, 0, now=0.0)
+    return ingest
 
 
-def cpu_per_record(w: Any, messages: list[Message], fetch: int) -> float:
+def cpu_per_record(w: Ingest, messages: list[Message], fetch: int) -> float:
     state = w.buffers.partitions[TP]
 
     async def feed() -> None:
         for start in range(0, len(messages), fetch):
-            await Worker._buffer(w, state, messages[start:start + fetch])
+            await w.buffer(state, messages[start:start + fetch])
 
     began = time.process_time()
     asyncio.run(feed())

@@ -5,14 +5,14 @@ repeatedly stops the whole group gracefully (SIGTERM) and starts N new members a
 timing how long the new group takes to assign every partition of the topic.
 
 Each member is the real ``agents.worker.Worker`` Faust app and group membership
-(``_make_app``, ``_start_faust``, ``_shutdown``) with Spark, the catalog and the control topic
+(``FaustApp``, ``FaustApp.start``, ``Worker._shutdown``) with Spark, the catalog and the control topic
 left out: its rebalance callbacks only report the assignment. So group behaviour matches a real
 replica while a cycle costs a few seconds of CPU.
 
     .venv/bin/python bench/group_restart_repro.py [--cycles 10] [--members 2] [--debug]
 
 ``--leave-group`` says which stopping members send LeaveGroup: ``icesink`` (the default) as
-the workers do (``FaustApp._install_leave_group``: every member but the group's leader on
+the workers do (``agents.faust_app.install_leave_group``: every member but the group's leader on
 Tansu, every member on Kafka), ``always`` (every member: on Tansu about a third of the cycles
 then wait until ``--timeout-s``, the new members told to follow a leader that has left), or
 ``never`` (what icesink did before: a stopped member leaves when its session expires). After a
@@ -68,6 +68,7 @@ def _report(kind: str, **data: Any) -> None:
 
 
 async def _member(args: argparse.Namespace) -> None:
+    from agents import faust_app
     from agents.worker import Worker
     from icesink.app.files import spark_files
     from icesink.shared.config import load_settings
@@ -79,6 +80,8 @@ async def _member(args: argparse.Namespace) -> None:
         "worker.id": args.name, "consumer.session-timeout-ms": args.session_timeout_ms,
         "spark.master": "local[1]",  # never started
     })
+
+    icesink_skip = faust_app.skip_leave_group
 
     class _Closed:
         async def stop(self) -> None:
@@ -109,12 +112,13 @@ async def _member(args: argparse.Namespace) -> None:
         async def on_events(self, batch: Any) -> None:
             pass
 
-        def _skip_leave_group(self, consumer: Any, leader: bool) -> str | None:
+        @staticmethod
+        def skip_leave_group(consumer: Any, leader: bool) -> str | None:
             if args.leave_group == "always":
                 return None
             if args.leave_group == "never":
                 return "--leave-group never"
-            skip = super()._skip_leave_group(consumer, leader)
+            skip = icesink_skip(consumer, leader)
             _report("leave", leader=leader, sent=skip is None)
             return skip
 
@@ -123,7 +127,8 @@ async def _member(args: argparse.Namespace) -> None:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
             self.reader = self.producer = _Closed()
-            await self._start_faust()
+            faust_app.skip_leave_group = self.skip_leave_group  # what install_leave_group asks
+            await self.faust.start()
             _report("started")
             await self._stop.wait()
             began = time.monotonic()

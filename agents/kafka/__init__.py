@@ -8,7 +8,7 @@ private parts lives in this package, and the rest of agents/ uses only what it e
 - :mod:`agents.kafka.group`: LeaveGroup on stop (not as Tansu's leader), offset commits.
 - :mod:`agents.kafka.versions`: the pinned faust-streaming and aiokafka, checked at start-up.
 
-The worker installs it as it starts Faust (agents/faust_app.py ``_start_faust``): first
+The worker installs it as it starts Faust (agents/faust_app.py ``FaustApp.start``): first
 :func:`check_versions`, then the patches, on the app it built. Nothing is patched on import.
 """
 

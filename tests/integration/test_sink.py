@@ -121,7 +121,7 @@ def metric(port, name):
 
 
 # A whole-group restart used to wait minutes on Tansu for the new group to form (a departed
-# leader kept as leader; see FaustApp._install_leave_group); the timeouts stay generous.
+# leader kept as leader; see agents/faust_app.py install_leave_group); the timeouts stay generous.
 @pytest.mark.chaos
 @pytest.mark.timeout(1800)
 def test_pizzas_exactly_once_through_restarts(env):

@@ -1,31 +1,39 @@
 """A worker whose buffers are full: pause, ask for an early round, stop growing, resume where
-each buffer ends (Worker._apply_backpressure, _release_backpressure, _check_backpressure)."""
+each buffer ends (agents/ingest.py Ingest: apply, release and check backpressure).
+
+:func:`make_parts` builds the parts of a replica these tests (and test_missing_tables.py,
+test_stalls.py) need, each through its constructor, with fakes for the consumer, the control
+topic and the catalog; :class:`Hooks` stands in for the Worker that wires them."""
+
+from __future__ import annotations
 
 import asyncio
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import pyarrow as pa
 from faust.types import TP
 
 from agents import ingest as ingest_module
 from agents.buffer import Buffers
+from agents.control_loop import ControlLoop
 from agents.deadletter import DeadLetters
-from agents.formats import RecordFormat
-from agents.missing import MissingTables
-from agents.routing import Router
-from agents.kafka.source_consumer import Fetched
-from agents.tables import Target
-from agents.tasks import TaskOwner
 from agents.decode import BatchDecoder
+from agents.formats import RecordFormat
+from agents.ingest import Ingest
+from agents.kafka.source_consumer import Fetched
+from agents.missing import MissingTables
 from agents.ownership import Ownership
 from agents.parts import Replica
 from agents.rounds import Rounds
-from agents.worker import Worker
-from icesink.shared.config import build
-from icesink.shared.protocol import CommitRequest, TopicPartition
+from agents.routing import Router
+from agents.table_lookup import TableLookup
+from agents.tables import Target
+from agents.tasks import TaskOwner
+from icesink.shared.config import Settings, build
 from icesink.shared.metrics import Metrics
-from icesink.shared.offload import Offload
+from icesink.shared.protocol import CommitRequest, TopicPartition
 
 P = TopicPartition("t", 0)
 FP = TP("t", 0)
@@ -61,30 +69,98 @@ class Producer:
         return len(self.sent)
 
 
-def make_worker(max_bytes: int) -> Worker:
-    w = Worker.__new__(Worker)
-    w.worker_id = "w1"
-    w.settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
-    w.evolver = None
-    w.metrics = Metrics()
-    w.router = Router(w.settings)
-    w.format = RecordFormat(w.settings)
-    w.debezium = None
-    w.deadletters = DeadLetters(w.settings, w.metrics, "w1")
-    w.buffers = Buffers(max_bytes)
-    w.targets = {TABLE: Target(TABLE, None, pa.schema([("id", pa.int64())]))}
-    w.app = SimpleNamespace(consumer=Consumer())
-    w.producer = Producer()
-    w._last_request = 0.0
-    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
-    w._missing = MissingTables()
-    w.replica = Replica(w.worker_id, {})
-    w.ownership = Ownership([P.topic], w.replica, w.buffers, w._missing, w.app, w.producer.send,
-                            TaskOwner(lambda exc: None), hooks=w)
-    w.rounds = Rounds(w.settings, w.metrics, w.replica, w.buffers, w.targets, None, SimpleNamespace(), Offload(),
-                      w.deadletters, w._missing, w.app, w.producer, TaskOwner(lambda exc: None), w.ownership, hooks=w)
-    w.buffers.claim(P, 1)
-    w.buffers.resume(P, 0, now=0.0)
+class History:
+    """The group's past (agents/table_lookup.py GroupHistory), as a test sets it."""
+
+    def __init__(self, has_run: bool = False, committed: set[str] | None = None) -> None:
+        self.ran, self.committed = has_run, committed
+        self.lookups = self.scans = 0
+
+    async def has_run(self) -> bool:
+        self.lookups += 1
+        return self.ran
+
+    async def committed_tables(self) -> set[str] | None:
+        self.scans += 1
+        return self.committed
+
+
+class InlineOffload:
+    """Runs the offloaded call on the loop (the catalog is a fake)."""
+
+    async def run(self, fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+
+class Hooks:
+    """The rest of the replica as its parts see it (agents/worker.py Worker wires the real one):
+    passes each ask on to the part that answers it; ``failures`` holds what stopped it."""
+
+    def __init__(self) -> None:
+        self.failures: list[Exception] = []
+        self.parts: Any = None
+
+    def settle_voided(self) -> None:
+        self.parts.rounds.settle_voided()
+
+    def answer_open_round(self) -> None:
+        self.parts.control.answer_open_round()
+
+    async def supervise_coordinator(self) -> None:
+        pass
+
+    def update_paused(self) -> None:
+        self.parts.ingest.update_paused()
+
+    def update_gauges(self) -> None:
+        self.parts.ingest.update_gauges()
+
+    async def evolution_ready(self):
+        return await self.parts.tables.evolution_ready(self.parts.buffers)
+
+    async def release_backpressure(self) -> None:
+        await self.parts.ingest.release_backpressure()
+
+    async def reseek_and_resume(self, st) -> None:
+        await self.parts.ingest.reseek_and_resume(st)
+
+    def fail(self, exc: Exception, exit_code: int = 2) -> None:
+        self.failures.append(exc)
+
+
+def make_parts(max_bytes: int, settings: Settings | None = None, targets: dict[str, Target] | None = None,
+               history: History | None = None, missing: MissingTables | None = None, files: Any = None,
+               offload: Any = None) -> SimpleNamespace:
+    """A replica's ingest, ownership, table lookup and rounds, partition ``P`` active from 0."""
+    settings = settings or build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
+    metrics = Metrics()
+    replica = Replica("w1", {})
+    buffers = Buffers(max_bytes)
+    missing = missing or MissingTables()
+    targets = {TABLE: Target(TABLE, None, pa.schema([("id", pa.int64())]))} if targets is None else targets
+    app = SimpleNamespace(consumer=Consumer())
+    producer = Producer()
+    hooks = Hooks()
+    tasks = TaskOwner(hooks.failures.append)
+    offload = offload or InlineOffload()
+    record_format = RecordFormat(settings)
+    deadletters = DeadLetters(settings, metrics, "w1")
+    tables = TableLookup(settings, metrics, targets, missing, history or History(), offload, record_format, None, None,
+                         producer.send, hooks.fail)
+    decoder = BatchDecoder(settings, record_format, Router(settings), None, None, targets, tables.propose)
+    ownership = Ownership(settings.topics, replica, buffers, missing, app, producer.send, tasks, hooks=hooks)
+    rounds = Rounds(settings, metrics, replica, buffers, targets, None, files or SimpleNamespace(), offload,
+                    deadletters, app, producer, tasks, ownership, hooks=hooks)
+    control = ControlLoop(metrics, replica, buffers, app, missing, tasks, ownership, rounds)
+    ingest = Ingest(settings, metrics, replica, buffers, missing, decoder, deadletters, tables, app, ownership, tasks,
+                    producer.send, rounds.maybe_write_early)
+    w = SimpleNamespace(settings=settings, metrics=metrics, replica=replica, buffers=buffers, missing=missing,
+                        targets=targets, app=app, producer=producer, hooks=hooks, failures=hooks.failures, tasks=tasks,
+                        tables=tables, decoder=decoder, ownership=ownership, rounds=rounds, control=control,
+                        ingest=ingest)
+    hooks.parts = w
+    buffers.claim(P, 1)
+    buffers.resume(P, 0, now=0.0)
     return w
 
 
@@ -94,20 +170,20 @@ def batch(start: int, end: int) -> Fetched:
     ) for o in range(start, end)]}, time.monotonic())
 
 
-def requests(w: Worker) -> list:
+def requests(w) -> list:
     return [ev for ev in w.producer.sent if isinstance(ev, CommitRequest)]
 
 
 def test_full_buffers_pause_ask_once_and_stop_growing():
-    w = make_worker(max_bytes=100)  # 8 bytes a row: full after 13 rows
+    w = make_parts(max_bytes=100)  # 8 bytes a row: full after 13 rows
 
     async def run():
-        await w.on_fetch(batch(0, 20))
+        await w.ingest.on_fetch(batch(0, 20))
         assert w.replica.backpressure and w.buffers.full and w.buffers.rows == 20
         assert ("pause", [FP]) in w.app.consumer.calls
         assert len(requests(w)) == 1 and requests(w)[0].buffered_bytes == w.buffers.nbytes
         # Records still in flight after the pause are not taken: the buffers stay as they are.
-        await w.on_fetch(batch(20, 40))
+        await w.ingest.on_fetch(batch(20, 40))
         assert w.buffers.rows == 20 and w.buffers.partitions[P].next_offset == 20
         assert len(requests(w)) == 1  # a repeat only after REQUEST_EVERY_S
 
@@ -117,19 +193,19 @@ def test_full_buffers_pause_ask_once_and_stop_growing():
 
 
 def test_a_round_resumes_where_the_buffer_ends_and_the_next_fill_asks_at_once():
-    w = make_worker(max_bytes=100)
+    w = make_parts(max_bytes=100)
 
     async def run():
-        await w.on_fetch(batch(0, 20))
-        await w.on_fetch(batch(20, 40))  # skipped while paused
+        await w.ingest.on_fetch(batch(0, 20))
+        await w.ingest.on_fetch(batch(20, 40))  # skipped while paused
         w.buffers.take(1)  # a round takes the buffers (Rounds.respond) ...
-        await w._release_backpressure()  # ... and releases them
+        await w.ingest.release_backpressure()  # ... and releases them
         calls = w.app.consumer.calls
         # Seek back to the end of the buffer (records 20..39 were skipped, and Faust drops
         # the rest of a fetch for a partition paused mid-way) before resuming.
         assert calls[-2:] == [("seek", {FP: 20}), ("resume", [FP])]
         assert not w.replica.backpressure
-        await w.on_fetch(batch(20, 40))
+        await w.ingest.on_fetch(batch(20, 40))
         assert w.buffers.rows == 20 and w.buffers.partitions[P].next_offset == 40
         # Full again within REQUEST_EVERY_S of the first request: asked at once. (It used to
         # be rate-limited; with partitions paused no batch came to ask again: stalled until
@@ -140,69 +216,85 @@ def test_a_round_resumes_where_the_buffer_ends_and_the_next_fill_asks_at_once():
 
 
 def test_housekeeping_asks_again_while_full_and_resumes_when_no_longer_full(monkeypatch):
-    w = make_worker(max_bytes=100)
+    w = make_parts(max_bytes=100)
 
     async def run():
-        await w.on_fetch(batch(0, 20))
-        await w._check_backpressure()
+        await w.ingest.on_fetch(batch(0, 20))
+        await w.ingest.check_backpressure()
         assert len(requests(w)) == 1  # too soon for a repeat
         monkeypatch.setattr(ingest_module, "REQUEST_EVERY_S", 0.0)
-        await w._check_backpressure()
+        await w.ingest.check_backpressure()
         assert len(requests(w)) == 2  # no round came: asked again though no batch arrives
         w.buffers.rewind(P)  # the buffers shrink without a round (rejected response)
         w.buffers.resume(P, 0, now=time.monotonic())
-        await w._check_backpressure()
+        await w.ingest.check_backpressure()
         assert not w.replica.backpressure and w.app.consumer.calls[-2:] == [("seek", {FP: 0}), ("resume", [FP])]
 
     asyncio.run(run())
 
 
 def test_a_failed_seek_keeps_partitions_paused():
-    w = make_worker(max_bytes=100)
+    w = make_parts(max_bytes=100)
 
     async def run():
-        await w.on_fetch(batch(0, 20))
+        await w.ingest.on_fetch(batch(0, 20))
         w.buffers.take(1)
         w.app.consumer.fail_seek = True
-        await w._release_backpressure()
+        await w.ingest.release_backpressure()
         assert w.replica.backpressure and not any(c[0] == "resume" for c in w.app.consumer.calls)
         w.app.consumer.fail_seek = False
-        await w._check_backpressure()  # housekeeping tries again
+        await w.ingest.check_backpressure()  # housekeeping tries again
         assert not w.replica.backpressure and w.app.consumer.calls[-1] == ("resume", [FP])
 
     asyncio.run(run())
 
 
-def early_writing_worker() -> Worker:
-    """A worker that writes early past 1 KiB; its Arrow tables are the buffered ones."""
-    w = make_worker(max_bytes=10**9)
-    w.settings = build({"topics": P.topic, "iceberg.tables": TABLE, "buffer.write-ahead-bytes": 1024},
-                       warn_unknown=False)
-    w.rounds.settings = w.settings
+class AwaitingOffload:
+    """Runs the offloaded call on the loop, awaiting what it returns if it is awaitable (the
+    fake file writer's writes)."""
+
+    async def run(self, fn, *args, **kwargs):
+        out = fn(*args, **kwargs)
+        return await out if asyncio.iscoroutine(out) else out
+
+
+class Files:
+    """A file writer (agents/file_writer.py) whose writes ``write`` answers."""
+
+    def __init__(self, write) -> None:
+        self.write = write
+        self.warmed: list[bool] = []
+
+    async def write_many(self, writes, target_file_size_bytes=None):
+        return await self.write([data for _, data, _ in writes])
+
+    def warm_up(self) -> None:
+        self.warmed.append(True)
+
+
+def early_writing_worker(write) -> SimpleNamespace:
+    """A worker that writes early past 1 KiB through ``write`` (the Arrow tables of a write)."""
+    settings = build({"topics": P.topic, "iceberg.tables": TABLE, "buffer.write-ahead-bytes": 1024},
+                     warn_unknown=False)
+    w = make_parts(max_bytes=10**9, settings=settings, files=Files(write), offload=AwaitingOffload())
     w.replica.generation = 1
-
-    async def arrow(snap):
-        return snap.tables()
-
-    w.rounds._arrow_tables = arrow
     return w
 
 
 def test_an_early_write_cancelled_mid_way_gives_its_rows_back():
     """Stopping cancels an early write in flight: its rows go back to the buffers, so nothing
     is left staged and a round could still take them."""
-    w = early_writing_worker()
     started = asyncio.Event()
 
-    async def write_forever(tables, tag):
+    async def write_forever(tables):
         started.set()
         await asyncio.sleep(3600)
 
-    w.rounds._write_tables = write_forever
+    w = early_writing_worker(write_forever)
 
     async def go():
         w.replica.rebalanced = asyncio.Event()  # not set: on_fetch starts no early write itself
-        await w.on_fetch(batch(0, 500))
+        await w.ingest.on_fetch(batch(0, 500))
         task = asyncio.ensure_future(w.rounds._write_early())
         await started.wait()
         assert w.buffers.rows == 0  # staged
@@ -218,35 +310,26 @@ def test_an_early_write_cancelled_mid_way_gives_its_rows_back():
 def test_a_backlog_read_before_spark_started_is_written_early_once_it_has():
     """Records read while the Spark session starts pass the write-ahead mark with no fetch
     left to start an early write: the session's start does, in place of the warm-up."""
-    w = early_writing_worker()
     written: list[int] = []
-    warmed: list[bool] = []
-    failures: list[Exception] = []
 
-    async def write(tables, tag):
-        written.append(sum(t.num_rows for t in tables.values()))
-        return {}
+    async def write(tables):
+        written.append(sum(t.num_rows for t in tables))
+        return [[] for _ in tables]
 
-    w.rounds._write_tables = write
-    w._owner = w.rounds.tasks = TaskOwner(failures.append)
-    w.offload = w.rounds.offload = Offload()
-    w.rounds.files = SimpleNamespace(warm_up=lambda: warmed.append(True))
+    w = early_writing_worker(write)
 
     async def go():
         w.replica.rebalanced = asyncio.Event()
         w.replica.rebalanced.set()
         w.rounds.spark_ready = asyncio.get_running_loop().create_future()  # starting
-        await w.on_fetch(batch(0, 500))
+        await w.ingest.on_fetch(batch(0, 500))
         assert not written and w.buffers.rows == 500  # no session yet: no early write
         w.rounds.spark_ready.set_result(None)
         await w.rounds.warm_up()
         deadline = time.monotonic() + 5
-        while len(w._owner) and time.monotonic() < deadline:
+        while len(w.tasks) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
-    try:
-        asyncio.run(go())
-    finally:
-        w.offload.close()
-    assert written == [500] and not warmed and not failures
+    asyncio.run(go())
+    assert written == [500] and not w.rounds.files.warmed and not w.failures
     assert w.buffers.rows == 0 and w.buffers.written_rows == 500

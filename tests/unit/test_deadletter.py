@@ -28,11 +28,10 @@ from agents.parts import Replica
 from agents.rounds import Rounds
 from agents.tasks import TaskOwner
 from icesink.shared.offload import Offload
-from agents.worker import Worker
+from agents.ingest import Ingest
 from icesink.shared.config import build
 from icesink.shared.errors import ConfigError, DataError
 from agents.kafka.source_consumer import Fetched
-from agents.write_failures import WriteFailures
 from icesink.shared.protocol import TopicPartition
 from icesink.shared.metrics import Metrics
 
@@ -144,6 +143,7 @@ def test_tolerance_defaults_to_all_with_a_topic_and_none_without(tmp_path):
 # Headers, merging, tolerance ----------------------------------------------------------------
 
 DLQ = {"errors.deadletterqueue.topic.name": "dlq"}
+DYNAMIC = {"iceberg.tables": "", "iceberg.tables.route-field": "t", "iceberg.tables.dynamic-enabled": "true"}
 
 
 def test_dead_letter_keeps_key_value_and_headers_and_adds_connect_context(tmp_path):
@@ -261,30 +261,93 @@ def test_a_letter_too_large_for_the_topic_is_sent_without_its_value(tmp_path):
 # The worker's _buffer ------------------------------------------------------------------------
 
 
-def worker_stub(tmp_path, producer, **extra: Any) -> Any:
+class Hooks:
+    """The rest of the replica as the round responder sees it (agents/worker.py wires the real one)."""
+
+    def __init__(self) -> None:
+        self.failures: list[Exception] = []
+
+    async def evolution_ready(self) -> None:
+        return None
+
+    async def release_backpressure(self) -> None:
+        pass
+
+    async def reseek_and_resume(self, st: Any) -> None:
+        pass
+
+    def update_gauges(self) -> None:
+        pass
+
+    def fail(self, exc: Exception, exit_code: int = 2) -> None:
+        self.failures.append(exc)
+
+
+class Tables:
+    """The replica's tables (agents/table_lookup.py), every one of them existing."""
+
+    def __init__(self, targets: dict[str, Any]) -> None:
+        self.targets = targets
+
+    async def target(self, name: str, values: list[bytes]) -> Any:
+        return self.targets.get(name)
+
+    async def held_back(self, tp: TopicPartition, names: Any) -> list[str]:
+        return []
+
+    async def look_for_missing(self) -> list[TopicPartition]:
+        return []
+
+
+class Owner:
+    """Partition ownership (agents/ownership.py): every partition owned, seeks done at once."""
+
+    def owns(self, st: Any, generation: int) -> bool:
+        return True
+
+    async def seek(self, st: Any, offset: int) -> None:
+        pass
+
+    async def seek_all(self, targets: Any) -> None:
+        pass
+
+
+class Consumer:
+    def pause_partitions(self, tps: Any) -> None:
+        pass
+
+    def resume_partitions(self, tps: Any) -> None:
+        pass
+
+    def highwater(self, tp: Any) -> None:
+        return None
+
+
+def worker_stub(tmp_path, producer, targets: dict[str, Any] | None = None, sender: Any = None, **extra: Any) -> Any:
+    """The ingest and the round responder of a replica without clients, built from their parts."""
     s = settings(tmp_path, **{"errors.max-record-bytes": 64}, **extra)
     metrics = Metrics(CollectorRegistry())
-    stub = Worker.__new__(Worker)  # a worker without clients: only what _buffer and _respond use
-    for name, value in dict(
-        settings=s, metrics=metrics, buffers=Buffers(10**9),
-        targets={"db.a": SimpleNamespace(arrow_schema=SCHEMA, keys=None)},
-        deadletters=DeadLetters(s, metrics, "w1", producer=producer),
-        router=Router(s), format=RecordFormat(s), debezium=None, evolver=None,
-        write_failures=WriteFailures(5), _missing=MissingTables(), replica=Replica("w1", {}),
-    ).items():
-        setattr(stub, name, value)
-    stub.decoder = BatchDecoder(s, stub.format, stub.router, None, None, stub.targets, stub._propose)
-    stub.rounds = Rounds(s, metrics, stub.replica, stub.buffers, stub.targets, None, SimpleNamespace(), Offload(),
-                         stub.deadletters, stub._missing, SimpleNamespace(), producer, TaskOwner(lambda exc: None),
-                         ownership=None, hooks=stub)
-    stub.buffers.claim(TP, 1)
-    stub.buffers.resume(TP, 0, now=0.0)
-    return stub
+    buffers = Buffers(10**9)
+    targets = {"db.a": SimpleNamespace(arrow_schema=SCHEMA, keys=None)} if targets is None else targets
+    deadletters = DeadLetters(s, metrics, "w1", producer=producer)
+    replica, missing, app = Replica("w1", {}), MissingTables(), SimpleNamespace(consumer=Consumer())
+    tasks, hooks, owner = TaskOwner(lambda exc: None), Hooks(), Owner()
+    requests = FakeProducer()
+    record_format = RecordFormat(s)
+    decoder = BatchDecoder(s, record_format, Router(s), None, None, targets, requests.send)
+    rounds = Rounds(s, metrics, replica, buffers, targets, None, SimpleNamespace(), Offload(), deadletters, app,
+                    sender or requests, tasks, owner, hooks=hooks)
+    ingest = Ingest(s, metrics, replica, buffers, missing, decoder, deadletters, Tables(targets), app, owner, tasks,
+                    requests.send, rounds.maybe_write_early)
+    buffers.claim(TP, 1)
+    buffers.resume(TP, 0, now=0.0)
+    return SimpleNamespace(settings=s, metrics=metrics, buffers=buffers, targets=targets, replica=replica,
+                           format=record_format, decoder=decoder, rounds=rounds, ingest=ingest, hooks=hooks)
 
 
 def test_a_batch_of_only_tombstones_still_moves_the_position(tmp_path):
     w = worker_stub(tmp_path, FakeProducer(), **DLQ)
-    run(Worker._buffer(w, w.buffers.partitions[TP], [Msg(0, None), Msg(1, None)]))
+    run(w.ingest.buffer(w.buffers.partitions[TP], [Msg(0, None), Msg(1, None)]))
     snap = w.buffers.take(1)
     assert [(r.start, r.end) for r in snap.ranges] == [(0, 2)] and snap.rows == 0
     assert value(w.metrics, "icesink_tombstones_total", topic="orders") == 2
@@ -298,7 +361,7 @@ def test_good_records_of_a_batch_are_buffered_and_the_bad_ones_dead_lettered(tmp
         Msg(2, None), Msg(3, b'{"order_id":'), Msg(4, b'{"order_id":"' + b"z" * 80 + b'"}'),
         Msg(5, b'{"order_id":"c","store_id":2}'),
     ]
-    run(Worker._buffer(w, w.buffers.partitions[TP], msgs))
+    run(w.ingest.buffer(w.buffers.partitions[TP], msgs))
     snap = w.buffers.take(1)
     assert [(r.start, r.end) for r in snap.ranges] == [(0, 6)]
     assert snap.tables()["db.a"].column("order_id").to_pylist() == ["a", "c"]
@@ -312,9 +375,9 @@ def test_good_records_of_a_batch_are_buffered_and_the_bad_ones_dead_lettered(tmp
 def test_tolerance_none_buffers_nothing_of_the_failing_batch(tmp_path):
     w = worker_stub(tmp_path, None)  # no topic: tolerance defaults to none
     st = w.buffers.partitions[TP]
-    run(Worker._buffer(w, st, [Msg(0, b'{"order_id":"a","store_id":1}')]))
+    run(w.ingest.buffer(st, [Msg(0, b'{"order_id":"a","store_id":1}')]))
     with pytest.raises(DataError, match=r"offset=2, field=store_id"):
-        run(Worker._buffer(w, st, [Msg(1, b'{"order_id":"b","store_id":1}'), Msg(2, b'{"order_id":"c","store_id":"x"}')]))
+        run(w.ingest.buffer(st, [Msg(1, b'{"order_id":"b","store_id":1}'), Msg(2, b'{"order_id":"c","store_id":"x"}')]))
     assert st.next_offset == 1
     assert w.buffers.take(1).tables()["db.a"].num_rows == 1
 
@@ -337,22 +400,16 @@ class LateAcks(FakeProducer):
 
 def responder(tmp_path, dlq_producer) -> Any:
     """A worker stub able to run Rounds.respond for a batch holding no rows (so no Spark)."""
-    w = worker_stub(tmp_path, dlq_producer, **DLQ)
-    w.replica.generation = 1
-    w.events = []
-    w.acked_when_reported = []
+    events: list[str] = []
+    acked_when_reported: list[bool] = []
 
     async def send(ev: Any) -> None:
-        w.events.append(type(ev).__name__)
-        w.acked_when_reported.append(all(f.done() for f in dlq_producer.futures))
+        events.append(type(ev).__name__)
+        acked_when_reported.append(all(f.done() for f in dlq_producer.futures))
 
-    w.rounds.sender = SimpleNamespace(send=send)
-    async def release() -> None:
-        pass
-
-    w._release_backpressure = release
-    w.rounds._valid_through_ms = lambda: None
-    w.update_gauges = lambda: None
+    w = worker_stub(tmp_path, dlq_producer, sender=SimpleNamespace(send=send), **DLQ)
+    w.replica.generation = 1
+    w.events, w.acked_when_reported = events, acked_when_reported
     return w
 
 
@@ -360,7 +417,7 @@ async def _round(w: Any, msgs: list[Msg]) -> None:
     w.replica.rebalanced.set()
     w.rounds.spark_ready = asyncio.get_running_loop().create_future()
     w.rounds.spark_ready.set_result(None)
-    await Worker._buffer(w, w.buffers.partitions[TP], msgs)
+    await w.ingest.buffer(w.buffers.partitions[TP], msgs)
     await w.rounds.respond("round-1")
 
 
@@ -399,11 +456,8 @@ def test_a_fan_out_decodes_a_fetch_once_for_all_tables_of_one_schema(tmp_path, m
     Each table gets its rows in offset order; each bad record is dead-lettered under its own
     table and offset, as when the tables were decoded one by one."""
     producer = FakeProducer()
-    w = worker_stub(tmp_path, producer, **DLQ, **{"iceberg.tables": "", "iceberg.tables.route-field": "t",
-                                                  "iceberg.tables.dynamic-enabled": "true"})
-    w.router = Router(w.settings)
-    w.targets = {n: SimpleNamespace(arrow_schema=SCHEMA, keys=None) for n in ("db.a", "db.b", "db.c")}
-    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
+    w = worker_stub(tmp_path, producer, targets={n: SimpleNamespace(arrow_schema=SCHEMA, keys=None)
+                                                 for n in ("db.a", "db.b", "db.c")}, **DLQ, **DYNAMIC)
     calls: list[int] = []
     convert = w.format.convert
 
@@ -415,7 +469,7 @@ def test_a_fan_out_decodes_a_fetch_once_for_all_tables_of_one_schema(tmp_path, m
     rows = [("db.a", "a1", 1), ("db.b", "b1", 2), ("db.a", "a2", "x"), ("db.c", "c1", 3), ("db.b", "b2", 4),
             ("db.a", "a3", 5), ("db.c", "c2", "y"), ("db.b", "b3", 6)]
     msgs = [Msg(i, json.dumps({"t": t, "order_id": o, "store_id": s}).encode()) for i, (t, o, s) in enumerate(rows)]
-    run(Worker._buffer(w, w.buffers.partitions[TP], msgs))
+    run(w.ingest.buffer(w.buffers.partitions[TP], msgs))
     assert calls == [8]  # one decode for the three tables
     tables = w.buffers.take(1).tables()
     assert tables["db.a"].column("order_id").to_pylist() == ["a1", "a3"]
@@ -430,12 +484,9 @@ def test_a_fan_out_counts_the_bytes_of_its_rows_once_not_per_table(tmp_path, mon
     """The tables decoded together hold slices of one decode: the buffers count that decode's
     Arrow bytes once. Summing each table's slice (an nbytes walk per table and fetch, a
     quarter of a fetch's handling at 200 tables) also counted every slice's offsets again."""
-    w = worker_stub(tmp_path, FakeProducer(), **DLQ, **{"iceberg.tables": "", "iceberg.tables.route-field": "t",
-                                                        "iceberg.tables.dynamic-enabled": "true"})
-    w.router = Router(w.settings)
     names = [f"db.t{i}" for i in range(40)]
-    w.targets = {n: SimpleNamespace(arrow_schema=SCHEMA, keys=None) for n in names}
-    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
+    w = worker_stub(tmp_path, FakeProducer(), targets={n: SimpleNamespace(arrow_schema=SCHEMA, keys=None) for n in names},
+                    **DLQ, **DYNAMIC)
     decoded: list[int] = []
     convert = w.format.convert
 
@@ -446,7 +497,7 @@ def test_a_fan_out_counts_the_bytes_of_its_rows_once_not_per_table(tmp_path, mon
 
     monkeypatch.setattr(w.format, "convert", sized)
     msgs = [Msg(i, json.dumps({"t": names[i % 40], "order_id": f"o{i}", "store_id": i}).encode()) for i in range(200)]
-    run(Worker._buffer(w, w.buffers.partitions[TP], msgs))
+    run(w.ingest.buffer(w.buffers.partitions[TP], msgs))
     assert len(decoded) == 1
     assert w.buffers.nbytes == decoded[0]
     assert sum(t.num_rows for t in w.buffers.take(1).tables().values()) == 200
@@ -456,12 +507,8 @@ ROUTED = pa.schema([pa.field("t", pa.string()), *SCHEMA])  # tables auto-created
 
 
 def fan_out_stub(tmp_path: Any, producer: FakeProducer, names: list[str]) -> Any:
-    w = worker_stub(tmp_path, producer, **DLQ, **{"iceberg.tables": "", "iceberg.tables.route-field": "t",
-                                                  "iceberg.tables.dynamic-enabled": "true"})
-    w.router = Router(w.settings)
-    w.targets = {n: SimpleNamespace(arrow_schema=ROUTED, keys=None) for n in names}
-    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
-    return w
+    return worker_stub(tmp_path, producer, targets={n: SimpleNamespace(arrow_schema=ROUTED, keys=None) for n in names},
+                       **DLQ, **DYNAMIC)
 
 
 def routed_fetch(start: int, rows: list[tuple[Any, Any, Any]]) -> list[Msg]:
@@ -476,17 +523,17 @@ def test_a_fan_out_reads_each_record_once_after_its_first_fetch(tmp_path, monkey
     names = [f"db.t{i}" for i in range(5)]
     w = fan_out_stub(tmp_path, FakeProducer(), names)
     route_reads: list[int] = []
-    read = w.router._read
+    read = w.decoder.router._read
 
     def counted(values: Any) -> Any:
         route_reads.append(len(values))
         return read(values)
 
-    monkeypatch.setattr(w.router, "_read", counted)
+    monkeypatch.setattr(w.decoder.router, "_read", counted)
     st = w.buffers.partitions[TP]
-    run(Worker._buffer(w, st, routed_fetch(0, [(names[i % 5], f"o{i}", i) for i in range(20)])))
-    run(Worker._buffer(w, st, routed_fetch(20, [(names[i % 5], f"o{i}", i) for i in range(20, 50)])))
-    run(Worker._buffer(w, st, routed_fetch(50, [(names[i % 5], f"o{i}", i) for i in range(50, 60)])))
+    run(w.ingest.buffer(st, routed_fetch(0, [(names[i % 5], f"o{i}", i) for i in range(20)])))
+    run(w.ingest.buffer(st, routed_fetch(20, [(names[i % 5], f"o{i}", i) for i in range(20, 50)])))
+    run(w.ingest.buffer(st, routed_fetch(50, [(names[i % 5], f"o{i}", i) for i in range(50, 60)])))
     assert route_reads == [20]  # the first fetch only
     # ...and buffered whole, split per table once for the round (agents/buffer.py FanoutRows)
     assert [(c.fanout is not None, c.tables == {}) for c in st.chunks] == [(False, False), (True, True), (True, True)]
@@ -527,7 +574,7 @@ def test_a_fan_out_read_once_buffers_and_dead_letters_exactly_as_the_usual_way(t
         for i, msgs in enumerate(fetches):
             if i == 5:  # db.b reloaded (a schema change elsewhere): no longer the table the fan-out checked
                 w.targets["db.b"] = SimpleNamespace(arrow_schema=pa.schema(list(ROUTED)), keys=None)
-            run(Worker._buffer(w, st, msgs))
+            run(w.ingest.buffer(st, msgs))
         snap = w.buffers.take(1)
         rows = {n: t.to_pydict() for n, t in snap.tables().items()}
         letters = sorted((s["headers"][H_OFFSET], s["headers"].get(H_TABLE), s["headers"].get(H_FIELD),
@@ -549,26 +596,18 @@ def test_a_fetch_of_several_partitions_lets_the_loop_run_between_them(tmp_path):
     w = worker_stub(tmp_path, FakeProducer(), **DLQ)
     w.buffers.claim(other, 1)
     w.buffers.resume(other, 0, now=0.0)
-    w.update_gauges = lambda: None
-    order: list[str] = []
-    real_buffer = Worker._buffer
-
-    async def buffer(st: Any, taken: Any) -> None:
-        await real_buffer(w, st, taken)
-        order.append(f"buffered {st.tp.partition}")
-
-    w._buffer = buffer
+    seen: list[tuple[int, int]] = []  # what a neighbouring task saw buffered, by partition
 
     async def go() -> None:
         async def neighbour() -> None:
-            order.append("neighbour ran")
+            seen.append((w.buffers.partitions[TP].next_offset, w.buffers.partitions[other].next_offset))
 
         fetched = Fetched({tp: [Msg(0, b'{"order_id":"a","store_id":1}', partition=tp.partition)]
                            for tp in (TP, other)}, fetched_at=1.0)
         task = asyncio.ensure_future(neighbour())
-        await Worker.on_fetch(w, fetched)
+        await w.ingest.on_fetch(fetched)
         await task
 
     run(go())
-    assert order == [f"buffered {TP.partition}", "neighbour ran", f"buffered {other.partition}"]
+    assert seen == [(1, 0)]  # it ran after the first partition was buffered, before the second
     assert sum(t.num_rows for t in w.buffers.take(1).tables().values()) == 2

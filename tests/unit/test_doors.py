@@ -52,18 +52,30 @@ def test_the_doors_accept_the_installed_libraries() -> None:
     iceberg_ext.check_versions()
 
 
-def test_a_worker_refuses_to_start_faust_on_another_aiokafka(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_refuses_to_start_faust_on_another_aiokafka(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
     """The worker checks the pins as it starts Faust, before any patch (agents/faust_app.py)."""
     import asyncio
 
-    from agents.worker import Worker
+    from agents.buffer import Buffers
+    from agents.faust_app import FaustApp
+    from agents.parts import Replica
     from icesink.shared import pins
+    from icesink.shared.config import build
+    from icesink.shared.metrics import Metrics
+
+    class Hooks:  # the rest of the replica: never reached
+        async def on_fetch(self, fetched: object) -> None: ...
+        def fail(self, exc: Exception, exit_code: int = 2) -> None: ...
+        def hold_paused_partitions(self) -> None:
+            raise AssertionError("patched before the versions were checked")
 
     real = pins._installed
     monkeypatch.setattr(pins, "_installed", lambda name: "0.13.0" if name == "aiokafka" else real(name))
-    worker = Worker.__new__(Worker)
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
+    part = FaustApp(settings, "127.0.0.1:1", Replica("w1", {}), Buffers(1 << 20), Metrics(), hooks=Hooks())
     with pytest.raises(ConfigError, match=r"aiokafka.*expected aiokafka==0\.14\.0.*found '0\.13\.0'"):
-        asyncio.run(worker._start_faust())
+        asyncio.run(part.start())
 
 
 def test_importing_the_coordinator_patches_nothing_and_install_does() -> None:

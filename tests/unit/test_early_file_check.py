@@ -14,9 +14,8 @@ import pytest
 
 from agents.buffer import Chunk
 from agents.rounds import missing_files
-from agents.tasks import TaskOwner
 from icesink.shared.protocol import DataWritten, FileInfo
-from tests.unit.test_backpressure import P, TABLE, make_worker
+from tests.unit.test_backpressure import P, TABLE, make_parts
 
 
 class Input:
@@ -48,13 +47,6 @@ def info(path: str) -> FileInfo:
 
 
 def test_a_storage_error_while_checking_keeps_the_data_and_its_early_files_for_the_next_round():
-    w = make_worker(max_bytes=1 << 30)
-    w.replica.generation = 1
-    w.failures = []
-    w.rounds.tasks = TaskOwner(w.failures.append)
-    w.fail = w.failures.append
-    w.targets[TABLE] = SimpleNamespace(table=None)
-
     deleted = []
 
     async def run(fn, *args):
@@ -62,7 +54,8 @@ def test_a_storage_error_while_checking_keeps_the_data_and_its_early_files_for_t
             raise PermissionError("s3: 403 Forbidden")
         deleted.extend(path for _, path in args[0])  # delete_files: the response's own files
 
-    w.rounds.offload = SimpleNamespace(run=run)
+    w = make_parts(max_bytes=1 << 30, targets={TABLE: SimpleNamespace(table=None)}, offload=SimpleNamespace(run=run))
+    w.replica.generation = 1
     rows = pa.table({"id": pa.array([1, 2], pa.int64())})
     w.buffers.add(Chunk(P, 2, {TABLE: rows}, rows.nbytes, 2), 1, None)
     stage = w.buffers.stage(1)
@@ -91,9 +84,7 @@ def test_existence_checks_failing_round_after_round_stop_the_replica_although_wr
     not HEAD): each round writes its files (a successful write), then the check fails. The
     writes' successes used to reset the count, so the replica retried for ever; only a check
     that passes clears a failing check, and at write.failure-limit the replica stops."""
-    w = make_worker(max_bytes=1 << 30)
-    w.failures = []
-    w.fail = w.failures.append
+    w = make_parts(max_bytes=1 << 30)
     r = w.rounds
     for _ in range(r.write_failures.limit):
         r._write_succeeded()  # the round's (or an early) write

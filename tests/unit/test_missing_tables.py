@@ -16,17 +16,16 @@ import pyarrow as pa
 import pytest
 from faust.types import TP
 
-from agents import ingest as ingest_module
+from agents import table_lookup as table_lookup_module
 from agents.missing import RETRY_FIRST_S, RETRY_MAX_S, MissingTables
-from agents.routing import Router
 from agents.kafka.source_consumer import Fetched
+from agents.table_lookup import GroupHistory
 from agents.tables import Target
-from agents.tasks import TaskOwner
-from icesink.shared.config import build
+from icesink.shared.config import Settings, build
 from icesink.shared.errors import ConfigError
 from icesink.shared.protocol import TopicPartition
-from agents.decode import BatchDecoder
-from tests.unit.test_backpressure import make_worker
+from icesink.shared.signing import Keyring
+from tests.unit.test_backpressure import History, InlineOffload, make_parts
 
 A, B = "db.a", "db.b"
 P0, P1 = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -70,34 +69,22 @@ def test_look_ups_back_off_doubling_to_a_cap_and_a_table_back_frees_only_what_wa
     assert not m.is_held(P0) and m.found(A) == []
 
 
-def worker(group_has_run: bool, monkeypatch, tables: dict[str, Target | None]):
+def worker(group_has_run: bool, monkeypatch, tables: dict[str, Target | None], settings: Settings | None = None,
+           history: object = None, targets: dict[str, Target] | None = None, missing: MissingTables | None = None):
     """Two tables routed on ``dest``, partition 0 and 1 active from offset 0; ``tables``: what
-    the catalog holds (load_target)."""
-    w = make_worker(max_bytes=1 << 30)
-    w.settings = build({"topics": "t", "iceberg.tables": f"{A},{B}", "iceberg.tables.route-field": "dest",
-                        f"iceberg.table.{A}.route-regex": "a", f"iceberg.table.{B}.route-regex": "b"},
-                       warn_unknown=False)
-    w.router = Router(w.settings)
-    w.targets = {A: Target(A, None, SCHEMA)}
-    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
-    w._missing = w.ownership.missing = MissingTables(clock=Clock())
+    the catalog holds (load_target); ``history``: the group's past (a fake by default, saying
+    whether the group has run)."""
+    settings = settings or build({"topics": "t", "iceberg.tables": f"{A},{B}", "iceberg.tables.route-field": "dest",
+                                  f"iceberg.table.{A}.route-regex": "a", f"iceberg.table.{B}.route-regex": "b"},
+                                 warn_unknown=False)
+    history = history or History(has_run=group_has_run)
+    w = make_parts(max_bytes=1 << 30, settings=settings, targets={A: Target(A, None, SCHEMA)} if targets is None
+                   else targets, history=history, missing=missing or MissingTables(clock=Clock()))
+    w.history = history
     w.buffers.claim(P1, 1)
     w.buffers.resume(P1, 0, now=0.0)
     w.replica.generation = 1
-    w.failures = []
-    w._owner = TaskOwner(w.failures.append)
-    w.catalog = None
-    w.offload = SimpleNamespace(run=lambda fn, *args: asyncio.sleep(0, fn(*args)))
-    w.status = {}
-    w.fail = lambda exc, exit_code=2: w.failures.append(exc)
-    monkeypatch.setattr(ingest_module, "load_target", lambda catalog, name, settings=None: tables.get(name))
-    w.lookups = 0
-
-    async def has_run() -> bool:
-        w.lookups += 1
-        return group_has_run
-
-    w._group_has_run = has_run
+    monkeypatch.setattr(table_lookup_module, "load_target", lambda catalog, name, settings=None: tables.get(name))
     return w
 
 
@@ -114,46 +101,46 @@ def calls(w) -> list:
 def test_on_a_first_start_a_missing_table_is_refused_naming_the_setting(monkeypatch):
     w = worker(group_has_run=False, monkeypatch=monkeypatch, tables={})
     with pytest.raises(ConfigError, match="iceberg.tables.auto-create-enabled.*create table db.b"):
-        asyncio.run(w.on_fetch(fetch(P1, 0, "ab")))
+        asyncio.run(w.ingest.on_fetch(fetch(P1, 0, "ab")))
     assert w.buffers.partitions[P1].next_offset == 0
 
 
 def test_once_the_group_has_run_the_partition_waits_for_the_table_and_reads_on_when_it_is_back(monkeypatch):
     tables: dict[str, Target | None] = {}
     w = worker(group_has_run=True, monkeypatch=monkeypatch, tables=tables)
-    clock = w._missing.clock
+    clock = w.missing.clock
 
     async def run():
-        await w.on_fetch(fetch(P0, 0, "aaa"))  # a's records only: taken
-        await w.on_fetch(fetch(P1, 0, "aab"))  # a record for b: nothing of the fetch is taken
+        await w.ingest.on_fetch(fetch(P0, 0, "aaa"))  # a's records only: taken
+        await w.ingest.on_fetch(fetch(P1, 0, "aab"))  # a record for b: nothing of the fetch is taken
         st0, st1 = w.buffers.partitions[P0], w.buffers.partitions[P1]
         assert st0.next_offset == 3 and st1.next_offset == 0 and st1.chunks == []
         assert calls(w) == [("pause", [TP("t", 1)])]
-        assert w._missing.is_held(P1) and w.metrics.table_missing.labels(table=B)._value.get() == 1
+        assert w.missing.is_held(P1) and w.metrics.table_missing.labels(table=B)._value.get() == 1
         assert w.metrics.paused_partitions._value.get() == 1
-        await w.on_fetch(fetch(P1, 3, "aaa"))  # in flight after the pause: skipped, read again later
-        await w.on_fetch(fetch(P0, 3, "ab"))  # another partition with a record for b: held too, no look-up
-        assert st1.next_offset == 0 and st0.next_offset == 3 and w.lookups == 1
+        await w.ingest.on_fetch(fetch(P1, 3, "aaa"))  # in flight after the pause: skipped, read again later
+        await w.ingest.on_fetch(fetch(P0, 3, "ab"))  # another partition with a record for b: held too, no look-up
+        assert st1.next_offset == 0 and st0.next_offset == 3 and w.history.lookups == 1
         snap = w.buffers.take(1)  # a round reports neither past its first record for b
         assert sorted((str(r.tp), r.start, r.end) for r in snap.ranges) == [("t[0]", 0, 3), ("t[1]", 0, 0)]
-        assert w._missing.status()[B]["held_partitions"] == ["t[0]", "t[1]"]
+        assert w.missing.status()[B]["held_partitions"] == ["t[0]", "t[1]"]
 
-        await w._look_for_missing()  # not due yet
+        await w.ingest.housekeep(clock.now)  # not due yet
         clock.now += RETRY_FIRST_S
-        await w._look_for_missing()  # still gone
-        assert w._missing.tables[B].attempts == 1 and [c for c in calls(w) if c[0] != "pause"] == []
+        await w.ingest.housekeep(clock.now)  # still gone
+        assert w.missing.tables[B].attempts == 1 and [c for c in calls(w) if c[0] != "pause"] == []
         tables[B] = Target(B, None, SCHEMA)  # recreated
         clock.now += RETRY_MAX_S
-        await w._look_for_missing()
+        await w.ingest.housekeep(clock.now)
         await asyncio.sleep(0.01)
-        assert B in w.targets and not w._missing.tables
+        assert B in w.targets and not w.missing.tables
         assert w.metrics.table_missing.labels(table=B)._value.get() == 0
         after = [c for c in calls(w) if c[0] != "pause"]  # each sought back to where it stopped, then resumed
         for tp, offset in ((TP("t", 0), 3), (TP("t", 1), 0)):
             assert after.index(("seek", {tp: offset})) < after.index(("resume", [tp]))
         assert len(after) == 4
-        await w.on_fetch(fetch(P1, 0, "aab"))
-        await w.on_fetch(fetch(P0, 3, "ab"))
+        await w.ingest.on_fetch(fetch(P1, 0, "aab"))
+        await w.ingest.on_fetch(fetch(P0, 3, "ab"))
         snap = w.buffers.take(1)
         assert sorted((str(r.tp), r.start, r.end) for r in snap.ranges) == [("t[0]", 3, 5), ("t[1]", 0, 3)]
         rows = snap.tables()
@@ -165,44 +152,32 @@ def test_once_the_group_has_run_the_partition_waits_for_the_table_and_reads_on_w
 
 def test_a_table_missing_at_start_is_shown_at_once_and_a_held_partition_stays_paused_through_faust_resume(monkeypatch):
     w = worker(group_has_run=True, monkeypatch=monkeypatch, tables={})
-    w._wait_for(B)  # what Worker._start does for a configured table it cannot load, once the group has run
-    assert B in w._missing.status() and w.metrics.table_missing.labels(table=B)._value.get() == 1
+    w.tables.wait_for(B)  # what TableLookup.load_configured does for a configured table it cannot load, once the group has run
+    assert B in w.missing.status() and w.metrics.table_missing.labels(table=B)._value.get() == 1
     w.ownership.hold_paused_partitions()
 
     async def run():
-        await w.on_fetch(fetch(P1, 0, "b"))
-        assert w.lookups == 0 and w._missing.is_held(P1)
+        await w.ingest.on_fetch(fetch(P1, 0, "b"))
+        assert w.history.lookups == 0 and w.missing.is_held(P1)
         w.app.consumer.resume_partitions([TP("t", 0), TP("t", 1)])  # Faust's resume after a rebalance
         assert w.app.consumer.calls[-1] == ("resume", [TP("t", 0)])
         await w.ownership.on_assigned(None, {TP("t", 0)})  # P1 moved away: nothing held for it any more
-        assert not w._missing.is_held(P1) and w._missing.status()[B]["held_partitions"] == []
+        assert not w.missing.is_held(P1) and w.missing.status()[B]["held_partitions"] == []
 
     w.replica.rebalanced = asyncio.Event()
-    w.rounds.settle_voided = lambda: None
     w.app.consumer_generation_id = 2
     monkeypatch.setattr("agents.ownership.group_member_id", lambda app: "m")
-    w.ownership.send_claim = lambda tps: asyncio.sleep(0)
     asyncio.run(run())
 
 
-def dynamic_worker(monkeypatch, tables: dict[str, Target | None], committed: set[str]):
+DYNAMIC = {"topics": "t", "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "dest"}
+
+
+def dynamic_worker(monkeypatch, tables: dict[str, Target | None], committed: set[str] | None, history: object = None):
     """Dynamic routing on ``dest`` (no configured table), without auto-create, once the group
     has run; ``committed``: the tables the group's control log shows it committed to."""
-    w = worker(group_has_run=True, monkeypatch=monkeypatch, tables=tables)
-    w.settings = build({"topics": "t", "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "dest"},
-                       warn_unknown=False)
-    w.router = Router(w.settings)
-    w.targets = {}
-    w.decoder = BatchDecoder(w.settings, w.format, w.router, w.debezium, w.evolver, w.targets, w._propose)
-    scans = []
-
-    async def committed_tables() -> set[str]:
-        scans.append(1)
-        return committed
-
-    w._committed_tables = committed_tables
-    w.scans = scans
-    return w
+    return worker(group_has_run=True, monkeypatch=monkeypatch, tables=tables, targets={},
+                  settings=build(DYNAMIC, warn_unknown=False), history=history or History(True, committed))
 
 
 def test_a_dynamic_route_to_a_table_the_group_never_committed_to_is_not_held_but_refused(monkeypatch):
@@ -211,16 +186,16 @@ def test_a_dynamic_route_to_a_table_the_group_never_committed_to_is_not_held_but
     than holding its partition for ever."""
     w = dynamic_worker(monkeypatch, {}, committed={"db.gone"})
     with pytest.raises(ConfigError, match="iceberg.tables.auto-create-enabled.*create table db.new"):
-        asyncio.run(w.on_fetch(fetch(P1, 0, ["db.new"])))
-    assert not w._missing.is_held(P1) and "db.new" not in w._missing.tables
+        asyncio.run(w.ingest.on_fetch(fetch(P1, 0, ["db.new"])))
+    assert not w.missing.is_held(P1) and "db.new" not in w.missing.tables
 
 
 def test_a_dynamic_route_to_a_table_the_group_committed_to_and_was_dropped_is_held(monkeypatch):
     w = dynamic_worker(monkeypatch, {}, committed={"db.gone"})
-    asyncio.run(w.on_fetch(fetch(P1, 0, ["db.gone"])))
-    assert w._missing.is_held(P1) and "db.gone" in w._missing.tables and w.failures == []
-    asyncio.run(w.on_fetch(fetch(P0, 0, ["db.gone"])))
-    assert w._missing.is_held(P0) and len(w.scans) == 1  # the control log is read once
+    asyncio.run(w.ingest.on_fetch(fetch(P1, 0, ["db.gone"])))
+    assert w.missing.is_held(P1) and "db.gone" in w.missing.tables and w.failures == []
+    asyncio.run(w.ingest.on_fetch(fetch(P0, 0, ["db.gone"])))
+    assert w.missing.is_held(P0) and w.history.scans == 1  # the control log is read once
 
 
 def test_the_tables_committed_to_are_read_from_the_control_log_once_and_followed_after(monkeypatch):
@@ -245,12 +220,12 @@ def test_the_tables_committed_to_are_read_from_the_control_log_once_and_followed
             out, self.at = log[self.at:self.at + 2], min(len(log), self.at + 2)
             return out
 
-    monkeypatch.setattr(ingest_module, "ControlReader", Reader)
-    w = worker(group_has_run=True, monkeypatch=monkeypatch, tables={})
-    w.bootstrap, w.secret = "b:9092", SimpleNamespace(keyring=None)
-    assert asyncio.run(w._committed_tables()) == {"db.gone"}
-    w._missing.committed_to("db.later")  # the control loop's CommitToTable
-    assert asyncio.run(w._committed_tables()) == {"db.gone", "db.later"} and Reader.opened == 1
+    monkeypatch.setattr(table_lookup_module, "ControlReader", Reader)
+    missing = MissingTables()
+    history = GroupHistory(build(DYNAMIC, warn_unknown=False), "b:9092", Keyring(), missing, {}, InlineOffload())
+    assert asyncio.run(history.committed_tables()) == {"db.gone"}
+    missing.committed_to("db.later")  # the control loop's CommitToTable
+    assert asyncio.run(history.committed_tables()) == {"db.gone", "db.later"} and Reader.opened == 1
 
 
 def test_on_a_truncated_control_log_a_missing_dynamic_table_is_held_not_refused(monkeypatch):
@@ -274,9 +249,11 @@ def test_on_a_truncated_control_log_a_missing_dynamic_table_is_held_not_refused(
             self.at = 4
             return [(3, StartCommit(1, "c9"))]
 
-    monkeypatch.setattr(ingest_module, "ControlReader", Reader)
-    w = dynamic_worker(monkeypatch, {}, committed=set())
-    del w._committed_tables  # the real one, over the truncated log
-    w.bootstrap, w.secret = "b:9092", SimpleNamespace(keyring=None)
-    asyncio.run(w.on_fetch(fetch(P1, 0, ["db.new"])))
-    assert w._missing.is_held(P1) and "db.new" in w._missing.tables
+    monkeypatch.setattr(table_lookup_module, "ControlReader", Reader)
+    missing = MissingTables(clock=Clock())
+    missing.group_has_run = True  # as read once before (GroupHistory.has_run)
+    history = GroupHistory(build(DYNAMIC, warn_unknown=False), "b:9092", Keyring(), missing, {}, InlineOffload())
+    w = worker(group_has_run=True, monkeypatch=monkeypatch, tables={}, targets={},
+               settings=build(DYNAMIC, warn_unknown=False), history=history, missing=missing)
+    asyncio.run(w.ingest.on_fetch(fetch(P1, 0, ["db.new"])))
+    assert w.missing.is_held(P1) and "db.new" in w.missing.tables

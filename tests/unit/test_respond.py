@@ -14,7 +14,6 @@ from agents.buffer import Buffers, Chunk
 from agents.respond import MAX_EVENT_BYTES, send_response, split_written
 from agents.tables import Target
 from agents.parts import Replica
-from agents.missing import MissingTables
 from agents.rounds import Rounds
 from agents.tasks import TaskOwner
 from coordinator.state import CoordinatorState
@@ -184,7 +183,7 @@ def make_rounds(producer: Producer) -> Rounds:
     r = Rounds(settings, Metrics(), Replica("w1", {}, generation=1), buffers,
                {TABLE: Target(TABLE, table, pa.schema([("id", pa.int64())]))}, None,
                SimpleNamespace(write_many=write_many), Offload(), SimpleNamespace(flush=_nothing, delivered=False),
-               MissingTables(), app, producer, TaskOwner(lambda exc: None), ownership=None, hooks=Hooks())
+               app, producer, TaskOwner(lambda exc: None), ownership=None, hooks=Hooks())
     r.writes = writes
     return r
 

@@ -9,7 +9,13 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
+from types import SimpleNamespace
+
 from agents import tasks
+from agents.buffer import Buffers
+from agents.control_loop import ControlLoop
+from agents.missing import MissingTables
+from agents.parts import Replica
 from agents.tasks import TaskOwner, supervise_coordinator, unless_moved
 from agents.worker import Worker
 from icesink.app.files import spark_files
@@ -40,46 +46,55 @@ class Reader:
 def make_worker(tmp_path):
     settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
     w = Worker(settings, "127.0.0.1:1", Metrics(CollectorRegistry()), files=spark_files)
-    w.worker_id = w.replica.worker_id = "w1"
-    w.calls = []
     w.stops = []
-
-    async def on_resume(ev):
-        w.calls.append(("resume", ev.epoch))
-
-    async def respond(commit_id):
-        w.calls.append(("respond", commit_id))
-
-    async def on_rewind(ev):
-        w.calls.append(("rewind", ev.epoch))
-
-    async def on_commit_complete(ev):
-        w.calls.append(("commit-complete", ev.epoch))
-
-    w.rounds.respond, w.rounds._on_commit_complete = respond, on_commit_complete
-    w.ownership.on_resume, w.ownership.on_rewind = on_resume, on_rewind
     w.request_stop = lambda: w.stops.append(True)
     return w
 
 
-async def drive(w, batches):
-    """Run the worker's real control loop as run() starts it, until the reader is drained."""
-    w.reader = Reader(batches)
-    loop = asyncio.create_task(w.rounds.control_loop(w.reader))
-    _done, _ = await asyncio.wait([loop, asyncio.create_task(w.reader.drained.wait())], return_when=asyncio.FIRST_COMPLETED)
+class Calls:
+    """Partition ownership and the round responder as the control loop sees them: each call noted."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    async def on_resume(self, ev):
+        self.calls.append(("resume", ev.epoch))
+
+    async def on_rewind(self, ev):
+        self.calls.append(("rewind", ev.epoch))
+
+    async def respond(self, commit_id):
+        self.calls.append(("respond", commit_id))
+
+
+def control_loop(metrics: Metrics) -> tuple[ControlLoop, Calls]:
+    """A control loop (agents/control_loop.py) whose ownership and responder note their calls."""
+    calls = Calls()
+    loop = ControlLoop(metrics, Replica("w1", {}), Buffers(1 << 20), SimpleNamespace(), MissingTables(),
+                       TaskOwner(lambda exc: None), calls, calls)
+    return loop, calls
+
+
+async def drive(control, batches):
+    """Run a control loop as the worker's run() starts it, until the reader is drained."""
+    reader = Reader(batches)
+    loop = asyncio.create_task(control.run(reader))
+    _done, _ = await asyncio.wait([loop, asyncio.create_task(reader.drained.wait())], return_when=asyncio.FIRST_COMPLETED)
     for _ in range(5):
         await asyncio.sleep(0)  # let spawned handlers run
     loop.cancel()
     await asyncio.gather(loop, return_exceptions=True)
 
 
-def stale(w, tag):
-    return w.metrics.registry.get_sample_value("icesink_control_events_stale_total", {"type": tag}) or 0
+def stale(metrics, tag):
+    return metrics.registry.get_sample_value("icesink_control_events_stale_total", {"type": tag}) or 0
 
 
-def test_resume_start_commit_and_rewind_of_an_older_epoch_are_ignored(tmp_path, caplog):
+def test_resume_start_commit_and_rewind_of_an_older_epoch_are_ignored(caplog):
+    metrics = Metrics(CollectorRegistry())
+    control, calls = control_loop(metrics)
+
     async def go():
-        w = make_worker(tmp_path)
         events = [
             StartCommit(5, "r5"),
             Resume(4, "w1", 1, (Position(A, 3),)),   # the replaced coordinator's answers
@@ -91,14 +106,14 @@ def test_resume_start_commit_and_rewind_of_an_older_epoch_are_ignored(tmp_path, 
             Rewind(6, "w1", (A,), "new"),
             StartCommit(5, "late"),                       # 6 seen meanwhile
         ]
-        await drive(w, [list(enumerate(events))])
-        return w
+        await drive(control, [list(enumerate(events))])
 
     with caplog.at_level(logging.INFO, logger="agents.tasks"):
-        w = asyncio.run(go())
-    assert sorted(w.calls) == sorted([("respond", "r5"), ("commit-complete", 4), ("resume", 5), ("rewind", 6)])
-    assert w.rounds.open_round == "r5"
-    assert (stale(w, "resume"), stale(w, "start-commit"), stale(w, "rewind")) == (1, 2, 1)
+        asyncio.run(go())
+    assert sorted(calls.calls) == sorted([("respond", "r5"), ("resume", 5), ("rewind", 6)])
+    assert control.replica.status["last_commit_id"] == "r4"  # the CommitComplete of epoch 4, handled
+    assert control.open_round == "r5"
+    assert (stale(metrics, "resume"), stale(metrics, "start-commit"), stale(metrics, "rewind")) == (1, 2, 1)
     assert "control offset 1: resume of coordinator epoch 4 ignored: epoch 5 seen already" in caplog.text
 
 
@@ -109,8 +124,8 @@ def test_a_handler_task_that_fails_stops_the_replica_with_exit_code_1(tmp_path):
         async def respond(commit_id):
             raise RuntimeError("control send failed half-way")
 
-        w.rounds.respond = respond
-        await drive(w, [[(0, StartCommit(1, "r1"))]])
+        w.rounds.respond = respond  # the worker's control loop answers rounds through it
+        await drive(w.control, [[(0, StartCommit(1, "r1"))]])
         return w
 
     w = asyncio.run(go())
@@ -122,7 +137,7 @@ def test_a_control_loop_that_fails_stops_the_replica(tmp_path):
     async def go():
         w = make_worker(tmp_path)
         w.reader = Reader([UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")])
-        w._owner.spawn(w.rounds.control_loop(w.reader), "control")  # as run() starts it
+        w._owner.spawn(w.control.run(w.reader), "control")  # as run() starts it
         for _ in range(5):
             await asyncio.sleep(0)
         await w._owner.close()
@@ -247,7 +262,6 @@ def test_the_high_watermark_of_a_partition_a_rebalance_just_took_is_unknown_not_
 def test_a_round_met_by_a_catalog_outage_is_not_answered_and_the_replica_goes_on(tmp_path):
     async def go():
         w = make_worker(tmp_path)
-        del w.rounds.respond  # the real one
         w.replica.rebalanced.set()
         w.rounds.spark_ready = asyncio.get_running_loop().create_future()
         w.rounds.spark_ready.set_result(None)
@@ -255,7 +269,7 @@ def test_a_round_met_by_a_catalog_outage_is_not_answered_and_the_replica_goes_on
         async def evolution_ready():
             raise ConnectionError("catalog unreachable")
 
-        w._evolution_ready = evolution_ready
+        w.evolution_ready = evolution_ready  # the round responder's hook
         await w.rounds.respond("r1")
         return w
 
@@ -271,7 +285,6 @@ def _worker_with_a_buffered_round(tmp_path, error):
     from icesink.shared.protocol import TopicPartition
 
     w = make_worker(tmp_path)
-    del w.rounds.respond  # the real one
     tp = TopicPartition("t", 0)
     w.replica.generation = 1
     w.buffers.claim(tp, 1)

@@ -1,5 +1,5 @@
 """A stopping worker sends LeaveGroup, except as the group's leader on a broker that keeps a
-departed leader (Tansu, recognised by its ApiVersions answer): FaustApp._install_leave_group."""
+departed leader (Tansu, recognised by its ApiVersions answer): agents/faust_app.py install_leave_group."""
 
 import asyncio
 import inspect
@@ -10,7 +10,7 @@ import pytest
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 
 from agents.kafka import OFFSET_FOR_LEADER_EPOCH
-from agents.worker import Worker
+from agents.faust_app import install_leave_group
 
 
 def test_aiokafka_still_leaves_and_assigns_through_the_patched_methods() -> None:
@@ -44,9 +44,7 @@ def _stop(apis: set[int], *, leader: bool, leader_at_install: bool = False) -> C
         coordinator._group_subscription = {"src"}
     conn = SimpleNamespace(_versions={api: (0, 4) for api in apis})
     consumer = SimpleNamespace(_coordinator=coordinator, _client=SimpleNamespace(_conns={("b", 1): conn}))
-    worker = Worker.__new__(Worker)
-    worker.app = SimpleNamespace(consumer=SimpleNamespace(_thread=SimpleNamespace(_consumer=consumer)))  # type: ignore[assignment]
-    worker._install_leave_group()
+    install_leave_group(SimpleNamespace(consumer=SimpleNamespace(_thread=SimpleNamespace(_consumer=consumer))))  # type: ignore[arg-type]
     if leader:
         asyncio.run(coordinator._perform_assignment(SimpleNamespace(generation_id=7)))
     asyncio.run(coordinator._maybe_leave_group())

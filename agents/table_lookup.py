@@ -1,0 +1,256 @@
+"""The tables a worker replica writes to, as its catalog has them: loaded, created from the
+first records routed to them (auto-create), reloaded after a schema evolution, and waited for
+when they do not exist (agents/missing.py). Two parts: :class:`GroupHistory` (what the group
+did before: a completed round, the tables it committed to) and :class:`TableLookup`, which
+asks it whether a missing table was dropped (waited for) or never existed (refused)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+
+from agents.buffer import Buffers, Chunk
+from agents.debezium import DebeziumTransform
+from agents.evolution import Evolver
+from agents.formats import RecordFormat
+from agents.missing import MissingTables
+from agents.tables import Target, create_target, holds_group_state, load_target, not_created
+from icesink.shared.config import Settings
+from icesink.shared.control import ControlReader
+from icesink.shared.errors import ConfigError
+from icesink.shared.metrics import Metrics
+from icesink.shared.offload import Offload
+from icesink.shared.protocol import CommitToTable, SchemaProposal, TopicPartition
+from icesink.shared.signing import Keyring
+
+if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
+
+log = logging.getLogger(__name__)
+
+COMMITTED_SCAN_S = 60.0  # reading the control log for the tables the group committed to
+
+
+class History(Protocol):
+    """What the table lookup asks of the group's past (:class:`GroupHistory`)."""
+
+    async def has_run(self) -> bool: ...
+
+    async def committed_tables(self) -> set[str] | None: ...
+
+
+class GroupHistory:
+    """Whether the group ran before (a table missing now was dropped, not a typo of a first
+    start) and which tables it committed to, from its control topic and its tables; each read
+    once, remembered in ``missing`` (agents/missing.py)."""
+
+    def __init__(self, settings: Settings, bootstrap: str, keyring: Keyring, missing: MissingTables,
+                 targets: dict[str, Target], offload: Offload) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.keyring = keyring  # the group's key: the control log is read signed
+        self.missing = missing
+        self.targets = targets
+        self.offload = offload
+        self.catalog: Catalog | None = None  # once loaded (attach)
+
+    def attach(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    async def has_run(self) -> bool:
+        """Whether the group completed a round (the coordinator's group has a committed offset)
+        or a table holds its sink state: a table missing now was not a typo of a first start."""
+        if not self.missing.group_has_run:
+            group = self.settings.group_id
+            reader = ControlReader(self.bootstrap, self.settings.control_topic, group,
+                                   self.settings.kafka_client_kwargs(), commit_group=f"{group}-coordinator")
+            await reader.start()
+            try:
+                ran = await reader.committed() is not None
+            finally:
+                await reader.stop()
+            if not ran:
+                names = sorted(set(self.settings.tables) | set(self.targets))
+                ran = await self.offload.run(holds_group_state, self.catalog, names, group)
+            self.missing.group_has_run = ran
+        return self.missing.group_has_run
+
+    async def committed_tables(self) -> set[str] | None:
+        """The tables the group committed to, as its control log shows (CommitToTable events,
+        read once from the log's start, signed by the group's key) and as read since; None if the
+        log cannot tell: truncated (its first events deleted), or not read in time."""
+        if self.missing.committed is None:
+            reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id,
+                                   self.settings.kafka_client_kwargs(), secret=self.keyring)
+            names: set[str] = set()
+            await reader.start()
+            try:
+                start = await reader.seek_to_beginning()
+                end = await reader.end_offset()
+                deadline = time.monotonic() + COMMITTED_SCAN_S
+                complete = start == 0
+                while complete and await reader.position() < end:
+                    if time.monotonic() > deadline:
+                        log.warning("reading control topic %r to offset %d for the tables the group committed to "
+                                    "timed out: a missing table is waited for as if dropped",
+                                    self.settings.control_topic, end)
+                        complete = False
+                        break
+                    names.update(ev.table for _, ev in await reader.read(1.0) if isinstance(ev, CommitToTable))
+            finally:
+                await reader.stop()
+            self.missing.committed, self.missing.log_complete = names, complete
+        if not self.missing.log_complete:
+            return None
+        return self.missing.committed | self.missing.seen_committed
+
+
+class TableLookup:
+    """The tables of ``targets`` (shared with the decoder and the round responder), as the
+    catalog has them. ``send`` puts a schema proposal on the control topic; ``fail`` stops the
+    replica (a table back with settings that do not fit it)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, targets: dict[str, Target], missing: MissingTables,
+                 history: History, offload: Offload, record_format: RecordFormat, debezium: DebeziumTransform | None,
+                 evolver: Evolver | None, send: Callable[[SchemaProposal], Awaitable[object]],
+                 fail: Callable[[Exception], None]) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.targets = targets
+        self.missing = missing
+        self.history = history
+        self.offload = offload
+        self.format = record_format
+        self.debezium = debezium
+        self.evolver = evolver
+        self.send = send
+        self.fail = fail
+        self.catalog: Catalog | None = None  # once loaded (attach)
+
+    def attach(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    async def load_configured(self) -> None:
+        """Load the configured tables; once the group has run, those that do not exist are
+        shown and looked up from now (a first start refuses at its first record)."""
+        for name in self.settings.tables:
+            target = await self.offload.run(load_target, self.catalog, name, self.settings)
+            if target is not None:
+                self.targets[name] = target
+        absent = [name for name in self.settings.tables if name not in self.targets]
+        if absent and not self.settings.auto_create and await self.history.has_run():
+            for name in absent:
+                self.wait_for(name)
+
+    async def propose(self, proposal: SchemaProposal) -> None:
+        try:
+            await self.send(proposal)
+            self.metrics.schema_proposals.labels(table=proposal.table).inc()
+        except Exception as exc:  # re-sent at the next round while the data waits for it
+            log.warning("schema proposal for %s not sent (%s); retried at the next round", proposal.table, exc)
+
+    async def evolution_ready(self, buffers: Buffers) -> Callable[[Chunk], bool] | None:
+        """At a round: reload the tables buffered data was decoded for with an evolved schema
+        (the coordinator applied the proposals before this round); a chunk is ready when its
+        tables can hold it. Data not ready waits; its proposal is sent again."""
+        if self.evolver is None:
+            return None
+        for name in self.evolver.tables_to_reload(buffers, self.targets):
+            target = await self.offload.run(load_target, self.catalog, name, self.settings)
+            if target is not None:
+                self.targets[name] = target
+                self.evolver.refreshed(name, target.arrow_schema)
+        for name in list(self.evolver.schemas):
+            proposal = self.evolver.pending_proposal(name, self.targets[name].arrow_schema)
+            if proposal is not None:
+                await self.propose(proposal)
+        return self.evolver.ready(self.targets)
+
+    async def target(self, name: str, values: list[bytes]) -> Target | None:
+        """The table ``name``: loaded if it exists (a dynamic route to an existing table), else
+        auto-created from these records (None: no record tells its schema)."""
+        target = await self.offload.run(load_target, self.catalog, name, self.settings)
+        if target is None:
+            inferred: pa.Schema | Schema | None
+            if self.debezium is not None:
+                inferred = self.format.with_extras(self.debezium.infer_schema(values))
+            else:
+                inferred = self.format.table_schema(values, timestamp_fields=self.settings.timestamp_fields_of(name))
+            if inferred is None:
+                return None
+            target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
+        self.targets[name] = target
+        return target
+
+    async def held_back(self, tp: TopicPartition, names: Iterable[str]) -> list[str]:
+        """Of the tables ``names`` records of ``tp`` go to, those it waits for (agents/missing.py):
+        then ``tp`` is held. A table not loaded is looked up; without auto-create, one that does
+        not exist is refused on the group's first start (exit code 2) and waited for after."""
+        missing = []
+        for name in names:
+            if name in self.targets:
+                continue
+            if name not in self.missing.tables:
+                if self.settings.auto_create:
+                    continue  # created from its records (target)
+                target = await self.offload.run(load_target, self.catalog, name, self.settings)
+                if target is not None:
+                    self.targets[name] = target
+                    continue
+                if not await self._dropped(name):
+                    raise not_created(name)
+                self.wait_for(name)
+            missing.append(name)
+        if missing:
+            self.missing.hold(tp, missing)
+        return missing
+
+    def wait_for(self, name: str) -> None:
+        if self.missing.add(name):
+            self.metrics.table_missing.labels(table=name).set(1)
+            log.warning("table %s does not exist (dropped by another writer?) and iceberg.tables.auto-create-enabled "
+                        "is false: partitions with records for it wait until it is back (recreated with the same "
+                        "schema, partition spec and location); the other partitions go on", name)
+
+    async def _dropped(self, name: str) -> bool:
+        """Whether ``name``, which does not exist, existed for the group (agents/missing.py):
+        the group has run and the table is configured, or the group committed to it (or its
+        control log, truncated, cannot tell)."""
+        if not await self.history.has_run():
+            return False
+        if name in self.settings.tables:
+            return True
+        committed = await self.history.committed_tables()
+        return committed is None or name in committed
+
+    async def look_for_missing(self) -> list[TopicPartition]:
+        """Look each missing table up again once its backoff is over (from the housekeeping);
+        returns the partitions that tables back freed, to read on from where they stopped."""
+        freed: list[TopicPartition] = []
+        for name in self.missing.due():
+            error = None
+            try:
+                target = await self.offload.run(load_target, self.catalog, name, self.settings)
+            except ConfigError as exc:  # back, but the settings do not fit it (mirror keys, column properties)
+                self.fail(exc)
+                return freed
+            except Exception as exc:  # noqa: BLE001 - the catalog is away: looked up again after the backoff
+                target, error = None, f"{type(exc).__name__}: {exc}"
+            if target is None:
+                if self.missing.still_missing(name, error):
+                    m = self.missing.tables[name]
+                    log.warning("table %s still does not exist (%d look-ups%s); held partitions: %s", name,
+                                m.attempts, f", the last failed: {error}" if error else "",
+                                ", ".join(map(str, sorted(m.held))) or "none")
+                continue
+            self.targets[name] = target
+            found = self.missing.found(name)
+            self.metrics.table_missing.labels(table=name).set(0)
+            log.info("table %s exists again: partitions %s read on", name, ", ".join(map(str, found)) or "none")
+            freed += found
+        return freed
