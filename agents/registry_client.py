@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import ssl
 from collections.abc import Callable, Sequence
@@ -205,8 +206,6 @@ class _Retry(Exception):
 
 
 def _json(text: str) -> Any:
-    import json
-
     try:
         return json.loads(text)
     except ValueError:

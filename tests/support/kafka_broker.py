@@ -41,7 +41,7 @@ from types import TracebackType
 from typing import IO
 
 from icesink.app.embedded import _die_with_parent_hook, free_port
-from tests.support.logged_process import LoggedProcess
+from tests.support.logged_process import LoggedProcess, PortTaken, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -153,17 +153,6 @@ def _cluster_id() -> str:
             return text
 
 
-def terminate(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> None:
-    """SIGTERM (a clean shutdown), then SIGKILL after ``timeout_s``; returns once it has exited."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        logger.warning("%s pid %d ignored SIGTERM for %.0f s: SIGKILL", what, proc.pid, timeout_s)
-        proc.kill()
-        proc.wait(10)
 
 class KafkaBroker(LoggedProcess):
     """One Apache Kafka node (KRaft combined mode) run as a child process on loopback ports.
@@ -241,7 +230,7 @@ class KafkaBroker(LoggedProcess):
             self._spawn(lib)
             try:
                 self._wait_ready(offset, began + self._start_timeout_s)
-            except _PortTaken:
+            except PortTaken:
                 self._kill_now()
                 if self._ports_fixed or attempt == _PORT_ATTEMPTS:
                     raise KafkaError(f"broker could not listen on {self.bootstrap} or {self._controller_port}: "
@@ -368,7 +357,7 @@ class KafkaBroker(LoggedProcess):
             if _READY_LINE in text:
                 return
             if _PORT_TAKEN in text:
-                raise _PortTaken
+                raise PortTaken
             code = self._proc.poll()
             if code is not None:
                 raise KafkaError(f"kafka exited with code {code} while starting. Log {self.log_path}:\n{self.log_tail()}")
@@ -376,10 +365,6 @@ class KafkaBroker(LoggedProcess):
                 raise KafkaError(f"kafka did not start within {self._start_timeout_s:.0f} s. "
                                  f"Log {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.1)
-
-
-class _PortTaken(Exception):
-    pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,8 @@ from types import TracebackType
 from typing import IO, Any
 
 from icesink.app.embedded import _die_with_parent_hook, free_port
-from tests.support.kafka_broker import KafkaError, resolve_classpath, terminate
+from tests.support.kafka_broker import KafkaError, resolve_classpath
+from tests.support.logged_process import terminate
 
 logger = logging.getLogger(__name__)
 

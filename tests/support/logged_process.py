@@ -1,12 +1,33 @@
 """What the real servers the tests start (tests/support/kafka_broker.py, schema_registry.py) share:
 one child process writing to one log file, its log read back for failure messages, and its
-end (:class:`LoggedProcess`)."""
+end (:class:`LoggedProcess`, :func:`terminate`, :class:`PortTaken`)."""
 
 from __future__ import annotations
 
+import logging
+import signal
 import subprocess
 from pathlib import Path
 from typing import IO
+
+logger = logging.getLogger(__name__)
+
+
+class PortTaken(Exception):
+    """The child could not listen on the port it was given: start it again on another."""
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> None:
+    """SIGTERM (a clean shutdown), then SIGKILL after ``timeout_s``; returns once it has exited."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        logger.warning("%s pid %d ignored SIGTERM for %.0f s: SIGKILL", what, proc.pid, timeout_s)
+        proc.kill()
+        proc.wait(10)
 
 
 class LoggedProcess:

@@ -28,7 +28,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -40,7 +39,7 @@ from typing import IO, Any
 
 
 from icesink.app.embedded import _die_with_parent_hook, free_port
-from tests.support.logged_process import LoggedProcess
+from tests.support.logged_process import LoggedProcess, PortTaken, terminate
 
 logger = logging.getLogger(__name__)
 
@@ -116,18 +115,6 @@ def resolve_binary(version: str = VERSION, *, timeout_s: float = 900.0) -> Path:
     return binary
 
 
-def _terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        logger.warning("schema registry pid %d ignored SIGTERM for %.0f s: SIGKILL", proc.pid, timeout_s)
-        proc.kill()
-        proc.wait(10)
-
-
 class SchemaRegistry(LoggedProcess):
     """One AxonOps Schema Registry process on ``127.0.0.1:<free port>`` with in-memory storage.
 
@@ -193,7 +180,7 @@ class SchemaRegistry(LoggedProcess):
             self._spawn(binary)
             try:
                 self._wait_ready(offset, time.monotonic() + self._start_timeout_s)
-            except _PortTaken:
+            except PortTaken:
                 self._kill_now()
                 if attempt == _PORT_ATTEMPTS:
                     raise SchemaRegistryError(f"schema registry could not listen on {self.url}: port in use. "
@@ -209,7 +196,7 @@ class SchemaRegistry(LoggedProcess):
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after ``stop_timeout_s``. Idempotent."""
         if self._proc is not None:
-            _terminate(self._proc, self._stop_timeout_s)
+            terminate(self._proc, self._stop_timeout_s, "schema registry")
         self._reap()
 
     def __enter__(self) -> SchemaRegistry:
@@ -269,7 +256,7 @@ class SchemaRegistry(LoggedProcess):
         while True:
             code = self._proc.poll()
             if _PORT_TAKEN in self._log_since(offset).lower():
-                raise _PortTaken
+                raise PortTaken
             if code is not None:
                 raise SchemaRegistryError(f"schema registry exited with code {code} while starting. "
                                           f"Log {self.log_path}:\n{self.log_tail()}")
@@ -283,10 +270,6 @@ class SchemaRegistry(LoggedProcess):
                 raise SchemaRegistryError(f"schema registry did not answer at {self.url} within "
                                           f"{self._start_timeout_s:.0f} s. Log {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.05)
-
-
-class _PortTaken(Exception):
-    pass
 
 
 def main(argv: list[str] | None = None) -> int:
