@@ -152,3 +152,62 @@ def test_avro_serializer_values_land_evolve_and_unknown_ids_dead_letter(broker, 
     letters = [json.loads(x) for x in dead.read_text().splitlines()]
     assert [(d["topic"], d["partition"], d["offset"]) for d in letters] == [(topic, 0, N1 // 2)]
     assert "schema id 987654 is unknown" in json.dumps(letters[0])
+
+
+@pytest.mark.timeout(300)
+def test_a_registry_outage_holds_the_fetch_and_nothing_is_lost(broker, catalog_props, tmp_path):
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.replicas import ReplicaSet
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.schema_registry import SchemaRegistry
+    from tests.support.sinkrun import http_json, metric, total_rows, wait_rows, wait_up
+
+    topic, name = "avro-outage", "avro.outage"
+    catalog = load_catalog("it", **catalog_props)
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
+    registry = SchemaRegistry(tmp_path / "registry")  # its own: this test stops it
+    registry.start()
+    replicas = ReplicaSet(config(tmp_path, broker, catalog_props, registry, topic, name, "avro-outage-sink"),
+                          tmp_path / "logs")
+    try:
+        asyncio.run(send(broker.bootstrap, topic, serialize(serializer(registry, V1), topic,
+                                                            [order(i) for i in range(N1)])))
+        replicas.start("w1")
+        wait_rows(catalog, replicas, (name,), N1, timeout_s=150)
+        wait_up(replicas)
+        port = replicas.replicas["w1"].metrics_port
+        assert http_json(port)["schema_registry"]["state"] == "available"
+
+        registry.stop()  # in-memory: its schemas are gone too, registered again below in the same order
+        # v2 records naming id 2, which the worker has not seen: it must ask the registry, which is down
+        asyncio.run(send(broker.bootstrap, topic, [framed(2, V2, order(i, v2=True)) for i in range(N1, N1 + N2)]))
+        deadline = time.monotonic() + 60
+        while http_json(port)["schema_registry"]["state"] != "unavailable":
+            replicas.check_alive()
+            assert time.monotonic() < deadline, http_json(port)["schema_registry"]
+            time.sleep(0.5)
+        status = http_json(port)["schema_registry"]
+        assert status["attempts"] >= 1 and "Connect" in status["error"], status
+        assert metric(port, "icesink_schema_registry_available") == 0
+        assert metric(port, "icesink_schema_registry_failures_total") >= 1
+        time.sleep(4)  # rounds go on meanwhile: the waiting fetch is not taken, nothing of it committed
+        assert total_rows(catalog, name) == N1
+        assert http_json(port)["partitions"][f"{topic}[0]"]["next_offset"] == N1, http_json(port)["partitions"]
+
+        registry.start()
+        client = SchemaRegistryClient(registry.client_config())
+        assert client.register_schema(f"{topic}-value", Schema(json.dumps(V1), "AVRO")) == 1
+        assert client.register_schema(f"{topic}-value", Schema(json.dumps(V2), "AVRO")) == 2
+        wait_rows(catalog, replicas, (name,), N1 + N2, timeout_s=120)
+        time.sleep(3)  # another round: nothing is added twice
+        assert http_json(port)["schema_registry"]["state"] == "available"
+        assert metric(port, "icesink_schema_registry_available") == 1
+    finally:
+        replicas.stop_all()
+        registry.stop()
+    got = rows_of(catalog, name)
+    assert [r["id"] for r in got] == list(range(N1 + N2))
+    assert [r["note"] for r in got[N1:]] == [order(i, v2=True)["note"] for i in range(N1, N1 + N2)]
+    assert not (tmp_path / "state" / "deadletter" / f"{topic}.jsonl").exists()
