@@ -18,6 +18,7 @@ from agents.evolution import Evolver
 from agents.formats import RecordFormat
 from agents.formats.registry_values import RegistryValues
 from icesink.shared.config import build
+from tests.unit.test_raw_values import Msg  # a message as Faust hands it
 
 V1 = {"type": "record", "name": "Order", "fields": [
     {"name": "id", "type": "long"},
@@ -43,17 +44,6 @@ class FakeRegistry:
         self.asked.append(schema_id)
         s = self.schemas.get(schema_id)
         return None if s is None else Registered("AVRO", json.dumps(s))
-
-
-@dataclass
-class Msg:
-    value: bytes
-    key: bytes | None = None
-    topic: str = "t"
-    partition: int = 0
-    offset: int = 0
-    timestamp: int | None = 1_700_000_000_000
-    headers: list[Any] = field(default_factory=list)
 
 
 def framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
