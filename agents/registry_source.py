@@ -25,12 +25,11 @@ class RegistryHealth:
         self.metrics = metrics
         self.status = status
         self.down_since_attempts = 0
-        metrics.schema_registry_available.set(1)
-        status["schema_registry"] = {"state": "available", "urls": [shown(u) for u in client.urls]}
+        status["schema_registry"] = {"state": "not asked yet", "urls": [shown(u) for u in client.urls]}
 
     def failed(self, exc: BaseException, attempts: int) -> None:
         self.metrics.schema_registry_failures.inc()
-        self.metrics.schema_registry_available.set(0)
+        self.metrics.schema_registry_waiting.set(1)
         self.down_since_attempts = attempts
         self.status["schema_registry"] = {
             "state": "unavailable", "attempts": attempts, "error": f"{type(exc).__name__}: {exc}"[:300],
@@ -40,9 +39,11 @@ class RegistryHealth:
 
     async def schema(self, schema_id: int) -> RegisteredSchema | None:
         found = await self.client.schema(schema_id)
-        if self.status.get("schema_registry", {}).get("state") != "available":
-            log.info("schema registry answers again (after %d failed attempts)", self.down_since_attempts)
-            self.metrics.schema_registry_available.set(1)
+        state = self.status.get("schema_registry", {}).get("state")
+        if state != "available":
+            if state == "unavailable":
+                log.info("schema registry answers again (after %d failed attempts)", self.down_since_attempts)
+            self.metrics.schema_registry_waiting.set(0)
             self.status["schema_registry"] = {"state": "available", "urls": [shown(u) for u in self.client.urls]}
         return found
 

@@ -30,7 +30,7 @@ from pyiceberg.schema import Schema
 
 from agents.convert import Converted, Reject
 from agents.formats.avro import AvroPlan, AvroSchemaError, avro_plan, decode_avro
-from agents.formats.registry_wire import frames
+from agents.formats.registry_wire import Frames, frames
 
 
 class RegisteredLike(Protocol):
@@ -62,10 +62,16 @@ class RegistryValues:
             raise ValueError(f"registry values: expected the avro decoder, found {kind!r}")
         self.schema_of = schema_of
         self.plans: dict[int, AvroPlan | str] = {}  # schema id -> its plan, or why its records are rejects
+        self._last: tuple[Sequence[bytes], Frames] | None = None  # a fetch's values are framed once
+
+    def _frames(self, values: Sequence[bytes]) -> Frames:
+        if self._last is None or self._last[0] is not values:
+            self._last = (values, frames(values))
+        return self._last[1]
 
     async def prepare(self, values: Sequence[bytes]) -> None:
         """Look up the schema ids of ``values`` not seen yet (waiting through a registry outage)."""
-        for schema_id in np.unique(frames(values).ids).tolist():
+        for schema_id in np.unique(self._frames(values).ids).tolist():
             if schema_id not in self.plans:
                 self.plans[schema_id] = await self._plan(int(schema_id))
 
@@ -83,7 +89,7 @@ class RegistryValues:
             return f"schema id {schema_id}: {e}"
 
     def _known(self, values: Sequence[bytes]) -> list[AvroPlan]:
-        f = frames(values)
+        f = self._frames(values)
         return [p for i in sorted(set(f.ids.tolist())) if isinstance(p := self.plans.get(i), AvroPlan)]
 
     def table_schema(self, values: Sequence[bytes]) -> Schema | None:
@@ -97,7 +103,7 @@ class RegistryValues:
 
     def convert(self, values: Sequence[bytes], target: pa.Schema) -> Converted:
         """Rows of ``target`` (the table's value columns), in input order; the rest rejects."""
-        f = frames(values)
+        f = self._frames(values)
         rejects: list[Reject] = list(f.rejects)
         tables: list[pa.Table] = []
         indices: list[pa.Array] = []

@@ -247,6 +247,7 @@ class Metrics:
             "icesink_schema_registry_failures_total",
             "Schema-registry requests that failed (down, 5xx, timeout): retried with capped backoff while the "
             "fetch waits (see /status schema_registry)", registry=r)
-        self.schema_registry_available = Gauge(
-            "icesink_schema_registry_available",
-            "0 while the schema registry does not answer and fetches wait for it; 1 once it answers", registry=r)
+        self.schema_registry_waiting = Gauge(
+            "icesink_schema_registry_waiting",
+            "1 while the schema registry does not answer and fetches wait for it (see /status schema_registry)",
+            registry=r)
