@@ -52,7 +52,7 @@ def framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> by
     return b"\x00" + struct.pack(">i", schema_id) + out.getvalue()
 
 
-def fmt(registry: FakeRegistry) -> RecordFormat:
+def fmt(registry: Any) -> RecordFormat:
     s = build({"topics": "t", "iceberg.tables": "db.t", "value.converter": "io.confluent.connect.avro.AvroConverter",
                "value.converter.schema.registry.url": "http://127.0.0.1:1"})
     return RecordFormat(s, registry=RegistryValues(registry))
@@ -108,3 +108,32 @@ def test_with_no_registry_record_the_table_is_not_created() -> None:
     assert f.table_schema(values) is None
     out = f.convert([Msg(v) for v in values], values, pa.schema([pa.field("id", pa.int64())]))
     assert out.table.num_rows == 0 and "schema id 5 is unknown" in out.rejects[0].reason
+
+
+@dataclass
+class Ref:
+    schema: Registered
+
+
+def test_a_schema_with_references_decodes_with_the_referenced_types() -> None:
+    money = {"type": "record", "name": "Money", "namespace": "shop", "fields": [{"name": "cents", "type": "long"}]}
+    customer = {"type": "record", "name": "Customer", "namespace": "shop",
+                "fields": [{"name": "name", "type": "string"}, {"name": "credit", "type": "shop.Money"}]}
+    order = {"type": "record", "name": "Order", "namespace": "shop",
+             "fields": [{"name": "id", "type": "long"}, {"name": "customer", "type": "shop.Customer"}]}
+    whole = {**order, "fields": [order["fields"][0], {"name": "customer", "type": {**customer, "fields": [
+        customer["fields"][0], {"name": "credit", "type": money}]}}]}
+
+    async def schema_of(schema_id: int) -> Registered:
+        money_ref = Ref(Registered("AVRO", json.dumps(money)))
+        customer_ref = Ref(Registered("AVRO", json.dumps(customer), (money_ref,)))
+        return Registered("AVRO", json.dumps(order), (customer_ref,))
+
+    f = fmt(schema_of)
+    values = [framed(3, whole, {"id": 1, "customer": {"name": "a", "credit": {"cents": 5}}})]
+    asyncio.run(f.registry.prepare(values))  # type: ignore[union-attr]
+    schema = f.table_schema(values)
+    assert schema is not None
+    out = f.convert([Msg(v) for v in values], values, schema_to_pyarrow(schema))
+    assert not out.rejects, out.rejects
+    assert out.table.to_pylist() == [{"id": 1, "customer": {"name": "a", "credit": {"cents": 5}}}]
