@@ -246,6 +246,12 @@ class BatchDecoder:
         table_rejects = tuple(TableReject(r, names[owner[r.index]]) for r in converted.rejects if owner[r.index] >= 0)
         return FanoutBatch(routes, FanoutRows(table, row_owner, present), table_rejects)
 
+    async def prepare(self, values: Sequence[bytes]) -> None:
+        """Before a fetch is decoded: the schemas its registry values name, looked up (a registry
+        outage waits here, with capped backoff; the fetch is not taken meanwhile)."""
+        if self.format.registry is not None and values:
+            await self.format.registry.prepare(values)
+
     def screen_changes(self, name: str, keys: tuple[str, ...], converted: Converted) -> Converted:
         """A mirror table's changes without a key value or a readable operation become rejects."""
         try:
@@ -269,7 +275,7 @@ class BatchDecoder:
             return self.format.convert(messages, values, schema, epoch_unit=unit, decode_values=rows)
         keep = identifier_paths(target.table)
         frozen = frozenset(self.format.extras.names() | ({CDC_COLUMN} if dbz is not None else set()))
-        if self.format.envelope:  # each record states its schema
+        if self.format.envelope or self.format.registry is not None:  # each record states its schema
             growth = self.evolver.growth(name, schema, keep, frozen)
             out = growth.done(self.format.convert(
                 messages, values, growth.schema, epoch_unit=unit, grow=growth, decode_values=rows))

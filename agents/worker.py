@@ -51,6 +51,7 @@ from agents.kafka import Fetched
 from agents.missing import MissingTables
 from agents.ownership import Ownership
 from agents.parts import Replica
+from agents.registry_source import registry_values
 from agents.rounds import Rounds
 from agents.routing import Router
 from agents.table_lookup import GroupHistory, TableLookup
@@ -111,7 +112,6 @@ class Worker:
         self.buffers = Buffers(settings.buffer_max_bytes)
         self.targets: dict[str, Target] = {}  # the tables written to, shared by the parts below
         self.missing = MissingTables()  # tables waited for (agents/missing.py)
-        record_format = RecordFormat(settings)
         self.deadletters = DeadLetters(settings, metrics, self.worker_id)
         pattern = settings.debezium_target_pattern
         debezium = None if pattern is None else DebeziumTransform(
@@ -124,6 +124,9 @@ class Worker:
         self._rewrite_files = writing.rewrite
         self.replica = Replica(self.worker_id, {"worker": self.worker_id, "phase": "starting"})
         self.status = self.replica.status
+        registry = registry_values(settings, metrics, self.status)  # registry converters: schemas by id
+        self.registry_client = None if registry is None else registry[1]
+        record_format = RecordFormat(settings, registry=None if registry is None else registry[0])
         self.exit_code = 0  # of the process, once run() returns
         self._stop = self.replica.stop
         self._owner = TaskOwner(lambda exc: self.fail(exc, exit_code=1))  # every background task, the coordinator too
@@ -266,6 +269,9 @@ class Worker:
             await asyncio.wait_for(self.producer.stop(), left())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.deadletters.stop(), left())
+        if self.registry_client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.registry_client.close(), left())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.offload.run(self.spark.stop), left())
         self.offload.close()

@@ -17,7 +17,9 @@ from agents.formats.connect_schema import ConnectSchemaError, connect_arrow_sche
 from agents.formats.envelopes import Envelopes, decode_envelopes, split_envelope
 from agents.formats.extras import Extras, assemble
 from agents.formats.raw import RawValues
+from agents.formats.registry_values import RegistryValues
 from icesink.shared.config import BYTES_CONVERTER, JSON_CONVERTER, Settings
+from icesink.shared.registry_settings import is_registry_converter
 from icesink.shared.schema_changes import iceberg_schema
 from icesink.shared.writable_types import arrow_only_column
 
@@ -32,11 +34,18 @@ ValueDecoder: TypeAlias = Callable[[pa.Schema, "Grow | None"], Converted]
 class RecordFormat:
     """How a worker turns a partition's messages into rows of one table, per its settings."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, registry: RegistryValues | None = None) -> None:
+        """``registry``: the schema-registry values' decoder, for a registry converter."""
+        if (registry is None) == is_registry_converter(settings.value_converter):
+            raise ValueError(f"record format: a registry decoder is for a registry converter "
+                             f"({settings.value_converter}: {'none' if registry is None else 'one'} given)")
         json = settings.value_converter == JSON_CONVERTER
         self.envelope = json and settings.value_converter_schemas_enable
-        #: String or bytes values (None: JSON), in one column.
-        self.raw = None if json else RawValues(settings.value_column, settings.value_converter == BYTES_CONVERTER)
+        #: Schema-registry values (agents/formats/registry_values.py), decoded per schema id.
+        self.registry = registry
+        #: String or bytes values (None: JSON or registry values), in one column.
+        self.raw = None if json or registry is not None else RawValues(
+            settings.value_column, settings.value_converter == BYTES_CONVERTER)
         metadata = settings.kafka_metadata_field if settings.kafka_metadata else None
         self.extras = Extras(
             settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, settings.kafka_metadata_nested,
@@ -54,6 +63,9 @@ class RecordFormat:
             return infer_schema(values, timestamp_fields=timestamp_fields)
         if self.raw is not None:
             return self.with_extras(self.raw.schema())
+        if self.registry is not None:
+            found = self.registry.table_schema(values)
+            return None if found is None else self.with_extras(found)
         if self.envelope:
             schema = None
             for value in values:
@@ -87,7 +99,7 @@ class RecordFormat:
         """Rows of ``target`` (a table's Arrow schema) for ``messages``; the rest are rejects.
         ``target`` None: the table does not exist and no record could create it.
 
-        ``grow`` (schema-driven evolution, envelope values or ``decode_values``): given the
+        ``grow`` (schema-driven evolution, envelope or registry values, or ``decode_values``): given the
         stated schemas of the value columns, returns the table schema to decode against.
         ``decode_values``: decodes the value columns instead of this format (a transform such
         as Debezium's); the key and metadata columns are added to its rows all the same."""
@@ -113,6 +125,11 @@ class RecordFormat:
         elif self.raw is not None:
             assert value_schema is not None
             converted = self.raw.convert(values, value_schema)
+        elif self.registry is not None:
+            if grow is not None and value_schema is not None:
+                value_schema = grow_values(self.registry.wanted(values))
+            assert value_schema is not None
+            converted = self.registry.convert(values, value_schema)
         elif self.envelope:
             groups, rejects = self._envelopes.group([m.value for m in messages])
             if grow is not None and value_schema is not None:

@@ -107,6 +107,10 @@ class Settings(BaseSettings):
     commit_park_after_ms: int = Field(60_000, alias="iceberg.control.commit.park-after-ms", ge=0)
     value_converter: str = Field(JSON_CONVERTER, alias="value.converter")
     value_converter_schemas_enable: bool = Field(False, alias="value.converter.schemas.enable")
+    # Schema-registry converters' keys (icesink/shared/registry_settings.py checks them); the secrets apart.
+    value_converter_props: dict[str, str] = Field(default_factory=dict, alias="value.converter.*")
+    value_converter_user_info: SecretStr | None = Field(None, alias="value.converter.basic.auth.user.info")
+    value_converter_key_password: SecretStr | None = Field(None, alias="value.converter.schema.registry.ssl.key.password")
     key_converter: str = Field(STRING_CONVERTER, alias="key.converter")
     # StringConverter / ByteArrayConverter values: the one column holding them (agents/formats/raw.py).
     value_column: str = Field("value", alias="iceberg.tables.value-column", min_length=1)
@@ -360,7 +364,7 @@ class Settings(BaseSettings):
         """Settings for logs and status output, secrets masked (icesink/shared/secrets.py)."""
         out = self.model_dump(by_alias=True)
         del out["<config provider values>"]
-        for field in ("iceberg.catalog.*", "spark.*"):
+        for field in ("iceberg.catalog.*", "spark.*", "value.converter.*"):
             out[field] = {k: mask_setting(k, v) for k, v in out[field].items()}
         return {k: (MASK if isinstance(v, SecretStr) else mask_url(v) if isinstance(v, str) else v)
                 for k, v in out.items()}
@@ -371,9 +375,11 @@ class Settings(BaseSettings):
 
     def secret_values(self) -> set[str]:
         """Every secret value in these settings: what must never leave the process."""
-        out = {s.get_secret_value() for s in (self.sasl_password, self.ssl_password, self.control_secret) if s is not None}
+        out = {s.get_secret_value() for s in (self.sasl_password, self.ssl_password, self.control_secret,
+                                              self.value_converter_user_info, self.value_converter_key_password)
+               if s is not None}
         out.update(s.get_secret_value() for s in self.provided_values)
-        for props in (self.catalog_props, self.spark_conf):
+        for props in (self.catalog_props, self.spark_conf, self.value_converter_props):
             for k, v in props.items():
                 if is_secret_key(k):
                     out.add(v)
@@ -430,6 +436,7 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
     spark: dict[str, str] = {}
     per_table: dict[str, dict[str, str]] = {prop: {} for prop in TABLE_PROPS}
     transforms: dict[str, dict[str, str]] = {}
+    converter_props: dict[str, str] = {}
     unknown: list[str] = []
     for key, value in raw.items():
         if key in _FIELD_KEYS:
@@ -452,7 +459,9 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
             transforms.setdefault(name, {})[prop] = str(value)
         elif (m := TABLE_KEY.match(key)) is not None:
             per_table[m["prop"]][m["table"]] = str(value)
-        elif key.startswith(("key.converter.", "value.converter.")):
+        elif key.startswith("value.converter."):
+            converter_props[key] = str(value)
+        elif key.startswith("key.converter."):
             log.info("setting %s accepted; it has no effect for this converter", key)
         else:
             unknown.append(key)
@@ -469,6 +478,7 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
     for prop, values in per_table.items():
         fields[f"iceberg.table.<table>.{prop}"] = values
     fields["transforms.<name>.*"] = transforms
+    fields["value.converter.*"] = converter_props
     fields["<config provider values>"] = tuple(SecretStr(v) for v in provided.values())
     try:
         return Settings(**fields)

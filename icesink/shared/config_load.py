@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from icesink.shared.errors import ConfigError
+from icesink.shared.registry_settings import is_registry_converter, registry_settings
 from icesink.shared.secrets import Hidden, is_secret_key, mask_url
 
 if TYPE_CHECKING:
@@ -77,10 +78,17 @@ TIMESTAMP_UNITS = ("s", "ms", "us", "ns")
 def check_settings(s: Settings) -> None:
     """What one setting cannot say alone: the checks across settings, run by ``Settings`` once built
     (raises ConfigError naming the key)."""
-    if s.value_converter not in VALUE_CONVERTERS:
-        raise ConfigError("value.converter", s.value_converter, f"one of {VALUE_CONVERTERS}")
+    if is_registry_converter(s.value_converter):
+        registry_settings(s)  # raises naming the key (icesink/shared/registry_settings.py)
+        _check_raw_values(s, "registry values: not yet read by field (Avro records go to their tables whole)")
+    elif s.value_converter not in VALUE_CONVERTERS:
+        raise ConfigError("value.converter", s.value_converter, f"one of {VALUE_CONVERTERS} or a schema-registry "
+                          "converter (docs/schema-registry.md)")
+    else:
+        for key in sorted(s.value_converter_props):
+            log.info("setting %s accepted; it has no effect for this converter", key)
     _check_transforms(s)
-    if s.value_converter != JSON_CONVERTER:
+    if s.value_converter != JSON_CONVERTER and not is_registry_converter(s.value_converter):
         _check_raw_values(s)
     if s.key_converter not in KEY_CONVERTERS:
         raise ConfigError("key.converter", s.key_converter, f"one of {KEY_CONVERTERS}")
@@ -165,9 +173,9 @@ def check_settings(s: Settings) -> None:
         reraise_as(f"iceberg.table.{table}.partition-by", parse_partition_by, spec)
 
 
-def _check_raw_values(s: Settings) -> None:
+def _check_raw_values(s: Settings, why: str | None = None) -> None:
     """String or bytes values have no fields: refuse the settings that name one, and a value
-    column that is also the key or a metadata column."""
+    column that is also the key or a metadata column. ``why``: another format's reason."""
     fields = {
         "iceberg.tables.route-field": s.route_field, "iceberg.tables.cdc-field": s.cdc_field,
         "iceberg.tables.timestamp-fields": s.timestamp_fields or next(iter(s.table_timestamp_fields.values()), None),
@@ -177,8 +185,10 @@ def _check_raw_values(s: Settings) -> None:
     for key, value in fields.items():
         if value is not None:
             raise ConfigError(key, value, f"unset: {s.value_converter} values are text or bytes, not JSON "
-                              "objects with fields (the whole value goes to iceberg.tables.value-column)")
-    if s.value_column == s.key_column or (s.kafka_metadata and s.value_column.startswith(s.kafka_metadata_field)):
+                              "objects with fields (the whole value goes to iceberg.tables.value-column)"
+                              if why is None else f"unset with {s.value_converter}: {why}")
+    if why is None and (s.value_column == s.key_column
+                        or (s.kafka_metadata and s.value_column.startswith(s.kafka_metadata_field))):
         raise ConfigError("iceberg.tables.value-column", s.value_column,
                           "a name apart from the key and Kafka metadata columns")
 

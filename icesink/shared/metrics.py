@@ -243,3 +243,11 @@ class Metrics:
             "icesink_commits_announced_late_total",
             "Table commits announced (CommitToTable) by a later attempt or coordinator: the one that made the "
             "snapshot stopped before announcing it", registry=r)
+        self.schema_registry_failures = Counter(
+            "icesink_schema_registry_failures_total",
+            "Schema-registry requests that failed (down, 5xx, timeout): retried with capped backoff while the "
+            "fetch waits (see /status schema_registry)", registry=r)
+        self.schema_registry_waiting = Gauge(
+            "icesink_schema_registry_waiting",
+            "1 while the schema registry does not answer and fetches wait for it (see /status schema_registry)",
+            registry=r)

@@ -119,7 +119,7 @@ def test_kafka_connect_consumer_overrides_are_read_and_icesinks_own_keys_win(tmp
     "extra, key, fragment",
     [
         ({"iceberg.control.commit.interval-ms": "soon"}, "iceberg.control.commit.interval-ms", "integer"),
-        ({"value.converter": "io.confluent.connect.avro.AvroConverter"}, "value.converter", "JsonConverter"),
+        ({"value.converter": "com.example.OtherConverter"}, "value.converter", "JsonConverter"),
         ({"iceberg.tables.default-partition-by": "weekly(ts)"}, "iceberg.tables.default-partition-by", "bucket"),
         ({"iceberg.table.db.zz.partition-by": "day(ts)"}, "iceberg.table.db.zz.partition-by", "iceberg.tables"),
         ({"spark.remote": "http://x"}, "spark.remote", "sc://"),

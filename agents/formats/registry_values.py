@@ -1,0 +1,145 @@
+"""Values in the schema-registry wire format (``value.converter`` = a registry converter,
+icesink/shared/registry_settings.py): :class:`RegistryValues`.
+
+A fetch's values are framed in bulk (:func:`agents.formats.registry_wire.frames`); before the
+fetch is decoded, :meth:`RegistryValues.prepare` asks the registry for each schema id not seen
+yet (once per id for the life of the replica: the client caches; a registry outage waits there,
+with capped backoff, and the fetch with it: no record is lost or skipped). Decoding is then
+synchronous, one bulk decode per schema id (:func:`agents.formats.avro.decode_avro`), the groups'
+rows put back in input order in one Arrow table.
+
+What each schema id gives is its plan (:func:`agents.formats.avro.avro_plan`) or the reason its
+records are rejects: an id the registry does not hold (404), a schema of another type, a schema
+that cannot map to a table. A value not in the wire format is a reject saying what was found.
+Each reject names the schema id; the dead letters add topic, partition and offset.
+
+Evolution: the plans' Arrow schemas are the records' stated schemas, handed to the record
+format's ``grow`` as Connect envelopes' are (agents/evolution.py ``Growth``), so a new schema id
+with an added field, a wider type or a field made optional evolves the table, and records of
+two versions in one fetch land together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.schema import Schema
+
+from agents.convert import Converted, Reject
+from agents.formats.avro import AvroPlan, AvroSchemaError, avro_plan, decode_avro
+from agents.formats.registry_wire import Frames, frames
+
+
+class RegisteredLike(Protocol):
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def references(self) -> Sequence[ReferenceLike]: ...
+
+
+class ReferenceLike(Protocol):
+    @property
+    def schema(self) -> RegisteredLike: ...
+
+
+#: The registry's answer for a schema id (agents/registry_client.py RegistryClient.schema):
+#: None for an id it does not hold; waits and retries through an outage.
+SchemaById = Callable[[int], Awaitable["RegisteredLike | None"]]
+
+
+class RegistryValues:
+    """Registry-framed values decoded per schema id; ``schema_of`` asks the registry."""
+
+    def __init__(self, schema_of: SchemaById, kind: str = "avro") -> None:
+        if kind != "avro":
+            raise ValueError(f"registry values: expected the avro decoder, found {kind!r}")
+        self.schema_of = schema_of
+        self.plans: dict[int, AvroPlan | str] = {}  # schema id -> its plan, or why its records are rejects
+        self._last: tuple[Sequence[bytes], Frames] | None = None  # a fetch's values are framed once
+
+    def _frames(self, values: Sequence[bytes]) -> Frames:
+        if self._last is None or self._last[0] is not values:
+            self._last = (values, frames(values))
+        return self._last[1]
+
+    async def prepare(self, values: Sequence[bytes]) -> None:
+        """Look up the schema ids of ``values`` not seen yet (waiting through a registry outage)."""
+        for schema_id in np.unique(self._frames(values).ids).tolist():
+            if schema_id not in self.plans:
+                self.plans[schema_id] = await self._plan(int(schema_id))
+
+    async def _plan(self, schema_id: int) -> AvroPlan | str:
+        found = await self.schema_of(schema_id)
+        if found is None:
+            hint = (" (an 8-byte Apicurio global id? set the producer's apicurio.registry.as-confluent=true)"
+                    if schema_id == 0 else "")
+            return f"schema id {schema_id} is unknown to the schema registry{hint}"
+        if found.type != "AVRO":
+            return f"schema id {schema_id} is a {found.type} schema; value.converter reads Avro"
+        try:
+            return avro_plan(found.text, _reference_texts(found))
+        except AvroSchemaError as e:
+            return f"schema id {schema_id}: {e}"
+
+    def _known(self, values: Sequence[bytes]) -> list[AvroPlan]:
+        f = self._frames(values)
+        return [p for i in sorted(set(f.ids.tolist())) if isinstance(p := self.plans.get(i), AvroPlan)]
+
+    def table_schema(self, values: Sequence[bytes]) -> Schema | None:
+        """An auto-created table's value columns: the newest (highest) schema id's (None: no record has one)."""
+        plans = self._known(values)
+        return plans[-1].iceberg if plans else None
+
+    def wanted(self, values: Sequence[bytes]) -> list[pa.Schema]:
+        """The stated schemas of ``values``' schema ids, oldest first (for evolution)."""
+        return [p.arrow for p in self._known(values)]
+
+    def convert(self, values: Sequence[bytes], target: pa.Schema) -> Converted:
+        """Rows of ``target`` (the table's value columns), in input order; the rest rejects."""
+        f = self._frames(values)
+        rejects: list[Reject] = list(f.rejects)
+        tables: list[pa.Table] = []
+        indices: list[pa.Array] = []
+        for schema_id, rows in f.groups().items():
+            positions = f.positions[rows].tolist()
+            plan = self.plans.get(schema_id)
+            if plan is None:  # prepare() was not called for these values: a bug, not a data error
+                raise RuntimeError(f"registry values: schema id {schema_id} decoded before it was looked up")
+            if isinstance(plan, str):
+                rejects += [Reject(p, plan, None) for p in positions]
+                continue
+            payloads = [f.payload(int(k)) for k in rows]
+            out = decode_avro(payloads, plan, target, schema_id=schema_id, positions=positions)
+            tables.append(out.table)
+            indices.append(out.indices)
+            rejects += out.rejects
+        rejects.sort(key=lambda r: r.index)
+        if not tables:
+            return Converted(target.empty_table(), pa.array([], pa.int64()), tuple(rejects))
+        table = pa.concat_tables(tables)
+        index = pa.concat_arrays(indices) if len(indices) > 1 else indices[0]
+        if len(tables) > 1:  # the groups' rows back in input order
+            order = pa.array(np.argsort(index.to_numpy(zero_copy_only=False), kind="stable"))
+            table, index = table.take(order), index.take(order)
+        return Converted(table, index, tuple(rejects))
+
+
+def _reference_texts(schema: RegisteredLike) -> tuple[str, ...]:
+    """The texts of the schemas ``schema`` references, each after those it references."""
+    out: list[str] = []
+
+    def walk(s: RegisteredLike) -> None:
+        for ref in s.references:
+            walk(ref.schema)
+            if ref.schema.text not in out:
+                out.append(ref.schema.text)
+
+    walk(schema)
+    return tuple(out)

@@ -1,0 +1,62 @@
+"""The schema registry of a replica whose ``value.converter`` is a registry converter: the
+client (agents/registry_client.py) built from the settings (icesink/shared/registry_settings.py)
+and its health in metrics, /status (``schema_registry``) and the log (:func:`registry_values`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from agents.formats.registry_values import RegistryValues
+from agents.registry_client import RegisteredSchema, RegistryAuth, RegistryClient, shown
+from icesink.shared.config import Settings
+from icesink.shared.metrics import Metrics
+from icesink.shared.registry_settings import registry_settings
+
+log = logging.getLogger(__name__)
+
+
+class RegistryHealth:
+    """Whether the registry answers: failures (each retried by the client) turn it unavailable
+    in /status and metrics; the next answer turns it available again."""
+
+    def __init__(self, client: RegistryClient, metrics: Metrics, status: dict[str, Any]) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.status = status
+        self.down_since_attempts = 0
+        status["schema_registry"] = {"state": "not asked yet", "urls": [shown(u) for u in client.urls]}
+
+    def failed(self, exc: BaseException, attempts: int) -> None:
+        self.metrics.schema_registry_failures.inc()
+        self.metrics.schema_registry_waiting.set(1)
+        self.down_since_attempts = attempts
+        self.status["schema_registry"] = {
+            "state": "unavailable", "attempts": attempts, "error": f"{type(exc).__name__}: {exc}"[:300],
+            "urls": [shown(u) for u in self.client.urls],
+            "effect": "fetches with schema ids not seen yet wait; offsets do not move",
+        }
+
+    async def schema(self, schema_id: int) -> RegisteredSchema | None:
+        found = await self.client.schema(schema_id)
+        state = self.status.get("schema_registry", {}).get("state")
+        if state != "available":
+            if state == "unavailable":
+                log.info("schema registry answers again (after %d failed attempts)", self.down_since_attempts)
+            self.metrics.schema_registry_waiting.set(0)
+            self.status["schema_registry"] = {"state": "available", "urls": [shown(u) for u in self.client.urls]}
+        return found
+
+
+def registry_values(settings: Settings, metrics: Metrics,
+                    status: dict[str, Any]) -> tuple[RegistryValues, RegistryClient] | None:
+    """The registry values' decoder and its client (None: the converter reads no registry)."""
+    rs = registry_settings(settings)
+    if rs is None:
+        return None
+    auth = RegistryAuth(rs.user_info, rs.cafile, rs.certfile, None, rs.key_password,
+                        setting="value.converter.basic.auth.user.info" if rs.user_info is not None else rs.url_key)
+    client = RegistryClient(rs.urls, auth)
+    health = RegistryHealth(client, metrics, status)
+    client.on_failure = health.failed
+    return RegistryValues(health.schema, rs.format), client

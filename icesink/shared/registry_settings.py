@@ -1,0 +1,168 @@
+"""The schema-registry value converters' settings (issue 36 point 1): which converter classes
+read registry-framed values, and their ``value.converter.*`` keys as one typed object
+(:func:`registry_settings`). Leaf module: no I/O.
+
+Each key either acts or is refused at start naming it (:class:`ConfigError`):
+
+- ``value.converter.schema.registry.url``: one or more URLs, comma-separated (Confluent's).
+  Apicurio's converter takes ``value.converter.apicurio.registry.url`` (its own API,
+  ``.../apis/registry/v2`` or ``v3``); the sink reads the Confluent-compatible API beside it
+  (``.../apis/ccompat/v7``), where the ids its 4-byte content-id frames name are served.
+- ``value.converter.basic.auth.credentials.source``: ``URL`` (the default, as Confluent's: the
+  URL's own ``user:password@``) or ``USER_INFO`` (``value.converter.basic.auth.user.info``, a
+  secret). Others (``SASL_INHERIT``) are refused.
+- TLS: ``value.converter.schema.registry.ssl.truststore.location`` with ``.truststore.type=PEM``,
+  ``.keystore.location`` with ``.keystore.type=PEM`` (certificate and key in one file) and
+  ``.key.password``; JKS and PKCS12 stores are refused.
+- Apicurio: its wire format must be Confluent's (its defaults since 3.x): an
+  ``apicurio.registry.id-handler`` other than ``Default4ByteIdHandler``,
+  ``apicurio.registry.use-id=globalId`` or ``apicurio.registry.headers.enabled=true`` is refused,
+  naming ``apicurio.registry.as-confluent``'s effect.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from pydantic import SecretStr
+
+from icesink.shared.errors import ConfigError
+from icesink.shared.secrets import mask_url
+
+if TYPE_CHECKING:
+    from icesink.shared.config import Settings
+
+AVRO_CONVERTER: Final = "io.confluent.connect.avro.AvroConverter"
+APICURIO_AVRO_CONVERTER: Final = "io.apicurio.registry.utils.converter.AvroConverter"
+#: Converter class -> the decoder of its payloads (agents/formats/registry_values.py dispatches on
+#: it): the one place to add a registry converter.
+REGISTRY_CONVERTERS: Final[Mapping[str, str]] = {
+    AVRO_CONVERTER: "avro",
+    APICURIO_AVRO_CONVERTER: "avro",
+}
+#: Registry converters known but not wired yet: refused at start, saying so.
+NOT_YET: Final[Mapping[str, str]] = {
+    "io.confluent.connect.protobuf.ProtobufConverter": "Protobuf",
+    "io.confluent.connect.json.JsonSchemaConverter": "JSON Schema",
+    "io.apicurio.registry.utils.converter.ProtobufConverter": "Protobuf",
+    "io.apicurio.registry.utils.converter.ExtJsonConverter": "Apicurio's JSON",
+}
+APICURIO: Final = frozenset({APICURIO_AVRO_CONVERTER})
+
+P: Final = "value.converter."
+URL_KEY: Final = P + "schema.registry.url"
+APICURIO_URL_KEY: Final = P + "apicurio.registry.url"
+SOURCE_KEY: Final = P + "basic.auth.credentials.source"
+USER_INFO_KEY: Final = P + "basic.auth.user.info"
+SSL: Final = P + "schema.registry.ssl."
+#: Serializer-side keys a sink's converter has no use for: accepted, logged, no effect.
+NO_EFFECT: Final = frozenset(P + k for k in (
+    "auto.register.schemas", "use.latest.version", "normalize.schemas", "latest.compatibility.strict",
+    "key.subject.name.strategy", "value.subject.name.strategy", "apicurio.registry.auto-register",
+    "apicurio.registry.find-latest", "apicurio.registry.artifact-resolver-strategy", "apicurio.registry.as-confluent",
+))
+_APICURIO_ID_HANDLER: Final = "io.apicurio.registry.serde.Default4ByteIdHandler"
+_AS_CONFLUENT: Final = ("the Confluent wire format (a 4-byte content id after the magic byte, no headers), "
+                        "as apicurio.registry.as-confluent=true or Apicurio 3's defaults write it")
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """A registry converter's settings, checked."""
+
+    converter: str
+    format: str  # the decoder: "avro"
+    urls: tuple[str, ...]
+    user_info: SecretStr | None
+    cafile: str | None
+    certfile: str | None
+    key_password: SecretStr | None
+    url_key: str  # the key the URLs came from, named in errors
+
+
+def is_registry_converter(converter: str) -> bool:
+    return converter in REGISTRY_CONVERTERS or converter in NOT_YET
+
+
+def registry_settings(s: Settings) -> RegistrySettings | None:
+    """The registry settings of ``s`` (None: its value converter is no registry converter).
+    Raises ConfigError naming the key that is missing, unknown or wrong."""
+    converter = s.value_converter
+    if converter in NOT_YET:
+        raise ConfigError("value.converter", converter,
+                          f"a converter icesink reads: {NOT_YET[converter]} values through a schema registry are "
+                          f"not yet supported (supported: {', '.join(sorted(REGISTRY_CONVERTERS))})")
+    if converter not in REGISTRY_CONVERTERS:
+        return None
+    props = s.value_converter_props
+    apicurio = converter in APICURIO
+    for key in props:
+        if not _known(key, apicurio) and key not in NO_EFFECT:
+            raise ConfigError(key, mask_url(props[key]), f"a key {converter} takes here (registry URL, credentials, "
+                              "PEM TLS files; docs/schema-registry.md); this one would be ignored")
+    url_key = APICURIO_URL_KEY if apicurio else URL_KEY
+    urls = tuple(u.strip().rstrip("/") for u in props.get(url_key, "").split(",") if u.strip())
+    if not urls:
+        raise ConfigError(url_key, props.get(url_key), "one or more registry URLs, comma-separated "
+                          "(http://host:8081)")
+    for u in urls:
+        if not re.match(r"https?://[^/\s]+", u):
+            raise ConfigError(url_key, mask_url(u), "http:// or https:// URLs, comma-separated")
+    if apicurio:
+        urls = tuple(_ccompat(u) for u in urls)
+        _check_apicurio(props)
+    source = props.get(SOURCE_KEY, "URL").strip().upper()
+    if source not in ("URL", "USER_INFO"):
+        raise ConfigError(SOURCE_KEY, props.get(SOURCE_KEY), "URL or USER_INFO")
+    user_info = s.value_converter_user_info if source == "USER_INFO" else None
+    if source == "USER_INFO" and (user_info is None or ":" not in user_info.get_secret_value()):
+        raise ConfigError(USER_INFO_KEY, None, f"user:password, since {SOURCE_KEY} is USER_INFO")
+    cafile = _pem(props, "truststore")
+    certfile = _pem(props, "keystore")
+    return RegistrySettings(converter, REGISTRY_CONVERTERS[converter], urls, user_info, cafile, certfile,
+                            s.value_converter_key_password if certfile else None, url_key)
+
+
+def _known(key: str, apicurio: bool) -> bool:
+    own = {SOURCE_KEY, SSL + "truststore.location", SSL + "truststore.type", SSL + "keystore.location",
+           SSL + "keystore.type"}
+    if apicurio:
+        return key in own or key in (APICURIO_URL_KEY, P + "apicurio.registry.id-handler",
+                                     P + "apicurio.registry.use-id", P + "apicurio.registry.headers.enabled")
+    return key in own or key == URL_KEY
+
+
+def _pem(props: Mapping[str, str], store: str) -> str | None:
+    location = props.get(f"{SSL}{store}.location")
+    kind = props.get(f"{SSL}{store}.type")
+    if location is None:
+        if kind is not None and kind.upper() != "PEM":
+            raise ConfigError(f"{SSL}{store}.type", kind, "PEM (the only store type read here)")
+        return None
+    if kind is None or kind.strip().upper() != "PEM":
+        raise ConfigError(f"{SSL}{store}.type", kind, f"PEM: {store} files are read as PEM only (JKS and PKCS12 "
+                          f"are refused; Confluent's default is JKS, so set it), for {SSL}{store}.location")
+    return location
+
+
+def _ccompat(url: str) -> str:
+    m = re.match(r"(?P<base>.*?)/apis/registry/v[23]$", url)
+    if m is None:
+        raise ConfigError(APICURIO_URL_KEY, mask_url(url), "Apicurio's API URL, ending in /apis/registry/v2 or "
+                          "/apis/registry/v3 (the sink reads the Confluent-compatible API beside it)")
+    return f"{m['base']}/apis/ccompat/v7"
+
+
+def _check_apicurio(props: Mapping[str, str]) -> None:
+    handler = props.get(P + "apicurio.registry.id-handler")
+    if handler is not None and handler.strip() != _APICURIO_ID_HANDLER:
+        raise ConfigError(P + "apicurio.registry.id-handler", handler, _AS_CONFLUENT)
+    use_id = props.get(P + "apicurio.registry.use-id")
+    if use_id is not None and use_id.strip() != "contentId":
+        raise ConfigError(P + "apicurio.registry.use-id", use_id, "contentId: " + _AS_CONFLUENT)
+    headers = props.get(P + "apicurio.registry.headers.enabled")
+    if headers is not None and headers.strip().lower() != "false":
+        raise ConfigError(P + "apicurio.registry.headers.enabled", headers, "false: " + _AS_CONFLUENT)

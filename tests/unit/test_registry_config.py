@@ -1,0 +1,104 @@
+"""The schema-registry converters' settings (issue 36 point 1): ``value.converter`` =
+Confluent's or Apicurio's AvroConverter with its registry keys; each key acts or is refused
+at start naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+from icesink.shared.config import Settings, build
+from icesink.shared.errors import ConfigError
+from icesink.shared.registry_settings import registry_settings
+
+AVRO = "io.confluent.connect.avro.AvroConverter"
+APICURIO = "io.apicurio.registry.utils.converter.AvroConverter"
+
+
+def settings(converter: str = AVRO, **extra: str) -> Settings:
+    return build({"topics": "t", "iceberg.tables": "db.t", "value.converter": converter, **extra})
+
+
+def test_confluent_avro_takes_its_registry_urls_credentials_and_pem_truststore() -> None:
+    s = settings(**{
+        "value.converter.schema.registry.url": "http://a:8081, http://b:8081/",
+        "value.converter.basic.auth.credentials.source": "USER_INFO",
+        "value.converter.basic.auth.user.info": "alice:s3cret",
+        "value.converter.schema.registry.ssl.truststore.location": "/etc/ca.pem",
+        "value.converter.schema.registry.ssl.truststore.type": "PEM",
+    })
+    r = registry_settings(s)
+    assert r is not None and r.format == "avro"
+    assert r.urls == ("http://a:8081", "http://b:8081")
+    assert r.user_info is not None and r.user_info.get_secret_value() == "alice:s3cret"
+    assert r.cafile == "/etc/ca.pem"
+    assert "s3cret" not in repr(s) and "s3cret" not in str(s.model_dump())
+
+
+def test_url_credentials_are_the_default_source() -> None:
+    r = registry_settings(settings(**{"value.converter.schema.registry.url": "http://u:p@a:8081"}))
+    assert r is not None and r.user_info is None and r.urls == ("http://u:p@a:8081",)
+    assert registry_settings(settings("org.apache.kafka.connect.json.JsonConverter")) is None
+
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({}, "value.converter.schema.registry.url"),
+    ({"value.converter.schema.registry.url": " , "}, "value.converter.schema.registry.url"),
+    ({"value.converter.schema.registry.url": "ftp://a"}, "value.converter.schema.registry.url"),
+    ({"value.converter.basic.auth.credentials.source": "SASL_INHERIT"}, "value.converter.basic.auth.credentials.source"),
+    ({"value.converter.basic.auth.credentials.source": "USER_INFO"}, "value.converter.basic.auth.user.info"),
+    ({"value.converter.schema.registry.ssl.truststore.location": "/t.jks"},
+     "value.converter.schema.registry.ssl.truststore.type"),
+    ({"value.converter.schema.registry.ssl.truststore.location": "/t.jks",
+      "value.converter.schema.registry.ssl.truststore.type": "JKS"}, "value.converter.schema.registry.ssl.truststore.type"),
+    ({"value.converter.schema.registry.ssl.keystore.location": "/k.p12",
+      "value.converter.schema.registry.ssl.keystore.type": "PKCS12"}, "value.converter.schema.registry.ssl.keystore.type"),
+    ({"value.converter.some.unknown.key": "x"}, "value.converter.some.unknown.key"),
+])
+def test_bad_or_missing_registry_keys_are_refused_naming_the_key(extra: dict[str, str], key: str) -> None:
+    base = {"value.converter.schema.registry.url": "http://a:8081"}
+    if key == "value.converter.schema.registry.url":
+        base = {}
+    with pytest.raises(ConfigError) as e:
+        settings(**{**base, **extra})
+    assert e.value.key == key
+
+
+def test_secrets_never_show_in_the_refusal() -> None:
+    with pytest.raises(ConfigError) as e:
+        settings(**{"value.converter.schema.registry.url": "http://a:8081",
+                    "value.converter.basic.auth.credentials.source": "BAD",
+                    "value.converter.basic.auth.user.info": "alice:s3cret"})
+    assert "s3cret" not in str(e.value)
+
+
+def test_apicurio_avro_reads_its_ccompat_api_and_refuses_non_confluent_wire_formats() -> None:
+    r = registry_settings(settings(APICURIO, **{"value.converter.apicurio.registry.url": "http://r:8080/apis/registry/v3"}))
+    assert r is not None and r.format == "avro" and r.urls == ("http://r:8080/apis/ccompat/v7",)
+    for key, value in [("value.converter.apicurio.registry.id-handler", "io.apicurio.registry.serde.Legacy8ByteIdHandler"),
+                       ("value.converter.apicurio.registry.use-id", "globalId"),
+                       ("value.converter.apicurio.registry.headers.enabled", "true")]:
+        with pytest.raises(ConfigError) as e:
+            settings(APICURIO, **{"value.converter.apicurio.registry.url": "http://r:8080/apis/registry/v3", key: value})
+        assert e.value.key == key
+    with pytest.raises(ConfigError) as e:
+        settings(APICURIO)
+    assert e.value.key == "value.converter.apicurio.registry.url"
+
+
+@pytest.mark.parametrize("converter", [
+    "io.confluent.connect.protobuf.ProtobufConverter",
+    "io.confluent.connect.json.JsonSchemaConverter",
+    "io.apicurio.registry.utils.converter.ProtobufConverter",
+])
+def test_other_registry_converters_are_refused_for_now_naming_the_key(converter: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        settings(converter, **{"value.converter.schema.registry.url": "http://a:8081"})
+    assert e.value.key == "value.converter" and "not yet" in str(e.value)
+
+
+def test_registry_secrets_are_masked_and_redacted() -> None:
+    s = settings(**{"value.converter.schema.registry.url": "http://u:pw123@a:8081",
+                    "value.converter.basic.auth.user.info": "alice:s3cret"})
+    shown = str(s.masked())
+    assert "pw123" not in shown and "s3cret" not in shown
+    assert {"pw123", "alice:s3cret"} <= s.secret_values()
