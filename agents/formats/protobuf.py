@@ -316,6 +316,8 @@ def protobuf_plan(serialized: str, indexes: tuple[int, ...] = (0,),
     indexes that name no message, or a message that cannot map to a table."""
     main = _descriptor_proto(serialized, "text")
     refs = {name: _descriptor_proto(text, f"reference {name}") for name, text in references}
+    for name, fdp in refs.items():
+        fdp.name = name  # imported by this name (registries name the files they serialize as they like)
     if not main.message_type:
         raise ProtobufSchemaError(f"Protobuf schema {main.name}: the file has no message")
     name = _pick(main, tuple(indexes) or (0,))

@@ -276,9 +276,11 @@ def test_timestamps_out_of_the_tables_range_are_rejects_naming_the_field() -> No
 def test_references_and_unknown_imports() -> None:
     """An import is resolved from the schema's references (by import name) or, for the well-known
     types, from protobuf's own; an import neither names is refused saying which."""
-    dep = descriptor_pb2.FileDescriptorProto(name="icesink/address.proto", package="icesink.dep", syntax="proto3")
+    # Registries name the files they serialize as they like (AxonOps: every one "schema.proto"): a
+    # reference is the file its import names.
+    dep = descriptor_pb2.FileDescriptorProto(name="schema.proto", package="icesink.dep", syntax="proto3")
     dep.message_type.add(name="Where").field.add(name="city", number=1, type=F.TYPE_STRING, label=OPT)
-    main = descriptor_pb2.FileDescriptorProto(name="main.proto", package="icesink.main", syntax="proto3",
+    main = descriptor_pb2.FileDescriptorProto(name="schema.proto", package="icesink.main", syntax="proto3",
                                               dependency=["icesink/address.proto"])
     main.message_type.add(name="Order").field.add(name="to", number=1, type=F.TYPE_MESSAGE, label=OPT,
                                                   type_name=".icesink.dep.Where")
