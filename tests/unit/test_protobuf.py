@@ -303,3 +303,17 @@ def test_schemas_that_cannot_map_are_refused_saying_why() -> None:
     empty = descriptor_pb2.FileDescriptorProto(name="e.proto", syntax="proto3")
     with pytest.raises(ProtobufSchemaError, match="no message"):
         protobuf_plan(base64.b64encode(empty.SerializeToString()).decode())
+
+
+def test_nested_columns_fill_by_name_too() -> None:
+    """A table whose nested struct has a field more (and lacks one the message has), in lists and
+    maps as well: the record's fields go where their names say, the others are null."""
+    plan = protobuf_plan(SERIALIZED, (1,))
+    address = pa.struct([pa.field("zip", pa.int64()), pa.field("floor", pa.int32())])
+    target = pa.schema([pa.field("address", address), pa.field("homes", pa.large_list(address)),
+                        pa.field("places", pa.map_(pa.int32(), address))])
+    out = decode_protobuf([message(0).SerializeToString()], plan, target, schema_id=1)
+    assert out.table.schema == target
+    assert out.table.to_pylist() == [{"address": {"zip": 12345, "floor": None},
+                                      "homes": [{"zip": 0, "floor": None}],
+                                      "places": [(10, {"zip": 0, "floor": None})]}]
