@@ -4,7 +4,9 @@
 A schema is fetched once per id (``GET /schemas/ids/{id}``) and cached for the life of the
 replica (an id's schema never changes); concurrent asks for one id share one request. Protobuf
 and JSON Schema references (``references``: name, subject, version) are fetched too, by
-``GET /subjects/{subject}/versions/{version}``, and cached the same way.
+``GET /subjects/{subject}/versions/{version}``, and cached the same way. :meth:`RegistryClient.serialized`
+asks for a Protobuf schema and its references with ``?format=serialized`` (a base64
+FileDescriptorProto each, what agents/formats/protobuf.py builds from).
 
 Errors, as a sink must treat them:
 
@@ -100,7 +102,8 @@ class RegistryClient:
         self.backoff = (backoff_first_s, backoff_cap_s)
         self.on_failure = on_failure
         self._schemas: dict[int, asyncio.Future[RegisteredSchema | None]] = {}
-        self._versions: dict[tuple[str, int], asyncio.Future[RegisteredSchema | None]] = {}
+        self._serialized: dict[int, asyncio.Future[RegisteredSchema | None]] = {}
+        self._versions: dict[tuple[str, int, bool], asyncio.Future[RegisteredSchema | None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._next_url = 0
         self.requests = 0  # HTTP requests made (each attempt), for tests and metrics
@@ -114,10 +117,15 @@ class RegistryClient:
         """The schema registered under ``schema_id``, or None if the registry has no such id."""
         return await self._once(self._schemas, schema_id, lambda: self._fetch(f"/schemas/ids/{schema_id}", schema_id))
 
-    async def version(self, subject: str, version: int) -> RegisteredSchema | None:
-        key = (subject, version)
-        path = f"/subjects/{quote(subject, safe='')}/versions/{version}"
-        return await self._once(self._versions, key, lambda: self._fetch(path, None))
+    async def serialized(self, schema_id: int) -> RegisteredSchema | None:
+        """As :meth:`schema`, the Protobuf text and its references' as base64 FileDescriptorProtos."""
+        return await self._once(self._serialized, schema_id, lambda: self._fetch(
+            f"/schemas/ids/{schema_id}?format=serialized", schema_id, serialized=True))
+
+    async def version(self, subject: str, version: int, *, serialized: bool = False) -> RegisteredSchema | None:
+        key = (subject, version, serialized)
+        path = f"/subjects/{quote(subject, safe='')}/versions/{version}" + ("?format=serialized" if serialized else "")
+        return await self._once(self._versions, key, lambda: self._fetch(path, None, serialized=serialized))
 
     async def _once(self, cache: dict[Any, asyncio.Future[RegisteredSchema | None]], key: Any,
                     fetch: Callable[[], Any]) -> RegisteredSchema | None:
@@ -127,7 +135,7 @@ class RegistryClient:
             pending.add_done_callback(lambda f: cache.pop(key, None) if f.cancelled() or f.exception() else None)
         return await asyncio.shield(pending)
 
-    async def _fetch(self, path: str, schema_id: int | None) -> RegisteredSchema | None:
+    async def _fetch(self, path: str, schema_id: int | None, *, serialized: bool = False) -> RegisteredSchema | None:
         body = await self._get(path)
         if body is None:
             return None
@@ -137,7 +145,7 @@ class RegistryClient:
                                       "without its text; expected AVRO, PROTOBUF or JSON")
         refs = []
         for ref in body.get("references") or ():
-            target = await self.version(str(ref["subject"]), int(ref["version"]))
+            target = await self.version(str(ref["subject"]), int(ref["version"]), serialized=serialized)
             if target is None:
                 raise RegistryUnavailable(f"schema registry: schema {schema_id or path} references subject "
                                           f"{ref['subject']!r} version {ref['version']}, which it does not hold")

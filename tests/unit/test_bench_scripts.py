@@ -23,6 +23,7 @@ def test_a_benchmark_imports(name):
     ("fetch_bench.py", ["--records", "400", "--repeat", "1"]),
     ("convert_bench.py", ["--records", "2000", "--repeat", "1"]),
     ("avro_bench.py", ["--records", "2000", "--repeat", "1"]),
+    ("formats_bench.py", ["--records", "2000", "--repeat", "1"]),
 ])
 def test_a_quick_benchmark_prints_its_figures(script, args):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
