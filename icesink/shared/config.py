@@ -144,6 +144,9 @@ class Settings(BaseSettings):
     # A member that stops heartbeating loses its partitions after this; Tansu also takes about
     # half of it to complete a new group's first join.
     session_timeout_ms: int = Field(10_000, alias="consumer.session-timeout-ms", ge=1000)
+    # The consumer leaves its group when a fetch is held longer (the agent busy with it): a
+    # schema-registry wait gives up well before (agents/registry_source.py give_up_s).
+    consumer_max_poll_interval_ms: int = Field(60_000, alias="consumer.max-poll-interval-ms", ge=10_000)
 
     # Spark (ours). spark.remote wins over spark.master; other spark.* keys are Spark conf.
     spark_master: str = Field("local[*]", alias="spark.master")

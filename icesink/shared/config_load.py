@@ -56,6 +56,7 @@ CONNECT_CONSUMER_OVERRIDES = {
     "consumer.override.fetch.min.bytes": "consumer.fetch-min-bytes",
     "consumer.override.max.poll.records": "consumer.max-batch",
     "consumer.override.session.timeout.ms": "consumer.session-timeout-ms",
+    "consumer.override.max.poll.interval.ms": "consumer.max-poll-interval-ms",
 }
 
 PREFIX_CATALOG = "iceberg.catalog."
