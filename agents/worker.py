@@ -136,8 +136,8 @@ class Worker:
         self.history = GroupHistory(settings, bootstrap, self.keyring, self.missing, self.targets, self.offload)
         self.tables = TableLookup(settings, metrics, self.targets, self.missing, self.history, self.offload,
                                   record_format, debezium, evolver, self.send, self.fail)
-        decoder = BatchDecoder(settings, record_format, Router(settings, debezium), debezium, evolver, self.targets,
-                               self.tables.propose)
+        router = Router(settings, debezium, record_format.registry)  # registry values: routed on their rows
+        decoder = BatchDecoder(settings, record_format, router, debezium, evolver, self.targets, self.tables.propose)
         self.faust = FaustApp(settings, bootstrap, self.replica, self.buffers, metrics, hooks=self)
         self.app = self.faust.app
         self.ownership = Ownership(settings.topics, self.replica, self.buffers, self.missing, self.app,

@@ -26,6 +26,7 @@ from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.schema import Schema
 
 from agents.convert import Converted, Reject
@@ -129,6 +130,67 @@ class RegistryValues:
             order = pa.array(np.argsort(index.to_numpy(zero_copy_only=False), kind="stable"))
             table, index = table.take(order), index.take(order)
         return Converted(table, index, tuple(rejects))
+
+    def column(self, values: Sequence[bytes], path: str) -> Converted:
+        """The field at dotted ``path`` of every record, as text (a one-column table; null where a
+        schema id's records lack it), for routing: each schema id's records decoded in bulk
+        against just that field; numbers and enums as their text. Records that do not decode,
+        or whose field is not text, a number or a boolean, are rejects naming why."""
+        f = self._frames(values)
+        rejects: list[Reject] = list(f.rejects)
+        out = pa.schema([pa.field(path, pa.string())])
+        tables: list[pa.Table] = []
+        indices: list[pa.Array] = []
+        for schema_id, rows in f.groups().items():
+            positions = f.positions[rows].tolist()
+            plan = self.plans.get(schema_id)
+            if plan is None:
+                raise RuntimeError(f"registry values: schema id {schema_id} decoded before it was looked up")
+            if isinstance(plan, str):
+                rejects += [Reject(p, plan, None) for p in positions]
+                continue
+            projected = _project(plan.arrow, path)
+            if projected is None:  # no such field in this version: no route
+                tables.append(pa.table({path: pa.nulls(len(positions), pa.string())}))
+                indices.append(pa.array(positions, pa.int64()))
+                continue
+            got = decode_avro([f.payload(int(k)) for k in rows], plan, projected, schema_id=schema_id,
+                              positions=positions)
+            leaf = got.table.column(0).combine_chunks()
+            for name in path.split(".")[1:]:
+                leaf = pc.struct_field(leaf, name)
+            if not (pa.types.is_string(leaf.type) or pa.types.is_integer(leaf.type)
+                    or pa.types.is_boolean(leaf.type) or pa.types.is_large_string(leaf.type)):
+                reason = f"schema id {schema_id}: field {path} is {leaf.type}, not text or a number"
+                rejects += [Reject(p, reason, path) for p in positions]
+                continue
+            tables.append(pa.table({path: leaf.cast(pa.string())}))
+            indices.append(got.indices)
+            rejects += got.rejects
+        rejects.sort(key=lambda r: r.index)
+        if not tables:
+            return Converted(out.empty_table(), pa.array([], pa.int64()), tuple(rejects))
+        table = pa.concat_tables(tables)
+        index = pa.concat_arrays(indices) if len(indices) > 1 else indices[0]
+        order = pa.array(np.argsort(index.to_numpy(zero_copy_only=False), kind="stable"))
+        return Converted(table.take(order), index.take(order), tuple(rejects))
+
+
+def _project(schema: pa.Schema, path: str) -> pa.Schema | None:
+    """The one field at dotted ``path`` of ``schema``, with its structs around it (None: no such field)."""
+    first, *rest = path.split(".")
+    if schema.get_field_index(first) < 0:
+        return None
+    fields = [schema.field(first)]
+    for name in rest:
+        t = fields[-1].type
+        if not pa.types.is_struct(t) or t.get_field_index(name) < 0:
+            return None
+        fields.append(t.field(name))
+    inner = fields[-1]
+    for outer in reversed(fields[:-1]):
+        inner = outer.with_type(pa.struct([inner]))
+    return pa.schema([inner])
 
 
 def _reference_texts(schema: RegisteredLike) -> tuple[str, ...]:

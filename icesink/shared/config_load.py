@@ -81,7 +81,7 @@ def check_settings(s: Settings) -> None:
     (raises ConfigError naming the key)."""
     if is_registry_converter(s.value_converter):
         registry_settings(s)  # raises naming the key (icesink/shared/registry_settings.py)
-        _check_raw_values(s, "registry values: not yet read by field (Avro records go to their tables whole)")
+        _check_registry_values(s)
     elif s.value_converter not in VALUE_CONVERTERS:
         raise ConfigError("value.converter", s.value_converter, f"one of {VALUE_CONVERTERS} or a schema-registry "
                           "converter (docs/schema-registry.md)")
@@ -192,6 +192,22 @@ def _check_raw_values(s: Settings, why: str | None = None) -> None:
                         or (s.kafka_metadata and s.value_column.startswith(s.kafka_metadata_field))):
         raise ConfigError("iceberg.tables.value-column", s.value_column,
                           "a name apart from the key and Kafka metadata columns")
+
+
+def _check_registry_values(s: Settings) -> None:
+    """Registry values state their types: refuse the settings that only JSON values take.
+    Route and CDC fields read the decoded rows (agents/routing.py, agents/mirror.py)."""
+    timestamp_fields = s.timestamp_fields or next(iter(s.table_timestamp_fields.values()), None)
+    if timestamp_fields is not None:
+        raise ConfigError("iceberg.tables.timestamp-fields", timestamp_fields,
+                          f"unset with {s.value_converter}: it makes JSON strings timestamps; Avro schemas "
+                          "state their types (timestamp-millis and timestamp-micros land as timestamps)")
+    if s.value_converter_schemas_enable:
+        raise ConfigError("value.converter.schemas.enable", "true",
+                          f"unset with {s.value_converter}: the registry's schema is the records' schema")
+    if s.transforms:
+        raise ConfigError("transforms", ",".join(s.transforms),
+                          f"unset with {s.value_converter}: transforms of registry values are not yet supported")
 
 
 def _check_transforms(s: Settings) -> None:
