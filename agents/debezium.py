@@ -277,19 +277,21 @@ class DebeziumTransform:
             cols = {name: table.column(name).combine_chunks() for name in table.column_names}
         op = cols["op"]
         if cdc:
-            source = cols["source"]
-            db, tbl = pc.coalesce(source.field("schema"), source.field("db")), source.field("table")
-            column = {
-                "target": lambda: self._target(db, tbl),
-                "source": lambda: pc.binary_join_element_wise(db, tbl, "."),
-                "op": lambda: self._cdc_op(op),
-            }[part]()
+            column = self._cdc_route(part, op, cols["source"])
         else:
             column = pc.if_else(pc.fill_null(pc.equal(op, "d"), False), cols["before"], cols["after"])
             for _ in field.split("."):
                 column = pc.struct_field(column, [0])
         return Converted(pa.table({field: column}), decoded.indices, decoded.rejects)
 
+    def _cdc_route(self, part: str, op: pa.Array, source: pa.StructArray) -> pa.Array:
+        """The ``_cdc`` field ``part`` (target, source or op) as the transform will fill it."""
+        db, tbl = pc.coalesce(source.field("schema"), source.field("db")), source.field("table")
+        if part == "target":
+            return self._target(db, tbl)
+        if part == "source":
+            return pc.binary_join_element_wise(db, tbl, ".")
+        return self._cdc_op(op)
 
     def _registry_route_column(self, values: Sequence[bytes], field: str, envelope: pa.Schema) -> Converted:
         """:meth:`route_column` of registry values: the events decoded per schema id, once for
@@ -301,13 +303,7 @@ class DebeziumTransform:
         cols = {name: decoded.table.column(name).combine_chunks() for name in decoded.table.column_names}
         op = cols["op"]
         if field.startswith(f"{CDC_COLUMN}."):
-            source = cols["source"]
-            db, tbl = pc.coalesce(source.field("schema"), source.field("db")), source.field("table")
-            column = {
-                "target": lambda: self._target(db, tbl),
-                "source": lambda: pc.binary_join_element_wise(db, tbl, "."),
-                "op": lambda: self._cdc_op(op),
-            }[field[len(CDC_COLUMN) + 1:]]()
+            column = self._cdc_route(field[len(CDC_COLUMN) + 1:], op, cols["source"])
         else:
             rows = decoded.indices
             after = _by_index(self.registry.column(values, f"after.{field}"), len(values)).take(rows)
