@@ -1,6 +1,7 @@
-"""The schema-registry value converters' settings (issue 36 point 1): which converter classes
+"""The schema-registry converters' settings (issue 36 point 1): which converter classes
 read registry-framed values, and their ``value.converter.*`` keys as one typed object
-(:func:`registry_settings`). Leaf module: no I/O.
+(:func:`registry_settings`); a registry ``key.converter`` takes the same keys under
+``key.converter.*`` (``registry_settings(s, "key")``). Leaf module: no I/O.
 
 Each key either acts or is refused at start naming it (:class:`ConfigError`):
 
