@@ -44,7 +44,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +53,9 @@ import pyarrow.compute as pc
 from agents.convert import Converted, Reject, decode_json, if_else, infer_schema, struct_array
 from agents.formats import ConnectSchemaError, Envelopes, Grow, connect_arrow_schema, decode_envelopes, decode_schema
 from icesink.shared.config import CDC_ROUTE_FIELDS
+
+if TYPE_CHECKING:
+    from agents.formats.registry_values import RegistryValues
 
 __all__ = ["CDC_COLUMN", "CDC_TYPE", "DebeziumTransform"]
 
@@ -91,6 +94,9 @@ class DebeziumTransform:
     target_pattern: str = DEFAULT_TARGET_PATTERN
     schemas: bool = False
     fold_case: bool = False  # iceberg.tables.schema-case-insensitive: row fields name columns ignoring case
+    #: Schema-registry values (Debezium's AvroConverter): the events decoded per schema id, the
+    #: registered ``Envelope`` schema stating the row image's types (as ``schemas`` does for JSON).
+    registry: RegistryValues | None = field(default=None, compare=False, repr=False)
     _envelopes: Envelopes = field(default_factory=Envelopes, compare=False, repr=False)
 
     # Schemas ---------------------------------------------------------------------------------
@@ -105,6 +111,10 @@ class DebeziumTransform:
         MicroTimestamp is then a long and a Connect decimal a base64 string: nothing in the
         value says more).
         """
+        if self.registry is not None:  # the newest schema id's row image
+            envelopes = self.registry.wanted(values)
+            images = _row_fields(envelopes[-1]) if envelopes else []
+            return pa.schema([_nullable(f) for f in images] + [pa.field(CDC_COLUMN, CDC_TYPE)])
         connect = _first_connect_schema(values) if self.schemas else None
         image = _row_connect_schema(connect) if connect is not None else None
         if connect is not None:
@@ -145,7 +155,12 @@ class DebeziumTransform:
         records) and each group's row fields are read with the encodings its schema states;
         ``grow`` (schema evolution) is given the row schemas the groups state and returns the
         schema to decode against (``_cdc`` included, unchanged)."""
-        if self.schemas:
+        if self.registry is not None:
+            if grow is not None:
+                schema = grow([pa.schema(_row_fields(stated)) for stated in self.registry.wanted(values)])
+            row = [f for f in schema if f.name != CDC_COLUMN]
+            decoded = self.registry.convert(values, self._wrapper(row))
+        elif self.schemas:
             groups, not_envelopes = self._envelopes.group(values)
             if grow is not None:
                 schema = grow([w for g in groups if (image := _row_connect_schema(g.schema)) is not None
@@ -251,6 +266,8 @@ class DebeziumTransform:
             image = pa.struct([inner])
         envelope = [pa.field("before", image), pa.field("after", image), pa.field("op", pa.string()),
                     pa.field("source", _SOURCE)]
+        if self.registry is not None:
+            return self._registry_route_column(values, field, pa.schema(envelope))
         decoded = decode_json(values, pa.schema([pa.field("payload", pa.struct(envelope))] if self.schemas else envelope))
         table = decoded.table
         if self.schemas:
@@ -260,18 +277,47 @@ class DebeziumTransform:
             cols = {name: table.column(name).combine_chunks() for name in table.column_names}
         op = cols["op"]
         if cdc:
-            source = cols["source"]
-            db, tbl = pc.coalesce(source.field("schema"), source.field("db")), source.field("table")
-            column = {
-                "target": lambda: self._target(db, tbl),
-                "source": lambda: pc.binary_join_element_wise(db, tbl, "."),
-                "op": lambda: self._cdc_op(op),
-            }[part]()
+            column = self._cdc_route(part, op, cols["source"])
         else:
             column = pc.if_else(pc.fill_null(pc.equal(op, "d"), False), cols["before"], cols["after"])
             for _ in field.split("."):
                 column = pc.struct_field(column, [0])
         return Converted(pa.table({field: column}), decoded.indices, decoded.rejects)
+
+    def _cdc_route(self, part: str, op: pa.Array, source: pa.StructArray) -> pa.Array:
+        """The ``_cdc`` field ``part`` (target, source or op) as the transform will fill it."""
+        db, tbl = pc.coalesce(source.field("schema"), source.field("db")), source.field("table")
+        if part == "target":
+            return self._target(db, tbl)
+        if part == "source":
+            return pc.binary_join_element_wise(db, tbl, ".")
+        return self._cdc_op(op)
+
+    def _registry_route_column(self, values: Sequence[bytes], field: str, envelope: pa.Schema) -> Converted:
+        """:meth:`route_column` of registry values: the events decoded per schema id, once for
+        ``op`` and ``source``; a row image field read from ``after`` and ``before`` as text
+        (numbers as their digits), each in one bulk decode of that field."""
+        assert self.registry is not None
+        no_image = pa.schema([f.with_type(pa.struct([])) if f.name in ("before", "after") else f for f in envelope])
+        decoded = self.registry.convert(values, no_image)
+        cols = {name: decoded.table.column(name).combine_chunks() for name in decoded.table.column_names}
+        op = cols["op"]
+        if field.startswith(f"{CDC_COLUMN}."):
+            column = self._cdc_route(field[len(CDC_COLUMN) + 1:], op, cols["source"])
+        else:
+            rows = decoded.indices
+            after = _by_index(self.registry.column(values, f"after.{field}"), len(values)).take(rows)
+            before = _by_index(self.registry.column(values, f"before.{field}"), len(values)).take(rows)
+            column = pc.if_else(pc.fill_null(pc.equal(op, "d"), False), before, after)
+        return Converted(pa.table({field: column}), decoded.indices, decoded.rejects)
+
+
+def _by_index(converted: Converted, n: int) -> pa.Array:
+    """A one-column decode as ``n`` values by input index (null where it has no row)."""
+    at = np.full(n, -1, dtype=np.int64)
+    at[converted.indices.to_numpy(zero_copy_only=False)] = np.arange(len(converted.indices), dtype=np.int64)
+    column = converted.table.column(0).combine_chunks().cast(pa.string())
+    return column.take(pa.array(at, mask=at < 0))  # a null index takes a null
 
 
 # Connect schemas (the JsonConverter's envelope) ------------------------------------------------

@@ -20,6 +20,7 @@ from agents import kafka
 from agents.buffer import Buffers
 from agents.kafka import ConsumerGuard, Fetched, faust_credentials, inject_faults, install_batch_drain, isolation_level
 from agents.parts import Replica
+from agents.registry_client import RegistryUnavailable
 from icesink.shared.config import Settings
 from icesink.shared.errors import ConfigError, DataError, UnsupportedTypeError
 from icesink.shared.metrics import Metrics
@@ -27,6 +28,36 @@ from icesink.shared.metrics import Metrics
 log = logging.getLogger(__name__)
 
 FETCHES_QUEUED = 2  # fetches waiting for the ingest agent
+#: The exit code of a replica that stopped because the schema registry gave no answer for as
+#: long as its consumer may hold a fetch (1 is a bug, 2 a setting or record no retry mends).
+REGISTRY_EXIT_CODE = 3
+
+
+def faust_settings(s: Settings) -> dict[str, Any]:
+    """The consumer's group timing and batch size, as Faust's ``App`` takes them."""
+    return {
+        "broker_session_timeout": s.session_timeout_ms / 1000,
+        "broker_heartbeat_interval": max(0.5, s.session_timeout_ms / 10_000),
+        # Shorter than Faust's default (1000 s): the agent never blocks long (Spark writes run
+        # beside it); a schema-registry wait gives up before it (agents/registry_source.py).
+        # LeaveGroup: see install_leave_group.
+        "broker_max_poll_interval": s.consumer_max_poll_interval_ms / 1000,
+        "broker_rebalance_timeout": max(20.0, 2 * s.session_timeout_ms / 1000),  # Faust's default: 60 s
+        "broker_max_poll_records": s.consumer_max_batch,  # records of one fetch handed to the agent
+    }
+
+
+def ingest_failed(worker: FaustHooks, exc: Exception, records: int) -> None:
+    """The ingest agent failed on a fetch of ``records``: stop the replica. A schema registry
+    that gave no answer stops it with :data:`REGISTRY_EXIT_CODE` (its partitions' next owner, or
+    this replica restarted, reads the fetch again). Anything else is a bug: Faust would restart
+    the agent without this batch and the replica would answer empty rounds for ever; stop
+    instead (exit code 1), so the failure is seen and the records are read again."""
+    if isinstance(exc, RegistryUnavailable):
+        worker.fail(exc, exit_code=REGISTRY_EXIT_CODE)
+        return
+    log.error("ingest failed on a fetch of %d records", records, exc_info=exc)
+    worker.fail(exc, exit_code=1)
 
 
 class FaustHooks(Protocol):
@@ -72,13 +103,7 @@ class FaustApp:
             consumer_auto_offset_reset="earliest",
             topic_partitions=1,
             topic_replication_factor=1,
-            broker_session_timeout=s.session_timeout_ms / 1000,
-            broker_heartbeat_interval=max(0.5, s.session_timeout_ms / 10_000),
-            # Shorter than Faust's defaults (1000 s poll interval, 60 s rebalance): the agent
-            # never blocks long (Spark writes run beside it). LeaveGroup: see install_leave_group.
-            broker_max_poll_interval=60.0,
-            broker_rebalance_timeout=max(20.0, 2 * s.session_timeout_ms / 1000),
-            broker_max_poll_records=s.consumer_max_batch,  # records of one fetch handed to the agent
+            **faust_settings(s),
             producer_acks=-1,
             logging_config=None,
         )
@@ -103,11 +128,7 @@ class FaustApp:
                     worker.fail(exc)
                     return
                 except Exception as exc:
-                    # A bug. Faust would restart the agent without this batch and the replica
-                    # would answer empty rounds for ever: stop instead (exit code 1), so the
-                    # failure is seen and the records are read again by the next owner.
-                    log.exception("ingest failed on a fetch of %d records", len(fetched))
-                    worker.fail(exc, exit_code=1)
+                    ingest_failed(worker, exc, len(fetched))
                     return
 
         return app

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from agents.formats.registry_values import RegistryValues
-from agents.registry_client import RegisteredSchema, RegistryAuth, RegistryClient, shown
+from agents.registry_client import RegisteredSchema, RegistryAuth, RegistryClient, RegistryUnavailable, shown
 from icesink.shared.config import Settings
 from icesink.shared.metrics import Metrics
 from icesink.shared.registry_settings import registry_settings
@@ -27,6 +27,15 @@ class RegistryHealth:
         self.down_since_attempts = 0
         status["schema_registry"] = {"state": "not asked yet", "urls": [shown(u) for u in client.urls]}
 
+    def gave_up(self, exc: BaseException) -> None:
+        """The client gave up: the replica stops (agents/faust_app.py ``ingest_failed``)."""
+        self.status["schema_registry"] = {
+            **self.status.get("schema_registry", {}), "state": "gave up", "error": str(exc)[:300],
+            "effect": f"the replica stops (exit code 3) after {self.client.give_up_s:g} s without an answer, "
+                      "before its consumer would leave the group (consumer.max-poll-interval-ms); "
+                      "nothing of the waiting fetch was taken",
+        }
+
     def failed(self, exc: BaseException, attempts: int) -> None:
         self.metrics.schema_registry_failures.inc()
         self.metrics.schema_registry_waiting.set(1)
@@ -38,7 +47,11 @@ class RegistryHealth:
         }
 
     async def schema(self, schema_id: int) -> RegisteredSchema | None:
-        found = await self.client.schema(schema_id)
+        try:
+            found = await self.client.schema(schema_id)
+        except RegistryUnavailable as exc:
+            self.gave_up(exc)
+            raise
         state = self.status.get("schema_registry", {}).get("state")
         if state != "available":
             if state == "unavailable":
@@ -46,6 +59,19 @@ class RegistryHealth:
             self.metrics.schema_registry_waiting.set(0)
             self.status["schema_registry"] = {"state": "available", "urls": [shown(u) for u in self.client.urls]}
         return found
+
+
+#: Seconds one request to the registry may take before it is retried (``RegistryClient.timeout_s``).
+REQUEST_TIMEOUT_S = 10.0
+
+
+def give_up_s(settings: Settings) -> float:
+    """How long a fetch waits for the registry before the replica stops: three quarters of the
+    consumer's max poll interval, less a request's timeout (the last attempt may start just before the
+    give-up). A fetch waiting holds the agent and with it the consumer's polls; past the
+    interval the consumer would leave its group, its partitions moving while the replica,
+    still up, waits on. At least a second (the interval is at least 10 s)."""
+    return max(1.0, 0.75 * settings.consumer_max_poll_interval_ms / 1000 - REQUEST_TIMEOUT_S)
 
 
 def registry_values(settings: Settings, metrics: Metrics,
@@ -56,7 +82,7 @@ def registry_values(settings: Settings, metrics: Metrics,
         return None
     auth = RegistryAuth(rs.user_info, rs.cafile, rs.certfile, None, rs.key_password,
                         setting="value.converter.basic.auth.user.info" if rs.user_info is not None else rs.url_key)
-    client = RegistryClient(rs.urls, auth)
+    client = RegistryClient(rs.urls, auth, timeout_s=REQUEST_TIMEOUT_S, give_up_s=give_up_s(settings))
     health = RegistryHealth(client, metrics, status)
     client.on_failure = health.failed
     return RegistryValues(health.schema, rs.format), client

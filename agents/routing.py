@@ -32,6 +32,7 @@ from icesink.shared.config import Settings
 
 if TYPE_CHECKING:
     from agents.debezium import DebeziumTransform
+    from agents.formats.registry_values import RegistryValues
 
 __all__ = ["Routes", "Router", "NAME_RE"]
 
@@ -54,8 +55,11 @@ class Router:
     # Distinct route values remembered; past this the cache starts over (bounded memory).
     CACHE_LIMIT = 10_000
 
-    def __init__(self, settings: Settings, debezium: DebeziumTransform | None = None) -> None:
+    def __init__(self, settings: Settings, debezium: DebeziumTransform | None = None,
+                 registry: RegistryValues | None = None) -> None:
+        """``registry``: schema-registry values' decoder; the route field is read from their rows."""
         self.field = settings.route_field
+        self.registry = registry
         # Debezium change events are routed as the transform will make them: on a ``_cdc``
         # field (``_cdc.target``, the reference's way) or a field of the row image.
         self.debezium = debezium
@@ -124,6 +128,9 @@ class Router:
             converted = self.debezium.route_column(values, self.field)
             return converted, converted.table.column(0)
         assert self._path is not None  # a route field is set whenever this router reads records
+        if self.registry is not None:
+            converted = self.registry.column(values, self._path)
+            return converted, converted.table.column(0)
         converted = decode_json(values, self._schema)
         column = converted.table.column(0)
         for _ in range(self._path.count(".")):

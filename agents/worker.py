@@ -113,9 +113,6 @@ class Worker:
         self.targets: dict[str, Target] = {}  # the tables written to, shared by the parts below
         self.missing = MissingTables()  # tables waited for (agents/missing.py)
         self.deadletters = DeadLetters(settings, metrics, self.worker_id)
-        pattern = settings.debezium_target_pattern
-        debezium = None if pattern is None else DebeziumTransform(
-            pattern, settings.value_converter_schemas_enable, settings.schema_case_insensitive)
         evolver = Evolver(  # (case folding alone is the record format's and the transform's)
             self.worker_id, evolve=True, case_insensitive=settings.schema_case_insensitive,
         ) if settings.evolve_schema else None
@@ -127,6 +124,9 @@ class Worker:
         registry = registry_values(settings, metrics, self.status)  # registry converters: schemas by id
         self.registry_client = None if registry is None else registry[1]
         record_format = RecordFormat(settings, registry=None if registry is None else registry[0])
+        pattern = settings.debezium_target_pattern
+        debezium = None if pattern is None else DebeziumTransform(  # registry values: Debezium's Avro events
+            pattern, settings.value_converter_schemas_enable, settings.schema_case_insensitive, record_format.registry)
         self.exit_code = 0  # of the process, once run() returns
         self._stop = self.replica.stop
         self._owner = TaskOwner(lambda exc: self.fail(exc, exit_code=1))  # every background task, the coordinator too
@@ -136,8 +136,8 @@ class Worker:
         self.history = GroupHistory(settings, bootstrap, self.keyring, self.missing, self.targets, self.offload)
         self.tables = TableLookup(settings, metrics, self.targets, self.missing, self.history, self.offload,
                                   record_format, debezium, evolver, self.send, self.fail)
-        decoder = BatchDecoder(settings, record_format, Router(settings, debezium), debezium, evolver, self.targets,
-                               self.tables.propose)
+        router = Router(settings, debezium, record_format.registry)  # registry values: routed on their rows
+        decoder = BatchDecoder(settings, record_format, router, debezium, evolver, self.targets, self.tables.propose)
         self.faust = FaustApp(settings, bootstrap, self.replica, self.buffers, metrics, hooks=self)
         self.app = self.faust.app
         self.ownership = Ownership(settings.topics, self.replica, self.buffers, self.missing, self.app,

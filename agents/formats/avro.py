@@ -88,6 +88,19 @@ _LOGICAL: Final[Mapping[tuple[str, str], IcebergType]] = {
 #: bench/avro_bench.py). The millisecond ones stay (fastavro's datetime, converted to microseconds).
 _AS_NUMBERS: Final = frozenset({"date", "time-micros", "timestamp-micros", "local-timestamp-micros"})
 _NAMED: Final = frozenset({"record", "error", "enum", "fixed"})
+#: (Avro type, ``connect.name``) -> the Avro logical type it is read as: Debezium's Avro
+#: converter writes its temporal and uuid types as plain ints, longs and strings named by
+#: ``connect.name`` (the JSON path reads the same names in Connect schemas:
+#: agents/formats/connect_schema.py). io.debezium.time.ZonedTimestamp (a string) and the Nano
+#: types have no Avro logical type: they stay the string and long they are.
+_CONNECT_NAMES: Final[Mapping[tuple[str, str], str]] = {
+    ("long", "io.debezium.time.Timestamp"): "local-timestamp-millis",
+    ("long", "io.debezium.time.MicroTimestamp"): "local-timestamp-micros",
+    ("int", "io.debezium.time.Date"): "date",
+    ("int", "io.debezium.time.Time"): "time-millis",
+    ("long", "io.debezium.time.MicroTime"): "time-micros",
+    ("string", "io.debezium.data.Uuid"): "uuid",
+}
 
 
 class AvroSchemaError(ValueError):
@@ -149,6 +162,8 @@ class _Walk:
             raise AvroSchemaError(f"Avro schema: expected a type name, list or object, found {schema!r}", path or None)
         kind = schema.get("type")
         logical = schema.get("logicalType")
+        if logical is None and isinstance(kind, str) and isinstance(schema.get("connect.name"), str):
+            logical = _CONNECT_NAMES.get((kind, schema["connect.name"]))
         if kind in ("record", "error"):
             return self._record(schema, path)
         if kind == "enum":
@@ -175,6 +190,8 @@ class _Walk:
         if logical in _AS_NUMBERS and (kind, logical) in _LOGICAL:
             return t, False, kind  # read as the number: Arrow takes it as the column's unit, no datetime per value
         keep = {k: v for k, v in schema.items() if k in ("type", "logicalType", "precision", "scale", "size")}
+        if logical is not None:
+            keep["logicalType"] = logical  # a Debezium connect.name read as its logical type
         if kind == "fixed":
             return t, False, _definition(schema, keep)
         return t, False, keep

@@ -21,11 +21,13 @@ two versions in one fetch land together.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.schema import Schema
 
 from agents.convert import Converted, Reject
@@ -101,12 +103,9 @@ class RegistryValues:
         """The stated schemas of ``values``' schema ids, oldest first (for evolution)."""
         return [p.arrow for p in self._known(values)]
 
-    def convert(self, values: Sequence[bytes], target: pa.Schema) -> Converted:
-        """Rows of ``target`` (the table's value columns), in input order; the rest rejects."""
-        f = self._frames(values)
-        rejects: list[Reject] = list(f.rejects)
-        tables: list[pa.Table] = []
-        indices: list[pa.Array] = []
+    def _decodable(self, f: Frames, rejects: list[Reject]) -> Iterator[tuple[int, npt.NDArray[np.int64], list[int], AvroPlan]]:
+        """Each schema id's records that have a plan: (id, rows of ``f``, their input positions,
+        plan); the records of ids without one are added to ``rejects`` with the reason."""
         for schema_id, rows in f.groups().items():
             positions = f.positions[rows].tolist()
             plan = self.plans.get(schema_id)
@@ -115,20 +114,76 @@ class RegistryValues:
             if isinstance(plan, str):
                 rejects += [Reject(p, plan, None) for p in positions]
                 continue
-            payloads = [f.payload(int(k)) for k in rows]
-            out = decode_avro(payloads, plan, target, schema_id=schema_id, positions=positions)
-            tables.append(out.table)
-            indices.append(out.indices)
+            yield schema_id, rows, positions, plan
+
+    def convert(self, values: Sequence[bytes], target: pa.Schema) -> Converted:
+        """Rows of ``target`` (the table's value columns), in input order; the rest rejects."""
+        f = self._frames(values)
+        rejects: list[Reject] = list(f.rejects)
+        parts: list[Converted] = []
+        for schema_id, rows, positions, plan in self._decodable(f, rejects):
+            out = decode_avro([f.payload(int(k)) for k in rows], plan, target, schema_id=schema_id, positions=positions)
+            parts.append(out)
             rejects += out.rejects
-        rejects.sort(key=lambda r: r.index)
-        if not tables:
-            return Converted(target.empty_table(), pa.array([], pa.int64()), tuple(rejects))
-        table = pa.concat_tables(tables)
-        index = pa.concat_arrays(indices) if len(indices) > 1 else indices[0]
-        if len(tables) > 1:  # the groups' rows back in input order
-            order = pa.array(np.argsort(index.to_numpy(zero_copy_only=False), kind="stable"))
-            table, index = table.take(order), index.take(order)
-        return Converted(table, index, tuple(rejects))
+        return _in_input_order(parts, rejects, target)
+
+    def column(self, values: Sequence[bytes], path: str) -> Converted:
+        """The field at dotted ``path`` of every record, as text (a one-column table; null where a
+        schema id's records lack it), for routing: each schema id's records decoded in bulk
+        against just that field; numbers and enums as their text. Records that do not decode,
+        or whose field is not text, a number or a boolean, are rejects naming why."""
+        f = self._frames(values)
+        rejects: list[Reject] = list(f.rejects)
+        parts: list[Converted] = []
+        for schema_id, rows, positions, plan in self._decodable(f, rejects):
+            projected = _project(plan.arrow, path)
+            if projected is None:  # no such field in this version: no route
+                parts.append(Converted(pa.table({path: pa.nulls(len(positions), pa.string())}),
+                                       pa.array(positions, pa.int64()), ()))
+                continue
+            got = decode_avro([f.payload(int(k)) for k in rows], plan, projected, schema_id=schema_id,
+                              positions=positions)
+            leaf = got.table.column(0).combine_chunks()
+            for name in path.split(".")[1:]:
+                leaf = pc.struct_field(leaf, name)
+            if not (pa.types.is_string(leaf.type) or pa.types.is_integer(leaf.type)
+                    or pa.types.is_boolean(leaf.type) or pa.types.is_large_string(leaf.type)):
+                reason = f"schema id {schema_id}: field {path} is {leaf.type}, not text or a number"
+                rejects += [Reject(p, reason, path) for p in positions]
+                continue
+            parts.append(Converted(pa.table({path: leaf.cast(pa.string())}), got.indices, ()))
+            rejects += got.rejects
+        return _in_input_order(parts, rejects, pa.schema([pa.field(path, pa.string())]))
+
+
+def _in_input_order(parts: Sequence[Converted], rejects: list[Reject], schema: pa.Schema) -> Converted:
+    """The schema ids' rows (``parts``) as one table in input order, with all the rejects."""
+    rejects.sort(key=lambda r: r.index)
+    if not parts:
+        return Converted(schema.empty_table(), pa.array([], pa.int64()), tuple(rejects))
+    table = pa.concat_tables([p.table for p in parts])
+    index = pa.concat_arrays([p.indices for p in parts]) if len(parts) > 1 else parts[0].indices
+    if len(parts) > 1:  # the groups' rows back in input order
+        order = pa.array(np.argsort(index.to_numpy(zero_copy_only=False), kind="stable"))
+        table, index = table.take(order), index.take(order)
+    return Converted(table, index, tuple(rejects))
+
+
+def _project(schema: pa.Schema, path: str) -> pa.Schema | None:
+    """The one field at dotted ``path`` of ``schema``, with its structs around it (None: no such field)."""
+    first, *rest = path.split(".")
+    if schema.get_field_index(first) < 0:
+        return None
+    fields = [schema.field(first)]
+    for name in rest:
+        t = fields[-1].type
+        if not pa.types.is_struct(t) or t.get_field_index(name) < 0:
+            return None
+        fields.append(t.field(name))
+    inner = fields[-1]
+    for outer in reversed(fields[:-1]):
+        inner = outer.with_type(pa.struct([inner]))
+    return pa.schema([inner])
 
 
 def _reference_texts(schema: RegisteredLike) -> tuple[str, ...]:

@@ -112,6 +112,10 @@ class Settings(BaseSettings):
     value_converter_user_info: SecretStr | None = Field(None, alias="value.converter.basic.auth.user.info")
     value_converter_key_password: SecretStr | None = Field(None, alias="value.converter.schema.registry.ssl.key.password")
     key_converter: str = Field(STRING_CONVERTER, alias="key.converter")
+    # The same registry keys for a registry key converter (Debezium's Avro pipelines set both).
+    key_converter_props: dict[str, str] = Field(default_factory=dict, alias="key.converter.*")
+    key_converter_user_info: SecretStr | None = Field(None, alias="key.converter.basic.auth.user.info")
+    key_converter_key_password: SecretStr | None = Field(None, alias="key.converter.schema.registry.ssl.key.password")
     # StringConverter / ByteArrayConverter values: the one column holding them (agents/formats/raw.py).
     value_column: str = Field("value", alias="iceberg.tables.value-column", min_length=1)
     # Key and Kafka metadata columns (agents/formats.py); names as the reference's KafkaMetadataTransform.
@@ -144,6 +148,9 @@ class Settings(BaseSettings):
     # A member that stops heartbeating loses its partitions after this; Tansu also takes about
     # half of it to complete a new group's first join.
     session_timeout_ms: int = Field(10_000, alias="consumer.session-timeout-ms", ge=1000)
+    # The consumer leaves its group when a fetch is held longer (the agent busy with it): a
+    # schema-registry wait gives up well before (agents/registry_source.py give_up_s).
+    consumer_max_poll_interval_ms: int = Field(60_000, alias="consumer.max-poll-interval-ms", ge=10_000)
 
     # Spark (ours). spark.remote wins over spark.master; other spark.* keys are Spark conf.
     spark_master: str = Field("local[*]", alias="spark.master")
@@ -364,8 +371,8 @@ class Settings(BaseSettings):
         """Settings for logs and status output, secrets masked (icesink/shared/secrets.py)."""
         out = self.model_dump(by_alias=True)
         del out["<config provider values>"]
-        for field in ("iceberg.catalog.*", "spark.*", "value.converter.*"):
-            out[field] = {k: mask_setting(k, v) for k, v in out[field].items()}
+        for field in ("iceberg.catalog.*", "spark.*", "value.converter.*", "key.converter.*"):
+            out[field] = {k: mask_setting(k.removeprefix("key.converter."), v) for k, v in out[field].items()}
         return {k: (MASK if isinstance(v, SecretStr) else mask_url(v) if isinstance(v, str) else v)
                 for k, v in out.items()}
 
@@ -376,10 +383,12 @@ class Settings(BaseSettings):
     def secret_values(self) -> set[str]:
         """Every secret value in these settings: what must never leave the process."""
         out = {s.get_secret_value() for s in (self.sasl_password, self.ssl_password, self.control_secret,
-                                              self.value_converter_user_info, self.value_converter_key_password)
+                                              self.value_converter_user_info, self.value_converter_key_password,
+                                              self.key_converter_user_info, self.key_converter_key_password)
                if s is not None}
         out.update(s.get_secret_value() for s in self.provided_values)
-        for props in (self.catalog_props, self.spark_conf, self.value_converter_props):
+        keys = {k.removeprefix("key.converter."): v for k, v in self.key_converter_props.items()}  # not "key"
+        for props in (self.catalog_props, self.spark_conf, self.value_converter_props, keys):
             for k, v in props.items():
                 if is_secret_key(k):
                     out.add(v)
@@ -437,6 +446,7 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
     per_table: dict[str, dict[str, str]] = {prop: {} for prop in TABLE_PROPS}
     transforms: dict[str, dict[str, str]] = {}
     converter_props: dict[str, str] = {}
+    key_converter_props: dict[str, str] = {}
     unknown: list[str] = []
     for key, value in raw.items():
         if key in _FIELD_KEYS:
@@ -462,7 +472,7 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
         elif key.startswith("value.converter."):
             converter_props[key] = str(value)
         elif key.startswith("key.converter."):
-            log.info("setting %s accepted; it has no effect for this converter", key)
+            key_converter_props[key] = str(value)
         else:
             unknown.append(key)
     if unknown and refuse_unknown:
@@ -479,6 +489,7 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
         fields[f"iceberg.table.<table>.{prop}"] = values
     fields["transforms.<name>.*"] = transforms
     fields["value.converter.*"] = converter_props
+    fields["key.converter.*"] = key_converter_props
     fields["<config provider values>"] = tuple(SecretStr(v) for v in provided.values())
     try:
         return Settings(**fields)

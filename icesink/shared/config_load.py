@@ -56,6 +56,7 @@ CONNECT_CONSUMER_OVERRIDES = {
     "consumer.override.fetch.min.bytes": "consumer.fetch-min-bytes",
     "consumer.override.max.poll.records": "consumer.max-batch",
     "consumer.override.session.timeout.ms": "consumer.session-timeout-ms",
+    "consumer.override.max.poll.interval.ms": "consumer.max-poll-interval-ms",
 }
 
 PREFIX_CATALOG = "iceberg.catalog."
@@ -80,7 +81,7 @@ def check_settings(s: Settings) -> None:
     (raises ConfigError naming the key)."""
     if is_registry_converter(s.value_converter):
         registry_settings(s)  # raises naming the key (icesink/shared/registry_settings.py)
-        _check_raw_values(s, "registry values: not yet read by field (Avro records go to their tables whole)")
+        _check_registry_values(s)
     elif s.value_converter not in VALUE_CONVERTERS:
         raise ConfigError("value.converter", s.value_converter, f"one of {VALUE_CONVERTERS} or a schema-registry "
                           "converter (docs/schema-registry.md)")
@@ -90,8 +91,19 @@ def check_settings(s: Settings) -> None:
     _check_transforms(s)
     if s.value_converter != JSON_CONVERTER and not is_registry_converter(s.value_converter):
         _check_raw_values(s)
-    if s.key_converter not in KEY_CONVERTERS:
-        raise ConfigError("key.converter", s.key_converter, f"one of {KEY_CONVERTERS}")
+    if is_registry_converter(s.key_converter):
+        registry_settings(s, "key")  # the value converter's key family, under key.converter.*
+        if s.key_column is not None:
+            raise ConfigError("iceberg.tables.key-column", s.key_column,
+                              f"unset with key.converter {s.key_converter}: registry-framed (Avro) keys are not "
+                              "yet written to a key column (mirror tables take their key from the value's "
+                              "id-columns, as with JSON keys)")
+    elif s.key_converter not in KEY_CONVERTERS:
+        raise ConfigError("key.converter", s.key_converter, f"one of {KEY_CONVERTERS} or a schema-registry "
+                          "converter (docs/schema-registry.md)")
+    else:
+        for key in sorted(s.key_converter_props):
+            log.info("setting %s accepted; it has no effect for this converter", key)
     if s.kafka_metadata and s.key_column and s.key_column.startswith(s.kafka_metadata_field):
         raise ConfigError(
             "iceberg.tables.key-column", s.key_column,
@@ -191,6 +203,20 @@ def _check_raw_values(s: Settings, why: str | None = None) -> None:
                         or (s.kafka_metadata and s.value_column.startswith(s.kafka_metadata_field))):
         raise ConfigError("iceberg.tables.value-column", s.value_column,
                           "a name apart from the key and Kafka metadata columns")
+
+
+def _check_registry_values(s: Settings) -> None:
+    """Registry values state their types: refuse the settings that only JSON values take.
+    Route and CDC fields read the decoded rows (agents/routing.py, agents/mirror.py); the
+    Debezium transform reads Debezium's Avro events (agents/debezium.py)."""
+    timestamp_fields = s.timestamp_fields or next(iter(s.table_timestamp_fields.values()), None)
+    if timestamp_fields is not None:
+        raise ConfigError("iceberg.tables.timestamp-fields", timestamp_fields,
+                          f"unset with {s.value_converter}: it makes JSON strings timestamps; Avro schemas "
+                          "state their types (timestamp-millis and timestamp-micros land as timestamps)")
+    if s.value_converter_schemas_enable:
+        raise ConfigError("value.converter.schemas.enable", "true",
+                          f"unset with {s.value_converter}: the registry's schema is the records' schema")
 
 
 def _check_transforms(s: Settings) -> None:

@@ -1,6 +1,7 @@
-"""The schema-registry value converters' settings (issue 36 point 1): which converter classes
+"""The schema-registry converters' settings (issue 36 point 1): which converter classes
 read registry-framed values, and their ``value.converter.*`` keys as one typed object
-(:func:`registry_settings`). Leaf module: no I/O.
+(:func:`registry_settings`); a registry ``key.converter`` takes the same keys under
+``key.converter.*`` (``registry_settings(s, "key")``). Leaf module: no I/O.
 
 Each key either acts or is refused at start naming it (:class:`ConfigError`):
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Literal
 
 from pydantic import SecretStr
 
@@ -52,14 +53,8 @@ NOT_YET: Final[Mapping[str, str]] = {
 }
 APICURIO: Final = frozenset({APICURIO_AVRO_CONVERTER})
 
-P: Final = "value.converter."
-URL_KEY: Final = P + "schema.registry.url"
-APICURIO_URL_KEY: Final = P + "apicurio.registry.url"
-SOURCE_KEY: Final = P + "basic.auth.credentials.source"
-USER_INFO_KEY: Final = P + "basic.auth.user.info"
-SSL: Final = P + "schema.registry.ssl."
 #: Serializer-side keys a sink's converter has no use for: accepted, logged, no effect.
-NO_EFFECT: Final = frozenset(P + k for k in (
+_NO_EFFECT: Final = frozenset((
     "auto.register.schemas", "use.latest.version", "normalize.schemas", "latest.compatibility.strict",
     "key.subject.name.strategy", "value.subject.name.strategy", "apicurio.registry.auto-register",
     "apicurio.registry.find-latest", "apicurio.registry.artifact-resolver-strategy", "apicurio.registry.as-confluent",
@@ -87,23 +82,26 @@ def is_registry_converter(converter: str) -> bool:
     return converter in REGISTRY_CONVERTERS or converter in NOT_YET
 
 
-def registry_settings(s: Settings) -> RegistrySettings | None:
-    """The registry settings of ``s`` (None: its value converter is no registry converter).
+def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> RegistrySettings | None:
+    """The registry settings of ``s``'s value (or key) converter (None: no registry converter).
     Raises ConfigError naming the key that is missing, unknown or wrong."""
-    converter = s.value_converter
+    converter = s.value_converter if side == "value" else s.key_converter
+    pre = f"{side}.converter."
+    k_url, k_apicurio_url = pre + "schema.registry.url", pre + "apicurio.registry.url"
+    k_source, k_user_info = pre + "basic.auth.credentials.source", pre + "basic.auth.user.info"
     if converter in NOT_YET:
-        raise ConfigError("value.converter", converter,
+        raise ConfigError(f"{side}.converter", converter,
                           f"a converter icesink reads: {NOT_YET[converter]} values through a schema registry are "
                           f"not yet supported (supported: {', '.join(sorted(REGISTRY_CONVERTERS))})")
     if converter not in REGISTRY_CONVERTERS:
         return None
-    props = s.value_converter_props
+    props = s.value_converter_props if side == "value" else s.key_converter_props
     apicurio = converter in APICURIO
     for key in props:
-        if not _known(key, apicurio) and key not in NO_EFFECT:
+        if not _known(key[len(pre):], apicurio) and key[len(pre):] not in _NO_EFFECT:
             raise ConfigError(key, mask_url(props[key]), f"a key {converter} takes here (registry URL, credentials, "
                               "PEM TLS files; docs/schema-registry.md); this one would be ignored")
-    url_key = APICURIO_URL_KEY if apicurio else URL_KEY
+    url_key = k_apicurio_url if apicurio else k_url
     urls = tuple(u.strip().rstrip("/") for u in props.get(url_key, "").split(",") if u.strip())
     if not urls:
         raise ConfigError(url_key, props.get(url_key), "one or more registry URLs, comma-separated "
@@ -112,57 +110,61 @@ def registry_settings(s: Settings) -> RegistrySettings | None:
         if not re.match(r"https?://[^/\s]+", u):
             raise ConfigError(url_key, mask_url(u), "http:// or https:// URLs, comma-separated")
     if apicurio:
-        urls = tuple(_ccompat(u) for u in urls)
-        _check_apicurio(props)
-    source = props.get(SOURCE_KEY, "URL").strip().upper()
+        urls = tuple(_ccompat(u, k_apicurio_url) for u in urls)
+        _check_apicurio(props, pre)
+    source = props.get(k_source, "URL").strip().upper()
     if source not in ("URL", "USER_INFO"):
-        raise ConfigError(SOURCE_KEY, props.get(SOURCE_KEY), "URL or USER_INFO")
-    user_info = s.value_converter_user_info if source == "USER_INFO" else None
+        raise ConfigError(k_source, props.get(k_source), "URL or USER_INFO")
+    user_info = (s.value_converter_user_info if side == "value" else s.key_converter_user_info
+                 ) if source == "USER_INFO" else None
     if source == "USER_INFO" and (user_info is None or ":" not in user_info.get_secret_value()):
-        raise ConfigError(USER_INFO_KEY, None, f"user:password, since {SOURCE_KEY} is USER_INFO")
-    cafile = _pem(props, "truststore")
-    certfile = _pem(props, "keystore")
+        raise ConfigError(k_user_info, None, f"user:password, since {k_source} is USER_INFO")
+    cafile = _pem(props, "truststore", pre + "schema.registry.ssl.")
+    certfile = _pem(props, "keystore", pre + "schema.registry.ssl.")
+    password = s.value_converter_key_password if side == "value" else s.key_converter_key_password
     return RegistrySettings(converter, REGISTRY_CONVERTERS[converter], urls, user_info, cafile, certfile,
-                            s.value_converter_key_password if certfile else None, url_key)
+                            password if certfile else None, url_key)
 
 
 def _known(key: str, apicurio: bool) -> bool:
-    own = {SOURCE_KEY, SSL + "truststore.location", SSL + "truststore.type", SSL + "keystore.location",
-           SSL + "keystore.type"}
+    """Whether ``key`` (after ``value.converter.`` or ``key.converter.``) is a key read here."""
+    ssl = "schema.registry.ssl."
+    own = {"basic.auth.credentials.source", ssl + "truststore.location", ssl + "truststore.type",
+           ssl + "keystore.location", ssl + "keystore.type"}
     if apicurio:
-        return key in own or key in (APICURIO_URL_KEY, P + "apicurio.registry.id-handler",
-                                     P + "apicurio.registry.use-id", P + "apicurio.registry.headers.enabled")
-    return key in own or key == URL_KEY
+        return key in own or key in ("apicurio.registry.url", "apicurio.registry.id-handler",
+                                     "apicurio.registry.use-id", "apicurio.registry.headers.enabled")
+    return key in own or key == "schema.registry.url"
 
 
-def _pem(props: Mapping[str, str], store: str) -> str | None:
-    location = props.get(f"{SSL}{store}.location")
-    kind = props.get(f"{SSL}{store}.type")
+def _pem(props: Mapping[str, str], store: str, ssl_prefix: str) -> str | None:
+    location = props.get(f"{ssl_prefix}{store}.location")
+    kind = props.get(f"{ssl_prefix}{store}.type")
     if location is None:
         if kind is not None and kind.upper() != "PEM":
-            raise ConfigError(f"{SSL}{store}.type", kind, "PEM (the only store type read here)")
+            raise ConfigError(f"{ssl_prefix}{store}.type", kind, "PEM (the only store type read here)")
         return None
     if kind is None or kind.strip().upper() != "PEM":
-        raise ConfigError(f"{SSL}{store}.type", kind, f"PEM: {store} files are read as PEM only (JKS and PKCS12 "
-                          f"are refused; Confluent's default is JKS, so set it), for {SSL}{store}.location")
+        raise ConfigError(f"{ssl_prefix}{store}.type", kind, f"PEM: {store} files are read as PEM only (JKS and PKCS12 "
+                          f"are refused; Confluent's default is JKS, so set it), for {ssl_prefix}{store}.location")
     return location
 
 
-def _ccompat(url: str) -> str:
+def _ccompat(url: str, k_apicurio_url: str) -> str:
     m = re.match(r"(?P<base>.*?)/apis/registry/v[23]$", url)
     if m is None:
-        raise ConfigError(APICURIO_URL_KEY, mask_url(url), "Apicurio's API URL, ending in /apis/registry/v2 or "
+        raise ConfigError(k_apicurio_url, mask_url(url), "Apicurio's API URL, ending in /apis/registry/v2 or "
                           "/apis/registry/v3 (the sink reads the Confluent-compatible API beside it)")
     return f"{m['base']}/apis/ccompat/v7"
 
 
-def _check_apicurio(props: Mapping[str, str]) -> None:
-    handler = props.get(P + "apicurio.registry.id-handler")
+def _check_apicurio(props: Mapping[str, str], pre: str) -> None:
+    handler = props.get(pre + "apicurio.registry.id-handler")
     if handler is not None and handler.strip() != _APICURIO_ID_HANDLER:
-        raise ConfigError(P + "apicurio.registry.id-handler", handler, _AS_CONFLUENT)
-    use_id = props.get(P + "apicurio.registry.use-id")
+        raise ConfigError(pre + "apicurio.registry.id-handler", handler, _AS_CONFLUENT)
+    use_id = props.get(pre + "apicurio.registry.use-id")
     if use_id is not None and use_id.strip() != "contentId":
-        raise ConfigError(P + "apicurio.registry.use-id", use_id, "contentId: " + _AS_CONFLUENT)
-    headers = props.get(P + "apicurio.registry.headers.enabled")
+        raise ConfigError(pre + "apicurio.registry.use-id", use_id, "contentId: " + _AS_CONFLUENT)
+    headers = props.get(pre + "apicurio.registry.headers.enabled")
     if headers is not None and headers.strip().lower() != "false":
-        raise ConfigError(P + "apicurio.registry.headers.enabled", headers, "false: " + _AS_CONFLUENT)
+        raise ConfigError(pre + "apicurio.registry.headers.enabled", headers, "false: " + _AS_CONFLUENT)
