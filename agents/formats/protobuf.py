@@ -175,8 +175,9 @@ def _join(path: str, name: str) -> str:
 class _Walk:
     """One pass over a message descriptor giving its Iceberg type and its reading plan."""
 
-    def __init__(self, proto3_optional: frozenset[str]) -> None:
+    def __init__(self, proto3_optional: frozenset[str], wrappers_as_primitives: bool = True) -> None:
         self._optional = proto3_optional  # full names of proto3 optional fields
+        self._primitive_wrappers = wrappers_as_primitives  # wrapper.for.nullables (else struct<value>)
         self._visiting: list[str] = []
         self._ids = itertools.count(1)
 
@@ -234,7 +235,7 @@ class _Walk:
         name = f.message_type.full_name
         if name == _TIMESTAMP:
             return TimestamptzType(), _Timestamp()
-        if name in _WRAPPERS:
+        if name in _WRAPPERS and self._primitive_wrappers:
             iceberg, arrow = _SCALARS[_WRAPPERS[name]]
             return iceberg, _Wrapper(arrow)
         return self.message(f.message_type, path)
@@ -309,10 +310,11 @@ def _proto3_optional(files: Iterable[descriptor_pb2.FileDescriptorProto]) -> fro
 
 @functools.lru_cache(maxsize=256)
 def protobuf_plan(serialized: str, indexes: tuple[int, ...] = (0,),
-                  references: tuple[tuple[str, str], ...] = ()) -> ProtobufPlan:
+                  references: tuple[tuple[str, str], ...] = (), *, wrapper_for_nullables: bool = True) -> ProtobufPlan:
     """The plan of the message ``indexes`` names in a registered Protobuf schema (``serialized``: the
     base64 FileDescriptorProto; ``references``: (import name, base64 FileDescriptorProto) pairs, the
-    references' own included). Raises :class:`ProtobufSchemaError` for a schema that does not build,
+    references' own included). ``wrapper_for_nullables``: the wrappers (``Int32Value``...) are their
+    primitive, null when unset; false: ``struct<value>`` as ProtobufData's default. Raises :class:`ProtobufSchemaError` for a schema that does not build,
     indexes that name no message, or a message that cannot map to a table."""
     main = _descriptor_proto(serialized, "text")
     refs = {name: _descriptor_proto(text, f"reference {name}") for name, text in references}
@@ -323,7 +325,7 @@ def protobuf_plan(serialized: str, indexes: tuple[int, ...] = (0,),
     name = _pick(main, tuple(indexes) or (0,))
     pool = _pool(main, refs)
     descriptor = pool.FindMessageTypeByName(name)
-    struct, reader = _Walk(_proto3_optional([main, *refs.values()])).message(descriptor, "")
+    struct, reader = _Walk(_proto3_optional([main, *refs.values()]), wrapper_for_nullables).message(descriptor, "")
     iceberg = assign_fresh_schema_ids(Schema(*struct.fields))
     return ProtobufPlan(iceberg, schema_to_pyarrow(iceberg, include_field_ids=False), name,
                         message_factory.GetMessageClass(descriptor), reader)

@@ -5,8 +5,11 @@ A fetch's values are framed in bulk (:func:`agents.formats.registry_wire.frames`
 fetch is decoded, :meth:`RegistryValues.prepare` asks the registry for each schema id not seen
 yet (once per id for the life of the replica: the client caches; a registry outage waits there,
 with capped backoff, and the fetch with it: no record is lost or skipped). Decoding is then
-synchronous, one bulk decode per schema id (:func:`agents.formats.avro.decode_avro`), the groups'
-rows put back in input order in one Arrow table.
+synchronous, one bulk decode per schema id (:func:`agents.formats.avro.decode_avro`,
+:func:`agents.formats.protobuf.decode_protobuf` per schema id and message indexes: the frame's
+index list picks the message, :func:`agents.formats.json_schema.decode_json_schema`), the groups'
+rows put back in input order in one Arrow table. A Protobuf schema is its ``.proto`` text compiled
+by protoc (agents/formats/proto_text.py), its references written by import name.
 
 What each schema id gives is its plan (:func:`agents.formats.avro.avro_plan`) or the reason its
 records are rejects: an id the registry does not hold (404), a schema of another type, a schema
@@ -21,16 +24,28 @@ two versions in one fetch land together.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from pyiceberg.schema import Schema
 
 from agents.convert import Converted, Reject
 from agents.formats.avro import AvroPlan, AvroSchemaError, avro_plan, decode_avro
+from agents.formats.json_schema import JsonSchemaError, JsonSchemaPlan, decode_json_schema, json_schema_plan
+from agents.formats.proto_text import compile_proto
+from agents.formats.protobuf import ProtobufPlan, ProtobufSchemaError, decode_protobuf, protobuf_plan
 from agents.formats.registry_wire import Frames, frames
+from icesink.shared.registry_settings import DecodeOptions
+
+Plan = AvroPlan | ProtobufPlan | JsonSchemaPlan
+#: A plan's key: (schema id, Protobuf message indexes; () for Avro and JSON Schema).
+Key = tuple[int, tuple[int, ...]]
+#: The registry's type of each decoder's schemas (``schemaType``).
+_TYPES = {"avro": "AVRO", "protobuf": "PROTOBUF", "json": "JSON"}
 
 
 class RegisteredLike(Protocol):
@@ -46,6 +61,9 @@ class RegisteredLike(Protocol):
 
 class ReferenceLike(Protocol):
     @property
+    def name(self) -> str: ...
+
+    @property
     def schema(self) -> RegisteredLike: ...
 
 
@@ -57,40 +75,50 @@ SchemaById = Callable[[int], Awaitable["RegisteredLike | None"]]
 class RegistryValues:
     """Registry-framed values decoded per schema id; ``schema_of`` asks the registry."""
 
-    def __init__(self, schema_of: SchemaById, kind: str = "avro") -> None:
-        if kind != "avro":
-            raise ValueError(f"registry values: expected the avro decoder, found {kind!r}")
+    def __init__(self, schema_of: SchemaById, kind: str = "avro", options: DecodeOptions = DecodeOptions()) -> None:
+        if kind not in _TYPES:
+            raise ValueError(f"registry values: expected a decoder of {', '.join(_TYPES)}, found {kind!r}")
         self.schema_of = schema_of
-        self.plans: dict[int, AvroPlan | str] = {}  # schema id -> its plan, or why its records are rejects
+        self.kind = kind
+        self.options = options
+        self.plans: dict[Key, Plan | str] = {}  # (schema id, indexes) -> its plan, or why its records are rejects
         self._last: tuple[Sequence[bytes], Frames] | None = None  # a fetch's values are framed once
 
     def _frames(self, values: Sequence[bytes]) -> Frames:
         if self._last is None or self._last[0] is not values:
-            self._last = (values, frames(values))
+            self._last = (values, frames(values, protobuf=self.kind == "protobuf"))
         return self._last[1]
 
     async def prepare(self, values: Sequence[bytes]) -> None:
         """Look up the schema ids of ``values`` not seen yet (waiting through a registry outage)."""
-        for schema_id in np.unique(self._frames(values).ids).tolist():
-            if schema_id not in self.plans:
-                self.plans[schema_id] = await self._plan(int(schema_id))
+        for key in _keys(self._frames(values)):
+            if key not in self.plans:
+                self.plans[key] = await self._plan(*key)
 
-    async def _plan(self, schema_id: int) -> AvroPlan | str:
+    async def _plan(self, schema_id: int, indexes: tuple[int, ...] = ()) -> Plan | str:
         found = await self.schema_of(schema_id)
         if found is None:
             hint = (" (an 8-byte Apicurio global id? set the producer's apicurio.registry.as-confluent=true)"
                     if schema_id == 0 else "")
             return f"schema id {schema_id} is unknown to the schema registry{hint}"
-        if found.type != "AVRO":
-            return f"schema id {schema_id} is a {found.type} schema; value.converter reads Avro"
+        if found.type != _TYPES[self.kind]:
+            return f"schema id {schema_id} is a {found.type} schema; value.converter reads {_TYPES[self.kind]}"
         try:
+            if self.kind == "protobuf":
+                main, refs = compile_proto(found.text, _reference_pairs(found))
+                return protobuf_plan(base64.b64encode(main).decode(), indexes,
+                                     tuple((n, base64.b64encode(r).decode()) for n, r in refs),
+                                     wrapper_for_nullables=self.options.wrapper_for_nullables)
+            if self.kind == "json":
+                return json_schema_plan(found.text, _reference_pairs(found),
+                                        optional_for_nonrequired=self.options.optional_for_nonrequired)
             return avro_plan(found.text, _reference_texts(found))
-        except AvroSchemaError as e:
+        except (AvroSchemaError, ProtobufSchemaError, JsonSchemaError) as e:
             return f"schema id {schema_id}: {e}"
 
-    def _known(self, values: Sequence[bytes]) -> list[AvroPlan]:
-        f = self._frames(values)
-        return [p for i in sorted(set(f.ids.tolist())) if isinstance(p := self.plans.get(i), AvroPlan)]
+    def _known(self, values: Sequence[bytes]) -> list[Plan]:
+        keys = _keys(self._frames(values))
+        return [p for k in keys if not isinstance(p := self.plans.get(k), str | None)]
 
     def table_schema(self, values: Sequence[bytes]) -> Schema | None:
         """An auto-created table's value columns: the newest (highest) schema id's (None: no record has one)."""
@@ -107,16 +135,16 @@ class RegistryValues:
         rejects: list[Reject] = list(f.rejects)
         tables: list[pa.Table] = []
         indices: list[pa.Array] = []
-        for schema_id, rows in f.groups().items():
+        for (schema_id, indexes), rows in _groups(f).items():
             positions = f.positions[rows].tolist()
-            plan = self.plans.get(schema_id)
+            plan = self.plans.get((schema_id, indexes))
             if plan is None:  # prepare() was not called for these values: a bug, not a data error
                 raise RuntimeError(f"registry values: schema id {schema_id} decoded before it was looked up")
             if isinstance(plan, str):
                 rejects += [Reject(p, plan, None) for p in positions]
                 continue
             payloads = [f.payload(int(k)) for k in rows]
-            out = decode_avro(payloads, plan, target, schema_id=schema_id, positions=positions)
+            out = _decode(payloads, plan, target, schema_id=schema_id, positions=positions)
             tables.append(out.table)
             indices.append(out.indices)
             rejects += out.rejects
@@ -129,6 +157,47 @@ class RegistryValues:
             order = pa.array(np.argsort(index.to_numpy(zero_copy_only=False), kind="stable"))
             table, index = table.take(order), index.take(order)
         return Converted(table, index, tuple(rejects))
+
+
+def _keys(f: Frames) -> list[Key]:
+    """The plan keys of ``f``'s values, ascending (the last: the newest schema id)."""
+    if f.indexes is None:
+        return [(int(i), ()) for i in np.unique(f.ids).tolist()]
+    return sorted(set(zip(f.ids.tolist(), f.indexes, strict=True)))
+
+
+def _groups(f: Frames) -> dict[Key, npt.NDArray[np.int64]]:
+    """Kept values by plan key (row numbers into ``f``'s arrays, ascending)."""
+    by_id = f.groups()
+    if f.indexes is None:
+        return {(i, ()): rows for i, rows in by_id.items()}
+    out: dict[Key, list[int]] = {}
+    for i, rows in by_id.items():
+        for r in rows.tolist():
+            out.setdefault((i, f.indexes[r]), []).append(r)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+
+
+def _decode(payloads: Sequence[bytes], plan: Plan, target: pa.Schema, *, schema_id: int,
+            positions: Sequence[int]) -> Converted:
+    if isinstance(plan, ProtobufPlan):
+        return decode_protobuf(payloads, plan, target, schema_id=schema_id, positions=positions)
+    if isinstance(plan, JsonSchemaPlan):
+        return decode_json_schema(payloads, plan, target, schema_id=schema_id, positions=positions)
+    return decode_avro(payloads, plan, target, schema_id=schema_id, positions=positions)
+
+
+def _reference_pairs(schema: RegisteredLike) -> tuple[tuple[str, str], ...]:
+    """(import name, text) of the schemas ``schema`` references, transitively, each after those it references."""
+    out: dict[str, str] = {}
+
+    def walk(s: RegisteredLike) -> None:
+        for ref in s.references:
+            walk(ref.schema)
+            out.setdefault(ref.name, ref.schema.text)
+
+    walk(schema)
+    return tuple(out.items())
 
 
 def _reference_texts(schema: RegisteredLike) -> tuple[str, ...]:

@@ -1,0 +1,72 @@
+"""A registered Protobuf schema's ``.proto`` text compiled by protoc (issue 36): what
+``GET /schemas/ids/{id}`` serves on every registry (Confluent's stores the text it canonicalises,
+AxonOps the text it was given), unlike ``?format=serialized``, which AxonOps answers lossily (an
+enum field makes it fail, maps lose ``map_entry``, proto3 ``optional`` its flag;
+docs/schema-registry.md). protoc is grpcio-tools' (``grpc_tools.protoc``, in process, no binary
+downloaded); the text and its references are written to a private temporary directory by their
+import names, and protoc's own well-known types (``google/protobuf/*.proto``) are on its path.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path, PurePosixPath
+
+from google.protobuf import descriptor_pb2
+
+from agents.formats.protobuf import ProtobufSchemaError
+
+_MAIN = "__registered__.proto"  # the main file's name in the temporary tree (imports name the others)
+_LOCK = threading.Lock()  # protoc's in-process entry point is not known to be reentrant
+
+
+@functools.lru_cache(maxsize=256)
+def compile_proto(text: str, references: tuple[tuple[str, str], ...] = ()) -> tuple[bytes, tuple[tuple[str, bytes], ...]]:
+    """``text`` and its ``references`` ((import name, .proto text) pairs) compiled: the main file's
+    serialized FileDescriptorProto and each reference's, by import name. Raises
+    :class:`ProtobufSchemaError` with protoc's message when they do not compile."""
+    from grpc_tools import protoc
+
+    include = str(importlib.resources.files("grpc_tools") / "_proto")
+    with tempfile.TemporaryDirectory(prefix="icesink-proto-") as tmp:
+        root = Path(tmp)
+        for name, ref in references:
+            path = PurePosixPath(name)
+            if path.is_absolute() or ".." in path.parts or not name.endswith(".proto"):
+                raise ProtobufSchemaError(f"Protobuf schema: reference name {name!r} is not a relative .proto path")
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text(ref, encoding="utf-8")
+        (root / _MAIN).write_text(text, encoding="utf-8")
+        out = root / "set.pb"
+        errors = root / "errors.txt"
+        with _LOCK:
+            code = _run(protoc, [f"-I{root}", f"-I{include}", "--include_imports", f"--descriptor_set_out={out}",
+                                 str(root / _MAIN)], errors)
+        if code != 0 or not out.exists():
+            lines = errors.read_text(errors="replace").replace(str(root) + os.sep, "").splitlines()
+            message = "; ".join(x.replace(_MAIN, "schema") for x in lines
+                                if x.strip() and "absl::" not in x and not re.match(r"[IWEF]\d{4} ", x))
+            raise ProtobufSchemaError(f"Protobuf schema does not compile: {message or f'protoc exit {code}'}")
+        files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
+    by_name = {f.name: f.SerializeToString() for f in files}
+    names = {name for name, _ in references}
+    return by_name[_MAIN], tuple((n, by_name[n]) for n in by_name if n in names)
+
+
+def _run(protoc: object, args: list[str], errors: Path) -> int:
+    """protoc's main with its stderr (fd 2, written by C++) captured in ``errors``."""
+    saved = os.dup(2)
+    try:
+        with errors.open("wb") as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                return int(protoc.main(["protoc", *args]))  # type: ignore[attr-defined]
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
