@@ -59,4 +59,4 @@ def registry_values(settings: Settings, metrics: Metrics,
     client = RegistryClient(rs.urls, auth)
     health = RegistryHealth(client, metrics, status)
     client.on_failure = health.failed
-    return RegistryValues(health.schema, rs.format), client
+    return RegistryValues(health.schema, rs.format, rs.options), client

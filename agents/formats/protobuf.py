@@ -314,8 +314,9 @@ def protobuf_plan(serialized: str, indexes: tuple[int, ...] = (0,),
     """The plan of the message ``indexes`` names in a registered Protobuf schema (``serialized``: the
     base64 FileDescriptorProto; ``references``: (import name, base64 FileDescriptorProto) pairs, the
     references' own included). ``wrapper_for_nullables``: the wrappers (``Int32Value``...) are their
-    primitive, null when unset; false: ``struct<value>`` as ProtobufData's default. Raises :class:`ProtobufSchemaError` for a schema that does not build,
-    indexes that name no message, or a message that cannot map to a table."""
+    primitive, null when unset; false: ``struct<value>`` as ProtobufData's default. Raises
+    :class:`ProtobufSchemaError` for a schema that does not build, indexes that name no message, or a
+    message that cannot map to a table."""
     main = _descriptor_proto(serialized, "text")
     refs = {name: _descriptor_proto(text, f"reference {name}") for name, text in references}
     for name, fdp in refs.items():

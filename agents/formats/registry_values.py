@@ -75,12 +75,12 @@ SchemaById = Callable[[int], Awaitable["RegisteredLike | None"]]
 class RegistryValues:
     """Registry-framed values decoded per schema id; ``schema_of`` asks the registry."""
 
-    def __init__(self, schema_of: SchemaById, kind: str = "avro", options: DecodeOptions = DecodeOptions()) -> None:
+    def __init__(self, schema_of: SchemaById, kind: str = "avro", options: DecodeOptions | None = None) -> None:
         if kind not in _TYPES:
             raise ValueError(f"registry values: expected a decoder of {', '.join(_TYPES)}, found {kind!r}")
         self.schema_of = schema_of
         self.kind = kind
-        self.options = options
+        self.options = options or DecodeOptions()
         self.plans: dict[Key, Plan | str] = {}  # (schema id, indexes) -> its plan, or why its records are rejects
         self._last: tuple[Sequence[bytes], Frames] | None = None  # a fetch's values are framed once
 

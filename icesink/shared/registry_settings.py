@@ -102,6 +102,9 @@ class DecodeOptions:
     optional_for_nonrequired: bool = False  # JSON Schema: a property ``required`` omits is optional
 
 
+_DEFAULTS: Final = DecodeOptions()
+
+
 @dataclass(frozen=True)
 class RegistrySettings:
     """A registry converter's settings, checked."""
@@ -114,7 +117,7 @@ class RegistrySettings:
     certfile: str | None
     key_password: SecretStr | None
     url_key: str  # the key the URLs came from, named in errors
-    options: DecodeOptions = DecodeOptions()
+    options: DecodeOptions = _DEFAULTS
 
 
 def is_registry_converter(converter: str) -> bool:
