@@ -28,7 +28,8 @@ _LOCK = threading.Lock()  # protoc's in-process entry point is not known to be r
 @functools.lru_cache(maxsize=256)
 def compile_proto(text: str, references: tuple[tuple[str, str], ...] = ()) -> tuple[bytes, tuple[tuple[str, bytes], ...]]:
     """``text`` and its ``references`` ((import name, .proto text) pairs) compiled: the main file's
-    serialized FileDescriptorProto and each reference's, by import name. Raises
+    serialized FileDescriptorProto and every file it imports, by import name (the references, and
+    the well-known types protoc ships, so that no process-wide pool is needed). Raises
     :class:`ProtobufSchemaError` with protoc's message when they do not compile."""
     from grpc_tools import protoc
 
@@ -54,8 +55,7 @@ def compile_proto(text: str, references: tuple[tuple[str, str], ...] = ()) -> tu
             raise ProtobufSchemaError(f"Protobuf schema does not compile: {message or f'protoc exit {code}'}")
         files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
     by_name = {f.name: f.SerializeToString() for f in files}
-    names = {name for name, _ in references}
-    return by_name[_MAIN], tuple((n, by_name[n]) for n in by_name if n in names)
+    return by_name.pop(_MAIN), tuple(by_name.items())
 
 
 def _run(protoc: object, args: list[str], errors: Path) -> int:

@@ -129,9 +129,15 @@ class RegistryValues:
         """The stated schemas of ``values``' schema ids, oldest first (for evolution)."""
         return [p.arrow for p in self._known(values)]
 
-    def convert(self, values: Sequence[bytes], target: pa.Schema) -> Converted:
-        """Rows of ``target`` (the table's value columns), in input order; the rest rejects."""
+    def convert(self, values: Sequence[bytes], target: pa.Schema | None) -> Converted:
+        """Rows of ``target`` (the table's value columns), in input order; the rest rejects.
+        ``target`` None: no table (no record's schema could create one): every record is a reject."""
         f = self._frames(values)
+        if target is None:
+            out = self.convert(values, pa.schema([]))
+            why = "no table: no record of this fetch has a schema the registry holds and that maps to a table"
+            rejects = [*out.rejects, *(Reject(int(i), why, None) for i in out.indices.to_pylist())]
+            return Converted(pa.table({}), pa.array([], pa.int64()), tuple(sorted(rejects, key=lambda r: r.index)))
         rejects: list[Reject] = list(f.rejects)
         tables: list[pa.Table] = []
         indices: list[pa.Array] = []

@@ -224,3 +224,14 @@ def test_use_optional_for_nonrequired_acts_as_in_json_schema_data() -> None:
     loose = run(fmt(JSON_SCHEMA, FakeRegistry({1: Registered("JSON", json.dumps(schema))}),
                     **{"value.converter.use.optional.for.nonrequired": "true"}), values)
     assert loose.converted.table.to_pylist() == [{"id": 1, "note": None}]
+
+
+def test_a_fetch_with_no_table_and_no_usable_schema_is_all_rejects() -> None:
+    f = fmt(PROTOBUF, FakeRegistry({}))  # the registry holds no id: no table can be created
+    values = [framed(7, [0], b"\x08\x01"), b"junk"]
+    assert f.registry is not None
+    asyncio.run(f.registry.prepare(values))
+    assert f.table_schema(values) is None
+    out = f.convert([Msg(v) for v in values], values, None)
+    assert out.table.num_rows == 0
+    assert [r.index for r in out.rejects] == [0, 1] and "schema id 7 is unknown" in out.rejects[0].reason
