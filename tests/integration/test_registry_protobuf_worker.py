@@ -229,6 +229,7 @@ PIZZA_V1: dict[str, Any] = {
         "extra": {"oneOf": [{"type": "null"}, {"type": "string"}]},
     },
     "required": ["id", "name", "slices", "baked", "dough", "toppings"],
+    "additionalProperties": False,  # closed: the registry's BACKWARD check lets v2 add a property
 }
 PIZZA_V2 = {**PIZZA_V1, "properties": {**PIZZA_V1["properties"], "oven": {"oneOf": [{"type": "null"},
                                                                                     {"type": "string"}]}}}
