@@ -136,8 +136,8 @@ class RegistryValues:
         if target is None:
             out = self.convert(values, pa.schema([]))
             why = "no table: no record of this fetch has a schema the registry holds and that maps to a table"
-            rejects = [*out.rejects, *(Reject(int(i), why, None) for i in out.indices.to_pylist())]
-            return Converted(pa.table({}), pa.array([], pa.int64()), tuple(sorted(rejects, key=lambda r: r.index)))
+            every = [*out.rejects, *(Reject(int(i), why, None) for i in out.indices.to_pylist())]
+            return Converted(pa.table({}), pa.array([], pa.int64()), tuple(sorted(every, key=lambda r: r.index)))
         rejects: list[Reject] = list(f.rejects)
         tables: list[pa.Table] = []
         indices: list[pa.Array] = []
