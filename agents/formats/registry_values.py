@@ -108,7 +108,9 @@ class RegistryValues:
                 main, refs = compile_proto(found.text, _reference_pairs(found))
                 return protobuf_plan(base64.b64encode(main).decode(), indexes,
                                      tuple((n, base64.b64encode(r).decode()) for n, r in refs),
-                                     wrapper_for_nullables=self.options.wrapper_for_nullables)
+                                     wrapper_for_nullables=self.options.wrapper_for_nullables,
+                                     index_for_unions=self.options.index_for_unions,
+                                     int_for_enums=self.options.int_for_enums)
             if self.kind == "json":
                 return json_schema_plan(found.text, _reference_pairs(found),
                                         optional_for_nonrequired=self.options.optional_for_nonrequired)

@@ -73,15 +73,18 @@ NO_EFFECT: Final = frozenset(P + k for k in (
 #: Confluent's default does. A key in OPTIONS acts; any other of these is accepted only at that
 #: default value (another would change the table, and is refused naming the key).
 DATA_KEYS: Final[Mapping[str, Mapping[str, str]]] = {
-    "protobuf": {"wrapper.for.nullables": "false", "enhanced.protobuf.schema.support": "false",
-                 "scrub.invalid.names": "false", "int.for.enums": "false", "optional.for.nullables": "false",
-                 "optional.for.proto2": "false", "generate.struct.for.nulls": "false",
+    "protobuf": {"wrapper.for.nullables": "false", "generate.index.for.unions": "true", "int.for.enums": "false",
+                 "enhanced.protobuf.schema.support": "false", "scrub.invalid.names": "false",
+                 "optional.for.nullables": "false", "optional.for.proto2": "true", "generate.struct.for.nulls": "false",
+                 "wrapper.for.raw.primitives": "true", "flatten.unions": "false",
                  "generalized.sum.type.support": "false", "ignore.default.for.nullables": "false"},
-    "json": {"use.optional.for.nonrequired": "false", "generalized.sum.type.support": "false",
-             "ignore.default.for.nullables": "false"},
+    "json": {"use.optional.for.nonrequired": "false", "flatten.singleton.unions": "true",
+             "ignore.modern.dialects": "false", "preserve.additional.properties": "false",
+             "generalized.sum.type.support": "false", "ignore.default.for.nullables": "false"},
 }
 #: Keys that act (DecodeOptions' fields).
-OPTIONS: Final = frozenset({"wrapper.for.nullables", "use.optional.for.nonrequired"})
+OPTIONS: Final = frozenset({"wrapper.for.nullables", "generate.index.for.unions", "int.for.enums",
+                            "use.optional.for.nonrequired"})
 #: A cache size, and JsonSchemaData's write-side keys (how it writes decimals, objects): no effect on
 #: what a sink reads.
 _CACHE_KEYS: Final[Mapping[str, frozenset[str]]] = {
@@ -99,6 +102,8 @@ class DecodeOptions:
     """The converter's keys that change what a value decodes to (Confluent's defaults)."""
 
     wrapper_for_nullables: bool = False  # Protobuf wrappers: their primitive (true) or struct<value>
+    index_for_unions: bool = True  # Protobuf: a oneof's column is <name>_<index> (generate.index.for.unions)
+    int_for_enums: bool = False  # Protobuf: an enum is its number
     optional_for_nonrequired: bool = False  # JSON Schema: a property ``required`` omits is optional
 
 
@@ -183,6 +188,8 @@ def _options(props: Mapping[str, str], fmt: str) -> DecodeOptions:
             raise ConfigError(P + name, raw, f"{default} (Confluent's default, what icesink reads; another value "
                               "would change the table and is not supported)")
     return DecodeOptions(wrapper_for_nullables=got.get("wrapper.for.nullables", False),
+                         index_for_unions=got.get("generate.index.for.unions", True),
+                         int_for_enums=got.get("int.for.enums", False),
                          optional_for_nonrequired=got.get("use.optional.for.nonrequired", False))
 
 

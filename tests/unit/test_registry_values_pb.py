@@ -166,7 +166,8 @@ def test_wrapper_for_nullables_gives_the_primitive_and_unknown_keys_are_refused(
     f = fmt(PROTOBUF, FakeRegistry({1: registered(V1)}), **{"value.converter.wrapper.for.nullables": "true"})
     out = run(f, [framed(1, [1], o.SerializeToString()), framed(1, [1], c1["Order"](id=2).SerializeToString())])
     assert out.converted.table.column("refund").to_pylist() == [9, None]
-    for key, value in (("value.converter.int.for.enums", "true"),
+    for key, value in (("value.converter.flatten.unions", "true"),
+                       ("value.converter.optional.for.proto2", "false"),
                        ("value.converter.enhanced.protobuf.schema.support", "true"),
                        ("value.converter.wrapper.for.nullables", "maybe"),
                        ("value.converter.use.optional.for.nonrequired", "true")):  # a JSON Schema key
@@ -235,3 +236,35 @@ def test_a_fetch_with_no_table_and_no_usable_schema_is_all_rejects() -> None:
     out = f.convert([Msg(v) for v in values], values, None)
     assert out.table.num_rows == 0
     assert [r.index for r in out.rejects] == [0, 1] and "schema id 7 is unknown" in out.rejects[0].reason
+
+
+CONTACT = """syntax = "proto3";
+package shop;
+message Contact {
+  enum Kind { HOME = 0; WORK = 1; }
+  int64 id = 1;
+  optional string nick = 2;
+  oneof via {
+    string email = 3;
+    int64 phone = 4;
+  }
+  Kind kind = 5;
+}
+"""
+
+
+def test_oneofs_are_named_with_their_index_and_enums_are_ints_as_the_keys_say() -> None:
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    main, _ = compile_proto(CONTACT)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(main))
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Contact"))
+    values = [framed(1, [0], cls(id=1, email="a@b", kind=1).SerializeToString())]
+    registry = {1: Registered("PROTOBUF", CONTACT)}
+    default = run(fmt(PROTOBUF, FakeRegistry(registry)), values).converted.table
+    assert default.to_pylist() == [{"via_0": {"email": "a@b", "phone": None}, "id": 1, "nick": None, "kind": "WORK"}]
+    plain = run(fmt(PROTOBUF, FakeRegistry(registry), **{"value.converter.generate.index.for.unions": "false",
+                                                         "value.converter.int.for.enums": "true"}), values)
+    assert plain.converted.table.to_pylist() == [{"via": {"email": "a@b", "phone": None}, "id": 1, "nick": None,
+                                                  "kind": 1}]
