@@ -24,6 +24,7 @@ two versions in one fetch land together.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -104,8 +105,8 @@ class RegistryValues:
         if found.type != _TYPES[self.kind]:
             return f"schema id {schema_id} is a {found.type} schema; value.converter reads {_TYPES[self.kind]}"
         try:
-            if self.kind == "protobuf":
-                main, refs = compile_proto(found.text, _reference_pairs(found))
+            if self.kind == "protobuf":  # protoc off the event loop (once per schema id: cached)
+                main, refs = await asyncio.to_thread(compile_proto, found.text, _reference_pairs(found))
                 return protobuf_plan(base64.b64encode(main).decode(), indexes,
                                      tuple((n, base64.b64encode(r).decode()) for n, r in refs),
                                      wrapper_for_nullables=self.options.wrapper_for_nullables,
