@@ -85,4 +85,4 @@ def registry_values(settings: Settings, metrics: Metrics,
     client = RegistryClient(rs.urls, auth, timeout_s=REQUEST_TIMEOUT_S, give_up_s=give_up_s(settings))
     health = RegistryHealth(client, metrics, status)
     client.on_failure = health.failed
-    return RegistryValues(health.schema, rs.format), client
+    return RegistryValues(health.schema, rs.format, rs.options), client

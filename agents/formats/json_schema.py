@@ -103,7 +103,8 @@ def _join(path: str, name: str) -> str:
 class _Walk:
     """One pass over a JSON Schema giving its Iceberg type and the decoder's field metadata."""
 
-    def __init__(self, root: Any, references: Mapping[str, Any]) -> None:
+    def __init__(self, root: Any, references: Mapping[str, Any], optional_for_nonrequired: bool = True) -> None:
+        self._optional_for_nonrequired = optional_for_nonrequired
         self._root = root
         self._references = references
         self._visiting: list[int] = []  # ids of the object schemas being walked (one met again is a cycle)
@@ -188,7 +189,8 @@ class _Walk:
         fields = []
         for _, (name, sub) in order:
             t, nullable = self.walk(sub, _join(path, name))
-            fields.append(NestedField(next(self._ids), name, t, required=name in required and not nullable))
+            listed = name in required or not self._optional_for_nonrequired  # JsonSchemaData's rule
+            fields.append(NestedField(next(self._ids), name, t, required=listed and not nullable))
         self._visiting.pop()
         return StructType(*fields)
 
@@ -239,13 +241,16 @@ def _load(text: str, what: str) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def json_schema_plan(text: str, references: tuple[tuple[str, str], ...] = ()) -> JsonSchemaPlan:
+def json_schema_plan(text: str, references: tuple[tuple[str, str], ...] = (), *,
+                     optional_for_nonrequired: bool = True) -> JsonSchemaPlan:
     """The plan of a registered JSON Schema (``references``: (name, schema text) pairs, as the schema's
-    ``$ref`` names them). Raises :class:`JsonSchemaError` for a schema that is not valid JSON, whose
+    ``$ref`` names them). ``optional_for_nonrequired`` (``use.optional.for.nonrequired``): a property
+    ``required`` does not list is optional; false (JsonSchemaData's default): required unless nullable,
+    so a record without it is a reject. Raises :class:`JsonSchemaError` for a schema that is not valid JSON, whose
     root is not an object, or that cannot map to a table."""
     root = _load(text, "text")
     refs = {name: _load(ref, f"reference {name}") for name, ref in references}
-    walk = _Walk(root, refs)
+    walk = _Walk(root, refs, optional_for_nonrequired)
     top = walk.ref(root["$ref"], "") if isinstance(root, dict) and "$ref" in root else root
     kind = top.get("type") if isinstance(top, dict) else type(top).__name__
     if kind != "object":
@@ -275,8 +280,17 @@ def decode_json_schema(
         schema = with_field_metadata(target, {p: dict(m) for p, m in metadata.items()})
     except KeyError:  # the table's column at that path is another shape: decode it as the table says
         schema = target
-    out = decode_json(payloads, schema)
+    out = decode_json(payloads, _required_as_planned(schema, plan.arrow))
     rejects = tuple(Reject(where[r.index], f"JSON Schema record of schema id {schema_id}: {r.reason}", r.field)
                     for r in out.rejects)
     indices = pa.array([where[i] for i in out.indices.to_pylist()], pa.int64())
     return Converted(out.table.cast(target) if out.table.schema != target else out.table, indices, rejects)
+
+
+def _required_as_planned(schema: pa.Schema, planned: pa.Schema) -> pa.Schema:
+    """``schema`` (the table's columns) with the columns the plan requires not nullable, so that a
+    record without one is a reject (the table's own columns may be optional)."""
+    required = {f.name for f in planned if not f.nullable}
+    if not required:
+        return schema
+    return pa.schema([f.with_nullable(False) if f.name in required else f for f in schema], metadata=schema.metadata)

@@ -142,11 +142,16 @@ class _Field:
     type: _Type
     presence: bool  # null when unset (a proto3 optional scalar, a message)
 
+    @property
+    def column(self) -> str:
+        return self.name
+
 
 @dataclass(frozen=True)
 class _Oneof:
-    name: str
+    name: str  # the oneof's
     branches: tuple[_Field, ...]
+    column: str  # its struct's field: ``<name>_<index>`` with generate.index.for.unions
 
 
 @dataclass(frozen=True)
@@ -175,8 +180,12 @@ def _join(path: str, name: str) -> str:
 class _Walk:
     """One pass over a message descriptor giving its Iceberg type and its reading plan."""
 
-    def __init__(self, proto3_optional: frozenset[str]) -> None:
+    def __init__(self, proto3_optional: frozenset[str], wrappers_as_primitives: bool = True,
+                 index_for_unions: bool = False, int_for_enums: bool = False) -> None:
         self._optional = proto3_optional  # full names of proto3 optional fields
+        self._primitive_wrappers = wrappers_as_primitives  # wrapper.for.nullables (else struct<value>)
+        self._index_for_unions = index_for_unions  # generate.index.for.unions: a oneof's column is name_index
+        self._int_for_enums = int_for_enums  # int.for.enums: an enum is its number (int)
         self._visiting: list[str] = []
         self._ids = itertools.count(1)
 
@@ -191,10 +200,11 @@ class _Walk:
             members = [f for f in oneof.fields if f.full_name not in self._optional]
             if not members:
                 continue
-            branches = [self.field(f, _join(path, oneof.name), presence=True) for f in members]
-            fields.append(NestedField(next(self._ids), oneof.name, StructType(*(n for n, _ in branches)),
+            column = f"{oneof.name}_{oneof.index}" if self._index_for_unions else oneof.name
+            branches = [self.field(f, _join(path, column), presence=True) for f in members]
+            fields.append(NestedField(next(self._ids), column, StructType(*(n for n, _ in branches)),
                                       required=False))
-            plan.append(_Oneof(oneof.name, tuple(p for _, p in branches)))
+            plan.append(_Oneof(oneof.name, tuple(p for _, p in branches), column))
         for f in d.fields:
             if f.containing_oneof is not None and f.full_name not in self._optional:
                 continue
@@ -222,6 +232,8 @@ class _Walk:
         return NestedField(next(self._ids), f.name, t, required=False), _Field(f.name, plan, presence)
 
     def single(self, f: FieldDescriptor, path: str) -> tuple[IcebergType, _Type]:
+        if f.type == _F.TYPE_ENUM and self._int_for_enums:
+            return IntegerType(), _Scalar(pa.int32())
         if f.type == _F.TYPE_ENUM:
             values = f.enum_type.values
             return StringType(), _Enum(f.enum_type.name, pa.array([v.number for v in values], pa.int32()),
@@ -234,7 +246,7 @@ class _Walk:
         name = f.message_type.full_name
         if name == _TIMESTAMP:
             return TimestamptzType(), _Timestamp()
-        if name in _WRAPPERS:
+        if name in _WRAPPERS and self._primitive_wrappers:
             iceberg, arrow = _SCALARS[_WRAPPERS[name]]
             return iceberg, _Wrapper(arrow)
         return self.message(f.message_type, path)
@@ -309,11 +321,16 @@ def _proto3_optional(files: Iterable[descriptor_pb2.FileDescriptorProto]) -> fro
 
 @functools.lru_cache(maxsize=256)
 def protobuf_plan(serialized: str, indexes: tuple[int, ...] = (0,),
-                  references: tuple[tuple[str, str], ...] = ()) -> ProtobufPlan:
+                  references: tuple[tuple[str, str], ...] = (), *, wrapper_for_nullables: bool = True,
+                  index_for_unions: bool = False, int_for_enums: bool = False) -> ProtobufPlan:
     """The plan of the message ``indexes`` names in a registered Protobuf schema (``serialized``: the
     base64 FileDescriptorProto; ``references``: (import name, base64 FileDescriptorProto) pairs, the
-    references' own included). Raises :class:`ProtobufSchemaError` for a schema that does not build,
-    indexes that name no message, or a message that cannot map to a table."""
+    references' own included). ``wrapper_for_nullables``: the wrappers (``Int32Value``...) are their
+    primitive, null when unset; false: ``struct<value>`` as ProtobufData's default.
+    ``index_for_unions`` (``generate.index.for.unions``, true by ProtobufData's default): a oneof's
+    column is ``<name>_<index>``. ``int_for_enums``: an enum is its number (int). Raises
+    :class:`ProtobufSchemaError` for a schema that does not build, indexes that name no message, or a
+    message that cannot map to a table."""
     main = _descriptor_proto(serialized, "text")
     refs = {name: _descriptor_proto(text, f"reference {name}") for name, text in references}
     for name, fdp in refs.items():
@@ -323,7 +340,8 @@ def protobuf_plan(serialized: str, indexes: tuple[int, ...] = (0,),
     name = _pick(main, tuple(indexes) or (0,))
     pool = _pool(main, refs)
     descriptor = pool.FindMessageTypeByName(name)
-    struct, reader = _Walk(_proto3_optional([main, *refs.values()])).message(descriptor, "")
+    walk = _Walk(_proto3_optional([main, *refs.values()]), wrapper_for_nullables, index_for_unions, int_for_enums)
+    struct, reader = walk.message(descriptor, "")
     iceberg = assign_fresh_schema_ids(Schema(*struct.fields))
     return ProtobufPlan(iceberg, schema_to_pyarrow(iceberg, include_field_ids=False), name,
                         message_factory.GetMessageClass(descriptor), reader)
@@ -340,7 +358,7 @@ class _Columns:
         out = []
         for f in t.fields:
             if isinstance(f, _Oneof):
-                out.append(self.oneof(f, msgs, rows, _join(path, f.name)))
+                out.append(self.oneof(f, msgs, rows, _join(path, f.column)))
             else:
                 valid = _has(msgs, f.name) if f.presence else None
                 out.append(self.values(f.type, list(map(attrgetter(f.name), msgs)), valid, rows, _join(path, f.name)))
@@ -369,7 +387,7 @@ class _Columns:
                 return self.timestamps(values, valid, rows, path)
             case _Message():
                 children = self.message(t, values, rows, path)
-                names = [f.name for f in t.fields]
+                names = [f.column for f in t.fields]
                 if not names:
                     return pa.StructArray.from_arrays([pa.nulls(len(values))], ["_"], mask=mask).cast(pa.struct([]))
                 return pa.StructArray.from_arrays(children, names, mask=mask)
@@ -464,7 +482,7 @@ def decode_protobuf(
     kept = np.array([k for k in range(len(payloads)) if k not in failed], dtype=np.int64)
     columns = _Columns()
     arrays = columns.message(plan.reader, msgs, np.arange(len(msgs), dtype=np.int64), "")
-    names = [f.name for f in plan.reader.fields]
+    names = [f.column for f in plan.reader.fields]
     table = pa.Table.from_arrays(arrays, names=names) if names else pa.table({"_": pa.nulls(len(msgs))})
     rejects = [Reject(where[k], reason, None) for k, reason in failed.items()]
     if columns.bad:

@@ -128,8 +128,7 @@ class RecordFormat:
         elif self.registry is not None:
             if grow is not None and value_schema is not None:
                 value_schema = grow_values(self.registry.wanted(values))
-            assert value_schema is not None
-            converted = self.registry.convert(values, value_schema)
+            converted = self.registry.convert(values, value_schema)  # None: no table, every record a reject
         elif self.envelope:
             groups, rejects = self._envelopes.group([m.value for m in messages])
             if grow is not None and value_schema is not None:

@@ -5,8 +5,11 @@ A fetch's values are framed in bulk (:func:`agents.formats.registry_wire.frames`
 fetch is decoded, :meth:`RegistryValues.prepare` asks the registry for each schema id not seen
 yet (once per id for the life of the replica: the client caches; a registry outage waits there,
 with capped backoff, and the fetch with it: no record is lost or skipped). Decoding is then
-synchronous, one bulk decode per schema id (:func:`agents.formats.avro.decode_avro`), the groups'
-rows put back in input order in one Arrow table.
+synchronous, one bulk decode per schema id (:func:`agents.formats.avro.decode_avro`,
+:func:`agents.formats.protobuf.decode_protobuf` per schema id and message indexes: the frame's
+index list picks the message, :func:`agents.formats.json_schema.decode_json_schema`), the groups'
+rows put back in input order in one Arrow table. A Protobuf schema is its ``.proto`` text compiled
+by protoc (agents/formats/proto_text.py), its references written by import name.
 
 What each schema id gives is its plan (:func:`agents.formats.avro.avro_plan`) or the reason its
 records are rejects: an id the registry does not hold (404), a schema of another type, a schema
@@ -21,6 +24,8 @@ two versions in one fetch land together.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Protocol
 
@@ -32,7 +37,17 @@ from pyiceberg.schema import Schema
 
 from agents.convert import Converted, Reject
 from agents.formats.avro import AvroPlan, AvroSchemaError, avro_plan, decode_avro
+from agents.formats.json_schema import JsonSchemaError, JsonSchemaPlan, decode_json_schema, json_schema_plan
+from agents.formats.proto_text import compile_proto
+from agents.formats.protobuf import ProtobufPlan, ProtobufSchemaError, decode_protobuf, protobuf_plan
 from agents.formats.registry_wire import Frames, frames
+from icesink.shared.registry_settings import DecodeOptions
+
+Plan = AvroPlan | ProtobufPlan | JsonSchemaPlan
+#: A plan's key: (schema id, Protobuf message indexes; () for Avro and JSON Schema).
+Key = tuple[int, tuple[int, ...]]
+#: The registry's type of each decoder's schemas (``schemaType``).
+_TYPES = {"avro": "AVRO", "protobuf": "PROTOBUF", "json": "JSON"}
 
 
 class RegisteredLike(Protocol):
@@ -48,6 +63,9 @@ class RegisteredLike(Protocol):
 
 class ReferenceLike(Protocol):
     @property
+    def name(self) -> str: ...
+
+    @property
     def schema(self) -> RegisteredLike: ...
 
 
@@ -59,40 +77,52 @@ SchemaById = Callable[[int], Awaitable["RegisteredLike | None"]]
 class RegistryValues:
     """Registry-framed values decoded per schema id; ``schema_of`` asks the registry."""
 
-    def __init__(self, schema_of: SchemaById, kind: str = "avro") -> None:
-        if kind != "avro":
-            raise ValueError(f"registry values: expected the avro decoder, found {kind!r}")
+    def __init__(self, schema_of: SchemaById, kind: str = "avro", options: DecodeOptions | None = None) -> None:
+        if kind not in _TYPES:
+            raise ValueError(f"registry values: expected a decoder of {', '.join(_TYPES)}, found {kind!r}")
         self.schema_of = schema_of
-        self.plans: dict[int, AvroPlan | str] = {}  # schema id -> its plan, or why its records are rejects
+        self.kind = kind
+        self.options = options or DecodeOptions()
+        self.plans: dict[Key, Plan | str] = {}  # (schema id, indexes) -> its plan, or why its records are rejects
         self._last: tuple[Sequence[bytes], Frames] | None = None  # a fetch's values are framed once
 
     def _frames(self, values: Sequence[bytes]) -> Frames:
         if self._last is None or self._last[0] is not values:
-            self._last = (values, frames(values))
+            self._last = (values, frames(values, protobuf=self.kind == "protobuf"))
         return self._last[1]
 
     async def prepare(self, values: Sequence[bytes]) -> None:
         """Look up the schema ids of ``values`` not seen yet (waiting through a registry outage)."""
-        for schema_id in np.unique(self._frames(values).ids).tolist():
-            if schema_id not in self.plans:
-                self.plans[schema_id] = await self._plan(int(schema_id))
+        for key in _keys(self._frames(values)):
+            if key not in self.plans:
+                self.plans[key] = await self._plan(*key)
 
-    async def _plan(self, schema_id: int) -> AvroPlan | str:
+    async def _plan(self, schema_id: int, indexes: tuple[int, ...] = ()) -> Plan | str:
         found = await self.schema_of(schema_id)
         if found is None:
             hint = (" (an 8-byte Apicurio global id? set the producer's apicurio.registry.as-confluent=true)"
                     if schema_id == 0 else "")
             return f"schema id {schema_id} is unknown to the schema registry{hint}"
-        if found.type != "AVRO":
-            return f"schema id {schema_id} is a {found.type} schema; value.converter reads Avro"
+        if found.type != _TYPES[self.kind]:
+            return f"schema id {schema_id} is a {found.type} schema; value.converter reads {_TYPES[self.kind]}"
         try:
+            if self.kind == "protobuf":  # protoc off the event loop (once per schema id: cached)
+                main, refs = await asyncio.to_thread(compile_proto, found.text, _reference_pairs(found))
+                return protobuf_plan(base64.b64encode(main).decode(), indexes,
+                                     tuple((n, base64.b64encode(r).decode()) for n, r in refs),
+                                     wrapper_for_nullables=self.options.wrapper_for_nullables,
+                                     index_for_unions=self.options.index_for_unions,
+                                     int_for_enums=self.options.int_for_enums)
+            if self.kind == "json":
+                return json_schema_plan(found.text, _reference_pairs(found),
+                                        optional_for_nonrequired=self.options.optional_for_nonrequired)
             return avro_plan(found.text, _reference_texts(found))
-        except AvroSchemaError as e:
+        except (AvroSchemaError, ProtobufSchemaError, JsonSchemaError) as e:
             return f"schema id {schema_id}: {e}"
 
-    def _known(self, values: Sequence[bytes]) -> list[AvroPlan]:
-        f = self._frames(values)
-        return [p for i in sorted(set(f.ids.tolist())) if isinstance(p := self.plans.get(i), AvroPlan)]
+    def _known(self, values: Sequence[bytes]) -> list[Plan]:
+        keys = _keys(self._frames(values))
+        return [p for k in keys if not isinstance(p := self.plans.get(k), str | None)]
 
     def table_schema(self, values: Sequence[bytes]) -> Schema | None:
         """An auto-created table's value columns: the newest (highest) schema id's (None: no record has one)."""
@@ -103,12 +133,12 @@ class RegistryValues:
         """The stated schemas of ``values``' schema ids, oldest first (for evolution)."""
         return [p.arrow for p in self._known(values)]
 
-    def _decodable(self, f: Frames, rejects: list[Reject]) -> Iterator[tuple[int, npt.NDArray[np.int64], list[int], AvroPlan]]:
-        """Each schema id's records that have a plan: (id, rows of ``f``, their input positions,
-        plan); the records of ids without one are added to ``rejects`` with the reason."""
-        for schema_id, rows in f.groups().items():
+    def _decodable(self, f: Frames, rejects: list[Reject]) -> Iterator[tuple[int, npt.NDArray[np.int64], list[int], Plan]]:
+        """Each plan key's records that have a plan: (schema id, rows of ``f``, their input
+        positions, plan); the records of keys without one are added to ``rejects`` with the reason."""
+        for (schema_id, indexes), rows in _groups(f).items():
             positions = f.positions[rows].tolist()
-            plan = self.plans.get(schema_id)
+            plan = self.plans.get((schema_id, indexes))
             if plan is None:  # prepare() was not called for these values: a bug, not a data error
                 raise RuntimeError(f"registry values: schema id {schema_id} decoded before it was looked up")
             if isinstance(plan, str):
@@ -116,13 +146,19 @@ class RegistryValues:
                 continue
             yield schema_id, rows, positions, plan
 
-    def convert(self, values: Sequence[bytes], target: pa.Schema) -> Converted:
-        """Rows of ``target`` (the table's value columns), in input order; the rest rejects."""
+    def convert(self, values: Sequence[bytes], target: pa.Schema | None) -> Converted:
+        """Rows of ``target`` (the table's value columns), in input order; the rest rejects.
+        ``target`` None: no table (no record's schema could create one): every record is a reject."""
+        if target is None:
+            out = self.convert(values, pa.schema([]))
+            why = "no table: no record of this fetch has a schema the registry holds and that maps to a table"
+            every = [*out.rejects, *(Reject(int(i), why, None) for i in out.indices.to_pylist())]
+            return Converted(pa.table({}), pa.array([], pa.int64()), tuple(sorted(every, key=lambda r: r.index)))
         f = self._frames(values)
         rejects: list[Reject] = list(f.rejects)
         parts: list[Converted] = []
         for schema_id, rows, positions, plan in self._decodable(f, rejects):
-            out = decode_avro([f.payload(int(k)) for k in rows], plan, target, schema_id=schema_id, positions=positions)
+            out = _decode([f.payload(int(k)) for k in rows], plan, target, schema_id=schema_id, positions=positions)
             parts.append(out)
             rejects += out.rejects
         return _in_input_order(parts, rejects, target)
@@ -141,7 +177,7 @@ class RegistryValues:
                 parts.append(Converted(pa.table({path: pa.nulls(len(positions), pa.string())}),
                                        pa.array(positions, pa.int64()), ()))
                 continue
-            got = decode_avro([f.payload(int(k)) for k in rows], plan, projected, schema_id=schema_id,
+            got = _decode([f.payload(int(k)) for k in rows], plan, projected, schema_id=schema_id,
                               positions=positions)
             leaf = got.table.column(0).combine_chunks()
             for name in path.split(".")[1:]:
@@ -198,3 +234,44 @@ def _reference_texts(schema: RegisteredLike) -> tuple[str, ...]:
 
     walk(schema)
     return tuple(out)
+
+
+def _keys(f: Frames) -> list[Key]:
+    """The plan keys of ``f``'s values, ascending (the last: the newest schema id)."""
+    if f.indexes is None:
+        return [(int(i), ()) for i in np.unique(f.ids).tolist()]
+    return sorted(set(zip(f.ids.tolist(), f.indexes, strict=True)))
+
+
+def _groups(f: Frames) -> dict[Key, npt.NDArray[np.int64]]:
+    """Kept values by plan key (row numbers into ``f``'s arrays, ascending)."""
+    by_id = f.groups()
+    if f.indexes is None:
+        return {(i, ()): rows for i, rows in by_id.items()}
+    out: dict[Key, list[int]] = {}
+    for i, rows in by_id.items():
+        for r in rows.tolist():
+            out.setdefault((i, f.indexes[r]), []).append(r)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+
+
+def _decode(payloads: Sequence[bytes], plan: Plan, target: pa.Schema, *, schema_id: int,
+            positions: Sequence[int]) -> Converted:
+    if isinstance(plan, ProtobufPlan):
+        return decode_protobuf(payloads, plan, target, schema_id=schema_id, positions=positions)
+    if isinstance(plan, JsonSchemaPlan):
+        return decode_json_schema(payloads, plan, target, schema_id=schema_id, positions=positions)
+    return decode_avro(payloads, plan, target, schema_id=schema_id, positions=positions)
+
+
+def _reference_pairs(schema: RegisteredLike) -> tuple[tuple[str, str], ...]:
+    """(import name, text) of the schemas ``schema`` references, transitively, each after those it references."""
+    out: dict[str, str] = {}
+
+    def walk(s: RegisteredLike) -> None:
+        for ref in s.references:
+            walk(ref.schema)
+            out.setdefault(ref.name, ref.schema.text)
+
+    walk(schema)
+    return tuple(out.items())

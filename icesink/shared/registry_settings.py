@@ -37,18 +37,22 @@ if TYPE_CHECKING:
     from icesink.shared.config import Settings
 
 AVRO_CONVERTER: Final = "io.confluent.connect.avro.AvroConverter"
+PROTOBUF_CONVERTER: Final = "io.confluent.connect.protobuf.ProtobufConverter"
+JSON_SCHEMA_CONVERTER: Final = "io.confluent.connect.json.JsonSchemaConverter"
 APICURIO_AVRO_CONVERTER: Final = "io.apicurio.registry.utils.converter.AvroConverter"
 #: Converter class -> the decoder of its payloads (agents/formats/registry_values.py dispatches on
 #: it): the one place to add a registry converter.
 REGISTRY_CONVERTERS: Final[Mapping[str, str]] = {
     AVRO_CONVERTER: "avro",
     APICURIO_AVRO_CONVERTER: "avro",
+    PROTOBUF_CONVERTER: "protobuf",
+    JSON_SCHEMA_CONVERTER: "json",
 }
-#: Registry converters known but not wired yet: refused at start, saying so.
+#: Registry converters known but not read: refused at start, saying so. Apicurio's Protobuf serde
+#: writes its own frame by default (a type reference, not Confluent's message indexes), and its
+#: ExtJsonConverter is JSON with the id inside, not the registry wire format.
 NOT_YET: Final[Mapping[str, str]] = {
-    "io.confluent.connect.protobuf.ProtobufConverter": "Protobuf",
-    "io.confluent.connect.json.JsonSchemaConverter": "JSON Schema",
-    "io.apicurio.registry.utils.converter.ProtobufConverter": "Protobuf",
+    "io.apicurio.registry.utils.converter.ProtobufConverter": "Apicurio's Protobuf",
     "io.apicurio.registry.utils.converter.ExtJsonConverter": "Apicurio's JSON",
 }
 APICURIO: Final = frozenset({APICURIO_AVRO_CONVERTER})
@@ -59,9 +63,46 @@ _NO_EFFECT: Final = frozenset((
     "key.subject.name.strategy", "value.subject.name.strategy", "apicurio.registry.auto-register",
     "apicurio.registry.find-latest", "apicurio.registry.artifact-resolver-strategy", "apicurio.registry.as-confluent",
 ))
+#: The read-side keys of Confluent's ProtobufData / JsonSchemaData (ProtobufDataConfig,
+#: JsonSchemaDataConfig, AbstractDataConfig) by decoder: key -> the value icesink reads as
+#: Confluent's default does. A key in OPTIONS acts; any other of these is accepted only at that
+#: default value (another would change the table, and is refused naming the key).
+DATA_KEYS: Final[Mapping[str, Mapping[str, str]]] = {
+    "protobuf": {"wrapper.for.nullables": "false", "generate.index.for.unions": "true", "int.for.enums": "false",
+                 "enhanced.protobuf.schema.support": "false", "scrub.invalid.names": "false",
+                 "optional.for.nullables": "false", "optional.for.proto2": "true", "generate.struct.for.nulls": "false",
+                 "wrapper.for.raw.primitives": "true", "flatten.unions": "false",
+                 "generalized.sum.type.support": "false", "ignore.default.for.nullables": "false"},
+    "json": {"use.optional.for.nonrequired": "false", "flatten.singleton.unions": "true",
+             "ignore.modern.dialects": "false", "preserve.additional.properties": "false",
+             "generalized.sum.type.support": "false", "ignore.default.for.nullables": "false"},
+}
+#: Keys that act (DecodeOptions' fields).
+OPTIONS: Final = frozenset({"wrapper.for.nullables", "generate.index.for.unions", "int.for.enums",
+                            "use.optional.for.nonrequired"})
+#: A cache size, and JsonSchemaData's write-side keys (how it writes decimals, objects): no effect on
+#: what a sink reads.
+_CACHE_KEYS: Final[Mapping[str, frozenset[str]]] = {
+    "avro": frozenset({"schemas.cache.config"}),
+    "protobuf": frozenset({"schemas.cache.config"}),
+    "json": frozenset({"schemas.cache.config", "decimal.format", "object.additional.properties"}),
+}
 _APICURIO_ID_HANDLER: Final = "io.apicurio.registry.serde.Default4ByteIdHandler"
 _AS_CONFLUENT: Final = ("the Confluent wire format (a 4-byte content id after the magic byte, no headers), "
                         "as apicurio.registry.as-confluent=true or Apicurio 3's defaults write it")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """The converter's keys that change what a value decodes to (Confluent's defaults)."""
+
+    wrapper_for_nullables: bool = False  # Protobuf wrappers: their primitive (true) or struct<value>
+    index_for_unions: bool = True  # Protobuf: a oneof's column is <name>_<index> (generate.index.for.unions)
+    int_for_enums: bool = False  # Protobuf: an enum is its number
+    optional_for_nonrequired: bool = False  # JSON Schema: a property ``required`` omits is optional
+
+
+_DEFAULTS: Final = DecodeOptions()
 
 
 @dataclass(frozen=True)
@@ -69,13 +110,14 @@ class RegistrySettings:
     """A registry converter's settings, checked."""
 
     converter: str
-    format: str  # the decoder: "avro"
+    format: str  # the decoder: "avro", "protobuf" or "json"
     urls: tuple[str, ...]
     user_info: SecretStr | None
     cafile: str | None
     certfile: str | None
     key_password: SecretStr | None
     url_key: str  # the key the URLs came from, named in errors
+    options: DecodeOptions = _DEFAULTS
 
 
 def is_registry_converter(converter: str) -> bool:
@@ -97,8 +139,12 @@ def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> R
         return None
     props = s.value_converter_props if side == "value" else s.key_converter_props
     apicurio = converter in APICURIO
+    fmt = REGISTRY_CONVERTERS[converter]
+    options = _options(props, fmt, pre)
     for key in props:
-        if not _known(key[len(pre):], apicurio) and key[len(pre):] not in _NO_EFFECT:
+        name = key[len(pre):]
+        if not _known(name, apicurio) and name not in _NO_EFFECT and name not in _CACHE_KEYS[fmt] \
+                and name not in DATA_KEYS.get(fmt, {}):
             raise ConfigError(key, mask_url(props[key]), f"a key {converter} takes here (registry URL, credentials, "
                               "PEM TLS files; docs/schema-registry.md); this one would be ignored")
     url_key = k_apicurio_url if apicurio else k_url
@@ -122,8 +168,30 @@ def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> R
     cafile = _pem(props, "truststore", pre + "schema.registry.ssl.")
     certfile = _pem(props, "keystore", pre + "schema.registry.ssl.")
     password = s.value_converter_key_password if side == "value" else s.key_converter_key_password
-    return RegistrySettings(converter, REGISTRY_CONVERTERS[converter], urls, user_info, cafile, certfile,
-                            password if certfile else None, url_key)
+    return RegistrySettings(converter, fmt, urls, user_info, cafile, certfile,
+                            password if certfile else None, url_key, options)
+
+
+def _options(props: Mapping[str, str], fmt: str, pre: str) -> DecodeOptions:
+    """The ProtobufData / JsonSchemaData keys: those in OPTIONS act, the others only at their default."""
+    known = DATA_KEYS.get(fmt, {})
+    got: dict[str, bool] = {}
+    for name, default in known.items():
+        raw = props.get(pre + name)
+        if raw is None:
+            continue
+        value = raw.strip().lower()
+        if default in ("true", "false") and value not in ("true", "false"):
+            raise ConfigError(pre + name, raw, "true or false")
+        if name in OPTIONS:
+            got[name] = value == "true"
+        elif value != default:
+            raise ConfigError(pre + name, raw, f"{default} (Confluent's default, what icesink reads; another value "
+                              "would change the table and is not supported)")
+    return DecodeOptions(wrapper_for_nullables=got.get("wrapper.for.nullables", False),
+                         index_for_unions=got.get("generate.index.for.unions", True),
+                         int_for_enums=got.get("int.for.enums", False),
+                         optional_for_nonrequired=got.get("use.optional.for.nonrequired", False))
 
 
 def _known(key: str, apicurio: bool) -> bool:

@@ -86,9 +86,8 @@ def test_apicurio_avro_reads_its_ccompat_api_and_refuses_non_confluent_wire_form
 
 
 @pytest.mark.parametrize("converter", [
-    "io.confluent.connect.protobuf.ProtobufConverter",
-    "io.confluent.connect.json.JsonSchemaConverter",
     "io.apicurio.registry.utils.converter.ProtobufConverter",
+    "io.apicurio.registry.utils.converter.ExtJsonConverter",
 ])
 def test_other_registry_converters_are_refused_for_now_naming_the_key(converter: str) -> None:
     with pytest.raises(ConfigError) as e:
