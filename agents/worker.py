@@ -29,9 +29,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -96,16 +99,17 @@ class Worker:
     one asks of the rest of the replica goes through a small Protocol this class answers."""
 
     def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics, *, files: FileWritingFactory,
-                 leader: LeaderFactory | None = None, worker_id: str | None = None) -> None:
+                 leader: LeaderFactory | None = None) -> None:
         """``files``: makes this replica's file writer and compaction's rewrite with it (the
         Spark-backed ones: icesink/app/files.py). ``leader``: what this replica runs while it
-        leads the group (the coordinator); None: a worker only, whoever leads. ``worker_id``:
-        this replica's name (default: ``Settings.replica_id``)."""
+        leads the group (the coordinator); None: a worker only, whoever leads."""
         self.settings = settings
         self._leader = leader
         self.bootstrap = bootstrap
         self.metrics = metrics
-        self.worker_id = worker_id or settings.replica_id()
+        # A plain name (icesink.shared.config.WORKER_ID): it names this replica's directories and files.
+        default = re.sub(r"[^A-Za-z0-9._-]", "_", f"{socket.gethostname()[:100]}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        self.worker_id = settings.worker_id or (default if default[0].isalnum() else f"w{default}")
         metrics.info.labels(group=settings.group_id, worker=self.worker_id).set(1)
         metrics.commit_interval.set(settings.commit_interval_ms / 1000)
         self.offload = Offload()

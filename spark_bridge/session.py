@@ -12,9 +12,7 @@ The session is blocking: run these calls off the event loop, in one executor.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -128,7 +126,6 @@ class SparkSessionOwner:
         settings.validate()
         self.settings = settings
         self._spark: SparkSession | None = None
-        self._starting: Future[None] | None = None  # a start begun by :meth:`begin`
         # Rows per Arrow batch of createDataFrame(arrow) in a classic session, which makes a
         # partition of each batch (None on Spark Connect: the server decides).
         self.batch_rows: int | None = None
@@ -149,34 +146,8 @@ class SparkSessionOwner:
         """Whether Spark runs in this process (local mode), not on a cluster or a Connect server."""
         return self.settings.remote is None and self.settings.master.startswith("local")
 
-    def begin(self) -> None:
-        """Start creating the session in a daemon thread of its own and return at once: a local
-        JVM then starts while the process imports its modules and joins its group (the two share
-        no core for seconds otherwise); :meth:`start` waits for it and raises its error. A
-        process that exits meanwhile does not wait for it."""
-        if self._starting is not None or self._spark is not None:
-            return
-        starting = self._starting = Future()
-        starting.set_running_or_notify_cancel()
-
-        def run() -> None:
-            try:
-                self._start()
-                starting.set_result(None)
-            except BaseException as e:  # handed to start()
-                starting.set_exception(e)
-
-        threading.Thread(target=run, name="icesink-spark-start", daemon=True).start()
-
     def start(self) -> None:
-        """Create the session, or wait for the one :meth:`begin` started (blocking: a local
-        session takes seconds)."""
-        if self._starting is not None:
-            self._starting.result()
-            return
-        self._start()
-
-    def _start(self) -> None:
+        """Create the session (blocking: a local session takes seconds)."""
         if self._spark is not None:
             return
         from pyspark.sql import SparkSession
@@ -226,7 +197,6 @@ class SparkSessionOwner:
         return {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs, class_archive.JAVA_OPTIONS: java}
 
     def stop(self) -> None:
-        self._starting = None
         spark, self._spark = self._spark, None
         if spark is not None:
             spark.stop()

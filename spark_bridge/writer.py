@@ -109,13 +109,8 @@ class SparkFileWriter:
     def spark(self) -> SparkSession:
         return self.session.spark
 
-    def begin(self) -> None:
-        """Begin creating the session without waiting (:meth:`SparkSessionOwner.begin`)."""
-        self.session.begin()
-
     def start(self) -> None:
-        """Create the session, or wait for the one :meth:`begin` started (blocking: a local
-        session takes seconds)."""
+        """Create the session (blocking: a local session takes seconds)."""
         self.session.start()
 
     def stop(self) -> None:

@@ -59,31 +59,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
     terminated = threading.Event()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: terminated.set())
 
-    from icesink.shared import gc_tuning
-
-    gc_tuning.tune()  # before start-up allocates (icesink/shared/gc_tuning.py)
-    settings = _settings(args)
-    redact = settings.redactor()
-    log.info("settings: %s", settings.masked())
-    worker_id = settings.replica_id()
-    # The Spark session's JVM starts now, in a thread, beside the imports below and the group's
-    # join (seconds each, on two cores; bench/README.md, versus_reference).
-    from icesink.app.files import begun_spark_files
-
-    files = begun_spark_files(settings, worker_id)
-
     from agents.worker import Worker
     from coordinator import iceberg_ext
     from coordinator.service import Coordinator
     from icesink.shared.metrics import Metrics
+    from icesink.shared import gc_tuning
+    from icesink.app.files import spark_files
     from icesink.app.stack import resolve_bootstrap
     from icesink.app.status import serve
 
+    gc_tuning.tune()  # before start-up allocates (icesink/shared/gc_tuning.py)
     iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit
+    settings = _settings(args)
+    redact = settings.redactor()
+    log.info("settings: %s", settings.masked())
     bootstrap, broker = resolve_bootstrap(settings)
     metrics = Metrics()
     # A replica is a worker, and the coordinator while it leads the group.
-    worker = Worker(settings, bootstrap, metrics, files=files, leader=Coordinator, worker_id=worker_id)
+    worker = Worker(settings, bootstrap, metrics, files=spark_files, leader=Coordinator)
     if settings.metrics_port:
         serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from agents.file_writer import FileWriting, FileWritingFactory
+from agents.file_writer import FileWriting
 from icesink.shared.config import Settings
 from spark_bridge.rewrite import rewrite_files
 from spark_bridge.session import SparkSettings
@@ -16,33 +16,12 @@ if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table
 
-__all__ = ["begun_spark_files", "spark_files"]
+__all__ = ["spark_files"]
 
 
 def spark_files(settings: Settings, worker_id: str) -> FileWriting:
     """Replica ``worker_id``'s Spark file writer (not started) and compaction's rewrite with it."""
-    return _writing(_writer(settings, worker_id))
-
-
-def begun_spark_files(settings: Settings, worker_id: str) -> FileWritingFactory:
-    """For replica ``worker_id`` only: its Spark writer and rewrite, the session's start begun
-    now (:meth:`SparkFileWriter.begin`), so that a local JVM starts while the process imports
-    the rest and joins its group; the worker's start then waits for it."""
-    writer = _writer(settings, worker_id)
-    writer.begin()
-    writing = _writing(writer)
-    begun_for = worker_id
-
-    def files(settings: Settings, worker_id: str) -> FileWriting:  # the names FileWritingFactory gives
-        if worker_id != begun_for:
-            raise ValueError(f"Spark was begun for replica {begun_for!r}, not {worker_id!r}")
-        return writing
-
-    return files
-
-
-def _writer(settings: Settings, worker_id: str) -> SparkFileWriter:
-    return SparkFileWriter(SparkSettings(
+    writer = SparkFileWriter(SparkSettings(
         master=settings.spark_master,
         remote=settings.spark_remote,
         conf=dict(settings.spark_conf),
@@ -53,8 +32,6 @@ def _writer(settings: Settings, worker_id: str) -> SparkFileWriter:
         class_archive=settings.write_class_archive,
     ))
 
-
-def _writing(writer: SparkFileWriter) -> FileWriting:
     def rewrite(table: Table, data_files: Sequence[DataFile], delete_files: Sequence[DataFile] = (), *,
                 file_prefix: str, target_file_size_bytes: int) -> list[DataFile]:
         return rewrite_files(writer, table, data_files, delete_files, file_prefix=file_prefix,

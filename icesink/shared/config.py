@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -358,14 +357,6 @@ class Settings(BaseSettings):
                 )
             kw["ssl_context"] = ctx
         return kw
-
-    def replica_id(self) -> str:
-        """This replica's name: ``worker.id``, else host, process and a random suffix (a plain
-        name, WORKER_ID: it names the replica's directories and files). A new one per call."""
-        if self.worker_id:
-            return self.worker_id
-        default = re.sub(r"[^A-Za-z0-9._-]", "_", f"{os.uname().nodename[:100]}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-        return default if default[0].isalnum() else f"w{default}"
 
     def masked(self) -> dict[str, Any]:
         """Settings for logs and status output, secrets masked (icesink/shared/secrets.py)."""
