@@ -42,7 +42,7 @@ def test_connectors_are_put_changed_and_deleted_with_their_statuses():
     (None, _record({})), (b"connector/x", b"not json"), (b"connector/x", _record([1])),
     (b"connector/x", _record({"config": {"tasks.max": 2}})),  # values are strings, as Connect's
     (b"connector/x", _record({"config": {"tasks.max": "0"}})),
-    (b"connector/x", _record({"config": {}, "target": "STOPPED"})),
+    (b"connector/x", _record({"config": {}, "target": "SLEEPING"})),
     (b"status/x/zero", _record({"state": RUNNING})), (b"status/x/0", _record({"state": "HAPPY"})),
     (b"worker/w", _record({"no": "url"})), (b"something/else", _record({})),
 ])
@@ -127,6 +127,8 @@ def test_connect_settings_from_file_environment_and_flags(tmp_path):
 
 class FakeBackend:
     worker_id = "here:8083"
+    kafka_cluster_id = "cluster-1"
+    failure = None
 
     def __init__(self) -> None:
         self.connectors: dict[str, dict[str, str]] = {}
@@ -163,7 +165,7 @@ class FakeBackend:
     async def set_target(self, name: str, target: str) -> None:
         self.targets[name] = target
 
-    async def restart(self, name: str) -> None:
+    async def restart(self, name: str, tasks: tuple[int, ...]) -> None:
         self.restarts.append(name)
 
     async def delete(self, name: str) -> None:
@@ -197,7 +199,8 @@ def _api(calls: list[tuple[str, str, Any]], users: dict[str, str] | None = None
 
 
 def test_the_api_answers_with_kafka_connects_paths_codes_and_json():
-    config = {"topics": "t", "tasks.max": "2", "iceberg.tables": "db.t", "iceberg.control.commit.interval-ms": 1000}
+    config = {"connector.class": "org.apache.iceberg.connect.IcebergSinkConnector", "topics": "t", "tasks.max": "2",
+              "iceberg.tables": "db.t", "iceberg.control.commit.interval-ms": 1000}
     out, backend = _api([
         ("GET", "/", None),
         ("POST", "/connectors", {"name": "c", "config": config}),
@@ -207,7 +210,7 @@ def test_the_api_answers_with_kafka_connects_paths_codes_and_json():
         ("GET", "/connectors/c/config", None),
         ("GET", "/connectors/c/tasks", None),
         ("PUT", "/connectors/c/config", {**config, "tasks.max": "1"}),
-        ("PUT", "/connectors/d/config", {"topics": "u"}),
+        ("PUT", "/connectors/d/config", {"topics": "u", "connector.class": "IcebergSinkConnector"}),
         ("GET", "/connectors?expand=status&expand=info", None),
         ("PUT", "/connectors/c/pause", None),
         ("PUT", "/connectors/c/resume", None),
@@ -231,7 +234,7 @@ def test_the_api_answers_with_kafka_connects_paths_codes_and_json():
 
 def test_bad_requests_are_400s_naming_what_is_wrong():
     out, backend = _api([
-        ("PUT", "/connectors/c/config", {"iceberg.tables": "db.t"}),
+        ("PUT", "/connectors/c/config", {"iceberg.tables": "db.t", "connector.class": "IcebergSinkConnector"}),
         ("PUT", "/connectors/c/config", {"topics": "t", "name": "other"}),
         ("PUT", "/connectors/c/config", "{not json"),
         ("PUT", "/connectors/c/config", [1, 2]),
