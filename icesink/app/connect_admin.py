@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from icesink.app.connect_state import PLUGIN_VERSION
 from icesink.shared.errors import ConfigError
 
 #: The Iceberg sink's classes a connector may name: the Apache Iceberg sink's and Tabular's
@@ -18,13 +19,12 @@ from icesink.shared.errors import ConfigError
 CONNECTOR_CLASSES = ("org.apache.iceberg.connect.IcebergSinkConnector",
                      "io.tabular.iceberg.connect.IcebergSinkConnector")
 _ALIASES = ("IcebergSinkConnector", "IcebergSink")
-VERSION = "0.1.0"
 #: The connector's own keys, always listed by validate (Connect's "Common" group).
 _COMMON = ("name", "connector.class", "tasks.max", "topics", "topics.regex")
 
 
 def plugins() -> list[dict[str, str]]:
-    return [{"class": c, "type": "sink", "version": VERSION} for c in CONNECTOR_CLASSES]
+    return [{"class": c, "type": "sink", "version": PLUGIN_VERSION} for c in CONNECTOR_CLASSES]
 
 
 def is_iceberg_sink(klass: str) -> bool:
@@ -79,7 +79,7 @@ def validate(config: Mapping[str, str], check: Callable[[dict[str, str]], object
         configs.append({
             "definition": {"name": key, "type": "STRING", "required": key in ("name", "connector.class"),
                            "default_value": None, "importance": "HIGH" if key in _COMMON else "MEDIUM",
-                           "documentation": "", "group": group, "order": order, "width": "NONE",
+                           "documentation": "", "group": group, "order_in_group": order, "width": "NONE",
                            "display_name": key, "dependents": []},
             "value": {"name": key, "value": config.get(key), "recommended_values": [],
                       "errors": errors.get(key, []), "visible": True},

@@ -108,7 +108,8 @@ def app(backend: Backend, users: Mapping[str, str] | None = None) -> web.Applica
         try:
             return await request.json()
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"Request body is not JSON: {exc}") from None
+            # 500, as Kafka Connect answers a body Jackson cannot parse (its exception mapper)
+            raise ApiError(500, f"Request body is not JSON: {exc}") from None
 
     def checked(name: str, config: Any) -> dict[str, str]:
         if not isinstance(config, dict):

@@ -38,6 +38,8 @@ RUNNING, PAUSED, FAILED, UNASSIGNED = "RUNNING", "PAUSED", "FAILED", "UNASSIGNED
 STOPPED = "STOPPED"
 RESTARTING = "RESTARTING"  # a task whose start-up failed, started again after a backoff
 TARGETS = (RUNNING, PAUSED, STOPPED)
+#: The version a status shows for the connector and its tasks (Kafka Connect 4 shows the plugin's).
+PLUGIN_VERSION = "0.1.0"
 
 
 @dataclass(frozen=True)
@@ -174,14 +176,15 @@ def status_of(state: ClusterState, name: str, now: float, session_s: float) -> d
         seen = state.statuses.get((name, i))
         if owner is None or seen is None or seen.get("worker_id") != owner or seen.get("generation") != c.generation \
                 or seen.get("restart", 0) != c.restart_of(i):
-            tasks.append({"id": i, "state": UNASSIGNED, "worker_id": owner or ""})
+            tasks.append({"id": i, "state": UNASSIGNED, "worker_id": owner or "", "version": PLUGIN_VERSION})
             continue
-        entry = {"id": i, "state": seen["state"], "worker_id": owner}
+        entry = {"id": i, "state": seen["state"], "worker_id": owner, "version": PLUGIN_VERSION}
         if seen["state"] in (FAILED, RESTARTING):
             entry["trace"] = str(seen.get("trace", ""))
         tasks.append(entry)
     leader = assign(name, 1, alive)[0]
-    connector: dict[str, Any] = {"state": UNASSIGNED if leader is None else c.target, "worker_id": leader or ""}
+    connector: dict[str, Any] = {"state": UNASSIGNED if leader is None else c.target, "worker_id": leader or "",
+                                 "version": PLUGIN_VERSION}
     if c.target != STOPPED and c.partitions and c.max_tasks > c.partitions:
         connector["trace"] = (f"tasks.max={c.max_tasks} is above the {c.partitions} partitions of the connector's "
                               f"topics: {c.tasks} tasks run (a task without a partition would only hold memory)")

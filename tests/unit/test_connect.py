@@ -11,7 +11,7 @@ import pytest
 
 from icesink.app.connect import connect_settings, load_connect_settings
 from icesink.app.connect_state import (
-    FAILED, PAUSED, RUNNING, UNASSIGNED, ClusterState, assign, connector_key, status_key, status_of, worker_key,
+    PLUGIN_VERSION, FAILED, PAUSED, RUNNING, UNASSIGNED, ClusterState, assign, connector_key, status_key, status_of, worker_key,
 )
 from icesink.shared.errors import ConfigError
 
@@ -80,8 +80,8 @@ def test_status_is_connects_json_and_stale_reports_are_unassigned():
                                              "trace": "boom"}), 100)
     st = status_of(s, "c", 101, 10)
     assert st["type"] == "sink" and st["connector"]["state"] == RUNNING
-    assert st["tasks"] == [{"id": 0, "state": RUNNING, "worker_id": owners[0]},
-                           {"id": 1, "state": FAILED, "worker_id": owners[1], "trace": "boom"}]
+    assert st["tasks"] == [{"id": 0, "state": RUNNING, "worker_id": owners[0], "version": PLUGIN_VERSION},
+                           {"id": 1, "state": FAILED, "worker_id": owners[1], "trace": "boom", "version": PLUGIN_VERSION}]
     s.apply(6, connector_key("c"), _record({"config": {"tasks.max": "2"}, "generation": 5}), 100)  # restarted
     assert [t["state"] for t in status_of(s, "c", 101, 10)["tasks"]] == [UNASSIGNED, UNASSIGNED]
     assert status_of(s, "c", 200, 10)["connector"]["state"] == UNASSIGNED  # nobody alive
@@ -242,7 +242,7 @@ def test_bad_requests_are_400s_naming_what_is_wrong():
         ("PUT", "/connectors/nope/pause", None),
         ("DELETE", "/connectors/nope", None),
     ])
-    assert [code for code, _ in out] == [400, 400, 400, 400, 400, 404, 404]
+    assert [code for code, _ in out] == [400, 400, 500, 400, 400, 404, 404]  # bad JSON: 500, as Connect
     assert all(body["error_code"] == code for code, body in out)
     assert "topics" in out[0][1]["message"] and "other" in out[1][1]["message"]
     assert "JSON" in out[2][1]["message"] and "name" in out[4][1]["message"]

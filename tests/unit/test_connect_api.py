@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from icesink.app.connect_state import (
-    FAILED, RUNNING, STOPPED, UNASSIGNED, ClusterState, connector_key, status_key, status_of, worker_key,
+    PLUGIN_VERSION, FAILED, RUNNING, STOPPED, UNASSIGNED, ClusterState, connector_key, status_key, status_of, worker_key,
 )
 from icesink.shared.errors import ConfigError
 
@@ -214,7 +214,7 @@ def test_connector_plugins_and_validate_answer_per_key():
         ("PUT", "/connector-plugins/S3SinkConnector/config/validate", {**CONFIG, "name": "c"}),
         ("PUT", f"/connector-plugins/{ICEBERG}/config/validate", "{bad"),
     ])
-    assert [code for code, _ in out] == [200, 200, 200, 400, 400]
+    assert [code for code, _ in out] == [200, 200, 200, 400, 500]  # bad JSON: 500, as Kafka Connect answers
     assert {p["class"] for p in out[0][1]} == {ICEBERG, TABULAR}
     assert all(set(p) == {"class", "type", "version"} and p["type"] == "sink" for p in out[0][1])
     good = out[1][1]
@@ -223,7 +223,7 @@ def test_connector_plugins_and_validate_answer_per_key():
     entry = next(c for c in good["configs"] if c["value"]["name"] == "topics")
     assert set(entry) == {"definition", "value"}
     assert set(entry["value"]) == {"name", "value", "recommended_values", "errors", "visible"}
-    assert {"name", "type", "required", "default_value", "importance", "documentation", "group", "order",
+    assert {"name", "type", "required", "default_value", "importance", "documentation", "group", "order_in_group",
             "width", "display_name", "dependents"} <= set(entry["definition"])
     bad = out[2][1]
     errors = {c["value"]["name"]: c["value"]["errors"] for c in bad["configs"] if c["value"]["errors"]}
@@ -281,7 +281,7 @@ def test_a_stopped_connector_has_no_tasks_and_its_status_says_stopped():
     s = _cluster({"config": {"tasks.max": "2"}, "target": STOPPED, "generation": 3})
     assert s.connectors["c"].tasks == 0 and s.connectors["c"].max_tasks == 2
     st = status_of(s, "c", 101, 10)
-    assert st["connector"] == {"state": STOPPED, "worker_id": "a:1"} and st["tasks"] == []
+    assert st["connector"] == {"state": STOPPED, "worker_id": "a:1", "version": PLUGIN_VERSION} and st["tasks"] == []
 
 
 def test_a_task_restart_makes_only_that_tasks_report_stale():
