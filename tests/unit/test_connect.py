@@ -14,6 +14,7 @@ from icesink.app.connect_state import (
     PLUGIN_VERSION, FAILED, PAUSED, RUNNING, UNASSIGNED, ClusterState, assign, connector_key, status_key, status_of, worker_key,
 )
 from icesink.shared.errors import ConfigError
+from tests.unit.test_connect_api import Backend
 
 
 def _record(value: Any) -> bytes:
@@ -125,51 +126,19 @@ def test_connect_settings_from_file_environment_and_flags(tmp_path):
     assert s.task_defaults["spark.master"] == "local[2]"
 
 
-class FakeBackend:
-    worker_id = "here:8083"
-    kafka_cluster_id = "cluster-1"
-    failure = None
+class FakeBackend(Backend):
+    """tests/unit/test_connect_api.py's backend, counting syncs and connector restarts."""
 
     def __init__(self) -> None:
-        self.connectors: dict[str, dict[str, str]] = {}
-        self.targets: dict[str, str] = {}
+        super().__init__()
         self.restarts: list[str] = []
         self.synced = 0
 
     async def sync(self) -> None:
         self.synced += 1
 
-    def names(self) -> list[str]:
-        return list(self.connectors)
-
-    def config(self, name: str) -> dict[str, str] | None:
-        return self.connectors.get(name)
-
-    def tasks(self, name: str) -> int:
-        return int(self.connectors[name].get("tasks.max", "1"))
-
-    def status(self, name: str) -> dict[str, Any]:
-        return {"name": name, "connector": {"state": self.targets.get(name, RUNNING), "worker_id": self.worker_id},
-                "tasks": [], "type": "sink"}
-
-    def check(self, name: str, config: dict[str, str]) -> dict[str, str]:
-        if "topics" not in config:
-            raise ConfigError("topics", None, "a value (the setting is required)")
-        return config
-
-    async def put(self, name: str, config: dict[str, str]) -> bool:
-        created = name not in self.connectors
-        self.connectors[name] = config
-        return created
-
-    async def set_target(self, name: str, target: str) -> None:
-        self.targets[name] = target
-
     async def restart(self, name: str, tasks: tuple[int, ...]) -> None:
         self.restarts.append(name)
-
-    async def delete(self, name: str) -> None:
-        del self.connectors[name]
 
 
 def _api(calls: list[tuple[str, str, Any]], users: dict[str, str] | None = None
