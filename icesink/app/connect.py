@@ -37,7 +37,7 @@ from icesink.app.connect_settings import ConnectSettings
 from icesink.app.connect_settings import connect_settings as connect_settings  # re-exported
 from icesink.app.connect_settings import load_connect_settings as load_connect_settings  # re-exported
 from icesink.app.connect_state import (
-    RUNNING, ClusterState, Connector, assign, connector_key, status_key, status_of, worker_key,
+    RUNNING, ClusterState, Connector, assign, connector_key, status_key, status_of, tasks_max, worker_key,
 )
 from icesink.app.connect_tasks import LocalTask, TaskSupervisor
 
@@ -52,6 +52,7 @@ class Cluster:
         self.settings = settings
         self.bootstrap = bootstrap
         self.worker_id = settings.worker_id
+        self.kafka_cluster_id = ""  # the broker's, read at start (GET /)
         self.state = ClusterState()
         directory = settings.state_dir / "connect" / settings.group_id / re.sub(r"[^\w.-]", "_", self.worker_id)
         self.directory = directory
@@ -68,9 +69,10 @@ class Cluster:
     async def start(self) -> None:
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-        from icesink.shared.kafka_admin import end_offsets, ensure_topic
+        from icesink.shared.kafka_admin import cluster_id, end_offsets, ensure_topic
 
         kwargs = self.settings.client_kwargs()
+        self.kafka_cluster_id = await cluster_id(self.bootstrap, client_kwargs=kwargs) or ""
         await ensure_topic(self.bootstrap, self.settings.config_topic, 1,
                            configs={"cleanup.policy": "compact"}, client_kwargs=kwargs)
         self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", **kwargs)
@@ -204,23 +206,58 @@ class Cluster:
         # A new connector's generation is a clock reading, so that statuses left from an older
         # connector of the same name never match it.
         target, generation = (old.target, old.generation + 1) if old else (RUNNING, time.time_ns() // 1000)
-        await self._write(connector_key(name), {"config": config, "target": target, "generation": generation})
+        partitions = await self._partitions(config)
+        await self._write(connector_key(name), {"config": config, "target": target, "generation": generation,
+                                                **({"partitions": partitions} if partitions else {})})
         return old is None
+
+    async def _partitions(self, config: dict[str, str]) -> int | None:
+        """The partitions of the connector's topics if fewer than its ``tasks.max`` (then only
+        that many tasks run), else None (also when a topic does not exist yet: it may be
+        created with more)."""
+        from icesink.shared.kafka_admin import partition_counts
+
+        counts = await partition_counts(self.bootstrap, client_kwargs=self.settings.client_kwargs())
+        topics = [t.strip() for t in config.get("topics", "").split(",") if t.strip()]
+        if config.get("topics.regex"):
+            pattern = re.compile(config["topics.regex"])
+            topics += [t for t in counts if pattern.fullmatch(t)]
+        if not topics or any(t not in counts for t in topics):
+            return None
+        total = sum(counts[t] for t in set(topics))
+        return total if 0 < total < tasks_max(config) else None
+
+    async def _rewrite(self, c: Connector, **changes: Any) -> None:
+        record = {"config": c.config, "target": c.target, "generation": c.generation,
+                  "restarts": {str(k): v for k, v in c.restarts.items()},
+                  **({"partitions": c.partitions} if c.partitions else {})}
+        await self._write(connector_key(c.name), {**record, **changes})
 
     async def set_target(self, name: str, target: str) -> None:
         c = self.state.connectors[name]
         if c.target != target:
-            await self._write(connector_key(name), {"config": c.config, "target": target, "generation": c.generation})
+            await self._rewrite(c, target=target)
 
-    async def restart(self, name: str) -> None:
+    async def restart(self, name: str, tasks: tuple[int, ...]) -> None:
+        """Restart these tasks of the connector (each is stopped and started again); the
+        connector itself is its config only, nothing runs to restart."""
         c = self.state.connectors[name]
-        await self._write(connector_key(name), {"config": c.config, "target": c.target, "generation": c.generation + 1})
+        if tasks:
+            restarts = {**c.restarts, **{t: c.restart_of(t) + 1 for t in tasks}}
+            await self._rewrite(c, restarts={str(k): v for k, v in restarts.items()})
 
     async def delete(self, name: str) -> None:
-        tasks = self.state.connectors[name].tasks
+        tasks = self.state.connectors[name].max_tasks
         await self._write(connector_key(name), None)
         for i in range(tasks):
             await self._producer.send_and_wait(self.settings.config_topic, key=status_key(name, i), value=None)
+
+    async def offsets(self, name: str) -> list[dict[str, Any]]:
+        """The connector's committed offsets, read from its tables (off the event loop)."""
+        from icesink.app.connect_offsets import committed_offsets
+
+        settings = self.settings.sink_settings({**self.state.connectors[name].config, "name": name})
+        return await asyncio.to_thread(committed_offsets, settings)
 
     # --- running this process's tasks ------------------------------------------------------
 

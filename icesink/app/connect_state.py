@@ -3,13 +3,17 @@
 Every process of a cluster reads the whole config topic (one partition, compacted) into a
 :class:`ClusterState` and acts on it; nothing else is shared. Records (key -> JSON value):
 
-- ``connector/<name>``: ``{"config": {...}, "target": "RUNNING"|"PAUSED", "generation": n}``;
-  a tombstone (no value) deletes the connector. ``generation`` grows on every config change and
-  restart: the tasks of an older generation are stopped and started again.
+- ``connector/<name>``: ``{"config": {...}, "target": "RUNNING"|"PAUSED"|"STOPPED", "generation": n,
+  "restarts": {"<task>": n}, "partitions": n}``; a tombstone (no value) deletes the connector.
+  ``generation`` grows on every config change: the tasks of an older generation are stopped and
+  started again; a task's ``restarts`` count grows when that task alone is restarted (POST
+  .../restart?includeTasks=true, .../tasks/<id>/restart). A STOPPED connector keeps its config
+  and runs no task. ``partitions``: the partitions of its topics when its config was written,
+  if fewer than ``tasks.max`` (then only that many tasks run, and the status says so).
 - ``worker/<id>``: ``{"url": "http://host:port"}``, a heartbeat every ``heartbeat.interval-ms``;
   a process is alive while its heartbeats arrive within ``session.timeout-ms`` (measured on the
   reader's clock, when it reads them); a tombstone says it left.
-- ``status/<name>/<task>``: ``{"state", "worker_id", "generation", "trace"}``, written by the
+- ``status/<name>/<task>``: ``{"state", "worker_id", "generation", "restart", "trace"}``, written by the
   process running the task whenever the task's state changes (RESTARTING: its start-up failed
   and it is started again after a backoff; the trace says why).
 
@@ -31,8 +35,11 @@ from icesink.shared.errors import ConfigError
 log = logging.getLogger(__name__)
 
 RUNNING, PAUSED, FAILED, UNASSIGNED = "RUNNING", "PAUSED", "FAILED", "UNASSIGNED"
+STOPPED = "STOPPED"
 RESTARTING = "RESTARTING"  # a task whose start-up failed, started again after a backoff
-TARGETS = (RUNNING, PAUSED)
+TARGETS = (RUNNING, PAUSED, STOPPED)
+#: The version a status shows for the connector and its tasks (Kafka Connect 4 shows the plugin's).
+PLUGIN_VERSION = "0.1.0"
 
 
 @dataclass(frozen=True)
@@ -41,10 +48,22 @@ class Connector:
     config: dict[str, str]
     target: str = RUNNING
     generation: int = 0
+    restarts: dict[int, int] = field(default_factory=dict)
+    partitions: int | None = None
+
+    @property
+    def max_tasks(self) -> int:
+        return tasks_max(self.config)
 
     @property
     def tasks(self) -> int:
-        return tasks_max(self.config)
+        """The tasks that run: none while STOPPED, at most one per partition of its topics."""
+        if self.target == STOPPED:
+            return 0
+        return min(self.max_tasks, self.partitions) if self.partitions else self.max_tasks
+
+    def restart_of(self, task: int) -> int:
+        return self.restarts.get(task, 0)
 
 
 def tasks_max(config: dict[str, str]) -> int:
@@ -110,7 +129,11 @@ class ClusterState:
             if target not in TARGETS or not isinstance(generation, int):
                 raise ValueError(f"field target {target!r} or generation {generation!r} is not valid")
             tasks_max(config)
-            self.connectors[rest] = Connector(rest, dict(config), target, generation)
+            restarts = {int(k): int(v) for k, v in dict(data.get("restarts") or {}).items()}
+            partitions = data.get("partitions")
+            if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
+                raise ValueError(f"field partitions {partitions!r} is not a positive whole number")
+            self.connectors[rest] = Connector(rest, dict(config), target, generation, restarts, partitions)
         elif kind == "worker":
             if data is None:
                 self.workers.pop(rest, None)
@@ -151,17 +174,18 @@ def status_of(state: ClusterState, name: str, now: float, session_s: float) -> d
     tasks = []
     for i, owner in enumerate(owners):
         seen = state.statuses.get((name, i))
-        if owner is None or seen is None or seen.get("worker_id") != owner or seen.get("generation") != c.generation:
-            tasks.append({"id": i, "state": UNASSIGNED, "worker_id": owner or ""})
+        if owner is None or seen is None or seen.get("worker_id") != owner or seen.get("generation") != c.generation \
+                or seen.get("restart", 0) != c.restart_of(i):
+            tasks.append({"id": i, "state": UNASSIGNED, "worker_id": owner or "", "version": PLUGIN_VERSION})
             continue
-        entry = {"id": i, "state": seen["state"], "worker_id": owner}
+        entry = {"id": i, "state": seen["state"], "worker_id": owner, "version": PLUGIN_VERSION}
         if seen["state"] in (FAILED, RESTARTING):
             entry["trace"] = str(seen.get("trace", ""))
         tasks.append(entry)
     leader = assign(name, 1, alive)[0]
-    if leader is None:
-        connector_state = UNASSIGNED
-    else:
-        connector_state = c.target
-    return {"name": name, "connector": {"state": connector_state, "worker_id": leader or ""},
-            "tasks": tasks, "type": "sink"}
+    connector: dict[str, Any] = {"state": UNASSIGNED if leader is None else c.target, "worker_id": leader or "",
+                                 "version": PLUGIN_VERSION}
+    if c.target != STOPPED and c.partitions and c.max_tasks > c.partitions:
+        connector["trace"] = (f"tasks.max={c.max_tasks} is above the {c.partitions} partitions of the connector's "
+                              f"topics: {c.tasks} tasks run (a task without a partition would only hold memory)")
+    return {"name": name, "connector": connector, "tasks": tasks, "type": "sink"}

@@ -52,6 +52,7 @@ class LocalTask:
     generation: int
     digest: str
     replica: Replica | None
+    restart: int = 0  # the connector's restart count of this task when it was started
     stop_bound_s: float = 40.0
     paused: bool = False
     failed: str | None = None
@@ -96,7 +97,8 @@ class TaskSupervisor:
         """One pass: stop what is not wanted (in the background), start what is, watch the rest."""
         for key, lt in list(self.local.items()):
             c = wanted.get(key)
-            if c is None or c.generation != lt.generation or digest(c.config) != lt.digest:
+            if c is None or c.generation != lt.generation or digest(c.config) != lt.digest or \
+                    c.restart_of(lt.task) != lt.restart:
                 self._stop_in_background(key)
         for key, c in wanted.items():
             if key not in self.local and key not in self._stopping:
@@ -110,7 +112,8 @@ class TaskSupervisor:
                 lt.failed = f"icesink connect could not supervise the task: {type(exc).__name__}: {exc}"
             if lt.reported != (lt.state, self.worker_id, lt.trace):
                 await report(lt.name, lt.task, {"state": lt.state, "worker_id": self.worker_id,
-                                                "generation": lt.generation, "trace": lt.trace})
+                                                "generation": lt.generation, "restart": lt.restart,
+                                                "trace": lt.trace})
                 lt.reported = (lt.state, self.worker_id, lt.trace)
 
     # --- starting ----------------------------------------------------------------------------
@@ -119,7 +122,7 @@ class TaskSupervisor:
         """A task started as a replica, or FAILED with the reason it could not be (a config that
         was never checked by this version's API, a file that cannot be written...). On the event
         loop's thread: a replica's die-with-parent signal is tied to the thread that forks it."""
-        lt = LocalTask(c.name, task, c.generation, digest(c.config), None)
+        lt = LocalTask(c.name, task, c.generation, digest(c.config), None, c.restart_of(task))
         try:
             settings = self.settings.check(c.name, c.config, self.bootstrap)
             lt.stop_bound_s = settings.shutdown_timeout_ms / 1000 + 10

@@ -332,6 +332,32 @@ async def topic_id(
     versions answer no Metadata v10, or an all-zero id). Never creates the topic."""
     import uuid
 
+    response = await _metadata_v10_answer(bootstrap, [name], client_kwargs, timeout_s, f"topic {name!r}: ")
+    if response is None:
+        return None  # the broker speaks no Metadata v10: no topic ids
+    for error_code, topic, raw_id in ((t[0], t[1], t[2]) for t in response.topics):
+        if topic != name:
+            continue
+        if int(error_code) != 0:
+            raise TopicError(f"topic {name!r}: expected it to exist, metadata answered error {error_code}")
+        found = uuid.UUID(bytes=raw_id)
+        return None if found.int == 0 else str(found)
+    raise TopicError(f"topic {name!r}: expected it in the metadata answer, found {[t[1] for t in response.topics]}")
+
+
+async def cluster_id(
+    bootstrap: str, *, client_kwargs: Mapping[str, Any] | None = None, timeout_s: float = 30.0
+) -> str | None:
+    """The Kafka cluster's id (what Kafka Connect's ``GET /`` shows as ``kafka_cluster_id``), from
+    Metadata v10+; None if the broker answers no Metadata v10 or gives no id."""
+    response = await _metadata_v10_answer(bootstrap, [], client_kwargs, timeout_s, "")
+    return None if response is None or not response.cluster_id else str(response.cluster_id)
+
+
+async def _metadata_v10_answer(bootstrap: str, names: list[str], client_kwargs: Mapping[str, Any] | None,
+                               timeout_s: float, what: str) -> Any:
+    """Metadata v10's answer for ``names`` (never creating a topic), or None if the broker
+    speaks no Metadata v10."""
     from aiokafka.client import AIOKafkaClient
     from aiokafka.errors import IncompatibleBrokerVersion
 
@@ -343,21 +369,13 @@ async def topic_id(
             await client.bootstrap()
             node = client.get_random_node()
             try:
-                response = await client.send(node, _TopicIdRequest([name]))
+                return await client.send(node, _TopicIdRequest(names))
             except (NotImplementedError, IncompatibleBrokerVersion):
-                return None  # the broker speaks no Metadata v10: no topic ids
+                return None
     except TimeoutError:
-        raise TopicError(f"topic {name!r}: metadata not read within {timeout_s:.1f} s", retriable=True) from None
+        raise TopicError(f"{what}metadata not read within {timeout_s:.1f} s", retriable=True) from None
     finally:
         await client.close()
-    for error_code, topic, raw_id in ((t[0], t[1], t[2]) for t in response.topics):
-        if topic != name:
-            continue
-        if int(error_code) != 0:
-            raise TopicError(f"topic {name!r}: expected it to exist, metadata answered error {error_code}")
-        found = uuid.UUID(bytes=raw_id)
-        return None if found.int == 0 else str(found)
-    raise TopicError(f"topic {name!r}: expected it in the metadata answer, found {[t[1] for t in response.topics]}")
 
 
 def _metadata_v10() -> Any:

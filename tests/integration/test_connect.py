@@ -3,7 +3,8 @@
 The tutorial's connector JSON (addresses changed) is PUT to one process; both serve it; its two
 tasks run as worker replicas on both processes; the table is exact. Then: a bad config is a 400
 naming the key, pause makes no new snapshots, resume continues exactly once, a connect process
-killed -9 has its task moved to the other (still exact), and Spark (the session fixture
+killed -9 has its task moved to the other (still exact), the offsets shown are the table's, stop
+shuts the replicas down and resume brings them back, and Spark (the session fixture
 ``spark_reader``) reads the table through the same catalog as DuckDB and pyiceberg do; DELETE
 stops the replicas (404).
 """
@@ -204,6 +205,31 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_brok
         asyncio.run(produce(broker.bootstrap, TOPIC, values[2500:], partitions=4))
         _wait_rows(catalog, 3000, procs)
         assert_exact(catalog, TABLE, keys)
+
+        # the offsets Connect's API shows are the ones committed in the table: every record's
+        code, body = _call(second[1], "GET", "/connectors/pizzas/offsets")
+        assert code == 200 and sorted(o["partition"]["kafka_partition"] for o in body["offsets"]) == [0, 1, 2, 3], body
+        assert {o["partition"]["kafka_topic"] for o in body["offsets"]} == {TOPIC}
+        assert sum(o["offset"]["kafka_offset"] for o in body["offsets"]) == 3000, body
+
+        # stop: the tasks' replicas shut down, no task left, the config kept; resume starts them again
+        assert _call(second[1], "PUT", "/connectors/pizzas/stop")[0] == 204
+        deadline, stopped = time.monotonic() + 90, {}
+        while time.monotonic() < deadline and not (stopped.get("connector", {}).get("state") == "STOPPED"
+                                                    and stopped["tasks"] == []):
+            time.sleep(1)
+            stopped = _call(second[1], "GET", "/connectors/pizzas/status")[1]
+        assert stopped["connector"]["state"] == "STOPPED" and stopped["tasks"] == [], stopped
+        assert _call(second[1], "GET", "/connectors/pizzas/tasks") == (200, [])
+        assert _call(second[1], "GET", "/connectors/pizzas/config")[1]["topics"] == TOPIC
+        deadline, found = time.monotonic() + 60, ["?"]
+        while found and time.monotonic() < deadline:
+            time.sleep(1)
+            found = subprocess.run(["pgrep", "-f", f"{re.escape(str(state))}/.*/tasks/pizzas-"], capture_output=True,
+                                   text=True).stdout.split()
+        assert not found, f"task replicas still running while STOPPED: {found}"
+        assert _call(second[1], "PUT", "/connectors/pizzas/resume")[0] == 202
+        _wait_status(second[1], "RUNNING", workers=1)
 
         # Spark reads the tutorial's table through the same catalog: orders per store (the
         # tutorial's query) and every row, as DuckDB and pyiceberg do

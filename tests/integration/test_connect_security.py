@@ -139,7 +139,8 @@ def test_connector_configs_cannot_load_code_or_touch_the_host_and_show_no_secret
             "config.providers.env.param.allowlist.pattern": "IT_.*",
         })
     process = start_connect(tmp_path, "c", config, env={"IT_CONTROL_TOPIC": ENV_TOPIC, "OTHER_SECRET": "other-x5"})
-    base = {"topics": "sec-keys-topic", "iceberg.tables": "sec.t"}
+    base = {"connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+            "topics": "sec-keys-topic", "iceberg.tables": "sec.t"}
     try:
         for key, value in {
             "spark.jars": "/tmp/evil.jar", "spark.jars.packages": "evil:evil:1.0", "spark.plugins": "com.evil.Plugin",

@@ -43,7 +43,8 @@ def test_one_connectors_config_does_not_stop_the_process_managing_the_others(bro
 
     config = process_config(tmp_path, broker.bootstrap, "tasks-isolation")
     process = start_connect(tmp_path, "c", config)
-    base = {"topics": "tasks-isolation-topic", "iceberg.tables": "iso.t", "iceberg.control.topic": "tasks-isolation-ctl"}
+    base = {"connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+            "topics": "tasks-isolation-topic", "iceberg.tables": "iso.t", "iceberg.control.topic": "tasks-isolation-ctl"}
     long_name = "n" * 240
     try:
         assert call(process.api, "PUT", f"/connectors/{long_name}/config",
@@ -78,7 +79,8 @@ def test_a_start_up_error_a_retry_can_mend_is_retried_with_backoff_then_failed(b
     process = start_connect(tmp_path, "c", config)
 
     def connector(directory: Path, group: str) -> dict[str, str]:
-        return {"topics": "tasks-retry-topic", "iceberg.tables": "retry.t", "group.id": group,
+        return {"connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+                "topics": "tasks-retry-topic", "iceberg.tables": "retry.t", "group.id": group,
                 "iceberg.control.topic": f"{group}-ctl", "iceberg.catalog.type": "sql",
                 "iceberg.catalog.uri": f"sqlite:///{directory / 'catalog.db'}",
                 "iceberg.catalog.warehouse": f"file://{directory / 'warehouse'}"}
@@ -110,7 +112,8 @@ def test_six_tasks_starting_together_on_a_new_embedded_catalog_all_start(broker,
     asyncio.run(ensure_topic(broker.bootstrap, "tasks-six", 6))
     config = process_config(tmp_path, broker.bootstrap, "tasks-six", **{"spark.driver.memory": "512m"})
     process = start_connect(tmp_path, "c", config)
-    connector = {"tasks.max": "6", "topics": "tasks-six", "iceberg.tables": "rpc.pizzas",
+    connector = {"connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+                 "tasks.max": "6", "topics": "tasks-six", "iceberg.tables": "rpc.pizzas",
                  "iceberg.tables.auto-create-enabled": "true", "iceberg.control.topic": "tasks-six-ctl",
                  "write.warm-up-rows": "0"}
     try:

@@ -58,8 +58,9 @@ def process_config(tmp_path: Path, bootstrap: str, group: str, **extra: Any) -> 
 def call(port: int, method: str, path: str, body: Any = None, *, host: str = "127.0.0.1", scheme: str = "http",
          auth: tuple[str, str] | None = None, context: ssl.SSLContext | None = None,
          timeout: float = 30) -> tuple[int, Any]:
-    """One request; the status and the JSON body (None if empty, the text if not JSON)."""
-    data = None if body is None else json.dumps(body).encode()
+    """One request (``body``: JSON, or bytes sent as they are); the status and the JSON body
+    (None if empty, the text if not JSON)."""
+    data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     if auth is not None:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()

@@ -11,9 +11,10 @@ import pytest
 
 from icesink.app.connect import connect_settings, load_connect_settings
 from icesink.app.connect_state import (
-    FAILED, PAUSED, RUNNING, UNASSIGNED, ClusterState, assign, connector_key, status_key, status_of, worker_key,
+    PLUGIN_VERSION, FAILED, PAUSED, RUNNING, UNASSIGNED, ClusterState, assign, connector_key, status_key, status_of, worker_key,
 )
 from icesink.shared.errors import ConfigError
+from tests.unit.test_connect_api import Backend
 
 
 def _record(value: Any) -> bytes:
@@ -42,7 +43,7 @@ def test_connectors_are_put_changed_and_deleted_with_their_statuses():
     (None, _record({})), (b"connector/x", b"not json"), (b"connector/x", _record([1])),
     (b"connector/x", _record({"config": {"tasks.max": 2}})),  # values are strings, as Connect's
     (b"connector/x", _record({"config": {"tasks.max": "0"}})),
-    (b"connector/x", _record({"config": {}, "target": "STOPPED"})),
+    (b"connector/x", _record({"config": {}, "target": "SLEEPING"})),
     (b"status/x/zero", _record({"state": RUNNING})), (b"status/x/0", _record({"state": "HAPPY"})),
     (b"worker/w", _record({"no": "url"})), (b"something/else", _record({})),
 ])
@@ -80,8 +81,8 @@ def test_status_is_connects_json_and_stale_reports_are_unassigned():
                                              "trace": "boom"}), 100)
     st = status_of(s, "c", 101, 10)
     assert st["type"] == "sink" and st["connector"]["state"] == RUNNING
-    assert st["tasks"] == [{"id": 0, "state": RUNNING, "worker_id": owners[0]},
-                           {"id": 1, "state": FAILED, "worker_id": owners[1], "trace": "boom"}]
+    assert st["tasks"] == [{"id": 0, "state": RUNNING, "worker_id": owners[0], "version": PLUGIN_VERSION},
+                           {"id": 1, "state": FAILED, "worker_id": owners[1], "trace": "boom", "version": PLUGIN_VERSION}]
     s.apply(6, connector_key("c"), _record({"config": {"tasks.max": "2"}, "generation": 5}), 100)  # restarted
     assert [t["state"] for t in status_of(s, "c", 101, 10)["tasks"]] == [UNASSIGNED, UNASSIGNED]
     assert status_of(s, "c", 200, 10)["connector"]["state"] == UNASSIGNED  # nobody alive
@@ -125,49 +126,19 @@ def test_connect_settings_from_file_environment_and_flags(tmp_path):
     assert s.task_defaults["spark.master"] == "local[2]"
 
 
-class FakeBackend:
-    worker_id = "here:8083"
+class FakeBackend(Backend):
+    """tests/unit/test_connect_api.py's backend, counting syncs and connector restarts."""
 
     def __init__(self) -> None:
-        self.connectors: dict[str, dict[str, str]] = {}
-        self.targets: dict[str, str] = {}
+        super().__init__()
         self.restarts: list[str] = []
         self.synced = 0
 
     async def sync(self) -> None:
         self.synced += 1
 
-    def names(self) -> list[str]:
-        return list(self.connectors)
-
-    def config(self, name: str) -> dict[str, str] | None:
-        return self.connectors.get(name)
-
-    def tasks(self, name: str) -> int:
-        return int(self.connectors[name].get("tasks.max", "1"))
-
-    def status(self, name: str) -> dict[str, Any]:
-        return {"name": name, "connector": {"state": self.targets.get(name, RUNNING), "worker_id": self.worker_id},
-                "tasks": [], "type": "sink"}
-
-    def check(self, name: str, config: dict[str, str]) -> dict[str, str]:
-        if "topics" not in config:
-            raise ConfigError("topics", None, "a value (the setting is required)")
-        return config
-
-    async def put(self, name: str, config: dict[str, str]) -> bool:
-        created = name not in self.connectors
-        self.connectors[name] = config
-        return created
-
-    async def set_target(self, name: str, target: str) -> None:
-        self.targets[name] = target
-
-    async def restart(self, name: str) -> None:
+    async def restart(self, name: str, tasks: tuple[int, ...]) -> None:
         self.restarts.append(name)
-
-    async def delete(self, name: str) -> None:
-        del self.connectors[name]
 
 
 def _api(calls: list[tuple[str, str, Any]], users: dict[str, str] | None = None
@@ -197,7 +168,8 @@ def _api(calls: list[tuple[str, str, Any]], users: dict[str, str] | None = None
 
 
 def test_the_api_answers_with_kafka_connects_paths_codes_and_json():
-    config = {"topics": "t", "tasks.max": "2", "iceberg.tables": "db.t", "iceberg.control.commit.interval-ms": 1000}
+    config = {"connector.class": "org.apache.iceberg.connect.IcebergSinkConnector", "topics": "t", "tasks.max": "2",
+              "iceberg.tables": "db.t", "iceberg.control.commit.interval-ms": 1000}
     out, backend = _api([
         ("GET", "/", None),
         ("POST", "/connectors", {"name": "c", "config": config}),
@@ -207,7 +179,7 @@ def test_the_api_answers_with_kafka_connects_paths_codes_and_json():
         ("GET", "/connectors/c/config", None),
         ("GET", "/connectors/c/tasks", None),
         ("PUT", "/connectors/c/config", {**config, "tasks.max": "1"}),
-        ("PUT", "/connectors/d/config", {"topics": "u"}),
+        ("PUT", "/connectors/d/config", {"topics": "u", "connector.class": "IcebergSinkConnector"}),
         ("GET", "/connectors?expand=status&expand=info", None),
         ("PUT", "/connectors/c/pause", None),
         ("PUT", "/connectors/c/resume", None),
@@ -231,7 +203,7 @@ def test_the_api_answers_with_kafka_connects_paths_codes_and_json():
 
 def test_bad_requests_are_400s_naming_what_is_wrong():
     out, backend = _api([
-        ("PUT", "/connectors/c/config", {"iceberg.tables": "db.t"}),
+        ("PUT", "/connectors/c/config", {"iceberg.tables": "db.t", "connector.class": "IcebergSinkConnector"}),
         ("PUT", "/connectors/c/config", {"topics": "t", "name": "other"}),
         ("PUT", "/connectors/c/config", "{not json"),
         ("PUT", "/connectors/c/config", [1, 2]),
@@ -239,7 +211,7 @@ def test_bad_requests_are_400s_naming_what_is_wrong():
         ("PUT", "/connectors/nope/pause", None),
         ("DELETE", "/connectors/nope", None),
     ])
-    assert [code for code, _ in out] == [400, 400, 400, 400, 400, 404, 404]
+    assert [code for code, _ in out] == [400, 400, 500, 400, 400, 404, 404]  # bad JSON: 500, as Connect
     assert all(body["error_code"] == code for code, body in out)
     assert "topics" in out[0][1]["message"] and "other" in out[1][1]["message"]
     assert "JSON" in out[2][1]["message"] and "name" in out[4][1]["message"]

@@ -230,7 +230,8 @@ def test_https_keystores_python_can_load_and_refusals_naming_the_key(certs, tmp_
 def test_the_api_masks_secrets_keeps_them_on_a_masked_put_and_asks_for_basic_auth():
     from tests.unit.test_connect import _api
 
-    config = {"topics": "t", "iceberg.tables": "db.t", "iceberg.control.secret": "ctl-secret",
+    config = {"connector.class": "org.apache.iceberg.connect.IcebergSinkConnector",
+              "topics": "t", "iceberg.tables": "db.t", "iceberg.control.secret": "ctl-secret",
               "iceberg.catalog.uri": "postgresql://u:db-pw@db/x"}
     out, backend = _api([
         ("PUT", "/connectors/c/config", config),
