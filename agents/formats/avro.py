@@ -61,6 +61,7 @@ from pyiceberg.types import (
 )
 
 from agents.convert.outcome import Converted, Reject
+from agents.formats.registry_wire import RegistrySchemaError
 
 _MAX_PRECISION: Final = 38
 _PRIMITIVE: Final[Mapping[str, IcebergType]] = {
@@ -103,13 +104,8 @@ _CONNECT_NAMES: Final[Mapping[tuple[str, str], str]] = {
 }
 
 
-class AvroSchemaError(ValueError):
+class AvroSchemaError(RegistrySchemaError):
     """An Avro schema that is malformed or cannot map to a table (its records are data errors)."""
-
-    def __init__(self, reason: str, field: str | None = None) -> None:
-        super().__init__(f"{reason} (at {field})" if field else reason)
-        self.reason = reason
-        self.field = field
 
 
 @dataclass(frozen=True)

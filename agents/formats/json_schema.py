@@ -60,6 +60,7 @@ from pyiceberg.types import (
 )
 
 from agents.convert import EPOCH_UNIT, Converted, Reject, decode_json, with_field_metadata
+from agents.formats.registry_wire import RegistrySchemaError
 
 _CONNECT: Final = "org.apache.kafka.connect.data."
 _MAX_PRECISION: Final = 38
@@ -78,13 +79,8 @@ _LOGICAL: Final[Mapping[str, tuple[IcebergType, str | None]]] = {
 }
 
 
-class JsonSchemaError(ValueError):
+class JsonSchemaError(RegistrySchemaError):
     """A JSON Schema that is malformed or cannot map to a table (its records are data errors)."""
-
-    def __init__(self, reason: str, field: str | None = None) -> None:
-        super().__init__(f"{reason} (at {field})" if field else reason)
-        self.reason = reason
-        self.field = field
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ from pyiceberg.types import (
 )
 
 from agents.convert.outcome import Converted, Reject
+from agents.formats.registry_wire import RegistrySchemaError
 
 _F = FieldDescriptor
 #: Protobuf scalar type -> (Iceberg type, Arrow type its values are read as).
@@ -93,13 +94,8 @@ _MIN_SECONDS: Final = -62_135_596_800
 _MAX_SECONDS: Final = 253_402_300_799
 
 
-class ProtobufSchemaError(ValueError):
+class ProtobufSchemaError(RegistrySchemaError):
     """A Protobuf schema that is malformed or cannot map to a table (its records are data errors)."""
-
-    def __init__(self, reason: str, field: str | None = None) -> None:
-        super().__init__(f"{reason} (at {field})" if field else reason)
-        self.reason = reason
-        self.field = field
 
 
 # The reading plan: one node per Protobuf type, built once per message.

@@ -36,11 +36,11 @@ import pyarrow.compute as pc
 from pyiceberg.schema import Schema
 
 from agents.convert import Converted, Reject
-from agents.formats.avro import AvroPlan, AvroSchemaError, avro_plan, decode_avro
-from agents.formats.json_schema import JsonSchemaError, JsonSchemaPlan, decode_json_schema, json_schema_plan
+from agents.formats.avro import AvroPlan, avro_plan, decode_avro
+from agents.formats.json_schema import JsonSchemaPlan, decode_json_schema, json_schema_plan
 from agents.formats.proto_text import compile_proto
-from agents.formats.protobuf import ProtobufPlan, ProtobufSchemaError, decode_protobuf, protobuf_plan
-from agents.formats.registry_wire import Frames, frames
+from agents.formats.protobuf import ProtobufPlan, decode_protobuf, protobuf_plan
+from agents.formats.registry_wire import Frames, RegistrySchemaError, frames
 from icesink.shared.registry_settings import DecodeOptions
 
 Plan = AvroPlan | ProtobufPlan | JsonSchemaPlan
@@ -117,7 +117,7 @@ class RegistryValues:
                 return json_schema_plan(found.text, _reference_pairs(found),
                                         optional_for_nonrequired=self.options.optional_for_nonrequired)
             return avro_plan(found.text, _reference_texts(found))
-        except (AvroSchemaError, ProtobufSchemaError, JsonSchemaError) as e:
+        except RegistrySchemaError as e:
             return f"schema id {schema_id}: {e}"
 
     def _known(self, values: Sequence[bytes]) -> list[Plan]:

@@ -29,6 +29,17 @@ MAGIC: Final = 0
 HEADER: Final = 5  # the magic byte and the schema id
 
 
+class RegistrySchemaError(ValueError):
+    """A registered schema that is malformed or cannot map to a table (its records are data
+    errors): ``reason``, and the ``field`` it is about when there is one. Each format's decoder
+    raises its own subclass (agents/formats/avro.py, protobuf.py, json_schema.py)."""
+
+    def __init__(self, reason: str, field: str | None = None) -> None:
+        super().__init__(f"{reason} (at {field})" if field else reason)
+        self.reason = reason
+        self.field = field
+
+
 @dataclass(frozen=True)
 class Frames:
     """The values of a batch in the wire format: for each one kept (in input order) its input
