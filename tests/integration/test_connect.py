@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 
-from tests.support.kafka_broker import KafkaBroker
 from tests.unit.test_config import TUTORIAL
 
 pytestmark = pytest.mark.integration
@@ -213,26 +212,24 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_brok
         assert {o["partition"]["kafka_topic"] for o in body["offsets"]} == {TOPIC}
         assert sum(o["offset"]["kafka_offset"] for o in body["offsets"]) == 3000, body
 
-        # stop: the tasks' replicas shut down, no task left, the config kept; resume starts them
-        # again. REST semantics, not the broker's: on Tansu only (the default suite's time).
-        if not isinstance(broker, KafkaBroker):
-            assert _call(second[1], "PUT", "/connectors/pizzas/stop")[0] == 204
-            deadline, stopped = time.monotonic() + 90, {}
-            while time.monotonic() < deadline and not (stopped.get("connector", {}).get("state") == "STOPPED"
-                                                        and stopped["tasks"] == []):
-                time.sleep(1)
-                stopped = _call(second[1], "GET", "/connectors/pizzas/status")[1]
-            assert stopped["connector"]["state"] == "STOPPED" and stopped["tasks"] == [], stopped
-            assert _call(second[1], "GET", "/connectors/pizzas/tasks") == (200, [])
-            assert _call(second[1], "GET", "/connectors/pizzas/config")[1]["topics"] == TOPIC
-            deadline, found = time.monotonic() + 60, ["?"]
-            while found and time.monotonic() < deadline:
-                time.sleep(1)
-                found = subprocess.run(["pgrep", "-f", f"{re.escape(str(state))}/.*/tasks/pizzas-"], capture_output=True,
-                                       text=True).stdout.split()
-            assert not found, f"task replicas still running while STOPPED: {found}"
-            assert _call(second[1], "PUT", "/connectors/pizzas/resume")[0] == 202
-            _wait_status(second[1], "RUNNING", workers=1)
+        # stop: the tasks' replicas shut down, no task left, the config kept; resume starts them again
+        assert _call(second[1], "PUT", "/connectors/pizzas/stop")[0] == 204
+        deadline, stopped = time.monotonic() + 90, {}
+        while time.monotonic() < deadline and not (stopped.get("connector", {}).get("state") == "STOPPED"
+                                                    and stopped["tasks"] == []):
+            time.sleep(1)
+            stopped = _call(second[1], "GET", "/connectors/pizzas/status")[1]
+        assert stopped["connector"]["state"] == "STOPPED" and stopped["tasks"] == [], stopped
+        assert _call(second[1], "GET", "/connectors/pizzas/tasks") == (200, [])
+        assert _call(second[1], "GET", "/connectors/pizzas/config")[1]["topics"] == TOPIC
+        deadline, found = time.monotonic() + 60, ["?"]
+        while found and time.monotonic() < deadline:
+            time.sleep(1)
+            found = subprocess.run(["pgrep", "-f", f"{re.escape(str(state))}/.*/tasks/pizzas-"], capture_output=True,
+                                   text=True).stdout.split()
+        assert not found, f"task replicas still running while STOPPED: {found}"
+        assert _call(second[1], "PUT", "/connectors/pizzas/resume")[0] == 202
+        _wait_status(second[1], "RUNNING", workers=1)
 
         # Spark reads the tutorial's table through the same catalog: orders per store (the
         # tutorial's query) and every row, as DuckDB and pyiceberg do
