@@ -11,8 +11,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from icesink.app.connect_policy import shown
 from icesink.app.connect_state import PLUGIN_VERSION
 from icesink.shared.errors import ConfigError
+from icesink.shared.secrets import MASK
 
 #: The Iceberg sink's classes a connector may name: the Apache Iceberg sink's and Tabular's
 #: (also by their simple names, as Connect's plugin aliases allow).
@@ -72,6 +74,13 @@ def validate(config: Mapping[str, str], check: Callable[[dict[str, str]], object
                 del trial[exc.key]
             else:
                 trial[exc.key] = "validate-stand-in"
+    # As Connect shows a password's value as [hidden]: secrets and URL passwords masked, in the
+    # values and in the errors that quote them.
+    display = shown(config)
+    hidden = sorted({v for k, v in config.items() if display[k] != v} - {""}, key=len, reverse=True)
+    for messages in errors.values():
+        for secret in hidden:
+            messages[:] = [m.replace(secret, MASK) for m in messages]
     keys = [*_COMMON, *sorted(k for k in {*config, *errors} if k not in _COMMON)]
     configs = []
     for order, key in enumerate(keys):
@@ -81,7 +90,7 @@ def validate(config: Mapping[str, str], check: Callable[[dict[str, str]], object
                            "default_value": None, "importance": "HIGH" if key in _COMMON else "MEDIUM",
                            "documentation": "", "group": group, "order_in_group": order, "width": "NONE",
                            "display_name": key, "dependents": []},
-            "value": {"name": key, "value": config.get(key), "recommended_values": [],
+            "value": {"name": key, "value": display.get(key), "recommended_values": [],
                       "errors": errors.get(key, []), "visible": True},
         })
     return {"name": str(config.get("connector.class", "")), "error_count": sum(len(e) for e in errors.values()),

@@ -300,3 +300,16 @@ def test_tasks_max_above_the_partitions_is_capped_and_the_status_says_so():
     st = status_of(s, "c", 101, 10)
     assert len(st["tasks"]) == 3 and "tasks.max=8" in st["connector"]["trace"] and "3 partitions" in \
         st["connector"]["trace"]
+
+
+def test_validate_never_echoes_a_secret():
+    """Validate answers each key's value, as Kafka Connect does, but a secret (a password type
+    there: ``[hidden]``) is masked, in the value and in the key's error alike."""
+    secret = "s3cr3t-Value-42"
+    out, _ = _api([("PUT", f"/connector-plugins/{ICEBERG}/config/validate",
+                    {**CONFIG, "name": "c", "iceberg.catalog.s3.secret-access-key": secret,
+                     "iceberg.catalog.uri": f"postgresql://u:{secret}@h/db"})])
+    assert out[0][0] == 200
+    assert secret not in json.dumps(out[0][1])
+    entry = next(c for c in out[0][1]["configs"] if c["value"]["name"] == "iceberg.catalog.s3.secret-access-key")
+    assert entry["value"]["value"] not in (None, "")
