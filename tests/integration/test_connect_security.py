@@ -176,6 +176,9 @@ def test_connector_configs_cannot_load_code_or_touch_the_host_and_show_no_secret
         assert code == 201, body
         shown = [call(process.api, "GET", path)[1] for path in (
             "/connectors/ok/config", "/connectors/ok", "/connectors/ok/tasks", "/connectors?expand=info&expand=status")]
+        # validate answers every key's value, as Connect does: secrets hidden there too
+        shown.append(call(process.api, "PUT", f"/connector-plugins/{connector['connector.class']}/config/validate",
+                          {**connector, "name": "ok"})[1])
         text = json.dumps([body, *shown])
         leaked = [v for v in [*SECRET_LITERALS.values(), FILE_SECRET, ENV_TOPIC] if v in text]
         assert not leaked, f"expected no secret in the API's answers, found {leaked}"
