@@ -13,9 +13,10 @@ exactly once, as after any stall).
 
 The API answers on ``listeners`` only (loopback by default; basic auth and https with client
 certificates as Kafka Connect configures them: :mod:`icesink.app.connect_security`). Prometheus
-scrapes one ``/metrics`` per process on ``metrics.port``, which serves nothing else (and on the
-API's listeners, behind their authentication): the metrics of every replica it runs, labelled
-``connector`` and ``task``, and the process's own ``icesink_connect_*`` gauges. What a connector's
+scrapes one ``/metrics`` per process on ``metrics.port``, which serves nothing else but a bare
+``/health`` for probes (``/metrics`` is on the API's listeners too, behind their
+authentication): the metrics of every replica it runs, labelled ``connector`` and ``task``, and
+the process's own ``icesink_connect_*`` gauges. What a connector's
 config may hold is :mod:`icesink.app.connect_policy`'s; the tasks are
 :mod:`icesink.app.connect_tasks`'.
 """
@@ -348,7 +349,7 @@ async def run_connect(settings: ConnectSettings, bootstrap: str) -> int:
     """Serve the API and run tasks until SIGTERM or SIGINT (0) or a failed background loop (1)."""
     from aiohttp import web
 
-    from icesink.app.connect_api import app
+    from icesink.app.connect_api import app, metrics_app
 
     cluster = Cluster(settings, bootstrap)
     await cluster.start()
@@ -358,8 +359,7 @@ async def run_connect(settings: ConnectSettings, bootstrap: str) -> int:
         return web.Response(body=await cluster.metrics_text(), content_type="text/plain", charset="utf-8")
 
     application.router.add_get("/metrics", metrics)  # behind the API's authentication
-    only_metrics = web.Application()
-    only_metrics.router.add_get("/metrics", metrics)
+    only_metrics = metrics_app(cluster, metrics)  # /metrics and an unauthenticated /health for probes
     runners = [web.AppRunner(application, access_log=None)]
     if settings.metrics_port:
         runners.append(web.AppRunner(only_metrics, access_log=None))

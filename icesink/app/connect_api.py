@@ -356,3 +356,20 @@ def app(backend: Backend, users: Mapping[str, str] | None = None) -> web.Applica
     application.add_routes([web.route(r.method, r.path.rstrip("/") + "/", r.handler)
                             for r in routes if isinstance(r, web.RouteDef) and r.path != "/"])
     return application
+
+
+def metrics_app(backend: Backend, metrics: Handler) -> web.Application:
+    """The metrics-only port (``metrics.port``): ``/metrics`` for Prometheus, and ``/health`` for
+    probes that cannot send the API's basic auth (Kubernetes liveness): the status alone, no
+    detail of a failure (the authenticated API's ``/health`` gives it)."""
+
+    async def health(_: web.Request) -> web.Response:
+        if backend.failure is not None:
+            return _json({"status": "unhealthy", "message": "Worker is unable to handle requests; the authenticated "
+                          "/health of the REST API says why."}, 500)
+        return _json({"status": "healthy", "message": "Worker has completed startup and is ready to handle requests."})
+
+    application = web.Application()
+    application.router.add_get("/metrics", metrics)
+    application.router.add_get("/health", health)
+    return application

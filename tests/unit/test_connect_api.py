@@ -313,3 +313,35 @@ def test_validate_never_echoes_a_secret():
     assert secret not in json.dumps(out[0][1])
     entry = next(c for c in out[0][1]["configs"] if c["value"]["name"] == "iceberg.catalog.s3.secret-access-key")
     assert entry["value"]["value"] not in (None, "")
+
+
+def test_the_metrics_port_answers_health_without_auth_for_kubernetes_probes_37():
+    """A liveness probe cannot send the API's basic auth, and /metrics scrapes every task (about
+    2 s each): the metrics-only port answers /health at once, without a secret or a detail."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from icesink.app.connect_api import metrics_app
+
+    backend = Backend()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text="icesink_info 1\n")
+
+    async def go() -> list[tuple[int, str]]:
+        out = []
+        async with TestClient(TestServer(metrics_app(backend, metrics))) as client:
+            for path in ("/health", "/metrics", "/connectors"):
+                resp = await client.get(path)
+                out.append((resp.status, await resp.text()))
+            backend.failure = RuntimeError("reading the config topic failed: broker secret-host:9092")
+            resp = await client.get("/health")
+            out.append((resp.status, await resp.text()))
+        return out
+
+    healthy, scraped, api, unhealthy = asyncio.run(go())
+    assert healthy[0] == 200 and json.loads(healthy[1])["status"] == "healthy"
+    assert scraped == (200, "icesink_info 1\n")
+    assert api[0] == 404  # nothing of the API here
+    assert unhealthy[0] == 500 and json.loads(unhealthy[1])["status"] == "unhealthy"
+    assert "secret-host" not in unhealthy[1]  # no detail without authentication

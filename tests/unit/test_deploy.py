@@ -111,7 +111,8 @@ def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
 
     docs = k8s()
     assert set(docs) == {"ConfigMap/icesink-config", "Secret/icesink-credentials", "Secret/icesink-api-users",
-                         "StatefulSet/icesink", "Service/icesink-connect", "Service/icesink"}
+                         "StatefulSet/icesink", "Service/icesink-connect", "Service/icesink",
+                         "PodDisruptionBudget/icesink"}
     data = docs["ConfigMap/icesink-config"]["data"]
     # the API's basic auth: jaas.conf (ConfigMap) names the users' file (Secret), both mounted; here in tmp_path
     users = docs["Secret/icesink-api-users"]["stringData"]["credentials.properties"]
@@ -135,7 +136,23 @@ def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     api = docs["Service/icesink-connect"]
     assert {p["targetPort"] for p in api["spec"]["ports"]} == {"api", "metrics"}
-    assert api["metadata"]["annotations"]["prometheus.io/port"] == str(settings.metrics_port)
+    # one scrape per pod: the pods carry the scrape annotations, the Services none (a
+    # kubernetes-service-endpoints job would scrape every pod a second time)
+    for service in (api, docs["Service/icesink"]):
+        assert not any(k.startswith("prometheus.io/") for k in service["metadata"].get("annotations", {}))
+    # probes: liveness on the metrics port's /health (no auth, answers at once; /metrics scrapes every
+    # task, about 2 s each), with a timeout that a busy process meets
+    live = container["livenessProbe"]
+    assert live["httpGet"] == {"path": "/health", "port": "metrics"} and live["timeoutSeconds"] >= 5
+    assert live["failureThreshold"] * live["periodSeconds"] >= 60
+    # not root, no privilege escalation, no capabilities; the image's user owns the state volume
+    security, context = pod["spec"]["securityContext"], container["securityContext"]
+    assert security["runAsNonRoot"] and security["runAsUser"] == security["fsGroup"] == 10001
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}
+    assert "useradd --create-home --uid 10001 icesink" in (DEPLOY / "Dockerfile").read_text()
+    budget = docs["PodDisruptionBudget/icesink"]["spec"]
+    assert budget["maxUnavailable"] == 1 and budget["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert docs["StatefulSet/icesink"]["spec"]["serviceName"] == "icesink"
     for service in (api, docs["Service/icesink"]):
         assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
@@ -176,6 +193,24 @@ def test_the_compose_file_refers_to_files_that_exist(tmp_path):
     connect = compose["services"]["connect"]
     assert connect["command"][1:3] == ["connect", "--config"] and "127.0.0.1:8083:8083" in connect["ports"]
     load_connect_settings(DEPLOY / "compose-connect.json", {}, {})
+    # A named volume mounted where the image has no directory is created root-owned, and the
+    # image's user (uid 10001) cannot write the catalog: the image makes each such path its user's.
+    made = next(line for line in dockerfile.read_text().splitlines() if "useradd" in line)
+    for name in ("icesink", "connect"):
+        service = compose["services"][name]
+        for volume in service["volumes"]:
+            source, target = volume.split(":")[:2]
+            if not source.startswith("./"):
+                assert f"mkdir -p {target}" in made and "chown -R icesink /var/lib/icesink" in made, (name, target)
+        # starts once the broker answers, and comes back after a crash or a host restart
+        assert service["depends_on"] == {"kafka": {"condition": "service_healthy"}}, name
+        assert service["restart"] == "unless-stopped", name
+    assert "kafka-broker-api-versions.sh" in " ".join(compose["services"]["kafka"]["healthcheck"]["test"])
+    # Prometheus scrapes the connect service's metrics port as well as the workers'
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "compose.yml").read_text())["scrape_configs"]
+    targets = {(c["job_name"], sd["names"][0], sd["port"]) for c in scrape for sd in c["dns_sd_configs"]}
+    assert targets == {("icesink", "icesink", 9400), ("icesink-connect", "connect", 9400)}
+    assert json.loads((DEPLOY / "compose-connect.json").read_text())["metrics.port"] == 9400
 
 
 def test_the_systemd_unit_and_the_examples_start_a_known_command():
