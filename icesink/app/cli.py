@@ -10,9 +10,10 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from icesink.shared.errors import ConfigError, ControlLogError, ControlSecretError
+from icesink.shared.errors import ConfigError, ControlLogError, ControlSecretError, StartFailure
 from icesink.shared.secrets import Redactor, install_log_redaction
 
 if TYPE_CHECKING:
@@ -21,14 +22,33 @@ if TYPE_CHECKING:
 log = logging.getLogger("icesink")
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("aiokafka", "faust", "mode", "py4j", "pyiceberg"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    from icesink.app.log_format import setup_logging
+
+    setup_logging(level, fmt)
+
+
+def _choice(name: str, env: str, choices: tuple[str, ...], fold: Callable[[str], str]) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if fold(value) not in choices:
+            raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(choices)} (from {name} or {env})")
+        return fold(value)
+    return parse
+
+
+def _logging_flags(parser: argparse.ArgumentParser, top: bool) -> None:
+    """--log-level and --log-format, before the command (defaults from the environment) or after
+    it (given there, they win)."""
+    from icesink.app.log_format import FORMATS, LEVELS
+
+    level_default = os.environ.get("ICESINK_LOG_LEVEL", "INFO") if top else argparse.SUPPRESS
+    format_default = os.environ.get("ICESINK_LOG_FORMAT", "text") if top else argparse.SUPPRESS
+    parser.add_argument("--log-level", default=level_default,
+                        type=_choice("--log-level", "ICESINK_LOG_LEVEL", LEVELS, str.upper),
+                        help="DEBUG, INFO, WARNING or ERROR (default INFO, or ICESINK_LOG_LEVEL)")
+    parser.add_argument("--log-format", default=format_default,
+                        type=_choice("--log-format", "ICESINK_LOG_FORMAT", FORMATS, str.lower),
+                        help="text or json: one JSON object per line (default text, or ICESINK_LOG_FORMAT)")
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
@@ -75,16 +95,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
     log.info("settings: %s", settings.masked())
     bootstrap, broker = resolve_bootstrap(settings)
     metrics = Metrics()
-    # A replica is a worker, and the coordinator while it leads the group.
-    worker = Worker(settings, bootstrap, metrics, files=spark_files, leader=Coordinator)
-    if settings.metrics_port:
-        serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
     try:
+        # A replica is a worker, and the coordinator while it leads the group.
+        worker = Worker(settings, bootstrap, metrics, files=spark_files, leader=Coordinator)
+        if settings.metrics_port:
+            serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
         asyncio.run(worker.run(stop_requested=terminated))
+    except Exception as exc:
+        _start_failure(exc, bootstrap, settings.catalog_name, settings.catalog_props.get("uri"))
+        raise
     finally:
         if broker is not None:
             broker.stop()
     return worker.exit_code
+
+
+def _start_failure(exc: Exception, bootstrap: str, catalog: str | None = None, uri: str | None = None) -> None:
+    """Raise StartFailure (one line) if ``exc`` is a failure of the surroundings a user fixes."""
+    from icesink.app.start_failures import describe
+
+    line = describe(exc, bootstrap=bootstrap, catalog=catalog, catalog_uri=uri)
+    if line is not None:
+        log.debug("the start failure in full", exc_info=exc)
+        raise StartFailure(line) from exc
 
 
 def cmd_connect(args: argparse.Namespace) -> int:
@@ -99,6 +132,9 @@ def cmd_connect(args: argparse.Namespace) -> int:
     bootstrap, broker = resolve_bootstrap(defaults)
     try:
         return asyncio.run(run_connect(settings, bootstrap))
+    except Exception as exc:
+        _start_failure(exc, bootstrap)
+        raise
     finally:
         if broker is not None:
             broker.stop()
@@ -240,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="icesink",
         description="Stream Kafka topics into Apache Iceberg tables exactly once.",
     )
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    p.add_argument("--version", action="version", version=f"icesink {_version()}")
+    _logging_flags(p, top=True)
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -336,17 +373,31 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--config", type=Path, help="settings file whose spark.* settings the worker uses")
     a.add_argument("--check", action="store_true", help="build nothing: exit 0 if the archive exists, else 1")
     a.set_defaults(fn=cmd_spark_archive, set=None)
+    for leaf in (w, k, d, z, t, g, a):
+        _logging_flags(leaf, top=False)
     return p
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("icesink")
+    except PackageNotFoundError:  # run from a source tree without installing
+        return "0+unknown"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level, args.log_format)
     try:
         code = args.fn(args)
     except (ConfigError, ControlLogError, ControlSecretError) as exc:
         log.error("%s", exc)
         code = 2
+    except StartFailure as exc:
+        log.error("%s", exc)
+        code = 1
     except KeyboardInterrupt:
         code = 130
     except Exception:  # logged through the redacting handlers, not Python's bare traceback

@@ -153,3 +153,9 @@ class ConsumerError(IcesinkError):
         self.partition = partition
         self.offset = offset
         super().__init__(_placed(reason, topic=topic, partition=partition, offset=offset, **{"in": service}))
+
+
+class StartFailure(IcesinkError):
+    """A process could not start for a reason of its surroundings that a user fixes (a broker that is
+    down, a catalog that cannot be reached, a file it may not use): one line naming what and where
+    (icesink/app/start_failures.py)."""

@@ -1,0 +1,59 @@
+"""Failures a user causes at start, with the real ``icesink worker`` process: a broker that is
+down and a catalog that cannot be reached end the process with a non-zero exit code and one
+line naming what and where, not "unexpected error" and a traceback."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _worker(cfg: Path, tmp_path: Path) -> tuple[int, list[str]]:
+    done = subprocess.run([sys.executable, "-m", "icesink", "worker", "--config", str(cfg), "--metrics-port", "0"],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+def _one_error_line(lines: list[str]) -> str:
+    """icesink's one ERROR line, the last line it logs (a client library may log its own before it;
+    the Spark JVM begun beside the start-up prints its own lines while the process ends)."""
+    assert not any("Traceback" in line for line in lines), "\n".join(lines[-30:])
+    ours = [line for line in lines if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ", line)]
+    errors = [line for line in ours if " ERROR   icesink" in line]
+    assert len(errors) == 1 and ours[-1] == errors[0], "\n".join(lines[-30:])
+    return errors[0]
+
+
+def test_a_broker_that_is_down_is_one_line_naming_bootstrap_servers(catalog_props, tmp_path):
+    from icesink.app.replicas import free_port
+    from tests.support.sinkrun import write_config
+
+    port = free_port()  # nothing listens there
+    cfg = write_config(tmp_path / "sink.json", topics="t", tables="db.t", bootstrap=f"127.0.0.1:{port}",
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group="down-sink")
+    code, lines = _worker(cfg, tmp_path)
+    line = _one_error_line(lines)
+    assert code != 0
+    assert "bootstrap.servers" in line and f"127.0.0.1:{port}" in line, line
+
+
+def test_a_catalog_that_cannot_be_reached_is_one_line_naming_it(broker, tmp_path):
+    from icesink.app.replicas import free_port
+    from tests.support.sinkrun import write_config
+
+    port = free_port()
+    props = {"type": "rest", "uri": f"http://127.0.0.1:{port}/catalog"}
+    cfg = write_config(tmp_path / "sink.json", topics="t", tables="db.t", bootstrap=broker.bootstrap,
+                       catalog_props=props, state_dir=tmp_path / "state", group="nocat-sink")
+    code, lines = _worker(cfg, tmp_path)
+    line = _one_error_line(lines)
+    assert code != 0
+    assert "catalog" in line and f"127.0.0.1:{port}" in line, line

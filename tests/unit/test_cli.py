@@ -1,0 +1,92 @@
+"""The ``icesink`` command line: --version, --log-level and --log-format anywhere and from the
+environment, JSON log lines, and failures a user causes at start as one line naming what and
+where (the broker-down and catalog-down cases run the real command:
+tests/integration/test_start_failures.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+
+from icesink.app import cli
+
+
+@pytest.fixture(autouse=True)
+def _fresh_root_logger():
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers = []
+    yield
+    for handler in root.handlers:
+        handler.close()
+    root.handlers, root.level = handlers, level
+
+
+def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch | None = None) -> int:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    return int(exc.value.code or 0)
+
+
+def test_version_prints_the_package_version(capsys):
+    assert _run(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert re.fullmatch(r"icesink \d+\.\d+\.\d+\S*\n", out), out
+
+
+@pytest.mark.parametrize("argv", [["--log-level", "debug", "worker"], ["worker", "--log-level", "DEBUG"]])
+def test_log_level_goes_before_or_after_the_command(argv, monkeypatch):
+    monkeypatch.delenv("ICESINK_LOG_LEVEL", raising=False)
+    args = cli.build_parser().parse_args(argv)
+    assert args.log_level == "DEBUG"
+
+
+def test_log_level_and_format_come_from_the_environment_and_a_flag_wins(monkeypatch):
+    monkeypatch.setenv("ICESINK_LOG_LEVEL", "warning")
+    monkeypatch.setenv("ICESINK_LOG_FORMAT", "json")
+    args = cli.build_parser().parse_args(["worker"])
+    assert (args.log_level, args.log_format) == ("WARNING", "json")
+    args = cli.build_parser().parse_args(["worker", "--log-level", "ERROR", "--log-format", "text"])
+    assert (args.log_level, args.log_format) == ("ERROR", "text")
+
+
+def test_an_unknown_log_level_is_refused_naming_it(capsys, monkeypatch):
+    monkeypatch.delenv("ICESINK_LOG_LEVEL", raising=False)
+    assert _run(["--log-level", "LOUD", "worker"]) == 2
+    assert "LOUD" in capsys.readouterr().err
+    monkeypatch.setenv("ICESINK_LOG_LEVEL", "chatty")
+    assert _run(["worker"]) == 2
+    assert "ICESINK_LOG_LEVEL" in capsys.readouterr().err
+
+
+def test_json_log_lines_are_one_object_each_and_stay_redacted(capsys):
+    from icesink.shared.secrets import install_log_redaction
+
+    cli._setup_logging("INFO", "json")
+    install_log_redaction(lambda text: text.replace("hunter2", "[hidden]"))
+    log = logging.getLogger("icesink.test")
+    log.warning("password %s for %s", "hunter2", "db")
+    try:
+        raise ValueError("bad hunter2\nsecond line")
+    except ValueError:
+        log.exception("failed")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    first, second = (json.loads(line) for line in lines)
+    assert first["level"] == "WARNING" and first["logger"] == "icesink.test"
+    assert first["message"] == "password [hidden] for db" and "time" in first
+    assert second["message"] == "failed" and "ValueError: bad [hidden]" in second["exception"]
+    assert "hunter2" not in "".join(lines)
+
+
+def test_a_missing_or_unreadable_config_file_is_one_line(tmp_path, capsys):
+    assert _run(["worker", "--config", str(tmp_path / "nope.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--config" in err[0] and "nope.json" in err[0] and "No such file" in err[0], err
+    (tmp_path / "dir.json").mkdir()
+    assert _run(["worker", "--config", str(tmp_path / "dir.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dir.json" in err[0], err
