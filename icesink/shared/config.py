@@ -35,6 +35,7 @@ from icesink.shared.config_load import (
     STRING_CONVERTER as STRING_CONVERTER, TABLE_KEY as TABLE_KEY, TABLE_PROPS as TABLE_PROPS,
     TIMESTAMP_UNITS as TIMESTAMP_UNITS, VALUE_CONVERTERS as VALUE_CONVERTERS, WORKER_ID as WORKER_ID,
     WORKER_ID_RULE as WORKER_ID_RULE, catalog_paths_absolute as catalog_paths_absolute,
+    catalog_s3_addressing as catalog_s3_addressing,
     check_settings as check_settings, env_keys as env_keys, flatten as flatten,
     is_secret_setting as is_secret_setting, read_config_file as read_config_file, reraise_as as reraise_as,
     shown as shown,
@@ -264,7 +265,7 @@ class Settings(BaseSettings):
     @field_validator("catalog_props")
     @classmethod
     def _absolute_catalog_paths(cls, v: dict[str, str]) -> dict[str, str]:
-        return catalog_paths_absolute(v)
+        return catalog_s3_addressing(catalog_paths_absolute(v))
 
     @field_validator("spark_remote")
     @classmethod

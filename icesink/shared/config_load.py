@@ -261,6 +261,24 @@ def catalog_paths_absolute(props: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def catalog_s3_addressing(props: Mapping[str, str]) -> dict[str, str]:
+    """The reference's ``s3.path-style-access`` (Java S3FileIO's) as pyiceberg's opposite switch
+    ``s3.force-virtual-addressing``: pyiceberg 0.12 has no path-style key and ignored it (with an
+    endpoint it then addressed buckets by path whatever the user set)."""
+    style = props.get("s3.path-style-access")
+    if style is None:
+        return dict(props)
+    if style.strip().lower() not in ("true", "false"):
+        raise ConfigError(PREFIX_CATALOG + "s3.path-style-access", style, "true or false")
+    virtual = "false" if style.strip().lower() == "true" else "true"
+    given = props.get("s3.force-virtual-addressing")
+    if given is not None and given.strip().lower() != virtual:
+        raise ConfigError(PREFIX_CATALOG + "s3.path-style-access", style,
+                          f"a value that agrees with {PREFIX_CATALOG}s3.force-virtual-addressing={given} "
+                          "(path style is virtual addressing off), or only one of the two")
+    return {**props, "s3.force-virtual-addressing": virtual}
+
+
 _SQLITE_RELATIVE = re.compile(r"(?P<scheme>sqlite(?:\+\w+)?):///(?P<path>[^/?][^?]*)(?P<query>\?.*)?")
 
 

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from icesink.shared.config import load_settings
+from icesink.shared.config import build, load_settings
 from icesink.shared.errors import ConfigError
 
 TUTORIAL = {
@@ -42,6 +42,7 @@ def test_tutorial_config_loads_unchanged(tmp_path, caplog):
     assert s.catalog_props == {
         "type": "rest", "uri": "http://iceberg-rest:8181", "client.region": "us-east-1",
         "s3.endpoint": "http://minio:9000", "s3.path-style-access": "true",
+        "s3.force-virtual-addressing": "false",  # path style, as pyiceberg names it
     }
     assert s.auto_create and s.commit_interval_ms == 180000 and s.commit_timeout_ms == 30000
     assert s.control_topic == "control-iceberg" and not s.embedded_catalog
@@ -155,3 +156,20 @@ def test_hyphenated_catalog_properties_can_come_from_the_environment():
     assert keys_from_env(env) == {
         "iceberg.catalog.s3.access-key-id": "a", "iceberg.catalog.s3.secret-access-key": "b",
         "iceberg.catalog.s3.endpoint": "http://minio:9000", "iceberg.catalog.client.region": "eu"}
+
+
+@pytest.mark.parametrize(("style", "virtual"), [("true", "false"), ("false", "true"), ("TRUE", "false")])
+def test_s3_path_style_access_acts_through_pyiceberg_force_virtual_addressing_37(style, virtual):
+    """The reference's (Java S3FileIO's) s3.path-style-access: pyiceberg 0.12 has no such key and
+    ignored it; its s3.force-virtual-addressing is the opposite switch."""
+    s = build({"topics": "t", "iceberg.tables": "db.t", "iceberg.catalog.s3.endpoint": "http://minio:9000",
+               "iceberg.catalog.s3.path-style-access": style})
+    assert s.catalog_props["s3.force-virtual-addressing"] == virtual
+
+
+def test_s3_path_style_access_against_force_virtual_addressing_is_refused_37():
+    with pytest.raises(ConfigError, match="s3.path-style-access"):
+        build({"topics": "t", "iceberg.tables": "db.t", "iceberg.catalog.s3.path-style-access": "true",
+               "iceberg.catalog.s3.force-virtual-addressing": "true"})
+    with pytest.raises(ConfigError, match="s3.path-style-access"):
+        build({"topics": "t", "iceberg.tables": "db.t", "iceberg.catalog.s3.path-style-access": "sometimes"})
