@@ -154,3 +154,34 @@ def test_compaction_plans_on_the_commit_branch(two_tables):
     assert plan_compaction(table, s) is None  # main has no files
     plan = plan_compaction(table, s, branch="audit")
     assert plan is not None and len(plan.data) == 3
+
+
+def test_a_mirror_table_applies_its_changes_on_the_branch_and_a_failover_rebuilds_the_index_there(tmp_path):
+    """Main holds another writer's row for key 1; the branch forks from it, so the sink's update
+    of key 1 deletes that row on the branch (by position) and main keeps it. A new coordinator
+    (no index) rebuilds the key index from the branch's head, not main's."""
+    from coordinator.mirror import MirrorIndexes
+    from tests.unit.test_mirror_commit import ARROW, TP as MTP, make_table, mirror_settings, response
+
+    catalog = make_table(tmp_path)
+    catalog.load_table("db.m").append(pa.table({"id": [1], "v": ["main"], "region": ["eu"], "op": ["r"]}, schema=ARROW))
+    main_head = catalog.load_table("db.m").current_snapshot()
+    settings = mirror_settings(tmp_path, **{"iceberg.tables.default-commit-branch": "audit"})
+
+    def commit(mirrors: MirrorIndexes, batch: list[Accepted]) -> committer.TableCommit:
+        return committer.commit_table(catalog, "db.m", batch, committer.RoundCommit(
+            group="g", epoch=1, commit_id=batch[-1].commit_id, positions={MTP: batch[-1].offset},
+            valid_through_ms=None, branches=settings.commit_branches), mirrors=mirrors)
+
+    def on(snapshot_id: int | None) -> dict[int, str]:
+        got = catalog.load_table("db.m").scan(snapshot_id=snapshot_id).to_arrow().to_pylist()
+        out = {r["id"]: r["v"] for r in got}
+        assert len(out) == len(got), f"a key twice: {sorted(r['id'] for r in got)}"
+        return out
+
+    commit(MirrorIndexes(settings), [response(catalog, [(1, "b1", "u"), (2, "b2", "c")])])
+    failover = MirrorIndexes(settings)
+    commit(failover, [response(catalog, [(2, None, "d"), (1, "b1x", "u"), (3, "b3", "c")])])
+    table = catalog.load_table("db.m")
+    assert on(branch_head(table, "audit").snapshot_id) == {1: "b1x", 3: "b3"}  # type: ignore[union-attr]
+    assert table.current_snapshot() == main_head and on(main_head.snapshot_id) == {1: "main"}  # type: ignore[union-attr]
