@@ -185,3 +185,28 @@ def test_a_mirror_table_applies_its_changes_on_the_branch_and_a_failover_rebuild
     table = catalog.load_table("db.m")
     assert on(branch_head(table, "audit").snapshot_id) == {1: "b1x", 3: "b3"}  # type: ignore[union-attr]
     assert table.current_snapshot() == main_head and on(main_head.snapshot_id) == {1: "main"}  # type: ignore[union-attr]
+
+
+def test_compaction_rewrites_the_branchs_head_and_leaves_main(tmp_path):
+    import threading
+
+    from coordinator.maintenance import compact
+    from tests.unit.test_maintenance import SCHEMA, SPEC, _rewrite, _rows
+    from tests.support.tables import sqlite_catalog
+
+    catalog = sqlite_catalog(tmp_path)
+    table = catalog.create_table("db.t", schema=SCHEMA, partition_spec=SPEC)
+    table.append(_rows(1000, 1))
+    main_head = catalog.load_table("db.t").current_snapshot()
+    table.manage_snapshots().create_branch(main_head.snapshot_id, "audit").commit()  # type: ignore[union-attr]
+    for i in range(5):
+        table.append(_rows(i * 10, 10), branch="audit")
+    on_branch = lambda t: sorted(t.scan(snapshot_id=branch_head(t, "audit").snapshot_id).to_arrow()["id"].to_pylist())  # noqa: E731
+    before = on_branch(catalog.load_table("db.t"))
+    s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=1 << 20, branches=CommitBranches("audit"))
+    out = compact(catalog, "db.t", s, threading.Lock(), _rewrite, fence=("g", 1))
+    table = catalog.load_table("db.t")
+    assert out is not None and out.files_in == 6 and out.snapshot_id == branch_head(table, "audit").snapshot_id  # type: ignore[union-attr]
+    assert branch_head(table, "audit").summary.operation.value == "replace"  # type: ignore[union-attr]
+    assert on_branch(table) == before and len(before) == 51
+    assert table.current_snapshot() == main_head  # main untouched
