@@ -255,4 +255,4 @@ def maintenance_due(tables: TableCache, name: str, s: MaintenanceSettings, compa
         return True
     if expiry_due(table, s, int(time.time() * 1000)):
         return True
-    return compaction and plan_compaction(table, s, live) is not None
+    return compaction and plan_compaction(table, s, live, s.branches.of(name)) is not None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
@@ -32,7 +32,8 @@ from coordinator.requirements import (
 )
 from coordinator.state import Accepted, Checkpoint
 from icesink.shared.errors import ControlLogError, FencedError, TableChangedError
-from icesink.shared.iceberg import latest_sink_summary, to_data_file
+from icesink.shared.config import MAIN_BRANCH, CommitBranches
+from icesink.shared.iceberg import branch_head, ensure_branch, latest_sink_summary, to_data_file
 from icesink.shared.protocol import SinkState, TopicPartition, state_property, summary_properties
 from icesink.shared.protocol.fences import coordinator_prefix
 
@@ -69,12 +70,13 @@ class Held:
     watermark: int
 
 
-def held_commit(table: Table, group: str) -> Held | None:
-    """``group``'s newest commit in ``table`` (None: the group has none)."""
-    state = latest_sink_summary(table, group)
+def held_commit(table: Table, group: str, branch: str = MAIN_BRANCH) -> Held | None:
+    """``group``'s newest commit in ``table`` (None: the group has none), found in the history
+    of ``branch``, the one the group commits the table to."""
+    state = latest_sink_summary(table, group, branch)
     if state is None:
         return None
-    snap = table.current_snapshot()
+    snap = branch_head(table, branch)
     while snap is not None:
         s = snap.summary
         if s is not None and s["icesink.group"] == group and s["icesink.commit-id"] == state.commit_id:
@@ -106,6 +108,8 @@ class RoundCommit:
     log_id: str | None = None
     adopted: bool = False
     tables_of_round: dict[str, int] | None = None
+    #: The branch each table commits to (iceberg.tables.default-commit-branch, docs/commits.md "Branches").
+    branches: CommitBranches = field(default_factory=CommitBranches)
 
 
 def commit_table(
@@ -148,7 +152,8 @@ def _commit(
 ) -> TableCommit:
     group, epoch, commit_id, log_id, adopted = round.group, round.epoch, round.commit_id, round.log_id, round.adopted
     checkpoint = round.checkpoint
-    sink_state = validate(sink_state_requirements(table_name, epoch, log_id, adopted), table, group)
+    branch = round.branches.of(table_name)
+    sink_state = validate(sink_state_requirements(table_name, epoch, log_id, adopted), table, group, branch)
     applied = applied_watermark(sink_state, log_id, adopted)
     todo = [a for a in batch if a.offset > applied and (a.files.get(table_name) or a.deleted_keys.get(table_name))]
     watermark = max((a.offset for a in batch), default=applied)
@@ -159,9 +164,10 @@ def _commit(
               *((AssertFieldIds(table_name, paths),) if applied < 0 else ())):
         r.validate(table, sink_state)
     naming = [a.offset for a in batch if a.files.get(table_name) or a.deleted_keys.get(table_name)]
-    held = held_commit(table, group) if naming and min(naming) <= applied else None
+    held = held_commit(table, group, branch) if naming and min(naming) <= applied else None
     if not todo:
         return TableCommit(table_name, None, 0, 0, applied, held=held)
+    ensure_branch(table, table_name, branch)  # before a mirror table's deletes are planned on its head
     props = summary_properties(group, commit_id, watermark, round.positions, epoch, round.valid_through_ms,
                                log_id=log_id)
     state = SinkState(
@@ -182,16 +188,16 @@ def _commit(
             # table: icesink's preconditions are re-checked there first (tests/integration/test_commit_race.py
             # fails if they are not)
             again = retry_requirements(table_name, epoch, applied, log_id, adopted, replan=index is not None)
-            check_before_retry(tx, lambda refreshed: validate_only(again, refreshed, group))
+            check_before_retry(tx, lambda refreshed: validate_only(again, refreshed, group, branch))
             tx.set_properties({state_property(group): state.to_json()})
-            with SpecAwareAppend.of(tx, props, deletes) as append:
+            with SpecAwareAppend.of(tx, props, deletes, branch=branch) as append:
                 for f in files:
                     append.append_data_file(to_data_file(f, table))
     except _REFUSED:
         for d in deletes:  # this commit surely did not go through (an unknown outcome: gc judges the file)
             _delete_quietly(table, d.file_path)
         raise
-    snap = table.current_snapshot()
+    snap = branch_head(table, branch)
     if mirrors is not None and index is not None:  # the index now describes the new snapshot (a failure above dropped it)
         mirrors.keep(table_name, snap.snapshot_id if snap else None, index)
     return TableCommit(

@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 from pyarrow import fs as pafs
 from pyiceberg.table import Table
 
-from icesink.shared.config import Settings
+from icesink.shared.config import MAIN_BRANCH, Settings
 from icesink.shared.control import ControlReader
 from icesink.shared.errors import ConfigError
 from icesink.shared.iceberg import latest_sink_summary
@@ -111,14 +111,15 @@ def referenced_files(table: Table, cache: dict[str, frozenset[str]] | None = Non
     return out
 
 
-def sink_states(table: Table) -> dict[str, SinkState]:
+def sink_states(table: Table, branch: str = MAIN_BRANCH) -> dict[str, SinkState]:
     """The sink state of every group that has committed to the table: the groups of its
-    ``icesink.<group>.state`` properties, and of its snapshots' summaries (older versions)."""
+    ``icesink.<group>.state`` properties, and of its snapshots' summaries (older versions; read
+    along ``branch``, the one the caller's group commits the table to)."""
     groups = {m.group(1) for k in table.metadata.properties if (m := _STATE_KEY.match(k))}
     groups |= {g for s in table.metadata.snapshots if s.summary is not None and (g := s.summary[GROUP])}
     out = {}
     for g in sorted(groups):
-        st = latest_sink_summary(table, g)
+        st = latest_sink_summary(table, g, branch)
         if st is not None:
             out[g] = st
     return out

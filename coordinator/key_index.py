@@ -43,10 +43,10 @@ class KeyIndex:
         return len(self._where)
 
     @classmethod
-    def from_table(cls, table: Table, keys: Sequence[str]) -> KeyIndex:
-        """The index of ``table``'s current snapshot."""
+    def from_table(cls, table: Table, keys: Sequence[str], snapshot_id: int | None = None) -> KeyIndex:
+        """The index of ``table``'s snapshot ``snapshot_id`` (None: the current one)."""
         index = cls(keys)
-        tasks = list(table.scan().plan_files())
+        tasks = list(table.scan(snapshot_id=snapshot_id).plan_files())
         deletes = _read_deletes(table, {d.file_path for t in tasks for d in t.delete_files})
         for task in tasks:
             deleted = _deleted_positions(deletes, task.file.file_path, task.delete_files)

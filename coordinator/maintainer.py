@@ -185,7 +185,7 @@ class Maintainer:
 
         run = self._offload.run
         loaded = await run(self.catalog.load_table, table)
-        own = (await run(sink_states, loaded)).get(self.group)
+        own = (await run(sink_states, loaded, self.s.branches.of(table))).get(self.group)
         protected = await self.in_flight(own.replay_from if own is not None else None)
         found = await run(find_orphans, loaded, self.s.orphans_older_than_ms / 1000, protected.paths)
         deleted = await run(delete_orphans, loaded, found.orphans) if found.orphans else 0

@@ -48,9 +48,9 @@ from coordinator.iceberg_ext import MemoTransaction, Replace, check_before_retry
 from coordinator.key_index import read_keys
 from coordinator.mirror import MirrorIndexes
 from icesink.shared.catalogs import manifests_of
-from icesink.shared.config import Settings
+from icesink.shared.config import MAIN_BRANCH, CommitBranches, Settings
 from icesink.shared.errors import FencedError
-from icesink.shared.iceberg import latest_sink_summary
+from icesink.shared.iceberg import branch_head, latest_sink_summary
 from icesink.shared.protocol.fences import coordinator_prefix
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,8 @@ class MaintenanceSettings:
     orphans_older_than_ms: int = 3 * 24 * 3600 * 1000
     orphans_every_s: float = 24 * 3600.0
     control_log_every_s: float = 600.0  # 0: the control log is never truncated
+    # The branch of each table compaction rewrites: the one its rounds commit to (docs/commits.md "Branches").
+    branches: CommitBranches = field(default_factory=CommitBranches)
 
     @classmethod
     def of(cls, s: Settings) -> MaintenanceSettings:
@@ -87,6 +89,7 @@ class MaintenanceSettings:
             orphans_older_than_ms=s.maintenance_orphans_older_than_ms,
             orphans_every_s=s.maintenance_orphans_every_ms / 1000,
             control_log_every_s=s.maintenance_control_log_every_ms / 1000,
+            branches=s.commit_branches,
         )
 
 
@@ -223,11 +226,11 @@ def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.
 
 
 def live_files(table: Table, cache: dict[str, tuple[DataFile, ...]] | None = None,
-               manifests: Sequence[ManifestFile] | None = None) -> list[DataFile]:
-    """The data and delete files of the current snapshot. ``cache`` (manifest path -> its live
+               manifests: Sequence[ManifestFile] | None = None, branch: str = MAIN_BRANCH) -> list[DataFile]:
+    """The data and delete files of the head of ``branch``. ``cache`` (manifest path -> its live
     files, for one table) saves reading manifests again: they never change once written; it
-    is pruned to the current snapshot's manifests."""
-    snap = table.current_snapshot()
+    is pruned to that snapshot's manifests."""
+    snap = branch_head(table, branch)
     if snap is None:
         return []
     manifests = manifests_of(snap, table.io) if manifests is None else manifests
@@ -264,15 +267,15 @@ _TOLD: set[tuple[str, tuple[Any, ...]]] = set()  # partitions too big to fold, l
 
 
 def plan_compaction(table: Table, s: MaintenanceSettings,
-                    cache: dict[str, tuple[DataFile, ...]] | None = None) -> Plan | None:
+                    cache: dict[str, tuple[DataFile, ...]] | None = None, branch: str = MAIN_BRANCH) -> Plan | None:
     """One partition of the current spec to compact (None: nothing is due). A partition is due
     once it holds ``min-input-files`` small data files, or ``min-delete-files`` delete files
     (default 1: any). With delete files, ALL its data files are rewritten with the deletes
     applied and the delete files go (skipped, logged once, when its data exceeds ``max-bytes``:
     the step would not be bounded); without, its smallest small files up to ``max-bytes``. The
     partition with the most small and delete files goes first. ``cache``: :func:`live_files`'s,
-    for this table."""
-    snap = table.current_snapshot()
+    for this table. ``branch``: the branch the sink commits the table to (its head is compacted)."""
+    snap = branch_head(table, branch)
     if snap is None:
         return None
     manifests = manifests_of(snap, table.io)
@@ -282,7 +285,7 @@ def plan_compaction(table: Table, s: MaintenanceSettings,
     spec_id = table.metadata.default_spec_id
     data: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
     deletes: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
-    for f in live_files(table, cache, manifests):
+    for f in live_files(table, cache, manifests, branch):
         if f.spec_id == spec_id:
             (data if f.content == DataFileContent.DATA else deletes)[_partition_key(f)].append(f)
     due = []
@@ -346,10 +349,11 @@ def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading
     ``seen``: as for :func:`expire`: nothing due there, no catalog read. ``fence``: the
     coordinator's group and epoch, named in the new files' prefix (icesink/shared/protocol/fences.py)
     and checked under the lock before the commit: a coordinator fenced meanwhile commits nothing."""
-    if seen is not None and plan_compaction(seen, s, cache) is None:
+    branch = s.branches.of(name)
+    if seen is not None and plan_compaction(seen, s, cache, branch) is None:
         return None
     table = catalog.load_table(name)
-    plan = plan_compaction(table, s, cache)
+    plan = plan_compaction(table, s, cache, branch)
     if plan is None:
         return None
     prefix = f"compacted-{int(time.time() * 1000)}-{threading.get_ident() % 100000}"
@@ -366,7 +370,7 @@ def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading
     snapshot_id = commit_rewrite(
         catalog, name, plan, new, lock,
         None if mirrors is None else lambda parent, snap: mirrors.rewritten(name, parent, snap, moved), fence=fence,
-        cache=cache)
+        cache=cache, branch=branch)
     return Rewritten(len(plan.data), len(new), sum(f.file_size_in_bytes for f in plan.data), snapshot_id,
                      len(plan.deletes))
 
@@ -386,7 +390,7 @@ def _keys_of(table: Table, name: str, files: Sequence[DataFile], keys: Sequence[
 def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFile], lock: threading.Lock,
                    committed: Callable[[int | None, int | None], Any] | None = None,
                    fence: tuple[str, int] | None = None,
-                   cache: dict[str, tuple[DataFile, ...]] | None = None) -> int | None:
+                   cache: dict[str, tuple[DataFile, ...]] | None = None, branch: str = MAIN_BRANCH) -> int | None:
     """Replace the plan's data and delete files by ``new`` in one REPLACE snapshot; retried on
     a conflict, dropped (the new files deleted) when an input is no longer live or the
     partition gained delete files meanwhile (they name rows of the inputs). Never half-applied.
@@ -397,19 +401,20 @@ def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFi
     ``cache``: :func:`live_files`'s for this table. Under the lock only the current snapshot's
     manifests not read before are read, and those holding inputs (to be rewritten). A conflict
     is retried here, every check again, never by pyiceberg alone (it would re-apply the
-    replace on a snapshot that may have gained delete files of the partition)."""
+    replace on a snapshot that may have gained delete files of the partition). ``branch``: the
+    branch whose head is rewritten (the one the sink commits the table to)."""
     wanted = {normalize(f.file_path) for f in plan.data}
     folded = {normalize(f.file_path) for f in plan.deletes}
     for attempt in range(1, _COMMIT_ATTEMPTS + 1):
         with lock:
             table = catalog.load_table(name)
-            if fence is not None and (state := latest_sink_summary(table, fence[0])) is not None \
+            if fence is not None and (state := latest_sink_summary(table, fence[0], branch)) is not None \
                     and state.epoch > fence[1]:
                 _delete_all(table, new)
                 raise FencedError(f"{name}: compaction of coordinator epoch {fence[1]} dropped: the table holds "
                                   f"epoch {state.epoch} of group {fence[0]}")
-            base = table.current_snapshot()
-            live = live_files(table, cache)
+            base = branch_head(table, branch)
+            live = live_files(table, cache, branch=branch)
             data = {normalize(f.file_path) for f in live if f.content == DataFileContent.DATA}
             deletes = {normalize(f.file_path) for f in live
                        if f.content != DataFileContent.DATA and _partition_key(f) == plan.partition}
@@ -421,7 +426,7 @@ def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFi
             try:
                 with MemoTransaction(table) as tx:  # stages its metadata once (coordinator/iceberg_ext/)
                     check_before_retry(tx, _no_blind_retry)
-                    rewrite = Replace.of(tx, {MAINTENANCE_KEY: "compaction"}, cache)
+                    rewrite = Replace.of(tx, {MAINTENANCE_KEY: "compaction"}, cache, branch=branch)
                     with rewrite:
                         for f in (*plan.data, *plan.deletes):
                             rewrite.delete_data_file(f)
@@ -430,7 +435,7 @@ def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFi
             except CommitFailedException as exc:
                 log.info("%s: compaction commit conflicted (attempt %d): %s", name, attempt, exc)
                 continue
-            snap = table.current_snapshot()
+            snap = branch_head(table, branch)
             if committed is not None:
                 parent = base.snapshot_id if base is not None and snap is not None and \
                     snap.parent_snapshot_id == base.snapshot_id else None

@@ -30,7 +30,7 @@ from coordinator.state import Accepted
 from icesink.shared.config import Settings
 from icesink.shared.errors import TableChangedError
 from icesink.shared.protocol import FileInfo
-from icesink.shared.iceberg import mirror_keys, to_data_file
+from icesink.shared.iceberg import branch_head, mirror_keys, to_data_file
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +51,16 @@ class MirrorIndexes:
         return mirror_keys(self.settings, name, table)
 
     def take(self, name: str, table: Table, keys: tuple[str, ...]) -> KeyIndex:
-        """The index of ``table``'s current snapshot, removed from here until :meth:`keep`:
-        the one kept after the last commit if the table has not moved since, else rebuilt."""
-        snapshot = table.current_snapshot()
+        """The index of the head of ``table``'s commit branch, removed from here until :meth:`keep`:
+        the one kept after the last commit if the branch has not moved since, else rebuilt."""
+        snapshot = branch_head(table, self.settings.commit_branch(name))
         current = snapshot.snapshot_id if snapshot is not None else None
         with self._lock:
             kept = self._by_table.pop(name, None)
         if kept is not None and kept[0] == current and kept[1].keys == keys:
             return kept[1]
         started = time.monotonic()
-        index = KeyIndex.from_table(table, keys) if current is not None else KeyIndex(keys)
+        index = KeyIndex.from_table(table, keys, current) if current is not None else KeyIndex(keys)
         log.info("table %s: key index rebuilt from snapshot %s: %d keys in %.2fs", name, current, len(index),
                  time.monotonic() - started)
         return index

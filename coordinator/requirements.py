@@ -18,6 +18,7 @@ from pyiceberg.table import Table
 
 from coordinator.files import confined, data_roots, field_id_mismatch
 from icesink.shared.errors import ControlLogError, FencedError, TableChangedError
+from icesink.shared.config import MAIN_BRANCH
 from icesink.shared.iceberg import latest_sink_summary
 from icesink.shared.protocol import SinkState
 
@@ -28,17 +29,20 @@ class TableRequirement(Protocol):
     def validate(self, table: Table, state: SinkState | None) -> None: ...
 
 
-def validate(requirements: Sequence[TableRequirement], table: Table, group: str) -> SinkState | None:
-    """Validate ``requirements`` in order against ``table``; returns the group's sink state."""
-    state = latest_sink_summary(table, group)
+def validate(requirements: Sequence[TableRequirement], table: Table, group: str,
+             branch: str = MAIN_BRANCH) -> SinkState | None:
+    """Validate ``requirements`` in order against ``table``; returns the group's sink state
+    (``branch``: the one the group commits the table to, whose history holds its state)."""
+    state = latest_sink_summary(table, group, branch)
     for r in requirements:
         r.validate(table, state)
     return state
 
 
-def validate_only(requirements: Sequence[TableRequirement], table: Table, group: str) -> None:
+def validate_only(requirements: Sequence[TableRequirement], table: Table, group: str,
+                  branch: str = MAIN_BRANCH) -> None:
     """:func:`validate`, for a hook that takes no result (pyiceberg's retry)."""
-    validate(requirements, table, group)
+    validate(requirements, table, group, branch)
 
 
 def applied_watermark(state: SinkState | None, log_id: str | None, adopted: bool) -> int:

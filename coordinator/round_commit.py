@@ -194,7 +194,7 @@ class RoundCommits:
         due = sorted((t for t in tables if self._parked.due(t, now)), key=lambda t: t in self._parked)  # healthy first
         round = RoundCommit(self.group, self.session.epoch, commit_id, cp.positions, valid_through_ms=valid_through,
                             checkpoint=cp, log_id=self.session.log_id, adopted=self.session.adopted,
-                            tables_of_round=round_tables(batch))
+                            tables_of_round=round_tables(batch), branches=self.settings.commit_branches)
         results: dict[str, TableCommit] = {}
 
         async def commit_and_announce(table: str) -> None:

@@ -174,13 +174,13 @@ class Recovery:
 
     def held_commit(self, name: str) -> Held | None:
         try:
-            return held_commit(self.catalog.load_table(name), self.group)
+            return held_commit(self.catalog.load_table(name), self.group, self.settings.commit_branch(name))
         except NoSuchTableError:
             return None
 
     def summary(self, name: str) -> SinkState | None:
         try:
-            return latest_sink_summary(self.catalog.load_table(name), self.group)
+            return latest_sink_summary(self.catalog.load_table(name), self.group, self.settings.commit_branch(name))
         except NoSuchTableError:
             return None
 

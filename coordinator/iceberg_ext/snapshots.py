@@ -26,6 +26,7 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.update import AssertRefSnapshotId, UpdatesAndRequirements
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles, _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record
 
@@ -33,6 +34,7 @@ from coordinator.iceberg_ext.catalogs import staged_metadata
 from coordinator.iceberg_ext.deletes import DeletesManifest, add_position_deletes
 from coordinator.iceberg_ext.manifest_writers import manifest_writer
 from icesink.shared.catalogs import manifests_of
+from icesink.shared.config import MAIN_BRANCH
 from icesink.shared.errors import TableChangedError
 
 __all__ = ["MemoTransaction", "Replace", "SpecAwareAppend", "check_before_retry"]
@@ -53,10 +55,11 @@ def check_before_retry(tx: Transaction, check: Callable[[Table], None]) -> None:
     tx._rebuild_snapshot_updates = checked_rebuild  # type: ignore[method-assign]
 
 
-def _producer(cls: type[P], tx: Transaction, props: dict[str, str], operation: Operation) -> P:
+def _producer(cls: type[P], tx: Transaction, props: dict[str, str], operation: Operation,
+              branch: str = MAIN_BRANCH) -> P:
     """A snapshot producer of class ``cls`` in ``tx``, set up as ``tx.update_snapshot`` sets up
-    pyiceberg's own (its file io, branch and snapshot properties)."""
-    update = tx.update_snapshot(snapshot_properties=props)
+    pyiceberg's own (its file io, branch and snapshot properties); the snapshot goes to ``branch``."""
+    update = tx.update_snapshot(snapshot_properties=props, branch=branch)
     return cls(operation=operation, transaction=tx, io=update._io, branch=update._branch,
                snapshot_properties=update._snapshot_properties)
 
@@ -94,12 +97,22 @@ class SpecAwareAppend(_FastAppendFiles):
     position_deletes: Sequence[DataFile] = ()
 
     @classmethod
-    def of(cls, tx: Transaction, props: dict[str, str], deletes: list[DataFile] = []) -> SpecAwareAppend:  # noqa: B006
+    def of(cls, tx: Transaction, props: dict[str, str], deletes: list[DataFile] = [],  # noqa: B006
+           branch: str = MAIN_BRANCH) -> SpecAwareAppend:
         """With ``deletes`` (a mirror table's position delete files) the snapshot also adds
-        them, in a DELETES manifest, as an overwrite."""
-        out = _producer(cls, tx, props, Operation.OVERWRITE if deletes else Operation.APPEND)
+        them, in a DELETES manifest, as an overwrite. ``branch``: the branch it commits to."""
+        out = _producer(cls, tx, props, Operation.OVERWRITE if deletes else Operation.APPEND, branch)
         out.position_deletes = list(deletes)
         return out
+
+    def _commit(self) -> UpdatesAndRequirements:
+        """pyiceberg 0.12's, able to start a branch in a table without snapshots (its requirement
+        refuses any branch but main there; Iceberg's own snapshot producer starts the branch
+        from the new snapshot, and so does the reference sink's commit)."""
+        updates, requirements = super()._commit()
+        return updates, tuple(_AssertNewRef(ref=r.ref, snapshot_id=None)
+                              if isinstance(r, AssertRefSnapshotId) and r.snapshot_id is None else r
+                              for r in requirements)
 
     def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
         """pyiceberg 0.12's, with a writer prepared once per shape (coordinator/iceberg_ext/manifest_writers.py)."""
@@ -158,6 +171,17 @@ class SpecAwareAppend(_FastAppendFiles):
             self._added_data_files = every
 
 
+class _AssertNewRef(AssertRefSnapshotId):
+    """The ref must not exist yet (as pyiceberg's, sent to a REST catalog as the same
+    requirement), also in a table with no snapshot: pyiceberg 0.12 refuses a branch other than
+    main there, a rule of its own client, not of the Iceberg spec."""
+
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]  # as pyiceberg's
+        if base_metadata is not None and not base_metadata.snapshots and self.ref not in base_metadata.refs:
+            return
+        super().validate(base_metadata)
+
+
 def _unpartitioned_copy(f: DataFile) -> DataFile:
     """``f`` for the snapshot summary's counts only: same size and records, no partition."""
     return DataFile.from_args(
@@ -176,10 +200,12 @@ class Replace(_OverwriteFiles):
     live: Mapping[str, tuple[DataFile, ...]] = EMPTY_DICT  # live_files's cache: manifests known to hold no input
 
     @classmethod
-    def of(cls, tx: Transaction, props: dict[str, str], live: Mapping[str, tuple[DataFile, ...]] | None = None) -> Replace:
+    def of(cls, tx: Transaction, props: dict[str, str], live: Mapping[str, tuple[DataFile, ...]] | None = None,
+           branch: str = MAIN_BRANCH) -> Replace:
         """A replace in ``tx`` with snapshot properties ``props``; ``live``: :func:`live_files`'s
-        cache of the table (coordinator/maintenance.py), manifests known to hold no input."""
-        out = _producer(cls, tx, props, Operation.OVERWRITE)
+        cache of the table (coordinator/maintenance.py), manifests known to hold no input;
+        ``branch``: the branch whose head it rewrites."""
+        out = _producer(cls, tx, props, Operation.OVERWRITE, branch)
         out.live = live if live is not None else {}
         return out
 

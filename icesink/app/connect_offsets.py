@@ -32,7 +32,7 @@ def committed_offsets(settings: Settings) -> list[dict[str, Any]]:
         if name in states:
             continue
         try:
-            st = latest_sink_summary(catalog.load_table(name), settings.group_id)
+            st = latest_sink_summary(catalog.load_table(name), settings.group_id, settings.commit_branch(name))
         except NoSuchTableError:
             continue
         if st is not None:

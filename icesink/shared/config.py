@@ -28,7 +28,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 # The keys, their checks and how they are read (icesink/shared/config_load.py): re-exported, so that
 # `from icesink.shared.config import X` works for each as it did before the split.
 from icesink.shared.config_load import (
-    ACCEPTED_IGNORED as ACCEPTED_IGNORED, BYTES_CONVERTER as BYTES_CONVERTER, CDC_ROUTE_FIELDS as CDC_ROUTE_FIELDS,
+    ACCEPTED_IGNORED as ACCEPTED_IGNORED, MAIN_BRANCH as MAIN_BRANCH, CommitBranches as CommitBranches,
+    BYTES_CONVERTER as BYTES_CONVERTER, CDC_ROUTE_FIELDS as CDC_ROUTE_FIELDS,
     CONNECT_CONSUMER_OVERRIDES as CONNECT_CONSUMER_OVERRIDES, DEBEZIUM_PROPS as DEBEZIUM_PROPS,
     DEBEZIUM_TRANSFORMS as DEBEZIUM_TRANSFORMS, JSON_CONVERTER as JSON_CONVERTER, KEY_CONVERTERS as KEY_CONVERTERS,
     PREFIX_CATALOG as PREFIX_CATALOG, PREFIX_CREATE_PROPS as PREFIX_CREATE_PROPS,
@@ -84,6 +85,10 @@ class Settings(BaseSettings):
     cdc_field: str | None = Field(None, alias="iceberg.tables.cdc-field", min_length=1)
     upsert_mode: bool = Field(False, alias="iceberg.tables.upsert-mode-enabled")
     table_id_columns: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.id-columns")
+    # Commit branches (reference keys, docs/commits.md "Branches"): the branch every table's rounds
+    # commit to (created from main's snapshot when missing), unless its own key names another.
+    default_commit_branch: str | None = Field(None, alias="iceberg.tables.default-commit-branch")
+    table_commit_branch: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.commit-branch")
     control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
     # As Kafka Connect's internal topics: 3. A cluster with fewer brokers refuses to create the
     # topic (set it to the broker count); Tansu (the embedded broker) accepts any value.
@@ -310,6 +315,14 @@ class Settings(BaseSettings):
         if self.errors_tolerance is None:
             return self.dlq_topic is not None
         return self.errors_tolerance == "all"
+
+    @property
+    def commit_branches(self) -> CommitBranches:
+        """The branch each table's rounds commit to (and its exactly-once state is read from)."""
+        return CommitBranches(self.default_commit_branch or MAIN_BRANCH, tuple(sorted(self.table_commit_branch.items())))
+
+    def commit_branch(self, table: str) -> str:
+        return self.commit_branches.of(table)
 
     def partition_by(self, table: str) -> str | None:
         return self.table_partition_by.get(table, self.default_partition_by)

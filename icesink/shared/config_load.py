@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import tomllib
+from dataclasses import dataclass
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,8 +63,10 @@ CONNECT_CONSUMER_OVERRIDES = {
 PREFIX_CATALOG = "iceberg.catalog."
 PREFIX_CREATE_PROPS = "iceberg.tables.auto-create-props."
 # Per-table keys iceberg.table.<table>.<prop>: prop -> the map field holding table -> value.
-TABLE_PROPS = ("partition-by", "route-regex", "timestamp-unit", "timestamp-fields", "id-columns")
+TABLE_PROPS = ("partition-by", "route-regex", "timestamp-unit", "timestamp-fields", "id-columns", "commit-branch")
 TABLE_KEY = re.compile(r"^iceberg\.table\.(?P<table>.+)\.(?P<prop>" + "|".join(TABLE_PROPS) + ")$")
+#: The branch a table's commits go to unless the commit-branch keys name another (Iceberg's).
+MAIN_BRANCH = "main"
 #: What a ``worker.id`` may be: it names this replica's directories (staging, Faust's data) and
 #: is part of its data files' names, so a plain name, never a path.
 WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -71,6 +74,19 @@ WORKER_ID_RULE = ("a plain name: 1 to 128 letters, digits, '.', '_' or '-', star
                   "(it names this replica's directories and files, so never a path)")
 #: Units of JSON numbers in timestamp and time columns (agents.convert.EPOCH_UNITS).
 TIMESTAMP_UNITS = ("s", "ms", "us", "ns")
+
+
+@dataclass(frozen=True)
+class CommitBranches:
+    """The branch each table's rounds commit to, as the reference sink's
+    ``iceberg.tables.default-commit-branch`` and ``iceberg.table.<table>.commit-branch`` say
+    (unset: main). A plain value: it crosses into the commit processes pickled."""
+
+    default: str = MAIN_BRANCH
+    tables: tuple[tuple[str, str], ...] = ()
+
+    def of(self, table: str) -> str:
+        return dict(self.tables).get(table, self.default)
 
 
 # Checks across settings ---------------------------------------------------------------------
@@ -145,6 +161,7 @@ def check_settings(s: Settings) -> None:
         ("timestamp-unit", s.table_timestamp_unit),
         ("timestamp-fields", s.table_timestamp_fields),
         ("id-columns", s.table_id_columns),
+        ("commit-branch", s.table_commit_branch),
     ):
         for table in per_table:
             if table not in s.tables and not s.dynamic_tables:
@@ -167,6 +184,12 @@ def check_settings(s: Settings) -> None:
                 re.compile(fields_pattern)
             except re.error as exc:
                 raise ConfigError(key, fields_pattern, f"a regular expression over dotted field names ({exc})") from None
+    branches = {"iceberg.tables.default-commit-branch": s.default_commit_branch} | {
+        f"iceberg.table.{t}.commit-branch": b for t, b in s.table_commit_branch.items()
+    }
+    for key, branch in branches.items():
+        if branch is not None and (not branch.strip() or branch != branch.strip()):
+            raise ConfigError(key, branch, "a branch name (no blank, no leading or trailing spaces); unset: main")
     for table in s.tables:
         if "." not in table:
             raise ConfigError("iceberg.tables", table, "namespace.table names, e.g. rpc.pizzas")

@@ -15,13 +15,16 @@ from typing import Any
 from uuid import UUID
 
 from pyiceberg.catalog import Catalog, load_catalog as _load_catalog
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table import Table
+from pyiceberg.table.refs import SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from pyiceberg.types import BinaryType, DecimalType, FixedType, IcebergType, UUIDType
 
-from icesink.shared.config import Settings
+from icesink.shared.config import MAIN_BRANCH, Settings
 from icesink.shared.errors import ConfigError, TableChangedError
 from icesink.shared.protocol import COMMIT_ID, EPOCH, GROUP, LOG_ID, POSITIONS, VALID_THROUGH, WATERMARK, FileInfo, SinkState
 from icesink.shared.protocol.summary import flat_positions, state_property
@@ -211,19 +214,49 @@ def to_data_file(fi: FileInfo, table: Table) -> DataFile:
 # Sink state: reading it back from a table ---------------------------------------------------
 
 
-def latest_sink_summary(table: Table, group: str) -> SinkState | None:
+def branch_head(table: Table, branch: str = MAIN_BRANCH) -> Snapshot | None:
+    """The snapshot at the head of ``branch`` (None: the branch does not exist yet or has none)."""
+    return table.snapshot_by_name(branch)
+
+
+def ensure_branch(table: Table, name: str, branch: str) -> None:
+    """Create ``branch`` of ``table`` (named ``name``) at main's current snapshot when it does not
+    exist, as the reference sink's commit to a missing branch does (Iceberg's snapshot producer
+    starts it from the table's current snapshot): the branch holds the table's rows so far, then
+    the sink's. A table without a snapshot gets the branch from the commit's own snapshot.
+    A tag of that name refuses the commit (TableChangedError: retried, the table parked)."""
+    ref = table.metadata.refs.get(branch)
+    if ref is not None and ref.snapshot_ref_type != SnapshotRefType.BRANCH:
+        raise TableChangedError(f"table {name}: expected {branch!r} to be a branch to commit to "
+                                f"(iceberg.tables.default-commit-branch), found a tag of that name; remove the tag "
+                                "or set another commit branch")
+    if ref is not None or branch == MAIN_BRANCH:
+        return
+    current = table.current_snapshot()
+    if current is None:
+        return
+    try:
+        table.manage_snapshots().create_branch(current.snapshot_id, branch).commit()
+    except CommitFailedException:
+        table.refresh()  # another writer changed the table meanwhile (or made the branch)
+        if branch not in table.metadata.refs:
+            raise
+
+
+def latest_sink_summary(table: Table, group: str, branch: str = MAIN_BRANCH) -> SinkState | None:
     """``group``'s sink state in ``table``: the table property written with every commit of
     this version (it survives another tool's snapshot expiry), else, for tables written by
-    older versions, the newest snapshot in the current ancestry written by this group
+    older versions, the newest snapshot in the ancestry of ``branch`` (the one the group
+    commits the table to: iceberg.tables.default-commit-branch) written by this group
     (snapshots of other writers carry no icesink keys and are walked past)."""
     raw = table.metadata.properties.get(state_property(group))
     if raw is not None:
         return SinkState.from_json(raw, f"table {'.'.join(table.name())} property {state_property(group)}")
-    return _summary_walk(table, group)
+    return _summary_walk(table, group, branch)
 
 
-def _summary_walk(table: Table, group: str) -> SinkState | None:
-    snap = table.current_snapshot()
+def _summary_walk(table: Table, group: str, branch: str) -> SinkState | None:
+    snap = branch_head(table, branch)
     while snap is not None:
         s = snap.summary
         if s is not None and s[GROUP] == group and s[COMMIT_ID] is not None:
