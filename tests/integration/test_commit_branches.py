@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# A kill -9 between a round's table commits and a restart, 2 minutes: in `./dev chaos`.
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 TOPIC, GROUP = "br-events", "br-sink"
 AUDITED, OTHER = "br.audited", "br.other"  # to the default branch "audit"; to its own branch "b2"
