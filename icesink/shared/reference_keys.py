@@ -29,9 +29,9 @@ _INT_WRITE_PROPS = (
 _METRICS_MODE_KEYS = ("write.metadata.metrics.default", "write.metadata.metrics.column.")
 FILE_FORMATS_WRITTEN = ("parquet",)
 #: Why ORC and Avro files are not written (write.format.default).
-FORMAT_WHY = ("icesink's Spark writes plain files without the Iceberg runtime and reads each file's column "
-              "metrics from its Parquet footer (pyiceberg has no ORC or Avro data-file metrics): only parquet "
-              "files are written; set write.format.default=parquet or leave it unset")
+FORMAT_WHY = ("parquet: icesink's Spark writes plain files without the Iceberg runtime and reads each file's "
+              "column metrics from its Parquet footer (pyiceberg has no ORC or Avro data-file metrics); compaction "
+              "and mirror tables' position deletes read Parquet too. Only parquet files are written")
 
 #: Reference keys icesink refuses, and why (each names what to use instead).
 REFUSED: dict[str, str] = {

@@ -70,8 +70,8 @@ def test_write_prop_target_file_size_is_the_target_of_every_write() -> None:
     ("write.metadata.metrics.column.id", "most", "counts"),
     ("write.parquet.bloom-filter-enabled.column.id", "true", "writer property icesink's files take"),
     ("write.object-storage.enabled", "true", "writer property icesink's files take"),
-    ("write.format.default", "orc", "only parquet"),
-    ("write.format.default", "avro", "only parquet"),
+    ("write.format.default", "orc", "Only parquet"),
+    ("write.format.default", "avro", "Only parquet"),
 ])
 def test_write_props_that_cannot_act_are_refused_naming_the_key(key: str, value: str, fragment: str) -> None:
     err = refused(f"iceberg.tables.write-props.{key}", value)
