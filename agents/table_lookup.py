@@ -68,7 +68,7 @@ class GroupHistory:
         if not self.missing.group_has_run:
             group = self.settings.group_id
             reader = ControlReader(self.bootstrap, self.settings.control_topic, group,
-                                   self.settings.kafka_client_kwargs(), commit_group=f"{group}-coordinator")
+                                   self.settings.control_client_kwargs(), commit_group=self.settings.coordinator_group)
             await reader.start()
             try:
                 ran = await reader.committed() is not None
@@ -86,7 +86,7 @@ class GroupHistory:
         log cannot tell: truncated (its first events deleted), or not read in time."""
         if self.missing.committed is None:
             reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id,
-                                   self.settings.kafka_client_kwargs(), secret=self.keyring)
+                                   self.settings.control_client_kwargs(), secret=self.keyring)
             names: set[str] = set()
             await reader.start()
             try:

@@ -165,7 +165,7 @@ class Worker:
             loop.add_signal_handler(sig, self.request_stop)
         if stop_requested is not None and stop_requested.is_set():
             self.request_stop()
-        client = self.settings.kafka_client_kwargs()
+        client = self.settings.control_client_kwargs()  # the control topic's clients (iceberg.kafka.*)
         keyring = self.keyring  # loaded (secret.load) before anything is sent or read
         self.secret = SecretLoader(self.settings, self.bootstrap, keyring, self.metrics, self.status)
         self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client, keyring)

@@ -168,8 +168,8 @@ async def in_flight_files(settings: Settings, bootstrap: str, table_start: int |
     signed with it, a checkpoint too, names nothing and moves nothing."""
     group = settings.group_id
     reader = ControlReader(
-        bootstrap, settings.control_topic, group, settings.kafka_client_kwargs(),
-        commit_group=f"{group}-coordinator", secret=keyring,
+        bootstrap, settings.control_topic, group, settings.control_client_kwargs(),
+        commit_group=settings.coordinator_group, secret=keyring,
     )
     await reader.start()
     try:

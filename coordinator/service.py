@@ -68,8 +68,8 @@ class Coordinator:
         self.session = Session()
         self.status = self.session.status  # /status (agents/worker.py)
         self._reader = ControlReader(
-            bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
-            commit_group=f"{self.group}-coordinator", metrics=metrics, reader="coordinator",
+            bootstrap, settings.control_topic, self.group, settings.control_client_kwargs(),
+            commit_group=settings.coordinator_group, metrics=metrics, reader="coordinator",
             secret=producer.keyring,  # the replica's (agents/worker.py): the same key signs and checks
         )
         self._commit_task: asyncio.Task[None] | None = None
@@ -84,8 +84,9 @@ class Coordinator:
         parked = ParkedTables(metrics, self.status)  # tables whose commits keep failing (coordinator/parking.py)
         self._parked = parked
         self._recovery = Recovery(settings, bootstrap, self.session, self._reader, catalog, offload, metrics)
-        truncator = ControlLogTruncator(bootstrap, settings.control_topic, self.group, settings.kafka_client_kwargs(),
-                                        producer.keyring)  # the group's own checkpoint: signed
+        truncator = ControlLogTruncator(bootstrap, settings.control_topic, self.group, settings.control_client_kwargs(),
+                                        producer.keyring,  # the group's own checkpoint: signed
+                                        coordinator_group=settings.coordinator_group)
         self._maintainer = Maintainer(settings, catalog, metrics, self.status, locks, rewrite,
                                       lambda at: in_flight_files(settings, bootstrap, at, producer.keyring), tables=tables,
                                       mirrors=mirrors, truncate=GuardedTruncation(  # coordinator/log_floor.py

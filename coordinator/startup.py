@@ -79,7 +79,7 @@ class Recovery:
         rejected responses; announce what a table holds and the log does not."""
         states = await self.offload.run(self.table_states)
         self.table_positions = table_positions(states)
-        client = self.settings.kafka_client_kwargs()
+        client = self.settings.control_client_kwargs()  # the control topic (iceberg.kafka.*)
         topic = self.settings.control_topic
         self.session.log_id = await topic_id(self.bootstrap, topic, client_kwargs=client)
         self.session.status["control_log_id"] = self.session.log_id

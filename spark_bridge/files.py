@@ -30,6 +30,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.typedef import Record
 
 from icesink.shared.errors import ConfigError, SparkWriteError
+from icesink.shared.reference_keys import FILE_FORMATS_WRITTEN, FORMAT_WHY
 from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "WRITE_OPTIONS", "FooterPlan", "arrow_parquet_options", "delete_quietly", "filesystem", "is_local",
     "list_data_files", "parquet_options", "place", "read_data_files", "spark_uri", "write_with_arrow",
+    "writer_properties",
 ]
 
 logger = logging.getLogger(__name__)
@@ -138,6 +140,9 @@ def delete_quietly(fs: pafs.FileSystem, path: str) -> None:
 
 
 def _codec(properties: Mapping[str, str]) -> str:
+    file_format = properties.get("write.format.default", "parquet")
+    if file_format.lower() not in FILE_FORMATS_WRITTEN:
+        raise ConfigError("write.format.default", file_format, FORMAT_WHY)
     codec_name = properties.get("write.parquet.compression-codec", "zstd").lower()
     codec = _ICEBERG_CODECS.get(codec_name)
     if codec is None:
@@ -154,6 +159,8 @@ def parquet_options(properties: Mapping[str, str]) -> dict[str, str]:
         options["parquet.block.size"] = row_group
     if (page := properties.get("write.parquet.page-size-bytes")) is not None:
         options["parquet.page.size"] = page
+    if (dictionary := properties.get("write.parquet.dict-size-bytes")) is not None:
+        options["parquet.dictionary.page.size"] = dictionary
     return options
 
 
@@ -168,7 +175,15 @@ def arrow_parquet_options(properties: Mapping[str, str], bytes_per_row: int) -> 
         options["row_group_size"] = max(1, row_group // bytes_per_row)
     if (page := _int_property(properties, "write.parquet.page-size-bytes")) is not None:
         options["data_page_size"] = page
+    if (dictionary := _int_property(properties, "write.parquet.dict-size-bytes")) is not None:
+        options["dictionary_pagesize_limit"] = dictionary
     return options
+
+
+def writer_properties(table: Table, write_props: Mapping[str, str]) -> dict[str, str]:
+    """The properties a table's files are written with: its own, then ``iceberg.tables.write-props.*``,
+    which win (as the reference's writer takes them)."""
+    return {**table.metadata.properties, **write_props} if write_props else dict(table.metadata.properties)
 
 
 def _int_property(properties: Mapping[str, str], key: str) -> int | None:
@@ -209,18 +224,22 @@ def write_with_arrow(
 def read_data_files(
     table: Table, fs: pafs.FileSystem, out_path: str, out_uri: str, labels: Sequence[PartitionLabels],
     *, partition: Record | None = None, job: dict[tuple[Any, ...], FooterPlan] | None = None,
+    properties: Mapping[str, str] | None = None,
 ) -> list[DataFile]:
     """A DataFile per Parquet file under ``out_path``, its partition from its directories
     (``labels``), or ``partition`` for every file. ``job``: shared by the tables one Spark job
     wrote (``SparkFileWriter._write_group``; their files have one Parquet schema), so tables
-    alike in schema and metrics settings share their statistics plan and one schema check."""
+    alike in schema and metrics settings share their statistics plan and one schema check.
+    ``properties``: what the files were written with (:func:`writer_properties`; the table's own
+    by default): their write.metadata.metrics.* modes give each column's metrics."""
     metadata = table.metadata
     schema = table.schema()
-    metrics = tuple(sorted((k, v) for k, v in metadata.properties.items() if k.startswith(_METRICS_PREFIX)))
+    props = dict(metadata.properties if properties is None else properties)
+    metrics = tuple(sorted((k, v) for k, v in props.items() if k.startswith(_METRICS_PREFIX)))
     plan_key = (str(schema), metadata.format_version, metrics)  # str(schema) names every field id and type
     plan = job.get(plan_key) if job is not None else None
     if plan is None:
-        plan = FooterPlan(compute_statistics_plan(schema, metadata.properties), parquet_path_to_id_mapping(schema))
+        plan = FooterPlan(compute_statistics_plan(schema, props), parquet_path_to_id_mapping(schema))
         if job is not None:
             job[plan_key] = plan
     stats_plan, id_mapping = plan.stats, plan.ids

@@ -46,6 +46,7 @@ from icesink.shared.errors import SparkWriteError
 from spark_bridge import staging
 from spark_bridge.files import (
     WRITE_OPTIONS, delete_quietly, filesystem, is_local, parquet_options, place, read_data_files, spark_uri,
+    writer_properties,
 )
 from spark_bridge.schema import arrow_only_column, requires_name_mapping, spark_schema
 from spark_bridge.writer import SparkFileWriter
@@ -134,7 +135,8 @@ def _spark_rewrite(
                      .join(gone, [f_col, r_col], "left_anti").select(*columns))
         frame = frame.select(*_required(frame, table))
         n_files = max(1, math.ceil(sum(f.file_size_in_bytes for f in data_files) / target))
-        options = {**WRITE_OPTIONS, **parquet_options(metadata.properties),
+        properties = writer_properties(table, settings.write_props)  # as the sink's own writes
+        options = {**WRITE_OPTIONS, **parquet_options(properties),
                    "maxRecordsPerFile": str(max(1, math.ceil(expected / n_files)))}
         staged = settings.stages(out_uri)
         job_uri = (scratch / "out").as_uri() if staged else spark_uri(out_uri)
@@ -142,9 +144,10 @@ def _spark_rewrite(
             frame.coalesce(1).write.options(**options).mode("error").parquet(job_uri)
             partition = data_files[0].partition
             if not staged:
-                return read_data_files(table, fs, out_path, out_uri, [], partition=partition)
+                return read_data_files(table, fs, out_path, out_uri, [], partition=partition, properties=properties)
             local_fs = pafs.LocalFileSystem()
-            new = read_data_files(table, local_fs, str(scratch / "out"), out_uri, [], partition=partition)
+            new = read_data_files(table, local_fs, str(scratch / "out"), out_uri, [], partition=partition,
+                                  properties=properties)
             place(local_fs, str(scratch / "out"), fs, out_path, out_uri, len(new), move=fs.type_name == "local")
             return new
         except FileExistsError:

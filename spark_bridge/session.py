@@ -78,6 +78,8 @@ class SparkSettings:
     master: str = "local[*]"  # ignored when remote is set
     remote: str | None = None  # Spark Connect URL "sc://host:port"
     conf: Mapping[str, str] = field(default_factory=dict)  # extra spark conf
+    # iceberg.tables.write-props.*: writer properties over every table's own (files.writer_properties).
+    write_props: Mapping[str, str] = field(default_factory=dict)
     app_name: str = "icesink"
     # Upper bound on the write tasks of one call (each task writes whole partitions).
     max_write_tasks: int = 64

@@ -56,7 +56,7 @@ from icesink.shared.errors import SparkWriteError
 from spark_bridge import staging
 from spark_bridge.files import (
     WRITE_OPTIONS, FooterPlan, delete_quietly, filesystem, parquet_options, place, read_data_files, spark_uri,
-    write_with_arrow,
+    write_with_arrow, writer_properties,
 )
 from spark_bridge.labels import PartitionLabels, with_label_columns
 from spark_bridge.schema import arrow_only_column, name_mapping_mismatch, requires_name_mapping, spark_schema
@@ -90,6 +90,7 @@ class _Planned:
     out_uri: str
     fs: pafs.FileSystem
     out_path: str
+    properties: dict[str, str]  # what its files are written with (files.writer_properties)
 
     def group_key(self) -> tuple[str, ...]:
         """Writes with the same key can share one Spark job (SparkFileWriter.write_many)."""
@@ -269,15 +270,17 @@ class SparkFileWriter:
         n_tuples = 1
         if not spec.is_unpartitioned():
             extended, labels, n_tuples = with_label_columns(data, spec, schema)
-        options = {**WRITE_OPTIONS, **parquet_options(metadata.properties)}
-        return _Planned(table, data, extended, labels, n_tuples, sp_schema, arrow_schema, options, out_uri, fs, out_path)
+        properties = writer_properties(table, self.session.settings.write_props)
+        options = {**WRITE_OPTIONS, **parquet_options(properties)}
+        return _Planned(table, data, extended, labels, n_tuples, sp_schema, arrow_schema, options, out_uri, fs, out_path,
+                        properties)
 
     def _write_one(self, w: _Planned, target_file_size_bytes: int) -> list[DataFile]:
         def run_job(job_fs: pafs.FileSystem, job_path: str, job_uri: str) -> None:
             if w.sp_schema is None:
                 assert w.arrow_schema is not None
                 write_with_arrow(w.arrow_schema, w.extended, w.labels, w.data, target_file_size_bytes,
-                                    w.table.metadata.properties, job_fs, job_path)
+                                    w.properties, job_fs, job_path)
             else:
                 self._run_job(w.sp_schema, w.extended, w.labels, w.n_tuples, w.data, target_file_size_bytes,
                               w.options, job_uri)
@@ -285,7 +288,7 @@ class SparkFileWriter:
         if not self.session.settings.stages(w.out_uri):
             try:
                 run_job(w.fs, w.out_path, w.out_uri)
-                return read_data_files(w.table, w.fs, w.out_path, w.out_uri, w.labels)
+                return read_data_files(w.table, w.fs, w.out_path, w.out_uri, w.labels, properties=w.properties)
             except FileExistsError:
                 raise  # another writer's output: never delete it
             except Exception:
@@ -299,7 +302,7 @@ class SparkFileWriter:
         try:
             local_fs = pafs.LocalFileSystem()
             run_job(local_fs, str(stage_path), stage_path.as_uri())
-            data_files = read_data_files(w.table, local_fs, str(stage_path), w.out_uri, w.labels)
+            data_files = read_data_files(w.table, local_fs, str(stage_path), w.out_uri, w.labels, properties=w.properties)
             place(local_fs, str(stage_path), w.fs, w.out_path, w.out_uri, len(data_files))
             return data_files
         finally:
@@ -353,7 +356,8 @@ class SparkFileWriter:
             try:
                 for i, w in enumerate(group):
                     sub = f"{stage_root}/out/{column}={i}"
-                    data_files = read_data_files(w.table, local_fs, sub, w.out_uri, w.labels, job=job)
+                    data_files = read_data_files(w.table, local_fs, sub, w.out_uri, w.labels, job=job,
+                                                 properties=w.properties)
                     place(local_fs, sub, w.fs, w.out_path, w.out_uri, len(data_files), move=True)
                     out.append(data_files)
             except Exception:

@@ -116,7 +116,8 @@ class ConnectSettings:
         own = {k: v for k, v in config.items() if k not in CONNECTOR_ONLY}
         out: dict[str, Any] = {**self.task_defaults, **self.process_keys, "state.dir": str(self.state_dir),
                                "metrics.host": "127.0.0.1", **own}
-        out.setdefault("group.id", f"connect-{name}")
+        if "iceberg.connect.group-id" not in own:  # the reference's key for it, read as group.id
+            out.setdefault("group.id", f"connect-{name}")
         if "bootstrap.servers" not in own:
             out["bootstrap.servers"] = bootstrap or self.bootstrap_servers
         if out["bootstrap.servers"] is None:

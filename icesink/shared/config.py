@@ -42,6 +42,8 @@ from icesink.shared.config_load import (
     shown as shown,
 )
 from icesink.shared.errors import ConfigError
+from icesink.shared.reference_keys import PREFIX_HADOOP, PREFIX_KAFKA, PREFIX_WRITE_PROPS, REFUSED, check_write_props
+from icesink.shared.reference_keys import kafka_client_kwargs as kafka_props_kwargs
 from icesink.shared.secrets import MASK, Hidden, Redactor, is_secret_key, mask_setting, mask_url, url_secrets
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,15 @@ class Settings(BaseSettings):
     schema_force_optional: bool = Field(False, alias="iceberg.tables.schema-force-optional")
     schema_case_insensitive: bool = Field(False, alias="iceberg.tables.schema-case-insensitive")
     auto_create_props: dict[str, str] = Field(default_factory=dict, alias="iceberg.tables.auto-create-props.*")
+    # The reference's writer properties, over each table's own (icesink/shared/reference_keys.py).
+    write_props: dict[str, str] = Field(default_factory=dict, alias="iceberg.tables.write-props.*")
+    # Spark's Hadoop configuration: the *-site.xml files of this directory, then iceberg.hadoop.* (reference keys).
+    hadoop_conf_dir: str | None = Field(None, alias="iceberg.hadoop-conf-dir")
+    hadoop_props: dict[str, str] = Field(default_factory=dict, alias="iceberg.hadoop.*")
+    # The control-topic clients' Kafka keys (reference key; the aiokafka-known ones act, others refused).
+    kafka_props: dict[str, str] = Field(default_factory=dict, alias="iceberg.kafka.*")
+    # A key that is neither the reference's nor icesink's: refused at start, or only warned about.
+    unknown_keys: Literal["error", "warn"] = Field("error", alias="config.unknown-keys")
     default_id_columns: str | None = Field(None, alias="iceberg.tables.default-id-columns")
     # Mirror tables (CDC, docs/mirror-tables.md): changes applied by key with position deletes.
     cdc_field: str | None = Field(None, alias="iceberg.tables.cdc-field", min_length=1)
@@ -90,6 +101,11 @@ class Settings(BaseSettings):
     default_commit_branch: str | None = Field(None, alias="iceberg.tables.default-commit-branch")
     table_commit_branch: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.commit-branch")
     control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
+    # The consumer group the coordinator commits the control topic's offsets in (coordinator_group).
+    control_group_id: str | None = Field(None, alias="iceberg.control.group-id", min_length=1)
+    control_group_prefix: str | None = Field(None, alias="iceberg.control.group-id-prefix", min_length=1)
+    # Schemaless JSON values have no schema defaults: true acts as the reference's; false refused elsewhere.
+    replace_null_with_default: bool = Field(True, alias="iceberg.tables.replace-null-with-default")
     # As Kafka Connect's internal topics: 3. A cluster with fewer brokers refuses to create the
     # topic (set it to the broker count); Tansu (the embedded broker) accepts any value.
     control_replication_factor: int = Field(3, alias="iceberg.control.topic.replication-factor", ge=1)
@@ -282,6 +298,15 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check(self) -> Settings:
         check_settings(self)
+        check_write_props(self.write_props)
+        check_write_props(self.auto_create_props, PREFIX_CREATE_PROPS)  # the format and values it knows
+        kafka_props_kwargs(self.kafka_props, self._kafka_own())  # raises naming a key that cannot act
+        if not self.replace_null_with_default and (self.value_converter != JSON_CONVERTER
+                                                   or self.value_converter_schemas_enable):
+            raise ConfigError("iceberg.tables.replace-null-with-default", "false",
+                              f"true (the default) with {self.value_converter}"
+                              f"{' and schemas' if self.value_converter_schemas_enable else ''}: icesink "
+                              "writes a null field as null, it does not substitute a schema's default")
         return self
 
     # Derived views -------------------------------------------------------------------------
@@ -347,6 +372,22 @@ class Settings(BaseSettings):
         """Whether tables are mirror tables: a change field or upsert mode is set (then every
         table of the sink is one, as in the reference sink)."""
         return self.cdc_field is not None or self.upsert_mode
+
+    @property
+    def coordinator_group(self) -> str:
+        """The consumer group holding the coordinator's control-topic offsets: iceberg.control.group-id
+        (Tabular's key), else iceberg.control.group-id-prefix + group.id, else ``<group.id>-coordinator``."""
+        if self.control_group_id is not None:
+            return self.control_group_id
+        return f"{self.control_group_prefix}{self.group_id}" if self.control_group_prefix else f"{self.group_id}-coordinator"
+
+    def control_client_kwargs(self) -> dict[str, Any]:
+        """:meth:`kafka_client_kwargs` of the control-topic clients, with the iceberg.kafka.* keys."""
+        return {**self.kafka_client_kwargs(), **kafka_props_kwargs(self.kafka_props, self._kafka_own())}
+
+    def _kafka_own(self) -> dict[str, object]:
+        return {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol,
+                "sasl.mechanism": self.sasl_mechanism}
 
     def id_columns_key(self, table: str) -> str:
         return f"iceberg.table.{table}.id-columns" if table in self.table_id_columns else "iceberg.tables.default-id-columns"
@@ -445,6 +486,9 @@ def build_resolved(raw: Mapping[str, Any], environ: Mapping[str, str], **kwargs:
 
 def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, provided: dict[str, str]) -> Settings:
     fields: dict[str, Any] = {}
+    write_props: dict[str, str] = {}
+    hadoop: dict[str, str] = {}
+    kafka: dict[str, str] = {}
     catalog: dict[str, str] = {}
     create_props: dict[str, str] = {}
     spark: dict[str, str] = {}
@@ -465,6 +509,18 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
                 fields[own] = value
         elif key.startswith(PREFIX_CATALOG):
             catalog[key[len(PREFIX_CATALOG):]] = str(value)
+        elif key == "iceberg.connect.group-id":  # the reference's source consumer group: ours is group.id
+            if raw.get("group.id", value) != value:
+                raise ConfigError(key, value, f"unset or the same as group.id ({raw['group.id']}), which is set too")
+            fields["group.id"] = value
+        elif key in REFUSED:
+            raise ConfigError(key, shown(key, value), REFUSED[key])
+        elif key.startswith(PREFIX_WRITE_PROPS):
+            write_props[key[len(PREFIX_WRITE_PROPS):]] = str(value)
+        elif key.startswith(PREFIX_HADOOP):
+            hadoop[key[len(PREFIX_HADOOP):]] = str(value)
+        elif key.startswith(PREFIX_KAFKA):
+            kafka[key[len(PREFIX_KAFKA):]] = str(value)
         elif key.startswith(PREFIX_CREATE_PROPS):
             create_props[key[len(PREFIX_CREATE_PROPS):]] = str(value)
         elif key.startswith("spark."):
@@ -474,22 +530,37 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
             transforms.setdefault(name, {})[prop] = str(value)
         elif (m := TABLE_KEY.match(key)) is not None:
             per_table[m["prop"]][m["table"]] = str(value)
+        elif key.startswith("iceberg.table.") and not key.endswith(".commit-branch"):
+            raise ConfigError(key, shown(key, value), "a per-table key iceberg.table.<table>.<prop> with prop one of "
+                              + ", ".join(TABLE_PROPS) + " (docs/reference-keys.md)")
         elif key.startswith("value.converter."):
             converter_props[key] = str(value)
         elif key.startswith("key.converter."):
             key_converter_props[key] = str(value)
         else:
             unknown.append(key)
+    # config.unknown-keys (default error) decides; its value is checked with the other fields.
+    refuse_unknown = str(raw.get("config.unknown-keys", "error")) != "warn"
+    warn_unknown = warn_unknown or not refuse_unknown
     if unknown and refuse_unknown:
         key = sorted(unknown)[0]
         raise ConfigError(key, shown(key, raw[key]), "a key icesink has (README, Settings); this one would be "
-                          "ignored" + (f" (and {len(unknown) - 1} more: {', '.join(sorted(unknown)[1:])})"
+                          "ignored; config.unknown-keys=warn starts anyway"
+                          + (f" (and {len(unknown) - 1} more: {', '.join(sorted(unknown)[1:])})"
                                        if len(unknown) > 1 else ""))
     if unknown and warn_unknown:
         log.warning("unknown settings ignored: %s", ", ".join(sorted(unknown)))
     fields["iceberg.catalog.*"] = catalog
     fields["spark.*"] = spark
     fields["iceberg.tables.auto-create-props.*"] = create_props
+    fields["iceberg.tables.write-props.*"] = write_props
+    fields["iceberg.hadoop.*"] = hadoop
+    fields["iceberg.kafka.*"] = kafka
+    if (size := write_props.get("write.target-file-size-bytes")) is not None:
+        own = fields.setdefault("write.target-file-size-bytes", size)
+        if str(own) != size:
+            raise ConfigError(PREFIX_WRITE_PROPS + "write.target-file-size-bytes", size,
+                              f"unset or the same as write.target-file-size-bytes ({own}), which is set too")
     for prop, values in per_table.items():
         fields[f"iceberg.table.<table>.{prop}"] = values
     fields["transforms.<name>.*"] = transforms

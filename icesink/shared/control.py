@@ -280,8 +280,11 @@ class ControlLogTruncator:
     any other failure, is reported and tried again at the next interval)."""
 
     def __init__(self, bootstrap: str, topic: str, group: str, client_kwargs: dict[str, Any],
-                 secret: bytes | signing.Keyring | None = None, wall: Callable[[], float] = time.time) -> None:
+                 secret: bytes | signing.Keyring | None = None, wall: Callable[[], float] = time.time,
+                 coordinator_group: str | None = None) -> None:
         self.bootstrap, self.topic, self.group = bootstrap, topic, group
+        # This group's coordinator offsets (Settings.coordinator_group); another group's: <group>-coordinator.
+        self._own_commit_group = coordinator_group or f"{group}-coordinator"
         self._kwargs = client_kwargs
         self._secret = secret
         self._wall = wall
@@ -361,7 +364,8 @@ class ControlLogTruncator:
         """Where ``group`` needs the log from: its checkpoint's replay start; None if unknown."""
         from icesink.shared.kafka_admin import group_offset
 
-        at = await group_offset(self.bootstrap, f"{group}-coordinator", self.topic, 0, client_kwargs=self._kwargs)
+        commit_group = self._own_commit_group if group == self.group else f"{group}-coordinator"
+        at = await group_offset(self.bootstrap, commit_group, self.topic, 0, client_kwargs=self._kwargs)
         if at is None:
             return None
         consumer.seek(tp, at)

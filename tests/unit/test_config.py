@@ -93,16 +93,26 @@ def test_spark_and_security_settings(tmp_path):
     assert "hunter2" not in json.dumps(s.masked(), default=str)
 
 
-def test_unknown_keys_are_named_in_a_warning(tmp_path, caplog):
+def test_unknown_keys_are_refused_naming_them_or_with_config_unknown_keys_warn_named_in_a_warning(tmp_path, caplog):
+    config = {"topics": "a", "iceberg.tables": "db.t", "iceberg.tabels.typo": 1}
+    with pytest.raises(ConfigError) as err:
+        load_settings(write(tmp_path, config), {})
+    assert err.value.key == "iceberg.tabels.typo" and "config.unknown-keys=warn" in str(err.value)
     with caplog.at_level(logging.WARNING):
-        load_settings(write(tmp_path, {"topics": "a", "iceberg.tables": "db.t", "iceberg.tabels.typo": 1}), {})
+        load_settings(write(tmp_path, {**config, "config.unknown-keys": "warn"}), {})
     assert "iceberg.tabels.typo" in caplog.text
+    with pytest.raises(ConfigError, match="config.unknown-keys"):
+        load_settings(write(tmp_path, {**config, "config.unknown-keys": "ignore"}), {})
 
 
 def test_kafka_connect_consumer_overrides_are_read_and_icesinks_own_keys_win(tmp_path, caplog):
     base = {"topics": "a", "iceberg.tables": "db.t"}
     overrides = {"consumer.override.fetch.min.bytes": "1", "consumer.override.max.poll.records": "500",
                  "consumer.override.session.timeout.ms": "45000", "consumer.override.auto.offset.reset": "latest"}
+    with pytest.raises(ConfigError) as err:  # an override icesink has no setting for: refused by name
+        load_settings(write(tmp_path, {**base, **overrides}), {})
+    assert err.value.key == "consumer.override.auto.offset.reset"
+    base["config.unknown-keys"] = "warn"
     with caplog.at_level(logging.WARNING):
         s = load_settings(write(tmp_path, {**base, **overrides}), {})
     assert (s.fetch_min_bytes, s.consumer_max_batch, s.session_timeout_ms) == (1, 500, 45000)

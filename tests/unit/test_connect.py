@@ -99,6 +99,9 @@ def test_connect_settings_defaults_and_task_defaults(tmp_path):
     sink = s.sink_settings({"topics": "t", "iceberg.tables": "db.t", "tasks.max": "3", "connector.class": "x"})
     assert sink.topics == ("t",) and sink.bootstrap_servers == "k:9092" and sink.spark_master == "local[1]"
     assert sink.state_dir == tmp_path and sink.metrics_host == "127.0.0.1" and sink.group_id == "connect-connector"
+    # the reference's iceberg.connect.group-id names the source group instead of connect-<name>
+    named = s.sink_settings({"topics": "t", "iceberg.tables": "db.t", "iceberg.connect.group-id": "connect-old"})
+    assert named.group_id == "connect-old"
 
 
 @pytest.mark.parametrize("raw, key", [

@@ -35,6 +35,7 @@ from icesink.shared.secrets import MASK
     ("iceberg.catalog.warehouse", "/root"), ("iceberg.catalog.ssl.client.key", "/etc/ssl/private/k.pem"),
     ("iceberg.tables.auto-create-props.write.py-location-provider.impl", "x.L"),
     ("iceberg.tables.auto-create-props.write.data.path", "file:///etc"),
+    ("iceberg.hadoop.fs.file.impl", "x.Fs"), ("iceberg.hadoop-conf-dir", "/etc/hadoop"),
 ])
 def test_keys_that_load_code_or_touch_the_host_are_the_processs(key, value):
     assert process_level(key, value) is not None
@@ -52,6 +53,8 @@ def test_keys_that_load_code_or_touch_the_host_are_the_processs(key, value):
     ("iceberg.catalog.warehouse", "s3://bucket/"), ("iceberg.catalog.s3.secret-access-key", "x"),
     ("iceberg.control.secret", "x"), ("group.id", "g"), ("shutdown.timeout-ms", "30000.0"),
     ("iceberg.tables.auto-create-props.write.data.path", "s3://bucket/data"),
+    ("iceberg.hadoop.fs.s3a.endpoint", "http://minio:9000"), ("iceberg.tables.write-props.write.parquet.compression-codec",
+                                                             "gzip"), ("iceberg.kafka.client.id", "c"),
 ])
 def test_sink_keys_are_the_connectors(key, value):
     assert process_level(key, value) is None

@@ -1,0 +1,126 @@
+"""The reference sink's keys (Apache Iceberg Kafka Connect sink 1.x, Tabular's 0.6) that are not
+a field of Settings of their own: which act here and how, and which are refused at start and
+why (docs/reference-keys.md lists every key). Leaf module: no I/O.
+
+- ``iceberg.tables.write-props.*``: the writer properties Spark's files take, over the table's
+  own properties as the reference's writer takes them (spark_bridge/files.py).
+- ``iceberg.hadoop.*``: Spark's Hadoop configuration (``spark.hadoop.*``).
+- ``iceberg.kafka.*``: the control-topic clients, for the keys aiokafka has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from icesink.shared.errors import ConfigError
+
+PREFIX_WRITE_PROPS = "iceberg.tables.write-props."
+PREFIX_HADOOP = "iceberg.hadoop."
+PREFIX_KAFKA = "iceberg.kafka."
+
+#: Parquet codecs Spark's parquet-mr and pyarrow both write (Iceberg's names; ``none`` = uncompressed).
+PARQUET_CODECS = ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed", "none")
+#: Integer writer properties (bytes) that act on the files written (spark_bridge/files.py).
+_INT_WRITE_PROPS = (
+    "write.parquet.compression-level", "write.parquet.row-group-size-bytes", "write.parquet.page-size-bytes",
+    "write.parquet.dict-size-bytes", "write.target-file-size-bytes",
+)
+#: Metrics modes (Iceberg's MetricsModes): pyiceberg computes each file's column metrics by them.
+_METRICS_MODE_KEYS = ("write.metadata.metrics.default", "write.metadata.metrics.column.")
+FILE_FORMATS_WRITTEN = ("parquet",)
+#: Why ORC and Avro files are not written (write.format.default).
+FORMAT_WHY = ("parquet: icesink's Spark writes plain files without the Iceberg runtime and reads each file's "
+              "column metrics from its Parquet footer (pyiceberg has no ORC or Avro data-file metrics); compaction "
+              "and mirror tables' position deletes read Parquet too. Only parquet files are written")
+
+#: Reference keys icesink refuses, and why (each names what to use instead).
+REFUSED: dict[str, str] = {
+    "iceberg.control.commit.max-consecutive-failures": (
+        "unset: icesink never stops its coordinator on failed commits; a table whose commits keep failing is "
+        "parked and retried (iceberg.control.commit.park-after-ms, docs/commits.md)"),
+    "iceberg.coordinator.transactional.prefix": (
+        "unset: icesink's control producers are not transactional (its exactly-once state is in the tables' "
+        "snapshot summaries, docs/commits.md), so there is no transactional id to prefix"),
+    "iceberg.coordinator.transactional.suffix": "unset: an internal key of the reference's tasks",
+}
+
+#: ``iceberg.kafka.<key>`` -> the aiokafka keyword of every control-topic client.
+KAFKA_CLIENT_KEYS: dict[str, str] = {
+    "client.id": "client_id",
+    "request.timeout.ms": "request_timeout_ms",
+    "retry.backoff.ms": "retry_backoff_ms",
+    "metadata.max.age.ms": "metadata_max_age_ms",
+    "connections.max.idle.ms": "connections_max_idle_ms",
+}
+_KAFKA_INT_KEYS = ("request.timeout.ms", "retry.backoff.ms", "metadata.max.age.ms", "connections.max.idle.ms")
+#: ``iceberg.kafka.<key>`` that must equal icesink's own key (one set of clients' connection settings).
+KAFKA_SAME_AS: dict[str, str] = {
+    "bootstrap.servers": "bootstrap.servers", "security.protocol": "security.protocol",
+    "sasl.mechanism": "sasl.mechanism",
+}
+
+
+def check_write_props(props: Mapping[str, str], prefix: str = PREFIX_WRITE_PROPS) -> None:
+    """Refuse a writer property that would not act on the files written (ConfigError naming
+    ``prefix + key``): unknown ones, values that are not of their type, ORC and Avro."""
+    for key, value in sorted(props.items()):
+        name = prefix + key
+        if key == "write.format.default":
+            if value.lower() not in FILE_FORMATS_WRITTEN:
+                raise ConfigError(name, value, FORMAT_WHY)
+        elif key == "write.parquet.compression-codec":
+            if value.lower() not in PARQUET_CODECS:
+                raise ConfigError(name, value, f"one of {', '.join(PARQUET_CODECS)}")
+        elif key in _INT_WRITE_PROPS:
+            if not value.strip().isdigit() or int(value) < 1:
+                raise ConfigError(name, value, "a positive integer")
+        elif key.startswith(_METRICS_MODE_KEYS) or key == "write.metadata.metrics.max-inferred-column-defaults":
+            _check_metrics_mode(name, key, value)
+        elif prefix == PREFIX_WRITE_PROPS:
+            raise ConfigError(name, value, "a writer property icesink's files take: write.format.default, "
+                              "write.parquet.compression-codec, -level, row-group-size-bytes, page-size-bytes, "
+                              "dict-size-bytes, write.target-file-size-bytes or write.metadata.metrics.* "
+                              "(docs/reference-keys.md)")
+
+
+def _check_metrics_mode(name: str, key: str, value: str) -> None:
+    if key.endswith("max-inferred-column-defaults"):
+        if not value.strip().isdigit():
+            raise ConfigError(name, value, "a number of columns")
+        return
+    mode = value.strip().lower()
+    if mode in ("none", "counts", "full"):
+        return
+    if mode.startswith("truncate(") and mode.endswith(")") and mode[9:-1].isdigit() and int(mode[9:-1]) > 0:
+        return
+    raise ConfigError(name, value, "none, counts, full or truncate(N)")
+
+
+def hadoop_spark_conf(hadoop: Mapping[str, str]) -> dict[str, str]:
+    """``iceberg.hadoop.<k>`` as Spark's Hadoop configuration ``spark.hadoop.<k>``."""
+    return {f"spark.hadoop.{k}": v for k, v in hadoop.items()}
+
+
+def kafka_client_kwargs(kafka: Mapping[str, str], own: Mapping[str, object]) -> dict[str, object]:
+    """aiokafka keywords of the ``iceberg.kafka.*`` keys (without the prefix); ``own``: icesink's
+    own value of each key of KAFKA_SAME_AS. Raises ConfigError naming any other key."""
+    out: dict[str, object] = {}
+    for key, value in sorted(kafka.items()):
+        name = PREFIX_KAFKA + key
+        if key in KAFKA_CLIENT_KEYS:
+            if key in _KAFKA_INT_KEYS:
+                if not value.strip().isdigit():
+                    raise ConfigError(name, value, "a number of milliseconds")
+                out[KAFKA_CLIENT_KEYS[key]] = int(value)
+            else:
+                out[KAFKA_CLIENT_KEYS[key]] = value
+        elif key in KAFKA_SAME_AS:
+            mine = own.get(KAFKA_SAME_AS[key])
+            if value != mine:
+                raise ConfigError(name, value, f"unset or the same as {KAFKA_SAME_AS[key]} ({mine}): icesink's "
+                                  "control topic is on the cluster, with the credentials, of its other clients")
+        else:
+            raise ConfigError(name, value, "a control-topic client key icesink's clients have: "
+                              + ", ".join(PREFIX_KAFKA + k for k in (*KAFKA_CLIENT_KEYS, *KAFKA_SAME_AS))
+                              + " (other Kafka client settings are icesink's own keys: README, Settings)")
+    return out
