@@ -147,3 +147,26 @@ def test_json_key_converters_still_take_their_keys_with_no_effect() -> None:
     s = build({"topics": "t", "iceberg.tables": "db.t", "key.converter": "org.apache.kafka.connect.json.JsonConverter",
                "key.converter.schemas.enable": "false"})
     assert registry_settings(s, "key") is None
+
+
+def test_protobuf_keys_fill_the_key_column_as_a_struct_of_the_message() -> None:
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    from agents.formats.proto_text import compile_proto
+
+    text = 'syntax = "proto3";\npackage k;\nmessage Other { string x = 1; }\nmessage Key { int32 id = 1; string shop = 2; }\n'
+    main, _ = compile_proto(text, ())
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(main))
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("k.Key"))
+    frame = b"\x00" + struct.pack(">i", 4) + b"\x02\x02" + cls(id=3, shop="s").SerializeToString()  # indexes [1]
+    s = settings(**{"key.converter": "io.confluent.connect.protobuf.ProtobufConverter",
+                    "key.converter.schema.registry.url": "http://a:8081", "iceberg.tables.key-column": "_key"})
+
+    async def schema_of(schema_id: int) -> Registered | None:
+        return Registered("PROTOBUF", text) if schema_id == 4 else None
+
+    f = RecordFormat(s, keys=RegistryKeys(schema_of, "_key", "protobuf"))
+    created, out = run(f, [Msg(b'{"n": 1}', frame), Msg(b'{"n": 2}', None)])
+    assert key_type(created) == "struct<id: optional int, shop: optional string>"
+    assert out.table.to_pylist() == [{"n": 1, "_key": {"id": 3, "shop": "s"}}, {"n": 2, "_key": None}]
