@@ -206,8 +206,9 @@ class Ingest:
         # Tombstones and too-large values never reach conversion; their offsets still count.
         screened = screen(messages, self.settings.max_record_bytes)
         values = screened.values
-        await self.decoder.prepare(values)  # registry values: their schemas (waits through an outage)
-        fanout = self.decoder.decode_fanout(values, screened.messages_of(messages))
+        kept = screened.messages_of(messages)
+        await self.decoder.prepare(values, kept)  # registry values and keys: their schemas (waits through an outage)
+        fanout = self.decoder.decode_fanout(values, kept)
         routes = fanout.routes if fanout is not None else self.decoder.router.route(values) if values else Routes({}, ())
         if any(name not in self.targets for name in routes.by_table) and await self._held_back(st, routes.by_table):
             return  # nothing of this fetch is taken: read again once its tables exist

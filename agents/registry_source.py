@@ -5,8 +5,9 @@ and its health in metrics, /status (``schema_registry``) and the log (:func:`reg
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
+from agents.formats.registry_keys import RegistryKeys
 from agents.formats.registry_values import RegistryValues
 from agents.registry_client import RegisteredSchema, RegistryAuth, RegistryClient, RegistryUnavailable, shown
 from icesink.shared.config import Settings
@@ -20,17 +21,19 @@ class RegistryHealth:
     """Whether the registry answers: failures (each retried by the client) turn it unavailable
     in /status and metrics; the next answer turns it available again."""
 
-    def __init__(self, client: RegistryClient, metrics: Metrics, status: dict[str, Any]) -> None:
+    def __init__(self, client: RegistryClient, metrics: Metrics, status: dict[str, Any],
+                 entry: str = "schema_registry") -> None:
+        self.entry = entry  # the /status entry
         self.client = client
         self.metrics = metrics
         self.status = status
         self.down_since_attempts = 0
-        status["schema_registry"] = {"state": "not asked yet", "urls": [shown(u) for u in client.urls]}
+        status[self.entry] = {"state": "not asked yet", "urls": [shown(u) for u in client.urls]}
 
     def gave_up(self, exc: BaseException) -> None:
         """The client gave up: the replica stops (agents/faust_app.py ``ingest_failed``)."""
-        self.status["schema_registry"] = {
-            **self.status.get("schema_registry", {}), "state": "gave up", "error": str(exc)[:300],
+        self.status[self.entry] = {
+            **self.status.get(self.entry, {}), "state": "gave up", "error": str(exc)[:300],
             "effect": f"the replica stops (exit code 3) after {self.client.give_up_s:g} s without an answer, "
                       "before its consumer would leave the group (consumer.max-poll-interval-ms); "
                       "nothing of the waiting fetch was taken",
@@ -40,7 +43,7 @@ class RegistryHealth:
         self.metrics.schema_registry_failures.inc()
         self.metrics.schema_registry_waiting.set(1)
         self.down_since_attempts = attempts
-        self.status["schema_registry"] = {
+        self.status[self.entry] = {
             "state": "unavailable", "attempts": attempts, "error": f"{type(exc).__name__}: {exc}"[:300],
             "urls": [shown(u) for u in self.client.urls],
             "effect": "fetches with schema ids not seen yet wait; offsets do not move",
@@ -52,12 +55,12 @@ class RegistryHealth:
         except RegistryUnavailable as exc:
             self.gave_up(exc)
             raise
-        state = self.status.get("schema_registry", {}).get("state")
+        state = self.status.get(self.entry, {}).get("state")
         if state != "available":
             if state == "unavailable":
                 log.info("schema registry answers again (after %d failed attempts)", self.down_since_attempts)
             self.metrics.schema_registry_waiting.set(0)
-            self.status["schema_registry"] = {"state": "available", "urls": [shown(u) for u in self.client.urls]}
+            self.status[self.entry] = {"state": "available", "urls": [shown(u) for u in self.client.urls]}
         return found
 
 
@@ -80,9 +83,29 @@ def registry_values(settings: Settings, metrics: Metrics,
     rs = registry_settings(settings)
     if rs is None:
         return None
+    health = _health(settings, "value", metrics, status)
+    return RegistryValues(health.schema, rs.format, rs.options), health.client
+
+
+def registry_keys(settings: Settings, metrics: Metrics,
+                  status: dict[str, Any]) -> tuple[RegistryKeys, RegistryClient] | None:
+    """The registry keys' decoder and its client, for a key column of a registry key converter
+    (None: no key column, or the key converter reads no registry). Its health shows in /status as
+    ``schema_registry_keys``."""
+    rs = registry_settings(settings, "key")
+    if rs is None or settings.key_column is None:
+        return None
+    health = _health(settings, "key", metrics, status)
+    return RegistryKeys(health.schema, settings.key_column, rs.format, rs.options), health.client
+
+
+def _health(settings: Settings, side: Literal["value", "key"], metrics: Metrics,
+            status: dict[str, Any]) -> RegistryHealth:
+    rs = registry_settings(settings, side)
+    assert rs is not None
     auth = RegistryAuth(rs.user_info, rs.cafile, rs.certfile, None, rs.key_password,
-                        setting="value.converter.basic.auth.user.info" if rs.user_info is not None else rs.url_key)
+                        setting=f"{side}.converter.basic.auth.user.info" if rs.user_info is not None else rs.url_key)
     client = RegistryClient(rs.urls, auth, timeout_s=REQUEST_TIMEOUT_S, give_up_s=give_up_s(settings))
-    health = RegistryHealth(client, metrics, status)
+    health = RegistryHealth(client, metrics, status, "schema_registry" if side == "value" else "schema_registry_keys")
     client.on_failure = health.failed
-    return RegistryValues(health.schema, rs.format, rs.options), client
+    return health

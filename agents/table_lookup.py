@@ -18,6 +18,7 @@ from agents.buffer import Buffers, Chunk
 from agents.debezium import DebeziumTransform
 from agents.evolution import Evolver
 from agents.formats import RecordFormat
+from agents.formats.extras import KeyColumnUnknown
 from agents.missing import MissingTables
 from agents.tables import Target, create_target, holds_group_state, load_target, not_created
 from icesink.shared.config import Settings
@@ -177,10 +178,13 @@ class TableLookup:
         target = await self.offload.run(load_target, self.catalog, name, self.settings)
         if target is None:
             inferred: pa.Schema | Schema | None
-            if self.debezium is not None:
-                inferred = self.format.with_extras(self.debezium.infer_schema(values))
-            else:
-                inferred = self.format.table_schema(values, timestamp_fields=self.settings.timestamp_fields_of(name))
+            try:
+                if self.debezium is not None:
+                    inferred = self.format.with_extras(self.debezium.infer_schema(values))
+                else:
+                    inferred = self.format.table_schema(values, timestamp_fields=self.settings.timestamp_fields_of(name))
+            except KeyColumnUnknown:  # registry keys: no key schema known yet
+                return None
             if inferred is None:
                 return None
             target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)

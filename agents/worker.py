@@ -54,7 +54,7 @@ from agents.kafka import Fetched
 from agents.missing import MissingTables
 from agents.ownership import Ownership
 from agents.parts import Replica
-from agents.registry_source import registry_values
+from agents.registry_source import registry_keys, registry_values
 from agents.rounds import Rounds
 from agents.routing import Router
 from agents.table_lookup import GroupHistory, TableLookup
@@ -126,8 +126,10 @@ class Worker:
         self.replica = Replica(self.worker_id, {"worker": self.worker_id, "phase": "starting"})
         self.status = self.replica.status
         registry = registry_values(settings, metrics, self.status)  # registry converters: schemas by id
-        self.registry_client = None if registry is None else registry[1]
-        record_format = RecordFormat(settings, registry=None if registry is None else registry[0])
+        keys = registry_keys(settings, metrics, self.status)  # registry key converter with a key column
+        self.registry_clients = [r[1] for r in (registry, keys) if r is not None]
+        record_format = RecordFormat(settings, registry=None if registry is None else registry[0],
+                                     keys=None if keys is None else keys[0])
         pattern = settings.debezium_target_pattern
         debezium = None if pattern is None else DebeziumTransform(  # registry values: Debezium's Avro events
             pattern, settings.value_converter_schemas_enable, settings.schema_case_insensitive, record_format.registry)
@@ -273,9 +275,9 @@ class Worker:
             await asyncio.wait_for(self.producer.stop(), left())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.deadletters.stop(), left())
-        if self.registry_client is not None:
+        for client in self.registry_clients:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.registry_client.close(), left())
+                await asyncio.wait_for(client.close(), left())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.offload.run(self.spark.stop), left())
         self.offload.close()

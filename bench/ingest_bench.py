@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ingest_bench.py [--records 1000000] [--partitions 6] [--skip-baseline]
         [--tables K] [--rate R --duration S] [--buffer-max-bytes B] [--linger-ms MS] [--set KEY=VALUE] [--profile] [--keep]
+        [--format json|avro|protobuf|json-schema]
 
 A benchmark command, not a test: it prints figures and asserts nothing about time. Both paths
 read the same ``N`` pizza events from one topic of an embedded Tansu broker and commit them to a
@@ -29,7 +30,10 @@ baseline);
 ``--buffer-max-bytes`` sets the worker's bound (a burst: a large --records backlog with a small
 bound shows the peak RSS against it); ``--set KEY=VALUE`` adds a worker setting (JVM flags through
 ``spark.driver.extraJavaOptions``); ``--profile`` samples the worker's Python process with
-py-spy and prints the share of busy samples per stage (bench/benchlib.py STAGES).
+py-spy and prints the share of busy samples per stage (bench/benchlib.py STAGES); ``--format``
+produces the same events framed for a schema registry (Avro, Protobuf or JSON Schema:
+bench/pizza_formats.py) and starts a real one (tests/support/schema_registry.py) that the worker
+reads them through (no baseline: it reads JSON).
 
 Ratios are (b)/(a) on records/s; the baseline's records/s is always on its whole time
 (read + parse + write + commit), while (b) is given on its ingest time and on its total time.
@@ -683,12 +687,17 @@ def main() -> int:
                         help="with --rate: the producer's linger.ms (default 50). The embedded broker's CPU "
                              "grows with the record batches a partition holds: at 5 ms it took up to a core "
                              "of the two by the end of a two-minute run (bench/README.md)")
+    parser.add_argument("--format", choices=("json", "avro", "protobuf", "json-schema"), default="json",
+                        help="the events' format: JSON (default) or framed for a real schema registry the bench "
+                             "starts (bench/pizza_formats.py); the baseline reads JSON only, so it is skipped")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra worker setting, e.g. spark.driver.extraJavaOptions=... (repeatable)")
     args = parser.parse_args()
     if bad := [item for item in args.set if "=" not in item]:
         parser.error(f"--set: expected KEY=VALUE, found {bad[0]!r}")
     extra = dict(item.split("=", 1) for item in args.set)
+    if args.format != "json" and args.tables > 1:
+        parser.error("--format: a registry format with --tables > 1 (a JSON route field) is not supported")
     n: int = int(args.rate * args.duration) if args.rate else args.records
     if n < 1 or args.partitions < 1:
         parser.error(f"--records and --partitions: expected >= 1, found {n} and {args.partitions}")
@@ -696,7 +705,7 @@ def main() -> int:
     # SIGTERM unwinds like Ctrl-C, so the worker, the broker and the temp dir are cleaned up.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     print("command:", shlex.join([os.path.relpath(sys.executable), *sys.argv]))
-    print(f"N = {n:,} pizza events, {args.partitions} partitions, {os.cpu_count()} CPUs")
+    print(f"N = {n:,} pizza events ({args.format}), {args.partitions} partitions, {os.cpu_count()} CPUs")
     sys.stdout.flush()
 
     from icesink.shared.kafka_admin import ensure_topic
@@ -707,10 +716,20 @@ def main() -> int:
     # every many-table figure (benchlib.file_create_us), so say how fast it is.
     print(f"creating a file in {tmp.parent}: {file_create_us(tmp):.0f} us (median of 300; TMPDIR moves it)")
     broker = EmbeddedBroker(tmp / "broker")
+    registry: Any = None
     try:
         broker.start()
         asyncio.run(ensure_topic(broker.bootstrap, TOPIC, args.partitions))
         values = pizza_values(n, seed=SEED, spread_days=SPREAD_DAYS)
+        if args.format != "json":
+            from bench.pizza_formats import encode
+            from tests.support.schema_registry import SchemaRegistry
+
+            registry = SchemaRegistry(tmp / "registry")
+            registry.start()
+            values, settings = encode(values, args.format, registry, TOPIC)
+            extra = {**settings, **extra}
+            args.skip_baseline = True  # the baseline reads JSON
         if args.tables > 1:
             values = routed(values, args.tables)
         live: Any = None
@@ -735,6 +754,8 @@ def main() -> int:
                             profile=tmp / "profile.txt" if args.profile else None)
         ok = print_report(n, produce_s, baseline, worker)
     finally:
+        if registry is not None:
+            registry.stop()
         broker.stop()
         if args.keep:
             print(f"kept {tmp}")

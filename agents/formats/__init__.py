@@ -26,7 +26,8 @@ naming the reason; it goes to the dead letters like any other bad record.
 Key and metadata columns
 ------------------------
 ``iceberg.tables.key-column`` names a column holding the record key (a string for the String
-and JSON key converters, binary for ByteArrayConverter). ``iceberg.tables.kafka-metadata-enabled``
+and JSON key converters, binary for ByteArrayConverter, the key schema's type for a registry key
+converter: ``registry_keys``). ``iceberg.tables.kafka-metadata-enabled``
 adds the source position as the reference's KafkaMetadataTransform does: columns
 ``<field>_topic``, ``_partition``, ``_offset``, ``_timestamp`` and ``_headers`` (or, nested, a
 struct ``<field>`` with those children), ``<field>`` defaulting to ``_kafka_metadata``. These

@@ -92,8 +92,10 @@ _NAMED: Final = frozenset({"record", "error", "enum", "fixed"})
 #: (Avro type, ``connect.name``) -> the Avro logical type it is read as: Debezium's Avro
 #: converter writes its temporal and uuid types as plain ints, longs and strings named by
 #: ``connect.name`` (the JSON path reads the same names in Connect schemas:
-#: agents/formats/connect_schema.py). io.debezium.time.ZonedTimestamp (a string) and the Nano
-#: types have no Avro logical type: they stay the string and long they are.
+#: agents/formats/connect_schema.py). The Nano types have no Avro logical type: they stay the
+#: longs they are. io.debezium.time.ZonedTimestamp (an ISO-8601 string with its offset) is a
+#: timestamptz as the JSON path types it: decoded as the string, then cast in bulk by Arrow
+#: (:data:`ZONED`; a string that is no such timestamp is a reject naming the field).
 _CONNECT_NAMES: Final[Mapping[tuple[str, str], str]] = {
     ("long", "io.debezium.time.Timestamp"): "local-timestamp-millis",
     ("long", "io.debezium.time.MicroTimestamp"): "local-timestamp-micros",
@@ -102,6 +104,7 @@ _CONNECT_NAMES: Final[Mapping[tuple[str, str], str]] = {
     ("long", "io.debezium.time.MicroTime"): "time-micros",
     ("string", "io.debezium.data.Uuid"): "uuid",
 }
+ZONED: Final = "io.debezium.time.ZonedTimestamp"
 
 
 class AvroSchemaError(RegistrySchemaError):
@@ -116,6 +119,7 @@ class AvroPlan:
     arrow: pa.Schema  # the same as Arrow (no field ids): what the payloads decode into
     writer: str  # the writer schema (JSON) fastavro reads the payloads with: unions wrapped
     parsed: Any  # the same, parsed by fastavro
+    zoned: frozenset[str] = frozenset()  # paths of ZonedTimestamp strings read as timestamptz ("a.b", "xs[]", "m.value")
 
 
 def _join(path: str, name: str) -> str:
@@ -125,8 +129,9 @@ def _join(path: str, name: str) -> str:
 class _Walk:
     """One pass over a parsed Avro schema giving its Iceberg type and the decoding writer schema."""
 
-    def __init__(self, named: Mapping[str, Any]) -> None:
+    def __init__(self, named: Mapping[str, Any], zoned: set[str] | None = None) -> None:
         self._named = named  # full name -> parsed definition
+        self.zoned: set[str] = set() if zoned is None else zoned  # paths of ZonedTimestamp strings
         self._emitted: set[str] = set()  # named types defined already in the writer schema
         self._visiting: list[str] = []  # records being walked (a name met again is a cycle)
         self._unions = 0
@@ -151,13 +156,16 @@ class _Walk:
             if schema not in self._named:
                 raise AvroSchemaError(f"Avro schema: unknown type {schema!r}", path or None)
             if schema in self._emitted:
-                again, _, _ = _Walk(self._named).walk(self._named[schema], path)  # the type again, ids fresh below
+                again, _, _ = _Walk(self._named, self.zoned).walk(self._named[schema], path)  # the type again, ids fresh below
                 return _renumber(again, self), False, schema
             return self.walk(self._named[schema], path)
         if not isinstance(schema, dict):
             raise AvroSchemaError(f"Avro schema: expected a type name, list or object, found {schema!r}", path or None)
         kind = schema.get("type")
         logical = schema.get("logicalType")
+        if kind == "string" and logical is None and schema.get("connect.name") == ZONED:
+            self.zoned.add(path)
+            return TimestamptzType(), False, "string"  # the string, cast by Arrow after decoding
         if logical is None and isinstance(kind, str) and isinstance(schema.get("connect.name"), str):
             logical = _CONNECT_NAMES.get((kind, schema["connect.name"]))
         if kind in ("record", "error"):
@@ -288,11 +296,12 @@ def avro_plan(text: str, references: tuple[str, ...] = ()) -> AvroPlan:
     if not isinstance(root, dict) or root.get("type") not in ("record", "error"):
         kind = root.get("type") if isinstance(root, dict) else root
         raise AvroSchemaError(f"Avro schema: the value schema is {kind!r}; a table row needs a record")
-    t, _, writer = _Walk(named).walk(root, "")
+    walk = _Walk(named)
+    t, _, writer = walk.walk(root, "")
     assert isinstance(t, StructType)
     iceberg = assign_fresh_schema_ids(Schema(*t.fields))
     return AvroPlan(iceberg, schema_to_pyarrow(iceberg, include_field_ids=False), json.dumps(writer),
-                    fastavro.parse_schema(writer))
+                    fastavro.parse_schema(writer), frozenset(walk.zoned))
 
 
 def avro_iceberg_schema(text: str, references: tuple[str, ...] = ()) -> Schema:
@@ -378,12 +387,71 @@ def decode_avro(
 
     rows = list(_records(_header(schema.writer, sync), blocks, payloads, schema.parsed, on_error))
     kept = [k for k in range(len(payloads)) if k not in failed]
+    read = _zoned_as_strings(target, schema.zoned) if schema.zoned else target
     try:
-        table = pa.Table.from_pylist(rows, schema=target)
+        table = pa.Table.from_pylist(rows, schema=read)
     except (pa.ArrowException, ValueError, TypeError, OverflowError):
-        table, kept = _one_by_one(rows, kept, target, schema_id, failed)
+        table, kept = _one_by_one(rows, kept, read, schema_id, failed)
+    if read is not target:  # ZonedTimestamp strings to timestamptz: one Arrow cast
+        table, kept = _zoned_cast(table, kept, target, schema.zoned, schema_id, failed)
     rejects = tuple(Reject(where[k], reason, None) for k, reason in sorted(failed.items()))
     return Converted(table, pa.array([where[k] for k in kept], pa.int64()), rejects)
+
+
+def _zoned_as_strings(target: pa.Schema, zoned: frozenset[str]) -> pa.Schema:
+    """``target`` with the timestamp columns at the ``zoned`` paths read as strings."""
+
+    def walk(t: pa.DataType, path: str) -> pa.DataType:
+        if path in zoned and pa.types.is_timestamp(t):
+            return pa.string()
+        if pa.types.is_struct(t):
+            return pa.struct([f.with_type(walk(f.type, _join(path, f.name))) for f in t])
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            make = pa.large_list if pa.types.is_large_list(t) else pa.list_
+            return make(t.value_field.with_type(walk(t.value_type, f"{path}[]")))
+        if pa.types.is_map(t):
+            return pa.map_(t.key_field, t.item_field.with_type(walk(t.item_type, f"{path}.value")))
+        return t
+
+    return pa.schema([f.with_type(walk(f.type, f.name)) for f in target], metadata=target.metadata)
+
+
+def _zoned_cast(table: pa.Table, kept: list[int], target: pa.Schema, zoned: frozenset[str], schema_id: int,
+                failed: dict[int, str]) -> tuple[pa.Table, list[int]]:
+    """``table`` as ``target``: the ZonedTimestamp strings parsed in bulk by Arrow; when one is no
+    timestamp with an offset, the rows that fail are found one by one and become rejects."""
+
+    def cast(t: pa.Table) -> pa.Table:
+        return pa.Table.from_arrays([_parse_zoned(t.column(f.name).combine_chunks(), f.type, f.name, zoned)
+                                     for f in target], schema=target)
+
+    try:
+        return cast(table), kept
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    good, ok = [], []
+    for i, k in enumerate(kept):  # rare: a bad ZonedTimestamp string
+        try:
+            good.append(cast(table.slice(i, 1)))
+            ok.append(k)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            failed[k] = f"Avro record of schema id {schema_id}: a {ZONED} is not an ISO-8601 timestamp with an offset ({e})"
+    return (pa.concat_tables(good) if good else target.empty_table()), ok
+
+
+def _parse_zoned(arr: pa.Array, t: pa.DataType, path: str, zoned: frozenset[str]) -> pa.Array:
+    """``arr`` (read with the zoned paths as strings) as type ``t``: those strings cast to timestamps.
+    Children of a null struct are nulled first (they hold placeholders, not strings to parse)."""
+    if path in zoned and pa.types.is_timestamp(t):
+        return arr.cast(t)
+    if pa.types.is_struct(t) and arr.type != t:
+        children = arr.flatten()  # the struct's nulls carried into its children
+        parts = [_parse_zoned(c, f.type, _join(path, f.name), zoned) for c, f in zip(children, t, strict=True)]
+        return pa.StructArray.from_arrays(parts, fields=list(t), mask=arr.is_null())
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and arr.type != t:
+        values = _parse_zoned(arr.values, t.value_type, f"{path}[]", zoned)
+        return type(arr).from_arrays(arr.offsets, values, type=t, mask=arr.is_null())
+    return arr.cast(t) if arr.type != t else arr
 
 
 def _one_by_one(

@@ -6,8 +6,8 @@ their assembly with the decoded value columns (:func:`assemble`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,9 @@ from pyiceberg.types import (
 
 from agents.convert import Converted, Reject, struct_array
 from icesink.shared.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agents.formats.registry_keys import RegistryKeys
 
 
 _META_TYPES: Final[Mapping[str, tuple[pa.DataType, IcebergType]]] = {
@@ -48,6 +51,8 @@ class Extras:
     key_binary: bool
     metadata: str | None  # field name (or prefix), None when off
     nested: bool
+    #: Registry-framed keys (key.converter = a registry converter): the key column's type and values.
+    registry_keys: RegistryKeys | None = field(default=None, compare=False, repr=False)
 
     def names(self) -> set[str]:
         out = {self.key_column} if self.key_column else set()
@@ -58,7 +63,7 @@ class Extras:
     def iceberg_fields(self) -> list[NestedField]:
         out = []
         if self.key_column:
-            out.append(NestedField(0, self.key_column, BinaryType() if self.key_binary else StringType()))
+            out.append(NestedField(0, self.key_column, self._key_type()))
         if self.metadata:
             meta = [NestedField(0, k, t) for k, (_, t) in _META_TYPES.items()]
             if self.nested:
@@ -94,9 +99,24 @@ class Extras:
                 out[name] = _fit(meta[k], target.field(name).type, name)
         return out, rejects
 
+    def _key_type(self) -> IcebergType:
+        if self.registry_keys is None:
+            return BinaryType() if self.key_binary else StringType()
+        found = self.registry_keys.key_type()
+        if found is None:  # no record of the fetch that creates the table has a key schema
+            raise KeyColumnUnknown(f"the type of key column {self.key_column!r}: no key of these records has a "
+                                   "schema the registry holds")
+        return found
+
     def _keys(self, messages: Sequence[Any], t: pa.DataType) -> tuple[pa.Array, list[Reject]]:
         assert self.key_column is not None
+        if self.registry_keys is not None:
+            return self.registry_keys.key_column([m.key for m in messages], t)
         return bytes_column([m.key for m in messages], t, "record key", self.key_column)
+
+
+class KeyColumnUnknown(ValueError):
+    """A table with a registry key column cannot be created yet: no key schema is known."""
 
 
 def bytes_column(raw: Sequence[bytes | None], t: pa.DataType, what: str, column: str) -> tuple[pa.Array, list[Reject]]:

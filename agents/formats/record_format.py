@@ -17,6 +17,7 @@ from agents.formats.connect_schema import ConnectSchemaError, connect_arrow_sche
 from agents.formats.envelopes import Envelopes, decode_envelopes, split_envelope
 from agents.formats.extras import Extras, assemble
 from agents.formats.raw import RawValues
+from agents.formats.registry_keys import RegistryKeys
 from agents.formats.registry_values import RegistryValues
 from icesink.shared.config import BYTES_CONVERTER, JSON_CONVERTER, Settings
 from icesink.shared.registry_settings import is_registry_converter
@@ -34,8 +35,10 @@ ValueDecoder: TypeAlias = Callable[[pa.Schema, "Grow | None"], Converted]
 class RecordFormat:
     """How a worker turns a partition's messages into rows of one table, per its settings."""
 
-    def __init__(self, settings: Settings, *, registry: RegistryValues | None = None) -> None:
-        """``registry``: the schema-registry values' decoder, for a registry converter."""
+    def __init__(self, settings: Settings, *, registry: RegistryValues | None = None,
+                 keys: RegistryKeys | None = None) -> None:
+        """``registry``: the schema-registry values' decoder, for a registry converter; ``keys``:
+        the registry keys' decoder, for a registry key converter with a key column."""
         if (registry is None) == is_registry_converter(settings.value_converter):
             raise ValueError(f"record format: a registry decoder is for a registry converter "
                              f"({settings.value_converter}: {'none' if registry is None else 'one'} given)")
@@ -49,7 +52,9 @@ class RecordFormat:
         metadata = settings.kafka_metadata_field if settings.kafka_metadata else None
         self.extras = Extras(
             settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, settings.kafka_metadata_nested,
+            keys,
         )
+        self.keys = keys
         self.plain = json and not self.envelope and not self.extras.names()
         self.fold_case = settings.schema_case_insensitive
         self._envelopes = Envelopes()

@@ -120,6 +120,10 @@ class RegistryValues:
         except RegistrySchemaError as e:
             return f"schema id {schema_id}: {e}"
 
+    def _payloads(self, schema_id: int, payloads: list[bytes]) -> list[bytes]:
+        """The payloads of ``schema_id`` as its plan decodes them (a key's may be wrapped: agents/formats/registry_keys.py)."""
+        return payloads
+
     def _known(self, values: Sequence[bytes]) -> list[Plan]:
         keys = _keys(self._frames(values))
         return [p for k in keys if not isinstance(p := self.plans.get(k), str | None)]
@@ -158,7 +162,8 @@ class RegistryValues:
         rejects: list[Reject] = list(f.rejects)
         parts: list[Converted] = []
         for schema_id, rows, positions, plan in self._decodable(f, rejects):
-            out = _decode([f.payload(int(k)) for k in rows], plan, target, schema_id=schema_id, positions=positions)
+            out = _decode(self._payloads(schema_id, [f.payload(int(k)) for k in rows]), plan, target,
+                          schema_id=schema_id, positions=positions)
             parts.append(out)
             rejects += out.rejects
         return _in_input_order(parts, rejects, target)

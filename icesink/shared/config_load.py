@@ -108,12 +108,8 @@ def check_settings(s: Settings) -> None:
     if s.value_converter != JSON_CONVERTER and not is_registry_converter(s.value_converter):
         _check_raw_values(s)
     if is_registry_converter(s.key_converter):
-        registry_settings(s, "key")  # the value converter's key family, under key.converter.*
-        if s.key_column is not None:
-            raise ConfigError("iceberg.tables.key-column", s.key_column,
-                              f"unset with key.converter {s.key_converter}: registry-framed (Avro) keys are not "
-                              "yet written to a key column (mirror tables take their key from the value's "
-                              "id-columns, as with JSON keys)")
+        registry_settings(s, "key")  # the value converter's key family, under key.converter.*; keys decode into
+        # iceberg.tables.key-column when set (agents/formats/registry_keys.py), else are not read
     elif s.key_converter not in KEY_CONVERTERS:
         raise ConfigError("key.converter", s.key_converter, f"one of {KEY_CONVERTERS} or a schema-registry "
                           "converter (docs/schema-registry.md)")

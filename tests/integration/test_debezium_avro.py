@@ -6,7 +6,8 @@ against the real registry, read by a real worker with the Debezium transform and
 ``key.converter``/``value.converter`` = AvroConverter. The same events in Debezium's JSON form
 go through a second worker with the JSON converter; DuckDB reads both changes tables back and
 they hold the same changes (the Avro form's ``io.debezium.time.MicroTimestamp`` a timestamp
-where schemaless JSON has its long). A mirror table fed by the Avro events ends as the source
+where schemaless JSON has its long, its ``io.debezium.time.ZonedTimestamp`` a timestamptz where
+schemaless JSON has its string). A mirror table fed by the Avro events ends as the source
 table did."""
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ BASE_US = 1_772_000_000_000_000
 
 
 def _row(i: int, name: str | None) -> dict[str, Any]:
-    return {"id": i, "name": name, "updated": BASE_US + i, "born": 20_000 + i, "seen": BASE_US // 1000 + i}
+    return {"id": i, "name": name, "updated": BASE_US + i, "born": 20_000 + i, "seen": BASE_US // 1000 + i,
+            "shipped": f"2026-03-0{i}T10:00:00.25+02:00"}
 
 
 def _event(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, lsn: int) -> dict[str, Any]:
@@ -157,6 +159,7 @@ def test_avro_change_events_land_as_their_json_form_does(broker, catalog_props, 
         assert a["updated"] == EPOCH + dt.timedelta(microseconds=j["updated"])  # MicroTimestamp: a timestamp
         assert a["born"] == EPOCH.date() + dt.timedelta(days=j["born"])  # io.debezium.time.Date: a date
         assert a["seen"] == EPOCH + dt.timedelta(milliseconds=j["seen"])  # io.debezium.time.Timestamp
+        assert a["shipped"] == dt.datetime.fromisoformat(j["shipped"])  # ZonedTimestamp: a timestamptz
         cdc_a = {**a["_cdc"], "target": a["_cdc"]["target"].replace("dbz_avro", "dbz_json")}
         assert cdc_a == j["_cdc"], (a["_cdc"], j["_cdc"])
     assert [(r["id"], r["_cdc"]["op"]) for r in avro] == [

@@ -269,3 +269,39 @@ def test_schemas_that_cannot_map_are_refused_saying_why(schema: str, found: str)
     with pytest.raises(AvroSchemaError, match="Avro schema: ") as caught:
         avro_plan(schema)
     assert found in str(caught.value)
+
+
+ZONED = {"type": "string", "connect.version": 1, "connect.name": "io.debezium.time.ZonedTimestamp"}
+ROW = {"type": "record", "name": "Row", "namespace": "db", "fields": [
+    {"name": "id", "type": "int"},
+    {"name": "at", "type": ZONED},
+    {"name": "maybe", "type": ["null", ZONED], "default": None},
+    {"name": "many", "type": {"type": "array", "items": ZONED}},
+]}
+#: Debezium's envelope names the row record twice: ``after`` refers to it by name.
+ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "db", "fields": [
+    {"name": "before", "type": ["null", ROW], "default": None},
+    {"name": "after", "type": ["null", "db.Row"], "default": None},
+]}
+
+
+def test_debezium_zoned_timestamps_are_timestamptz_as_the_json_path_types_them() -> None:
+    plan = avro_plan(json.dumps(ENVELOPE))
+    after = plan.iceberg.find_field("after").field_type
+    assert isinstance(after, StructType)
+    assert [(f.name, f.field_type) for f in after.fields if f.name != "many"] == [
+        ("id", IntegerType()), ("at", TimestamptzType()), ("maybe", TimestamptzType())]
+    assert isinstance(plan.iceberg.find_field("before.many").field_type, ListType)
+    assert plan.iceberg.find_field("before.many").field_type.element_type == TimestamptzType()
+    row = {"id": 1, "at": "2026-03-01T10:00:00.123456Z", "maybe": "2026-03-01T12:00:00+02:00",
+           "many": ["2026-03-02T00:00:00Z"]}
+    bad = {**row, "id": 2, "at": "yesterday"}
+    payloads = write(ENVELOPE, [{"before": None, "after": row}, {"before": row, "after": bad},
+                                {"before": None, "after": {**row, "id": 3, "maybe": None}}])
+    out = decode_avro(payloads, plan, plan.arrow, schema_id=9)
+    want = {"id": 1, "at": dt.datetime(2026, 3, 1, 10, 0, 0, 123456, tzinfo=UTC),
+            "maybe": dt.datetime(2026, 3, 1, 10, 0, tzinfo=UTC), "many": [dt.datetime(2026, 3, 2, tzinfo=UTC)]}
+    assert out.table.to_pylist() == [{"before": None, "after": want},
+                                     {"before": None, "after": {**want, "id": 3, "maybe": None}}]
+    assert out.indices.to_pylist() == [0, 2]
+    assert [r.index for r in out.rejects] == [1] and "ZonedTimestamp" in out.rejects[0].reason

@@ -31,6 +31,7 @@ VALUE: dict[str, Any] = {"type": "record", "name": "Value", "namespace": NS, "fi
     {"name": "updated", "type": ["null", _dbz("long", "io.debezium.time.MicroTimestamp")], "default": None},
     {"name": "born", "type": ["null", _dbz("int", "io.debezium.time.Date")], "default": None},
     {"name": "seen", "type": ["null", _dbz("long", "io.debezium.time.Timestamp")], "default": None},
+    {"name": "shipped", "type": ["null", _dbz("string", "io.debezium.time.ZonedTimestamp")], "default": None},
 ], "connect.name": f"{NS}.Value"}
 SOURCE: dict[str, Any] = {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql", "fields": [
     {"name": "version", "type": "string"}, {"name": "connector", "type": "string"}, {"name": "name", "type": "string"},
@@ -60,7 +61,8 @@ T0 = dt.datetime(2026, 3, 1, 12, 0, 0, 123456)
 
 def row(i: int, name: str | None) -> dict[str, Any]:
     micros = int((T0 - dt.datetime(1970, 1, 1)).total_seconds() * 1_000_000) + i
-    return {"id": i, "name": name, "updated": micros, "born": 20000 + i, "seen": micros // 1000}
+    return {"id": i, "name": name, "updated": micros, "born": 20000 + i, "seen": micros // 1000,
+            "shipped": f"2026-03-0{i}T10:00:00.5+02:00"}
 
 
 def event(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, lsn: int) -> dict[str, Any]:
@@ -74,7 +76,7 @@ EVENTS = [
     event("r", None, row(1, "a"), 100),
     event("c", None, row(2, "b"), 101),
     event("u", None, row(1, "a2"), 102),
-    event("d", {"id": 2, "name": None, "updated": None, "born": None, "seen": None}, None, 103),
+    event("d", {"id": 2, "name": None, "updated": None, "born": None, "seen": None, "shipped": None}, None, 103),
 ]
 
 
@@ -90,12 +92,13 @@ def test_debezium_time_annotations_type_avro_columns_as_the_json_path_does() -> 
     types = {f.name: f.type for f in plan.arrow}
     assert types["updated"] == pa.timestamp("us") and types["seen"] == pa.timestamp("us")
     assert types["born"] == pa.date32() and types["id"] == pa.int32()
+    assert types["shipped"] == pa.timestamp("us", tz="UTC")  # ZonedTimestamp: timestamptz, as the JSON path
 
 
 def test_avro_change_events_give_the_change_rows_of_the_json_form() -> None:
     t, values = transform()
     schema = t.infer_schema(values)
-    assert schema.names == ["id", "name", "updated", "born", "seen", "_cdc"]
+    assert schema.names == ["id", "name", "updated", "born", "seen", "shipped", "_cdc"]
     assert schema.field("updated").type == pa.timestamp("us") and schema.field("born").type == pa.date32()
     out = t.apply(values, list(range(10, 10 + len(values))), schema)
     got = out.table.to_pylist()
@@ -104,6 +107,7 @@ def test_avro_change_events_give_the_change_rows_of_the_json_form() -> None:
     assert got[0]["updated"] == T0.replace(microsecond=123457)
     assert got[0]["born"] == dt.date(1970, 1, 1) + dt.timedelta(days=20001)
     assert got[0]["seen"] == T0.replace(microsecond=123000)
+    assert got[0]["shipped"] == dt.datetime(2026, 3, 1, 8, 0, 0, 500000, tzinfo=dt.UTC)
     assert {r["_cdc"]["target"] for r in got} == {"mirror.public_accounts"}
     assert {r["_cdc"]["source"] for r in got} == {"public.accounts"}
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

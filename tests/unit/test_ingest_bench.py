@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.ingest_bench import commit_walls, steady_note, warm_rounds_note, worker_timeline
 
 
@@ -81,3 +83,31 @@ def test_the_committed_rows_poll_counts_what_the_tables_hold(tmp_path):
     assert poll() == committed_rows(catalog) == 18
     tables[0].append(rows)
     assert poll() == committed_rows(catalog) == 21
+
+
+@pytest.mark.parametrize("fmt", ["avro", "protobuf", "json-schema"])
+def test_pizza_events_framed_for_a_registry_decode_to_the_json_events(fmt: str) -> None:
+    """bench/ingest_bench.py --format: the same events in each format (bench/pizza_formats.py)."""
+    import asyncio
+    import json
+
+    from agents.formats.registry_values import RegistryValues
+    from bench.pizza_formats import SCHEMAS, framed
+    from icesink.app.pizzas import pizza_values
+
+    class Registered:
+        type, text, references = SCHEMAS[fmt][1], SCHEMAS[fmt][0], ()
+
+    async def schema_of(schema_id: int) -> Registered | None:
+        return Registered() if schema_id == 12 else None
+
+    values = pizza_values(50, seed=3)
+    frames = framed(values, fmt, 12)
+    decoder = RegistryValues(schema_of, {"json-schema": "json"}.get(fmt, fmt))
+    asyncio.run(decoder.prepare(frames))
+    schema = decoder.table_schema(frames)
+    assert schema is not None
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    out = decoder.convert(frames, schema_to_pyarrow(schema, include_field_ids=False))
+    assert not out.rejects and out.table.to_pylist() == [json.loads(v) for v in values]
