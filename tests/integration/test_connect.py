@@ -109,6 +109,10 @@ def _snapshots(catalog: Any) -> int:
     return len(catalog.load_table(TABLE).metadata.snapshots)
 
 
+# Both brokers, about two minutes each: the real Kafka run is in `./dev chaos` (CI runs both), so
+# that the default suite keeps its time; the conformance test (-m reference) runs connect on Kafka.
+@pytest.mark.parametrize("each_broker", ["tansu", pytest.param("kafka", marks=[pytest.mark.kafka, pytest.mark.chaos])],
+                         indirect=True)
 def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_broker, catalog_props, tmp_path, spark_reader):
     """On Tansu and on a real Kafka broker (``each_broker``): the same flow, groups and all."""
     broker = each_broker
