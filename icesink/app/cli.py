@@ -92,7 +92,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit
     settings = _settings(args)
     redact = settings.redactor()
-    log.info("settings: %s", settings.masked())
+    log.info("settings given (the rest are defaults; --log-level DEBUG lists all): %s", settings.masked(only_given=True))
+    log.debug("settings: %s", settings.masked())
     bootstrap, broker = resolve_bootstrap(settings)
     metrics = Metrics()
     try:

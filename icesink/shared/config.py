@@ -413,11 +413,17 @@ class Settings(BaseSettings):
             kw["ssl_context"] = ctx
         return kw
 
-    def masked(self) -> dict[str, Any]:
-        """Settings for logs and status output, secrets masked (icesink/shared/secrets.py)."""
+    def masked(self, only_given: bool = False) -> dict[str, Any]:
+        """Settings for logs and status output, secrets masked (icesink/shared/secrets.py).
+        ``only_given``: only those the config, environment and flags gave (no defaults)."""
         out = self.model_dump(by_alias=True)
         del out["<config provider values>"]
+        if only_given:
+            given = {Settings.model_fields[f].alias or f for f in self.model_fields_set}
+            out = {k: v for k, v in out.items() if k in given and v not in ({}, ())}
         for field in ("iceberg.catalog.*", "spark.*", "value.converter.*", "key.converter.*"):
+            if field not in out:
+                continue
             out[field] = {k: mask_setting(k.removeprefix("key.converter."), v) for k, v in out[field].items()}
         return {k: (MASK if isinstance(v, SecretStr) else mask_url(v) if isinstance(v, str) else v)
                 for k, v in out.items()}

@@ -183,3 +183,14 @@ def test_s3_path_style_access_against_force_virtual_addressing_is_refused_37():
                "iceberg.catalog.s3.force-virtual-addressing": "true"})
     with pytest.raises(ConfigError, match="s3.path-style-access"):
         build({"topics": "t", "iceberg.tables": "db.t", "iceberg.catalog.s3.path-style-access": "sometimes"})
+
+
+def test_the_settings_log_line_holds_only_what_was_given_37():
+    """The worker's INFO line of settings was 3,000 characters of defaults: it shows what the
+    config, environment and flags gave (secrets masked); DEBUG logs them all."""
+    s = build({"topics": "t", "iceberg.tables": "db.t", "sasl.password": "pw-9", "iceberg.catalog.uri": "sqlite:///x.db",
+               "spark.driver.memory": "1g"})
+    given = s.masked(only_given=True)
+    assert set(given) == {"topics", "iceberg.tables", "sasl.password", "iceberg.catalog.*", "spark.*"}
+    assert "pw-9" not in str(given)
+    assert "maintenance.snapshots.retain-last" in s.masked()
