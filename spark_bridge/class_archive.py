@@ -70,7 +70,7 @@ def with_archive(conf: Mapping[str, str], root: Path | None = None) -> dict[str,
         logger.info("spark: no class-data archive for this JVM and class path: `icesink spark-archive` builds one "
                     "(a local session then starts in about half the time)")
         return out
-    out[JAVA_OPTIONS] = f"{conf.get(JAVA_OPTIONS, '')} -XX:SharedArchiveFile={_option_value(path)}".strip()
+    out[JAVA_OPTIONS] = f"{conf.get(JAVA_OPTIONS, '')} -XX:SharedArchiveFile={option_value(path)}".strip()
     logger.info("spark: the JVM is given the class-data archive %s", path)
     return out
 
@@ -108,7 +108,7 @@ def build(master: str = "local[2]", conf: Mapping[str, str] | None = None, root:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}")
     # -Xlog:cds=off: the dump names every class it leaves out (signed jars, generated classes).
-    dump = f"{base.get(JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={_option_value(partial)} -Xlog:cds=off".strip()
+    dump = f"{base.get(JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={option_value(partial)} -Xlog:cds=off".strip()
     writer = SparkFileWriter(dataclasses.replace(settings, conf={**settings.conf, JAVA_OPTIONS: dump}))
     try:
         writer.start()
@@ -158,7 +158,7 @@ def _partitioned_write(writer: SparkFileWriter) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _option_value(path: Path) -> str:
+def option_value(path: Path) -> str:
     """``path`` as one word of a JVM options string (Spark's launcher splits it at blanks and
     honours double quotes)."""
     text = str(path)

@@ -12,6 +12,7 @@ The session is blocking: run these calls off the event loop, in one executor.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -68,6 +69,8 @@ _LOCAL_JAVA_OPTIONS = (
     "-XX:Tier4MinInvocationThreshold=6000",
     "-XX:Tier4CompileThreshold=150000",
     "-XX:Tier4BackEdgeThreshold=400000",
+    # Spark's log: WARN and up, in the worker's line format, labelled spark.<logger> (the file says why).
+    f"-Dlog4j2.configurationFile={class_archive.option_value(Path(__file__).with_name('log4j2.properties'))}",
 )
 
 

@@ -57,3 +57,5 @@ def test_a_catalog_that_cannot_be_reached_is_one_line_naming_it(broker, tmp_path
     line = _one_error_line(lines)
     assert code != 0
     assert "catalog" in line and f"127.0.0.1:{port}" in line, line
+    # the Spark JVM begun beside the start-up logs through icesink's log4j config (spark_bridge/log4j2.properties)
+    assert not [x for x in lines if "default log4j profile" in x or "setLogLevel" in x], "\n".join(lines[-20:])

@@ -79,7 +79,7 @@ def test_a_session_maps_the_archive_only_when_it_exists(
 def test_an_archive_path_stays_one_word_of_the_jvm_options(path: str) -> None:
     # Spark's launcher splits spark.driver.extraJavaOptions at blanks, honouring quotes and
     # backslashes as a POSIX shell does (CommandBuilderUtils.parseOptionString).
-    options = f"-XX:+ExitOnOutOfMemoryError -XX:SharedArchiveFile={class_archive._option_value(Path(path))}"
+    options = f"-XX:+ExitOnOutOfMemoryError -XX:SharedArchiveFile={class_archive.option_value(Path(path))}"
     assert shlex.split(options) == ["-XX:+ExitOnOutOfMemoryError", f"-XX:SharedArchiveFile={path}"]
 
 

@@ -27,3 +27,17 @@ def test_a_users_java_options_come_after_ours_and_keep_them() -> None:
     assert options[-2:] == ["-Xss4m", "-XX:Tier4InvocationThreshold=5000"]
     # Ours stay: without ExitOnOutOfMemoryError an OOM can leave a write waiting for ever.
     assert "-XX:+ExitOnOutOfMemoryError" in options[:-2]
+
+
+def test_the_local_jvm_logs_through_icesinks_log4j_config_labelled_and_quiet_37() -> None:
+    """Spark's console lines ("Using Spark's default log4j profile", "Setting default log level",
+    its hostname warning) mixed into the worker's log unlabelled: the local JVM now logs WARN and up
+    in the worker's line format, each line labelled ``spark.<logger>``."""
+    from pathlib import Path
+
+    found = [o for o in _options() if o.startswith("-Dlog4j2.configurationFile=")]
+    assert len(found) == 1
+    config = Path(found[0].split("=", 1)[1])
+    text = config.read_text()
+    assert "rootLogger.level = warn" in text and "spark.%c{1}: %m" in text
+    assert "SYSTEM_ERR" in text
