@@ -295,10 +295,12 @@ class Evolver:
         return to_proposal(self.worker, name, final)
 
     def refreshed(self, name: str, table_schema: pa.Schema) -> None:
-        """The table was reloaded: keep S' only for what the table still lacks."""
+        """The table was reloaded: keep S' only for what the table still lacks (its columns
+        matched by field id: one another tool renamed or dropped is not proposed again)."""
         mine = self.schemas.get(name)
         if mine is None:
             return
+        mine = as_named_by(table_schema, mine)
         ci = self.case_insensitive
         need = changes(table_schema, mine, case_insensitive=ci)
         if need:

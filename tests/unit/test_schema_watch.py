@@ -119,3 +119,17 @@ def test_with_evolution_rows_of_a_dropped_or_renamed_column_are_ready_for_the_ne
     grown = pa.Table.from_pydict({"id": ["a"], "extra": [1]},
                                  schema=pa.schema([_f("id", pa.string(), 1), pa.field("extra", pa.int64())]))
     assert not ev.ready({"tbl": T()})(Chunk(TopicPartition("t", 0), 1, {"tbl": grown}, grown.nbytes, 1))
+
+
+def test_an_evolved_schema_follows_a_rename_and_a_drop_by_another_tool() -> None:
+    """The worker's evolved schema S' (the table's columns then, plus ``extra`` it proposed)
+    after another tool renamed ``n`` and dropped ``gone``: it keeps ``extra`` only, so the
+    proposal it sends again does not add ``n`` and ``gone`` back under their old names."""
+    ev = Evolver("w", evolve=True, case_insensitive=False)
+    ev.schemas["t"] = OLD.append(pa.field("extra", pa.int64()))
+    new = pa.schema([_f("id", pa.string(), 1), _f("count", pa.int64(), 2)])
+    ev.refreshed("t", new)
+    assert ev.schemas["t"].names == ["id", "count", "extra"]
+    proposal = ev.pending_proposal("t", new)
+    assert proposal is not None
+    assert "gone" not in str(proposal) and '"n"' not in str(proposal) and "extra" in str(proposal)
