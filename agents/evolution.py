@@ -43,7 +43,7 @@ from icesink.shared.schema_changes import (  # what the worker shares with the c
     ELEMENT, MAX_DECIMAL_PRECISION, AddField, Path, apply_changes, changes, find_field, holds, is_list, to_proposal,
 )
 
-__all__ = ["Evolver", "Growth", "conform"]
+__all__ = ["Evolver", "Growth", "as_named_by", "conform", "field_id"]
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -77,15 +77,53 @@ def _cast(arr: pa.Array, t: pa.DataType, ci: bool) -> pa.Array:
     return pc.cast(arr, t, safe=not (pa.types.is_float32(t) and pa.types.is_float64(arr.type)))
 
 
+_FIELD_ID = b"PARQUET:field_id"
+
+
+def field_id(f: pa.Field) -> bytes | None:
+    """A column's Iceberg field id, as schema_to_pyarrow puts it in the field's metadata."""
+    return None if f.metadata is None else f.metadata.get(_FIELD_ID)
+
+
+def _source(have: list[pa.Field], by_id: Mapping[bytes, pa.Field], f: pa.Field, ci: bool) -> pa.Field | None:
+    """The column of the data that fills ``f``: the one of the same field id (a column another
+    tool renamed keeps its id), else the one of its name that has no other id (one dropped and
+    added again under its name is another column, empty for older rows)."""
+    fid = field_id(f)
+    if fid is not None and fid in by_id:
+        return by_id[fid]
+    src = find_field(have, f.name, ci)
+    if src is not None and fid is not None and field_id(src) not in (None, fid):
+        return None
+    return src
+
+
+def as_named_by(table: pa.Schema, data: pa.Schema) -> pa.Schema:
+    """``data``'s schema as :func:`conform` maps it to ``table``: top-level columns with a field
+    id named as the table names that id now (renamed by another tool), left out when the table
+    no longer has it (dropped); columns without an id (evolution's) as they are."""
+    by_id = {fid: f for f in table if (fid := field_id(f)) is not None}
+    out = []
+    for f in data:
+        fid = field_id(f)
+        if fid is None:
+            out.append(f)
+        elif fid in by_id:
+            out.append(f.with_name(by_id[fid].name))
+    return pa.schema(out)
+
+
 def conform(data: pa.Table, schema: pa.Schema, *, case_insensitive: bool = False) -> pa.Table:
-    """``data`` as a table of exactly ``schema``: columns matched by name (ignoring case if
-    asked), in the schema's order, cast to its types; missing columns are nulls."""
+    """``data`` as a table of exactly ``schema``: top-level columns matched by field id, else
+    by name (ignoring case if asked: :func:`_source`), in the schema's order, cast to its
+    types; missing columns are nulls, columns the schema lacks (dropped) are left out."""
     if data.schema.equals(schema, check_metadata=True):
         return data
     have = list(data.schema)
+    by_id = {fid: f for f in have if (fid := field_id(f)) is not None}
     columns = []
     for f in schema:
-        src = find_field(have, f.name, case_insensitive)
+        src = _source(have, by_id, f, case_insensitive)
         if src is None:
             columns.append(pa.nulls(data.num_rows, f.type))
         else:
@@ -257,10 +295,12 @@ class Evolver:
         return to_proposal(self.worker, name, final)
 
     def refreshed(self, name: str, table_schema: pa.Schema) -> None:
-        """The table was reloaded: keep S' only for what the table still lacks."""
+        """The table was reloaded: keep S' only for what the table still lacks (its columns
+        matched by field id: one another tool renamed or dropped is not proposed again)."""
         mine = self.schemas.get(name)
         if mine is None:
             return
+        mine = as_named_by(table_schema, mine)
         ci = self.case_insensitive
         need = changes(table_schema, mine, case_insensitive=ci)
         if need:
@@ -290,7 +330,8 @@ class Evolver:
         """Whether a chunk can be written now: its tables hold every column it has."""
         ci = self.case_insensitive
         return lambda chunk: all(
-            t.schema.equals(targets[name].arrow_schema) or holds(targets[name].arrow_schema, t.schema, case_insensitive=ci)
+            t.schema.equals(targets[name].arrow_schema)
+            or holds(targets[name].arrow_schema, as_named_by(targets[name].arrow_schema, t.schema), case_insensitive=ci)
             for name, t in chunk.by_table().items()
         )
 

@@ -12,11 +12,12 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import faust
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from faust.types import TP
 
@@ -66,6 +67,10 @@ class TableSource(Protocol):
 
     async def held_back(self, tp: TopicPartition, names: Iterable[str]) -> list[str]:
         """Of ``names``, the tables ``tp`` waits for (then it is held: agents/missing.py)."""
+
+    async def refresh(self, by_table: Mapping[str, npt.NDArray[np.int64]], values: Sequence[bytes]) -> bool:
+        """Reload tables whose records carry fields their cached schema lacks (changed by
+        another tool); whether one changed."""
 
     async def look_for_missing(self) -> list[TopicPartition]:
         """The partitions that missing tables, back now, freed."""
@@ -212,6 +217,9 @@ class Ingest:
         routes = fanout.routes if fanout is not None else self.decoder.router.route(values) if values else Routes({}, ())
         if any(name not in self.targets for name in routes.by_table) and await self._held_back(st, routes.by_table):
             return  # nothing of this fetch is taken: read again once its tables exist
+        if await self.tables.refresh(routes.by_table, values) and fanout is not None:
+            fanout = None  # decoded against a schema another tool changed since: the usual way, again
+            routes = self.decoder.router.route(values)
         self.deadletters.tombstones(st.tp.topic, screened.tombstones)
         rejects: list[tuple[Reject, str | None]] = [(r, None) for r in screened.rejects]
         self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(screened.nbytes)

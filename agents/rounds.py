@@ -17,7 +17,7 @@ import faust
 
 from agents.buffer import Buffers, Chunk, PartitionState, Snapshot
 from agents.deadletter import DeadLetterSendError, DeadLetters
-from agents.evolution import Evolver
+from agents.evolution import Evolver, conform
 from agents.file_writer import FileWriter
 from agents.keys_files import write_keys_file
 from agents.mirror import collapse
@@ -251,7 +251,12 @@ class Rounds:
         loop (about 0.4 s per 1M rows, which ingest would otherwise wait for)."""
         if not any(c.rows for c in snap.chunks):
             return {}
-        cast = self.evolver.conformer(dict(self.targets)) if self.evolver is not None else None
+        targets = dict(self.targets)
+        if self.evolver is not None:
+            cast = self.evolver.conformer(targets)
+        else:  # rows decoded before another tool changed the table (agents/schema_watch.py): to its schema now
+            ci = self.settings.schema_case_insensitive
+            cast = lambda name, t: conform(t, targets[name].arrow_schema, case_insensitive=ci)  # noqa: E731
         return await self.offload.run(snap.tables, cast)
 
     def _file_prefixes(self, snap: Snapshot, name: str) -> Callable[[str], str]:

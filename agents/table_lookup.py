@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 
 from agents.buffer import Buffers, Chunk
-from agents.debezium import DebeziumTransform
+from agents.debezium import CDC_COLUMN, DebeziumTransform
 from agents.evolution import Evolver
 from agents.formats import RecordFormat
 from agents.formats.extras import KeyColumnUnknown
 from agents.missing import MissingTables
+from agents.schema_watch import SchemaWatch
 from agents.tables import Target, create_target, holds_group_state, load_target, not_created
 from icesink.shared.config import Settings
 from icesink.shared.control import ControlReader
@@ -132,9 +135,69 @@ class TableLookup:
         self.send = send
         self.fail = fail
         self.catalog: Catalog | None = None  # once loaded (attach)
+        built = frozenset(record_format.extras.names() | ({CDC_COLUMN} if debezium is not None else set()))
+        self.watch: SchemaWatch[Target] = SchemaWatch(self._reload, lambda t: t.arrow_schema,
+                                                      case_insensitive=settings.schema_case_insensitive, built=built)
 
     def attach(self, catalog: Catalog) -> None:
         self.catalog = catalog
+
+    async def _reload(self, name: str) -> Target | None:
+        return await self.offload.run(load_target, self.catalog, name, self.settings)
+
+    async def refresh(self, by_table: Mapping[str, npt.NDArray[np.int64]], values: Sequence[bytes]) -> bool:
+        """Before a fetch is decoded: reload the tables whose records carry a top-level field
+        their cached schema lacks (a column another tool added: agents/schema_watch.py), at
+        most once per interval a table. A sample of the fetch is looked at, never every record:
+        the first and last record of each table (one inferring parse for plain JSON). Whether
+        a table's schema changed (then the fetch is decoded against the new one)."""
+        if self.format.raw is not None:  # string or bytes values: no fields
+            return False
+        samples = {name: sorted({int(idx[0]), int(idx[-1])}) for name, idx in by_table.items()
+                   if len(idx) and name in self.targets}
+        if not samples:
+            return False
+        try:
+            seen = self._fields_seen(samples, values)
+        except Exception as exc:  # noqa: BLE001 - a sample that does not parse: its records are rejects
+            log.debug("schema check of a fetch skipped: %s", exc)
+            return False
+        changed = False
+        for name, fields in seen.items():
+            old = self.targets[name]
+            try:
+                fresh = await self.watch.check(name, old.arrow_schema, fields)
+            except ConfigError as exc:  # reloaded, but the settings do not fit it now
+                self.fail(exc)
+                return changed
+            except Exception as exc:  # noqa: BLE001 - the catalog is away: looked at again after the interval
+                log.warning("reloading table %s (its records carry fields its schema lacks) failed: %s", name, exc)
+                continue
+            if fresh is None or fresh.arrow_schema.equals(old.arrow_schema, check_metadata=True):
+                continue
+            log.info("table %s was changed by another writer: its columns are now %s (were %s)", name,
+                     ", ".join(fresh.arrow_schema.names), ", ".join(old.arrow_schema.names))
+            self.targets[name] = fresh
+            if self.evolver is not None:
+                self.evolver.refreshed(name, fresh.arrow_schema)
+            changed = True
+        return changed
+
+    def _fields_seen(self, samples: Mapping[str, list[int]], values: Sequence[bytes]) -> dict[str, set[str]]:
+        """The top-level field names the sampled records of each table carry."""
+        if self.debezium is not None:
+            dbz = self.debezium
+            return {name: set(dbz.row_schema([values[i] for i in idx]).names) for name, idx in samples.items()}
+        if self.format.plain:  # one parse for every table of the fetch (a fan-out's are many)
+            schema = self.format.table_schema([values[i] for i in sorted({i for v in samples.values() for i in v})])
+            names = set() if schema is None else set(_names(schema))
+            return {name: names for name in samples}
+        out = {}
+        for name, idx in samples.items():
+            found = self.format.table_schema([values[i] for i in idx])
+            if found is not None:
+                out[name] = set(_names(found))
+        return out
 
     async def load_configured(self) -> None:
         """Load the configured tables; once the group has run, those that do not exist are
@@ -258,3 +321,7 @@ class TableLookup:
             log.info("table %s exists again: partitions %s read on", name, ", ".join(map(str, found)) or "none")
             freed += found
         return freed
+
+
+def _names(schema: pa.Schema | Schema) -> list[str]:
+    return schema.names if isinstance(schema, pa.Schema) else [f.name for f in schema.fields]

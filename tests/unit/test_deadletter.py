@@ -295,6 +295,9 @@ class Tables:
     async def held_back(self, tp: TopicPartition, names: Any) -> list[str]:
         return []
 
+    async def refresh(self, by_table: Any, values: Any) -> bool:
+        return False
+
     async def look_for_missing(self) -> list[TopicPartition]:
         return []
 

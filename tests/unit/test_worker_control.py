@@ -291,7 +291,7 @@ def _worker_with_a_buffered_round(tmp_path, error):
     w.buffers.resume(tp, 0, now=0.0)
     rows = pa.table({"id": [1, 2]})
     w.buffers.add(Chunk(tp, 2, {"db.t": rows}, rows.nbytes, 2), 0, None)
-    w.rounds.targets = w.targets = {"db.t": type("Target", (), {"table": object(), "keys": None})()}
+    w.rounds.targets = w.targets = {"db.t": type("Target", (), {"table": object(), "keys": None, "arrow_schema": rows.schema})()}
     w.replica.rebalanced.set()
 
     class Spark:
