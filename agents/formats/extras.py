@@ -48,11 +48,17 @@ class Extras:
     key_binary: bool
     metadata: str | None  # field name (or prefix), None when off
     nested: bool
+    #: With a headers column (iceberg.tables.kafka-metadata-enabled); the reference's
+    #: KafkaMetadataTransform adds topic, partition, offset and timestamp only.
+    headers: bool = True
+
+    def _meta(self) -> list[str]:
+        return [k for k in _META_TYPES if self.headers or k != "headers"]
 
     def names(self) -> set[str]:
         out = {self.key_column} if self.key_column else set()
         if self.metadata:
-            out |= {self.metadata} if self.nested else {f"{self.metadata}_{k}" for k in _META_TYPES}
+            out |= {self.metadata} if self.nested else {f"{self.metadata}_{k}" for k in self._meta()}
         return out
 
     def iceberg_fields(self) -> list[NestedField]:
@@ -60,7 +66,7 @@ class Extras:
         if self.key_column:
             out.append(NestedField(0, self.key_column, BinaryType() if self.key_binary else StringType()))
         if self.metadata:
-            meta = [NestedField(0, k, t) for k, (_, t) in _META_TYPES.items()]
+            meta = [NestedField(0, k, t) for k, (_, t) in _META_TYPES.items() if k in self._meta()]
             if self.nested:
                 out.append(NestedField(0, self.metadata, StructType(*meta)))
             else:
@@ -76,10 +82,10 @@ class Extras:
             out[self.key_column], rejects = self._keys(messages, target.field(self.key_column).type)
         if not self.metadata:
             return out, rejects
-        wanted = {k for k in _META_TYPES if (self.metadata if self.nested else f"{self.metadata}_{k}") in names}
+        wanted = {k for k in self._meta() if (self.metadata if self.nested else f"{self.metadata}_{k}") in names}
         if not wanted:
             return out, rejects
-        meta = _metadata_arrays(messages, wanted if not self.nested else set(_META_TYPES))
+        meta = _metadata_arrays(messages, wanted if not self.nested else set(self._meta()))
         if self.nested:
             t = target.field(self.metadata).type
             if not pa.types.is_struct(t):

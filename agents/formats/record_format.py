@@ -46,10 +46,8 @@ class RecordFormat:
         #: String or bytes values (None: JSON or registry values), in one column.
         self.raw = None if json or registry is not None else RawValues(
             settings.value_column, settings.value_converter == BYTES_CONVERTER)
-        metadata = settings.kafka_metadata_field if settings.kafka_metadata else None
-        self.extras = Extras(
-            settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, settings.kafka_metadata_nested,
-        )
+        metadata, nested, headers = settings.metadata_columns or (None, False, False)
+        self.extras = Extras(settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, nested, headers)
         self.plain = json and not self.envelope and not self.extras.names()
         self.fold_case = settings.schema_case_insensitive
         self._envelopes = Envelopes()

@@ -40,6 +40,7 @@ from icesink.shared.config_load import (
     shown as shown,
 )
 from icesink.shared.errors import ConfigError
+from icesink.shared.transform_settings import TransformSpec, parse_chain
 from icesink.shared.secrets import MASK, Hidden, Redactor, is_secret_key, mask_setting, mask_url, url_secrets
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,9 @@ class Settings(BaseSettings):
     # Single message transforms, as in Kafka Connect: names, then transforms.<name>.<prop>.
     transforms: tuple[str, ...] = Field((), alias="transforms")
     transform_props: dict[str, dict[str, str]] = Field(default_factory=dict, alias="transforms.<name>.*")
+    # Their predicates (icesink/shared/transform_settings.py, agents/transforms/).
+    predicates: tuple[str, ...] = Field((), alias="predicates")
+    predicate_props: dict[str, dict[str, str]] = Field(default_factory=dict, alias="predicates.<name>.*")
 
     # Kafka clients (ours). Unset bootstrap.servers = the embedded broker.
     bootstrap_servers: str | None = Field(None, alias="bootstrap.servers")
@@ -230,7 +234,7 @@ class Settings(BaseSettings):
         # load_settings() merges file, environment and flags itself; nothing else is read.
         return (init_settings,)
 
-    @field_validator("topics", "tables", "transforms", "fault_crash_at", "fault_hold_at", mode="before")
+    @field_validator("topics", "tables", "transforms", "predicates", "fault_crash_at", "fault_hold_at", mode="before")
     @classmethod
     def _split_list(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -288,6 +292,23 @@ class Settings(BaseSettings):
             props = self.transform_props.get(name, {})
             if props.get("type") in DEBEZIUM_TRANSFORMS:
                 return props.get("cdc.target.pattern") or "{db}.{table}"
+        return None
+
+    @property
+    def transform_chain(self) -> tuple[TransformSpec, ...]:
+        """The configured transforms in order, checked (icesink/shared/transform_settings.py)."""
+        return parse_chain(self.transforms, self.transform_props, self.predicates, self.predicate_props)
+
+    @property
+    def metadata_columns(self) -> tuple[str, bool, bool] | None:
+        """The Kafka metadata columns: (field or prefix, nested, with headers), from the reference's
+        KafkaMetadataTransform (no headers, as it) or iceberg.tables.kafka-metadata-enabled; None: none."""
+        for spec in self.transform_chain:
+            if spec.kind == "kafka-metadata":
+                nested = spec.props.get("nested", "false").strip().lower() == "true"
+                return spec.props.get("field_name", "_kafka_metadata"), nested, False
+        if self.kafka_metadata:
+            return self.kafka_metadata_field, self.kafka_metadata_nested, True
         return None
 
     @property
@@ -436,6 +457,7 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
     spark: dict[str, str] = {}
     per_table: dict[str, dict[str, str]] = {prop: {} for prop in TABLE_PROPS}
     transforms: dict[str, dict[str, str]] = {}
+    predicates: dict[str, dict[str, str]] = {}
     converter_props: dict[str, str] = {}
     key_converter_props: dict[str, str] = {}
     unknown: list[str] = []
@@ -458,6 +480,9 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
         elif key.startswith("transforms.") and key.count(".") >= 2:
             name, _, prop = key[len("transforms."):].partition(".")
             transforms.setdefault(name, {})[prop] = str(value)
+        elif key.startswith("predicates.") and key.count(".") >= 2:
+            name, _, prop = key[len("predicates."):].partition(".")
+            predicates.setdefault(name, {})[prop] = str(value)
         elif (m := TABLE_KEY.match(key)) is not None:
             per_table[m["prop"]][m["table"]] = str(value)
         elif key.startswith("value.converter."):
@@ -479,6 +504,7 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
     for prop, values in per_table.items():
         fields[f"iceberg.table.<table>.{prop}"] = values
     fields["transforms.<name>.*"] = transforms
+    fields["predicates.<name>.*"] = predicates
     fields["value.converter.*"] = converter_props
     fields["key.converter.*"] = key_converter_props
     fields["<config provider values>"] = tuple(SecretStr(v) for v in provided.values())

@@ -222,13 +222,17 @@ def _check_registry_values(s: Settings) -> None:
 def _check_transforms(s: Settings) -> None:
     for name in s.transform_props.keys() - set(s.transforms):
         log.warning("settings transforms.%s.* ignored: %s is not listed in transforms", name, name)
-    debezium = [n for n in s.transforms if s.transform_props.get(n, {}).get("type") in DEBEZIUM_TRANSFORMS]
-    for name in s.transforms:
-        props = s.transform_props.get(name, {})
-        if props.get("type") not in DEBEZIUM_TRANSFORMS:
-            raise ConfigError(f"transforms.{name}.type", props.get("type"), f"one of {DEBEZIUM_TRANSFORMS}")
-        for prop in props.keys() - {"type", *DEBEZIUM_PROPS}:
-            log.warning("setting transforms.%s.%s ignored: the Debezium transform has no such property", name, prop)
+    chain = s.transform_chain  # raises naming the bad key (icesink/shared/transform_settings.py)
+    debezium = [t.name for t in chain if t.kind == "debezium"]
+    for spec in chain:
+        if spec.predicate is not None and spec.kind in ("debezium", "kafka-metadata"):
+            raise ConfigError(f"transforms.{spec.name}.predicate", spec.predicate.name,
+                              f"unset: {spec.props['type']} applies to every record here")
+    if [t.kind for t in chain].count("kafka-metadata") > 1:
+        raise ConfigError("transforms", ",".join(s.transforms), "at most one KafkaMetadataTransform")
+    if s.kafka_metadata and "kafka-metadata" in [t.kind for t in chain]:
+        raise ConfigError("iceberg.tables.kafka-metadata-enabled", "true",
+                          "unset with a KafkaMetadataTransform: one of the two adds the metadata columns")
     if len(debezium) > 1:
         raise ConfigError("transforms", ",".join(s.transforms), "at most one Debezium transform")
     pattern = s.debezium_target_pattern

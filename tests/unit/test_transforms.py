@@ -1,0 +1,163 @@
+"""Single message transforms and predicates (icesink/shared/transform_settings.py checks them at
+start; agents/transforms/ runs their batch steps; routing by topic in agents/routing.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from agents.deadletter import screen
+from agents.formats.extras import Extras
+from agents.routing import Router
+from agents.transforms import Chain
+from icesink.shared.config import Settings, build
+from icesink.shared.errors import ConfigError
+from icesink.shared.transform_settings import java_replacement
+
+BASE = {"topics": "orders,clicks,users", "iceberg.tables": "db.t"}
+C = "org.apache.kafka.connect.transforms."
+P = "org.apache.kafka.connect.transforms.predicates."
+REF = "org.apache.iceberg.connect.transforms."
+
+
+@dataclass
+class Msg:
+    value: bytes | None
+    headers: Any = ()
+    topic: str = "orders"
+    partition: int = 0
+    offset: int = 0
+    timestamp: int | None = 0
+    key: bytes | None = None
+
+
+def settings(**keys: str) -> Settings:
+    return build({**BASE, **keys}, warn_unknown=False)
+
+
+# Start-up checks: every key acts or is refused by name ----------------------------------------
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ({"transforms": "x", "transforms.x.type": f"{C}Nope"}, "transforms.x.type"),
+    ({"transforms": "x", "transforms.x.type": f"{C}RegexRouter", "transforms.x.regex": "(.*)"},
+     "transforms.x.replacement"),
+    ({"transforms": "x", "transforms.x.type": f"{C}RegexRouter", "transforms.x.regex": "(.*",
+      "transforms.x.replacement": "a"}, "transforms.x.regex"),
+    ({"transforms": "x", "transforms.x.type": f"{C}RegexRouter", "transforms.x.regex": "(.*)",
+      "transforms.x.replacement": "a$2"}, "transforms.x.replacement"),
+    ({"transforms": "x", "transforms.x.type": f"{C}RegexRouter", "transforms.x.regex": "a",
+      "transforms.x.replacement": "b", "transforms.x.bogus": "1"}, "transforms.x.bogus"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.predicate": "p"}, "transforms.x.predicate"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.negate": "true"}, "transforms.x.negate"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.predicate": "p",
+      "predicates": "p", "predicates.p.type": f"{P}Nope"}, "predicates.p.type"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.predicate": "p",
+      "predicates": "p", "predicates.p.type": f"{P}HasHeaderKey"}, "predicates.p.name"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.predicate": "p",
+      "predicates": "p", "predicates.p.type": f"{P}TopicNameMatches", "predicates.p.pattern": "[x"},
+     "predicates.p.pattern"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.predicate": "p", "transforms.x.negate": "yes",
+      "predicates": "p", "predicates.p.type": f"{P}RecordIsTombstone"}, "transforms.x.negate"),
+    ({"transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform", "transforms.m.external_field": "a,b"},
+     "transforms.m.external_field"),
+    ({"transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform", "transforms.m.nested": "maybe"},
+     "transforms.m.nested"),
+    ({"transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform",
+      "iceberg.tables.kafka-metadata-enabled": "true"}, "iceberg.tables.kafka-metadata-enabled"),
+])
+def test_a_bad_transform_or_predicate_key_is_refused_at_start_by_name(keys: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(**keys)
+    assert err.value.key == named
+
+
+def test_the_references_usual_debezium_and_kafka_metadata_chain_starts() -> None:
+    s = settings(**{
+        "transforms": "debezium,kafkametadata",
+        "transforms.debezium.type": "io.tabular.iceberg.connect.transforms.DebeziumTransform",
+        "transforms.kafkametadata.type": f"{REF}KafkaMetadataTransform",
+    })
+    assert [t.kind for t in s.transform_chain] == ["debezium", "kafka-metadata"]
+    assert s.metadata_columns == ("_kafka_metadata", False, False)
+
+
+def test_java_replacements_become_python_ones() -> None:
+    assert java_replacement("db.$1_${x}\\$") == "db.\\g<1>_\\g<x>$"
+
+
+# The batch steps --------------------------------------------------------------------------------
+
+
+def chain(**keys: str) -> Chain:
+    return Chain(settings(**keys).transform_chain)
+
+
+def test_regex_router_renames_a_whole_match_only() -> None:
+    c = chain(**{"transforms": "r", "transforms.r.type": f"{C}RegexRouter",
+                 "transforms.r.regex": "prod-(.*)", "transforms.r.replacement": "db.$1"})
+    assert c.apply("prod-orders", [Msg(b"{}")] * 2).topic() == "db.orders"
+    assert c.apply("xprod-orders", [Msg(b"{}")]).topic() == "xprod-orders"
+
+
+def test_filter_with_predicates_drops_and_negates_and_guards_a_router() -> None:
+    c = chain(**{
+        "transforms": "dropTomb,keepAudit,route",
+        "transforms.dropTomb.type": f"{C}Filter", "transforms.dropTomb.predicate": "tomb",
+        "transforms.keepAudit.type": f"{C}Filter", "transforms.keepAudit.predicate": "audit",
+        "transforms.keepAudit.negate": "true",
+        "transforms.route.type": f"{C}RegexRouter", "transforms.route.predicate": "orders",
+        "transforms.route.regex": "(.*)", "transforms.route.replacement": "db.$1",
+        "predicates": "tomb,audit,orders",
+        "predicates.tomb.type": f"{P}RecordIsTombstone",
+        "predicates.audit.type": f"{P}HasHeaderKey", "predicates.audit.name": "audit",
+        "predicates.orders.type": f"{P}TopicNameMatches", "predicates.orders.pattern": "ord.*",
+    })
+    msgs = [Msg(b"1", [("audit", b"y")]), Msg(None, [("audit", b"y")]), Msg(b"3"), Msg(b"4", [(b"audit", None)])]
+    applied = c.apply("orders", msgs)
+    assert applied.dropped is not None and applied.dropped.tolist() == [False, True, True, False]
+    kept = applied.topics.dictionary_decode().to_pylist()
+    assert [kept[0], kept[3]] == ["db.orders", "db.orders"]
+    screened = screen(msgs, 1000, applied.dropped)
+    assert screened.values == [b"1", b"4"] and screened.positions == [0, 3] and not screened.whole
+    assert c.apply("users", msgs).topic() == "users"  # the router's predicate does not hold
+
+
+def test_filter_without_predicate_drops_every_record() -> None:
+    applied = chain(**{"transforms": "f", "transforms.f.type": f"{C}Filter"}).apply("t", [Msg(b"1"), Msg(b"2")])
+    assert applied.dropped is not None and applied.dropped.all()
+
+
+# Routing by topic -------------------------------------------------------------------------------
+
+
+def topics(*names: str) -> pa.Array:
+    return pa.array(list(names), pa.string())
+
+
+def test_the_shorthand_routes_each_topic_to_its_table_dynamically() -> None:
+    r = Router(settings(**{"iceberg.tables.route-field": "@topic", "iceberg.tables.dynamic-enabled": "true"}))
+    routes = r.route([b"{}", b"{}", b"{}"], topics=topics("db.orders", "db.clicks", "db.orders"))
+    assert {t: i.tolist() for t, i in routes.by_table.items()} == {"db.orders": [0, 2], "db.clicks": [1]}
+
+
+def test_the_references_way_routes_on_the_kafka_metadata_topic_column() -> None:
+    r = Router(settings(**{
+        "transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform",
+        "iceberg.tables": "db.o,db.c", "iceberg.tables.route-field": "_kafka_metadata_topic",
+        "iceberg.table.db.o.route-regex": "orders", "iceberg.table.db.c.route-regex": "clicks",
+    }))
+    routes = r.route([b'{"x":1}'] * 3, topics=topics("orders", "clicks", "users"))
+    assert {t: i.tolist() for t, i in routes.by_table.items()} == {"db.o": [0], "db.c": [1]}
+    assert [u.index for u in routes.unrouted] == [2]  # no table: dead-lettered, never dropped
+
+
+def test_kafka_metadata_transform_columns_have_no_headers_as_the_reference() -> None:
+    meta = settings(**{"transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform",
+                       "transforms.m.field_name": "_meta"}).metadata_columns
+    assert meta is not None
+    extras = Extras(None, False, *meta)
+    assert extras.names() == {"_meta_topic", "_meta_partition", "_meta_offset", "_meta_timestamp"}
