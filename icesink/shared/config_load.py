@@ -228,6 +228,10 @@ def _check_transforms(s: Settings) -> None:
         if spec.predicate is not None and spec.kind in ("debezium", "kafka-metadata"):
             raise ConfigError(f"transforms.{spec.name}.predicate", spec.predicate.name,
                               f"unset: {spec.props['type']} applies to every record here")
+    kinds = [t.kind for t in chain]
+    if "kafka-metadata" in kinds and "regex-router" in kinds[:kinds.index("kafka-metadata")]:
+        raise ConfigError("transforms", ",".join(s.transforms), "the KafkaMetadataTransform before any RegexRouter: "
+                          "its topic column records the topic as consumed (routing still sees the new one)")
     if [t.kind for t in chain].count("kafka-metadata") > 1:
         raise ConfigError("transforms", ",".join(s.transforms), "at most one KafkaMetadataTransform")
     if s.kafka_metadata and "kafka-metadata" in [t.kind for t in chain]:

@@ -68,6 +68,8 @@ def settings(**keys: str) -> Settings:
      "transforms.m.nested"),
     ({"transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform",
       "iceberg.tables.kafka-metadata-enabled": "true"}, "iceberg.tables.kafka-metadata-enabled"),
+    ({"transforms": "r,m", "transforms.r.type": f"{C}RegexRouter", "transforms.r.regex": "a",
+      "transforms.r.replacement": "b", "transforms.m.type": f"{REF}KafkaMetadataTransform"}, "transforms"),
 ])
 def test_a_bad_transform_or_predicate_key_is_refused_at_start_by_name(keys: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError) as err:
