@@ -232,6 +232,15 @@ def _check_transforms(s: Settings) -> None:
     if "kafka-metadata" in kinds and "regex-router" in kinds[:kinds.index("kafka-metadata")]:
         raise ConfigError("transforms", ",".join(s.transforms), "the KafkaMetadataTransform before any RegexRouter: "
                           "its topic column records the topic as consumed (routing still sees the new one)")
+    made = {t.props["target.field"] for t in chain if t.kind == "copy-value"} | {
+        pair.split(":")[1].strip() for t in chain if t.kind == "replace-field"
+        for pair in t.props.get("renames", "").split(",") if pair.strip()}
+    if s.evolve_schema and any(t.kind in ("copy-value", "replace-field") for t in chain):
+        raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", "unset with ReplaceField or CopyValue: "
+                          "schema evolution reads the values before the transforms (not supported yet)")
+    if s.route_field in made:
+        raise ConfigError("iceberg.tables.route-field", s.route_field, "a field of the consumed value: routing reads "
+                          "the values before ReplaceField and CopyValue (route on the field's original name)")
     if [t.kind for t in chain].count("kafka-metadata") > 1:
         raise ConfigError("transforms", ",".join(s.transforms), "at most one KafkaMetadataTransform")
     if s.kafka_metadata and "kafka-metadata" in [t.kind for t in chain]:

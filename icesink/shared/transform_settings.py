@@ -27,6 +27,8 @@ _REFERENCE = ("org.apache.iceberg.connect.transforms.", "io.tabular.iceberg.conn
 TRANSFORMS: Final[Mapping[str, str]] = {
     **{f"{p}DebeziumTransform": "debezium" for p in _REFERENCE},
     **{f"{p}KafkaMetadataTransform": "kafka-metadata" for p in _REFERENCE},
+    **{f"{p}CopyValue": "copy-value" for p in _REFERENCE},
+    f"{_CONNECT}ReplaceField$Value": "replace-field",
     f"{_CONNECT}Filter": "filter",
     f"{_CONNECT}RegexRouter": "regex-router",
 }
@@ -41,6 +43,8 @@ _TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] =
     "debezium": (("cdc.target.pattern",), ()),
     "kafka-metadata": (("field_name", "nested"), ()),
     "filter": ((), ()),
+    "copy-value": (("source.field", "target.field"), ("source.field", "target.field")),
+    "replace-field": (("exclude", "include", "renames", "blacklist", "whitelist"), ()),
     "regex-router": (("regex", "replacement"), ("regex", "replacement")),
 }
 _PREDICATE_PROPS: Final[Mapping[str, tuple[str, ...]]] = {
@@ -142,6 +146,13 @@ def parse_chain(names: tuple[str, ...], props: Mapping[str, Mapping[str, str]],
                 if not (ref.isdigit() and int(ref) <= pattern.groups) and ref not in pattern.groupindex:
                     raise ConfigError(f"transforms.{name}.replacement", tp["replacement"],
                                       f"a replacement naming groups of the regex (it has no group {ref})")
+        if kind == "replace-field":
+            for legacy, now in (("blacklist", "exclude"), ("whitelist", "include")):
+                if legacy in tp:  # Connect's old names, still read by ReplaceField
+                    tp = {k: v for k, v in tp.items() if k != legacy} | {now: tp[legacy]}
+            for pair in (x.strip() for x in tp.get("renames", "").split(",") if x.strip()):
+                if len(pair.split(":")) != 2:
+                    raise ConfigError(f"transforms.{name}.renames", tp["renames"], f"old:new pairs ({pair!r} is not one)")
         if kind == "kafka-metadata" and "nested" in tp:
             _bool(f"transforms.{name}.nested", tp["nested"])
         chain.append(TransformSpec(name, kind, dict(tp), predicate, negate))

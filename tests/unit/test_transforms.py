@@ -163,3 +163,50 @@ def test_kafka_metadata_transform_columns_have_no_headers_as_the_reference() -> 
     assert meta is not None
     extras = Extras(None, False, *meta)
     assert extras.names() == {"_meta_topic", "_meta_partition", "_meta_offset", "_meta_timestamp"}
+
+
+# Value transforms: ReplaceField$Value and CopyValue, on the decoded columns -------------------
+
+
+def value_format(**keys: str) -> Any:
+    from agents.formats import RecordFormat
+
+    return RecordFormat(settings(**keys))
+
+
+def test_replace_field_and_copy_value_shape_the_created_table_and_its_rows() -> None:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    fmt = value_format(**{
+        "transforms": "rf,cp",
+        "transforms.rf.type": f"{C}ReplaceField$Value", "transforms.rf.exclude": "secret",
+        "transforms.rf.renames": "id:order_id,amt:amount",
+        "transforms.cp.type": f"{REF}CopyValue", "transforms.cp.source.field": "order_id",
+        "transforms.cp.target.field": "id_copy",
+    })
+    values = [b'{"id":"a","amt":1.5,"secret":"x","n":1}', b'{"id":"b","amt":2,"secret":"y","n":2}']
+    created = fmt.table_schema(values)
+    assert created is not None
+    target = schema_to_pyarrow(created)
+    assert target.names == ["order_id", "amount", "n", "id_copy"]
+    out = fmt.convert([Msg(v) for v in values], values, target)
+    assert out.table.to_pylist() == [
+        {"order_id": "a", "amount": 1.5, "n": 1, "id_copy": "a"},
+        {"order_id": "b", "amount": 2.0, "n": 2, "id_copy": "b"},
+    ]
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ({"transforms": "rf", "transforms.rf.type": f"{C}ReplaceField$Value", "transforms.rf.renames": "a-b"},
+     "transforms.rf.renames"),
+    ({"transforms": "cp", "transforms.cp.type": f"{REF}CopyValue", "transforms.cp.source.field": "a"},
+     "transforms.cp.target.field"),
+    ({"transforms": "rf", "transforms.rf.type": f"{C}ReplaceField$Value", "transforms.rf.renames": "a:b",
+      "iceberg.tables.route-field": "b"}, "iceberg.tables.route-field"),
+    ({"transforms": "rf", "transforms.rf.type": f"{C}ReplaceField$Value", "transforms.rf.exclude": "a",
+      "iceberg.tables.evolve-schema-enabled": "true"}, "iceberg.tables.evolve-schema-enabled"),
+])
+def test_value_transform_keys_are_checked_at_start(keys: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(**keys)
+    assert err.value.key == named
