@@ -71,15 +71,19 @@ def test_three_topics_to_three_tables_the_references_way(broker, catalog_props, 
 
 
 @pytest.mark.timeout(300)
-def test_a_chain_of_three_transforms_routes_by_topic(broker, catalog_props, tmp_path: Path) -> None:
+def test_a_chain_of_five_transforms_routes_by_topic_and_shapes_the_rows(broker, catalog_props, tmp_path: Path) -> None:
     """Filter (TopicNameMatches) drops a topic, KafkaMetadataTransform adds the metadata,
-    RegexRouter renames each topic to its table; route-field @topic, dynamic tables."""
+    RegexRouter renames each topic to its table (route-field @topic, dynamic tables),
+    ReplaceField renames a field and CopyValue copies one."""
     from tests.support.sinkrun import assert_exact
 
     tables = {f"chain.{t}": 300 for t in TOPICS}
     catalog = run_sink(
         broker, catalog_props, tmp_path, "prod-", tables, "prod-junk",
-        **{"transforms": "dropJunk,meta,rename",
+        **{"transforms": "dropJunk,meta,rename,fields,copy",
+           "transforms.fields.type": f"{C}ReplaceField$Value", "transforms.fields.renames": "n:count",
+           "transforms.copy.type": f"{REF}CopyValue", "transforms.copy.source.field": "id",
+           "transforms.copy.target.field": "id_copy",
            "transforms.dropJunk.type": f"{C}Filter", "transforms.dropJunk.predicate": "junk",
            "predicates": "junk", "predicates.junk.type": f"{C}predicates.TopicNameMatches",
            "predicates.junk.pattern": ".*-junk",
@@ -93,4 +97,7 @@ def test_a_chain_of_three_transforms_routes_by_topic(broker, catalog_props, tmp_
         rows = catalog.load_table(f"chain.{t}").scan().to_arrow()
         assert set(rows.column("_src_topic").to_pylist()) == {f"prod-{t}"}
         assert sorted(rows.column("_src_offset").to_pylist()) == sorted(list(range(150)) * 2)
+        assert rows.column_names[:3] == ["id", "count", "id_copy"]
+        assert rows.column("id").to_pylist() == rows.column("id_copy").to_pylist()
+        assert sorted(rows.column("count").to_pylist()) == list(range(300))
     assert not catalog.table_exists("chain.junk")
