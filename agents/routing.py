@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from agents.convert import Converted, Reject, decode_json
 from icesink.shared.config import Settings
+from icesink.shared.transform_settings import inserted_fields
 
 if TYPE_CHECKING:
     from agents.debezium import DebeziumTransform
@@ -43,7 +44,7 @@ TOPIC_ROUTE = "@topic"
 def topic_fields(settings: Settings) -> set[str]:
     """The route fields that mean the record's topic: ``@topic``, and the Kafka metadata's topic
     column (``_kafka_metadata_topic``, or ``_kafka_metadata.topic`` nested) when it is added."""
-    out = {TOPIC_ROUTE}
+    out = {TOPIC_ROUTE} | {name for name, source, _ in inserted_fields(settings.transform_chain) if source == "topic"}
     metadata = settings.metadata_columns
     if metadata is not None:
         field, nested, _ = metadata

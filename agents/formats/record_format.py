@@ -22,6 +22,7 @@ from agents.transforms.values import ValueChain
 from icesink.shared.config import BYTES_CONVERTER, JSON_CONVERTER, Settings
 from icesink.shared.registry_settings import is_registry_converter
 from icesink.shared.schema_changes import iceberg_schema
+from icesink.shared.transform_settings import inserted_fields
 from icesink.shared.writable_types import arrow_only_column
 
 
@@ -48,7 +49,8 @@ class RecordFormat:
         self.raw = None if json or registry is not None else RawValues(
             settings.value_column, settings.value_converter == BYTES_CONVERTER)
         metadata, nested, headers = settings.metadata_columns or (None, False, False)
-        self.extras = Extras(settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, nested, headers)
+        self.extras = Extras(settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, nested, headers,
+                             inserted_fields(settings.transform_chain))
         #: Value transforms (ReplaceField, CopyValue: agents/transforms/values.py) on the decoded columns.
         self.values = ValueChain(settings.transform_chain)
         self.plain = json and not self.envelope and not self.extras.names() and not self.values

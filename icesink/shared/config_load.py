@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from icesink.shared.errors import ConfigError
 from icesink.shared.registry_settings import is_registry_converter, registry_settings
+from icesink.shared.transform_settings import inserted_fields
 from icesink.shared.secrets import Hidden, is_secret_key, mask_url
 
 if TYPE_CHECKING:
@@ -225,16 +226,18 @@ def _check_transforms(s: Settings) -> None:
     chain = s.transform_chain  # raises naming the bad key (icesink/shared/transform_settings.py)
     debezium = [t.name for t in chain if t.kind == "debezium"]
     for spec in chain:
-        if spec.predicate is not None and spec.kind in ("debezium", "kafka-metadata"):
+        if spec.predicate is not None and spec.kind in ("debezium", "kafka-metadata", "insert-field"):
             raise ConfigError(f"transforms.{spec.name}.predicate", spec.predicate.name,
                               f"unset: {spec.props['type']} applies to every record here")
     kinds = [t.kind for t in chain]
-    if "kafka-metadata" in kinds and "regex-router" in kinds[:kinds.index("kafka-metadata")]:
-        raise ConfigError("transforms", ",".join(s.transforms), "the KafkaMetadataTransform before any RegexRouter: "
-                          "its topic column records the topic as consumed (routing still sees the new one)")
+    for k in ("kafka-metadata", "insert-field"):
+        if k in kinds and "regex-router" in kinds[:len(kinds) - kinds[::-1].index(k) - 1]:
+            raise ConfigError("transforms", ",".join(s.transforms), f"the {k} transform before any RegexRouter: "
+                              "its topic column records the topic as consumed (routing still sees the new one)")
     made = {t.props["target.field"] for t in chain if t.kind == "copy-value"} | {
         pair.split(":")[1].strip() for t in chain if t.kind == "replace-field"
-        for pair in t.props.get("renames", "").split(",") if pair.strip()}
+        for pair in t.props.get("renames", "").split(",") if pair.strip()} | {
+        name for name, source, _ in inserted_fields(chain) if source != "topic"}
     if s.evolve_schema and any(t.kind in ("copy-value", "replace-field") for t in chain):
         raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", "unset with ReplaceField or CopyValue: "
                           "schema evolution reads the values before the transforms (not supported yet)")

@@ -17,7 +17,8 @@ from typing import Final
 
 from icesink.shared.errors import ConfigError
 
-__all__ = ["PREDICATES", "TRANSFORMS", "PredicateSpec", "TransformSpec", "java_replacement", "parse_chain"]
+__all__ = ["PREDICATES", "TRANSFORMS", "PredicateSpec", "TransformSpec", "inserted_fields", "java_replacement",
+           "parse_chain"]
 
 _CONNECT = "org.apache.kafka.connect.transforms."
 _CONNECT_PREDICATES = "org.apache.kafka.connect.transforms.predicates."
@@ -29,6 +30,7 @@ TRANSFORMS: Final[Mapping[str, str]] = {
     **{f"{p}KafkaMetadataTransform": "kafka-metadata" for p in _REFERENCE},
     **{f"{p}CopyValue": "copy-value" for p in _REFERENCE},
     f"{_CONNECT}ReplaceField$Value": "replace-field",
+    f"{_CONNECT}InsertField$Value": "insert-field",
     f"{_CONNECT}Filter": "filter",
     f"{_CONNECT}RegexRouter": "regex-router",
 }
@@ -43,6 +45,8 @@ _TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] =
     "debezium": (("cdc.target.pattern",), ()),
     "kafka-metadata": (("field_name", "nested"), ()),
     "filter": ((), ()),
+    "insert-field": (("topic.field", "partition.field", "offset.field", "timestamp.field", "static.field",
+                      "static.value"), ()),
     "copy-value": (("source.field", "target.field"), ("source.field", "target.field")),
     "replace-field": (("exclude", "include", "renames", "blacklist", "whitelist"), ()),
     "regex-router": (("regex", "replacement"), ("regex", "replacement")),
@@ -153,7 +157,30 @@ def parse_chain(names: tuple[str, ...], props: Mapping[str, Mapping[str, str]],
             for pair in (x.strip() for x in tp.get("renames", "").split(",") if x.strip()):
                 if len(pair.split(":")) != 2:
                     raise ConfigError(f"transforms.{name}.renames", tp["renames"], f"old:new pairs ({pair!r} is not one)")
+        if kind == "insert-field":
+            if ("static.field" in tp) != ("static.value" in tp):
+                missing = "static.value" if "static.field" in tp else "static.field"
+                raise ConfigError(f"transforms.{name}.{missing}", None, "set: static.field and static.value go together")
+            if tp.get("timestamp.field", "").endswith("!"):
+                raise ConfigError(f"transforms.{name}.timestamp.field", tp["timestamp.field"],
+                                  "an optional field (no '!'): a record may have no timestamp")
         if kind == "kafka-metadata" and "nested" in tp:
             _bool(f"transforms.{name}.nested", tp["nested"])
         chain.append(TransformSpec(name, kind, dict(tp), predicate, negate))
     return tuple(chain)
+
+
+def inserted_fields(chain: tuple[TransformSpec, ...]) -> tuple[tuple[str, str, bool], ...]:
+    """InsertField$Value's columns: (column, source, required) with source ``topic``,
+    ``partition``, ``offset``, ``timestamp`` or ``static:<value>``; ``!`` makes it required,
+    ``?`` (the default) optional, as Connect reads the field names."""
+    out = []
+    for spec in chain:
+        if spec.kind != "insert-field":
+            continue
+        for what in ("topic", "partition", "offset", "timestamp", "static"):
+            raw = spec.props.get(f"{what}.field")
+            if raw:
+                name, required = raw.rstrip("!?"), raw.endswith("!")
+                out.append((name, f"static:{spec.props['static.value']}" if what == "static" else what, required))
+    return tuple(out)

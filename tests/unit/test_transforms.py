@@ -210,3 +210,36 @@ def test_value_transform_keys_are_checked_at_start(keys: dict[str, str], named: 
     with pytest.raises(ConfigError) as err:
         settings(**keys)
     assert err.value.key == named
+
+
+def test_insert_field_adds_the_records_position_and_a_constant_and_routes_on_its_topic() -> None:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    keys = {"transforms": "ins", "transforms.ins.type": f"{C}InsertField$Value",
+            "transforms.ins.topic.field": "src!", "transforms.ins.offset.field": "pos",
+            "transforms.ins.timestamp.field": "at?", "transforms.ins.static.field": "origin",
+            "transforms.ins.static.value": "eu"}
+    fmt = value_format(**keys)
+    values = [b'{"id":"a"}', b'{"id":"b"}']
+    created = fmt.table_schema(values)
+    assert created is not None
+    assert [(f.name, f.required) for f in created.fields] == [
+        ("id", False), ("src", True), ("pos", False), ("at", False), ("origin", False)]
+    msgs = [Msg(v, topic="orders", offset=7 + i, timestamp=1_000 * i) for i, v in enumerate(values)]
+    out = fmt.convert(msgs, values, schema_to_pyarrow(created))
+    rows = out.table.to_pylist()
+    assert [(r["id"], r["src"], r["pos"], r["origin"]) for r in rows] == [("a", "orders", 7, "eu"), ("b", "orders", 8, "eu")]
+    assert rows[1]["at"].timestamp() == 1.0
+    r = Router(settings(**keys, **{"iceberg.tables.route-field": "src", "iceberg.tables.dynamic-enabled": "true"}))
+    assert r.by_topic
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ({"transforms.ins.static.field": "x"}, "transforms.ins.static.value"),
+    ({"transforms.ins.timestamp.field": "t!"}, "transforms.ins.timestamp.field"),
+    ({"transforms.ins.offset.field": "o", "iceberg.tables.route-field": "o"}, "iceberg.tables.route-field"),
+])
+def test_insert_field_keys_are_checked_at_start(keys: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(**{"transforms": "ins", "transforms.ins.type": f"{C}InsertField$Value", **keys})
+    assert err.value.key == named
