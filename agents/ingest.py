@@ -212,8 +212,10 @@ class Ingest:
         values = screened.values
         await self.decoder.prepare(values)  # registry values: their schemas (waits through an outage)
         fanout = self.decoder.decode_fanout(values, screened.messages_of(messages))
-        topics = (applied.topics.take(pa.array(screened.positions, pa.int64())) if applied is not None
-                  else pa.repeat(pa.scalar(st.tp.topic), len(values)))
+        topics = None  # each value's topic, for routing by topic (agents/routing.py)
+        if self.decoder.router.by_topic:
+            topics = (applied.topics.take(pa.array(screened.positions, pa.int64())) if applied is not None
+                      else pa.repeat(pa.scalar(st.tp.topic), len(values)))
         routes = (fanout.routes if fanout is not None else self.decoder.router.route(values, topics=topics)
                   if values else Routes({}, ()))
         if any(name not in self.targets for name in routes.by_table) and await self._held_back(st, routes.by_table):
