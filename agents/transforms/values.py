@@ -15,12 +15,13 @@ import pyarrow as pa
 
 from agents.convert import Converted
 from agents.transforms.copy_value import CopyValue
+from agents.transforms.hoist_field import HoistField
 from agents.transforms.replace_field import ReplaceField
 from icesink.shared.transform_settings import TransformSpec
 
 __all__ = ["ValueChain", "VALUE_KINDS"]
 
-VALUE_KINDS = ("replace-field", "copy-value")
+VALUE_KINDS = ("replace-field", "copy-value", "hoist-field")
 
 
 class ValueStep(Protocol):
@@ -39,6 +40,8 @@ class ValueChain:
                 self.steps.append(ReplaceField(s))
             elif s.kind == "copy-value":
                 self.steps.append(CopyValue(s))
+            elif s.kind == "hoist-field":
+                self.steps.append(HoistField(s))
 
     def __bool__(self) -> bool:
         return bool(self.steps)

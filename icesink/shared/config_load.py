@@ -238,8 +238,8 @@ def _check_transforms(s: Settings) -> None:
         pair.split(":")[1].strip() for t in chain if t.kind == "replace-field"
         for pair in t.props.get("renames", "").split(",") if pair.strip()} | {
         name for name, source, _ in inserted_fields(chain) if source != "topic"}
-    if s.evolve_schema and any(t.kind in ("copy-value", "replace-field") for t in chain):
-        raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", "unset with ReplaceField or CopyValue: "
+    if s.evolve_schema and any(t.kind in ("copy-value", "replace-field", "hoist-field") for t in chain):
+        raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", "unset with ReplaceField, CopyValue or HoistField: "
                           "schema evolution reads the values before the transforms (not supported yet)")
     if s.route_field in made:
         raise ConfigError("iceberg.tables.route-field", s.route_field, "a field of the consumed value: routing reads "

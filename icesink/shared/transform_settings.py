@@ -31,6 +31,7 @@ TRANSFORMS: Final[Mapping[str, str]] = {
     **{f"{p}CopyValue": "copy-value" for p in _REFERENCE},
     f"{_CONNECT}ReplaceField$Value": "replace-field",
     f"{_CONNECT}InsertField$Value": "insert-field",
+    f"{_CONNECT}HoistField$Value": "hoist-field",
     f"{_CONNECT}Filter": "filter",
     f"{_CONNECT}RegexRouter": "regex-router",
 }
@@ -45,6 +46,7 @@ _TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] =
     "debezium": (("cdc.target.pattern",), ()),
     "kafka-metadata": (("field_name", "nested"), ()),
     "filter": ((), ()),
+    "hoist-field": (("field",), ("field",)),
     "insert-field": (("topic.field", "partition.field", "offset.field", "timestamp.field", "static.field",
                       "static.value"), ()),
     "copy-value": (("source.field", "target.field"), ("source.field", "target.field")),

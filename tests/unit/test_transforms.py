@@ -243,3 +243,20 @@ def test_insert_field_keys_are_checked_at_start(keys: dict[str, str], named: str
     with pytest.raises(ConfigError) as err:
         settings(**{"transforms": "ins", "transforms.ins.type": f"{C}InsertField$Value", **keys})
     assert err.value.key == named
+
+
+def test_hoist_field_wraps_the_value_in_one_struct_column() -> None:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    fmt = value_format(**{"transforms": "h", "transforms.h.type": f"{C}HoistField$Value", "transforms.h.field": "row",
+                          "iceberg.tables.kafka-metadata-enabled": "true"})
+    values = [b'{"id":"a","n":1}', b'{"id":"b","n":null}']
+    created = fmt.table_schema(values)
+    assert created is not None
+    assert created.fields[0].name == "row" and [f.name for f in created.fields[0].field_type.fields] == ["id", "n"]
+    out = fmt.convert([Msg(v) for v in values], values, schema_to_pyarrow(created))
+    assert out.table.column("row").to_pylist() == [{"id": "a", "n": 1}, {"id": "b", "n": None}]
+    assert out.table.column("_kafka_metadata_topic").to_pylist() == ["orders", "orders"]
+    with pytest.raises(ConfigError) as err:
+        settings(**{"transforms": "h", "transforms.h.type": f"{C}HoistField$Value"})
+    assert err.value.key == "transforms.h.field"
