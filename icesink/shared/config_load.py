@@ -241,6 +241,9 @@ def _check_transforms(s: Settings) -> None:
     if s.evolve_schema and any(t.kind in ("copy-value", "replace-field", "hoist-field") for t in chain):
         raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", "unset with ReplaceField, CopyValue or HoistField: "
                           "schema evolution reads the values before the transforms (not supported yet)")
+    if any(t.kind == "hoist-field" for t in chain) and s.route_field and s.route_field != "@topic":
+        raise ConfigError("iceberg.tables.route-field", s.route_field, "unset or @topic with HoistField: routing "
+                          "reads the values before it (not supported yet)")
     if s.route_field in made:
         raise ConfigError("iceberg.tables.route-field", s.route_field, "a field of the consumed value: routing reads "
                           "the values before ReplaceField and CopyValue (route on the field's original name)")

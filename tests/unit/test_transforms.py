@@ -260,3 +260,7 @@ def test_hoist_field_wraps_the_value_in_one_struct_column() -> None:
     with pytest.raises(ConfigError) as err:
         settings(**{"transforms": "h", "transforms.h.type": f"{C}HoistField$Value"})
     assert err.value.key == "transforms.h.field"
+    with pytest.raises(ConfigError) as err:
+        settings(**{"transforms": "h", "transforms.h.type": f"{C}HoistField$Value", "transforms.h.field": "row",
+                    "iceberg.tables.route-field": "row.id"})
+    assert err.value.key == "iceberg.tables.route-field"
