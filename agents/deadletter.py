@@ -30,6 +30,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from agents.convert import Reject
 from icesink.shared.config import Settings
 from icesink.shared.errors import DataError, IcesinkError
@@ -92,11 +95,12 @@ class Screened:
     nbytes: int  # value bytes of the batch, tombstones excepted
     tombstones: int
     rejects: tuple[Reject, ...]  # too large; indexes are message indexes
+    filtered: int = 0  # dropped by a transform (Filter)
 
     @property
     def whole(self) -> bool:
         """Every message's value is in ``values``: ``positions`` is 0, 1, 2 ..."""
-        return not self.tombstones and not self.rejects
+        return not self.tombstones and not self.rejects and not self.filtered
 
     def at_messages(self, rejects: Iterable[Reject]) -> list[Reject]:
         """Rejects of ``decode_json(self.values)`` re-indexed to the batch's messages."""
@@ -107,13 +111,17 @@ class Screened:
         return messages if self.whole else [messages[p] for p in self.positions]
 
 
-def screen(messages: Sequence[Any], max_bytes: int) -> Screened:
-    """Drop tombstones and reject values larger than ``max_bytes`` before any parsing."""
+def screen(messages: Sequence[Any], max_bytes: int, dropped: npt.NDArray[np.bool_] | None = None) -> Screened:
+    """Drop tombstones and reject values larger than ``max_bytes`` before any parsing;
+    ``dropped``: records a transform filtered out (agents/transforms/), never converted."""
     values: list[bytes] = []
     positions: list[int] = []
     rejects: list[Reject] = []
-    nbytes = tombstones = 0
+    nbytes = tombstones = filtered = 0
     for i, m in enumerate(messages):
+        if dropped is not None and dropped[i]:
+            filtered += 1
+            continue
         v = m.value
         if v is None:
             tombstones += 1
@@ -124,7 +132,7 @@ def screen(messages: Sequence[Any], max_bytes: int) -> Screened:
             continue
         values.append(v)
         positions.append(i)
-    return Screened(values, positions, nbytes, tombstones, tuple(rejects))
+    return Screened(values, positions, nbytes, tombstones, tuple(rejects), filtered)
 
 
 @dataclass(frozen=True)

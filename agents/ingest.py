@@ -30,6 +30,7 @@ from agents.missing import MissingTables
 from agents.parts import Replica
 from agents.routing import Routes
 from agents.tables import Target
+from agents.transforms import Chain
 from agents.tasks import TaskOwner, highwater, unless_moved
 from icesink.shared.config import Settings
 from icesink.shared.faults import should_crash
@@ -112,6 +113,7 @@ class Ingest:
         self.write_early = write_early
         self.progress: dict[TopicPartition, StallProbe] = {}  # stall probes (check_stalls)
         self.last_request = 0.0  # when an early round was last asked for (request_commit)
+        self.chain = Chain(settings.transform_chain)
 
     async def on_fetch(self, fetched: Fetched) -> None:
         """Take the records of active partitions in offset order, convert them in bulk."""
@@ -209,17 +211,24 @@ class Ingest:
     async def buffer(self, st: PartitionState, messages: Sequence[Any]) -> None:
         """``messages`` of ``st``, in offset order: screened, routed, decoded and buffered."""
         # Tombstones and too-large values never reach conversion; their offsets still count.
-        screened = screen(messages, self.settings.max_record_bytes)
+        # The transforms' batch steps (agents/transforms/): records a Filter drops, each record's topic.
+        applied = self.chain.apply(st.tp.topic, messages) if self.chain else None
+        screened = screen(messages, self.settings.max_record_bytes, None if applied is None else applied.dropped)
         values = screened.values
         kept = screened.messages_of(messages)
         await self.decoder.prepare(values, kept)  # registry values and keys: their schemas (waits through an outage)
         fanout = self.decoder.decode_fanout(values, kept)
-        routes = fanout.routes if fanout is not None else self.decoder.router.route(values) if values else Routes({}, ())
+        topics = None  # each value's topic, for routing by topic (agents/routing.py)
+        if self.decoder.router.by_topic:
+            topics = (applied.topics.take(pa.array(screened.positions, pa.int64())) if applied is not None
+                      else pa.repeat(pa.scalar(st.tp.topic), len(values)))
+        routes = (fanout.routes if fanout is not None else self.decoder.router.route(values, topics=topics)
+                  if values else Routes({}, ()))
         if any(name not in self.targets for name in routes.by_table) and await self._held_back(st, routes.by_table):
             return  # nothing of this fetch is taken: read again once its tables exist
         if await self.tables.refresh(routes.by_table, values) and fanout is not None:
             fanout = None  # decoded against a schema another tool changed since: the usual way, again
-            routes = self.decoder.router.route(values)
+            routes = self.decoder.router.route(values, topics=topics)
         self.deadletters.tombstones(st.tp.topic, screened.tombstones)
         rejects: list[tuple[Reject, str | None]] = [(r, None) for r in screened.rejects]
         self.metrics.bytes_consumed.labels(topic=st.tp.topic).inc(screened.nbytes)

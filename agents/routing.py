@@ -29,12 +29,27 @@ import pyarrow.compute as pc
 
 from agents.convert import Converted, Reject, decode_json
 from icesink.shared.config import Settings
+from icesink.shared.transform_settings import inserted_fields
 
 if TYPE_CHECKING:
     from agents.debezium import DebeziumTransform
     from agents.formats.registry_values import RegistryValues
 
-__all__ = ["Routes", "Router", "NAME_RE"]
+__all__ = ["Routes", "Router", "NAME_RE", "TOPIC_ROUTE", "topic_fields"]
+
+#: The route field that routes each record by its topic (after any RegexRouter), no transform needed.
+TOPIC_ROUTE = "@topic"
+
+
+def topic_fields(settings: Settings) -> set[str]:
+    """The route fields that mean the record's topic: ``@topic``, and the Kafka metadata's topic
+    column (``_kafka_metadata_topic``, or ``_kafka_metadata.topic`` nested) when it is added."""
+    out = {TOPIC_ROUTE} | {name for name, source, _ in inserted_fields(settings.transform_chain) if source == "topic"}
+    metadata = settings.metadata_columns
+    if metadata is not None:
+        field, nested, _ = metadata
+        out.add(f"{field}.topic" if nested else f"{field}_topic")
+    return out
 
 # namespace.table (namespaces may nest: a.b.table); Iceberg-friendly characters only.
 NAME_RE = re.compile(r"^[a-z0-9_][a-z0-9_\-$]*(\.[a-z0-9_][a-z0-9_\-$]*)+$")
@@ -67,6 +82,9 @@ class Router:
         self.dynamic = settings.dynamic_tables
         self.regex = {t: re.compile(p) for t, p in settings.table_route_regex.items()}
         self._cache: dict[str, tuple[tuple[str, ...], str | None]] = {}
+        #: Routed by the record's topic (after any RegexRouter): the shorthand ``@topic``, or the
+        #: topic column of the Kafka metadata (the reference's KafkaMetadataTransform way).
+        self.by_topic = self.field is not None and self.field in topic_fields(settings)
         self._schema: pa.Schema | None = None
         self._path = self.field
         if self.field is not None and settings.value_converter_schemas_enable and debezium is None:
@@ -79,11 +97,17 @@ class Router:
                 inner = pa.field(name, pa.struct([inner]))
             self._schema = pa.schema([inner])
 
-    def route(self, values: Sequence[bytes]) -> Routes:
+    def route(self, values: Sequence[bytes], *, topics: pa.Array | None = None) -> Routes:
+        """``topics``: each value's topic (after the transforms), for routing by topic."""
         n = len(values)
         if self._schema is None:
             every = np.arange(n, dtype=np.int64)
             return Routes({t: every for t in self.tables}, ())
+        if self.by_topic:
+            if topics is None:
+                raise ValueError(f"routing on {self.field} needs each record's topic")
+            column = topics.dictionary_decode() if pa.types.is_dictionary(topics.type) else topics
+            return self.routes_of(np.arange(n, dtype=np.int64), pa.chunked_array([column], pa.string()))
         converted, column = self._read(values)
         rows = np.asarray(converted.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
         return self.routes_of(rows, column, converted.rejects)
@@ -93,7 +117,7 @@ class Router:
         """The route field when it is a top-level field of plain JSON records (no envelope, no
         Debezium): a column of their decode against a table schema holding it gives the same
         values as :meth:`route`'s own read (agents/ingest.py decodes a fan-out once that way)."""
-        if self.debezium is not None or self._path is None or "." in self._path:
+        if self.debezium is not None or self._path is None or "." in self._path or self.by_topic:
             return None
         return self._path
 

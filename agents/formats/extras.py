@@ -51,13 +51,22 @@ class Extras:
     key_binary: bool
     metadata: str | None  # field name (or prefix), None when off
     nested: bool
+    #: With a headers column (iceberg.tables.kafka-metadata-enabled); the reference's
+    #: KafkaMetadataTransform adds topic, partition, offset and timestamp only.
+    headers: bool = True
+    #: InsertField$Value's columns: (column, source, required), icesink.shared.transform_settings.inserted_fields.
+    inserted: tuple[tuple[str, str, bool], ...] = ()
     #: Registry-framed keys (key.converter = a registry converter): the key column's type and values.
     registry_keys: RegistryKeys | None = field(default=None, compare=False, repr=False)
 
+    def _meta(self) -> list[str]:
+        return [k for k in _META_TYPES if self.headers or k != "headers"]
+
     def names(self) -> set[str]:
         out = {self.key_column} if self.key_column else set()
+        out |= {name for name, _, _ in self.inserted}
         if self.metadata:
-            out |= {self.metadata} if self.nested else {f"{self.metadata}_{k}" for k in _META_TYPES}
+            out |= {self.metadata} if self.nested else {f"{self.metadata}_{k}" for k in self._meta()}
         return out
 
     def iceberg_fields(self) -> list[NestedField]:
@@ -65,11 +74,14 @@ class Extras:
         if self.key_column:
             out.append(NestedField(0, self.key_column, self._key_type()))
         if self.metadata:
-            meta = [NestedField(0, k, t) for k, (_, t) in _META_TYPES.items()]
+            meta = [NestedField(0, k, t) for k, (_, t) in _META_TYPES.items() if k in self._meta()]
             if self.nested:
                 out.append(NestedField(0, self.metadata, StructType(*meta)))
             else:
                 out += [NestedField(0, f"{self.metadata}_{f.name}", f.field_type) for f in meta]
+        for name, source, required in self.inserted:
+            t = StringType() if source.startswith("static:") else _META_TYPES[source][1]
+            out.append(NestedField(0, name, t, required=required))
         return out
 
     def columns(self, messages: Sequence[Any], target: pa.Schema) -> tuple[dict[str, pa.Array], list[Reject]]:
@@ -79,12 +91,21 @@ class Extras:
         names = set(target.names)
         if self.key_column and self.key_column in names:
             out[self.key_column], rejects = self._keys(messages, target.field(self.key_column).type)
+        if self.inserted:
+            present = [(name, source) for name, source, _ in self.inserted if name in names]
+            meta_of = _metadata_arrays(messages, {s for _, s in present if not s.startswith("static:")})
+            for name, source in present:
+                t = target.field(name).type
+                if source.startswith("static:"):
+                    out[name] = pa.repeat(pa.scalar(source[len("static:"):], pa.string()), len(messages)).cast(t)
+                else:
+                    out[name] = _fit(meta_of[source], t, name)
         if not self.metadata:
             return out, rejects
-        wanted = {k for k in _META_TYPES if (self.metadata if self.nested else f"{self.metadata}_{k}") in names}
+        wanted = {k for k in self._meta() if (self.metadata if self.nested else f"{self.metadata}_{k}") in names}
         if not wanted:
             return out, rejects
-        meta = _metadata_arrays(messages, wanted if not self.nested else set(_META_TYPES))
+        meta = _metadata_arrays(messages, wanted if not self.nested else set(self._meta()))
         if self.nested:
             t = target.field(self.metadata).type
             if not pa.types.is_struct(t):

@@ -19,9 +19,11 @@ from agents.formats.extras import Extras, assemble
 from agents.formats.raw import RawValues
 from agents.formats.registry_keys import RegistryKeys
 from agents.formats.registry_values import RegistryValues
+from agents.transforms.values import ValueChain
 from icesink.shared.config import BYTES_CONVERTER, JSON_CONVERTER, Settings
 from icesink.shared.registry_settings import is_registry_converter
 from icesink.shared.schema_changes import iceberg_schema
+from icesink.shared.transform_settings import inserted_fields
 from icesink.shared.writable_types import arrow_only_column
 
 
@@ -49,13 +51,13 @@ class RecordFormat:
         #: String or bytes values (None: JSON or registry values), in one column.
         self.raw = None if json or registry is not None else RawValues(
             settings.value_column, settings.value_converter == BYTES_CONVERTER)
-        metadata = settings.kafka_metadata_field if settings.kafka_metadata else None
-        self.extras = Extras(
-            settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, settings.kafka_metadata_nested,
-            keys,
-        )
+        metadata, nested, headers = settings.metadata_columns or (None, False, False)
+        self.extras = Extras(settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, nested,
+                             registry_keys=keys, headers=headers, inserted=inserted_fields(settings.transform_chain))
         self.keys = keys
-        self.plain = json and not self.envelope and not self.extras.names()
+        #: Value transforms (ReplaceField, CopyValue: agents/transforms/values.py) on the decoded columns.
+        self.values = ValueChain(settings.transform_chain)
+        self.plain = json and not self.envelope and not self.extras.names() and not self.values
         self.fold_case = settings.schema_case_insensitive
         self._envelopes = Envelopes()
 
@@ -91,6 +93,9 @@ class RecordFormat:
     def with_extras(self, schema: pa.Schema | Schema) -> Schema:
         """An auto-created table's schema: the value columns, then the key and metadata columns.
         Raises UnsupportedTypeError naming a column that cannot be filled or written."""
+        if self.values:  # the value's fields after the transforms
+            arrow = schema_to_pyarrow(schema, include_field_ids=False) if isinstance(schema, Schema) else schema
+            schema = self.values.out_schema(arrow)
         schema = iceberg_schema(schema)
         check_schema(schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
         schema = assign_fresh_schema_ids(Schema(*schema.fields, *self.extras.iceberg_fields()))
@@ -115,12 +120,15 @@ class RecordFormat:
         full = target
 
         def values_of(schema: pa.Schema) -> pa.Schema:
-            return pa.schema([f for f in schema if f.name not in extra], metadata=schema.metadata) if extra else schema
+            """The columns to decode for ``schema``'s value columns (before the value transforms)."""
+            own = pa.schema([f for f in schema if f.name not in extra], metadata=schema.metadata) if extra else schema
+            return self.values.in_schema(own) if self.values else own
 
         def grow_values(wanted: Sequence[pa.Schema]) -> pa.Schema:
             nonlocal full
             assert grow is not None
-            full = grow(wanted)  # the key and metadata columns never evolve: not in the values
+            # the key and metadata columns never evolve: not in the values
+            full = grow([self.values.out_schema(w) for w in wanted] if self.values else wanted)
             return values_of(full)
 
         value_schema = values_of(target) if target is not None else None
@@ -142,6 +150,9 @@ class RecordFormat:
         else:
             assert value_schema is not None
             converted = decode_json(values, value_schema, epoch_unit=epoch_unit, fold_case=self.fold_case)
+        if self.values and full is not None:
+            own = pa.schema([f for f in full if f.name not in extra], metadata=full.metadata)
+            converted = self.values.apply(converted, own)
         if full is None or not extra:
             return converted
         columns, key_rejects = self.extras.columns(messages, full)

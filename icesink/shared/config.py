@@ -35,15 +35,15 @@ from icesink.shared.config_load import (
     PREFIX_CATALOG as PREFIX_CATALOG, PREFIX_CREATE_PROPS as PREFIX_CREATE_PROPS,
     STRING_CONVERTER as STRING_CONVERTER, TABLE_KEY as TABLE_KEY, TABLE_PROPS as TABLE_PROPS,
     TIMESTAMP_UNITS as TIMESTAMP_UNITS, VALUE_CONVERTERS as VALUE_CONVERTERS, WORKER_ID as WORKER_ID,
-    WORKER_ID_RULE as WORKER_ID_RULE, catalog_paths_absolute as catalog_paths_absolute,
-    catalog_s3_addressing as catalog_s3_addressing,
-    check_settings as check_settings, env_keys as env_keys, flatten as flatten,
-    is_secret_setting as is_secret_setting, read_config_file as read_config_file, reraise_as as reraise_as,
-    shown as shown,
+    WORKER_ID_RULE as WORKER_ID_RULE, catalog_paths_absolute as catalog_paths_absolute, catalog_s3_addressing,
+    check_null_defaults, check_settings as check_settings, kafka_security_kwargs, env_keys as env_keys,
+    flatten as flatten, is_secret_setting as is_secret_setting, read_config_file as read_config_file,
+    reraise_as as reraise_as, shown as shown,
 )
 from icesink.shared.errors import ConfigError
 from icesink.shared.reference_keys import PREFIX_HADOOP, PREFIX_KAFKA, PREFIX_WRITE_PROPS, REFUSED, check_write_props
 from icesink.shared.reference_keys import kafka_client_kwargs as kafka_props_kwargs
+from icesink.shared.transform_settings import TransformSpec, metadata_columns, parse_chain
 from icesink.shared.secrets import MASK, Hidden, Redactor, is_secret_key, mask_setting, mask_url, url_secrets
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,9 @@ class Settings(BaseSettings):
     # Single message transforms, as in Kafka Connect: names, then transforms.<name>.<prop>.
     transforms: tuple[str, ...] = Field((), alias="transforms")
     transform_props: dict[str, dict[str, str]] = Field(default_factory=dict, alias="transforms.<name>.*")
+    # Their predicates (icesink/shared/transform_settings.py, agents/transforms/).
+    predicates: tuple[str, ...] = Field((), alias="predicates")
+    predicate_props: dict[str, dict[str, str]] = Field(default_factory=dict, alias="predicates.<name>.*")
 
     # Kafka clients (ours). Unset bootstrap.servers = the embedded broker.
     bootstrap_servers: str | None = Field(None, alias="bootstrap.servers")
@@ -252,7 +255,7 @@ class Settings(BaseSettings):
         # load_settings() merges file, environment and flags itself; nothing else is read.
         return (init_settings,)
 
-    @field_validator("topics", "tables", "transforms", "fault_crash_at", "fault_hold_at", mode="before")
+    @field_validator("topics", "tables", "transforms", "predicates", "fault_crash_at", "fault_hold_at", mode="before")
     @classmethod
     def _split_list(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -301,12 +304,7 @@ class Settings(BaseSettings):
         check_write_props(self.write_props)
         check_write_props(self.auto_create_props, PREFIX_CREATE_PROPS)  # the format and values it knows
         kafka_props_kwargs(self.kafka_props, self._kafka_own())  # raises naming a key that cannot act
-        if not self.replace_null_with_default and (self.value_converter != JSON_CONVERTER
-                                                   or self.value_converter_schemas_enable):
-            raise ConfigError("iceberg.tables.replace-null-with-default", "false",
-                              f"true (the default) with {self.value_converter}"
-                              f"{' and schemas' if self.value_converter_schemas_enable else ''}: icesink "
-                              "writes a null field as null, it does not substitute a schema's default")
+        check_null_defaults(self)
         return self
 
     # Derived views -------------------------------------------------------------------------
@@ -320,6 +318,17 @@ class Settings(BaseSettings):
             if props.get("type") in DEBEZIUM_TRANSFORMS:
                 return props.get("cdc.target.pattern") or "{db}.{table}"
         return None
+
+    @property
+    def transform_chain(self) -> tuple[TransformSpec, ...]:
+        """The configured transforms in order, checked (icesink/shared/transform_settings.py)."""
+        return parse_chain(self.transforms, self.transform_props, self.predicates, self.predicate_props)
+
+    @property
+    def metadata_columns(self) -> tuple[str, bool, bool] | None:
+        """The Kafka metadata columns: (field or prefix, nested, with headers), or None."""
+        own = (self.kafka_metadata_field, self.kafka_metadata_nested, True) if self.kafka_metadata else None
+        return metadata_columns(self.transform_chain, own)
 
     @property
     def table_commit_threads(self) -> int:
@@ -394,24 +403,7 @@ class Settings(BaseSettings):
 
     def kafka_client_kwargs(self) -> dict[str, Any]:
         """Security settings for aiokafka clients (producer, consumer, admin)."""
-        kw: dict[str, Any] = {"security_protocol": self.security_protocol}
-        if self.sasl_mechanism:
-            kw["sasl_mechanism"] = self.sasl_mechanism
-            kw["sasl_plain_username"] = self.sasl_username
-            kw["sasl_plain_password"] = (
-                self.sasl_password.get_secret_value() if self.sasl_password else None
-            )
-        if self.security_protocol in ("SSL", "SASL_SSL"):
-            import ssl  # stdlib, no I/O at import
-
-            ctx = ssl.create_default_context(cafile=self.ssl_cafile)
-            if self.ssl_certfile:
-                ctx.load_cert_chain(
-                    self.ssl_certfile, self.ssl_keyfile,
-                    self.ssl_password.get_secret_value() if self.ssl_password else None,
-                )
-            kw["ssl_context"] = ctx
-        return kw
+        return kafka_security_kwargs(self)
 
     def masked(self, only_given: bool = False) -> dict[str, Any]:
         """Settings for logs and status output, secrets masked (icesink/shared/secrets.py).
@@ -500,6 +492,7 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
     spark: dict[str, str] = {}
     per_table: dict[str, dict[str, str]] = {prop: {} for prop in TABLE_PROPS}
     transforms: dict[str, dict[str, str]] = {}
+    predicates: dict[str, dict[str, str]] = {}
     converter_props: dict[str, str] = {}
     key_converter_props: dict[str, str] = {}
     unknown: list[str] = []
@@ -534,6 +527,9 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
         elif key.startswith("transforms.") and key.count(".") >= 2:
             name, _, prop = key[len("transforms."):].partition(".")
             transforms.setdefault(name, {})[prop] = str(value)
+        elif key.startswith("predicates.") and key.count(".") >= 2:
+            name, _, prop = key[len("predicates."):].partition(".")
+            predicates.setdefault(name, {})[prop] = str(value)
         elif (m := TABLE_KEY.match(key)) is not None:
             per_table[m["prop"]][m["table"]] = str(value)
         elif key.startswith("iceberg.table.") and not key.endswith(".commit-branch"):
@@ -570,6 +566,7 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
     for prop, values in per_table.items():
         fields[f"iceberg.table.<table>.{prop}"] = values
     fields["transforms.<name>.*"] = transforms
+    fields["predicates.<name>.*"] = predicates
     fields["value.converter.*"] = converter_props
     fields["key.converter.*"] = key_converter_props
     fields["<config provider values>"] = tuple(SecretStr(v) for v in provided.values())

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from icesink.shared.errors import ConfigError
 from icesink.shared.registry_settings import is_registry_converter, registry_settings
+from icesink.shared.transform_settings import inserted_fields
 from icesink.shared.secrets import Hidden, is_secret_key, mask_url
 
 if TYPE_CHECKING:
@@ -241,13 +242,35 @@ def _check_registry_values(s: Settings) -> None:
 def _check_transforms(s: Settings) -> None:
     for name in s.transform_props.keys() - set(s.transforms):
         log.warning("settings transforms.%s.* ignored: %s is not listed in transforms", name, name)
-    debezium = [n for n in s.transforms if s.transform_props.get(n, {}).get("type") in DEBEZIUM_TRANSFORMS]
-    for name in s.transforms:
-        props = s.transform_props.get(name, {})
-        if props.get("type") not in DEBEZIUM_TRANSFORMS:
-            raise ConfigError(f"transforms.{name}.type", props.get("type"), f"one of {DEBEZIUM_TRANSFORMS}")
-        for prop in props.keys() - {"type", *DEBEZIUM_PROPS}:
-            log.warning("setting transforms.%s.%s ignored: the Debezium transform has no such property", name, prop)
+    chain = s.transform_chain  # raises naming the bad key (icesink/shared/transform_settings.py)
+    debezium = [t.name for t in chain if t.kind == "debezium"]
+    for spec in chain:
+        if spec.predicate is not None and spec.kind in ("debezium", "kafka-metadata", "insert-field"):
+            raise ConfigError(f"transforms.{spec.name}.predicate", spec.predicate.name,
+                              f"unset: {spec.props['type']} applies to every record here")
+    kinds = [t.kind for t in chain]
+    for k in ("kafka-metadata", "insert-field"):
+        if k in kinds and "regex-router" in kinds[:len(kinds) - kinds[::-1].index(k) - 1]:
+            raise ConfigError("transforms", ",".join(s.transforms), f"the {k} transform before any RegexRouter: "
+                              "its topic column records the topic as consumed (routing still sees the new one)")
+    made = {t.props["target.field"] for t in chain if t.kind == "copy-value"} | {
+        pair.split(":")[1].strip() for t in chain if t.kind == "replace-field"
+        for pair in t.props.get("renames", "").split(",") if pair.strip()} | {
+        name for name, source, _ in inserted_fields(chain) if source != "topic"}
+    if s.evolve_schema and any(t.kind in ("copy-value", "replace-field", "hoist-field") for t in chain):
+        raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", "unset with ReplaceField, CopyValue or HoistField: "
+                          "schema evolution reads the values before the transforms (not supported yet)")
+    if any(t.kind == "hoist-field" for t in chain) and s.route_field and s.route_field != "@topic":
+        raise ConfigError("iceberg.tables.route-field", s.route_field, "unset or @topic with HoistField: routing "
+                          "reads the values before it (not supported yet)")
+    if s.route_field in made:
+        raise ConfigError("iceberg.tables.route-field", s.route_field, "a field of the consumed value: routing reads "
+                          "the values before ReplaceField and CopyValue (route on the field's original name)")
+    if [t.kind for t in chain].count("kafka-metadata") > 1:
+        raise ConfigError("transforms", ",".join(s.transforms), "at most one KafkaMetadataTransform")
+    if s.kafka_metadata and "kafka-metadata" in [t.kind for t in chain]:
+        raise ConfigError("iceberg.tables.kafka-metadata-enabled", "true",
+                          "unset with a KafkaMetadataTransform: one of the two adds the metadata columns")
     if len(debezium) > 1:
         raise ConfigError("transforms", ",".join(s.transforms), "at most one Debezium transform")
     pattern = s.debezium_target_pattern
@@ -396,3 +419,32 @@ def shown(key: str, value: Any) -> Any:
     ):
         return Hidden(value)
     return mask_url(value) if isinstance(value, str) else value
+
+
+def kafka_security_kwargs(s: Settings) -> dict[str, Any]:
+    """Security settings for aiokafka clients (producer, consumer, admin): ``Settings.kafka_client_kwargs``."""
+    kw: dict[str, Any] = {"security_protocol": s.security_protocol}
+    if s.sasl_mechanism:
+        kw["sasl_mechanism"] = s.sasl_mechanism
+        kw["sasl_plain_username"] = s.sasl_username
+        kw["sasl_plain_password"] = s.sasl_password.get_secret_value() if s.sasl_password else None
+    if s.security_protocol in ("SSL", "SASL_SSL"):
+        import ssl  # stdlib, no I/O at import
+
+        ctx = ssl.create_default_context(cafile=s.ssl_cafile)
+        if s.ssl_certfile:
+            ctx.load_cert_chain(
+                s.ssl_certfile, s.ssl_keyfile,
+                s.ssl_password.get_secret_value() if s.ssl_password else None,
+            )
+        kw["ssl_context"] = ctx
+    return kw
+
+
+def check_null_defaults(s: Settings) -> None:
+    """iceberg.tables.replace-null-with-default=false acts only where values carry no schema."""
+    if not s.replace_null_with_default and (s.value_converter != JSON_CONVERTER or s.value_converter_schemas_enable):
+        raise ConfigError("iceberg.tables.replace-null-with-default", "false",
+                          f"true (the default) with {s.value_converter}"
+                          f"{' and schemas' if s.value_converter_schemas_enable else ''}: icesink "
+                          "writes a null field as null, it does not substitute a schema's default")

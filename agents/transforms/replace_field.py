@@ -1,0 +1,45 @@
+"""Kafka Connect's ``ReplaceField$Value``: ``exclude`` and ``include`` (field lists) keep the
+top-level fields that are not excluded and, with an include list, included; ``renames``
+(``old:new`` pairs) renames the kept ones. Column-wise: the decode reads the old names, the
+columns are renamed and selected (a column that the filter drops is null in an existing table
+that has it, as Connect leaves it unset)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from icesink.shared.transform_settings import TransformSpec
+
+__all__ = ["ReplaceField"]
+
+
+def _names(v: str) -> list[str]:
+    return [x.strip() for x in v.split(",") if x.strip()]
+
+
+class ReplaceField:
+    def __init__(self, spec: TransformSpec) -> None:
+        self.exclude = set(_names(spec.props.get("exclude", "")))
+        self.include = set(_names(spec.props.get("include", "")))
+        pairs = [p.split(":") for p in _names(spec.props.get("renames", ""))]
+        self.renames = {a: b for a, b in pairs}  # checked at start: old:new
+        self.back = {b: a for a, b in self.renames.items()}
+
+    def keep(self, name: str) -> bool:
+        return name not in self.exclude and (not self.include or name in self.include)
+
+    def out_schema(self, s: pa.Schema) -> pa.Schema:
+        return pa.schema([f.with_name(self.renames.get(f.name, f.name)) for f in s if self.keep(f.name)])
+
+    def in_schema(self, t: pa.Schema) -> pa.Schema:
+        return pa.schema([f.with_name(self.back.get(f.name, f.name)) for f in t])
+
+    def apply(self, table: pa.Table, out: pa.Schema) -> pa.Table:
+        arrays = []
+        for f in out:
+            src = self.back.get(f.name, f.name)
+            if self.keep(src) and src in table.column_names:
+                arrays.append(table.column(src).cast(f.type))
+            else:
+                arrays.append(pa.nulls(table.num_rows, f.type))
+        return pa.Table.from_arrays(arrays, schema=out)

@@ -1,0 +1,69 @@
+"""The transforms that change a record's value, as steps over its decoded Arrow columns.
+
+Each step maps schemas both ways (``out_schema``: the value's fields after it, what an
+auto-created table gets; ``in_schema``: what to decode so that it can give a table's columns)
+and maps a decoded table (``apply``), column-wise. :class:`ValueChain` composes the configured
+ones in order; :class:`agents.formats.RecordFormat` decodes against the chain's ``in_schema``
+and applies it before the key and metadata columns are added."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import pyarrow as pa
+
+from agents.convert import Converted
+from agents.transforms.copy_value import CopyValue
+from agents.transforms.hoist_field import HoistField
+from agents.transforms.replace_field import ReplaceField
+from icesink.shared.transform_settings import TransformSpec
+
+__all__ = ["ValueChain", "VALUE_KINDS"]
+
+VALUE_KINDS = ("replace-field", "copy-value", "hoist-field")
+
+
+class ValueStep(Protocol):
+    def out_schema(self, s: pa.Schema) -> pa.Schema: ...
+
+    def in_schema(self, t: pa.Schema) -> pa.Schema: ...
+
+    def apply(self, table: pa.Table, out: pa.Schema) -> pa.Table: ...
+
+
+class ValueChain:
+    def __init__(self, specs: Sequence[TransformSpec]) -> None:
+        self.steps: list[ValueStep] = []
+        for s in specs:
+            if s.kind == "replace-field":
+                self.steps.append(ReplaceField(s))
+            elif s.kind == "copy-value":
+                self.steps.append(CopyValue(s))
+            elif s.kind == "hoist-field":
+                self.steps.append(HoistField(s))
+
+    def __bool__(self) -> bool:
+        return bool(self.steps)
+
+    def out_schema(self, s: pa.Schema) -> pa.Schema:
+        for step in self.steps:
+            s = step.out_schema(s)
+        return s
+
+    def schemas(self, target: pa.Schema) -> list[pa.Schema]:
+        """The schema before each step and after the last, for a chain ending in ``target``."""
+        out = [target]
+        for step in reversed(self.steps):
+            out.insert(0, step.in_schema(out[0]))
+        return out
+
+    def in_schema(self, target: pa.Schema) -> pa.Schema:
+        return pa.schema(list(self.schemas(target)[0]), metadata=target.metadata)
+
+    def apply(self, converted: Converted, target: pa.Schema) -> Converted:
+        """``converted`` (decoded against :meth:`in_schema` of ``target``) as ``target``'s columns."""
+        table = converted.table
+        for step, out in zip(self.steps, self.schemas(target)[1:], strict=True):
+            table = step.apply(table, out)
+        return Converted(table.replace_schema_metadata(target.metadata), converted.indices, converted.rejects)

@@ -1,0 +1,200 @@
+"""Single message transforms and predicates, as Kafka Connect configures them, checked at start.
+
+``transforms=a,b``, ``transforms.a.type=<class>``, ``transforms.a.<prop>``, and
+``predicates=p``, ``predicates.p.type=<class>``, ``transforms.a.predicate=p``,
+``transforms.a.negate``. Each class name (Kafka Connect's, the Apache reference sink's and the
+Tabular one's) maps to a kind; each kind states its properties. An unknown class, an unknown
+property or a bad value is a ConfigError naming the key: none is ignored. The transforms run in
+agents/transforms/ (the Debezium one in agents/debezium.py). Leaf module: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from icesink.shared.errors import ConfigError
+
+__all__ = ["PREDICATES", "TRANSFORMS", "PredicateSpec", "TransformSpec", "inserted_fields", "java_replacement",
+           "parse_chain"]
+
+_CONNECT = "org.apache.kafka.connect.transforms."
+_CONNECT_PREDICATES = "org.apache.kafka.connect.transforms.predicates."
+_REFERENCE = ("org.apache.iceberg.connect.transforms.", "io.tabular.iceberg.connect.transforms.")
+
+#: Transform class -> kind.
+TRANSFORMS: Final[Mapping[str, str]] = {
+    **{f"{p}DebeziumTransform": "debezium" for p in _REFERENCE},
+    **{f"{p}KafkaMetadataTransform": "kafka-metadata" for p in _REFERENCE},
+    **{f"{p}CopyValue": "copy-value" for p in _REFERENCE},
+    f"{_CONNECT}ReplaceField$Value": "replace-field",
+    f"{_CONNECT}InsertField$Value": "insert-field",
+    f"{_CONNECT}HoistField$Value": "hoist-field",
+    f"{_CONNECT}Filter": "filter",
+    f"{_CONNECT}RegexRouter": "regex-router",
+}
+#: Predicate class -> kind.
+PREDICATES: Final[Mapping[str, str]] = {
+    f"{_CONNECT_PREDICATES}TopicNameMatches": "topic-name-matches",
+    f"{_CONNECT_PREDICATES}HasHeaderKey": "has-header-key",
+    f"{_CONNECT_PREDICATES}RecordIsTombstone": "record-is-tombstone",
+}
+#: Kind -> its properties (besides ``type``, ``predicate`` and ``negate``) and which are required.
+_TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+    "debezium": (("cdc.target.pattern",), ()),
+    "kafka-metadata": (("field_name", "nested"), ()),
+    "filter": ((), ()),
+    "hoist-field": (("field",), ("field",)),
+    "insert-field": (("topic.field", "partition.field", "offset.field", "timestamp.field", "static.field",
+                      "static.value"), ()),
+    "copy-value": (("source.field", "target.field"), ("source.field", "target.field")),
+    "replace-field": (("exclude", "include", "renames", "blacklist", "whitelist"), ()),
+    "regex-router": (("regex", "replacement"), ("regex", "replacement")),
+}
+_PREDICATE_PROPS: Final[Mapping[str, tuple[str, ...]]] = {
+    "topic-name-matches": ("pattern",),
+    "has-header-key": ("name",),
+    "record-is-tombstone": (),
+}
+#: What the reference has and icesink does not (yet): refused by name, with what to do.
+_NOT_YET: Final[Mapping[str, str]] = {
+    "external_field": "unset: a constant metadata field is not supported yet (add it with a default column value)",
+}
+
+
+@dataclass(frozen=True)
+class PredicateSpec:
+    name: str
+    kind: str
+    props: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    """One configured transform: its name, kind, properties, and the predicate guarding it."""
+
+    name: str
+    kind: str
+    props: Mapping[str, str] = field(default_factory=dict)
+    predicate: PredicateSpec | None = None
+    negate: bool = False
+
+
+def _bool(key: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v not in ("true", "false"):
+        raise ConfigError(key, value, "true or false")
+    return v == "true"
+
+
+def _regex(key: str, value: str) -> re.Pattern[str]:
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise ConfigError(key, value, f"a regular expression ({exc})") from None
+
+
+def java_replacement(replacement: str) -> str:
+    """A Java ``Matcher.replaceFirst`` replacement (``$1``, ``${name}``, ``\\$``) in Python's ``re`` form."""
+    out = re.sub(r"\\(.)|\$(\d+)|\$\{(\w+)\}", lambda m: (m[1].replace("\\", "\\\\") if m[1] is not None
+                                                       else f"\\g<{m[2] or m[3]}>"), replacement)
+    return out
+
+
+def parse_chain(names: tuple[str, ...], props: Mapping[str, Mapping[str, str]],
+                predicate_names: tuple[str, ...], predicate_props: Mapping[str, Mapping[str, str]]) -> tuple[TransformSpec, ...]:
+    """The configured chain, in order; raises ConfigError naming the first bad key."""
+    predicates: dict[str, PredicateSpec] = {}
+    for p in predicate_names:
+        pp = predicate_props.get(p, {})
+        kind = PREDICATES.get(pp.get("type", ""))
+        if kind is None:
+            raise ConfigError(f"predicates.{p}.type", pp.get("type"), f"one of {tuple(PREDICATES)}")
+        allowed = _PREDICATE_PROPS[kind]
+        for prop in sorted(pp.keys() - {"type", *allowed}):
+            raise ConfigError(f"predicates.{p}.{prop}", pp[prop], f"unset: {pp['type']} has only {allowed or 'no properties'}")
+        for prop in allowed:
+            if not pp.get(prop):
+                raise ConfigError(f"predicates.{p}.{prop}", None, f"set: {pp['type']} needs it")
+        if kind == "topic-name-matches":
+            _regex(f"predicates.{p}.pattern", pp["pattern"])
+        predicates[p] = PredicateSpec(p, kind, dict(pp))
+    for p in predicate_props.keys() - set(predicate_names):
+        raise ConfigError(f"predicates.{p}.type", predicate_props[p].get("type"), f"{p} listed in predicates, or unset")
+    chain = []
+    for name in names:
+        tp = props.get(name, {})
+        cls = tp.get("type")
+        kind = TRANSFORMS.get(cls or "")
+        if kind is None:
+            raise ConfigError(f"transforms.{name}.type", cls, f"one of {tuple(TRANSFORMS)} (docs/transforms.md)")
+        allowed, required = _TRANSFORM_PROPS[kind]
+        for prop in sorted(tp.keys() - {"type", "predicate", "negate", *allowed}):
+            why = _NOT_YET.get(prop) or f"unset: {cls} has only {allowed or 'no properties'} here"
+            raise ConfigError(f"transforms.{name}.{prop}", tp[prop], why)
+        for prop in required:
+            if prop not in tp:
+                raise ConfigError(f"transforms.{name}.{prop}", None, f"set: {cls} needs it")
+        predicate = None
+        if "predicate" in tp:
+            predicate = predicates.get(tp["predicate"])
+            if predicate is None:
+                raise ConfigError(f"transforms.{name}.predicate", tp["predicate"],
+                                  f"one of the predicates listed in predicates ({', '.join(predicates) or 'none'})")
+        negate = _bool(f"transforms.{name}.negate", tp["negate"]) if "negate" in tp else False
+        if negate and predicate is None:
+            raise ConfigError(f"transforms.{name}.negate", tp["negate"], "unset, or a predicate set for it to negate")
+        if kind == "regex-router":
+            pattern = _regex(f"transforms.{name}.regex", tp["regex"])
+            for ref in re.findall(r"\\g<(\w+)>", java_replacement(tp["replacement"])):
+                if not (ref.isdigit() and int(ref) <= pattern.groups) and ref not in pattern.groupindex:
+                    raise ConfigError(f"transforms.{name}.replacement", tp["replacement"],
+                                      f"a replacement naming groups of the regex (it has no group {ref})")
+        if kind == "replace-field":
+            for legacy, now in (("blacklist", "exclude"), ("whitelist", "include")):
+                if legacy in tp:  # Connect's old names, still read by ReplaceField
+                    tp = {k: v for k, v in tp.items() if k != legacy} | {now: tp[legacy]}
+            for pair in (x.strip() for x in tp.get("renames", "").split(",") if x.strip()):
+                if len(pair.split(":")) != 2:
+                    raise ConfigError(f"transforms.{name}.renames", tp["renames"], f"old:new pairs ({pair!r} is not one)")
+        if kind == "insert-field":
+            if ("static.field" in tp) != ("static.value" in tp):
+                missing = "static.value" if "static.field" in tp else "static.field"
+                raise ConfigError(f"transforms.{name}.{missing}", None, "set: static.field and static.value go together")
+            if tp.get("timestamp.field", "").endswith("!"):
+                raise ConfigError(f"transforms.{name}.timestamp.field", tp["timestamp.field"],
+                                  "an optional field (no '!'): a record may have no timestamp")
+        if kind == "kafka-metadata" and "nested" in tp:
+            _bool(f"transforms.{name}.nested", tp["nested"])
+        chain.append(TransformSpec(name, kind, dict(tp), predicate, negate))
+    return tuple(chain)
+
+
+def inserted_fields(chain: tuple[TransformSpec, ...]) -> tuple[tuple[str, str, bool], ...]:
+    """InsertField$Value's columns: (column, source, required) with source ``topic``,
+    ``partition``, ``offset``, ``timestamp`` or ``static:<value>``; ``!`` makes it required,
+    ``?`` (the default) optional, as Connect reads the field names."""
+    out = []
+    for spec in chain:
+        if spec.kind != "insert-field":
+            continue
+        for what in ("topic", "partition", "offset", "timestamp", "static"):
+            raw = spec.props.get(f"{what}.field")
+            if raw:
+                name, required = raw.rstrip("!?"), raw.endswith("!")
+                out.append((name, f"static:{spec.props['static.value']}" if what == "static" else what, required))
+    return tuple(out)
+
+
+def metadata_columns(chain: tuple[TransformSpec, ...],
+                     own: tuple[str, bool, bool] | None) -> tuple[str, bool, bool] | None:
+    """The Kafka metadata columns (field or prefix, nested, with headers): the reference's
+    KafkaMetadataTransform's (no headers, as it) if the chain has one, else ``own``
+    (iceberg.tables.kafka-metadata-enabled's, with headers); None: none."""
+    for spec in chain:
+        if spec.kind == "kafka-metadata":
+            nested = spec.props.get("nested", "false").strip().lower() == "true"
+            return spec.props.get("field_name", "_kafka_metadata"), nested, False
+    return own

@@ -1,0 +1,266 @@
+"""Single message transforms and predicates (icesink/shared/transform_settings.py checks them at
+start; agents/transforms/ runs their batch steps; routing by topic in agents/routing.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from agents.deadletter import screen
+from agents.formats.extras import Extras
+from agents.routing import Router
+from agents.transforms import Chain
+from icesink.shared.config import Settings, build
+from icesink.shared.errors import ConfigError
+from icesink.shared.transform_settings import java_replacement
+
+BASE = {"topics": "orders,clicks,users", "iceberg.tables": "db.t"}
+C = "org.apache.kafka.connect.transforms."
+P = "org.apache.kafka.connect.transforms.predicates."
+REF = "org.apache.iceberg.connect.transforms."
+
+
+@dataclass
+class Msg:
+    value: bytes | None
+    headers: Any = ()
+    topic: str = "orders"
+    partition: int = 0
+    offset: int = 0
+    timestamp: int | None = 0
+    key: bytes | None = None
+
+
+def settings(**keys: str) -> Settings:
+    return build({**BASE, **keys}, warn_unknown=False)
+
+
+# Start-up checks: every key acts or is refused by name ----------------------------------------
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ({"transforms": "x", "transforms.x.type": f"{C}Nope"}, "transforms.x.type"),
+    ({"transforms": "x", "transforms.x.type": f"{C}RegexRouter", "transforms.x.regex": "(.*)"},
+     "transforms.x.replacement"),
+    ({"transforms": "x", "transforms.x.type": f"{C}RegexRouter", "transforms.x.regex": "(.*",
+      "transforms.x.replacement": "a"}, "transforms.x.regex"),
+    ({"transforms": "x", "transforms.x.type": f"{C}RegexRouter", "transforms.x.regex": "(.*)",
+      "transforms.x.replacement": "a$2"}, "transforms.x.replacement"),
+    ({"transforms": "x", "transforms.x.type": f"{C}RegexRouter", "transforms.x.regex": "a",
+      "transforms.x.replacement": "b", "transforms.x.bogus": "1"}, "transforms.x.bogus"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.predicate": "p"}, "transforms.x.predicate"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.negate": "true"}, "transforms.x.negate"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.predicate": "p",
+      "predicates": "p", "predicates.p.type": f"{P}Nope"}, "predicates.p.type"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.predicate": "p",
+      "predicates": "p", "predicates.p.type": f"{P}HasHeaderKey"}, "predicates.p.name"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.predicate": "p",
+      "predicates": "p", "predicates.p.type": f"{P}TopicNameMatches", "predicates.p.pattern": "[x"},
+     "predicates.p.pattern"),
+    ({"transforms": "x", "transforms.x.type": f"{C}Filter", "transforms.x.predicate": "p", "transforms.x.negate": "yes",
+      "predicates": "p", "predicates.p.type": f"{P}RecordIsTombstone"}, "transforms.x.negate"),
+    ({"transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform", "transforms.m.external_field": "a,b"},
+     "transforms.m.external_field"),
+    ({"transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform", "transforms.m.nested": "maybe"},
+     "transforms.m.nested"),
+    ({"transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform",
+      "iceberg.tables.kafka-metadata-enabled": "true"}, "iceberg.tables.kafka-metadata-enabled"),
+    ({"transforms": "r,m", "transforms.r.type": f"{C}RegexRouter", "transforms.r.regex": "a",
+      "transforms.r.replacement": "b", "transforms.m.type": f"{REF}KafkaMetadataTransform"}, "transforms"),
+])
+def test_a_bad_transform_or_predicate_key_is_refused_at_start_by_name(keys: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(**keys)
+    assert err.value.key == named
+
+
+def test_the_references_usual_debezium_and_kafka_metadata_chain_starts() -> None:
+    s = settings(**{
+        "transforms": "debezium,kafkametadata",
+        "transforms.debezium.type": "io.tabular.iceberg.connect.transforms.DebeziumTransform",
+        "transforms.kafkametadata.type": f"{REF}KafkaMetadataTransform",
+    })
+    assert [t.kind for t in s.transform_chain] == ["debezium", "kafka-metadata"]
+    assert s.metadata_columns == ("_kafka_metadata", False, False)
+
+
+def test_java_replacements_become_python_ones() -> None:
+    assert java_replacement("db.$1_${x}\\$") == "db.\\g<1>_\\g<x>$"
+
+
+# The batch steps --------------------------------------------------------------------------------
+
+
+def chain(**keys: str) -> Chain:
+    return Chain(settings(**keys).transform_chain)
+
+
+def test_regex_router_renames_a_whole_match_only() -> None:
+    c = chain(**{"transforms": "r", "transforms.r.type": f"{C}RegexRouter",
+                 "transforms.r.regex": "prod-(.*)", "transforms.r.replacement": "db.$1"})
+    assert c.apply("prod-orders", [Msg(b"{}")] * 2).topic() == "db.orders"
+    assert c.apply("xprod-orders", [Msg(b"{}")]).topic() == "xprod-orders"
+
+
+def test_filter_with_predicates_drops_and_negates_and_guards_a_router() -> None:
+    c = chain(**{
+        "transforms": "dropTomb,keepAudit,route",
+        "transforms.dropTomb.type": f"{C}Filter", "transforms.dropTomb.predicate": "tomb",
+        "transforms.keepAudit.type": f"{C}Filter", "transforms.keepAudit.predicate": "audit",
+        "transforms.keepAudit.negate": "true",
+        "transforms.route.type": f"{C}RegexRouter", "transforms.route.predicate": "orders",
+        "transforms.route.regex": "(.*)", "transforms.route.replacement": "db.$1",
+        "predicates": "tomb,audit,orders",
+        "predicates.tomb.type": f"{P}RecordIsTombstone",
+        "predicates.audit.type": f"{P}HasHeaderKey", "predicates.audit.name": "audit",
+        "predicates.orders.type": f"{P}TopicNameMatches", "predicates.orders.pattern": "ord.*",
+    })
+    msgs = [Msg(b"1", [("audit", b"y")]), Msg(None, [("audit", b"y")]), Msg(b"3"), Msg(b"4", [(b"audit", None)])]
+    applied = c.apply("orders", msgs)
+    assert applied.dropped is not None and applied.dropped.tolist() == [False, True, True, False]
+    kept = applied.topics.dictionary_decode().to_pylist()
+    assert [kept[0], kept[3]] == ["db.orders", "db.orders"]
+    screened = screen(msgs, 1000, applied.dropped)
+    assert screened.values == [b"1", b"4"] and screened.positions == [0, 3] and not screened.whole
+    assert c.apply("users", msgs).topic() == "users"  # the router's predicate does not hold
+
+
+def test_filter_without_predicate_drops_every_record() -> None:
+    applied = chain(**{"transforms": "f", "transforms.f.type": f"{C}Filter"}).apply("t", [Msg(b"1"), Msg(b"2")])
+    assert applied.dropped is not None and applied.dropped.all()
+
+
+# Routing by topic -------------------------------------------------------------------------------
+
+
+def topics(*names: str) -> pa.Array:
+    return pa.array(list(names), pa.string())
+
+
+def test_the_shorthand_routes_each_topic_to_its_table_dynamically() -> None:
+    r = Router(settings(**{"iceberg.tables.route-field": "@topic", "iceberg.tables.dynamic-enabled": "true"}))
+    routes = r.route([b"{}", b"{}", b"{}"], topics=topics("db.orders", "db.clicks", "db.orders"))
+    assert {t: i.tolist() for t, i in routes.by_table.items()} == {"db.orders": [0, 2], "db.clicks": [1]}
+
+
+def test_the_references_way_routes_on_the_kafka_metadata_topic_column() -> None:
+    r = Router(settings(**{
+        "transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform",
+        "iceberg.tables": "db.o,db.c", "iceberg.tables.route-field": "_kafka_metadata_topic",
+        "iceberg.table.db.o.route-regex": "orders", "iceberg.table.db.c.route-regex": "clicks",
+    }))
+    routes = r.route([b'{"x":1}'] * 3, topics=topics("orders", "clicks", "users"))
+    assert {t: i.tolist() for t, i in routes.by_table.items()} == {"db.o": [0], "db.c": [1]}
+    assert [u.index for u in routes.unrouted] == [2]  # no table: dead-lettered, never dropped
+
+
+def test_kafka_metadata_transform_columns_have_no_headers_as_the_reference() -> None:
+    meta = settings(**{"transforms": "m", "transforms.m.type": f"{REF}KafkaMetadataTransform",
+                       "transforms.m.field_name": "_meta"}).metadata_columns
+    assert meta is not None
+    extras = Extras(None, False, *meta)
+    assert extras.names() == {"_meta_topic", "_meta_partition", "_meta_offset", "_meta_timestamp"}
+
+
+# Value transforms: ReplaceField$Value and CopyValue, on the decoded columns -------------------
+
+
+def value_format(**keys: str) -> Any:
+    from agents.formats import RecordFormat
+
+    return RecordFormat(settings(**keys))
+
+
+def test_replace_field_and_copy_value_shape_the_created_table_and_its_rows() -> None:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    fmt = value_format(**{
+        "transforms": "rf,cp",
+        "transforms.rf.type": f"{C}ReplaceField$Value", "transforms.rf.exclude": "secret",
+        "transforms.rf.renames": "id:order_id,amt:amount",
+        "transforms.cp.type": f"{REF}CopyValue", "transforms.cp.source.field": "order_id",
+        "transforms.cp.target.field": "id_copy",
+    })
+    values = [b'{"id":"a","amt":1.5,"secret":"x","n":1}', b'{"id":"b","amt":2,"secret":"y","n":2}']
+    created = fmt.table_schema(values)
+    assert created is not None
+    target = schema_to_pyarrow(created)
+    assert target.names == ["order_id", "amount", "n", "id_copy"]
+    out = fmt.convert([Msg(v) for v in values], values, target)
+    assert out.table.to_pylist() == [
+        {"order_id": "a", "amount": 1.5, "n": 1, "id_copy": "a"},
+        {"order_id": "b", "amount": 2.0, "n": 2, "id_copy": "b"},
+    ]
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ({"transforms": "rf", "transforms.rf.type": f"{C}ReplaceField$Value", "transforms.rf.renames": "a-b"},
+     "transforms.rf.renames"),
+    ({"transforms": "cp", "transforms.cp.type": f"{REF}CopyValue", "transforms.cp.source.field": "a"},
+     "transforms.cp.target.field"),
+    ({"transforms": "rf", "transforms.rf.type": f"{C}ReplaceField$Value", "transforms.rf.renames": "a:b",
+      "iceberg.tables.route-field": "b"}, "iceberg.tables.route-field"),
+    ({"transforms": "rf", "transforms.rf.type": f"{C}ReplaceField$Value", "transforms.rf.exclude": "a",
+      "iceberg.tables.evolve-schema-enabled": "true"}, "iceberg.tables.evolve-schema-enabled"),
+])
+def test_value_transform_keys_are_checked_at_start(keys: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(**keys)
+    assert err.value.key == named
+
+
+def test_insert_field_adds_the_records_position_and_a_constant_and_routes_on_its_topic() -> None:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    keys = {"transforms": "ins", "transforms.ins.type": f"{C}InsertField$Value",
+            "transforms.ins.topic.field": "src!", "transforms.ins.offset.field": "pos",
+            "transforms.ins.timestamp.field": "at?", "transforms.ins.static.field": "origin",
+            "transforms.ins.static.value": "eu"}
+    fmt = value_format(**keys)
+    values = [b'{"id":"a"}', b'{"id":"b"}']
+    created = fmt.table_schema(values)
+    assert created is not None
+    assert [(f.name, f.required) for f in created.fields] == [
+        ("id", False), ("src", True), ("pos", False), ("at", False), ("origin", False)]
+    msgs = [Msg(v, topic="orders", offset=7 + i, timestamp=1_000 * i) for i, v in enumerate(values)]
+    out = fmt.convert(msgs, values, schema_to_pyarrow(created))
+    rows = out.table.to_pylist()
+    assert [(r["id"], r["src"], r["pos"], r["origin"]) for r in rows] == [("a", "orders", 7, "eu"), ("b", "orders", 8, "eu")]
+    assert rows[1]["at"].timestamp() == 1.0
+    r = Router(settings(**keys, **{"iceberg.tables.route-field": "src", "iceberg.tables.dynamic-enabled": "true"}))
+    assert r.by_topic
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ({"transforms.ins.static.field": "x"}, "transforms.ins.static.value"),
+    ({"transforms.ins.timestamp.field": "t!"}, "transforms.ins.timestamp.field"),
+    ({"transforms.ins.offset.field": "o", "iceberg.tables.route-field": "o"}, "iceberg.tables.route-field"),
+])
+def test_insert_field_keys_are_checked_at_start(keys: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings(**{"transforms": "ins", "transforms.ins.type": f"{C}InsertField$Value", **keys})
+    assert err.value.key == named
+
+
+def test_hoist_field_wraps_the_value_in_one_struct_column() -> None:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    fmt = value_format(**{"transforms": "h", "transforms.h.type": f"{C}HoistField$Value", "transforms.h.field": "row",
+                          "iceberg.tables.kafka-metadata-enabled": "true"})
+    values = [b'{"id":"a","n":1}', b'{"id":"b","n":null}']
+    created = fmt.table_schema(values)
+    assert created is not None
+    assert created.fields[0].name == "row" and [f.name for f in created.fields[0].field_type.fields] == ["id", "n"]
+    out = fmt.convert([Msg(v) for v in values], values, schema_to_pyarrow(created))
+    assert out.table.column("row").to_pylist() == [{"id": "a", "n": 1}, {"id": "b", "n": None}]
+    assert out.table.column("_kafka_metadata_topic").to_pylist() == ["orders", "orders"]
+    with pytest.raises(ConfigError) as err:
+        settings(**{"transforms": "h", "transforms.h.type": f"{C}HoistField$Value"})
+    assert err.value.key == "transforms.h.field"
+    with pytest.raises(ConfigError) as err:
+        settings(**{"transforms": "h", "transforms.h.type": f"{C}HoistField$Value", "transforms.h.field": "row",
+                    "iceberg.tables.route-field": "row.id"})
+    assert err.value.key == "iceberg.tables.route-field"
