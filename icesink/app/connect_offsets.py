@@ -10,15 +10,25 @@ wins). A position is the next offset to consume, as a Kafka committed offset is.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from icesink.shared.config import Settings
+from icesink.shared.protocol import TopicPartition
+
+log = logging.getLogger(__name__)
 
 
 def committed_offsets(settings: Settings) -> list[dict[str, Any]]:
     """Connect's sink offsets (``partition``: ``kafka_topic``, ``kafka_partition``;
     ``offset``: ``kafka_offset``) of the sink group of ``settings``, over its configured tables
     and the tables its newest rounds name (routed tables). Blocking (catalog reads)."""
+    return [{"partition": {"kafka_topic": tp.topic, "kafka_partition": tp.partition}, "offset": {"kafka_offset": off}}
+            for tp, off in sorted(table_offsets(settings).items(), key=lambda item: (item[0].topic, item[0].partition))]
+
+
+def table_offsets(settings: Settings) -> dict[TopicPartition, int]:
+    """Each partition's position in the tables' sink state of the group (blocking)."""
     from pyiceberg.exceptions import NoSuchTableError
 
     from coordinator.recovery import table_positions
@@ -38,6 +48,159 @@ def committed_offsets(settings: Settings) -> list[dict[str, Any]]:
         if st is not None:
             states[name] = st
             todo += [t for t in st.round_tables if t not in states]
-    positions = table_positions(states)
-    return [{"partition": {"kafka_topic": tp.topic, "kafka_partition": tp.partition}, "offset": {"kafka_offset": off}}
-            for tp, off in sorted(positions.items(), key=lambda item: (item[0].topic, item[0].partition))]
+    return table_positions(states)
+
+
+# --- altering and resetting (KIP-875), docs/commits.md "Altering and resetting offsets" ---------
+
+ALTERED = "The offsets for this connector have been altered successfully"
+RESET = "The offsets for this connector have been reset successfully"
+#: The query parameter that lets a change read again records the tables already hold.
+ALLOW_DUPLICATES = "allow_duplicates"
+
+
+class OffsetsRefused(Exception):
+    """A change of offsets refused before anything moved: a bad body or partition (400)."""
+
+
+def parse_sink_offsets(body: Any) -> dict[TopicPartition, int | None]:
+    """The body of ``PATCH /connectors/{name}/offsets`` as Kafka Connect reads a sink's
+    (``SinkUtils.parseSinkConnectorOffsets``, same checks and messages): partition -> offset, None
+    meaning "from the beginning" (a reset of that partition). Also refused: a negative offset."""
+    offsets = body.get("offsets") if isinstance(body, dict) else None
+    if not isinstance(offsets, list) or not offsets:
+        raise OffsetsRefused("Partitions / offsets need to be provided for an alter offsets request")
+    out: dict[TopicPartition, int | None] = {}
+    for item in offsets:
+        partition = item.get("partition") if isinstance(item, dict) else None
+        if not isinstance(partition, dict):
+            raise OffsetsRefused("The partition for a sink connector offset cannot be null or missing")
+        if "kafka_topic" not in partition or "kafka_partition" not in partition:
+            raise OffsetsRefused("The partition for a sink connector offset must contain the keys 'kafka_topic' "
+                                 "and 'kafka_partition'")
+        topic, number = partition["kafka_topic"], partition["kafka_partition"]
+        if topic is None:
+            raise OffsetsRefused("Kafka topic names must be valid strings and may not be null")
+        if number is None:
+            raise OffsetsRefused("Kafka partitions must be valid numbers and may not be null")
+        p = _integer(number)
+        if p is None or not 0 <= p < 2**31:
+            raise OffsetsRefused(f"Failed to parse the following Kafka partition value in the provided offsets: "
+                                 f"'{number}'. Partition values for sink connectors need to be integers.")
+        offset = item.get("offset")
+        if offset is None:
+            out[TopicPartition(str(topic), p)] = None
+            continue
+        if not isinstance(offset, dict) or "kafka_offset" not in offset:
+            raise OffsetsRefused("The offset for a sink connector should either be null or contain the key "
+                                 "'kafka_offset'")
+        value = _integer(offset["kafka_offset"])
+        if value is None or not 0 <= value < 2**63:
+            raise OffsetsRefused(f"Failed to parse the following Kafka offset value in the provided offsets: "
+                                 f"'{offset['kafka_offset']}'. Offset values for sink connectors need to be integers "
+                                 "(icesink: from 0)")
+        out[TopicPartition(str(topic), p)] = value
+    return out
+
+
+def _integer(value: Any) -> int | None:
+    """Connect takes 10 and "10" alike (``Long.parseLong(String.valueOf(v))``)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit() and value == value.strip():
+        return int(value)
+    return None
+
+
+def plan_offsets(
+    name: str, wanted: dict[TopicPartition, int | None], committed: dict[TopicPartition, int],
+    begin: dict[TopicPartition, int], end: dict[TopicPartition, int], allow_duplicates: bool,
+) -> dict[TopicPartition, int]:
+    """Each partition's new position (None: its beginning), checked against the partition
+    (``begin``/``end``: its log start and end offsets) and the tables (``committed``: the
+    positions they hold). Moving a partition back below its position in the tables reads records
+    they hold again, that is duplicates: refused unless ``allow_duplicates`` (the operator
+    truncated the tables, or wants them)."""
+    gone = sorted(str(tp) for tp in wanted if tp not in end)
+    if gone:
+        raise OffsetsRefused(f"Cannot alter the offsets of connector {name}: partition(s) {', '.join(gone)} do not "
+                             "exist")
+    new = {tp: begin[tp] if off is None else off for tp, off in wanted.items()}
+    beyond = sorted(f"{tp} (offset {off}, end {end[tp]})" for tp, off in new.items() if off > end[tp])
+    if beyond:
+        raise OffsetsRefused(f"Cannot alter the offsets of connector {name}: offsets past the partition's end: "
+                             f"{', '.join(beyond)}")
+    back = sorted(f"{tp} (to {off}, the tables hold up to {committed[tp]})"
+                  for tp, off in new.items() if tp in committed and off < committed[tp])
+    if back and not allow_duplicates:
+        raise OffsetsRefused(
+            f"Moving the offsets of connector {name} back reads again records its tables already hold, and "
+            f"they would hold them twice: {', '.join(back)}. icesink delivers each record exactly once and does "
+            f"not do this by default. To do it anyway (the tables were truncated, or duplicates are wanted), add "
+            f"?{ALLOW_DUPLICATES}=true to the request")
+    return new
+
+
+async def change_offsets(settings: Settings, bootstrap: str, wanted: dict[TopicPartition, int | None] | None,
+                         allow_duplicates: bool, name: str) -> dict[TopicPartition, int]:
+    """Move the sink group of a stopped connector to new positions (``wanted``; None: a reset,
+    every partition the tables hold and every partition of its topics to its beginning), and
+    return the new positions. Two writes, in this order:
+
+    1. an ``alter-positions`` event on the group's control log, signed as its replicas sign,
+       which the coordinator applies in log order (where the truth is: the tables' positions,
+       then the log): the next start reads each partition from its new position, exactly once
+       from there (only for a group that has run: one that never did has no position to move);
+    2. the group's consumer offsets, as Kafka Connect alters a sink's: the hint where a
+       partition no table and no control event knows starts.
+    A failure between them leaves the hint behind, which is harmless (the log wins)."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
+    from aiokafka.structs import OffsetAndMetadata
+
+    from icesink.shared.control import ControlProducer
+    from icesink.shared.group_secret import stored_keyring
+    from icesink.shared.iceberg import load_catalog
+    from icesink.shared.kafka_admin import partition_counts
+    from icesink.shared.protocol import AlterPositions, Position
+
+    committed = await asyncio.to_thread(table_offsets, settings)
+    client = settings.kafka_client_kwargs()
+    counts = await partition_counts(bootstrap, client_kwargs=client)
+    reset = wanted is None
+    if wanted is None:
+        every = {TopicPartition(t, p) for t in settings.topics for p in range(counts.get(t, 0))}
+        wanted = dict.fromkeys(sorted(set(committed) | every, key=lambda tp: (tp.topic, tp.partition)), None)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=settings.group_id, enable_auto_commit=False,
+                                **client)
+    await consumer.start()
+    try:
+        real = [tp for tp in wanted if 0 <= tp.partition < counts.get(tp.topic, 0)]
+        ktps = {tp: KafkaTP(tp.topic, tp.partition) for tp in real}
+        begin = await consumer.beginning_offsets(list(ktps.values())) if ktps else {}
+        end = await consumer.end_offsets(list(ktps.values())) if ktps else {}
+        new = plan_offsets(name, wanted, committed, {tp: int(begin[k]) for tp, k in ktps.items()},
+                           {tp: int(end[k]) for tp, k in ktps.items()}, allow_duplicates)
+        catalog = await asyncio.to_thread(load_catalog, settings)
+        keyring = await stored_keyring(settings, bootstrap, catalog)
+        if new and (keyring is not None or committed):
+            producer = ControlProducer(bootstrap, settings.control_topic, settings.group_id,
+                                       settings.control_client_kwargs(), secret=keyring)
+            await producer.start()
+            try:
+                event = AlterPositions(tuple(Position(tp, off) for tp, off in new.items()),
+                                       f"offsets of connector {name} {'reset' if reset else 'altered'} by icesink connect")
+                offset = await producer.send(event)
+            finally:
+                await producer.stop()
+            log.warning("connector %s: positions altered at control offset %d: %s", name, offset,
+                        ", ".join(f"{tp}@{off}" for tp, off in new.items()))
+        if new:
+            consumer.assign(list(ktps.values()))
+            await consumer.commit({ktps[tp]: OffsetAndMetadata(off, "") for tp, off in new.items()})
+    finally:
+        await consumer.stop()
+    return new
