@@ -159,34 +159,42 @@ async def change_offsets(settings: Settings, bootstrap: str, wanted: dict[TopicP
     import asyncio
 
     from aiokafka import AIOKafkaConsumer, TopicPartition as KafkaTP
+    from aiokafka.errors import KafkaError
     from aiokafka.structs import OffsetAndMetadata
 
     from icesink.shared.control import ControlProducer
     from icesink.shared.group_secret import stored_keyring
     from icesink.shared.iceberg import load_catalog
-    from icesink.shared.kafka_admin import partition_counts
+    from icesink.shared.kafka_admin import TopicError, end_offsets
     from icesink.shared.protocol import AlterPositions, Position
 
     committed = await asyncio.to_thread(table_offsets, settings)
     client = settings.kafka_client_kwargs()
-    counts = await partition_counts(bootstrap, client_kwargs=client)
+    topics = set(settings.topics if wanted is None else ()) | {tp.topic for tp in (committed if wanted is None else wanted)}
+    ends: dict[TopicPartition, int] = {}
+    for topic in sorted(topics):
+        try:  # (the true ends: Tansu's ListOffsets answer is too low)
+            ends.update({TopicPartition(topic, p): off for p, off in (await end_offsets(bootstrap, topic,
+                                                                                         client_kwargs=client)).items()})
+        except TopicError as exc:
+            if exc.retriable:
+                raise
     reset = wanted is None
     if wanted is None:
-        every = {TopicPartition(t, p) for t in settings.topics for p in range(counts.get(t, 0))}
+        every = {tp for tp in ends if tp.topic in settings.topics}
         wanted = dict.fromkeys(sorted(set(committed) | every, key=lambda tp: (tp.topic, tp.partition)), None)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=settings.group_id, enable_auto_commit=False,
                                 **client)
     await consumer.start()
     try:
-        real = [tp for tp in wanted if 0 <= tp.partition < counts.get(tp.topic, 0)]
-        ktps = {tp: KafkaTP(tp.topic, tp.partition) for tp in real}
+        ktps = {tp: KafkaTP(tp.topic, tp.partition) for tp in wanted if tp in ends}
         begin = await consumer.beginning_offsets(list(ktps.values())) if ktps else {}
-        end = await consumer.end_offsets(list(ktps.values())) if ktps else {}
         new = plan_offsets(name, wanted, committed, {tp: int(begin[k]) for tp, k in ktps.items()},
-                           {tp: int(end[k]) for tp, k in ktps.items()}, allow_duplicates)
+                           {tp: ends[tp] for tp in ktps}, allow_duplicates)
         catalog = await asyncio.to_thread(load_catalog, settings)
         keyring = await stored_keyring(settings, bootstrap, catalog)
-        if new and (keyring is not None or committed):
+        sent = bool(new) and (keyring is not None or bool(committed))
+        if sent:
             producer = ControlProducer(bootstrap, settings.control_topic, settings.group_id,
                                        settings.control_client_kwargs(), secret=keyring)
             await producer.start()
@@ -200,7 +208,16 @@ async def change_offsets(settings: Settings, bootstrap: str, wanted: dict[TopicP
                         ", ".join(f"{tp}@{off}" for tp, off in new.items()))
         if new:
             consumer.assign(list(ktps.values()))
-            await consumer.commit({ktps[tp]: OffsetAndMetadata(off, "") for tp, off in new.items()})
+            try:
+                await consumer.commit({ktps[tp]: OffsetAndMetadata(off, "") for tp, off in new.items()})
+            except KafkaError as exc:  # e.g. the stopped replicas' members not yet expired from the group
+                if not sent:
+                    raise RuntimeError(
+                        f"Failed to alter consumer group offsets for connector {name}: {exc}. Its tasks may not have "
+                        "stopped completely yet (their group members expire after the session timeout); if the "
+                        "connector is STOPPED, this can be safely retried") from None
+                log.warning("connector %s: the sink group's offsets (a hint) were not moved (%s); the positions on "
+                            "the control log are what its coordinator resumes from", name, exc)
     finally:
         await consumer.stop()
     return new
