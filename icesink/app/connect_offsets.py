@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from icesink.shared.config import Settings
-from icesink.shared.protocol import TopicPartition
+from icesink.shared.protocol import SinkState, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,16 @@ def committed_offsets(settings: Settings) -> list[dict[str, Any]]:
 
 def table_offsets(settings: Settings) -> dict[TopicPartition, int]:
     """Each partition's position in the tables' sink state of the group (blocking)."""
+    from coordinator.recovery import table_positions
+
+    return table_positions(table_states(settings))
+
+
+def table_states(settings: Settings) -> dict[str, SinkState]:
+    """The group's sink state of each table that holds one: the configured tables and those its
+    newest rounds name (routed tables). Blocking (catalog reads)."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    from coordinator.recovery import table_positions
     from icesink.shared.iceberg import latest_sink_summary, load_catalog
 
     catalog = load_catalog(settings)
@@ -48,7 +55,7 @@ def table_offsets(settings: Settings) -> dict[TopicPartition, int]:
         if st is not None:
             states[name] = st
             todo += [t for t in st.round_tables if t not in states]
-    return table_positions(states)
+    return states
 
 
 # --- altering and resetting (KIP-875), docs/commits.md "Altering and resetting offsets" ---------
@@ -143,6 +150,48 @@ def plan_offsets(
     return new
 
 
+def check_not_in_doubt(name: str, states: dict[str, SinkState]) -> None:
+    """Refuse to move positions while a round is in doubt (a table lacks the round another
+    holds: the coordinator was stopped between two table commits): only its recovery can roll
+    that table forward, from the positions as they are."""
+    from coordinator.recovery import doubt
+
+    if not states:
+        return
+    newest_table, newest, doubtful, missing = doubt(states)
+    if doubtful or missing:
+        raise OffsetsRefused(
+            f"Cannot alter the offsets of connector {name} now: table(s) {', '.join(sorted([*doubtful, *missing]))} "
+            f"lack round {newest.commit_id} that table {newest_table} holds. Resume the connector until that round is "
+            "committed everywhere (its status shows no round in doubt), stop it and try again")
+
+
+def lower_table_positions(settings: Settings, new: dict[TopicPartition, int]) -> list[str]:
+    """Write into each table's sink state of the group the positions ``new`` moves back (a
+    property-only commit, no snapshot, the rest of the state as it is): the tables stay the
+    truth for positions, and the orphan sweep's fence (a worker's file is dead once the table's
+    position passed where it began) holds files read again from the lower positions. Positions
+    moved forward are left to the next commit (a response accepted before the change may still
+    commit files that start there). Returns the tables written. Blocking."""
+    from dataclasses import replace
+
+    from icesink.shared.iceberg import load_catalog
+    from icesink.shared.protocol import state_property
+
+    catalog = load_catalog(settings)
+    written = []
+    for name, st in sorted(table_states(settings).items()):
+        lowered = {tp: min(off, new.get(tp, off)) for tp, off in st.positions.items()}
+        if lowered == st.positions:
+            continue
+        table = catalog.load_table(name)
+        tx = table.transaction()
+        tx.set_properties({state_property(settings.group_id): replace(st, positions=lowered).to_json()})
+        tx.commit_transaction()
+        written.append(name)
+    return written
+
+
 async def change_offsets(settings: Settings, bootstrap: str, wanted: dict[TopicPartition, int | None] | None,
                          allow_duplicates: bool, name: str) -> dict[TopicPartition, int]:
     """Move the sink group of a stopped connector to new positions (``wanted``; None: a reset,
@@ -166,9 +215,12 @@ async def change_offsets(settings: Settings, bootstrap: str, wanted: dict[TopicP
     from icesink.shared.group_secret import stored_keyring
     from icesink.shared.iceberg import load_catalog
     from icesink.shared.kafka_admin import TopicError, end_offsets
+    from coordinator.recovery import table_positions
     from icesink.shared.protocol import AlterPositions, Position
 
-    committed = await asyncio.to_thread(table_offsets, settings)
+    states = await asyncio.to_thread(table_states, settings)
+    check_not_in_doubt(name, states)
+    committed = table_positions(states)
     client = settings.kafka_client_kwargs()
     topics = set(settings.topics if wanted is None else ()) | {tp.topic for tp in (committed if wanted is None else wanted)}
     ends: dict[TopicPartition, int] = {}
@@ -206,6 +258,9 @@ async def change_offsets(settings: Settings, bootstrap: str, wanted: dict[TopicP
                 await producer.stop()
             log.warning("connector %s: positions altered at control offset %d: %s", name, offset,
                         ", ".join(f"{tp}@{off}" for tp, off in new.items()))
+            lowered = await asyncio.to_thread(lower_table_positions, settings, new)
+            if lowered:
+                log.warning("connector %s: positions moved back in the sink state of %s", name, ", ".join(lowered))
         if new:
             consumer.assign(list(ktps.values()))
             try:
