@@ -5,7 +5,8 @@ replica with its Spark. Records land; the connector is stopped; a PATCH moves pa
 (records skipped) and partition 1 back (records read again: refused without
 ``?allow_duplicates=true``, then done with it); after resume the table holds exactly what the
 new positions imply, read by DuckDB and pyiceberg, and the offsets shown are the new ends. A
-DELETE without the flag is refused, as it would read everything again.
+DELETE without the flag is refused, as it would read everything again; with it, after resume,
+every record is in the table once more.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def _offsets(port: int) -> dict[int, int]:
     return {o["partition"]["kafka_partition"]: o["offset"]["kafka_offset"] for o in body["offsets"]}
 
 
+def _stop(port: int) -> None:
+    assert _call(port, "PUT", "/connectors/pizzas/stop")[0] == 204
+    deadline, status = time.monotonic() + 90, {}
+    while time.monotonic() < deadline and not (status.get("connector", {}).get("state") == "STOPPED"
+                                                and status["tasks"] == []):
+        time.sleep(0.5)
+        status = _call(port, "GET", "/connectors/pizzas/status")[1]
+    assert status["connector"]["state"] == "STOPPED" and status["tasks"] == [], status
+
+
 def test_offsets_of_a_stopped_connector_altered_and_reset(broker, catalog_props, tmp_path):
     from pyiceberg.catalog import load_catalog
 
@@ -77,13 +88,7 @@ def test_offsets_of_a_stopped_connector_altered_and_reset(broker, catalog_props,
         code, body = _call(port, "PATCH", "/connectors/pizzas/offsets", patch)
         assert code == 400 and "STOPPED" in body["message"], body
 
-        assert _call(port, "PUT", "/connectors/pizzas/stop")[0] == 204
-        deadline, status = time.monotonic() + 90, {}
-        while time.monotonic() < deadline and not (status.get("connector", {}).get("state") == "STOPPED"
-                                                    and status["tasks"] == []):
-            time.sleep(0.5)
-            status = _call(port, "GET", "/connectors/pizzas/status")[1]
-        assert status["connector"]["state"] == "STOPPED" and status["tasks"] == [], status
+        _stop(port)
         asyncio.run(produce(broker.bootstrap, TOPIC, values[100:], partitions=2))  # offsets 50..79 of each
 
         # back below what the table holds (partition 1 to 40 < 50): duplicates, refused without the flag
@@ -110,6 +115,16 @@ def test_offsets_of_a_stopped_connector_altered_and_reset(broker, catalog_props,
         assert key_counts(catalog, TABLE, "order_id") == want  # DuckDB
         scanned = catalog.load_table(TABLE).scan(selected_fields=("order_id",)).to_arrow()["order_id"].to_pylist()
         assert Counter(scanned) == want  # pyiceberg
+
+        # reset (with the flag): every partition from its beginning, so every record once more
+        _stop(port)
+        code, body = _call(port, "DELETE", "/connectors/pizzas/offsets?allow_duplicates=true")
+        assert (code, body) == (200, {"message": "The offsets for this connector have been reset successfully"})
+        assert _offsets(port) == {0: 0, 1: 0}
+        assert _call(port, "PUT", "/connectors/pizzas/resume")[0] == 202
+        want += Counter(key)
+        _wait_rows(catalog, sum(want.values()), proc)
+        assert key_counts(catalog, TABLE, "order_id") == want
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
