@@ -16,6 +16,7 @@ from typing import assert_never
 from icesink.shared.errors import PreconditionFailed
 from icesink.shared.protocol.codec import MAX_EPOCH
 from icesink.shared.protocol import (
+    AlterPositions,
     Claim,
     CommitComplete,
     CommitRequest,
@@ -206,8 +207,23 @@ class CoordinatorState:
                 self.commit_requested = True
             case SchemaProposal():
                 self.proposals.setdefault(event.table, {})[event.worker] = event
+            case AlterPositions():
+                self._alter(event)
             case _:
                 assert_never(event)
+
+    def _alter(self, event: AlterPositions) -> None:
+        """An operator's new positions: each partition is read from its new offset once claimed
+        again. Its owner is void (a response of the owner before, whose range started at the old
+        position, is rejected, and its open partials expire); responses accepted before stay
+        pending and bound to be committed: the new position only says where reading goes on."""
+        for p in event.positions:
+            self.accepted[p.tp] = p.offset
+            self.owners.pop(p.tp, None)
+            self.members.pop(p.tp, None)
+            self.round_covered.discard(p.tp)
+        log.warning("positions altered (%s): %s", event.reason, ", ".join(f"{p.tp}@{p.offset}" for p in event.positions))
+        self._expire_partials()
 
     def _detect_group_reset(self, claim: Claim) -> None:
         """Generations only grow within one consumer group, and a member that joins gets a

@@ -41,6 +41,7 @@ from icesink.app.connect_state import (
     RUNNING, ClusterState, Connector, assign, connector_key, status_key, status_of, tasks_max, worker_key,
 )
 from icesink.app.connect_tasks import LocalTask, TaskSupervisor
+from icesink.shared.protocol import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +260,14 @@ class Cluster:
 
         settings = self.settings.sink_settings({**self.state.connectors[name].config, "name": name})
         return await asyncio.to_thread(committed_offsets, settings)
+
+    async def change_offsets(self, name: str, offsets: dict[TopicPartition, int | None] | None,
+                             allow_duplicates: bool) -> None:
+        """Move a stopped connector's positions (icesink/app/connect_offsets.py)."""
+        from icesink.app.connect_offsets import change_offsets
+
+        settings = self.settings.sink_settings({**self.state.connectors[name].config, "name": name})
+        await change_offsets(settings, settings.bootstrap_servers or self.bootstrap, offsets, allow_duplicates, name)
 
     # --- running this process's tasks ------------------------------------------------------
 

@@ -22,10 +22,12 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from icesink.app import connect_admin
+from icesink.app.connect_offsets import ALLOW_DUPLICATES, ALTERED, RESET, OffsetsRefused, parse_sink_offsets
 from icesink.app.connect_policy import shown
 from icesink.app.connect_security import check_basic
 from icesink.app.connect_state import FAILED, STOPPED
 from icesink.shared.errors import ConfigError
+from icesink.shared.protocol import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,8 @@ class Backend(Protocol):
     async def restart(self, name: str, tasks: tuple[int, ...]) -> None: ...
     async def delete(self, name: str) -> None: ...
     async def offsets(self, name: str) -> list[dict[str, Any]]: ...
+    async def change_offsets(self, name: str, offsets: dict[TopicPartition, int | None] | None,
+                             allow_duplicates: bool) -> None: ...
 
 
 class ApiError(Exception):
@@ -281,17 +285,27 @@ def app(backend: Backend, users: Mapping[str, str] | None = None) -> web.Applica
         return _json({"offsets": await backend.offsets(name)})
 
     async def change_offsets(request: web.Request) -> web.Response:
+        """KIP-875 for a sink: only while the connector is STOPPED; PATCH moves the given
+        partitions, DELETE every partition to its beginning. icesink moves the positions its
+        coordinator resumes from (docs/commits.md, "Altering and resetting offsets"); a move
+        back below what the tables hold is refused unless ``?allow_duplicates=true``."""
         name = request.match_info["name"]
         known(name)
+        wanted = None
+        if request.method == "PATCH":
+            try:
+                wanted = parse_sink_offsets(await body(request))
+            except OffsetsRefused as exc:
+                raise ApiError(400, str(exc)) from None
         if backend.status(name)["connector"]["state"] != STOPPED:
             raise ApiError(400, "Connectors must be in the STOPPED state before their offsets can be modified. This "
                            "can be done for the specified connector by issuing a 'PUT' request to the "
                            f"'/connectors/{name}/stop' endpoint")
-        raise ApiError(500, f"Failed to modify offsets for connector {name} because it doesn't support external "
-                       "modification of offsets: icesink keeps each partition's offset in the Iceberg tables, "
-                       "committed with the data (and in its control topic's checkpoints), and resumes from there, "
-                       "exactly once; changing a consumer group's offsets would not move it, and changing the "
-                       "tables' is not supported yet")
+        try:
+            await backend.change_offsets(name, wanted, flag(request, ALLOW_DUPLICATES))
+        except OffsetsRefused as exc:
+            raise ApiError(400, str(exc)) from None
+        return _json({"message": ALTERED if wanted is not None else RESET})
 
     routes.patch("/connectors/{name}/offsets")(change_offsets)
     routes.delete("/connectors/{name}/offsets")(change_offsets)

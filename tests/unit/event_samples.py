@@ -1,7 +1,7 @@
 """One sample of every control event type, shared by the golden-bytes tests."""
 
 from icesink.shared.protocol import (
-    Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, FileInfo,
+    AlterPositions, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, FileInfo,
     OffsetRange, Owner, Position, Resume, Rewind, SchemaProposal, StartCommit, TopicPartition,
 )
 
@@ -37,4 +37,5 @@ SAMPLES = {
         '{"id":2,"name":"customer","required":false,"type":{"fields":[{"id":3,"name":"vip","required":false,'
         '"type":"boolean"}],"type":"struct"}}],"identifier-field-ids":[],"schema-id":0,"type":"struct"}',
     ),
+    "alter-positions": AlterPositions((Position(TP0, 50), Position(TP1, 0)), "PATCH /connectors/pizzas/offsets"),
 }

@@ -31,6 +31,7 @@ class Backend:
         self.targets: dict[str, str] = {}
         self.task_states: dict[str, list[str]] = {}
         self.restarted: list[tuple[str, tuple[int, ...]]] = []
+        self.changed: list[Any] = []
 
     async def sync(self) -> None:
         pass
@@ -74,6 +75,16 @@ class Backend:
 
     async def offsets(self, name: str) -> list[dict[str, Any]]:
         return [{"partition": {"kafka_topic": "t", "kafka_partition": 0}, "offset": {"kafka_offset": 42}}]
+
+    async def change_offsets(self, name: str, offsets: Any, allow_duplicates: bool) -> None:
+        """As icesink connect's: partitions t/0 and t/1 (offsets 0 to 100), the tables at t/0@42."""
+        from icesink.app.connect_offsets import plan_offsets
+        from icesink.shared.protocol import TopicPartition
+
+        tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
+        wanted = dict.fromkeys(tps) if offsets is None else offsets
+        self.changed.append(plan_offsets(name, wanted, {tps[0]: 42}, dict.fromkeys(tps, 0), dict.fromkeys(tps, 100),
+                                         allow_duplicates))
 
 
 def _api(calls: list[tuple[str, str, Any]], backend: Backend | None = None) -> tuple[list[tuple[int, Any]], Backend]:
@@ -181,15 +192,74 @@ def test_topics_offsets_and_their_changes():
                          ("GET", "/connectors/c/offsets", None),
                          ("DELETE", "/connectors/c/offsets", None),
                          ("PATCH", "/connectors/c/offsets", {"offsets": []}),
-                         ("PUT", "/connectors/c/stop", None),
-                         ("DELETE", "/connectors/c/offsets", None),
+                         ("PATCH", "/connectors/c/offsets", {"offsets": [
+                             {"partition": {"kafka_topic": "t", "kafka_partition": 0}, "offset": {"kafka_offset": 50}}]}),
                          ("GET", "/connectors/nope/offsets", None)])
-    assert [code for code, _ in out] == [201, 200, 202, 200, 400, 400, 204, 500, 404]
+    assert [code for code, _ in out] == [201, 200, 202, 200, 400, 400, 400, 404]
     assert out[1][1] == {"c": {"topics": ["a", "b"]}}
     assert out[3][1] == {"offsets": [{"partition": {"kafka_topic": "t", "kafka_partition": 0},
                                       "offset": {"kafka_offset": 42}}]}
-    assert "STOPPED" in out[4][1]["message"] and "/connectors/c/stop" in out[4][1]["message"]
-    assert "exactly once" in out[7][1]["message"]
+    for _, body in out[4:7:2]:  # DELETE and PATCH while running: Connect's exact message
+        assert body["message"] == ("Connectors must be in the STOPPED state before their offsets can be modified. "
+                                   "This can be done for the specified connector by issuing a 'PUT' request to the "
+                                   "'/connectors/c/stop' endpoint")
+
+
+def _offsets(*items: tuple[Any, Any]) -> dict[str, Any]:
+    return {"offsets": [{"partition": p, "offset": o} for p, o in items]}
+
+
+T0, T1 = {"kafka_topic": "t", "kafka_partition": 0}, {"kafka_topic": "t", "kafka_partition": "1"}
+
+
+def test_offsets_of_a_stopped_connector_are_altered_and_reset_as_in_kafka_connect():
+    from icesink.shared.protocol import TopicPartition
+
+    out, backend = _api([("POST", "/connectors", {"name": "c", "config": CONFIG}),
+                         ("PUT", "/connectors/c/stop", None),
+                         ("PATCH", "/connectors/c/offsets", _offsets((T0, {"kafka_offset": "60"}), (T1, {"kafka_offset": 7}))),
+                         ("PATCH", "/connectors/c/offsets", _offsets((T1, None))),
+                         ("PATCH", "/connectors/c/offsets", _offsets((T0, {"kafka_offset": 10}))),
+                         ("PATCH", "/connectors/c/offsets?allow_duplicates=true", _offsets((T0, {"kafka_offset": 10}))),
+                         ("DELETE", "/connectors/c/offsets", None),
+                         ("DELETE", "/connectors/c/offsets?allow_duplicates=true", None),
+                         ("PATCH", "/connectors/nope/offsets", _offsets((T0, {"kafka_offset": 1}))),
+                         ("DELETE", "/connectors/nope/offsets", None)])
+    assert [code for code, _ in out] == [201, 204, 200, 200, 400, 200, 400, 200, 404, 404]
+    ok = {"message": "The offsets for this connector have been altered successfully"}
+    assert out[2][1] == out[3][1] == out[5][1] == ok
+    assert out[7][1] == {"message": "The offsets for this connector have been reset successfully"}
+    t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    assert backend.changed == [{t0: 60, t1: 7}, {t1: 0}, {t0: 10}, {t0: 0, t1: 0}]
+    for _, body in (out[4], out[6]):  # back below the tables' position: duplicates, refused without the flag
+        assert "t[0] (to " in body["message"] and "allow_duplicates=true" in body["message"]
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"offsets": []}, "Partitions / offsets need to be provided for an alter offsets request"),
+    ({}, "Partitions / offsets need to be provided for an alter offsets request"),
+    (_offsets((None, {"kafka_offset": 1})), "The partition for a sink connector offset cannot be null or missing"),
+    (_offsets(({"kafka_topic": "t"}, {"kafka_offset": 1})),
+     "The partition for a sink connector offset must contain the keys 'kafka_topic' and 'kafka_partition'"),
+    (_offsets(({"kafka_topic": None, "kafka_partition": 0}, {"kafka_offset": 1})),
+     "Kafka topic names must be valid strings and may not be null"),
+    (_offsets(({"kafka_topic": "t", "kafka_partition": None}, {"kafka_offset": 1})),
+     "Kafka partitions must be valid numbers and may not be null"),
+    (_offsets(({"kafka_topic": "t", "kafka_partition": "x"}, {"kafka_offset": 1})),
+     "Failed to parse the following Kafka partition value in the provided offsets: 'x'. Partition values for sink "
+     "connectors need to be integers."),
+    (_offsets((T0, {})), "The offset for a sink connector should either be null or contain the key 'kafka_offset'"),
+    (_offsets((T0, {"kafka_offset": "not a number"})),
+     "Failed to parse the following Kafka offset value in the provided offsets: 'not a number'"),
+    (_offsets((T0, {"kafka_offset": -1})), "Failed to parse the following Kafka offset value in the provided offsets: '-1'"),
+    (_offsets(({"kafka_topic": "t", "kafka_partition": 5}, {"kafka_offset": 1})), "t[5] do not exist"),
+    (_offsets((T0, {"kafka_offset": 101})), "past the partition's end: t[0] (offset 101, end 100)"),
+])
+def test_bad_offsets_are_refused_with_kafka_connects_messages(body, message):
+    out, backend = _api([("POST", "/connectors", {"name": "c", "config": CONFIG}),
+                         ("PUT", "/connectors/c/stop", None),
+                         ("PATCH", "/connectors/c/offsets", body)])
+    assert out[2][0] == 400 and message in out[2][1]["message"] and not backend.changed
 
 
 @pytest.mark.parametrize("klass", [ICEBERG, TABULAR])

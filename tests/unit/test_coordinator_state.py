@@ -253,3 +253,24 @@ def test_the_next_epoch_is_one_above_every_epoch_seen_up_to_what_readers_accept(
     assert next_epoch([MAX_EPOCH, 2]) == MAX_EPOCH
     assert next_epoch([2**60]) == MAX_EPOCH  # a table's state from before the bound
     assert decode(encode(StartCommit(next_epoch([MAX_EPOCH]), "r"))).epoch == MAX_EPOCH
+
+
+def test_altered_positions_are_where_a_partition_is_read_from_once_claimed_again():
+    from icesink.shared.protocol import AlterPositions
+
+    events = log_with_owners() + response("x", "w1", 1, [OffsetRange(A, 0, 5), OffsetRange(B, 10, 10)])
+    events += [AlterPositions((Position(A, 2),), "PATCH")]
+    # the owner before the change answers from the old position: rejected (its owner is void)
+    events += response("y", "w1", 1, [OffsetRange(A, 5, 8)], commit="r2")
+    st = run(events)
+    [rej] = st.take_rejected()
+    assert rej.worker == "w1" and "owner" in rej.reason
+    assert st.accepted == {A: 2, B: 10} and A not in st.owners and st.owners[B] == ("w1", 1)
+    assert len(st.pending) == 1  # accepted before the change: still bound to be committed
+    claim = Claim("w2", 2, (A,))
+    st = run([claim], st)
+    assert st.resume_positions(claim) == ([Position(A, 2)], [])
+    n = st.last_offset + 1
+    for off, ev in enumerate([Resume(1, "w2", 2, (Position(A, 2),)), *response("z", "w2", 2, [OffsetRange(A, 2, 9)])]):
+        st.apply(n + off, ev)
+    assert st.accepted[A] == 9 and not st.take_rejected()

@@ -19,6 +19,7 @@ GOLDEN = {
     'rewind': b'{"epoch":2,"partitions":[{"partition":1,"topic":"completed-pizzas"}],"reason":"range start of completed-pizzas[1]: expected 0, found 5","type":"rewind","v":1,"worker":"w2"}',
     'commit-request': b'{"buffered_bytes":268435456,"type":"commit-request","v":1,"worker":"w1"}',
     'schema-proposal': b'{"schema_json":"{\\"fields\\":[{\\"id\\":1,\\"name\\":\\"order_id\\",\\"required\\":false,\\"type\\":\\"string\\"},{\\"id\\":2,\\"name\\":\\"customer\\",\\"required\\":false,\\"type\\":{\\"fields\\":[{\\"id\\":3,\\"name\\":\\"vip\\",\\"required\\":false,\\"type\\":\\"boolean\\"}],\\"type\\":\\"struct\\"}}],\\"identifier-field-ids\\":[],\\"schema-id\\":0,\\"type\\":\\"struct\\"}","table":"rpc.pizzas","type":"schema-proposal","v":1,"worker":"w1"}',
+    'alter-positions': b'{"positions":[{"offset":50,"tp":{"partition":0,"topic":"completed-pizzas"}},{"offset":0,"tp":{"partition":1,"topic":"completed-pizzas"}}],"reason":"PATCH /connectors/pizzas/offsets","type":"alter-positions","v":1}',
 }
 
 

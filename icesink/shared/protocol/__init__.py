@@ -10,7 +10,7 @@
 
 from icesink.shared.protocol.codec import MAX_EVENT_BYTES, VERSION, decode, describe, encode
 from icesink.shared.protocol.events import (
-    EVENT_TYPES, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, Event, FileInfo,
+    EVENT_TYPES, AlterPositions, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, Event, FileInfo,
     OffsetRange, Owner, Position, Resume, Rewind, SchemaProposal, StartCommit, TopicPartition,
 )
 from icesink.shared.protocol.summary import (
@@ -22,7 +22,8 @@ __all__ = [
     "VERSION", "MAX_EVENT_BYTES", "encode", "decode", "describe",
     "TopicPartition", "OffsetRange", "Position", "Owner", "FileInfo",
     "Claim", "Resume", "StartCommit", "DataWritten", "DataComplete", "CommitToTable",
-    "CommitComplete", "Rewind", "CommitRequest", "SchemaProposal", "Event", "EVENT_TYPES",
+    "CommitComplete", "Rewind", "CommitRequest", "SchemaProposal", "AlterPositions", "Event",
+    "EVENT_TYPES",
     "COMMIT_ID", "WATERMARK", "POSITIONS", "EPOCH", "VALID_THROUGH", "GROUP", "LOG_ID", "STATE_VERSION",
     "state_property", "SinkState", "summary_properties",
 ]

@@ -21,7 +21,7 @@ from typing import Any, Union, assert_never, get_args, get_origin, get_type_hint
 
 from icesink.shared.errors import ProtocolError
 from icesink.shared.protocol.events import (
-    EVENT_TYPES, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, Event, FileInfo,
+    EVENT_TYPES, AlterPositions, Claim, CommitComplete, CommitRequest, CommitToTable, DataComplete, DataWritten, Event, FileInfo,
     OffsetRange, Owner, Rewind, Resume, SchemaProposal, StartCommit, TopicPartition,
 )
 
@@ -298,6 +298,9 @@ def describe(event: Event) -> str:
             return f"request    worker={w} buffered_bytes={b}"
         case SchemaProposal(worker=w, table=t, schema_json=sj):
             return f"schema     worker={w} table={t} {_schema_brief(sj)}"
+        case AlterPositions(positions=ps, reason=r):
+            pos = " ".join(f"{p.tp}@{p.offset}" for p in ps)
+            return f"alter      {pos} reason={r}"
         case _:
             assert_never(event)
 

@@ -196,15 +196,28 @@ class SchemaProposal:
     schema_json: str
 
 
+@dataclass(frozen=True)
+class AlterPositions:
+    """An operator moved where partitions are read from (``PATCH``/``DELETE
+    /connectors/{name}/offsets`` of ``icesink connect`` while the connector is stopped). Applied
+    in log order: each partition's accepted position becomes ``positions``' offset and its owner
+    is void, so it is read from there once claimed again; responses accepted before it stay
+    binding (docs/commits.md, "Altering and resetting offsets")."""
+
+    TYPE: ClassVar[str] = "alter-positions"
+    positions: tuple[Position, ...]
+    reason: str
+
+
 Event = (
     Claim | Resume | StartCommit | DataWritten | DataComplete | CommitToTable | CommitComplete
-    | Rewind | CommitRequest | SchemaProposal
+    | Rewind | CommitRequest | SchemaProposal | AlterPositions
 )
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.TYPE: cls
     for cls in (
         Claim, Resume, StartCommit, DataWritten, DataComplete, CommitToTable, CommitComplete,
-        Rewind, CommitRequest, SchemaProposal,
+        Rewind, CommitRequest, SchemaProposal, AlterPositions,
     )
 }
 
@@ -212,5 +225,5 @@ EVENT_TYPES: dict[str, type[Event]] = {
 __all__ = [
     "TopicPartition", "OffsetRange", "Position", "Owner", "FileInfo",
     "Claim", "Resume", "StartCommit", "DataWritten", "DataComplete", "CommitToTable",
-    "CommitComplete", "Rewind", "CommitRequest", "SchemaProposal", "Event", "EVENT_TYPES",
+    "CommitComplete", "Rewind", "CommitRequest", "SchemaProposal", "AlterPositions", "Event", "EVENT_TYPES",
 ]
