@@ -42,7 +42,9 @@ from icesink.shared.config_load import (
     shown as shown,
 )
 from icesink.shared.errors import ConfigError
-from icesink.shared.reference_keys import PREFIX_HADOOP, PREFIX_KAFKA, PREFIX_WRITE_PROPS, REFUSED, check_write_props
+from icesink.shared.reference_keys import (
+    PREFIX_HADOOP, PREFIX_KAFKA, PREFIX_WRITE_PROPS, REFUSED, check_orc_mirror, check_write_props,
+)
 from icesink.shared.reference_keys import kafka_client_kwargs as kafka_props_kwargs
 from icesink.shared.secrets import MASK, Hidden, Redactor, is_secret_key, mask_setting, mask_url, url_secrets
 
@@ -300,6 +302,8 @@ class Settings(BaseSettings):
         check_settings(self)
         check_write_props(self.write_props)
         check_write_props(self.auto_create_props, PREFIX_CREATE_PROPS)  # the format and values it knows
+        check_orc_mirror(self.mirror, (PREFIX_WRITE_PROPS, self.write_props),
+                         (PREFIX_CREATE_PROPS, self.auto_create_props))
         kafka_props_kwargs(self.kafka_props, self._kafka_own())  # raises naming a key that cannot act
         if not self.replace_null_with_default and (self.value_converter != JSON_CONVERTER
                                                    or self.value_converter_schemas_enable):
