@@ -50,6 +50,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema, index_by_name
+from pyiceberg.types import TimestamptzType
 from pyspark.sql import types as st
 
 from icesink.shared.errors import ConfigError, SparkWriteError
@@ -108,11 +110,21 @@ def _check_orc(table: Table, arrow_only: tuple[str, Any] | None, unmapped: str |
     if arrow_only is not None:
         raise ConfigError("write.format.default", "orc", f"parquet for table {name}: its column {arrow_only[0]!r} has "
                           f"type {arrow_only[1]}, which Spark cannot write, and pyarrow writes it as Parquet only")
+    if (column := _timestamptz_column(table.schema())) is not None:
+        raise ConfigError("write.format.default", "orc", f"parquet for table {name}: its column {column!r} is a "
+                          "timestamptz, which Iceberg reads from ORC's TIMESTAMP_INSTANT only, and Spark's ORC writer "
+                          "writes its timestamps as ORC TIMESTAMP")
     if unmapped is not None:
         raise ConfigError(f"table {name} property schema.name-mapping.default", None,
                           f"a name mapping of every column with write.format.default=orc ({unmapped}): Spark's ORC "
                           "files carry no Iceberg field ids, readers map their columns by name "
                           "(spark_bridge.schema.name_mapping_properties)")
+
+
+def _timestamptz_column(schema: Schema) -> str | None:
+    """The first timestamptz column (dotted path, nested ones included), or None."""
+    by_name = sorted(index_by_name(schema).items(), key=lambda item: item[1])
+    return next((n for n, i in by_name if isinstance(schema.find_type(i), TimestamptzType)), None)
 
 
 class SparkFileWriter:

@@ -102,3 +102,32 @@ def test_a_mirror_table_whose_own_property_is_orc_is_refused(two_tables) -> None
         target_of("db.a", two_tables.load_table("db.a"), s)
     assert "write.format.default" in err.value.key
     assert "mirror" in err.value.expected
+
+
+def test_an_orc_file_reported_over_the_control_topic_is_committed_as_orc(two_tables) -> None:
+    from icesink.shared.iceberg import to_data_file
+    from icesink.shared.protocol.events import FileInfo
+
+    table = two_tables.load_table("db.a")
+    orc_file = to_data_file(FileInfo(path="file:///w/d/part-0.snappy.orc", record_count=3, size_bytes=9, spec_id=0), table)
+    assert orc_file.file_format == FileFormat.ORC
+    parquet = to_data_file(FileInfo(path="file:///w/d/part-0.parquet", record_count=3, size_bytes=9, spec_id=0), table)
+    assert parquet.file_format == FileFormat.PARQUET
+
+
+def test_orc_of_a_table_with_a_timestamptz_column_is_refused_naming_it(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StructType, TimestamptzType
+
+    from spark_bridge.writer import _check_orc
+
+    schema = Schema(NestedField(1, "id", LongType(), required=False),
+                    NestedField(2, "s", StructType(NestedField(3, "at", TimestamptzType(), required=False)),
+                                required=False))
+    table: Any = SimpleNamespace(name=lambda: ("db", "t"), schema=lambda: schema)
+    with pytest.raises(ConfigError) as err:
+        _check_orc(table, None, None)
+    assert err.value.key == "write.format.default"
+    assert "s.at" in err.value.expected and "TIMESTAMP_INSTANT" in err.value.expected
