@@ -3,6 +3,9 @@
 Spark only writes plain Parquet files (no Iceberg runtime jar): this module turns an Arrow table
 into files under ``<table location>/data/<file_prefix>/``, then reads each footer with pyarrow and
 returns one pyiceberg :class:`DataFile` per file, ready for ``fast_append().append_data_file``.
+A table whose ``write.format.default`` is ``orc`` gets plain ORC files instead, without field ids
+(read by the table's name mapping) and with record counts only (:func:`_check_orc` says which
+tables cannot: timestamptz columns, pyarrow-only columns, no full name mapping).
 
 The steps of one :meth:`SparkFileWriter.write` call:
 
