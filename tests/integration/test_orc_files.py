@@ -54,7 +54,7 @@ def test_a_worker_writes_orc_files_that_spark_and_pyiceberg_read_exactly(broker,
         tmp_path / "sink.json", topics=TOPIC, tables=TABLE, bootstrap=broker.bootstrap, catalog_props=catalog_props,
         state_dir=tmp_path / "state", group=GROUP, **{
             "iceberg.tables.write-props.write.format.default": "orc",
-            "iceberg.tables.write-props.write.orc.compression-codec": "snappy",
+            "iceberg.tables.write-props.write.orc.compression-codec": "lz4",  # neither Spark's default nor Iceberg's
         },
     )
     replicas = ReplicaSet(cfg, tmp_path / "logs")
@@ -71,7 +71,7 @@ def test_a_worker_writes_orc_files_that_spark_and_pyiceberg_read_exactly(broker,
     for f in files:
         assert f["file_path"].endswith(".orc"), f["file_path"]
         orc_file = orc.ORCFile(duck.plain_path(f["file_path"]))
-        assert orc_file.compression == "SNAPPY"
+        assert orc_file.compression == "LZ4"
         assert orc_file.nrows == f["record_count"]
     assert sum(f["record_count"] for f in files) == N
 
