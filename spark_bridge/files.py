@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.orc as orc
 import pyarrow.parquet as pq
 from pyiceberg.io.pyarrow import (
     PyArrowFileIO,
@@ -30,16 +31,16 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.typedef import Record
 
 from icesink.shared.errors import ConfigError, SparkWriteError
-from icesink.shared.reference_keys import FILE_FORMATS_WRITTEN, FORMAT_WHY
+from icesink.shared.reference_keys import FILE_FORMATS_WRITTEN, FORMAT_WHY, ORC_CODECS
 from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
 __all__ = [
-    "WRITE_OPTIONS", "FooterPlan", "arrow_parquet_options", "delete_quietly", "filesystem", "is_local",
-    "list_data_files", "parquet_options", "place", "read_data_files", "spark_uri", "write_with_arrow",
-    "writer_properties",
+    "WRITE_OPTIONS", "FooterPlan", "arrow_parquet_options", "delete_quietly", "file_format", "filesystem",
+    "is_local", "list_data_files", "parquet_options", "place", "read_data_files", "spark_uri", "spark_write_options",
+    "write_with_arrow", "writer_properties",
 ]
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ _ICEBERG_CODECS = {
 }
 
 _METRICS_PREFIX = "write.metadata.metrics."
+#: The data file name endings Spark (and pyarrow) write, per format.
+_EXTENSIONS = (".parquet", ".orc")
 
 
 @dataclass
@@ -107,8 +110,8 @@ def list_data_files(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int]]
             continue
         if base.startswith(("_", ".")) or any(p.startswith(("_", ".")) for p in relative.split("/")[:-1]):
             raise SparkWriteError(f"unexpected file {relative!r} left in {root} after the Spark job")
-        if not base.endswith(".parquet"):
-            raise SparkWriteError(f"unexpected non-Parquet file {relative!r} in {root}")
+        if not base.endswith(_EXTENSIONS):
+            raise SparkWriteError(f"unexpected file {relative!r} in {root}: neither Parquet nor ORC")
         assert info.size is not None
         yield relative, info.size
 
@@ -139,10 +142,29 @@ def delete_quietly(fs: pafs.FileSystem, path: str) -> None:
         logger.warning("could not remove partial output %s", path, exc_info=True)
 
 
+def file_format(properties: Mapping[str, str]) -> FileFormat:
+    """The format a table's files are written in (``write.format.default``; ConfigError for avro)."""
+    name = properties.get("write.format.default", "parquet")
+    if name.lower() not in FILE_FORMATS_WRITTEN:
+        raise ConfigError("write.format.default", name, FORMAT_WHY)
+    return FileFormat.ORC if name.lower() == "orc" else FileFormat.PARQUET
+
+
+def spark_write_options(properties: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """Spark's data source (``parquet`` or ``orc``) and its write options for the table's properties:
+    ``write.parquet.*`` (:func:`parquet_options`) or ``write.orc.compression-codec`` (Iceberg's default zlib)."""
+    if file_format(properties) == FileFormat.PARQUET:
+        return "parquet", parquet_options(properties)
+    codec = properties.get("write.orc.compression-codec", "zlib").lower()
+    if codec not in ORC_CODECS:
+        raise ConfigError("write.orc.compression-codec", codec, f"one of {', '.join(ORC_CODECS)}")
+    return "orc", {"compression": codec}
+
+
 def _codec(properties: Mapping[str, str]) -> str:
-    file_format = properties.get("write.format.default", "parquet")
-    if file_format.lower() not in FILE_FORMATS_WRITTEN:
-        raise ConfigError("write.format.default", file_format, FORMAT_WHY)
+    if file_format(properties) != FileFormat.PARQUET:
+        raise ConfigError("write.format.default", properties["write.format.default"],
+                          "parquet for Parquet options (spark_write_options gives an ORC table's)")
     codec_name = properties.get("write.parquet.compression-codec", "zstd").lower()
     codec = _ICEBERG_CODECS.get(codec_name)
     if codec is None:
@@ -243,6 +265,7 @@ def read_data_files(
         if job is not None:
             job[plan_key] = plan
     stats_plan, id_mapping = plan.stats, plan.ids
+    orc_files = file_format(props) == FileFormat.ORC
     records: dict[tuple[str | None, ...], Record] = {}
     data_files: list[DataFile] = []
     for relative, size in list_data_files(fs, out_path):
@@ -253,6 +276,10 @@ def read_data_files(
             record = Record(*[None if lbl is None else p.values[lbl] for lbl, p in zip(key, labels, strict=True)])
             records[key] = record
         file_uri = f"{out_uri}/{relative}"
+        if orc_files:
+            data_files.append(_orc_data_file(fs, f"{out_path}/{relative}", file_uri, record, size,
+                                             metadata.default_spec_id))
+            continue
         with fs.open_input_file(f"{out_path}/{relative}") as stream:
             parquet_metadata = pq.read_metadata(stream)
         if not plan.checked:
@@ -280,3 +307,17 @@ def read_data_files(
         data_file.spec_id = metadata.default_spec_id
         data_files.append(data_file)
     return data_files
+
+
+def _orc_data_file(fs: pafs.FileSystem, path: str, uri: str, partition: Record, size: int, spec_id: int) -> DataFile:
+    """An ORC file's DataFile: its record count from the ORC footer and no column metrics
+    (pyarrow exposes no ORC column statistics; docs/reference-keys.md). Readers find its columns by
+    the table's name mapping: Spark's ORC writer stores no ``iceberg.id`` attributes."""
+    with fs.open_input_file(path) as stream:
+        rows = orc.ORCFile(stream).nrows
+    data_file = DataFile.from_args(
+        content=DataFileContent.DATA, file_path=uri, file_format=FileFormat.ORC, partition=partition,
+        record_count=rows, file_size_in_bytes=size, sort_order_id=None, equality_ids=None, key_metadata=None,
+    )
+    data_file.spec_id = spec_id
+    return data_file

@@ -38,14 +38,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, FileFormat
 from pyiceberg.table import FileScanTask
 from pyspark.sql import types as st
 
 from icesink.shared.errors import SparkWriteError
 from spark_bridge import staging
 from spark_bridge.files import (
-    WRITE_OPTIONS, delete_quietly, filesystem, is_local, parquet_options, place, read_data_files, spark_uri,
+    WRITE_OPTIONS, delete_quietly, file_format, filesystem, is_local, parquet_options, place, read_data_files, spark_uri,
     writer_properties,
 )
 from spark_bridge.schema import arrow_only_column, requires_name_mapping, spark_schema
@@ -162,6 +162,10 @@ def _spark_rewrite(
 def _why_pyiceberg_reads(writer: SparkFileWriter, table: Table, data_files: Sequence[DataFile]) -> str | None:
     """Why Spark cannot rewrite these files by field id (None: it can)."""
     schema = table.schema()
+    if file_format(writer_properties(table, writer.session.settings.write_props)) != FileFormat.PARQUET:
+        return "the table writes ORC files (write.format.default), which the writer's ORC path writes"
+    if any(f.file_format != FileFormat.PARQUET for f in data_files):
+        return "input files are ORC files, which carry no field ids (pyiceberg reads them by the name mapping)"
     if (arrow_only := arrow_only_column(schema)) is not None:
         return f"column {arrow_only[0]!r} has type {arrow_only[1]}, which Spark cannot write"
     if requires_name_mapping(schema):

@@ -3,6 +3,9 @@
 Spark only writes plain Parquet files (no Iceberg runtime jar): this module turns an Arrow table
 into files under ``<table location>/data/<file_prefix>/``, then reads each footer with pyarrow and
 returns one pyiceberg :class:`DataFile` per file, ready for ``fast_append().append_data_file``.
+A table whose ``write.format.default`` is ``orc`` gets plain ORC files instead, without field ids
+(read by the table's name mapping) and with record counts only (:func:`_check_orc` says which
+tables cannot: timestamptz columns, pyarrow-only columns, no full name mapping).
 
 The steps of one :meth:`SparkFileWriter.write` call:
 
@@ -50,13 +53,15 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema, index_by_name
+from pyiceberg.types import TimestamptzType
 from pyspark.sql import types as st
 
-from icesink.shared.errors import SparkWriteError
+from icesink.shared.errors import ConfigError, SparkWriteError
 from spark_bridge import staging
 from spark_bridge.files import (
     WRITE_OPTIONS, FooterPlan, delete_quietly, filesystem, parquet_options, place, read_data_files, spark_uri,
-    write_with_arrow, writer_properties,
+    spark_write_options, write_with_arrow, writer_properties,
 )
 from spark_bridge.labels import PartitionLabels, with_label_columns
 from spark_bridge.schema import arrow_only_column, name_mapping_mismatch, requires_name_mapping, spark_schema
@@ -86,17 +91,43 @@ class _Planned:
     n_tuples: int
     sp_schema: st.StructType | None  # None: pyarrow writes it (arrow_schema)
     arrow_schema: pa.Schema | None
-    options: dict[str, str]  # Spark's Parquet options
+    options: dict[str, str]  # Spark's Parquet or ORC options
     out_uri: str
     fs: pafs.FileSystem
     out_path: str
     properties: dict[str, str]  # what its files are written with (files.writer_properties)
+    fmt: str = "parquet"  # Spark's data source: parquet or orc (write.format.default)
 
     def group_key(self) -> tuple[str, ...]:
         """Writes with the same key can share one Spark job (SparkFileWriter.write_many)."""
         assert self.sp_schema is not None
-        return (self.sp_schema.json(), *(lbl.column for lbl in self.labels), "|",
+        return (self.sp_schema.json(), self.fmt, *(lbl.column for lbl in self.labels), "|",
                 *sorted(f"{k}={v}" for k, v in self.options.items()))
+
+
+def _check_orc(table: Table, arrow_only: tuple[str, Any] | None, unmapped: str | None) -> None:
+    """Refuse ORC files readers could not map to the table's columns: Spark's ORC writer stores no
+    ``iceberg.id`` type attributes, so every column is found by the table's name mapping (auto-created
+    tables have one), and only Spark writes ORC here (pyarrow's fallback writes Parquet)."""
+    name = ".".join(table.name())
+    if arrow_only is not None:
+        raise ConfigError("write.format.default", "orc", f"parquet for table {name}: its column {arrow_only[0]!r} has "
+                          f"type {arrow_only[1]}, which Spark cannot write, and pyarrow writes it as Parquet only")
+    if (column := _timestamptz_column(table.schema())) is not None:
+        raise ConfigError("write.format.default", "orc", f"parquet for table {name}: its column {column!r} is a "
+                          "timestamptz, which Iceberg reads from ORC's TIMESTAMP_INSTANT only, and Spark's ORC writer "
+                          "writes its timestamps as ORC TIMESTAMP")
+    if unmapped is not None:
+        raise ConfigError(f"table {name} property schema.name-mapping.default", None,
+                          f"a name mapping of every column with write.format.default=orc ({unmapped}): Spark's ORC "
+                          "files carry no Iceberg field ids, readers map their columns by name "
+                          "(spark_bridge.schema.name_mapping_properties)")
+
+
+def _timestamptz_column(schema: Schema) -> str | None:
+    """The first timestamptz column (dotted path, nested ones included), or None."""
+    by_name = sorted(index_by_name(schema).items(), key=lambda item: item[1])
+    return next((n for n, i in by_name if isinstance(schema.find_type(i), TimestamptzType)), None)
 
 
 class SparkFileWriter:
@@ -229,8 +260,12 @@ class SparkFileWriter:
         schema = table.schema()
         spec = table.spec()
         arrow_only = arrow_only_column(schema)  # raises for a column no writer can write
-        needs_mapping = arrow_only is None and requires_name_mapping(schema)
+        properties = writer_properties(table, self.session.settings.write_props)
+        fmt, format_options = spark_write_options(properties)
+        needs_mapping = fmt == "orc" or (arrow_only is None and requires_name_mapping(schema))
         unmapped = name_mapping_mismatch(schema, metadata.name_mapping()) if needs_mapping else None
+        if fmt == "orc":
+            _check_orc(table, arrow_only, unmapped)
         by_arrow = arrow_only is not None or unmapped is not None
         expected_columns = [f.name for f in schema.fields]
         if data.column_names != expected_columns:
@@ -270,10 +305,9 @@ class SparkFileWriter:
         n_tuples = 1
         if not spec.is_unpartitioned():
             extended, labels, n_tuples = with_label_columns(data, spec, schema)
-        properties = writer_properties(table, self.session.settings.write_props)
-        options = {**WRITE_OPTIONS, **parquet_options(properties)}
+        options = {**WRITE_OPTIONS, **format_options}
         return _Planned(table, data, extended, labels, n_tuples, sp_schema, arrow_schema, options, out_uri, fs, out_path,
-                        properties)
+                        properties, fmt)
 
     def _write_one(self, w: _Planned, target_file_size_bytes: int) -> list[DataFile]:
         def run_job(job_fs: pafs.FileSystem, job_path: str, job_uri: str) -> None:
@@ -283,7 +317,7 @@ class SparkFileWriter:
                                     w.properties, job_fs, job_path)
             else:
                 self._run_job(w.sp_schema, w.extended, w.labels, w.n_tuples, w.data, target_file_size_bytes,
-                              w.options, job_uri)
+                              w.options, job_uri, w.fmt)
 
         if not self.session.settings.stages(w.out_uri):
             try:
@@ -346,7 +380,7 @@ class SparkFileWriter:
                     frame = frame.coalesce(max(1, min(len(group), self.spark.sparkContext.defaultParallelism)))
                 else:
                     frame = frame.repartition(n_tasks, *quoted)
-                frame.write.partitionBy(*partition_columns).options(**options).mode("error").parquet(
+                frame.write.partitionBy(*partition_columns).options(**options).mode("error").format(first.fmt).save(
                     (stage_root / "out").as_uri())
             except Exception as e:
                 raise SparkWriteError(f"Spark failed to write {rows} rows of {len(group)} tables: {e}") from e
@@ -370,7 +404,7 @@ class SparkFileWriter:
 
     def _run_job(
         self, sp_schema: st.StructType, extended: pa.Table, labels: Sequence[PartitionLabels], n_tuples: int,
-        data: pa.Table, target_file_size_bytes: int, options: dict[str, str], out_uri: str,
+        data: pa.Table, target_file_size_bytes: int, options: dict[str, str], out_uri: str, fmt: str = "parquet",
     ) -> None:
         """One Spark job writing ``extended`` (data plus label columns) under ``out_uri``."""
         spark = self.spark
@@ -403,7 +437,7 @@ class SparkFileWriter:
                 writer = frame.write.partitionBy(*columns)
                 bytes_per_row = max(1, math.ceil(data.nbytes / data.num_rows))
                 options["maxRecordsPerFile"] = str(max(1, target_file_size_bytes // bytes_per_row))
-            writer.options(**options).mode("error").parquet(spark_uri(out_uri))
+            writer.options(**options).mode("error").format(fmt).save(spark_uri(out_uri))
         except Exception as e:
             if "PATH_ALREADY_EXISTS" in str(e):  # another writer took this prefix meanwhile: not ours
                 raise FileExistsError(f"output directory {out_uri} was created by another writer") from e

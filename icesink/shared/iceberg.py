@@ -177,6 +177,12 @@ def _fields(spec: PartitionSpec) -> str:
     return ", ".join(f"{f.name}={f.transform}" for f in spec.fields) or "unpartitioned"
 
 
+def file_format_of(path: str) -> FileFormat:
+    """A data file's format by its name's ending, as Iceberg's ``FileFormat.fromFileName``: the
+    files Spark writes end in ``.orc`` or ``.parquet`` (write.format.default, spark_bridge/files.py)."""
+    return FileFormat.ORC if path.endswith(".orc") else FileFormat.PARQUET
+
+
 def to_data_file(fi: FileInfo, table: Table) -> DataFile:
     """The DataFile to commit, under the spec it was written with (:func:`file_spec`)."""
     spec = file_spec(fi, table)
@@ -192,7 +198,7 @@ def to_data_file(fi: FileInfo, table: Table) -> DataFile:
         _table_format_version=table.format_version,
         content=DataFileContent.DATA,
         file_path=fi.path,
-        file_format=FileFormat.PARQUET,
+        file_format=file_format_of(fi.path),
         partition=partition,
         record_count=fi.record_count,
         file_size_in_bytes=fi.size_bytes,

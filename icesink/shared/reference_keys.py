@@ -27,11 +27,19 @@ _INT_WRITE_PROPS = (
 )
 #: Metrics modes (Iceberg's MetricsModes): pyiceberg computes each file's column metrics by them.
 _METRICS_MODE_KEYS = ("write.metadata.metrics.default", "write.metadata.metrics.column.")
-FILE_FORMATS_WRITTEN = ("parquet",)
-#: Why ORC and Avro files are not written (write.format.default).
-FORMAT_WHY = ("parquet: icesink's Spark writes plain files without the Iceberg runtime and reads each file's "
-              "column metrics from its Parquet footer (pyiceberg has no ORC or Avro data-file metrics); compaction "
-              "and mirror tables' position deletes read Parquet too. Only parquet files are written")
+FILE_FORMATS_WRITTEN = ("parquet", "orc")
+#: ORC codecs Spark's ORC writer takes (Iceberg's write.orc.compression-codec names; Iceberg's default zlib).
+ORC_CODECS = ("zlib", "snappy", "lz4", "zstd", "none")
+#: Why Avro files are not written (write.format.default).
+FORMAT_WHY = ("parquet or orc: avro data files need Spark's spark-avro module (org.apache.spark:spark-avro), "
+              "which pyspark does not ship and icesink does not download at run time; pyiceberg neither reads "
+              "nor computes metrics of Avro data files")
+#: Why ORC files cannot take column metrics modes (spark_bridge/files.py reads ORC files' row counts only).
+ORC_METRICS_WHY = ("unset (or none) with write.format.default=orc: icesink's ORC data files carry their record "
+                   "count only (pyarrow exposes no ORC column statistics), so a metrics mode could not act")
+#: Why mirror tables cannot take ORC files.
+ORC_MIRROR_WHY = ("parquet with mirror tables (iceberg.tables.upsert-mode-enabled, iceberg.tables.cdc-field): "
+                  "their position deletes are found by reading the round's data files' key columns as Parquet")
 
 #: Reference keys icesink refuses, and why (each names what to use instead).
 REFUSED: dict[str, str] = {
@@ -62,12 +70,18 @@ KAFKA_SAME_AS: dict[str, str] = {
 
 def check_write_props(props: Mapping[str, str], prefix: str = PREFIX_WRITE_PROPS) -> None:
     """Refuse a writer property that would not act on the files written (ConfigError naming
-    ``prefix + key``): unknown ones, values that are not of their type, ORC and Avro."""
+    ``prefix + key``): unknown ones, values that are not of their type, Avro, ORC with metrics modes."""
+    is_orc = props.get("write.format.default", "parquet").lower() == "orc"
     for key, value in sorted(props.items()):
         name = prefix + key
         if key == "write.format.default":
             if value.lower() not in FILE_FORMATS_WRITTEN:
                 raise ConfigError(name, value, FORMAT_WHY)
+        elif key == "write.orc.compression-codec":
+            if value.lower() not in ORC_CODECS:
+                raise ConfigError(name, value, f"one of {', '.join(ORC_CODECS)}")
+        elif is_orc and key.startswith(_METRICS_MODE_KEYS) and value.strip().lower() != "none":
+            raise ConfigError(name, value, ORC_METRICS_WHY)
         elif key == "write.parquet.compression-codec":
             if value.lower() not in PARQUET_CODECS:
                 raise ConfigError(name, value, f"one of {', '.join(PARQUET_CODECS)}")
@@ -78,6 +92,7 @@ def check_write_props(props: Mapping[str, str], prefix: str = PREFIX_WRITE_PROPS
             _check_metrics_mode(name, key, value)
         elif prefix == PREFIX_WRITE_PROPS:
             raise ConfigError(name, value, "a writer property icesink's files take: write.format.default, "
+                              "write.orc.compression-codec, "
                               "write.parquet.compression-codec, -level, row-group-size-bytes, page-size-bytes, "
                               "dict-size-bytes, write.target-file-size-bytes or write.metadata.metrics.* "
                               "(docs/reference-keys.md)")
@@ -124,3 +139,11 @@ def kafka_client_kwargs(kafka: Mapping[str, str], own: Mapping[str, object]) -> 
                               + ", ".join(PREFIX_KAFKA + k for k in (*KAFKA_CLIENT_KEYS, *KAFKA_SAME_AS))
                               + " (other Kafka client settings are icesink's own keys: README, Settings)")
     return out
+
+
+def check_orc_mirror(mirror: bool, *props: tuple[str, Mapping[str, str]]) -> None:
+    """Refuse ``write.format.default=orc`` in any ``(prefix, props)`` when tables are mirror tables."""
+    for prefix, values in props:
+        value = values.get("write.format.default", "parquet")
+        if mirror and value.lower() == "orc":
+            raise ConfigError(prefix + "write.format.default", value, ORC_MIRROR_WHY)

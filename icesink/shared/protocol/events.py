@@ -59,7 +59,8 @@ class Owner:
 
 @dataclass(frozen=True)
 class FileInfo:
-    """Everything the coordinator needs to commit one Parquet data file with pyiceberg.
+    """Everything the coordinator needs to commit one data file with pyiceberg: Parquet, or ORC
+    when ``path`` ends in ``.orc`` (icesink.shared.iceberg.file_format_of; ORC files carry counts only).
 
     Column statistics are keyed by Iceberg field id; bounds are the Iceberg single-value
     binary serialisation (base64 on the wire). Partition values are JSON scalars as Iceberg

@@ -1,0 +1,133 @@
+"""``write.format.default`` = orc (issue 39 point 1): accepted at start, Spark's ORC options from
+``write.orc.compression-codec``, ORC files listed and committed as FileFormat.ORC with their
+record counts; avro refused with the reason; ORC with mirror tables or column metrics refused
+naming the key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.orc as orc
+import pytest
+from pyiceberg.manifest import FileFormat
+
+from icesink.shared.config import build
+from icesink.shared.errors import ConfigError
+from spark_bridge.files import file_format, list_data_files, read_data_files, spark_write_options
+
+BASE = {"topics": "a", "iceberg.tables": "db.t"}
+
+
+def refused(key: str, value: str, **extra: Any) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        build({**BASE, key: value, **extra})
+    assert err.value.key == key, err.value
+    return err.value
+
+
+def test_orc_is_accepted_in_write_props_and_auto_create_props() -> None:
+    s = build({**BASE, "iceberg.tables.write-props.write.format.default": "orc",
+               "iceberg.tables.write-props.write.orc.compression-codec": "snappy",
+               "iceberg.tables.auto-create-props.write.format.default": "ORC"})
+    assert s.write_props["write.format.default"] == "orc"
+
+
+def test_avro_is_refused_with_the_reason() -> None:
+    err = refused("iceberg.tables.write-props.write.format.default", "avro")
+    assert "spark-avro" in err.expected
+    refused("iceberg.tables.auto-create-props.write.format.default", "avro")
+    refused("iceberg.tables.write-props.write.orc.compression-codec", "brotli")
+
+
+def test_orc_with_mirror_tables_or_column_metrics_is_refused_naming_the_key() -> None:
+    err = refused("iceberg.tables.write-props.write.format.default", "orc",
+                  **{"iceberg.tables.upsert-mode-enabled": "true", "iceberg.tables.default-id-columns": "id"})
+    assert "mirror" in err.expected
+    err = refused("iceberg.tables.write-props.write.metadata.metrics.default", "full",
+                  **{"iceberg.tables.write-props.write.format.default": "orc"})
+    assert "ORC" in err.expected
+
+
+def test_spark_options_follow_the_format() -> None:
+    assert file_format({}) == FileFormat.PARQUET
+    assert file_format({"write.format.default": "ORC"}) == FileFormat.ORC
+    assert spark_write_options({"write.format.default": "orc"}) == ("orc", {"compression": "zlib"})
+    assert spark_write_options({"write.format.default": "orc", "write.orc.compression-codec": "zstd"}) == (
+        "orc", {"compression": "zstd"})
+    fmt, options = spark_write_options({"write.parquet.compression-codec": "gzip"})
+    assert (fmt, options["compression"]) == ("parquet", "gzip")
+    with pytest.raises(ConfigError) as err:  # an existing table's own property
+        spark_write_options({"write.format.default": "avro"})
+    assert err.value.key == "write.format.default"
+
+
+def test_orc_files_are_listed_and_read_as_orc_data_files(two_tables, tmp_path) -> None:
+    table = two_tables.load_table("db.a")
+    out = tmp_path / "out"
+    out.mkdir()
+    orc.write_table(pa.table({"id": pa.array(range(7), pa.int64())}), str(out / "part-0.zlib.orc"))
+    fs = pafs.LocalFileSystem()
+    assert [r for r, _ in list_data_files(fs, str(out))] == ["part-0.zlib.orc"]
+    [data_file] = read_data_files(table, fs, str(out), "file:///x", [],
+                                  properties={"write.format.default": "orc"})
+    assert data_file.file_format == FileFormat.ORC
+    assert data_file.record_count == 7
+    assert data_file.file_size_in_bytes == (out / "part-0.zlib.orc").stat().st_size
+    assert data_file.file_path == "file:///x/part-0.zlib.orc"
+
+
+def test_compaction_of_an_orc_table_reads_with_pyiceberg_and_writes_through_the_writer(two_tables) -> None:
+    from types import SimpleNamespace
+
+    from spark_bridge.rewrite import _why_pyiceberg_reads
+
+    table = two_tables.load_table("db.a")
+    writer: Any = SimpleNamespace(session=SimpleNamespace(settings=SimpleNamespace(
+        write_props={"write.format.default": "orc"})))
+    why = _why_pyiceberg_reads(writer, table, [])
+    assert why is not None and "ORC" in why
+
+
+def test_a_mirror_table_whose_own_property_is_orc_is_refused(two_tables) -> None:
+    from agents.tables import target_of
+
+    table = two_tables.load_table("db.a")
+    with table.transaction() as tx:
+        tx.set_properties({"write.format.default": "orc"})
+    s = build({"topics": "a", "iceberg.tables": "db.a", "iceberg.tables.upsert-mode-enabled": "true",
+               "iceberg.tables.default-id-columns": "id"})
+    with pytest.raises(ConfigError) as err:
+        target_of("db.a", two_tables.load_table("db.a"), s)
+    assert "write.format.default" in err.value.key
+    assert "mirror" in err.value.expected
+
+
+def test_an_orc_file_reported_over_the_control_topic_is_committed_as_orc(two_tables) -> None:
+    from icesink.shared.iceberg import to_data_file
+    from icesink.shared.protocol.events import FileInfo
+
+    table = two_tables.load_table("db.a")
+    orc_file = to_data_file(FileInfo(path="file:///w/d/part-0.snappy.orc", record_count=3, size_bytes=9, spec_id=0), table)
+    assert orc_file.file_format == FileFormat.ORC
+    parquet = to_data_file(FileInfo(path="file:///w/d/part-0.parquet", record_count=3, size_bytes=9, spec_id=0), table)
+    assert parquet.file_format == FileFormat.PARQUET
+
+
+def test_orc_of_a_table_with_a_timestamptz_column_is_refused_naming_it(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StructType, TimestamptzType
+
+    from spark_bridge.writer import _check_orc
+
+    schema = Schema(NestedField(1, "id", LongType(), required=False),
+                    NestedField(2, "s", StructType(NestedField(3, "at", TimestamptzType(), required=False)),
+                                required=False))
+    table: Any = SimpleNamespace(name=lambda: ("db", "t"), schema=lambda: schema)
+    with pytest.raises(ConfigError) as err:
+        _check_orc(table, None, None)
+    assert err.value.key == "write.format.default"
+    assert "s.at" in err.value.expected and "TIMESTAMP_INSTANT" in err.value.expected
