@@ -32,6 +32,15 @@ def _block(first_line: str) -> str:
 
 
 def _fresh(tmp_path: Path) -> Path:
+    """A directory that looks like a checkout with ./dev's environment made: its .venv is the
+    project's own, so ./dev must find it installed for this pyproject.toml (else it would
+    reinstall the project from the temporary directory into the shared .venv)."""
+    import hashlib
+
+    stamp = ROOT / ".venv" / ".icesink-installed"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    if not stamp.exists() or stamp.read_text().strip() != want:
+        pytest.fail("the .venv is not installed for this pyproject.toml: run ./dev icesink --help first")
     here = tmp_path / "icesink"
     here.mkdir()
     for name in ("dev", "pyproject.toml", ".venv", "agents", "coordinator", "spark_bridge", "icesink", "tests"):
@@ -40,8 +49,10 @@ def _fresh(tmp_path: Path) -> Path:
 
 
 def _paste(block: str, cwd: Path, timeout_s: float) -> list[str]:
+    # The Spark class-data archive ./dev builds is for this directory's class path: in the test's cache.
+    env = {**os.environ, "XDG_CACHE_HOME": str(cwd.parent / "cache")}
     proc = subprocess.Popen(["bash", "-c", block], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=env)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
