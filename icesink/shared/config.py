@@ -41,9 +41,7 @@ from icesink.shared.config_load import (
     reraise_as as reraise_as, shown as shown,
 )
 from icesink.shared.errors import ConfigError
-from icesink.shared.reference_keys import (
-    PREFIX_HADOOP, PREFIX_KAFKA, PREFIX_WRITE_PROPS, REFUSED, check_orc_mirror, check_write_props,
-)
+from icesink.shared.reference_keys import PREFIX_HADOOP, PREFIX_KAFKA, PREFIX_WRITE_PROPS, REFUSED, check_reference_settings
 from icesink.shared.reference_keys import kafka_client_kwargs as kafka_props_kwargs
 from icesink.shared.transform_settings import TransformSpec, metadata_columns, parse_chain
 from icesink.shared.secrets import MASK, Hidden, Redactor, is_secret_key, mask_setting, mask_url, url_secrets
@@ -303,11 +301,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check(self) -> Settings:
         check_settings(self)
-        check_write_props(self.write_props)
-        check_write_props(self.auto_create_props, PREFIX_CREATE_PROPS)  # the format and values it knows
-        check_orc_mirror(self.mirror, (PREFIX_WRITE_PROPS, self.write_props),
-                         (PREFIX_CREATE_PROPS, self.auto_create_props))
-        kafka_props_kwargs(self.kafka_props, self._kafka_own())  # raises naming a key that cannot act
+        check_reference_settings(self, PREFIX_CREATE_PROPS, self._kafka_own())
         check_null_defaults(self)
         return self
 

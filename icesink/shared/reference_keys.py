@@ -11,8 +11,12 @@ why (docs/reference-keys.md lists every key). Leaf module: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from icesink.shared.errors import ConfigError
+
+if TYPE_CHECKING:
+    from icesink.shared.config import Settings
 
 PREFIX_WRITE_PROPS = "iceberg.tables.write-props."
 PREFIX_HADOOP = "iceberg.hadoop."
@@ -147,3 +151,13 @@ def check_orc_mirror(mirror: bool, *props: tuple[str, Mapping[str, str]]) -> Non
         value = values.get("write.format.default", "parquet")
         if mirror and value.lower() == "orc":
             raise ConfigError(prefix + "write.format.default", value, ORC_MIRROR_WHY)
+
+
+def check_reference_settings(s: Settings, create_prefix: str, kafka_own: Mapping[str, object]) -> None:
+    """The checks across the reference's keys, run by ``Settings`` once built: the write-props and
+    auto-create-props it knows, ORC against mirror tables, iceberg.kafka.* (raises naming a key
+    that cannot act)."""
+    check_write_props(s.write_props)
+    check_write_props(s.auto_create_props, create_prefix)  # the format and values it knows
+    check_orc_mirror(s.mirror, (PREFIX_WRITE_PROPS, s.write_props), (create_prefix, s.auto_create_props))
+    kafka_client_kwargs(s.kafka_props, kafka_own)
