@@ -6,6 +6,8 @@ asks it whether a missing table was dropped (waited for) or never existed (refus
 
 from __future__ import annotations
 
+import json
+
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -188,9 +190,12 @@ class TableLookup:
         if self.debezium is not None:
             dbz = self.debezium
             return {name: set(dbz.row_schema([values[i] for i in idx]).names) for name, idx in samples.items()}
-        if self.format.plain:  # one parse for every table of the fetch (a fan-out's are many)
-            schema = self.format.table_schema([values[i] for i in sorted({i for v in samples.values() for i in v})])
-            names = set() if schema is None else set(_names(schema))
+        if self.format.plain:  # a few small objects: their keys, for every table of the fetch at once
+            names: set[str] = set()
+            for i in sorted({i for v in samples.values() for i in v}):
+                doc = json.loads(values[i])  # Arrow's inferring reader costs ~0.5 ms a fetch; this ~10 us
+                if isinstance(doc, dict):
+                    names.update(doc)
             return {name: names for name in samples}
         out = {}
         for name, idx in samples.items():
