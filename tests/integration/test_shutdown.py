@@ -50,7 +50,7 @@ def stop_when(broker: Any, catalog_props: dict[str, str], tmp_path: Path, name: 
 def test_a_replica_stopped_before_its_signal_handlers_run_exits_0(broker, catalog_props, tmp_path):
     """The first log line comes before the worker's imports end and its event loop takes
     SIGTERM over; a SIGTERM then is kept and stops the replica once it can."""
-    log = stop_when(broker, catalog_props, tmp_path, "se", lambda text: "settings:" in text, after_s=0.0)
+    log = stop_when(broker, catalog_props, tmp_path, "se", lambda text: "settings given" in text, after_s=0.0)
     assert "stop requested" in log and "running (group" not in log
 
 
