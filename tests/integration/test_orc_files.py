@@ -41,10 +41,9 @@ def test_a_worker_writes_orc_files_that_spark_and_pyiceberg_read_exactly(broker,
     import pyarrow.orc as orc
     from pyiceberg.catalog import load_catalog
 
-    from icesink.app.replicas import ReplicaSet
     from icesink.shared.kafka_admin import ensure_topic
     from tests.support import duck
-    from tests.support.sinkrun import wait_rows, write_config
+    from tests.support.sinkrun import sink_until, write_config
     from tests.support.spark_reader import _rows, assert_engines_agree
 
     catalog = load_catalog("it", **catalog_props)
@@ -57,12 +56,7 @@ def test_a_worker_writes_orc_files_that_spark_and_pyiceberg_read_exactly(broker,
             "iceberg.tables.write-props.write.orc.compression-codec": "lz4",  # neither Spark's default nor Iceberg's
         },
     )
-    replicas = ReplicaSet(cfg, tmp_path / "logs")
-    try:
-        replicas.start("w1")
-        wait_rows(catalog, replicas, (TABLE,), N, timeout_s=150)
-    finally:
-        replicas.stop_all()
+    sink_until(cfg, tmp_path / "logs", catalog, (TABLE,), N)
 
     table = catalog.load_table(TABLE)
     files = list(table.inspect.files().to_pylist())

@@ -45,10 +45,9 @@ def test_write_props_reach_the_parquet_footers_and_metrics(broker, catalog_props
     import pyarrow.parquet as pq
     from pyiceberg.catalog import load_catalog
 
-    from icesink.app.replicas import ReplicaSet
     from icesink.shared.kafka_admin import ensure_topic
     from tests.support import duck
-    from tests.support.sinkrun import assert_exact, wait_rows, write_config
+    from tests.support.sinkrun import assert_exact, sink_until, write_config
 
     catalog = load_catalog("it", **catalog_props)
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 1))
@@ -67,12 +66,7 @@ def test_write_props_reach_the_parquet_footers_and_metrics(broker, catalog_props
             "iceberg.control.group-id-prefix": PREFIX,
         },
     )
-    replicas = ReplicaSet(cfg, tmp_path / "logs")
-    try:
-        replicas.start("w1")
-        wait_rows(catalog, replicas, (TABLE,), N, timeout_s=150)
-    finally:
-        replicas.stop_all()
+    sink_until(cfg, tmp_path / "logs", catalog, (TABLE,), N)
 
     table = catalog.load_table(TABLE)
     assert table.properties["write.parquet.compression-codec"] == "snappy"  # the table's property is untouched

@@ -38,6 +38,17 @@ def wait_rows(catalog: Any, replicas: ReplicaSet, tables: tuple[str, ...], expec
     raise AssertionError(f"expected {expected} rows, found {seen}\n{logs}")
 
 
+def sink_until(cfg: Path, logs: Path, catalog: Any, tables: tuple[str, ...], expected: int | dict[str, int],
+               timeout_s: float = 150) -> None:
+    """One replica (w1) of ``cfg`` runs until the tables hold ``expected`` rows, then all stop."""
+    replicas = ReplicaSet(cfg, logs)
+    try:
+        replicas.start("w1")
+        wait_rows(catalog, replicas, tables, expected, timeout_s=timeout_s)
+    finally:
+        replicas.stop_all()
+
+
 def key_counts(catalog: Any, table: str, key: str = "order_id") -> Counter[str]:
     from tests.support.duck import connect, plain_path
 
