@@ -131,8 +131,7 @@ class ConnectSettings:
         check_name(name)
         tasks_max(dict(config))
         check_connector(config, self.override_allow, {**self.task_defaults, **self.process_keys})
-        return build_resolved(self.task_config(name, config, bootstrap), self.environ, warn_unknown=False,
-                              refuse_unknown=True)
+        return build_resolved(self.task_config(name, config, bootstrap), self.environ)
 
     def sink_settings(self, config: Mapping[str, str]) -> Settings:
         """A connector's config as ``icesink worker`` settings (its name aside)."""
@@ -145,7 +144,7 @@ class ConnectSettings:
                "state.dir": str(self.state_dir)}
         if self.bootstrap_servers is not None:
             raw["bootstrap.servers"] = self.bootstrap_servers
-        return build_resolved(raw, self.environ, refuse_unknown=True)
+        return build_resolved(raw, self.environ)
 
     def client_kwargs(self) -> dict[str, Any]:
         return dict(self.process_settings().kafka_client_kwargs())

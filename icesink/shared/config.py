@@ -458,29 +458,28 @@ def keys_from_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env_keys(environ, _env_key_map())
 
 
-def build(raw: Mapping[str, Any], *, warn_unknown: bool = True, refuse_unknown: bool = False,
-          provided: Mapping[str, str] | None = None) -> Settings:
-    """Sort flat keys into fields and maps, warn on unknown keys (or refuse them), validate.
+def build(raw: Mapping[str, Any], *, provided: Mapping[str, str] | None = None) -> Settings:
+    """Sort flat keys into fields and maps, refuse unknown keys (or warn: config.unknown-keys), validate.
     ``provided``: the keys whose values config providers resolved (errors never quote them)."""
     provided = dict(provided or {})
     try:
-        return _build(raw, warn_unknown, refuse_unknown, provided)
+        return _build(raw, provided)
     except ConfigError as exc:
         if exc.key in provided and not isinstance(exc.value, Hidden):
             raise ConfigError(exc.key, Hidden(exc.value), exc.expected) from None
         raise
 
 
-def build_resolved(raw: Mapping[str, Any], environ: Mapping[str, str], **kwargs: Any) -> Settings:
+def build_resolved(raw: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:
     """:func:`build` after resolving config-provider references with the providers ``raw``
     declares (``environ``: what the env provider reads)."""
     from icesink.shared.config_providers import declared, resolve
 
     resolved, provided = resolve(raw, declared(raw), environ)
-    return build(resolved, provided=provided, **kwargs)
+    return build(resolved, provided=provided)
 
 
-def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, provided: dict[str, str]) -> Settings:
+def _build(raw: Mapping[str, Any], provided: dict[str, str]) -> Settings:
     fields: dict[str, Any] = {}
     write_props: dict[str, str] = {}
     hadoop: dict[str, str] = {}
@@ -540,15 +539,13 @@ def _build(raw: Mapping[str, Any], warn_unknown: bool, refuse_unknown: bool, pro
         else:
             unknown.append(key)
     # config.unknown-keys (default error) decides; its value is checked with the other fields.
-    refuse_unknown = str(raw.get("config.unknown-keys", "error")) != "warn"
-    warn_unknown = warn_unknown or not refuse_unknown
-    if unknown and refuse_unknown:
+    if unknown and str(raw.get("config.unknown-keys", "error")) != "warn":
         key = sorted(unknown)[0]
         raise ConfigError(key, shown(key, raw[key]), "a key icesink has (README, Settings); this one would be "
                           "ignored; config.unknown-keys=warn starts anyway"
                           + (f" (and {len(unknown) - 1} more: {', '.join(sorted(unknown)[1:])})"
                                        if len(unknown) > 1 else ""))
-    if unknown and warn_unknown:
+    if unknown:
         log.warning("unknown settings ignored: %s", ", ".join(sorted(unknown)))
     fields["iceberg.catalog.*"] = catalog
     fields["spark.*"] = spark

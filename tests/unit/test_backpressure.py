@@ -132,7 +132,7 @@ def make_parts(max_bytes: int, settings: Settings | None = None, targets: dict[s
                history: History | None = None, missing: MissingTables | None = None, files: Any = None,
                offload: Any = None) -> SimpleNamespace:
     """A replica's ingest, ownership, table lookup and rounds, partition ``P`` active from 0."""
-    settings = settings or build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
+    settings = settings or build({"topics": P.topic, "iceberg.tables": TABLE})
     metrics = Metrics()
     replica = Replica("w1", {})
     buffers = Buffers(max_bytes)
@@ -274,8 +274,7 @@ class Files:
 
 def early_writing_worker(write) -> SimpleNamespace:
     """A worker that writes early past 1 KiB through ``write`` (the Arrow tables of a write)."""
-    settings = build({"topics": P.topic, "iceberg.tables": TABLE, "buffer.write-ahead-bytes": 1024},
-                     warn_unknown=False)
+    settings = build({"topics": P.topic, "iceberg.tables": TABLE, "buffer.write-ahead-bytes": 1024})
     w = make_parts(max_bytes=10**9, settings=settings, files=Files(write), offload=AwaitingOffload())
     w.replica.generation = 1
     return w

@@ -22,8 +22,7 @@ DEBEZIUM = {
 
 
 def router(form: str, **keys: str) -> Router:
-    settings = build({**DEBEZIUM, "value.converter.schemas.enable": str(form == "schema").lower(), **keys},
-                     warn_unknown=False)
+    settings = build({**DEBEZIUM, "value.converter.schemas.enable": str(form == "schema").lower(), **keys})
     assert settings.debezium_target_pattern is not None
     return Router(settings, DebeziumTransform(settings.debezium_target_pattern, form == "schema"))
 
@@ -76,8 +75,7 @@ def test_static_routing_on_the_op_and_on_a_row_field_of_the_image(form: str) -> 
 
 def test_route_on_a_cdc_field_routing_cannot_read_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"iceberg.tables.route-field.*_cdc.target.*found .?_cdc.ts"):
-        build({**DEBEZIUM, "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "_cdc.ts"},
-              warn_unknown=False)
+        build({**DEBEZIUM, "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "_cdc.ts"})
 
 
 def insert_event(i: int) -> dict[str, object]:

@@ -72,7 +72,7 @@ def test_a_worker_refuses_to_start_faust_on_another_aiokafka(monkeypatch: pytest
 
     real = pins._installed
     monkeypatch.setattr(pins, "_installed", lambda name: "0.13.0" if name == "aiokafka" else real(name))
-    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)})
     part = FaustApp(settings, "127.0.0.1:1", Replica("w1", {}), Buffers(1 << 20), Metrics(), hooks=Hooks())
     with pytest.raises(ConfigError, match=r"aiokafka.*expected aiokafka==0\.14\.0.*found '0\.13\.0'"):
         asyncio.run(part.start())

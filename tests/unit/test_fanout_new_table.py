@@ -26,8 +26,7 @@ async def no_proposal(proposal) -> None:
 
 def make_decoder(members: list[str]) -> BatchDecoder:
     """A decoder that saw a fan-out of ``members`` (tables of SCHEMA) in earlier fetches."""
-    settings = build({"topics": "t", "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "tbl"},
-                     warn_unknown=False)
+    settings = build({"topics": "t", "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "tbl"})
     targets = {name: Target(name, None, SCHEMA) for name in members}
     d = BatchDecoder(settings, RecordFormat(settings), Router(settings), None, None, targets, no_proposal)
     d.fanout = FanoutPlan(SCHEMA, settings.timestamp_unit_of(members[0]), dict(targets))

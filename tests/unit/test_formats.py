@@ -354,7 +354,7 @@ def test_malformed_envelopes_are_rejects_dead_lettered_with_their_position(tmp_p
 
     metrics = Metrics(CollectorRegistry())
     settings = build({"topics": "orders", "iceberg.tables": "db.t", "errors.tolerance": "all",
-                      "state.dir": str(tmp_path)}, warn_unknown=False)
+                      "state.dir": str(tmp_path)})
     asyncio.run(DeadLetters(settings, metrics, "w1").reject(msgs, [(r, "db.t") for r in out.rejects]))
     lines = [json.loads(line) for line in (tmp_path / "deadletter" / "orders.jsonl").read_text().splitlines()]
     assert [(d["topic"], d["partition"], d["offset"]) for d in lines] == [("orders", 3, 1000 + i) for i in sorted(reasons)]

@@ -75,8 +75,7 @@ def worker(group_has_run: bool, monkeypatch, tables: dict[str, Target | None], s
     the catalog holds (load_target); ``history``: the group's past (a fake by default, saying
     whether the group has run)."""
     settings = settings or build({"topics": "t", "iceberg.tables": f"{A},{B}", "iceberg.tables.route-field": "dest",
-                                  f"iceberg.table.{A}.route-regex": "a", f"iceberg.table.{B}.route-regex": "b"},
-                                 warn_unknown=False)
+                                  f"iceberg.table.{A}.route-regex": "a", f"iceberg.table.{B}.route-regex": "b"})
     history = history or History(has_run=group_has_run)
     w = make_parts(max_bytes=1 << 30, settings=settings, targets={A: Target(A, None, SCHEMA)} if targets is None
                    else targets, history=history, missing=missing or MissingTables(clock=Clock()))
@@ -177,7 +176,7 @@ def dynamic_worker(monkeypatch, tables: dict[str, Target | None], committed: set
     """Dynamic routing on ``dest`` (no configured table), without auto-create, once the group
     has run; ``committed``: the tables the group's control log shows it committed to."""
     return worker(group_has_run=True, monkeypatch=monkeypatch, tables=tables, targets={},
-                  settings=build(DYNAMIC, warn_unknown=False), history=history or History(True, committed))
+                  settings=build(DYNAMIC), history=history or History(True, committed))
 
 
 def test_a_dynamic_route_to_a_table_the_group_never_committed_to_is_not_held_but_refused(monkeypatch):
@@ -222,7 +221,7 @@ def test_the_tables_committed_to_are_read_from_the_control_log_once_and_followed
 
     monkeypatch.setattr(table_lookup_module, "ControlReader", Reader)
     missing = MissingTables()
-    history = GroupHistory(build(DYNAMIC, warn_unknown=False), "b:9092", Keyring(), missing, {}, InlineOffload())
+    history = GroupHistory(build(DYNAMIC), "b:9092", Keyring(), missing, {}, InlineOffload())
     assert asyncio.run(history.committed_tables()) == {"db.gone"}
     missing.committed_to("db.later")  # the control loop's CommitToTable
     assert asyncio.run(history.committed_tables()) == {"db.gone", "db.later"} and Reader.opened == 1
@@ -252,8 +251,8 @@ def test_on_a_truncated_control_log_a_missing_dynamic_table_is_held_not_refused(
     monkeypatch.setattr(table_lookup_module, "ControlReader", Reader)
     missing = MissingTables(clock=Clock())
     missing.group_has_run = True  # as read once before (GroupHistory.has_run)
-    history = GroupHistory(build(DYNAMIC, warn_unknown=False), "b:9092", Keyring(), missing, {}, InlineOffload())
+    history = GroupHistory(build(DYNAMIC), "b:9092", Keyring(), missing, {}, InlineOffload())
     w = worker(group_has_run=True, monkeypatch=monkeypatch, tables={}, targets={},
-               settings=build(DYNAMIC, warn_unknown=False), history=history, missing=missing)
+               settings=build(DYNAMIC), history=history, missing=missing)
     asyncio.run(w.ingest.on_fetch(fetch(P1, 0, ["db.new"])))
     assert w.missing.is_held(P1) and "db.new" in w.missing.tables

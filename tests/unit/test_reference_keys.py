@@ -185,6 +185,6 @@ def test_replace_null_with_default() -> None:
 
 def test_unknown_keys_error_by_default_in_the_connect_path_too() -> None:
     with pytest.raises(ConfigError) as err:
-        build({**BASE, "iceberg.tables.typo": "1"}, warn_unknown=False, refuse_unknown=True)
+        build({**BASE, "iceberg.tables.typo": "1"})
     assert err.value.key == "iceberg.tables.typo"
-    assert build({**BASE, "iceberg.tables.typo": "1", "config.unknown-keys": "warn"}, refuse_unknown=True)
+    assert build({**BASE, "iceberg.tables.typo": "1", "config.unknown-keys": "warn"})

@@ -168,7 +168,7 @@ class Hooks:
 
 def make_rounds(producer: Producer) -> Rounds:
     """The responder with a fake Spark writer and producer."""
-    settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
+    settings = build({"topics": P.topic, "iceberg.tables": TABLE})
     writes: list[int] = []
 
     def write_many(batch, **kw):

@@ -12,7 +12,7 @@ BASE = {"topics": "events"}
 
 
 def router(**keys: str) -> Router:
-    return Router(build({**BASE, **keys}, warn_unknown=False))
+    return Router(build({**BASE, **keys}))
 
 
 def routed(r: Router, values: list[bytes]) -> dict[str, list[int]]:
@@ -85,5 +85,5 @@ def test_route_cache_is_bounded() -> None:
 ])
 def test_routing_settings_are_checked(keys: dict[str, str], bad_key: str) -> None:
     with pytest.raises(ConfigError) as err:
-        build({**BASE, **keys}, warn_unknown=False)
+        build({**BASE, **keys})
     assert err.value.key == bad_key

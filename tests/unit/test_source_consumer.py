@@ -28,7 +28,7 @@ def test_the_workers_faust_consumer_is_built_read_committed_with_short_fetch_wai
     FETCH_MAX_WAIT_MS on the broker (Faust's 1.5 s): a fetch of an empty partition (Faust's
     leader topic) held every partition's next fetch, so a partition resumed at its accepted
     position took up to 1.5 s to bring its first records, at every start-up."""
-    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)})
     worker = Worker(settings, "127.0.0.1:9", Metrics(), files=spark_files)
     thread = worker.app.consumer._thread
 
@@ -172,7 +172,7 @@ def test_the_batch_drain_hands_whole_fetches_of_active_partitions_to_the_agent(t
     from agents.kafka.source_consumer import Fetched, install_batch_drain
     from icesink.shared.protocol import TopicPartition
 
-    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)})
     t0, t1 = FaustTP("t", 0), FaustTP("t", 1)
 
     def rec(offset: int) -> SimpleNamespace:
@@ -228,7 +228,7 @@ def test_the_batch_drain_waits_for_an_active_partition_without_faust_one_second_
 
     from agents.kafka.source_consumer import install_batch_drain
 
-    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)})
     t0 = FaustTP("t", 0)
     asked_with: list[set] = []
     fetcher = SimpleNamespace(_stopped=asyncio.Event())

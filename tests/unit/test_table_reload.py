@@ -31,7 +31,7 @@ def test_a_column_added_by_another_tool_is_filled_from_the_next_fetch_on(tmp_pat
     catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh")
     catalog.create_namespace("db")
     catalog.create_table(TABLE, schema=Schema(NestedField(1, "id", LongType(), required=False)))
-    settings = build({"topics": P.topic, "iceberg.tables": TABLE}, warn_unknown=False)
+    settings = build({"topics": P.topic, "iceberg.tables": TABLE})
     assert not settings.evolve_schema
     target = load_target(catalog, TABLE, settings)
     assert target is not None

@@ -35,7 +35,7 @@ class Msg:
 
 
 def settings(**keys: str) -> Settings:
-    return build({**BASE, **keys}, warn_unknown=False)
+    return build({**BASE, **keys})
 
 
 # Start-up checks: every key acts or is refused by name ----------------------------------------

@@ -44,7 +44,7 @@ class Reader:
 
 
 def make_worker(tmp_path):
-    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)}, warn_unknown=False)
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)})
     w = Worker(settings, "127.0.0.1:1", Metrics(CollectorRegistry()), files=spark_files)
     w.stops = []
     w.request_stop = lambda: w.stops.append(True)
