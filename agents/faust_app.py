@@ -18,7 +18,9 @@ import faust
 
 from agents import kafka
 from agents.buffer import Buffers
-from agents.kafka import ConsumerGuard, Fetched, faust_credentials, inject_faults, install_batch_drain, isolation_level
+from agents.kafka import (
+    ConsumerGuard, Fetched, TablelessManager, faust_credentials, inject_faults, install_batch_drain, isolation_level,
+)
 from agents.parts import Replica
 from agents.registry_client import RegistryUnavailable
 from icesink.shared.config import Settings
@@ -106,6 +108,7 @@ class FaustApp:
             **faust_settings(s),
             producer_acks=-1,
             logging_config=None,
+            TableManager=TablelessManager,  # no Faust tables here: no wait for them at start
         )
         # acks=False: Faust never tracks or commits these offsets; icesink commits them only
         # after CommitComplete. The topic is subscribed through the conductor (start); its records

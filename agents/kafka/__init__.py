@@ -6,6 +6,7 @@ private parts lives in this package, and the rest of agents/ uses only what it e
   replica (:class:`ConsumerGuard`), this replica's member id, Faust's credentials.
 - :mod:`agents.kafka.record_batches`: aiokafka's fetched records taken a record batch at a time.
 - :mod:`agents.kafka.group`: LeaveGroup on stop (not as Tansu's leader), offset commits.
+- :mod:`agents.kafka.tables`: Faust's table manager without its one-second start-up wait.
 - :mod:`agents.kafka.versions`: the pinned faust-streaming and aiokafka, checked at start-up.
 
 The worker installs it as it starts Faust (agents/faust_app.py ``FaustApp.start``): first
@@ -19,10 +20,11 @@ from agents.kafka.source_consumer import (
     FETCH_MAX_WAIT_MS, ConsumerGuard, Fetched, faust_credentials, group_member_id, inject_faults, install_batch_drain,
     isolation_level, serialized_bytes, use_read_committed,
 )
+from agents.kafka.tables import TablelessManager
 from agents.kafka.versions import check as check_versions
 
 __all__ = [
     "FETCH_MAX_WAIT_MS", "OFFSET_FOR_LEADER_EPOCH", "ConsumerGuard", "Fetched", "check_versions", "commit_offsets",
     "faust_credentials", "group_member_id", "inject_faults", "install_batch_drain", "install_leave_group",
-    "isolation_level", "keeps_departed_leader", "serialized_bytes", "use_read_committed",
+    "isolation_level", "keeps_departed_leader", "TablelessManager", "serialized_bytes", "use_read_committed",
 ]
