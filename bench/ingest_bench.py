@@ -23,8 +23,9 @@ fresh Iceberg table in a SQLite SQL catalog:
 
 Options: ``--tables K`` routes the records round robin to K dynamic tables (a route field
 added to each event); ``--rate R --duration S`` starts the worker on an empty topic and produces
-R records/s for S seconds while it runs (``--linger-ms``, default 50, the producer's linger: at
-5 ms the embedded broker's CPU grew to a core over a run), then prints produce-to-committed
+R records/s for S seconds while it runs, from a librdkafka producer in a process of its own
+(bench/rate_producer.py; ``--linger-ms``, default 50, its linger: at 5 ms the embedded broker's
+CPU grew to a core over a run), then prints the rate it delivered and produce-to-committed
 freshness (each row's Kafka timestamp against the commit time of the snapshot that added it; no
 baseline);
 ``--buffer-max-bytes`` sets the worker's bound (a burst: a large --records backlog with a small
@@ -71,6 +72,7 @@ from bench.benchlib import (  # noqa: E402
     ensure_class_archive, file_create_us,
     Profiler, fmt_int, metric_total, per_partition_counts, process_cpu_s, system_cpu_s,
 )
+from bench.rate_producer import produce_at_rate  # noqa: E402
 from icesink.shared.catalogs import sqlite_catalog_properties  # noqa: E402
 from icesink.app.embedded import EmbeddedBroker  # noqa: E402
 
@@ -136,6 +138,7 @@ class WorkerResult:
     freshness_ms: list[float] = field(default_factory=list)  # produce-to-committed, one per record
     profile: list[tuple[str, int]] = field(default_factory=list)
     produced_until_wall: float | None = None  # --rate: when the producer finished (time.time())
+    delivered: Any = None  # --rate: bench.rate_producer.Delivered
     broker_cpu_s: float = 0.0  # the embedded broker's CPU from the worker's start to N rows
     harness_cpu_s: float = 0.0  # this process's (producer, polling, sampling) over the same time
 
@@ -274,8 +277,10 @@ def run_worker(
     sampler: RssSampler | None = None
     produced_until: list[float] = []
 
+    delivered: list[Any] = []
+
     def produce_then_note() -> None:
-        live()
+        delivered.append(live())
         produced_until.append(time.time())
 
     try:
@@ -393,6 +398,7 @@ def run_worker(
         freshness_ms=freshness_ms(written) if live is not None else [],
         profile=profiler.breakdown() if profiler is not None else [],
         produced_until_wall=produced_until[0] if produced_until else None,
+        delivered=delivered[0] if delivered else None,
     )
 
 
@@ -557,7 +563,10 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
          f"{b.table_rows:,} / {b.distinct_order_ids:,}", ""),
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    print(f"produced {n:,} records in {produce_s:.1f} s ({fmt_int(n / produce_s)} records/s)")
+    if b.delivered is not None:  # --rate: what the producer delivered, not what was asked
+        print(f"produced while the worker ran: {b.delivered.line()}")
+    else:
+        print(f"produced {n:,} records in {produce_s:.1f} s ({fmt_int(n / produce_s)} records/s)")
     print()
     for r in rows:
         print(f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]:>{widths[3]}}")
@@ -734,9 +743,8 @@ def main() -> int:
             values = routed(values, args.tables)
         live: Any = None
         if args.rate:
-            live = lambda: asyncio.run(produce(  # noqa: E731
-                broker.bootstrap, TOPIC, values, partitions=args.partitions, rate_per_s=args.rate,
-                client_kwargs={"linger_ms": args.linger_ms}))
+            live = lambda: produce_at_rate(  # noqa: E731
+                broker.bootstrap, TOPIC, values, partitions=args.partitions, rate=args.rate, linger_ms=args.linger_ms)
             produce_s = args.duration
         else:
             began = time.monotonic()
