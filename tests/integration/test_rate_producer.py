@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from bench.rate_producer import due, produce_at_rate
+from icesink.app.embedded import EmbeddedBroker
 from icesink.shared.kafka_admin import ensure_topic
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,7 @@ def test_records_due_follow_the_rate_and_stop_at_the_total() -> None:
     assert due(1000, -1.0, 50) == 0
 
 
-def test_every_record_is_delivered_and_reported(broker) -> None:
+def test_every_record_is_delivered_and_reported(broker: EmbeddedBroker) -> None:
     from aiokafka import AIOKafkaConsumer
 
     topic, n = "rate-producer", 600
