@@ -97,6 +97,7 @@ _EARLY_WRITE = re.compile(
     r"early write: (?P<rows>\d+) rows of (?P<parts>\d+) partitions in (?P<files>\d+) files, (?P<s>[\d.]+) s(?P<void> \(void)?"
 )
 _MILESTONES: Final = (
+    ("settings given", "imports done, settings read"),
     ("metrics on http", "metrics server up"),
     ("spark session started", "spark session started"),
     ("spark warmed up", "spark warmed up"),
@@ -104,7 +105,10 @@ _MILESTONES: Final = (
     ("running (group", "worker running"),
     ("created table", "table auto-created"),
     ("buffers full", "buffers full: partitions paused"),
+    (" resumed ", "first partition resumed (group joined, partitions assigned and claimed)"),
 )
+#: Milestones listed once, at their first line.
+_FIRST_ONLY: Final = frozenset({"first partition resumed (group joined, partitions assigned and claimed)"})
 
 
 # ----------------------------------------------------------------------------- (b) icesink
@@ -389,7 +393,7 @@ def run_worker(
         harness_cpu_s=harness_s - broker_s,
         log_path=replica.log_path,
         started_wall=started_wall,
-        timeline=worker_timeline(replica.log_path, started_wall),
+        timeline=worker_timeline(replica.log_path, started_wall, consumed_at=startup_s),
         consumed_curve=consumed_curve,
         committed_curve=committed_curve,
         tables=len(written),
@@ -445,8 +449,10 @@ def warm_rounds_note(walls: list[tuple[float, float, int, float, float]], produc
             f"commits {statistics.median(w[1] for w in warm):.2f} s)"]
 
 
-def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4) -> list[str]:
-    """Milestones and commit rounds from the worker's log, in seconds since process start.
+def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4,
+                    consumed_at: float | None = None) -> list[str]:
+    """Milestones and commit rounds from the worker's log, in seconds since process start
+    (``consumed_at``: when its metrics first counted a consumed record, listed among them).
 
     The first ``shown_rounds`` answered rounds and the last two are listed; the ones between
     are summarised (count, rows per round, seconds between answers)."""
@@ -477,8 +483,11 @@ def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4) 
         else:
             for needle, label in _MILESTONES:
                 if needle in line:
-                    milestones.append((at, label))
+                    if label not in _FIRST_ONLY or all(label != m[1] for m in milestones):
+                        milestones.append((at, label))
                     break
+    if consumed_at is not None:
+        milestones.append((consumed_at, "first record consumed (icesink_records_consumed_total > 0)"))
     # Every round line before the first answer that is summarised or listed at the end.
     cutoff = answered[shown_rounds][0] if len(answered) > shown_rounds else float("inf")
     early = [r for r in rounds if r[0] < cutoff]

@@ -60,6 +60,27 @@ def test_the_timeline_lists_early_writes_and_counts_them(tmp_path):
     assert lines[-1].strip() == "1 rounds answered, 0 round commits logged, 2 early writes (246,728 rows)"
 
 
+def test_the_start_up_timeline_names_imports_join_and_first_record_once(tmp_path):
+    """Issue 42's start-up timeline: imports, the group join (the first partition resumed, not
+    each of them), the first record consumed (from the metrics), beside the other milestones."""
+    from datetime import datetime
+
+    log = tmp_path / "bench.log"
+    log.write_text(
+        "2026-11-26 00:00:02,400 INFO icesink: settings given (the rest are defaults): {}\n"
+        "2026-11-26 00:00:03,200 INFO agents.worker: this replica is the leader: coordinator started\n"
+        "2026-11-26 00:00:03,400 INFO agents.ownership: src[0] resumed at offset 0 (generation 1)\n"
+        "2026-11-26 00:00:03,401 INFO agents.ownership: src[1] resumed at offset 0 (generation 1)\n"
+    )
+    started = datetime.strptime("2026-11-26 00:00:00,000", "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    lines = worker_timeline(log, started, consumed_at=3.6)
+    assert [line.split(" s  ", 1)[1] for line in lines[:-1]] == [
+        "imports done, settings read", "coordinator started",
+        "first partition resumed (group joined, partitions assigned and claimed)",
+        "first record consumed (icesink_records_consumed_total > 0)",
+    ]
+
+
 def test_the_committed_rows_poll_counts_what_the_tables_hold(tmp_path):
     """The benchmark polls the rows committed every 0.5 s while the worker runs, reading the
     catalog's pointers and only the metadata files that changed (loading 200 tables through
