@@ -66,6 +66,9 @@ class TableSource(Protocol):
     async def target(self, name: str, values: list[bytes]) -> Target | None:
         """``name`` loaded, or created from these records (None: none tells its schema)."""
 
+    async def targets_of(self, wanted: Mapping[str, list[bytes]]) -> dict[str, Target | None]:
+        """:meth:`target` for each table of ``wanted`` (name -> its records), side by side."""
+
     async def held_back(self, tp: TopicPartition, names: Iterable[str]) -> list[str]:
         """Of ``names``, the tables ``tp`` waits for (then it is held: agents/missing.py)."""
 
@@ -247,6 +250,10 @@ class Ingest:
         # Tables decoded together are counted once, as the rows they share: an nbytes walk per
         # table and fetch was a quarter of a fetch's handling at 200 tables (py-spy).
         shared = await self.decoder.decode_together(routes.by_table, values, messages, screened.positions)
+        subsets = {name: values if len(idx) == len(values) else [values[i] for i in idx]
+                   for name, idx in routes.by_table.items() if name not in shared.converted}
+        new = {name: subset for name, subset in subsets.items() if name not in self.targets}
+        made = await self.tables.targets_of(new) if len(new) > 1 else {}  # many new tables: created side by side
         nbytes = shared.nbytes
         tables: dict[str, pa.Table] = {}
         rows = 0
@@ -257,8 +264,9 @@ class Ingest:
             converted = shared.converted.get(name)
             counted = converted is not None
             if converted is None:
-                subset = values if whole else [values[i] for i in idx]
-                target = target or await self.tables.target(name, subset)
+                subset = subsets[name]
+                if target is None:
+                    target = made[name] if name in made else await self.tables.target(name, subset)
                 sub_messages = screened.messages_of(messages) if whole else [messages[screened.positions[i]] for i in idx]
                 converted = await self.decoder.decode(name, target, subset, sub_messages)
             if target is not None and target.keys is not None:  # a mirror table: keys and operations

@@ -6,6 +6,7 @@ asks it whether a missing table was dropped (waited for) or never existed (refus
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import logging
@@ -258,6 +259,18 @@ class TableLookup:
             target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
         self.targets[name] = target
         return target
+
+    async def targets_of(self, wanted: Mapping[str, list[bytes]]) -> dict[str, Target | None]:
+        """:meth:`target` for each of several tables at once (a fetch routed to many new dynamic
+        tables): their catalog calls overlap on the offload threads instead of queueing one table
+        after another (200 new tables took a first fetch about 150 ms each). All finish before
+        the first error, if any, is raised."""
+        names = list(wanted)
+        got = await asyncio.gather(*(self.target(n, wanted[n]) for n in names), return_exceptions=True)
+        for result in got:
+            if isinstance(result, BaseException):
+                raise result
+        return {n: t for n, t in zip(names, got, strict=True) if not isinstance(t, BaseException)}
 
     async def held_back(self, tp: TopicPartition, names: Iterable[str]) -> list[str]:
         """Of the tables ``names`` records of ``tp`` go to, those it waits for (agents/missing.py):
