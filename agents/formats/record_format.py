@@ -56,7 +56,7 @@ class RecordFormat:
                              registry_keys=keys, headers=headers, inserted=inserted_fields(settings.transform_chain))
         self.keys = keys
         #: Value transforms (ReplaceField, CopyValue: agents/transforms/values.py) on the decoded columns.
-        self.values = ValueChain(settings.transform_chain)
+        self.values = ValueChain(settings.transform_chain, schemas=self.envelope or registry is not None)
         self.plain = json and not self.envelope and not self.extras.names() and not self.values
         self.fold_case = settings.schema_case_insensitive
         self._envelopes = Envelopes()

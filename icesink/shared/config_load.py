@@ -273,6 +273,7 @@ def _check_transforms(s: Settings) -> None:
                           "unset with a KafkaMetadataTransform: one of the two adds the metadata columns")
     if len(debezium) > 1:
         raise ConfigError("transforms", ",".join(s.transforms), "at most one Debezium transform")
+    _check_cdc_transforms(s, chain)
     pattern = s.debezium_target_pattern
     if pattern is not None:
         for found in re.findall(r"\{[^{}]*\}", pattern):
@@ -285,6 +286,32 @@ def _check_transforms(s: Settings) -> None:
         if route.startswith("_cdc.") and route[5:] not in CDC_ROUTE_FIELDS:
             raise ConfigError("iceberg.tables.route-field", route, "a field of the row image or one of "
                               + ", ".join(f"_cdc.{f}" for f in CDC_ROUTE_FIELDS) + " (Debezium transform)")
+
+
+def _check_cdc_transforms(s: Settings, chain: Any) -> None:
+    """ExtractNewRecordState and DmsTransform (agents/transforms/unwrap.py, dms.py)."""
+    cdc = [t for t in chain if t.kind in ("unwrap", "dms")]
+    if not cdc:
+        return
+    for t in cdc:
+        if t.predicate is not None:
+            raise ConfigError(f"transforms.{t.name}.predicate", t.predicate.name,
+                              f"unset: {t.props['type']} applies to every record here")
+    first = cdc[0]
+    if any(t.kind == "debezium" for t in chain):
+        raise ConfigError("transforms", ",".join(s.transforms), "one of DebeziumTransform and "
+                          f"{first.props['type']}: both read the change events")
+    if s.evolve_schema:
+        raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", f"unset with {first.props['type']}: schema "
+                          "evolution reads the values before the transforms (not supported yet)")
+    if s.route_field and s.route_field != "@topic":
+        raise ConfigError("iceberg.tables.route-field", s.route_field, f"unset or @topic with {first.props['type']}: "
+                          "routing reads the values before it (not supported yet)")
+    for t in cdc:
+        if t.kind == "dms" and (s.value_converter != JSON_CONVERTER or s.value_converter_schemas_enable):
+            raise ConfigError("value.converter.schemas.enable" if s.value_converter == JSON_CONVERTER
+                              else "value.converter", "true" if s.value_converter == JSON_CONVERTER else s.value_converter,
+                              f"schemaless JSON with {t.props['type']}: it refuses values with a schema, as the reference")
 
 
 def catalog_paths_absolute(props: Mapping[str, str]) -> dict[str, str]:
