@@ -17,13 +17,14 @@ from agents.convert import Converted, Reject
 from agents.transforms.copy_value import CopyValue
 from agents.transforms.dms import DmsTransform
 from agents.transforms.hoist_field import HoistField
+from agents.transforms.json_to_map import JsonToMap
 from agents.transforms.replace_field import ReplaceField
 from agents.transforms.unwrap import ExtractNewRecordState
 from icesink.shared.transform_settings import TransformSpec
 
 __all__ = ["ValueChain", "VALUE_KINDS"]
 
-VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "unwrap", "dms")
+VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "unwrap", "dms", "json-to-map")
 
 
 class ValueStep(Protocol):
@@ -46,6 +47,8 @@ class ValueChain:
                 self.steps.append(ExtractNewRecordState(s))
             elif s.kind == "dms":
                 self.steps.append(DmsTransform(s))
+            elif s.kind == "json-to-map":
+                self.steps.append(JsonToMap(s))
             if s.kind == "replace-field":
                 self.steps.append(ReplaceField(s))
             elif s.kind == "copy-value":
@@ -55,6 +58,12 @@ class ValueChain:
 
     def __bool__(self) -> bool:
         return bool(self.steps)
+
+    def wrap(self, values: Sequence[bytes]) -> Sequence[bytes]:
+        """The values as the JSON decode reads them (JsonToMapTransform's ``json.root``: each one
+        the ``payload`` of an object); JsonToMap comes first (checked at start)."""
+        first = self.steps[0] if self.steps else None
+        return first.wrap(values) if isinstance(first, JsonToMap) else values
 
     def out_schema(self, s: pa.Schema) -> pa.Schema:
         for step in self.steps:

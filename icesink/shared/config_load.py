@@ -106,7 +106,8 @@ def check_settings(s: Settings) -> None:
         for key in sorted(s.value_converter_props):
             log.info("setting %s accepted; it has no effect for this converter", key)
     _check_transforms(s)
-    if s.value_converter != JSON_CONVERTER and not is_registry_converter(s.value_converter):
+    json_text = any(t.kind == "json-to-map" for t in s.transform_chain)  # StringConverter values read as JSON
+    if s.value_converter != JSON_CONVERTER and not is_registry_converter(s.value_converter) and not json_text:
         _check_raw_values(s)
     if is_registry_converter(s.key_converter):
         registry_settings(s, "key")  # the value converter's key family, under key.converter.*; keys decode into
@@ -289,8 +290,8 @@ def _check_transforms(s: Settings) -> None:
 
 
 def _check_cdc_transforms(s: Settings, chain: Any) -> None:
-    """ExtractNewRecordState and DmsTransform (agents/transforms/unwrap.py, dms.py)."""
-    cdc = [t for t in chain if t.kind in ("unwrap", "dms")]
+    """ExtractNewRecordState, DmsTransform, JsonToMapTransform (agents/transforms/unwrap.py, dms.py, json_to_map.py)."""
+    cdc = [t for t in chain if t.kind in ("unwrap", "dms", "json-to-map")]
     if not cdc:
         return
     for t in cdc:
@@ -308,6 +309,15 @@ def _check_cdc_transforms(s: Settings, chain: Any) -> None:
         raise ConfigError("iceberg.tables.route-field", s.route_field, f"unset or @topic with {first.props['type']}: "
                           "routing reads the values before it (not supported yet)")
     for t in cdc:
+        if t.kind == "json-to-map" and s.value_converter != STRING_CONVERTER:
+            raise ConfigError("value.converter", s.value_converter, f"{STRING_CONVERTER} with {t.props['type']}: "
+                              "it takes JSON text values, as the reference")
+        if t.kind == "json-to-map" and s.value_converter_schemas_enable:
+            raise ConfigError("value.converter.schemas.enable", "true", f"unset with {STRING_CONVERTER}")
+        before = [x.kind for x in chain[:list(chain).index(t)]]
+        if t.kind == "json-to-map" and set(before) - {"filter", "regex-router", "kafka-metadata", "insert-field"}:
+            raise ConfigError("transforms", ",".join(s.transforms), f"{t.props['type']} before the transforms that "
+                              "change values: they need an object, it makes one of the text")
         if t.kind == "dms" and (s.value_converter != JSON_CONVERTER or s.value_converter_schemas_enable):
             raise ConfigError("value.converter.schemas.enable" if s.value_converter == JSON_CONVERTER
                               else "value.converter", "true" if s.value_converter == JSON_CONVERTER else s.value_converter,

@@ -39,6 +39,7 @@ TRANSFORMS: Final[Mapping[str, str]] = {
     f"{_CONNECT}RegexRouter": "regex-router",
     "io.debezium.transforms.ExtractNewRecordState": "unwrap",
     **{f"{p}DmsTransform": "dms" for p in _REFERENCE},
+    **{f"{p}JsonToMapTransform": "json-to-map" for p in _REFERENCE},
 }
 #: Predicate class -> kind.
 PREDICATES: Final[Mapping[str, str]] = {
@@ -61,6 +62,7 @@ _TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] =
                 "add.fields.prefix", "add.headers.prefix", "replace.null.with.default", "drop.fields.from.key",
                 "drop.fields.keep.schema.compatible"), ()),
     "dms": ((), ()),
+    "json-to-map": (("json.root",), ()),
 }
 _PREDICATE_PROPS: Final[Mapping[str, tuple[str, ...]]] = {
     "topic-name-matches": ("pattern",),
@@ -180,6 +182,8 @@ def parse_chain(names: tuple[str, ...], props: Mapping[str, Mapping[str, str]],
                                   "an optional field (no '!'): a record may have no timestamp")
         if kind == "unwrap":
             unwrap_options(name, tp)
+        if kind == "json-to-map" and "json.root" in tp:
+            _bool(f"transforms.{name}.json.root", tp["json.root"])
         if kind == "kafka-metadata" and "nested" in tp:
             _bool(f"transforms.{name}.nested", tp["nested"])
         chain.append(TransformSpec(name, kind, dict(tp), predicate, negate))

@@ -5,7 +5,8 @@ tables read back with DuckDB, exact:
   events (JSON with schemas, tests/unit/fixtures/debezium), two topics routed by topic through a
   RegexRouter to their own tables;
 - the reference's DmsTransform on AWS DMS records (schemaless JSON: a second run, as
-  ``value.converter.schemas.enable`` is one setting of a worker)."""
+  ``value.converter.schemas.enable`` is one setting of a worker);
+- the reference's JsonToMapTransform on text values (StringConverter: a third run)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,14 @@ def test_extract_new_record_state_and_dms_transform_land_exact_rows(broker, cata
                           (2, "b", "I", "2024-05-01T10:00:02.5Z", "sales.orders"),
                           (1, "c", "U", "2024-05-01T10:00:01.5Z", "sales.orders"),
                           (2, "b", "D", "2024-05-01T10:00:02.5Z", "sales.orders")], key=repr)
+
+    texts = [b'{"id": 1, "tags": ["a", "b"], "attrs": {"color": "red", "size": 2, "dims": [1, 2], "gone": null}}',
+             b'{"id": 2, "attrs": {"color": "blue"}}', b'not json: a dead letter']
+    catalog = run(broker, catalog_props, tmp_path, "j2m", {"j2m-items": texts}, {"j2m.items": 2}, "j2m.items",
+                  **{"value.converter": "org.apache.kafka.connect.storage.StringConverter", "transforms": "j",
+                     "transforms.j.type": "org.apache.iceberg.connect.transforms.JsonToMapTransform",
+                     "errors.tolerance": "all"})
+    got = rows_of(catalog, "j2m.items", "SELECT id, tags, map_entries(attrs) FROM {}")
+    assert got == [(1, ["a", "b"], [{"key": "color", "value": "red"}, {"key": "size", "value": "2"},
+                                    {"key": "dims", "value": "[1,2]"}, {"key": "gone", "value": "null"}]),
+                   (2, None, [{"key": "color", "value": "blue"}])]

@@ -209,3 +209,55 @@ def test_the_usual_unwrap_settings_start() -> None:
                "transforms.unwrap.add.fields": "op,table,lsn,source.ts_ms", "transforms.unwrap.add.headers.prefix": "h_",
                "iceberg.tables.route-field": "@topic"})
     assert [t.kind for t in s.transform_chain] == ["unwrap"]
+
+
+JSON_TO_MAP = "org.apache.iceberg.connect.transforms.JsonToMapTransform"
+STRING = "org.apache.kafka.connect.storage.StringConverter"
+#: A part of the reference's test file (kafka-connect-transforms/src/test/resources/jsonmap.json).
+JSONMAP = (b'{"string": "string", "int": 42, "long": 3147483647, "boolean": true, "float_is_double": 3.0, '
+           b'"double": 0.3, "empty_obj": {}, "empty_string": "", "array_int": [1, 1], '
+           b'"array_array_int": [[1,1], [2,2]], "array_objects": [{"key": 1}], "array_empty_object": [{}, {}], '
+           b'"array_different_types": ["one", 1], "nested_obj": {"key": {"nested_key": 1}, "n": null, "s": "x"}}')
+
+
+def json_to_map_format(**props: str) -> RecordFormat:
+    return RecordFormat(build({"topics": "t", "iceberg.tables": "db.t", "value.converter": STRING, "transforms": "j",
+                               "transforms.j.type": JSON_TO_MAP, **{f"transforms.j.{k}": v for k, v in props.items()}}))
+
+
+def test_json_to_map_makes_columns_of_the_top_level_fields_and_maps_of_objects() -> None:
+    values = [JSONMAP, b'{"string": "s2", "int": 7, "nested_obj": {"a": [1, {"b": 2}]}}', b'not json', b'[1, 2]']
+    names, rows, out = run(json_to_map_format(), values, create=1)
+    assert names == ["string", "int", "long", "boolean", "float_is_double", "double", "empty_string", "array_int",
+                     "array_array_int", "array_objects", "array_empty_object", "array_different_types", "nested_obj"]
+    first = rows[0]
+    assert (first["string"], first["int"], first["long"], first["boolean"], first["float_is_double"], first["double"]) == (
+        "string", 42, 3147483647, True, 3.0, 0.3)
+    assert first["array_int"] == [1, 1] and first["array_array_int"] == [[1, 1], [2, 2]]
+    assert first["array_objects"] == [[("key", "1")]] and first["array_empty_object"] == [[], []]
+    assert first["array_different_types"] == ["one", "1"]
+    assert first["nested_obj"] == [("key", '{"nested_key":1}'), ("n", "null"), ("s", "x")]  # Jackson's text
+    assert rows[1]["nested_obj"] == [("a", '[1,{"b":2}]')] and rows[1]["int"] == 7 and rows[1]["long"] is None
+    assert [r.index for r in out.rejects] == [2, 3]  # the reference fails on them
+
+
+def test_json_to_map_at_the_root_makes_one_payload_map() -> None:
+    values = [b'{"key":1,"a":"a"}', b'{"o": {"x": null}, "n": null, "l": [1, "x"]}', b'"text"']
+    names, rows, out = run(json_to_map_format(**{"json.root": "true"}), values)
+    assert names == ["payload"]
+    assert [dict(r["payload"]) for r in rows] == [{"key": "1", "a": "a"}, {"o": '{"x":null}', "n": "null", "l": '[1,"x"]'}]
+    assert [r.index for r in out.rejects] == [2]
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ({"value.converter": "org.apache.kafka.connect.json.JsonConverter"}, "value.converter"),
+    ({"transforms.j.json.root": "yes"}, "transforms.j.json.root"),
+    ({"transforms": "r,j", "transforms.r.type": "org.apache.kafka.connect.transforms.ReplaceField$Value",
+      "transforms.r.exclude": "a"}, "transforms"),
+    ({"iceberg.tables.route-field": "a"}, "iceberg.tables.route-field"),
+    ({"value.converter.schemas.enable": "true"}, "value.converter.schemas.enable"),
+])
+def test_json_to_map_keys_are_checked_at_start(keys: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build({**BASE, "value.converter": STRING, "transforms": "j", "transforms.j.type": JSON_TO_MAP, **keys})
+    assert err.value.key == named
