@@ -261,3 +261,18 @@ def test_json_to_map_keys_are_checked_at_start(keys: dict[str, str], named: str)
     with pytest.raises(ConfigError) as err:
         build({**BASE, "value.converter": STRING, "transforms": "j", "transforms.j.type": JSON_TO_MAP, **keys})
     assert err.value.key == named
+
+
+def test_unwrap_rewrite_with_cdc_field_op_mirrors_a_table_as_the_references_usual_setup() -> None:
+    """ExtractNewRecordState (rewrite, add.fields=op) + iceberg.tables.cdc-field=__op: the
+    change rows collapse by key as the reference applies them (d deletes, u updates, r/c insert)."""
+    from agents import mirror
+
+    keys = {"topics": "t", "iceberg.tables": "db.t", "value.converter.schemas.enable": "true", "transforms": "u",
+            "transforms.u.type": UNWRAP, "transforms.u.delete.handling.mode": "rewrite", "transforms.u.add.fields": "op",
+            "iceberg.tables.cdc-field": "__op", "iceberg.tables.default-id-columns": "id"}
+    s = build(keys)
+    _, _, out = run(RecordFormat(s), dbz_values())
+    collapsed = mirror.collapse(out.table, ["id"], s.cdc_field, upsert=False)
+    assert sorted((r["id"], r["name"]) for r in collapsed.rows.to_pylist()) == [(1, "a2"), (3, "c")]
+    assert sorted(collapsed.deleted_keys.column("id").to_pylist()) == [1, 2]
