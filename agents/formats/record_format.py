@@ -44,7 +44,8 @@ class RecordFormat:
         if (registry is None) == is_registry_converter(settings.value_converter):
             raise ValueError(f"record format: a registry decoder is for a registry converter "
                              f"({settings.value_converter}: {'none' if registry is None else 'one'} given)")
-        json = settings.value_converter == JSON_CONVERTER
+        # JSON values, or text values that JsonToMapTransform reads as JSON
+        json = settings.value_converter == JSON_CONVERTER or any(t.kind == "json-to-map" for t in settings.transform_chain)
         self.envelope = json and settings.value_converter_schemas_enable
         #: Schema-registry values (agents/formats/registry_values.py), decoded per schema id.
         self.registry = registry
@@ -56,7 +57,7 @@ class RecordFormat:
                              registry_keys=keys, headers=headers, inserted=inserted_fields(settings.transform_chain))
         self.keys = keys
         #: Value transforms (ReplaceField, CopyValue: agents/transforms/values.py) on the decoded columns.
-        self.values = ValueChain(settings.transform_chain)
+        self.values = ValueChain(settings.transform_chain, schemas=self.envelope or registry is not None)
         self.plain = json and not self.envelope and not self.extras.names() and not self.values
         self.fold_case = settings.schema_case_insensitive
         self._envelopes = Envelopes()
@@ -87,7 +88,8 @@ class RecordFormat:
             if schema is None:
                 return None
         else:
-            schema = iceberg_schema(infer_schema(values, timestamp_fields=timestamp_fields))
+            inferred = infer_schema(values, timestamp_fields=timestamp_fields)
+            schema = inferred if self.values else iceberg_schema(inferred)  # the transforms map Arrow types
         return self.with_extras(schema)
 
     def with_extras(self, schema: pa.Schema | Schema) -> Schema:
@@ -149,7 +151,7 @@ class RecordFormat:
             converted = decode_envelopes(groups, rejects, value_schema, fold_case=self.fold_case)
         else:
             assert value_schema is not None
-            converted = decode_json(values, value_schema, epoch_unit=epoch_unit, fold_case=self.fold_case)
+            converted = decode_json(self.values.wrap(values), value_schema, epoch_unit=epoch_unit, fold_case=self.fold_case)
         if self.values and full is not None:
             own = pa.schema([f for f in full if f.name not in extra], metadata=full.metadata)
             converted = self.values.apply(converted, own)

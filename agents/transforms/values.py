@@ -13,15 +13,18 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from agents.convert import Converted
+from agents.convert import Converted, Reject
 from agents.transforms.copy_value import CopyValue
+from agents.transforms.dms import DmsTransform
 from agents.transforms.hoist_field import HoistField
+from agents.transforms.json_to_map import JsonToMap
 from agents.transforms.replace_field import ReplaceField
+from agents.transforms.unwrap import ExtractNewRecordState
 from icesink.shared.transform_settings import TransformSpec
 
 __all__ = ["ValueChain", "VALUE_KINDS"]
 
-VALUE_KINDS = ("replace-field", "copy-value", "hoist-field")
+VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "unwrap", "dms", "json-to-map")
 
 
 class ValueStep(Protocol):
@@ -33,9 +36,19 @@ class ValueStep(Protocol):
 
 
 class ValueChain:
-    def __init__(self, specs: Sequence[TransformSpec]) -> None:
+    """``schemas``: the values state a schema (Connect envelopes, a schema registry):
+    ExtractNewRecordState acts on them only, as Debezium (schemaless values pass it unchanged).
+    A step with ``screen(table)`` drops and rejects records before its ``apply``."""
+
+    def __init__(self, specs: Sequence[TransformSpec], schemas: bool = True) -> None:
         self.steps: list[ValueStep] = []
         for s in specs:
+            if s.kind == "unwrap" and schemas:
+                self.steps.append(ExtractNewRecordState(s))
+            elif s.kind == "dms":
+                self.steps.append(DmsTransform(s))
+            elif s.kind == "json-to-map":
+                self.steps.append(JsonToMap(s))
             if s.kind == "replace-field":
                 self.steps.append(ReplaceField(s))
             elif s.kind == "copy-value":
@@ -45,6 +58,12 @@ class ValueChain:
 
     def __bool__(self) -> bool:
         return bool(self.steps)
+
+    def wrap(self, values: Sequence[bytes]) -> Sequence[bytes]:
+        """The values as the JSON decode reads them (JsonToMapTransform's ``json.root``: each one
+        the ``payload`` of an object); JsonToMap comes first (checked at start)."""
+        first = self.steps[0] if self.steps else None
+        return first.wrap(values) if isinstance(first, JsonToMap) else values
 
     def out_schema(self, s: pa.Schema) -> pa.Schema:
         for step in self.steps:
@@ -63,7 +82,18 @@ class ValueChain:
 
     def apply(self, converted: Converted, target: pa.Schema) -> Converted:
         """``converted`` (decoded against :meth:`in_schema` of ``target``) as ``target``'s columns."""
-        table = converted.table
+        table, indices, rejects = converted.table, converted.indices, list(converted.rejects)
         for step, out in zip(self.steps, self.schemas(target)[1:], strict=True):
+            screen = getattr(step, "screen", None)
+            if screen is not None and table.num_rows:
+                drop, bad = screen(table)
+                at = indices.to_numpy(zero_copy_only=False)
+                for mask, reason, field in bad:
+                    rejects += [Reject(int(i), reason, field) for i in at[mask]]
+                    drop = drop | mask
+                if drop.any():
+                    keep = pa.array(~drop)
+                    table, indices = table.filter(keep), indices.filter(keep)
             table = step.apply(table, out)
-        return Converted(table.replace_schema_metadata(target.metadata), converted.indices, converted.rejects)
+        rejects.sort(key=lambda r: r.index)
+        return Converted(table.replace_schema_metadata(target.metadata), indices, tuple(rejects))

@@ -106,7 +106,8 @@ def check_settings(s: Settings) -> None:
         for key in sorted(s.value_converter_props):
             log.info("setting %s accepted; it has no effect for this converter", key)
     _check_transforms(s)
-    if s.value_converter != JSON_CONVERTER and not is_registry_converter(s.value_converter):
+    json_text = any(t.kind == "json-to-map" for t in s.transform_chain)  # StringConverter values read as JSON
+    if s.value_converter != JSON_CONVERTER and not is_registry_converter(s.value_converter) and not json_text:
         _check_raw_values(s)
     if is_registry_converter(s.key_converter):
         registry_settings(s, "key")  # the value converter's key family, under key.converter.*; keys decode into
@@ -273,6 +274,7 @@ def _check_transforms(s: Settings) -> None:
                           "unset with a KafkaMetadataTransform: one of the two adds the metadata columns")
     if len(debezium) > 1:
         raise ConfigError("transforms", ",".join(s.transforms), "at most one Debezium transform")
+    _check_cdc_transforms(s, chain)
     pattern = s.debezium_target_pattern
     if pattern is not None:
         for found in re.findall(r"\{[^{}]*\}", pattern):
@@ -285,6 +287,41 @@ def _check_transforms(s: Settings) -> None:
         if route.startswith("_cdc.") and route[5:] not in CDC_ROUTE_FIELDS:
             raise ConfigError("iceberg.tables.route-field", route, "a field of the row image or one of "
                               + ", ".join(f"_cdc.{f}" for f in CDC_ROUTE_FIELDS) + " (Debezium transform)")
+
+
+def _check_cdc_transforms(s: Settings, chain: Any) -> None:
+    """ExtractNewRecordState, DmsTransform, JsonToMapTransform (agents/transforms/unwrap.py, dms.py, json_to_map.py)."""
+    cdc = [t for t in chain if t.kind in ("unwrap", "dms", "json-to-map")]
+    if not cdc:
+        return
+    for t in cdc:
+        if t.predicate is not None:
+            raise ConfigError(f"transforms.{t.name}.predicate", t.predicate.name,
+                              f"unset: {t.props['type']} applies to every record here")
+    first = cdc[0]
+    if any(t.kind == "debezium" for t in chain):
+        raise ConfigError("transforms", ",".join(s.transforms), "one of DebeziumTransform and "
+                          f"{first.props['type']}: both read the change events")
+    if s.evolve_schema:
+        raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", f"unset with {first.props['type']}: schema "
+                          "evolution reads the values before the transforms (not supported yet)")
+    if s.route_field and s.route_field != "@topic":
+        raise ConfigError("iceberg.tables.route-field", s.route_field, f"unset or @topic with {first.props['type']}: "
+                          "routing reads the values before it (not supported yet)")
+    for t in cdc:
+        if t.kind == "json-to-map" and s.value_converter != STRING_CONVERTER:
+            raise ConfigError("value.converter", s.value_converter, f"{STRING_CONVERTER} with {t.props['type']}: "
+                              "it takes JSON text values, as the reference")
+        if t.kind == "json-to-map" and s.value_converter_schemas_enable:
+            raise ConfigError("value.converter.schemas.enable", "true", f"unset with {STRING_CONVERTER}")
+        before = [x.kind for x in chain[:list(chain).index(t)]]
+        if t.kind == "json-to-map" and set(before) - {"filter", "regex-router", "kafka-metadata", "insert-field"}:
+            raise ConfigError("transforms", ",".join(s.transforms), f"{t.props['type']} before the transforms that "
+                              "change values: they need an object, it makes one of the text")
+        if t.kind == "dms" and (s.value_converter != JSON_CONVERTER or s.value_converter_schemas_enable):
+            raise ConfigError("value.converter.schemas.enable" if s.value_converter == JSON_CONVERTER
+                              else "value.converter", "true" if s.value_converter == JSON_CONVERTER else s.value_converter,
+                              f"schemaless JSON with {t.props['type']}: it refuses values with a schema, as the reference")
 
 
 def catalog_paths_absolute(props: Mapping[str, str]) -> dict[str, str]:

@@ -18,11 +18,14 @@ from typing import Final
 from icesink.shared.errors import ConfigError
 
 __all__ = ["PREDICATES", "TRANSFORMS", "PredicateSpec", "TransformSpec", "inserted_fields", "java_replacement",
-           "parse_chain"]
+           "parse_chain", "unwrap_options"]
 
 _CONNECT = "org.apache.kafka.connect.transforms."
 _CONNECT_PREDICATES = "org.apache.kafka.connect.transforms.predicates."
 _REFERENCE = ("org.apache.iceberg.connect.transforms.", "io.tabular.iceberg.connect.transforms.")
+#: ExtractNewRecordState's delete.tombstone.handling.mode values, and its older delete.handling.mode's.
+UNWRAP_MODES: Final = ("drop", "tombstone", "rewrite", "rewrite-with-tombstone", "delete-to-tombstone")
+_UNWRAP_LEGACY: Final = {"drop": "drop", "none": "tombstone", "rewrite": "rewrite"}
 
 #: Transform class -> kind.
 TRANSFORMS: Final[Mapping[str, str]] = {
@@ -34,6 +37,9 @@ TRANSFORMS: Final[Mapping[str, str]] = {
     f"{_CONNECT}HoistField$Value": "hoist-field",
     f"{_CONNECT}Filter": "filter",
     f"{_CONNECT}RegexRouter": "regex-router",
+    "io.debezium.transforms.ExtractNewRecordState": "unwrap",
+    **{f"{p}DmsTransform": "dms" for p in _REFERENCE},
+    **{f"{p}JsonToMapTransform": "json-to-map" for p in _REFERENCE},
 }
 #: Predicate class -> kind.
 PREDICATES: Final[Mapping[str, str]] = {
@@ -52,6 +58,11 @@ _TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] =
     "copy-value": (("source.field", "target.field"), ("source.field", "target.field")),
     "replace-field": (("exclude", "include", "renames", "blacklist", "whitelist"), ()),
     "regex-router": (("regex", "replacement"), ("regex", "replacement")),
+    "unwrap": (("delete.tombstone.handling.mode", "delete.handling.mode", "drop.tombstones", "add.fields",
+                "add.fields.prefix", "add.headers.prefix", "replace.null.with.default", "drop.fields.from.key",
+                "drop.fields.keep.schema.compatible"), ()),
+    "dms": ((), ()),
+    "json-to-map": (("json.root",), ()),
 }
 _PREDICATE_PROPS: Final[Mapping[str, tuple[str, ...]]] = {
     "topic-name-matches": ("pattern",),
@@ -61,6 +72,9 @@ _PREDICATE_PROPS: Final[Mapping[str, tuple[str, ...]]] = {
 #: What the reference has and icesink does not (yet): refused by name, with what to do.
 _NOT_YET: Final[Mapping[str, str]] = {
     "external_field": "unset: a constant metadata field is not supported yet (add it with a default column value)",
+    "add.headers": "unset: headers a transform adds are not kept here (add.fields puts the same values in columns)",
+    "route.by.field": "unset: routing reads the values before the transform (use iceberg.tables.route-field)",
+    "drop.fields.header.name": "unset: headers a transform reads are not kept here",
 }
 
 
@@ -166,10 +180,53 @@ def parse_chain(names: tuple[str, ...], props: Mapping[str, Mapping[str, str]],
             if tp.get("timestamp.field", "").endswith("!"):
                 raise ConfigError(f"transforms.{name}.timestamp.field", tp["timestamp.field"],
                                   "an optional field (no '!'): a record may have no timestamp")
+        if kind == "unwrap":
+            unwrap_options(name, tp)
+        if kind == "json-to-map" and "json.root" in tp:
+            _bool(f"transforms.{name}.json.root", tp["json.root"])
         if kind == "kafka-metadata" and "nested" in tp:
             _bool(f"transforms.{name}.nested", tp["nested"])
         chain.append(TransformSpec(name, kind, dict(tp), predicate, negate))
     return tuple(chain)
+
+
+def unwrap_options(name: str, props: Mapping[str, str]) -> tuple[str, tuple[tuple[str, str, str], ...]]:
+    """ExtractNewRecordState's delete mode (one of UNWRAP_MODES) and its ``add.fields`` as
+    (struct or "", field, column), as Debezium's FieldReference reads them: ``op``, ``ts_ms``,
+    ``ts_us``, ``ts_ns`` top-level, ``id``, ``total_order``, ``data_collection_order`` in
+    ``transaction``, any other in ``source`` (else top-level when that has none); ``struct.field``
+    names its struct; ``:name`` renames;
+    the column is ``add.fields.prefix`` (``__``) + the name (``struct_field`` when qualified)."""
+    key = f"transforms.{name}."
+    for b in ("drop.tombstones", "replace.null.with.default", "drop.fields.from.key", "drop.fields.keep.schema.compatible"):
+        if b in props:
+            _bool(key + b, props[b])
+    mode = props.get("delete.tombstone.handling.mode", "tombstone").strip().lower()
+    if mode not in UNWRAP_MODES:
+        raise ConfigError(key + "delete.tombstone.handling.mode", props["delete.tombstone.handling.mode"],
+                          f"one of {UNWRAP_MODES}")
+    if "delete.handling.mode" in props:
+        legacy = props["delete.handling.mode"].strip().lower()
+        if legacy not in _UNWRAP_LEGACY:
+            raise ConfigError(key + "delete.handling.mode", props["delete.handling.mode"], f"one of {tuple(_UNWRAP_LEGACY)}")
+        if "delete.tombstone.handling.mode" in props:
+            raise ConfigError(key + "delete.handling.mode", props["delete.handling.mode"],
+                              "unset with delete.tombstone.handling.mode (its replacement)")
+        mode = _UNWRAP_LEGACY[legacy]
+    prefix = props.get("add.fields.prefix", "__")
+    fields = []
+    for ref in (x.strip() for x in props.get("add.fields", "").split(",") if x.strip()):
+        parts = ref.split(":")
+        splits = parts[0].split(".")
+        if len(parts) > 2 or len(splits) > 2 or not all(splits) or (len(parts) == 2 and not parts[1]):
+            raise ConfigError(key + "add.fields", props["add.fields"], f"field[:name] or struct.field[:name] ({ref!r} is not)")
+        leaf = splits[-1]
+        struct = splits[0] if len(splits) == 2 else (
+            "transaction" if leaf in ("id", "total_order", "data_collection_order")
+            else "" if leaf in ("op", "ts_ms", "ts_us", "ts_ns") else "source")
+        column = prefix + (parts[1] if len(parts) == 2 else leaf if len(splits) == 1 else f"{struct}_{leaf}")
+        fields.append((struct, leaf, column))
+    return mode, tuple(fields)
 
 
 def inserted_fields(chain: tuple[TransformSpec, ...]) -> tuple[tuple[str, str, bool], ...]:
