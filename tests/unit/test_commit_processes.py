@@ -335,7 +335,9 @@ time.sleep(600)
     finally:
         proc.kill()
         proc.wait()
-    deadline = time.monotonic() + 15
+    # A bound on "never", not a timing: at a load average of 16 on two cores the processes took
+    # just over 15 s to notice (each watches its replica every WATCH_S, once its start-up is done).
+    deadline = time.monotonic() + 60
     while any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids):
         assert time.monotonic() < deadline, "commit processes outlived their replica"
         time.sleep(0.1)
