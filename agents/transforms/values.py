@@ -13,15 +13,19 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from agents.convert import Converted
+import numpy as np
+
+from agents.convert import Converted, Reject
+from agents.transforms.cast import Cast
 from agents.transforms.copy_value import CopyValue
 from agents.transforms.hoist_field import HoistField
 from agents.transforms.replace_field import ReplaceField
+from agents.transforms.timestamp_converter import TimestampConverter
 from icesink.shared.transform_settings import TransformSpec
 
 __all__ = ["ValueChain", "VALUE_KINDS"]
 
-VALUE_KINDS = ("replace-field", "copy-value", "hoist-field")
+VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "cast", "timestamp-converter")
 
 
 class ValueStep(Protocol):
@@ -42,6 +46,10 @@ class ValueChain:
                 self.steps.append(CopyValue(s))
             elif s.kind == "hoist-field":
                 self.steps.append(HoistField(s))
+            elif s.kind == "cast":
+                self.steps.append(Cast(s))
+            elif s.kind == "timestamp-converter":
+                self.steps.append(TimestampConverter(s))
 
     def __bool__(self) -> bool:
         return bool(self.steps)
@@ -64,6 +72,20 @@ class ValueChain:
     def apply(self, converted: Converted, target: pa.Schema) -> Converted:
         """``converted`` (decoded against :meth:`in_schema` of ``target``) as ``target``'s columns."""
         table = converted.table
+        failed: dict[int, tuple[str, str]] = {}  # row -> (reason, field): Cast's and TimestampConverter's
         for step, out in zip(self.steps, self.schemas(target)[1:], strict=True):
-            table = step.apply(table, out)
-        return Converted(table.replace_schema_metadata(target.metadata), converted.indices, converted.rejects)
+            if isinstance(step, (Cast, TimestampConverter)):
+                table, bad = step.convert(table, out)
+                for row, reason, name in bad:
+                    failed.setdefault(row, (reason, name))  # a record fails at its first step, as in Connect
+            else:
+                table = step.apply(table, out)
+        table = table.replace_schema_metadata(target.metadata)
+        if not failed:
+            return Converted(table, converted.indices, converted.rejects)
+        keep = np.ones(table.num_rows, np.bool_)
+        keep[list(failed)] = False
+        index = converted.indices.to_numpy(zero_copy_only=False)
+        rejects = [Reject(int(index[row]), reason, name) for row, (reason, name) in failed.items()]
+        return Converted(table.filter(keep), converted.indices.filter(keep),
+                         tuple(sorted([*converted.rejects, *rejects], key=lambda r: r.index)))
