@@ -58,12 +58,12 @@ def _wrap(values: pa.Array, t: pa.DataType) -> pa.Array:
 
 def _from_double(d: pa.Array, t: pa.DataType) -> pa.Array:
     """float64 values as Java narrows a Double: truncate, saturate to int (long for int64), wrap."""
-    a = np.nan_to_num(d.to_numpy(zero_copy_only=False), nan=0.0)
+    a = np.trunc(np.nan_to_num(d.to_numpy(zero_copy_only=False), nan=0.0, posinf=np.inf, neginf=-np.inf))
     wide = np.iinfo(np.int64 if t == pa.int64() else np.int32)
-    a = np.clip(np.trunc(a), wide.min, wide.max)
-    out = np.where(a >= 2.0**63, np.iinfo(np.int64).max, a.astype(np.float64)).astype(np.int64) \
-        if t == pa.int64() else a.astype(np.int64)
-    return _wrap(pa.array(out), t)
+    high, low = a >= float(wide.max), a <= float(wide.min)  # 2**63 - 1 is no double: compare, then place
+    out = np.where(high | low, 0.0, a).astype(np.int64)
+    out = np.where(high, wide.max, np.where(low, wide.min, out))
+    return _wrap(pa.array(out, pa.int64()), t)
 
 
 def cast_text(text: pa.Array, to: str) -> tuple[pa.Array, np.ndarray]:
@@ -79,7 +79,8 @@ def cast_text(text: pa.Array, to: str) -> tuple[pa.Array, np.ndarray]:
     floats = pc.if_else(is_float, text, None)
     bad = np.asarray(nested.to_numpy(zero_copy_only=False)).copy()
     if to == "string":
-        out = pc.if_else(is_int, pc.replace_substring_regex(text, r"^(-?)0+(\d)", r"\1\2"), text)
+        digits = pc.replace_substring_regex(pc.replace_substring_regex(text, r"^(-?)0+(\d)", r"\1\2"), "^-0$", "0")
+        out = pc.if_else(is_int, digits, text)
         if pc.any(is_float).as_py():
             found = pc.unique(floats.drop_null())
             written = pa.array([java_double(float(v)) for v in found.to_pylist()], pa.string())

@@ -64,6 +64,13 @@ def test_cast_acts_as_connects_cast_on_each_kind_of_json_value(to: str, values: 
     assert [i for i, b in enumerate(failed) if b] == bad
 
 
+def test_doubles_saturate_as_javas_narrowing_casts() -> None:
+    texts = pa.array(["1e300", "-1e300", "9.9e18", "3e9", "-2.5"])
+    assert cast_text(texts, "int64")[0].to_pylist() == [2**63 - 1, -2**63, 2**63 - 1, 3_000_000_000, -2]
+    assert cast_text(texts, "int32")[0].to_pylist() == [2**31 - 1, -2**31, 2**31 - 1, 2**31 - 1, -2]
+    assert cast_text(texts, "int16")[0].to_pylist() == [-1, 0, -1, -1, -2]  # (short) (int) d
+
+
 def test_doubles_are_written_as_javas_double_to_string() -> None:
     assert [java_double(x) for x in (1e7, 1.5e-5, 123.0, -1e21, 0.001, 9999999.5, -0.0)] == [
         "1.0E7", "1.5E-5", "123.0", "-1.0E21", "0.001", "9999999.5", "-0.0"]
