@@ -21,11 +21,12 @@ from agents.transforms.copy_value import CopyValue
 from agents.transforms.hoist_field import HoistField
 from agents.transforms.replace_field import ReplaceField
 from agents.transforms.timestamp_converter import TimestampConverter
+from agents.transforms.value_to_key import ValueToKey
 from icesink.shared.transform_settings import TransformSpec
 
 __all__ = ["ValueChain", "VALUE_KINDS"]
 
-VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "cast", "timestamp-converter")
+VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "cast", "timestamp-converter", "value-to-key")
 
 
 class ValueStep(Protocol):
@@ -37,7 +38,7 @@ class ValueStep(Protocol):
 
 
 class ValueChain:
-    def __init__(self, specs: Sequence[TransformSpec]) -> None:
+    def __init__(self, specs: Sequence[TransformSpec], key_column: str | None = None) -> None:
         self.steps: list[ValueStep] = []
         for s in specs:
             if s.kind == "replace-field":
@@ -50,6 +51,10 @@ class ValueChain:
                 self.steps.append(Cast(s))
             elif s.kind == "timestamp-converter":
                 self.steps.append(TimestampConverter(s))
+            elif s.kind == "value-to-key" and key_column is not None:
+                self.steps.append(ValueToKey(s))
+        #: ValueToKey's key column (the last one's, as its key is the one that stays), if any.
+        self.key_column = key_column if any(isinstance(x, ValueToKey) for x in self.steps) else None
 
     def __bool__(self) -> bool:
         return bool(self.steps)
@@ -59,21 +64,42 @@ class ValueChain:
             s = step.out_schema(s)
         return s
 
-    def schemas(self, target: pa.Schema) -> list[pa.Schema]:
-        """The schema before each step and after the last, for a chain ending in ``target``."""
+    def _to_key(self) -> ValueToKey | None:
+        found = [x for x in self.steps if isinstance(x, ValueToKey)]
+        return found[-1] if found else None
+
+    def key_struct(self, s: pa.Schema) -> pa.StructType | None:
+        """The key column's type that ValueToKey makes for values of schema ``s`` (None: none)."""
+        last = self._to_key()
+        for step in self.steps:
+            if step is last:
+                return step.key_struct(s)
+            s = step.out_schema(s)
+        return None
+
+    def schemas(self, target: pa.Schema, key: pa.StructType | None = None) -> list[pa.Schema]:
+        """The schema before each step and after the last, for a chain ending in ``target``
+        (``key``: the key column's type that ValueToKey fills)."""
         out = [target]
+        last = self._to_key()
         for step in reversed(self.steps):
-            out.insert(0, step.in_schema(out[0]))
+            out.insert(0, step.in_schema(out[0], key) if step is last and isinstance(step, ValueToKey)
+                       else step.in_schema(out[0]))
         return out
 
-    def in_schema(self, target: pa.Schema) -> pa.Schema:
-        return pa.schema(list(self.schemas(target)[0]), metadata=target.metadata)
+    def in_schema(self, target: pa.Schema, key: pa.StructType | None = None) -> pa.Schema:
+        return pa.schema(list(self.schemas(target, key)[0]), metadata=target.metadata)
 
-    def apply(self, converted: Converted, target: pa.Schema) -> Converted:
-        """``converted`` (decoded against :meth:`in_schema` of ``target``) as ``target``'s columns."""
+    def apply(self, converted: Converted, target: pa.Schema, key: pa.StructType | None = None) -> Converted:
+        """``converted`` (decoded against :meth:`in_schema` of ``target``) as ``target``'s columns
+        and, with ValueToKey and ``key``, the key column last."""
         table = converted.table
         failed: dict[int, tuple[str, str]] = {}  # row -> (reason, field): Cast's and TimestampConverter's
-        for step, out in zip(self.steps, self.schemas(target)[1:], strict=True):
+        key_array = None
+        last = self._to_key()
+        for step, out in zip(self.steps, self.schemas(target, key)[1:], strict=True):
+            if step is last and isinstance(step, ValueToKey) and key is not None:
+                key_array = step.key(table, key)
             if isinstance(step, (Cast, TimestampConverter)):
                 table, bad = step.convert(table, out)
                 for row, reason, name in bad:
@@ -81,6 +107,8 @@ class ValueChain:
             else:
                 table = step.apply(table, out)
         table = table.replace_schema_metadata(target.metadata)
+        if key_array is not None and self.key_column is not None:
+            table = table.append_column(pa.field(self.key_column, key_array.type), key_array)
         if not failed:
             return Converted(table, converted.indices, converted.rejects)
         keep = np.ones(table.num_rows, np.bool_)

@@ -256,7 +256,12 @@ def _check_conversions(s: Settings, chain: tuple[TransformSpec, ...]) -> None:
             if s.value_converter != JSON_CONVERTER or any(d.kind == "debezium" for d in chain):
                 raise ConfigError(f"{key}.type", t.props["type"], "unset with this value.converter or a Debezium "
                                   "transform: it acts on JSON values' fields here (not built yet for the others)")
-        if (t.kind.endswith("-key") or t.kind == "value-to-key") and s.key_column is not None:
+        if t.kind == "value-to-key" and s.key_column is not None and (
+                s.value_converter in (STRING_CONVERTER, BYTES_CONVERTER) or any(d.kind == "debezium" for d in chain)):
+            raise ConfigError(f"{key}.type", t.props["type"], "unset with this value.converter or a Debezium transform "
+                              "and iceberg.tables.key-column: it keys by value fields of a struct value (Connect fails "
+                              "string values; not built yet after Debezium)")
+        if t.kind.endswith("-key") and t.kind != "value-to-key" and s.key_column is not None:
             raise ConfigError(f"{key}.type", t.props["type"], "unset with iceberg.tables.key-column: the key "
                               "column is the record's key as consumed (key transforms not built yet)")
 

@@ -150,8 +150,8 @@ def test_timestamp_converter_reads_unix_times_and_strings_as_connect(target: str
     ({"transforms.x.type": f"{C}Cast$Value", "transforms.x.spec": "a:int8", "transforms.x.predicate": "p",
       "predicates": "p", "predicates.p.type": f"{C}predicates.RecordIsTombstone"}, "transforms.x.predicate"),
     ({"transforms.x.type": f"{C}ValueToKey"}, "transforms.x.fields"),
-    ({"transforms.x.type": f"{C}ValueToKey", "transforms.x.fields": "id", "iceberg.tables.key-column": "k"},
-     "transforms.x.type"),
+    ({"transforms.x.type": f"{C}ValueToKey", "transforms.x.fields": "id", "iceberg.tables.key-column": "k",
+      "value.converter": "org.apache.kafka.connect.storage.StringConverter"}, "transforms.x.type"),
     ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int64", "iceberg.tables.key-column": "k"},
      "transforms.x.type"),
     ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int65"}, "transforms.x.spec"),
@@ -174,3 +174,23 @@ def test_key_transforms_start_where_no_key_lands_and_change_no_row() -> None:
     values = [b'{"id":1}']
     _, out = run(values, **keys)
     assert out.table.to_pylist() == [{"id": 1}]
+
+
+def test_value_to_key_makes_the_key_column_a_struct_of_value_fields_as_the_value_is_at_its_step() -> None:
+    keys = {"transforms": "c,v,r", "iceberg.tables.key-column": "_key",
+            "transforms.c.type": f"{C}Cast$Value", "transforms.c.spec": "id:string",
+            "transforms.v.type": f"{C}ValueToKey", "transforms.v.fields": "id,region",
+            "transforms.r.type": f"{C}ReplaceField$Value", "transforms.r.exclude": "region"}
+    values = [b'{"id":1,"region":"eu","n":5}', b'{"id":2,"n":6}', b'{"id":{"x":1},"region":"us","n":7}']
+    target, out = run(values, **keys)
+    assert target.names == ["id", "n", "_key"]
+    assert target.field("_key").type == pa.struct([pa.field("id", pa.large_string()),
+                                                   pa.field("region", pa.large_string())])
+    assert out.table.to_pylist() == [{"id": "1", "n": 5, "_key": {"id": "1", "region": "eu"}},
+                                     {"id": "2", "n": 6, "_key": {"id": "2", "region": None}}]
+    assert [r.index for r in out.rejects] == [2]  # Cast failed it first
+    plain = pa.schema([("id", pa.string()), ("n", pa.int64()), ("_key", pa.string())])
+    from agents.formats import RecordFormat
+    with pytest.raises(ConfigError) as err:
+        RecordFormat(settings(**keys)).convert([Msg(values[0])], values[:1], plain)
+    assert err.value.key == "iceberg.tables.key-column"
