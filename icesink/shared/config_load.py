@@ -239,6 +239,12 @@ def _check_registry_values(s: Settings) -> None:
                           f"unset with {s.value_converter}: the registry's schema is the records' schema")
 
 
+def _converted_fields(t: TransformSpec) -> set[str]:
+    if t.kind == "cast":
+        return {e.split(":")[0].strip() for e in t.props["spec"].split(",") if ":" in e}
+    return {t.props.get("field", "")}
+
+
 def _check_conversions(s: Settings, chain: tuple[TransformSpec, ...]) -> None:
     """Cast and TimestampConverter on the value's top-level fields of JSON values; the $Key
     transforms and ValueToKey where no key lands (docs/transforms.md)."""
@@ -261,6 +267,13 @@ def _check_conversions(s: Settings, chain: tuple[TransformSpec, ...]) -> None:
             raise ConfigError(f"{key}.type", t.props["type"], "unset with this value.converter or a Debezium transform "
                               "and iceberg.tables.key-column: it keys by value fields of a struct value (Connect fails "
                               "string values; not built yet after Debezium)")
+        if t.kind == "value-to-key" and s.key_column is not None:
+            fields = {f.strip() for f in t.props["fields"].split(",")}
+            later = chain[chain.index(t) + 1:]
+            for c in later:
+                if c.kind in ("cast", "timestamp-converter") and fields & _converted_fields(c):
+                    raise ConfigError(f"transforms.{c.name}.type", c.props["type"], f"unset, or before ValueToKey "
+                                      f"{t.name}: converting a field of its key after it is not built yet")
         if t.kind.endswith("-key") and t.kind != "value-to-key" and s.key_column is not None:
             raise ConfigError(f"{key}.type", t.props["type"], "unset with iceberg.tables.key-column: the key "
                               "column is the record's key as consumed (key transforms not built yet)")

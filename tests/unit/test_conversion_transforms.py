@@ -152,6 +152,9 @@ def test_timestamp_converter_reads_unix_times_and_strings_as_connect(target: str
     ({"transforms.x.type": f"{C}ValueToKey"}, "transforms.x.fields"),
     ({"transforms.x.type": f"{C}ValueToKey", "transforms.x.fields": "id", "iceberg.tables.key-column": "k",
       "value.converter": "org.apache.kafka.connect.storage.StringConverter"}, "transforms.x.type"),
+    ({"transforms": "x,y", "transforms.x.type": f"{C}ValueToKey", "transforms.x.fields": "a,t",
+      "iceberg.tables.key-column": "k", "transforms.y.type": f"{C}TimestampConverter$Value", "transforms.y.field": "t",
+      "transforms.y.target.type": "unix"}, "transforms.y.type"),
     ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int64", "iceberg.tables.key-column": "k"},
      "transforms.x.type"),
     ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int65"}, "transforms.x.spec"),
@@ -159,7 +162,7 @@ def test_timestamp_converter_reads_unix_times_and_strings_as_connect(target: str
 ])
 def test_conversion_and_key_transform_keys_are_checked_at_start(keys: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError) as err:
-        settings(transforms="x", **keys)
+        settings(**{"transforms": "x", **keys})
     assert err.value.key == named
 
 
