@@ -27,8 +27,8 @@ Key and metadata columns
 ------------------------
 ``iceberg.tables.key-column`` names a column holding the record key (a string for the String
 and JSON key converters, binary for ByteArrayConverter, the key schema's type for a registry key
-converter: ``registry_keys``). ``iceberg.tables.kafka-metadata-enabled``
-adds the source position as the reference's KafkaMetadataTransform does: columns
+converter: ``registry_keys``; with a ValueToKey transform, the struct of its value fields).
+``iceberg.tables.kafka-metadata-enabled`` adds the source position as the reference's KafkaMetadataTransform does: columns
 ``<field>_topic``, ``_partition``, ``_offset``, ``_timestamp`` and ``_headers`` (or, nested, a
 struct ``<field>`` with those children), ``<field>`` defaulting to ``_kafka_metadata``. These
 columns are built from the messages with Arrow, never read from the value. An existing table

@@ -56,6 +56,8 @@ class Extras:
     headers: bool = True
     #: InsertField$Value's columns: (column, source, required), icesink.shared.transform_settings.inserted_fields.
     inserted: tuple[tuple[str, str, bool], ...] = ()
+    #: The key column is ValueToKey's struct (agents/transforms/value_to_key.py), built with the values.
+    key_from_value: bool = False
     #: Registry-framed keys (key.converter = a registry converter): the key column's type and values.
     registry_keys: RegistryKeys | None = field(default=None, compare=False, repr=False)
 
@@ -89,7 +91,7 @@ class Extras:
         out: dict[str, pa.Array] = {}
         rejects: list[Reject] = []
         names = set(target.names)
-        if self.key_column and self.key_column in names:
+        if self.key_column and self.key_column in names and not self.key_from_value:
             out[self.key_column], rejects = self._keys(messages, target.field(self.key_column).type)
         if self.inserted:
             present = [(name, source) for name, source, _ in self.inserted if name in names]
@@ -121,7 +123,7 @@ class Extras:
         return out, rejects
 
     def _key_type(self) -> IcebergType:
-        if self.registry_keys is None:
+        if self.registry_keys is None or self.key_from_value:  # ValueToKey's: RecordFormat.with_extras sets it
             return BinaryType() if self.key_binary else StringType()
         found = self.registry_keys.key_type()
         if found is None:  # no record of the fetch that creates the table has a key schema

@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.types import NestedField
 
 from agents.convert import Converted, EpochUnit, check_schema, decode_json, infer_schema
 from agents.formats.connect_schema import ConnectSchemaError, connect_arrow_schema, connect_iceberg_schema
@@ -21,6 +22,7 @@ from agents.formats.registry_keys import RegistryKeys
 from agents.formats.registry_values import RegistryValues
 from agents.transforms.values import ValueChain
 from icesink.shared.config import BYTES_CONVERTER, JSON_CONVERTER, Settings
+from icesink.shared.errors import ConfigError
 from icesink.shared.registry_settings import is_registry_converter
 from icesink.shared.schema_changes import iceberg_schema
 from icesink.shared.transform_settings import inserted_fields
@@ -54,10 +56,13 @@ class RecordFormat:
             settings.value_column, settings.value_converter == BYTES_CONVERTER)
         metadata, nested, headers = settings.metadata_columns or (None, False, False)
         self.extras = Extras(settings.key_column, settings.key_converter == BYTES_CONVERTER, metadata, nested,
-                             registry_keys=keys, headers=headers, inserted=inserted_fields(settings.transform_chain))
+                             registry_keys=keys, headers=headers, inserted=inserted_fields(settings.transform_chain),
+                             key_from_value=any(t.kind == "value-to-key" for t in settings.transform_chain))
         self.keys = keys
-        #: Value transforms (ReplaceField, CopyValue: agents/transforms/values.py) on the decoded columns.
-        self.values = ValueChain(settings.transform_chain, schemas=self.envelope or registry is not None)
+        #: Value transforms (ReplaceField, CopyValue, ...: agents/transforms/values.py) on the decoded
+        #: columns; ValueToKey's key column with them.
+        self.values = ValueChain(settings.transform_chain, schemas=self.envelope or registry is not None,
+                                 key_column=settings.key_column)
         self.plain = json and not self.envelope and not self.extras.names() and not self.values
         self.fold_case = settings.schema_case_insensitive
         self._envelopes = Envelopes()
@@ -95,12 +100,17 @@ class RecordFormat:
     def with_extras(self, schema: pa.Schema | Schema) -> Schema:
         """An auto-created table's schema: the value columns, then the key and metadata columns.
         Raises UnsupportedTypeError naming a column that cannot be filled or written."""
+        extras = self.extras.iceberg_fields()
         if self.values:  # the value's fields after the transforms
             arrow = schema_to_pyarrow(schema, include_field_ids=False) if isinstance(schema, Schema) else schema
+            key = self.values.key_struct(arrow)
+            if key is not None:  # ValueToKey's key column: a struct of value fields
+                t = iceberg_schema(pa.schema([pa.field("key", key)])).fields[0].field_type
+                extras = [NestedField(0, f.name, t) if f.name == self.values.key_column else f for f in extras]
             schema = self.values.out_schema(arrow)
         schema = iceberg_schema(schema)
         check_schema(schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
-        schema = assign_fresh_schema_ids(Schema(*schema.fields, *self.extras.iceberg_fields()))
+        schema = assign_fresh_schema_ids(Schema(*schema.fields, *extras))
         arrow_only_column(schema)  # likewise for types no writer can write (Spark or pyarrow)
         return schema
 
@@ -124,7 +134,7 @@ class RecordFormat:
         def values_of(schema: pa.Schema) -> pa.Schema:
             """The columns to decode for ``schema``'s value columns (before the value transforms)."""
             own = pa.schema([f for f in schema if f.name not in extra], metadata=schema.metadata) if extra else schema
-            return self.values.in_schema(own) if self.values else own
+            return self.values.in_schema(own, self._key_type(schema)) if self.values else own
 
         def grow_values(wanted: Sequence[pa.Schema]) -> pa.Schema:
             nonlocal full
@@ -154,8 +164,18 @@ class RecordFormat:
             converted = decode_json(self.values.wrap(values), value_schema, epoch_unit=epoch_unit, fold_case=self.fold_case)
         if self.values and full is not None:
             own = pa.schema([f for f in full if f.name not in extra], metadata=full.metadata)
-            converted = self.values.apply(converted, own)
+            converted = self.values.apply(converted, own, self._key_type(full))
         if full is None or not extra:
             return converted
         columns, key_rejects = self.extras.columns(messages, full)
         return assemble(converted, columns, key_rejects, full)
+
+    def _key_type(self, schema: pa.Schema) -> pa.StructType | None:
+        """ValueToKey's key column type in a table of ``schema`` (None: no ValueToKey or column)."""
+        name = self.values.key_column
+        if name is None or name not in schema.names:
+            return None
+        t = schema.field(name).type
+        if not pa.types.is_struct(t):
+            raise ConfigError("iceberg.tables.key-column", name, f"a struct column for ValueToKey's key (the table has {t})")
+        return t

@@ -13,18 +13,25 @@ from typing import Protocol
 
 import pyarrow as pa
 
+import numpy as np
+import numpy.typing as npt
+
 from agents.convert import Converted, Reject
+from agents.transforms.cast import Cast
 from agents.transforms.copy_value import CopyValue
 from agents.transforms.dms import DmsTransform
 from agents.transforms.hoist_field import HoistField
 from agents.transforms.json_to_map import JsonToMap
 from agents.transforms.replace_field import ReplaceField
+from agents.transforms.timestamp_converter import TimestampConverter
 from agents.transforms.unwrap import ExtractNewRecordState
+from agents.transforms.value_to_key import ValueToKey
 from icesink.shared.transform_settings import TransformSpec
 
 __all__ = ["ValueChain", "VALUE_KINDS"]
 
-VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "unwrap", "dms", "json-to-map")
+VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "unwrap", "dms", "json-to-map", "cast",
+               "timestamp-converter", "value-to-key")
 
 
 class ValueStep(Protocol):
@@ -38,23 +45,34 @@ class ValueStep(Protocol):
 class ValueChain:
     """``schemas``: the values state a schema (Connect envelopes, a schema registry):
     ExtractNewRecordState acts on them only, as Debezium (schemaless values pass it unchanged).
-    A step with ``screen(table)`` drops and rejects records before its ``apply``."""
+    A step with ``screen(table)`` drops and rejects records before its ``apply``; Cast's and
+    TimestampConverter's records that do not convert are rejected at that step (a record fails
+    at its first step, as in Connect). ``key_column``: where ValueToKey's key lands."""
 
-    def __init__(self, specs: Sequence[TransformSpec], schemas: bool = True) -> None:
+    def __init__(self, specs: Sequence[TransformSpec], schemas: bool = True, key_column: str | None = None) -> None:
         self.steps: list[ValueStep] = []
         for s in specs:
-            if s.kind == "unwrap" and schemas:
-                self.steps.append(ExtractNewRecordState(s))
+            if s.kind == "unwrap":
+                if schemas:
+                    self.steps.append(ExtractNewRecordState(s))
             elif s.kind == "dms":
                 self.steps.append(DmsTransform(s))
             elif s.kind == "json-to-map":
                 self.steps.append(JsonToMap(s))
-            if s.kind == "replace-field":
+            elif s.kind == "replace-field":
                 self.steps.append(ReplaceField(s))
             elif s.kind == "copy-value":
                 self.steps.append(CopyValue(s))
             elif s.kind == "hoist-field":
                 self.steps.append(HoistField(s))
+            elif s.kind == "cast":
+                self.steps.append(Cast(s))
+            elif s.kind == "timestamp-converter":
+                self.steps.append(TimestampConverter(s))
+            elif s.kind == "value-to-key" and key_column is not None:
+                self.steps.append(ValueToKey(s))
+        #: ValueToKey's key column (the last one's, as its key is the one that stays), if any.
+        self.key_column = key_column if any(isinstance(x, ValueToKey) for x in self.steps) else None
 
     def __bool__(self) -> bool:
         return bool(self.steps)
@@ -70,20 +88,39 @@ class ValueChain:
             s = step.out_schema(s)
         return s
 
-    def schemas(self, target: pa.Schema) -> list[pa.Schema]:
-        """The schema before each step and after the last, for a chain ending in ``target``."""
+    def _to_key(self) -> ValueToKey | None:
+        found = [x for x in self.steps if isinstance(x, ValueToKey)]
+        return found[-1] if found else None
+
+    def key_struct(self, s: pa.Schema) -> pa.StructType | None:
+        """The key column's type that ValueToKey makes for values of schema ``s`` (None: none)."""
+        last = self._to_key()
+        for step in self.steps:
+            if step is last:
+                return step.key_struct(s)
+            s = step.out_schema(s)
+        return None
+
+    def schemas(self, target: pa.Schema, key: pa.StructType | None = None) -> list[pa.Schema]:
+        """The schema before each step and after the last, for a chain ending in ``target``
+        (``key``: the key column's type that ValueToKey fills)."""
         out = [target]
+        last = self._to_key()
         for step in reversed(self.steps):
-            out.insert(0, step.in_schema(out[0]))
+            out.insert(0, step.in_schema(out[0], key) if step is last and isinstance(step, ValueToKey)
+                       else step.in_schema(out[0]))
         return out
 
-    def in_schema(self, target: pa.Schema) -> pa.Schema:
-        return pa.schema(list(self.schemas(target)[0]), metadata=target.metadata)
+    def in_schema(self, target: pa.Schema, key: pa.StructType | None = None) -> pa.Schema:
+        return pa.schema(list(self.schemas(target, key)[0]), metadata=target.metadata)
 
-    def apply(self, converted: Converted, target: pa.Schema) -> Converted:
-        """``converted`` (decoded against :meth:`in_schema` of ``target``) as ``target``'s columns."""
+    def apply(self, converted: Converted, target: pa.Schema, key: pa.StructType | None = None) -> Converted:
+        """``converted`` (decoded against :meth:`in_schema` of ``target``) as ``target``'s columns
+        and, with ValueToKey and ``key``, the key column last."""
         table, indices, rejects = converted.table, converted.indices, list(converted.rejects)
-        for step, out in zip(self.steps, self.schemas(target)[1:], strict=True):
+        key_array: pa.Array | None = None
+        last = self._to_key()
+        for step, out in zip(self.steps, self.schemas(target, key)[1:], strict=True):
             screen = getattr(step, "screen", None)
             if screen is not None and table.num_rows:
                 drop, bad = screen(table)
@@ -92,8 +129,31 @@ class ValueChain:
                     rejects += [Reject(int(i), reason, field) for i in at[mask]]
                     drop = drop | mask
                 if drop.any():
-                    keep = pa.array(~drop)
-                    table, indices = table.filter(keep), indices.filter(keep)
-            table = step.apply(table, out)
+                    table, indices, key_array = _keep(~drop, table, indices, key_array)
+            if step is last and isinstance(step, ValueToKey) and key is not None:
+                key_array = step.key(table, key)
+            if isinstance(step, (Cast, TimestampConverter)):
+                table, failed = step.convert(table, out)
+                if failed:
+                    at = indices.to_numpy(zero_copy_only=False)
+                    first: dict[int, tuple[str, str]] = {}
+                    for row, reason, name in failed:
+                        first.setdefault(row, (reason, name))  # one reject a record, its first field's
+                    rejects += [Reject(int(at[row]), reason, name) for row, (reason, name) in first.items()]
+                    keep = np.ones(table.num_rows, np.bool_)
+                    keep[list(first)] = False
+                    table, indices, key_array = _keep(keep, table, indices, key_array)
+            else:
+                table = step.apply(table, out)
+        table = table.replace_schema_metadata(target.metadata)
+        if key_array is not None and self.key_column is not None:
+            table = table.append_column(pa.field(self.key_column, key_array.type), key_array)
         rejects.sort(key=lambda r: r.index)
-        return Converted(table.replace_schema_metadata(target.metadata), indices, tuple(rejects))
+        return Converted(table, indices, tuple(rejects))
+
+
+def _keep(keep: npt.NDArray[np.bool_], table: pa.Table, indices: pa.Array,
+          key_array: pa.Array | None) -> tuple[pa.Table, pa.Array, pa.Array | None]:
+    """The rows of ``keep`` of a batch in the chain: its columns, record indices and key."""
+    mask = pa.array(keep)
+    return table.filter(mask), indices.filter(mask), None if key_array is None else key_array.filter(mask)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from icesink.shared.errors import ConfigError
 from icesink.shared.registry_settings import is_registry_converter, registry_settings
-from icesink.shared.transform_settings import inserted_fields
+from icesink.shared.transform_settings import TransformSpec, inserted_fields
 from icesink.shared.secrets import Hidden, is_secret_key, mask_url
 
 if TYPE_CHECKING:
@@ -240,6 +240,46 @@ def _check_registry_values(s: Settings) -> None:
                           f"unset with {s.value_converter}: the registry's schema is the records' schema")
 
 
+def _converted_fields(t: TransformSpec) -> set[str]:
+    if t.kind == "cast":
+        return {e.split(":")[0].strip() for e in t.props["spec"].split(",") if ":" in e}
+    return {t.props.get("field", "")}
+
+
+def _check_conversions(s: Settings, chain: tuple[TransformSpec, ...]) -> None:
+    """Cast and TimestampConverter on the value's top-level fields of JSON values; the $Key
+    transforms and ValueToKey where no key lands (docs/transforms.md)."""
+    for t in chain:
+        key = f"transforms.{t.name}"
+        if t.predicate is not None and t.kind in ("cast", "timestamp-converter"):
+            raise ConfigError(f"{key}.predicate", t.predicate.name, f"unset: {t.props['type']} applies to every "
+                              "record here (a predicate on a value transform is not built yet)")
+        if t.kind in ("cast", "timestamp-converter"):
+            whole = ("spec", t.props["spec"]) if t.kind == "cast" and ":" not in t.props["spec"] else (
+                ("field", t.props.get("field", "")) if t.kind == "timestamp-converter" and not t.props.get("field") else None)
+            if whole is not None:
+                raise ConfigError(f"{key}.{whole[0]}", whole[1], "a field of the value: converting the whole value "
+                                  "(a struct here) fails every record in Kafka Connect")
+            if s.value_converter != JSON_CONVERTER or any(d.kind == "debezium" for d in chain):
+                raise ConfigError(f"{key}.type", t.props["type"], "unset with this value.converter or a Debezium "
+                                  "transform: it acts on JSON values' fields here (not built yet for the others)")
+        if t.kind == "value-to-key" and s.key_column is not None and (
+                s.value_converter in (STRING_CONVERTER, BYTES_CONVERTER) or any(d.kind == "debezium" for d in chain)):
+            raise ConfigError(f"{key}.type", t.props["type"], "unset with this value.converter or a Debezium transform "
+                              "and iceberg.tables.key-column: it keys by value fields of a struct value (Connect fails "
+                              "string values; not built yet after Debezium)")
+        if t.kind == "value-to-key" and s.key_column is not None:
+            fields = {f.strip() for f in t.props["fields"].split(",")}
+            later = chain[chain.index(t) + 1:]
+            for c in later:
+                if c.kind in ("cast", "timestamp-converter") and fields & _converted_fields(c):
+                    raise ConfigError(f"transforms.{c.name}.type", c.props["type"], f"unset, or before ValueToKey "
+                                      f"{t.name}: converting a field of its key after it is not built yet")
+        if t.kind.endswith("-key") and t.kind != "value-to-key" and s.key_column is not None:
+            raise ConfigError(f"{key}.type", t.props["type"], "unset with iceberg.tables.key-column: the key "
+                              "column is the record's key as consumed (key transforms not built yet)")
+
+
 def _check_transforms(s: Settings) -> None:
     for name in s.transform_props.keys() - set(s.transforms):
         log.warning("settings transforms.%s.* ignored: %s is not listed in transforms", name, name)
@@ -258,9 +298,12 @@ def _check_transforms(s: Settings) -> None:
         pair.split(":")[1].strip() for t in chain if t.kind == "replace-field"
         for pair in t.props.get("renames", "").split(",") if pair.strip()} | {
         name for name, source, _ in inserted_fields(chain) if source != "topic"}
-    if s.evolve_schema and any(t.kind in ("copy-value", "replace-field", "hoist-field") for t in chain):
-        raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", "unset with ReplaceField, CopyValue or HoistField: "
-                          "schema evolution reads the values before the transforms (not supported yet)")
+    if s.evolve_schema and any(t.kind in ("copy-value", "replace-field", "hoist-field", "cast", "timestamp-converter")
+                               for t in chain):
+        raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", "unset with ReplaceField, CopyValue, "
+                          "HoistField, Cast or TimestampConverter: schema evolution reads the values before the "
+                          "transforms (not supported yet)")
+    _check_conversions(s, chain)
     if any(t.kind == "hoist-field" for t in chain) and s.route_field and s.route_field != "@topic":
         raise ConfigError("iceberg.tables.route-field", s.route_field, "unset or @topic with HoistField: routing "
                           "reads the values before it (not supported yet)")

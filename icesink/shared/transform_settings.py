@@ -15,12 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from icesink.shared.conversion_settings import check_conversion
 from icesink.shared.errors import ConfigError
 
-__all__ = ["PREDICATES", "TRANSFORMS", "PredicateSpec", "TransformSpec", "inserted_fields", "java_replacement",
-           "parse_chain", "unwrap_options"]
+__all__ = ["KEY_TRANSFORMS", "PREDICATES", "TRANSFORMS", "PredicateSpec", "TransformSpec", "inserted_fields",
+           "java_replacement", "parse_chain", "unwrap_options"]
 
 _CONNECT = "org.apache.kafka.connect.transforms."
+#: Transforms that act on the record key only (and ValueToKey, which makes the key from the value).
+KEY_TRANSFORMS: Final[Mapping[str, str]] = {
+    "ReplaceField$Key": "replace-field-key", "InsertField$Key": "insert-field-key", "HoistField$Key": "hoist-field-key",
+    "Cast$Key": "cast-key", "TimestampConverter$Key": "timestamp-converter-key", "ValueToKey": "value-to-key"}
 _CONNECT_PREDICATES = "org.apache.kafka.connect.transforms.predicates."
 _REFERENCE = ("org.apache.iceberg.connect.transforms.", "io.tabular.iceberg.connect.transforms.")
 #: ExtractNewRecordState's delete.tombstone.handling.mode values, and its older delete.handling.mode's.
@@ -40,6 +45,9 @@ TRANSFORMS: Final[Mapping[str, str]] = {
     "io.debezium.transforms.ExtractNewRecordState": "unwrap",
     **{f"{p}DmsTransform": "dms" for p in _REFERENCE},
     **{f"{p}JsonToMapTransform": "json-to-map" for p in _REFERENCE},
+    f"{_CONNECT}Cast$Value": "cast",  # agents/transforms/cast.py
+    f"{_CONNECT}TimestampConverter$Value": "timestamp-converter",  # agents/transforms/timestamp_converter.py
+    **{f"{_CONNECT}{c}": kind for c, kind in KEY_TRANSFORMS.items()},  # refused with a key column (not yet)
 }
 #: Predicate class -> kind.
 PREDICATES: Final[Mapping[str, str]] = {
@@ -48,7 +56,7 @@ PREDICATES: Final[Mapping[str, str]] = {
     f"{_CONNECT_PREDICATES}RecordIsTombstone": "record-is-tombstone",
 }
 #: Kind -> its properties (besides ``type``, ``predicate`` and ``negate``) and which are required.
-_TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+_OWN_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "debezium": (("cdc.target.pattern",), ()),
     "kafka-metadata": (("field_name", "nested"), ()),
     "filter": ((), ()),
@@ -63,7 +71,15 @@ _TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] =
                 "drop.fields.keep.schema.compatible"), ()),
     "dms": ((), ()),
     "json-to-map": (("json.root",), ()),
+    "cast": (("spec", "replace.null.with.default"), ("spec",)),
+    "timestamp-converter": (("field", "target.type", "format", "unix.precision", "replace.null.with.default"),
+                            ("target.type",)),
+    "value-to-key": (("fields", "replace.null.with.default"), ("fields",)),
 }
+_TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+    **_OWN_PROPS, **{f"{k}-key": v for k, v in _OWN_PROPS.items()
+                                           if k in ("cast", "timestamp-converter", "replace-field", "insert-field",
+                                                    "hoist-field")}}
 _PREDICATE_PROPS: Final[Mapping[str, tuple[str, ...]]] = {
     "topic-name-matches": ("pattern",),
     "has-header-key": ("name",),
@@ -166,14 +182,14 @@ def parse_chain(names: tuple[str, ...], props: Mapping[str, Mapping[str, str]],
                 if not (ref.isdigit() and int(ref) <= pattern.groups) and ref not in pattern.groupindex:
                     raise ConfigError(f"transforms.{name}.replacement", tp["replacement"],
                                       f"a replacement naming groups of the regex (it has no group {ref})")
-        if kind == "replace-field":
+        if kind in ("replace-field", "replace-field-key"):
             for legacy, now in (("blacklist", "exclude"), ("whitelist", "include")):
                 if legacy in tp:  # Connect's old names, still read by ReplaceField
                     tp = {k: v for k, v in tp.items() if k != legacy} | {now: tp[legacy]}
             for pair in (x.strip() for x in tp.get("renames", "").split(",") if x.strip()):
                 if len(pair.split(":")) != 2:
                     raise ConfigError(f"transforms.{name}.renames", tp["renames"], f"old:new pairs ({pair!r} is not one)")
-        if kind == "insert-field":
+        if kind in ("insert-field", "insert-field-key"):
             if ("static.field" in tp) != ("static.value" in tp):
                 missing = "static.value" if "static.field" in tp else "static.field"
                 raise ConfigError(f"transforms.{name}.{missing}", None, "set: static.field and static.value go together")
@@ -184,6 +200,8 @@ def parse_chain(names: tuple[str, ...], props: Mapping[str, Mapping[str, str]],
             unwrap_options(name, tp)
         if kind == "json-to-map" and "json.root" in tp:
             _bool(f"transforms.{name}.json.root", tp["json.root"])
+        if kind.removesuffix("-key") in ("cast", "timestamp-converter"):
+            check_conversion(name, kind, tp)
         if kind == "kafka-metadata" and "nested" in tp:
             _bool(f"transforms.{name}.nested", tp["nested"])
         chain.append(TransformSpec(name, kind, dict(tp), predicate, negate))

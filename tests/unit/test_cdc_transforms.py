@@ -276,3 +276,15 @@ def test_unwrap_rewrite_with_cdc_field_op_mirrors_a_table_as_the_references_usua
     collapsed = mirror.collapse(out.table, ["id"], s.cdc_field, upsert=False)
     assert sorted((r["id"], r["name"]) for r in collapsed.rows.to_pylist()) == [(1, "a2"), (3, "c")]
     assert sorted(collapsed.deleted_keys.column("id").to_pylist()) == [1, 2]
+
+
+def test_unwrap_then_cast_casts_the_new_rows_and_drops_the_deletes_first() -> None:
+    """Debezium's usual chain before a sink: ExtractNewRecordState, then a Cast of a field of
+    the row (merged from two branches: a screened step's drops before a Cast's conversion)."""
+    keys = {"topics": "t", "iceberg.tables": "db.t", "value.converter.schemas.enable": "true",
+            "transforms": "u,c", "transforms.u.type": UNWRAP, "transforms.u.delete.tombstone.handling.mode": "drop",
+            "transforms.c.type": "org.apache.kafka.connect.transforms.Cast$Value", "transforms.c.spec": "id:string"}
+    names, rows, out = run(RecordFormat(build(keys)), dbz_values())
+    assert names == ROW
+    assert [(r["id"], r["name"]) for r in rows] == [("1", "a"), ("2", "b"), ("3", "c"), ("1", "a2")]
+    assert out.indices.to_pylist() == [0, 1, 2, 3] and out.rejects == ()

@@ -190,7 +190,7 @@ def test_reference_transform_keys() -> None:
 
 
 @pytest.mark.parametrize(("extra", "key"), [
-    ({"transforms": "x", "transforms.x.type": "org.apache.kafka.connect.transforms.Cast$Value"}, "transforms.x.type"),
+    ({"transforms": "x", "transforms.x.type": "org.apache.kafka.connect.transforms.Flatten$Value"}, "transforms.x.type"),
     ({"transforms": "x"}, "transforms.x.type"),
     ({"transforms": "x", "transforms.x.type": "io.tabular.iceberg.connect.transforms.DebeziumTransform",
       "transforms.x.cdc.target.pattern": "{schema}.{table}"}, "transforms.x.cdc.target.pattern"),

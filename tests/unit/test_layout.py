@@ -140,7 +140,7 @@ def test_the_shared_schema_changes_import_no_side_and_no_io() -> None:
 LEAVES = tuple(f"icesink/shared/{leaf}" for leaf in (
     "errors.py", "config.py", "config_load.py", "config_providers.py", "metrics.py", "secrets.py", "partitioning.py",
     "schema_changes.py", "writable_types.py", "protocol", "retry.py", "registry_settings.py", "reference_keys.py",
-    "transform_settings.py"))
+    "transform_settings.py", "conversion_settings.py"))
 IO = ("asyncio", "aiokafka", "faust", "mode", "pyspark", "py4j", "socket", "http", "sqlalchemy", "requests")
 
 
