@@ -15,9 +15,10 @@ Everything comes from Maven Central and is built by :func:`resolve` into
 - ``tests/support/maven/apicurio-serdes``: the serializer's class path, and
   ``tests/support/java/ApicurioProduce.java`` compiled against it with ``javac``.
 
-Newer releases do not resolve there (docs/schema-registry.md, "Servers tried"). The first build
-takes about two minutes on two cores; afterwards it only checks a stamp file. ``.ci/run`` calls it
-before the suite (``python3 -m tests.support.apicurio resolve``); a test that finds no build makes it.
+Newer releases do not resolve there (docs/schema-registry.md, "What was tried and failed"). The
+first build takes about two minutes on two cores; afterwards it only checks a stamp file.
+``./dev chaos`` (so ``.ci/run``) calls it before the chaos suite (``python3 -m
+tests.support.apicurio resolve``); a test that finds no build makes it.
 
 :class:`ApicurioRegistry` runs the server with its default storage, H2 in memory (everything is
 lost when it stops), no authentication, on a free loopback port. ``python -m tests.support.apicurio
