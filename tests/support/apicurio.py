@@ -12,7 +12,7 @@ Everything comes from Maven Central and is built by :func:`resolve` into
 - ``tests/support/maven/apicurio-registry``: Quarkus's build of the published application jar
   (``io.apicurio:apicurio-registry-app``) into a runnable ``apicurio-registry-1-runner.jar``
   beside its ``lib/`` (``mvn package``);
-- ``tests/support/maven/apicurio-serdes``: the serializer's class path, and
+- ``tests/support/maven/apicurio-serdes``: the serializers' class path (Avro, JSON Schema), and
   ``tests/support/java/ApicurioProduce.java`` compiled against it with ``javac``.
 
 Newer releases do not resolve there (docs/schema-registry.md, "What was tried and failed"). The
@@ -152,15 +152,16 @@ def resolve(*, timeout_s: float = 1200.0) -> Build:
     return build
 
 
-def produce(bootstrap: str, topic: str, registry_url: str, schema_file: Path, first: int, count: int,
-            *, timeout_s: float = 120.0) -> list[tuple[int, int]]:
+def produce(bootstrap: str, topic: str, registry_url: str, schema_file: Path | None, first: int, count: int,
+            *, kind: str = "avro", timeout_s: float = 120.0) -> list[tuple[int, int]]:
     """Records ``first .. first+count-1`` sent to partition 0 of ``topic`` by ApicurioProduce (the
-    Java serializer, registering ``schema_file`` at ``registry_url``, Apicurio's own
-    ``/apis/registry/v2``): their (offset, id) pairs."""
+    Java serializer of ``kind``, avro or json, at ``registry_url``, Apicurio's own
+    ``/apis/registry/v2``; avro registers ``schema_file``, json finds the latest schema of subject
+    ``<topic>-value``, registered beforehand): their (offset, id) pairs."""
     build = resolve()
     java = _tool("java", "it runs the Java producer")
     out = _run([java, "-cp", f"{build.classes}:{build.serdes}/*", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                "ApicurioProduce", bootstrap, topic, registry_url, str(schema_file), str(first), str(count)],
+                "ApicurioProduce", kind, bootstrap, topic, registry_url, str(schema_file or "-"), str(first), str(count)],
                None, timeout_s)
     pairs = [tuple(int(x) for x in line.split()) for line in out.splitlines() if line.strip()]
     return [(p[0], p[1]) for p in pairs]

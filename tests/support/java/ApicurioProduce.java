@@ -1,9 +1,12 @@
-// Produces Avro records with Apicurio Registry's Java serializer (AvroKafkaSerializer, 2.4) set to
-// write Confluent's wire format: magic byte 0, the schema's 4-byte content id, Avro binary; no
-// Kafka headers. It registers the schema itself through Apicurio's own API (/apis/registry/v2).
+// Produces records with Apicurio Registry's Java serializers (2.4) set to write Confluent's wire
+// format: magic byte 0, the schema's 4-byte content id, then the payload; no Kafka headers.
+// - avro: AvroKafkaSerializer, Avro binary; it registers SCHEMA_FILE itself through Apicurio's own
+//   API (/apis/registry/v2).
+// - json: JsonSchemaKafkaSerializer, JSON text; it cannot register JSON schemas (2.4), so it looks
+//   up the latest version of artifact TOPIC-value, registered beforehand (SCHEMA_FILE unused).
 // tests/support/apicurio.py compiles it with javac against tests/support/maven/apicurio-serdes.
 //
-// java ApicurioProduce BOOTSTRAP TOPIC REGISTRY_URL SCHEMA_FILE FIRST COUNT
+// java ApicurioProduce avro|json BOOTSTRAP TOPIC REGISTRY_URL SCHEMA_FILE FIRST COUNT
 // writes records id FIRST .. FIRST+COUNT-1 (values below, derived from id) to partition 0 and
 // prints one line per record: "offset id".
 import java.math.BigDecimal;
@@ -11,7 +14,9 @@ import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.Future;
 
@@ -28,27 +33,31 @@ public final class ApicurioProduce {
     }
 
     public static void main(String[] args) throws Exception {
-        String bootstrap = args[0], topic = args[1], registry = args[2];
-        Schema schema = new Schema.Parser().parse(Files.readString(Path.of(args[3])));
-        long first = Long.parseLong(args[4]);
-        int count = Integer.parseInt(args[5]);
+        boolean json = args[0].equals("json");
+        String bootstrap = args[1], topic = args[2], registry = args[3];
+        Schema schema = json ? null : new Schema.Parser().parse(Files.readString(Path.of(args[4])));
+        long first = Long.parseLong(args[5]);
+        int count = Integer.parseInt(args[6]);
 
         Properties props = new Properties();
         props.put("bootstrap.servers", bootstrap);
         props.put("acks", "all");
         props.put("enable.idempotence", "false");
         props.put("key.serializer", StringSerializer.class.getName());
-        props.put("value.serializer", "io.apicurio.registry.serde.avro.AvroKafkaSerializer");
+        props.put("value.serializer", json ? "io.apicurio.registry.serde.jsonschema.JsonSchemaKafkaSerializer"
+                                           : "io.apicurio.registry.serde.avro.AvroKafkaSerializer");
         props.put("apicurio.registry.url", registry);
-        props.put("apicurio.registry.auto-register", "true");
+        props.put("apicurio.registry.auto-register", json ? "false" : "true");
+        props.put("apicurio.registry.find-latest", json ? "true" : "false");
         props.put("apicurio.registry.as-confluent", "true");       // Legacy4ByteIdHandler: a 4-byte id
         props.put("apicurio.registry.use-id", "contentId");       // the id ccompat's /schemas/ids/{id} serves
         props.put("apicurio.registry.headers.enabled", "false");  // the id in the value, not in headers
 
         List<Future<RecordMetadata>> sent = new ArrayList<>();
-        try (KafkaProducer<String, GenericRecord> producer = new KafkaProducer<>(props)) {
+        try (KafkaProducer<String, Object> producer = new KafkaProducer<>(props)) {
             for (long id = first; id < first + count; id++) {
-                sent.add(producer.send(new ProducerRecord<>(topic, 0, "k" + id, record(schema, id))));
+                Object value = json ? jsonRecord(id) : record(schema, id);
+                sent.add(producer.send(new ProducerRecord<>(topic, 0, "k" + id, value)));
             }
             producer.flush();
             for (int i = 0; i < sent.size(); i++) {
@@ -76,6 +85,20 @@ public final class ApicurioProduce {
         if (schema.getField("note") != null) {
             r.put("note", id % 2 == 1 ? "note" + id : null);
         }
+        return r;
+    }
+
+    /** The JSON record for ``id`` (Jackson writes the map as a JSON object). */
+    static Map<String, Object> jsonRecord(long id) {
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("id", id);
+        r.put("name", "n" + id);
+        List<String> tags = new ArrayList<>();
+        for (long j = 0; j < id % 3; j++) {
+            tags.add("t" + j);
+        }
+        r.put("tags", tags);
+        r.put("coupon", id % 4 == 0 ? "C" + id : null);
         return r;
     }
 }
