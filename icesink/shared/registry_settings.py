@@ -16,9 +16,12 @@ Each key either acts or is refused at start naming it (:class:`ConfigError`):
   ``.keystore.location`` with ``.keystore.type=PEM`` (certificate and key in one file) and
   ``.key.password``; JKS and PKCS12 stores are refused.
 - Apicurio: its wire format must be Confluent's (its defaults since 3.x): an
-  ``apicurio.registry.id-handler`` other than ``Default4ByteIdHandler``,
-  ``apicurio.registry.use-id=globalId`` or ``apicurio.registry.headers.enabled=true`` is refused,
-  naming ``apicurio.registry.as-confluent``'s effect.
+  ``apicurio.registry.id-handler`` other than ``Default4ByteIdHandler`` (3.x) or
+  ``Legacy4ByteIdHandler`` (2.x), ``apicurio.registry.use-id=globalId`` or
+  ``apicurio.registry.headers.enabled=true`` is refused. Apicurio 2's settings
+  (``apicurio.registry.as-confluent``, which must be true, or its ``Legacy4ByteIdHandler``) also
+  need ``use-id=contentId`` and ``headers.enabled=false`` said outright: 2.x defaults to global
+  ids in headers.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ APICURIO: Final = frozenset({APICURIO_AVRO_CONVERTER})
 _NO_EFFECT: Final = frozenset((
     "auto.register.schemas", "use.latest.version", "normalize.schemas", "latest.compatibility.strict",
     "key.subject.name.strategy", "value.subject.name.strategy", "apicurio.registry.auto-register",
-    "apicurio.registry.find-latest", "apicurio.registry.artifact-resolver-strategy", "apicurio.registry.as-confluent",
+    "apicurio.registry.find-latest", "apicurio.registry.artifact-resolver-strategy",
 ))
 #: The read-side keys of Confluent's ProtobufData / JsonSchemaData (ProtobufDataConfig,
 #: JsonSchemaDataConfig, AbstractDataConfig) by decoder: key -> the value icesink reads as
@@ -88,8 +91,12 @@ _CACHE_KEYS: Final[Mapping[str, frozenset[str]]] = {
     "json": frozenset({"schemas.cache.config", "decimal.format", "object.additional.properties"}),
 }
 _APICURIO_ID_HANDLER: Final = "io.apicurio.registry.serde.Default4ByteIdHandler"
+#: Apicurio 2's 4-byte id handler, the one its ``as-confluent=true`` picks: with its defaults it
+#: writes the global id (``use-id=globalId``) and puts ids in headers (``headers.enabled=true``).
+_APICURIO_2_ID_HANDLER: Final = "io.apicurio.registry.serde.Legacy4ByteIdHandler"
 _AS_CONFLUENT: Final = ("the Confluent wire format (a 4-byte content id after the magic byte, no headers), "
-                        "as apicurio.registry.as-confluent=true or Apicurio 3's defaults write it")
+                        "as Apicurio 3's defaults or Apicurio 2's apicurio.registry.as-confluent=true with "
+                        "use-id=contentId and headers.enabled=false write it")
 
 
 @dataclass(frozen=True)
@@ -201,7 +208,8 @@ def _known(key: str, apicurio: bool) -> bool:
            ssl + "keystore.location", ssl + "keystore.type"}
     if apicurio:
         return key in own or key in ("apicurio.registry.url", "apicurio.registry.id-handler",
-                                     "apicurio.registry.use-id", "apicurio.registry.headers.enabled")
+                                     "apicurio.registry.use-id", "apicurio.registry.headers.enabled",
+                                     "apicurio.registry.as-confluent")
     return key in own or key == "schema.registry.url"
 
 
@@ -228,11 +236,23 @@ def _ccompat(url: str, k_apicurio_url: str) -> str:
 
 def _check_apicurio(props: Mapping[str, str], pre: str) -> None:
     handler = props.get(pre + "apicurio.registry.id-handler")
-    if handler is not None and handler.strip() != _APICURIO_ID_HANDLER:
+    handler = handler.strip() if handler is not None else None
+    if handler is not None and handler not in (_APICURIO_ID_HANDLER, _APICURIO_2_ID_HANDLER):
         raise ConfigError(pre + "apicurio.registry.id-handler", handler, _AS_CONFLUENT)
+    as_confluent = props.get(pre + "apicurio.registry.as-confluent")
+    if as_confluent is not None and as_confluent.strip().lower() != "true" and handler != _APICURIO_2_ID_HANDLER:
+        raise ConfigError(pre + "apicurio.registry.as-confluent", as_confluent,
+                          "true (Apicurio 2 writes 8-byte ids otherwise): " + _AS_CONFLUENT)
     use_id = props.get(pre + "apicurio.registry.use-id")
     if use_id is not None and use_id.strip() != "contentId":
         raise ConfigError(pre + "apicurio.registry.use-id", use_id, "contentId: " + _AS_CONFLUENT)
     headers = props.get(pre + "apicurio.registry.headers.enabled")
     if headers is not None and headers.strip().lower() != "false":
         raise ConfigError(pre + "apicurio.registry.headers.enabled", headers, "false: " + _AS_CONFLUENT)
+    if as_confluent is not None or handler == _APICURIO_2_ID_HANDLER:
+        # Apicurio 2 settings: its defaults are global ids in headers, so both must be said
+        for key, value in (("use-id", use_id), ("headers.enabled", headers)):
+            if value is None:
+                raise ConfigError(pre + "apicurio.registry." + key, None,
+                                  "set with Apicurio 2's as-confluent or Legacy4ByteIdHandler (its default is "
+                                  + ("globalId" if key == "use-id" else "true") + "): " + _AS_CONFLUENT)

@@ -85,6 +85,29 @@ def test_apicurio_avro_reads_its_ccompat_api_and_refuses_non_confluent_wire_form
     assert e.value.key == "value.converter.apicurio.registry.url"
 
 
+def test_apicurio_2_settings_are_read_only_with_content_ids_and_no_headers_said_outright() -> None:
+    """Apicurio 2's serdes default to 8-byte global ids in Kafka headers; its
+    ``as-confluent=true`` (a key Apicurio 3 no longer has) or its ``Legacy4ByteIdHandler`` change
+    only the frame, to 4 bytes of the global id. Such settings are read when ``use-id=contentId``
+    and ``headers.enabled=false`` are given too (what tests/integration/test_apicurio.py's Java
+    producer writes), and refused naming the missing key otherwise: a global id read as a content
+    id can name another schema."""
+    pre = "value.converter.apicurio.registry."
+    url = {pre + "url": "http://r:8080/apis/registry/v2"}
+    both = {pre + "use-id": "contentId", pre + "headers.enabled": "false"}
+    for two in ({pre + "as-confluent": "true"}, {pre + "id-handler": "io.apicurio.registry.serde.Legacy4ByteIdHandler"},
+                {pre + "as-confluent": "true", pre + "id-handler": "io.apicurio.registry.serde.Legacy4ByteIdHandler"}):
+        r = registry_settings(settings(APICURIO, **url, **two, **both))
+        assert r is not None and r.urls == ("http://r:8080/apis/ccompat/v7",)
+        for missing in both:
+            with pytest.raises(ConfigError) as e:
+                settings(APICURIO, **url, **two, **{k: v for k, v in both.items() if k != missing})
+            assert e.value.key == missing and "Apicurio 2" in str(e.value)
+    with pytest.raises(ConfigError) as e:  # Apicurio 2's 8-byte DefaultIdHandler
+        settings(APICURIO, **url, **both, **{pre + "as-confluent": "false"})
+    assert e.value.key == pre + "as-confluent"
+
+
 @pytest.mark.parametrize("converter", [
     "io.apicurio.registry.utils.converter.ProtobufConverter",
     "io.apicurio.registry.utils.converter.ExtJsonConverter",

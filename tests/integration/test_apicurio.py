@@ -1,0 +1,234 @@
+"""Avro and JSON Schema through a second real schema registry, Apicurio Registry 2.4.2 built
+from Maven Central (tests/support/apicurio.py), and Java serializers (issue 36 point 7).
+
+The first test produces with Apicurio's own Java ``AvroKafkaSerializer`` (a small producer,
+tests/support/java/ApicurioProduce.java) set to Confluent's wire format
+(``apicurio.registry.as-confluent``, ``use-id=contentId``, no headers) on the real Apache Kafka
+broker; a worker reads them into one table with ``value.converter`` = Confluent's AvroConverter
+pointed at Apicurio's Confluent-compatible API, and into another with Apicurio's converter class
+pointed at Apicurio's own API, and pyiceberg reads back exactly what Java wrote, a second schema
+version evolving each table. The second runs confluent-kafka's Python ``AvroSerializer``
+against the same server, as the AxonOps tests do (test_registry_avro_worker.py). The third
+produces with Apicurio's Java ``JsonSchemaKafkaSerializer``, read with Confluent's
+JsonSchemaConverter.
+
+In the chaos suite (``./dev chaos``, about 2.7 minutes for the three): the server takes 15-30 s
+to start, the first build two minutes."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import decimal
+import json
+import struct
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.apicurio import ApicurioRegistry
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.chaos]
+
+AVRO = "io.confluent.connect.avro.AvroConverter"
+APICURIO_AVRO = "io.apicurio.registry.utils.converter.AvroConverter"
+JSON_SCHEMA = "io.confluent.connect.json.JsonSchemaConverter"
+#: What ApicurioProduce.record writes (its values are computed in :func:`expected`).
+V1: dict[str, Any] = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "name", "type": "string"},
+    {"name": "tags", "type": {"type": "array", "items": "string"}},
+    {"name": "coupon", "type": ["null", "string"], "default": None},
+    {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+]}
+V2: dict[str, Any] = {**V1, "fields": [*V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
+N1, N2 = 30, 20
+
+
+@pytest.fixture(scope="module")
+def apicurio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApicurioRegistry]:
+    server = ApicurioRegistry(tmp_path_factory.mktemp("apicurio"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def expected(i: int, v2: bool) -> dict[str, Any]:
+    """The row ApicurioProduce.record(schema, i) becomes."""
+    row: dict[str, Any] = {
+        "id": i, "name": f"n{i}", "tags": [f"t{j}" for j in range(i % 3)], "coupon": f"C{i}" if i % 4 == 0 else None,
+        "price": decimal.Decimal(i * 100 + i % 100).scaleb(-2), "day": dt.date(2026, 1, 1) + dt.timedelta(days=i),
+        "at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=1000 * i + 7),
+    }
+    row["note"] = (f"note{i}" if i % 2 else None) if v2 else None
+    return row
+
+
+def ccompat_schema(registry: ApicurioRegistry, schema_id: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{registry.ccompat_url}/schemas/ids/{schema_id}", timeout=10) as response:
+        return json.loads(json.loads(response.read())["schema"])
+
+
+async def first_values(bootstrap: str, topic: str, offsets: list[int]) -> dict[int, bytes]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    out: dict[int, bytes] = {}
+    try:
+        for offset in offsets:
+            consumer.seek(tp, offset)
+            record = await asyncio.wait_for(consumer.getone(), 30)
+            assert record.value is not None
+            out[record.offset] = record.value
+    finally:
+        await consumer.stop()
+    return out
+
+
+def confluent_converter(registry: ApicurioRegistry) -> dict[str, str]:
+    """Confluent's AvroConverter on Apicurio's Confluent-compatible API."""
+    return {"value.converter": AVRO, "value.converter.schema.registry.url": registry.ccompat_url}
+
+
+def apicurio_converter(registry: ApicurioRegistry) -> dict[str, str]:
+    """Apicurio 2's converter as a Kafka Connect user would set it for Confluent's frame: its own
+    API's URL (the sink reads /apis/ccompat/v7 beside it) and the producer's three settings."""
+    pre = "value.converter.apicurio.registry."
+    return {"value.converter": APICURIO_AVRO, pre + "url": registry.registry_url, pre + "as-confluent": "true",
+            pre + "use-id": "contentId", pre + "headers.enabled": "false"}
+
+
+def sink(tmp_path: Path, bootstrap: str, catalog: Any, catalog_props: Any, converter: dict[str, str], topic: str,
+         table: str, rows: int) -> None:
+    from tests.support.sinkrun import sink_until, write_config
+
+    run = tmp_path / table
+    run.mkdir()
+    cfg = write_config(
+        run / "sink.json", topics=topic, tables=table, bootstrap=bootstrap, catalog_props=catalog_props,
+        state_dir=run / "state", group=f"{table}-sink", **converter, **{
+            "iceberg.tables.evolve-schema-enabled": "true",
+            "iceberg.control.topic.replication-factor": "1",  # one Kafka broker
+        })
+    sink_until(cfg, run / "logs", catalog, (table,), rows, timeout_s=150)
+    assert not (run / "state" / "deadletter" / f"{topic}.jsonl").exists()
+
+
+def read_back(catalog: Any, name: str) -> list[dict[str, Any]]:
+    return sorted(catalog.load_table(name).scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+
+
+@pytest.mark.timeout(400)
+def test_java_serializer_records_land_exactly(kafka, catalog_props, apicurio, tmp_path):
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.apicurio import produce
+
+    topic = "apicurio-java"
+    catalog = load_catalog("it", **catalog_props)
+    asyncio.run(ensure_topic(kafka.bootstrap, topic, 1))
+    (tmp_path / "v1.avsc").write_text(json.dumps(V1))
+    (tmp_path / "v2.avsc").write_text(json.dumps(V2))
+    sent = produce(kafka.bootstrap, topic, apicurio.registry_url, tmp_path / "v1.avsc", 0, N1)
+    sent += produce(kafka.bootstrap, topic, apicurio.registry_url, tmp_path / "v2.avsc", N1, N2)
+    assert sent == [(i, i) for i in range(N1 + N2)]
+
+    # Confluent's wire format: magic 0, a 4-byte id that the Confluent-compatible API resolves, no headers
+    values = asyncio.run(first_values(kafka.bootstrap, topic, [0, N1]))
+    ids = []
+    for offset, schema in ((0, V1), (N1, V2)):
+        assert values[offset][0] == 0, values[offset][:8]
+        (schema_id,) = struct.unpack(">i", values[offset][1:5])
+        fields = ccompat_schema(apicurio, schema_id)["fields"]
+        assert [f["name"] for f in fields] == [f["name"] for f in schema["fields"]]
+        ids.append(schema_id)
+    assert ids[0] != ids[1]
+
+    # the same records through Confluent's converter and through Apicurio's, into one table each
+    for name, converter in (("apicurio.java", confluent_converter(apicurio)),
+                            ("apicurio.java_apicurio", apicurio_converter(apicurio))):
+        sink(tmp_path, kafka.bootstrap, catalog, catalog_props, converter, topic, name, N1 + N2)
+        table = catalog.load_table(name)
+        assert [f.name for f in table.schema().fields] == [f["name"] for f in V2["fields"]]  # note: evolved in
+        types = {f.name: str(f.field_type) for f in table.schema().fields}
+        assert (types["price"], types["day"], types["at"]) == ("decimal(9, 2)", "date", "timestamptz")
+        assert read_back(catalog, name) == [expected(i, v2=i >= N1) for i in range(N1 + N2)], name
+
+
+@pytest.mark.timeout(300)
+def test_confluent_kafka_serializer_against_apicurio(kafka, catalog_props, apicurio, tmp_path):
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.integration.test_registry_avro_worker import V1 as ORDER, order, send, serialize
+
+    topic, name = "apicurio-python", "apicurio.python"
+    catalog = load_catalog("it", **catalog_props)
+    asyncio.run(ensure_topic(kafka.bootstrap, topic, 1))
+    client = SchemaRegistryClient({"url": apicurio.ccompat_url})
+    ser = AvroSerializer(client, json.dumps(ORDER), conf={"auto.register.schemas": True})
+    records = [order(i) for i in range(N1)]
+    values = serialize(ser, topic, records)
+    (schema_id,) = struct.unpack(">i", values[0][1:5])
+    assert ccompat_schema(apicurio, schema_id)["name"] == "Order"
+    asyncio.run(send(kafka.bootstrap, topic, values))
+
+    sink(tmp_path, kafka.bootstrap, catalog, catalog_props, confluent_converter(apicurio), topic, name, N1)
+    got = read_back(catalog, name)
+    assert [r["id"] for r in got] == list(range(N1))
+    assert [(r["customer"], r["items"], r["price"], r["day"]) for r in got] == [
+        ({"name": r["customer"]["name"], "vip": r["customer"]["vip"]}, r["items"], r["price"], r["day"]) for r in records]
+
+
+ORDER_JSON: dict[str, Any] = {
+    "$schema": "http://json-schema.org/draft-07/schema#", "title": "Order", "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "coupon": {"oneOf": [{"type": "null"}, {"type": "string"}]},
+    },
+    "required": ["id", "name", "tags"],
+}
+
+
+@pytest.mark.timeout(300)
+def test_java_json_schema_serializer_records_land_exactly(kafka, catalog_props, apicurio, tmp_path):
+    """Apicurio 2.4's JsonSchemaKafkaSerializer cannot register a schema: it is registered through
+    the Confluent-compatible API first, and the serializer finds it (find-latest) by the subject
+    its TopicIdStrategy names. Read with Confluent's JsonSchemaConverter."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.apicurio import produce
+
+    topic, name = "apicurio-json", "apicurio.json"
+    catalog = load_catalog("it", **catalog_props)
+    asyncio.run(ensure_topic(kafka.bootstrap, topic, 1))
+    client = SchemaRegistryClient({"url": apicurio.ccompat_url})
+    schema_id = client.register_schema(f"{topic}-value", Schema(json.dumps(ORDER_JSON), "JSON"))
+    sent = produce(kafka.bootstrap, topic, apicurio.registry_url, None, 0, N1, kind="json")
+    assert sent == [(i, i) for i in range(N1)]
+    value = asyncio.run(first_values(kafka.bootstrap, topic, [0]))[0]
+    assert value[0] == 0 and struct.unpack(">i", value[1:5]) == (schema_id,), value[:8]
+
+    sink(tmp_path, kafka.bootstrap, catalog, catalog_props,
+         {"value.converter": JSON_SCHEMA, "value.converter.schema.registry.url": apicurio.ccompat_url},
+         topic, name, N1)
+    assert read_back(catalog, name) == [
+        {"id": i, "name": f"n{i}", "tags": [f"t{j}" for j in range(i % 3)], "coupon": f"C{i}" if i % 4 == 0 else None}
+        for i in range(N1)]

@@ -1,0 +1,104 @@
+// Produces records with Apicurio Registry's Java serializers (2.4) set to write Confluent's wire
+// format: magic byte 0, the schema's 4-byte content id, then the payload; no Kafka headers.
+// - avro: AvroKafkaSerializer, Avro binary; it registers SCHEMA_FILE itself through Apicurio's own
+//   API (/apis/registry/v2).
+// - json: JsonSchemaKafkaSerializer, JSON text; it cannot register JSON schemas (2.4), so it looks
+//   up the latest version of artifact TOPIC-value, registered beforehand (SCHEMA_FILE unused).
+// tests/support/apicurio.py compiles it with javac against tests/support/maven/apicurio-serdes.
+//
+// java ApicurioProduce avro|json BOOTSTRAP TOPIC REGISTRY_URL SCHEMA_FILE FIRST COUNT
+// writes records id FIRST .. FIRST+COUNT-1 (values below, derived from id) to partition 0 and
+// prints one line per record: "offset id".
+import java.math.BigDecimal;
+import java.nio.ByteBuffer;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.Future;
+
+import org.apache.avro.Schema;
+import org.apache.avro.generic.GenericData;
+import org.apache.avro.generic.GenericRecord;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.clients.producer.RecordMetadata;
+import org.apache.kafka.common.serialization.StringSerializer;
+
+public final class ApicurioProduce {
+    private ApicurioProduce() {
+    }
+
+    public static void main(String[] args) throws Exception {
+        boolean json = args[0].equals("json");
+        String bootstrap = args[1], topic = args[2], registry = args[3];
+        Schema schema = json ? null : new Schema.Parser().parse(Files.readString(Path.of(args[4])));
+        long first = Long.parseLong(args[5]);
+        int count = Integer.parseInt(args[6]);
+
+        Properties props = new Properties();
+        props.put("bootstrap.servers", bootstrap);
+        props.put("acks", "all");
+        props.put("enable.idempotence", "false");
+        props.put("key.serializer", StringSerializer.class.getName());
+        props.put("value.serializer", json ? "io.apicurio.registry.serde.jsonschema.JsonSchemaKafkaSerializer"
+                                           : "io.apicurio.registry.serde.avro.AvroKafkaSerializer");
+        props.put("apicurio.registry.url", registry);
+        props.put("apicurio.registry.auto-register", json ? "false" : "true");
+        props.put("apicurio.registry.find-latest", json ? "true" : "false");
+        props.put("apicurio.registry.as-confluent", "true");       // Legacy4ByteIdHandler: a 4-byte id
+        props.put("apicurio.registry.use-id", "contentId");       // the id ccompat's /schemas/ids/{id} serves
+        props.put("apicurio.registry.headers.enabled", "false");  // the id in the value, not in headers
+
+        List<Future<RecordMetadata>> sent = new ArrayList<>();
+        try (KafkaProducer<String, Object> producer = new KafkaProducer<>(props)) {
+            for (long id = first; id < first + count; id++) {
+                Object value = json ? jsonRecord(id) : record(schema, id);
+                sent.add(producer.send(new ProducerRecord<>(topic, 0, "k" + id, value)));
+            }
+            producer.flush();
+            for (int i = 0; i < sent.size(); i++) {
+                System.out.println(sent.get(i).get().offset() + " " + (first + i));
+            }
+        }
+    }
+
+    /** The record for ``id``: every value a function of it (tests/integration/test_apicurio.py
+     * computes the same). Logical types are written as their Avro base values. */
+    static GenericRecord record(Schema schema, long id) {
+        GenericRecord r = new GenericData.Record(schema);
+        r.put("id", id);
+        r.put("name", "n" + id);
+        List<String> tags = new ArrayList<>();
+        for (long j = 0; j < id % 3; j++) {
+            tags.add("t" + j);
+        }
+        r.put("tags", tags);
+        r.put("coupon", id % 4 == 0 ? "C" + id : null);
+        BigDecimal price = BigDecimal.valueOf(id * 100 + id % 100, 2);
+        r.put("price", ByteBuffer.wrap(price.unscaledValue().toByteArray()));
+        r.put("day", (int) (20454 + id));                  // 2026-01-01 + id days
+        r.put("at", 1767225600000L + 1000 * id + 7);       // 2026-01-01T00:00:00Z + id s + 7 ms
+        if (schema.getField("note") != null) {
+            r.put("note", id % 2 == 1 ? "note" + id : null);
+        }
+        return r;
+    }
+
+    /** The JSON record for ``id`` (Jackson writes the map as a JSON object). */
+    static Map<String, Object> jsonRecord(long id) {
+        Map<String, Object> r = new LinkedHashMap<>();
+        r.put("id", id);
+        r.put("name", "n" + id);
+        List<String> tags = new ArrayList<>();
+        for (long j = 0; j < id % 3; j++) {
+            tags.add("t" + j);
+        }
+        r.put("tags", tags);
+        r.put("coupon", id % 4 == 0 ? "C" + id : null);
+        return r;
+    }
+}
