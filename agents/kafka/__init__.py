@@ -5,7 +5,9 @@ private parts lives in this package, and the rest of agents/ uses only what it e
   agent instead of Faust's per-record drain, a consumer that can no longer consume stops the
   replica (:class:`ConsumerGuard`), this replica's member id, Faust's credentials.
 - :mod:`agents.kafka.record_batches`: aiokafka's fetched records taken a record batch at a time.
-- :mod:`agents.kafka.group`: LeaveGroup on stop (not as Tansu's leader), offset commits.
+- :mod:`agents.kafka.group`: LeaveGroup on stop (not as Tansu's leader), offset commits; for
+  ``icesink connect``'s group (icesink/app/connect_group.py): a rejoin on request, a stop
+  without LeaveGroup.
 - :mod:`agents.kafka.tables`: Faust's table manager without its one-second start-up wait.
 - :mod:`agents.kafka.versions`: the pinned faust-streaming and aiokafka, checked at start-up.
 
@@ -15,7 +17,10 @@ The worker installs it as it starts Faust (agents/faust_app.py ``FaustApp.start`
 
 from __future__ import annotations
 
-from agents.kafka.group import OFFSET_FOR_LEADER_EPOCH, commit_offsets, install_leave_group, keeps_departed_leader
+from agents.kafka.group import (
+    OFFSET_FOR_LEADER_EPOCH, commit_offsets, install_leave_group, keeps_departed_leader, request_rejoin,
+    stop_without_leave_group,
+)
 from agents.kafka.source_consumer import (
     FETCH_MAX_WAIT_MS, ConsumerGuard, Fetched, faust_credentials, group_member_id, inject_faults, install_batch_drain,
     isolation_level, serialized_bytes, use_read_committed,
@@ -26,5 +31,6 @@ from agents.kafka.versions import check as check_versions
 __all__ = [
     "FETCH_MAX_WAIT_MS", "OFFSET_FOR_LEADER_EPOCH", "ConsumerGuard", "Fetched", "check_versions", "commit_offsets",
     "faust_credentials", "group_member_id", "inject_faults", "install_batch_drain", "install_leave_group",
-    "isolation_level", "keeps_departed_leader", "TablelessManager", "serialized_bytes", "use_read_committed",
+    "isolation_level", "keeps_departed_leader", "request_rejoin", "TablelessManager", "serialized_bytes",
+    "stop_without_leave_group", "use_read_committed",
 ]

@@ -85,3 +85,22 @@ async def commit_offsets(app: faust.App, offsets: Mapping[TP, int]) -> None:
     """Commit ``offsets`` for the consumer group now (Faust's own commit path, ``_commit``:
     Faust never tracks icesink's records, acks=False)."""
     await driver(app)._commit(offsets)
+
+
+def request_rejoin(consumer: Any) -> None:
+    """Make an aiokafka consumer's group rebalance soon (its leader assigns again), as Kafka
+    Connect's leader does when the connectors change (aiokafka 0.14 internals:
+    ``AIOKafkaConsumer._coordinator``, ``GroupCoordinator.request_rejoin``)."""
+    consumer._coordinator.request_rejoin()
+
+
+def stop_without_leave_group(consumer: Any) -> None:
+    """Make an aiokafka consumer's ``stop()`` send no LeaveGroup (see
+    :func:`install_leave_group` for the broker that needs it): its members see it go when its
+    session expires (aiokafka 0.14 internals: ``GroupCoordinator._maybe_leave_group``)."""
+    coordinator = consumer._coordinator
+
+    async def maybe_leave_group() -> None:
+        coordinator.reset_generation()  # what _maybe_leave_group does after its request
+
+    coordinator._maybe_leave_group = maybe_leave_group

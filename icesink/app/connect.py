@@ -5,11 +5,13 @@ config topic (:mod:`icesink.app.connect_state` describes its records) into the s
 connector's ``tasks.max`` tasks are spread over the alive processes; each task is an
 ``icesink worker`` replica (a child process, as ``ReplicaSet`` starts them) in the connector's
 sink group (``connect-<name>`` unless its config sets ``group.id``), so everything exactly-once
-is as for worker replicas. A process that dies stops heartbeating; after ``session.timeout-ms``
-the others take its tasks over (its replicas die with it: they get SIGKILL when their parent
-goes). Pause stops a task's process group (SIGSTOP: no consumption, no commits, buffered data
-kept in memory) and resume continues it (SIGCONT; its sink group then rejoins and carries on
-exactly once, as after any stall).
+is as for worker replicas. The processes are one Kafka consumer group, whose leader places the
+tasks (:mod:`icesink.app.connect_group`): a process that dies leaves it when its session
+expires (``session.timeout-ms``), one stopped gracefully leaves it at once, and the others take
+its tasks over (its replicas die with it: they get SIGKILL when their parent goes). Pause
+stops a task's process group (SIGSTOP: no consumption, no commits, buffered data kept in
+memory) and resume continues it (SIGCONT; its sink group then rejoins and carries on exactly
+once, as after any stall).
 
 The API answers on ``listeners`` only (loopback by default; basic auth and https with client
 certificates as Kafka Connect configures them: :mod:`icesink.app.connect_security`). Prometheus
@@ -32,13 +34,14 @@ import signal
 import time
 from typing import Any
 
+from icesink.app.connect_group import Membership
 from icesink.app.connect_policy import unmasked
 from icesink.app.connect_settings import CONNECT_DEFAULTS as CONNECT_DEFAULTS  # re-exported
 from icesink.app.connect_settings import ConnectSettings
 from icesink.app.connect_settings import connect_settings as connect_settings  # re-exported
 from icesink.app.connect_settings import load_connect_settings as load_connect_settings  # re-exported
 from icesink.app.connect_state import (
-    RUNNING, ClusterState, Connector, assign, connector_key, status_key, status_of, tasks_max, worker_key,
+    RUNNING, ClusterState, Connector, connector_key, status_key, status_of, tasks_max,
 )
 from icesink.app.connect_tasks import LocalTask, TaskSupervisor
 from icesink.shared.protocol import TopicPartition
@@ -59,6 +62,8 @@ class Cluster:
         directory = settings.state_dir / "connect" / settings.group_id / re.sub(r"[^\w.-]", "_", self.worker_id)
         self.directory = directory
         self.tasks_here = TaskSupervisor(settings, self.worker_id, bootstrap, directory)
+        self.membership = Membership(self.worker_id, settings.url, settings.group_id, settings.config_topic,
+                                     settings.session_s, settings.heartbeat_s)
         self._producer: Any = None
         self._consumer: Any = None
         self._read = asyncio.Condition()
@@ -86,11 +91,11 @@ class Cluster:
         self._consumer.assign([tp])
         await self._consumer.seek_to_beginning(tp)
         end = (await end_offsets(self.bootstrap, self.settings.config_topic, client_kwargs=kwargs))[0]
-        while self.state.position < end:  # history: old heartbeats do not make anyone alive
-            await self._read_once(live=False)
-        await self._heartbeat()
+        while self.state.position < end:  # the leader places what it has read: all of it, before joining
+            await self._read_once()
+        await self.membership.start(self.bootstrap, self.state.layout, kwargs)
         self._background = [asyncio.create_task(self._guard(loop()), name=loop.__name__)
-                            for loop in (self._read_loop, self._heartbeat_loop, self._reconcile_loop)]
+                            for loop in (self._read_loop, self._membership_loop, self._reconcile_loop)]
         log.info("connect worker %s joined cluster %s (config topic %s, %d connectors)", self.worker_id,
                  self.settings.group_id, self.settings.config_topic, len(self.state.connectors))
 
@@ -103,7 +108,7 @@ class Cluster:
                 await t
         await self.tasks_here.stop_all()
         with contextlib.suppress(Exception):
-            await self._producer.send_and_wait(self.settings.config_topic, key=worker_key(self.worker_id), value=None)
+            await self.membership.stop()  # LeaveGroup: the others take this process's tasks at once
         for client in (self._producer, self._consumer):
             if client is not None:
                 with contextlib.suppress(Exception):
@@ -121,13 +126,12 @@ class Cluster:
 
     # --- the config topic ------------------------------------------------------------------
 
-    async def _read_once(self, *, live: bool = True) -> None:
+    async def _read_once(self) -> None:
         batches = await self._consumer.getmany(timeout_ms=200)
-        now = time.monotonic()
         async with self._read:
             for records in batches.values():
                 for r in records:
-                    self.state.apply(r.offset, r.key, r.value, now, live=live)
+                    self.state.apply(r.offset, r.key, r.value)
             if batches:
                 self._read.notify_all()
 
@@ -161,13 +165,8 @@ class Cluster:
         async with self._read:
             await asyncio.wait_for(self._read.wait_for(lambda: self.state.position > meta.offset), 30)
 
-    async def _heartbeat(self) -> None:
-        await self._producer.send_and_wait(self.settings.config_topic, key=worker_key(self.worker_id),
-                                           value=json.dumps({"url": self.settings.url}).encode())
-
-    async def _heartbeat_loop(self) -> None:
-        await asyncio.sleep(self.settings.heartbeat_s)
-        await self._forever("heartbeating", self._heartbeat, self.settings.heartbeat_s)
+    async def _membership_loop(self) -> None:
+        await self._forever("keeping the group membership", self.membership.poll, 0)
 
     # --- the API's backend -----------------------------------------------------------------
 
@@ -191,7 +190,7 @@ class Cluster:
         return self.state.connectors[name].tasks
 
     def status(self, name: str) -> dict[str, Any]:
-        return status_of(self.state, name, time.monotonic(), self.settings.session_s)
+        return status_of(self.state, name, self.membership.placement)
 
     def check(self, name: str, config: dict[str, str]) -> dict[str, str]:
         """The config to store (masked secrets PUT back replaced by the stored ones), checked as
@@ -272,21 +271,22 @@ class Cluster:
     # --- running this process's tasks ------------------------------------------------------
 
     async def _reconcile_loop(self) -> None:
-        await asyncio.sleep(self.settings.heartbeat_s * 1.5)  # let the others' heartbeats arrive
         await self._forever("running tasks", self.reconcile, 0.5)
 
     def wanted(self) -> dict[tuple[str, int], Connector]:
-        alive = self.state.alive(time.monotonic(), self.settings.session_s)
-        if self.worker_id not in alive:
-            return {}
+        """The tasks the group's latest placement gives this process, of the connectors as
+        this process has read them (a deleted connector's tasks stop at once, new ones wait
+        for the rebalance the leader asks for)."""
+        placement = self.membership.placement
         out = {}
         for c in self.state.connectors.values():
-            for i, owner in enumerate(assign(c.name, c.tasks, alive)):
+            for i, owner in enumerate(placement.owners(c.name, c.tasks)):
                 if owner == self.worker_id:
                     out[(c.name, i)] = c
         return out
 
     async def reconcile(self) -> None:
+        self.membership.follow(self.state.layout())
         await self.tasks_here.reconcile(self.wanted(), self._report)
 
     async def _report(self, name: str, task: int, status: dict[str, Any]) -> None:
@@ -331,8 +331,8 @@ class Cluster:
             counts[(lt.name, lt.state)] = counts.get((lt.name, lt.state), 0) + 1
         for (name, state), n in sorted(counts.items()):
             tasks.add_metric([name, state], n)
-        alive = GaugeMetricFamily("icesink_connect_workers", "Alive processes of this connect cluster")
-        alive.add_metric([], len(self.state.alive(time.monotonic(), self.settings.session_s)))
+        alive = GaugeMetricFamily("icesink_connect_workers", "Members of this connect cluster's group")
+        alive.add_metric([], len(self.membership.placement.workers))
         connectors = GaugeMetricFamily("icesink_connect_connectors", "Connectors of this connect cluster")
         connectors.add_metric([], len(self.state.connectors))
         skipped = GaugeMetricFamily("icesink_connect_config_records_skipped",
@@ -340,8 +340,8 @@ class Cluster:
         skipped.add_metric([], self.state.skipped)
         errors = CounterMetricFamily("icesink_connect_errors", "Failed steps of this process, retried",
                                      labels=["step"])
-        for step in ("reading the config topic", "heartbeating", "running tasks", "starting tasks", "watching tasks",
-                     "restarting tasks", "stopping tasks"):
+        for step in ("reading the config topic", "keeping the group membership", "running tasks", "starting tasks",
+                     "watching tasks", "restarting tasks", "stopping tasks"):
             errors.add_metric([step], self.errors.get(step, 0))
         everything = [*families.values(), tasks, alive, connectors, skipped, errors]
 

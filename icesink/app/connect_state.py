@@ -10,16 +10,22 @@ Every process of a cluster reads the whole config topic (one partition, compacte
   .../restart?includeTasks=true, .../tasks/<id>/restart). A STOPPED connector keeps its config
   and runs no task. ``partitions``: the partitions of its topics when its config was written,
   if fewer than ``tasks.max`` (then only that many tasks run, and the status says so).
-- ``worker/<id>``: ``{"url": "http://host:port"}``, a heartbeat every ``heartbeat.interval-ms``;
-  a process is alive while its heartbeats arrive within ``session.timeout-ms`` (measured on the
-  reader's clock, when it reads them); a tombstone says it left.
+- ``worker/<id>``: heartbeats of older icesink versions, ignored (membership is now Kafka's
+  group protocol, below).
 - ``status/<name>/<task>``: ``{"state", "worker_id", "generation", "restart", "trace"}``, written by the
   process running the task whenever the task's state changes (RESTARTING: its start-up failed
   and it is started again after a backoff; the trace says why).
 
-Task ``i`` of connector ``C`` runs on ``alive[(crc32(C) + i) % len(alive)]`` of the sorted alive
-processes: every process computes the same assignment from the same records, so no leader is
-needed, and a connector's tasks spread over the processes.
+Membership is Kafka's group protocol (:mod:`icesink.app.connect_group`): the processes form
+the consumer group ``group.id``; each member's metadata carries its id and REST URL; the group's
+leader computes the :class:`Placement` from the members and the connectors it has read, and
+every member receives the whole placement in its assignment's user data. Task ``i`` of connector
+``C`` runs on ``members[(crc32(C) + i) % len(members)]`` of the sorted member ids, so a
+connector's tasks spread over the processes. A process killed -9 leaves the group when its
+session (``session.timeout-ms``) expires; one stopped with SIGTERM sends LeaveGroup and its
+tasks move at once. A config change that changes which tasks exist makes the leader rejoin,
+so the group places them; until then every member places them by the same rule over the
+placement's members (:meth:`Placement.owners`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,10 +88,6 @@ def connector_key(name: str) -> bytes:
     return f"connector/{name}".encode()
 
 
-def worker_key(worker_id: str) -> bytes:
-    return f"worker/{worker_id}".encode()
-
-
 def status_key(name: str, task: int) -> bytes:
     return f"status/{name}/{task}".encode()
 
@@ -94,24 +97,21 @@ class ClusterState:
     """The cluster as the config topic describes it up to ``position``."""
 
     connectors: dict[str, Connector] = field(default_factory=dict)
-    #: worker id -> (local monotonic time its last heartbeat was read, its REST url)
-    workers: dict[str, tuple[float, str]] = field(default_factory=dict)
     statuses: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     position: int = 0
     skipped: int = 0
 
-    def apply(self, offset: int, key: bytes | None, value: bytes | None, now: float, *, live: bool = True) -> None:
-        """Apply one record. ``live`` is false while replaying history: old heartbeats then say
-        nothing about who is alive now. A record that cannot be read is skipped and logged with
-        its offset, never fatal: the topic is input."""
+    def apply(self, offset: int, key: bytes | None, value: bytes | None) -> None:
+        """Apply one record. A record that cannot be read is skipped and logged with its
+        offset, never fatal: the topic is input."""
         self.position = offset + 1
         try:
-            self._apply(key, value, now, live)
+            self._apply(key, value)
         except (ValueError, KeyError, TypeError, AttributeError, ConfigError) as exc:
             self.skipped += 1
             log.warning("config topic offset %d: skipped an unreadable record (key %r): %s", offset, key, exc)
 
-    def _apply(self, key: bytes | None, value: bytes | None, now: float, live: bool) -> None:
+    def _apply(self, key: bytes | None, value: bytes | None) -> None:
         if key is None:
             raise ValueError("a record without a key")
         kind, _, rest = key.decode().partition("/")
@@ -135,10 +135,7 @@ class ClusterState:
                 raise ValueError(f"field partitions {partitions!r} is not a positive whole number")
             self.connectors[rest] = Connector(rest, dict(config), target, generation, restarts, partitions)
         elif kind == "worker":
-            if data is None:
-                self.workers.pop(rest, None)
-            elif live:
-                self.workers[rest] = (now, str(data["url"]))
+            return  # an older version's heartbeat: membership is the consumer group's now
         elif kind == "status":
             name, _, task = rest.rpartition("/")
             if data is None:
@@ -150,12 +147,9 @@ class ClusterState:
         else:
             raise ValueError(f"unknown record kind {kind!r}")
 
-    def alive(self, now: float, session_s: float) -> list[str]:
-        return sorted(w for w, (seen, _) in self.workers.items() if now - seen <= session_s)
-
-    def url_of(self, worker_id: str) -> str | None:
-        seen = self.workers.get(worker_id)
-        return seen[1] if seen else None
+    def layout(self) -> dict[str, int]:
+        """The tasks each connector runs: what the placement depends on."""
+        return {name: c.tasks for name, c in sorted(self.connectors.items())}
 
 
 def assign(name: str, tasks: int, alive: list[str]) -> list[str | None]:
@@ -166,11 +160,61 @@ def assign(name: str, tasks: int, alive: list[str]) -> list[str | None]:
     return [alive[(start + i) % len(alive)] for i in range(tasks)]
 
 
-def status_of(state: ClusterState, name: str, now: float, session_s: float) -> dict[str, Any]:
-    """Kafka Connect's ``/connectors/{name}/status`` JSON."""
+@dataclass(frozen=True)
+class Placement:
+    """Where everything runs, as the group's leader computed it (the user data of every
+    member's assignment): the members (worker id -> REST URL), each connector's owner and the
+    owner of each of its tasks, the layout it was computed from, and the leader's token."""
+
+    workers: dict[str, str] = field(default_factory=dict)
+    connectors: dict[str, str] = field(default_factory=dict)
+    tasks: dict[str, list[str]] = field(default_factory=dict)
+    layout: dict[str, int] = field(default_factory=dict)
+    leader: str = ""
+
+    @classmethod
+    def compute(cls, workers: Mapping[str, str], layout: Mapping[str, int], leader: str) -> Placement:
+        members = sorted(workers)
+        return cls(dict(workers), {n: o for n in layout if (o := assign(n, 1, members)[0]) is not None},
+                   {n: [o for o in assign(n, k, members) if o is not None] for n, k in layout.items()},
+                   dict(layout), leader)
+
+    def owners(self, name: str, tasks: int) -> list[str | None]:
+        """The process of each task: the leader's, or for tasks it has not placed yet (a
+        connector it had not read) the same rule over the same members, so that every member
+        agrees without waiting for a rebalance (Tansu answers a rejoin that changes no member
+        with the previous assignment)."""
+        placed = self.tasks.get(name, [])
+        if len(placed) >= tasks:
+            return list(placed[:tasks])
+        return assign(name, tasks, sorted(self.workers))
+
+    def connector_owner(self, name: str) -> str | None:
+        return self.connectors.get(name) or assign(name, 1, sorted(self.workers))[0]
+
+    def encode(self) -> bytes:
+        return json.dumps({"version": 1, "workers": self.workers, "connectors": self.connectors, "tasks": self.tasks,
+                           "layout": self.layout, "leader": self.leader}, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Placement:
+        """Raises ValueError for anything but an encoded placement."""
+        try:
+            d = json.loads(data)
+            out = cls({str(k): str(v) for k, v in d["workers"].items()},
+                      {str(k): str(v) for k, v in d["connectors"].items()},
+                      {str(k): [str(o) for o in v] for k, v in d["tasks"].items()},
+                      {str(k): int(v) for k, v in d["layout"].items()}, str(d["leader"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a connect group placement: {exc}") from exc
+        return out
+
+
+def status_of(state: ClusterState, name: str, placement: Placement) -> dict[str, Any]:
+    """Kafka Connect's ``/connectors/{name}/status`` JSON (UNASSIGNED: no member yet, or no
+    report from the task's process for its current generation)."""
     c = state.connectors[name]
-    alive = state.alive(now, session_s)
-    owners = assign(name, c.tasks, alive)
+    owners = placement.owners(name, c.tasks)
     tasks = []
     for i, owner in enumerate(owners):
         seen = state.statuses.get((name, i))
@@ -182,7 +226,7 @@ def status_of(state: ClusterState, name: str, now: float, session_s: float) -> d
         if seen["state"] in (FAILED, RESTARTING):
             entry["trace"] = str(seen.get("trace", ""))
         tasks.append(entry)
-    leader = assign(name, 1, alive)[0]
+    leader = placement.connector_owner(name)
     connector: dict[str, Any] = {"state": UNASSIGNED if leader is None else c.target, "worker_id": leader or "",
                                  "version": PLUGIN_VERSION}
     if c.target != STOPPED and c.partitions and c.max_tasks > c.partitions:

@@ -54,7 +54,7 @@ def _start_connect(tmp_path: Path, name: str, bootstrap: str, state: Path) -> tu
         "bootstrap.servers": bootstrap, "listeners": f"http://127.0.0.1:{api}",
         "rest.advertised.host.name": "127.0.0.1", "metrics.port": metrics, "group.id": "connect-it",
         "config.storage.topic": "connect-it-configs", "state.dir": str(state),
-        "heartbeat.interval-ms": 500, "session.timeout-ms": 4000,
+        "heartbeat.interval-ms": 500, "session.timeout-ms": 6000,
         # defaults for every task: a small Spark, short sessions and shutdowns
         "spark.master": "local[1]", "spark.driver.memory": "1g", "consumer.session-timeout-ms": 6000,
         "shutdown.timeout-ms": 15000,

@@ -49,7 +49,7 @@ def process_config(tmp_path: Path, bootstrap: str, group: str, **extra: Any) -> 
         "bootstrap.servers": bootstrap, "listeners": f"http://127.0.0.1:{free_port()}",
         "rest.advertised.host.name": "127.0.0.1", "metrics.port": free_port(), "group.id": group,
         "config.storage.topic": f"{group}-configs", "state.dir": str(tmp_path / "state"),
-        "heartbeat.interval-ms": 500, "session.timeout-ms": 4000,
+        "heartbeat.interval-ms": 500, "session.timeout-ms": 6000,
         "spark.master": "local[1]", "spark.driver.memory": "1g", "consumer.session-timeout-ms": 6000,
         "shutdown.timeout-ms": 15000, **extra,
     }

@@ -11,7 +11,8 @@ import pytest
 
 from icesink.app.connect import connect_settings, load_connect_settings
 from icesink.app.connect_state import (
-    PLUGIN_VERSION, FAILED, PAUSED, RUNNING, UNASSIGNED, ClusterState, assign, connector_key, status_key, status_of, worker_key,
+    PLUGIN_VERSION, FAILED, PAUSED, RUNNING, UNASSIGNED, ClusterState, Placement, assign, connector_key, status_key,
+    status_of,
 )
 from icesink.shared.errors import ConfigError
 from tests.unit.test_connect_api import Backend
@@ -21,21 +22,14 @@ def _record(value: Any) -> bytes:
     return json.dumps(value).encode()
 
 
-def _state(*workers: str, now: float = 100.0) -> ClusterState:
-    s = ClusterState()
-    for i, w in enumerate(workers):
-        s.apply(i, worker_key(w), _record({"url": f"http://{w}"}), now)
-    return s
-
-
 def test_connectors_are_put_changed_and_deleted_with_their_statuses():
-    s = _state("a:1")
-    s.apply(5, connector_key("c"), _record({"config": {"tasks.max": "2", "topics": "t"}, "generation": 7}), 100)
+    s = ClusterState()
+    s.apply(5, connector_key("c"), _record({"config": {"tasks.max": "2", "topics": "t"}, "generation": 7}))
     assert s.connectors["c"].tasks == 2 and s.connectors["c"].target == RUNNING and s.position == 6
-    s.apply(6, status_key("c", 0), _record({"state": RUNNING, "worker_id": "a:1", "generation": 7}), 100)
-    s.apply(7, connector_key("c"), _record({"config": {"tasks.max": "2"}, "target": PAUSED, "generation": 7}), 100)
+    s.apply(6, status_key("c", 0), _record({"state": RUNNING, "worker_id": "a:1", "generation": 7}))
+    s.apply(7, connector_key("c"), _record({"config": {"tasks.max": "2"}, "target": PAUSED, "generation": 7}))
     assert s.connectors["c"].target == PAUSED and ("c", 0) in s.statuses
-    s.apply(8, connector_key("c"), None, 100)
+    s.apply(8, connector_key("c"), None)
     assert not s.connectors and not s.statuses
 
 
@@ -45,22 +39,22 @@ def test_connectors_are_put_changed_and_deleted_with_their_statuses():
     (b"connector/x", _record({"config": {"tasks.max": "0"}})),
     (b"connector/x", _record({"config": {}, "target": "SLEEPING"})),
     (b"status/x/zero", _record({"state": RUNNING})), (b"status/x/0", _record({"state": "HAPPY"})),
-    (b"worker/w", _record({"no": "url"})), (b"something/else", _record({})),
+    (b"something/else", _record({})),
 ])
 def test_unreadable_config_records_are_skipped_and_counted(key, value, caplog):
     s = ClusterState()
-    s.apply(41, key, value, 100)
+    s.apply(41, key, value)
     assert s.skipped == 1 and s.position == 42 and not s.connectors and not s.statuses
     assert "config topic offset 41" in caplog.text
 
 
-def test_heartbeats_make_processes_alive_only_while_they_keep_coming():
-    s = _state("b:1", "a:1", now=100)
-    s.apply(9, worker_key("old:1"), _record({"url": "http://old:1"}), 100, live=False)  # history
-    assert s.alive(105, 10) == ["a:1", "b:1"]
-    assert s.alive(111, 10) == []
-    s.apply(10, worker_key("a:1"), None, 105)  # left
-    assert s.alive(105, 10) == ["b:1"]
+def test_an_older_versions_heartbeats_are_ignored_not_skipped():
+    """Membership is the consumer group's now; a config topic written by an older version
+    still holds ``worker/<id>`` heartbeats and tombstones."""
+    s = ClusterState()
+    s.apply(0, b"worker/a:1", _record({"url": "http://a:1"}))
+    s.apply(1, b"worker/a:1", None)
+    assert s.skipped == 0 and s.position == 2 and not s.connectors
 
 
 def test_tasks_spread_over_processes_the_same_way_everywhere():
@@ -73,19 +67,24 @@ def test_tasks_spread_over_processes_the_same_way_everywhere():
 
 
 def test_status_is_connects_json_and_stale_reports_are_unassigned():
-    s = _state("a:1", "b:1")
-    s.apply(3, connector_key("c"), _record({"config": {"tasks.max": "2"}, "generation": 4}), 100)
+    s = ClusterState()
+    s.apply(3, connector_key("c"), _record({"config": {"tasks.max": "2"}, "generation": 4}))
+    placement = Placement.compute({"a:1": "http://a:1", "b:1": "http://b:1"}, s.layout(), "token")
     owners = assign("c", 2, ["a:1", "b:1"])
-    s.apply(4, status_key("c", 0), _record({"state": RUNNING, "worker_id": owners[0], "generation": 4}), 100)
+    assert placement.tasks["c"] == owners and placement.connectors["c"] == owners[0]
+    s.apply(4, status_key("c", 0), _record({"state": RUNNING, "worker_id": owners[0], "generation": 4}))
     s.apply(5, status_key("c", 1), _record({"state": FAILED, "worker_id": owners[1], "generation": 4,
-                                             "trace": "boom"}), 100)
-    st = status_of(s, "c", 101, 10)
+                                             "trace": "boom"}))
+    st = status_of(s, "c", placement)
     assert st["type"] == "sink" and st["connector"]["state"] == RUNNING
     assert st["tasks"] == [{"id": 0, "state": RUNNING, "worker_id": owners[0], "version": PLUGIN_VERSION},
                            {"id": 1, "state": FAILED, "worker_id": owners[1], "trace": "boom", "version": PLUGIN_VERSION}]
-    s.apply(6, connector_key("c"), _record({"config": {"tasks.max": "2"}, "generation": 5}), 100)  # restarted
-    assert [t["state"] for t in status_of(s, "c", 101, 10)["tasks"]] == [UNASSIGNED, UNASSIGNED]
-    assert status_of(s, "c", 200, 10)["connector"]["state"] == UNASSIGNED  # nobody alive
+    s.apply(6, connector_key("c"), _record({"config": {"tasks.max": "2"}, "generation": 5}))  # restarted
+    assert [t["state"] for t in status_of(s, "c", placement)["tasks"]] == [UNASSIGNED, UNASSIGNED]
+    nobody = Placement.compute({}, s.layout(), "token")
+    assert status_of(s, "c", nobody)["connector"]["state"] == UNASSIGNED
+    assert status_of(s, "c", Placement())["tasks"][1] == {"id": 1, "state": UNASSIGNED, "worker_id": "",
+                                                           "version": PLUGIN_VERSION}  # not placed yet
 
 
 def test_connect_settings_defaults_and_task_defaults(tmp_path):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from icesink.app.connect_state import (
-    PLUGIN_VERSION, FAILED, RUNNING, STOPPED, UNASSIGNED, ClusterState, connector_key, status_key, status_of, worker_key,
+    PLUGIN_VERSION, FAILED, RUNNING, STOPPED, UNASSIGNED, ClusterState, Placement, connector_key, status_key, status_of,
 )
 from icesink.shared.errors import ConfigError
 
@@ -342,32 +342,34 @@ def _record(value: Any) -> bytes:
 
 def _cluster(connector: dict[str, Any]) -> ClusterState:
     s = ClusterState()
-    s.apply(0, worker_key("a:1"), _record({"url": "http://a:1"}), 100)
-    s.apply(1, connector_key("c"), _record(connector), 100)
+    s.apply(0, connector_key("c"), _record(connector))
     return s
+
+
+def _placed(s: ClusterState) -> Placement:
+    return Placement.compute({"a:1": "http://a:1"}, s.layout(), "token")
 
 
 def test_a_stopped_connector_has_no_tasks_and_its_status_says_stopped():
     s = _cluster({"config": {"tasks.max": "2"}, "target": STOPPED, "generation": 3})
     assert s.connectors["c"].tasks == 0 and s.connectors["c"].max_tasks == 2
-    st = status_of(s, "c", 101, 10)
+    st = status_of(s, "c", _placed(s))
     assert st["connector"] == {"state": STOPPED, "worker_id": "a:1", "version": PLUGIN_VERSION} and st["tasks"] == []
 
 
 def test_a_task_restart_makes_only_that_tasks_report_stale():
     s = _cluster({"config": {"tasks.max": "2"}, "generation": 3, "restarts": {"1": 1}})
-    s.apply(2, status_key("c", 0), _record({"state": RUNNING, "worker_id": "a:1", "generation": 3}), 100)
-    s.apply(3, status_key("c", 1), _record({"state": FAILED, "worker_id": "a:1", "generation": 3}), 100)
-    assert [t["state"] for t in status_of(s, "c", 101, 10)["tasks"]] == [RUNNING, UNASSIGNED]
-    s.apply(4, status_key("c", 1), _record({"state": RUNNING, "worker_id": "a:1", "generation": 3, "restart": 1}),
-            100)
-    assert [t["state"] for t in status_of(s, "c", 101, 10)["tasks"]] == [RUNNING, RUNNING]
+    s.apply(2, status_key("c", 0), _record({"state": RUNNING, "worker_id": "a:1", "generation": 3}))
+    s.apply(3, status_key("c", 1), _record({"state": FAILED, "worker_id": "a:1", "generation": 3}))
+    assert [t["state"] for t in status_of(s, "c", _placed(s))["tasks"]] == [RUNNING, UNASSIGNED]
+    s.apply(4, status_key("c", 1), _record({"state": RUNNING, "worker_id": "a:1", "generation": 3, "restart": 1}))
+    assert [t["state"] for t in status_of(s, "c", _placed(s))["tasks"]] == [RUNNING, RUNNING]
 
 
 def test_tasks_max_above_the_partitions_is_capped_and_the_status_says_so():
     s = _cluster({"config": {"tasks.max": "8"}, "generation": 3, "partitions": 3})
     assert s.connectors["c"].tasks == 3
-    st = status_of(s, "c", 101, 10)
+    st = status_of(s, "c", _placed(s))
     assert len(st["tasks"]) == 3 and "tasks.max=8" in st["connector"]["trace"] and "3 partitions" in \
         st["connector"]["trace"]
 
