@@ -32,9 +32,11 @@ from pyiceberg.typedef import Record
 
 from icesink.shared.errors import ConfigError, SparkWriteError
 from icesink.shared.reference_keys import AVRO_CODECS, AVRO_LEVEL_WHY, FILE_FORMATS_WRITTEN, FORMAT_WHY, ORC_CODECS
+from spark_bridge.orc_stats import orc_metrics
 from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories
 
 if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
 
 __all__ = [
@@ -67,6 +69,7 @@ _EXTENSIONS = (".parquet", ".orc", ".avro")
 #: Spark's Avro data source: built into spark-sql since Spark 4 (the class; the short name ``avro``
 #: is only registered by the separate spark-avro module, which pyspark does not ship).
 AVRO_SOURCE = "org.apache.spark.sql.avro.AvroFileFormat"
+_ORC_TAIL_BYTES = 256 * 1024  # read at first: an ORC file's postscript and footer, but for very wide schemas
 _FORMATS = {"parquet": FileFormat.PARQUET, "orc": FileFormat.ORC, "avro": FileFormat.AVRO}
 
 
@@ -291,7 +294,7 @@ def read_data_files(
         file_uri = f"{out_uri}/{relative}"
         if fmt != FileFormat.PARQUET:
             data_files.append(_counted_data_file(fmt, fs, f"{out_path}/{relative}", file_uri, record, size,
-                                                 metadata.default_spec_id))
+                                                 metadata.default_spec_id, schema, stats_plan))
             continue
         with fs.open_input_file(f"{out_path}/{relative}") as stream:
             parquet_metadata = pq.read_metadata(stream)
@@ -323,18 +326,40 @@ def read_data_files(
 
 
 def _counted_data_file(fmt: FileFormat, fs: pafs.FileSystem, path: str, uri: str, partition: Record, size: int,
-                       spec_id: int) -> DataFile:
-    """An ORC or Avro file's DataFile: its record count (the ORC footer's, the Avro blocks') and no
-    column metrics (pyarrow exposes no ORC column statistics; docs/reference-keys.md). Readers find
-    its columns by the table's name mapping: Spark's ORC and Avro writers store no Iceberg field ids."""
+                       spec_id: int, schema: Schema, plan: dict[int, Any]) -> DataFile:
+    """An ORC or Avro file's DataFile. ORC: its record count and column metrics from its footer's
+    statistics, by the table's metrics modes (spark_bridge/orc_stats.py); Avro: its record count
+    (the blocks'), no column metrics. Readers find an ORC file's columns by the table's name mapping
+    (Spark's ORC writer stores no Iceberg ids); Avro files carry Iceberg's schema, ids included."""
     with fs.open_input_file(path) as stream:
-        rows = orc.ORCFile(stream).nrows if fmt == FileFormat.ORC else avro_record_count(stream)
+        if fmt == FileFormat.ORC:
+            stats = _orc_stats(stream, path, size, schema, plan)
+        else:
+            stats = {"record_count": avro_record_count(stream)}
     data_file = DataFile.from_args(
         content=DataFileContent.DATA, file_path=uri, file_format=fmt, partition=partition,
-        record_count=rows, file_size_in_bytes=size, sort_order_id=None, equality_ids=None, key_metadata=None,
+        file_size_in_bytes=size, sort_order_id=None, equality_ids=None, key_metadata=None, **stats,
     )
     data_file.spec_id = spec_id
     return data_file
+
+
+def _orc_stats(stream: Any, path: str, size: int, schema: Schema, plan: dict[int, Any]) -> dict[str, Any]:
+    """An ORC file's record count and column metrics (spark_bridge/orc_stats.py); its record count
+    alone, logged, when its tail cannot be read here (a codec or layout this reader lacks)."""
+    tail = min(size, _ORC_TAIL_BYTES)
+    stream.seek(size - tail)
+    data = stream.read(tail)
+    try:
+        try:
+            return orc_metrics(data, schema, plan)
+        except ValueError:  # a footer longer than the tail read, say
+            stream.seek(0)
+            return orc_metrics(stream.read(), schema, plan)
+    except Exception as exc:  # noqa: BLE001 - metrics are optional; the count is not
+        logger.warning("ORC file %s: no column metrics (%s: %s); its record count only", path, type(exc).__name__, exc)
+        stream.seek(0)
+        return {"record_count": orc.ORCFile(stream).nrows}
 
 
 def avro_record_count(stream: Any) -> int:

@@ -6,7 +6,7 @@ returns one pyiceberg :class:`DataFile` per file, ready for ``fast_append().appe
 A table whose ``write.format.default`` is ``orc`` or ``avro`` gets ORC or Avro files instead
 (ORC: plain, read by the table's name mapping; Avro: Spark's AvroFileFormat, built into spark-sql
 since Spark 4, writing Iceberg's own Avro schema, field ids included: spark_bridge/avro.py), with
-record counts only (:func:`_check_format` says which
+column metrics from the ORC footer (spark_bridge/orc_stats.py) or record counts only (Avro) (:func:`_check_format` says which
 tables cannot: pyarrow-only columns; with ORC timestamptz columns or no full name mapping; with
 Avro maps of non-string keys).
 

@@ -44,10 +44,9 @@ AVRO_LEVEL_WHY = ("unset: Spark's Avro writer takes a codec's level only as a se
                   "(spark.sql.avro.deflate.level, spark.sql.avro.zstandard.level), not per table's write")
 #: Why other formats are refused (write.format.default).
 FORMAT_WHY = "parquet, orc or avro (the formats Spark writes Iceberg data files in here)"
-#: Why ORC and Avro files cannot take column metrics modes (spark_bridge/files.py reads their row counts only).
-ORC_METRICS_WHY = ("unset (or none) with write.format.default=orc or avro: icesink's ORC and Avro data files carry "
-                   "their record count only (pyarrow exposes no ORC column statistics nor reads Avro), so a metrics "
-                   "mode could not act")
+#: Why Avro files cannot take column metrics modes (spark_bridge/files.py counts their records only).
+AVRO_METRICS_WHY = ("unset (or none) with write.format.default=avro: icesink's Avro data files carry their record "
+                   "count only (their blocks' counts; no column statistics to read), so a metrics mode could not act")
 #: Why mirror tables cannot take ORC or Avro files.
 ORC_MIRROR_WHY = ("parquet with mirror tables (iceberg.tables.upsert-mode-enabled, iceberg.tables.cdc-field): "
                   "their position deletes are found by reading the round's data files' key columns as Parquet")
@@ -81,8 +80,8 @@ KAFKA_SAME_AS: dict[str, str] = {
 
 def check_write_props(props: Mapping[str, str], prefix: str = PREFIX_WRITE_PROPS) -> None:
     """Refuse a writer property that would not act on the files written (ConfigError naming
-    ``prefix + key``): unknown ones, values that are not of their type, ORC or Avro with metrics modes."""
-    unmapped = props.get("write.format.default", "parquet").lower() in UNMAPPED_FORMATS
+    ``prefix + key``): unknown ones, values that are not of their type, Avro with metrics modes."""
+    counts_only = props.get("write.format.default", "parquet").lower() == "avro"
     for key, value in sorted(props.items()):
         name = prefix + key
         if key == "write.format.default":
@@ -100,8 +99,8 @@ def check_write_props(props: Mapping[str, str], prefix: str = PREFIX_WRITE_PROPS
                                   "not installed (as a write-prop it acts on the data files only)")
         elif key == "write.avro.compression-level":
             raise ConfigError(name, value, AVRO_LEVEL_WHY)
-        elif unmapped and key.startswith(_METRICS_MODE_KEYS) and value.strip().lower() != "none":
-            raise ConfigError(name, value, ORC_METRICS_WHY)
+        elif counts_only and key.startswith(_METRICS_MODE_KEYS) and value.strip().lower() != "none":
+            raise ConfigError(name, value, AVRO_METRICS_WHY)
         elif key == "write.parquet.compression-codec":
             if value.lower() not in PARQUET_CODECS:
                 raise ConfigError(name, value, f"one of {', '.join(PARQUET_CODECS)}")

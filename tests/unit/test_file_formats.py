@@ -42,13 +42,12 @@ def test_other_formats_and_codecs_are_refused_with_the_reason() -> None:
     refused("iceberg.tables.write-props.write.orc.compression-codec", "brotli")
 
 
-def test_orc_with_mirror_tables_or_column_metrics_is_refused_naming_the_key() -> None:
+def test_orc_with_mirror_tables_is_refused_naming_the_key_and_metrics_modes_act() -> None:
     err = refused("iceberg.tables.write-props.write.format.default", "orc",
                   **{"iceberg.tables.upsert-mode-enabled": "true", "iceberg.tables.default-id-columns": "id"})
     assert "mirror" in err.expected
-    err = refused("iceberg.tables.write-props.write.metadata.metrics.default", "full",
-                  **{"iceberg.tables.write-props.write.format.default": "orc"})
-    assert "ORC" in err.expected
+    build({**BASE, "iceberg.tables.write-props.write.metadata.metrics.default": "full",  # ORC files have metrics now
+           "iceberg.tables.write-props.write.format.default": "orc"})
 
 
 def test_spark_options_follow_the_format() -> None:
@@ -267,3 +266,69 @@ def test_the_avro_schema_spark_writes_is_icebergs_with_every_field_id() -> None:
     assert fields["l"]["type"][1] == {"type": "array", "items": ["null", "string"], "element-id": 7}
     assert fields["m"]["type"][1] == {"type": "map", "values": "long", "key-id": 9, "value-id": 10}
     assert fields["s"]["type"]["name"] == "r11" and fields["s"]["type"]["fields"][0]["field-id"] == 12
+
+
+# ORC column metrics (issue 39 point 2) -------------------------------------------------------
+
+
+def test_orc_files_get_column_metrics_from_their_footer_statistics(tmp_path) -> None:
+    import datetime as dt
+    from decimal import Decimal
+
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import (
+        BooleanType, DateType, DecimalType, DoubleType, ListType, LongType, NestedField, StringType, StructType,
+    )
+
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False), NestedField(2, "name", StringType(), required=False),
+        NestedField(3, "d", DateType(), required=False), NestedField(4, "flag", BooleanType(), required=False),
+        NestedField(5, "dec", DecimalType(9, 2), required=False), NestedField(6, "x", DoubleType(), required=False),
+        NestedField(7, "s", StructType(NestedField(8, "n", LongType(), required=False)), required=False),
+        NestedField(9, "l", ListType(10, LongType(), element_required=False), required=False),
+    )
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.o", schema=schema)
+    rows = pa.table({
+        "id": pa.array([5, None, -3, 12], pa.int64()),
+        "name": pa.array(["pear", "apple", None, "a" * 40]),
+        "d": pa.array([dt.date(2024, 1, 2), dt.date(2023, 5, 6), None, None]),
+        "flag": pa.array([True, True, None, True]),
+        "dec": pa.array([Decimal("1.25"), Decimal("-7.50"), None, Decimal("3.00")], pa.decimal128(9, 2)),
+        "x": pa.array([1.5, None, 2.5, 0.5]),
+        "s": pa.array([{"n": 4}, None, {"n": 9}, {"n": None}], pa.struct([("n", pa.int64())])),
+        "l": pa.array([[1, 2], [], None, [3]], pa.list_(pa.int64())),
+    })
+    out = tmp_path / "out"
+    out.mkdir()
+    orc.write_table(rows, str(out / "part-0.orc"))
+    fs = pafs.LocalFileSystem()
+    [f] = read_data_files(table, fs, str(out), "file:///x", [], properties={"write.format.default": "orc"})
+
+    fields = table.schema()  # pyiceberg numbers the columns afresh: s.n is 9
+    ids = {name: fields.find_field(name).field_id for name in ("id", "name", "d", "flag", "dec", "x", "s.n")}
+
+    def by_name(which: dict[int, Any], decode: bool = False) -> dict[str, Any]:
+        return {n: from_bytes(fields.find_type(i), which[i]) if decode else which[i]  # type: ignore[arg-type]
+                for n, i in ids.items() if i in which}
+
+    days = (dt.date(2023, 5, 6) - dt.date(1970, 1, 1)).days, (dt.date(2024, 1, 2) - dt.date(1970, 1, 1)).days
+    assert f.record_count == 4
+    assert by_name(f.null_value_counts) == {"id": 1, "name": 1, "d": 2, "flag": 1, "dec": 1, "x": 1, "s.n": 2}
+    assert by_name(f.value_counts) == dict.fromkeys(ids, 4)
+    assert set(f.value_counts) == set(ids.values())  # nothing for the list's elements
+    assert by_name(f.lower_bounds, True) == {"id": -3, "name": "a" * 16, "d": days[0], "flag": True,
+                                             "dec": Decimal("-7.50")}  # s.n: counts (pyiceberg's plan, as Parquet's)
+    assert by_name(f.upper_bounds, True) == {"id": 12, "name": "pear", "d": days[1], "flag": True,
+                                             "dec": Decimal("3.00")}
+    # the table's metrics modes act: counts only for name, none for id; strings truncated to 16 by default
+    with table.transaction() as tx:
+        tx.set_properties({"write.metadata.metrics.column.name": "counts", "write.metadata.metrics.column.id": "none"})
+    [f] = read_data_files(catalog.load_table("db.o"), fs, str(out), "file:///x", [],
+                          properties={"write.format.default": "orc", "write.metadata.metrics.column.name": "counts",
+                                      "write.metadata.metrics.column.id": "none"})
+    assert ids["id"] not in f.value_counts and ids["id"] not in f.lower_bounds
+    assert f.value_counts[ids["name"]] == 4 and ids["name"] not in f.lower_bounds | f.upper_bounds
