@@ -33,7 +33,7 @@ from pyiceberg.types import DoubleType, FloatType, ListType, MapType, NestedFiel
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_field_metadata
 from icesink.shared.config import Settings
 from icesink.shared.errors import ConfigError, ProtocolError, UnsupportedTypeError
-from icesink.shared.reference_keys import ORC_MIRROR_WHY
+from icesink.shared.reference_keys import ORC_MIRROR_WHY, UNMAPPED_FORMATS
 from icesink.shared.iceberg import latest_sink_summary, mirror_keys, split_name
 from icesink.shared.schema_changes import iceberg_schema
 from icesink.shared.partitioning import build_partition_spec, parse_partition_by
@@ -55,7 +55,7 @@ def target_of(name: str, table: Table, settings: Settings | None = None) -> Targ
     """The target ``name``; with ``settings`` making mirror tables, its key columns (a table
     that cannot be a mirror table raises :class:`ConfigError` naming the key)."""
     keys = None if settings is None else mirror_keys(settings, name, table)
-    if keys is not None and (fmt := table.properties.get("write.format.default", "parquet")).lower() == "orc":
+    if keys is not None and (fmt := table.properties.get("write.format.default", "parquet")).lower() in UNMAPPED_FORMATS:
         raise ConfigError(f"table {name} property write.format.default", fmt, ORC_MIRROR_WHY)
     return Target(name, table, _with_column_metadata(name, schema_to_pyarrow(table.schema()), table.properties), keys)
 

@@ -146,7 +146,7 @@ def field_id_mismatch(table: Table, paths: Sequence[str]) -> str | None:
     that holds none of the group's state yet (fresh, or created again)."""
     by_id = index_by_id(table.schema())
     for path in paths:
-        if path.endswith(".orc"):  # Spark's ORC files have no field ids: read by the table's name mapping
+        if path.endswith((".orc", ".avro")):  # Spark's ORC and Avro files have no field ids: read by the name mapping
             continue
         with table.io.new_input(path).open() as stream:
             found = _file_fields(pq.read_schema(stream), {})

@@ -33,13 +33,13 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestFile
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
@@ -264,6 +264,19 @@ def _partition_key(f: DataFile) -> tuple[Any, ...]:
 
 
 _TOLD: set[tuple[str, tuple[Any, ...]]] = set()  # partitions too big to fold, logged once
+_AVRO_TOLD: set[str] = set()  # tables whose Avro data files are left alone, logged once
+
+
+def compactable(name: str, files: Iterable[DataFile]) -> list[DataFile]:
+    """``files`` but Avro data files, which compaction leaves alone (logged once per table):
+    pyiceberg, which reads what Spark cannot rewrite by field id, scans no Avro data files."""
+    files = list(files)
+    out = [f for f in files if f.file_format != FileFormat.AVRO]
+    if len(out) < len(files) and name not in _AVRO_TOLD:
+        _AVRO_TOLD.add(name)
+        log.info("%s: compaction leaves its Avro data files alone (write.format.default=avro): pyiceberg, which "
+                 "compaction reads Spark-written Avro files with, scans no Avro data files", name)
+    return out
 
 
 def plan_compaction(table: Table, s: MaintenanceSettings,
@@ -285,7 +298,7 @@ def plan_compaction(table: Table, s: MaintenanceSettings,
     spec_id = table.metadata.default_spec_id
     data: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
     deletes: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
-    for f in live_files(table, cache, manifests, branch):
+    for f in compactable(".".join(table.name()), live_files(table, cache, manifests, branch)):
         if f.spec_id == spec_id:
             (data if f.content == DataFileContent.DATA else deletes)[_partition_key(f)].append(f)
     due = []

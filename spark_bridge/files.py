@@ -31,14 +31,16 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.typedef import Record
 
 from icesink.shared.errors import ConfigError, SparkWriteError
-from icesink.shared.reference_keys import FILE_FORMATS_WRITTEN, FORMAT_WHY, ORC_CODECS
+from icesink.shared.reference_keys import AVRO_CODECS, AVRO_LEVEL_WHY, FILE_FORMATS_WRITTEN, FORMAT_WHY, ORC_CODECS
+from spark_bridge.orc_stats import orc_metrics
 from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories
 
 if TYPE_CHECKING:
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
 
 __all__ = [
-    "WRITE_OPTIONS", "FooterPlan", "arrow_parquet_options", "delete_quietly", "file_format", "filesystem",
+    "AVRO_SOURCE", "WRITE_OPTIONS", "FooterPlan", "arrow_parquet_options", "delete_quietly", "file_format", "filesystem",
     "is_local", "list_data_files", "parquet_options", "place", "read_data_files", "spark_uri", "spark_write_options",
     "write_with_arrow", "writer_properties",
 ]
@@ -63,7 +65,12 @@ _ICEBERG_CODECS = {
 
 _METRICS_PREFIX = "write.metadata.metrics."
 #: The data file name endings Spark (and pyarrow) write, per format.
-_EXTENSIONS = (".parquet", ".orc")
+_EXTENSIONS = (".parquet", ".orc", ".avro")
+#: Spark's Avro data source: built into spark-sql since Spark 4 (the class; the short name ``avro``
+#: is only registered by the separate spark-avro module, which pyspark does not ship).
+AVRO_SOURCE = "org.apache.spark.sql.avro.AvroFileFormat"
+_ORC_TAIL_BYTES = 256 * 1024  # read at first: an ORC file's postscript and footer, but for very wide schemas
+_FORMATS = {"parquet": FileFormat.PARQUET, "orc": FileFormat.ORC, "avro": FileFormat.AVRO}
 
 
 @dataclass
@@ -111,7 +118,7 @@ def list_data_files(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int]]
         if base.startswith(("_", ".")) or any(p.startswith(("_", ".")) for p in relative.split("/")[:-1]):
             raise SparkWriteError(f"unexpected file {relative!r} left in {root} after the Spark job")
         if not base.endswith(_EXTENSIONS):
-            raise SparkWriteError(f"unexpected file {relative!r} in {root}: neither Parquet nor ORC")
+            raise SparkWriteError(f"unexpected file {relative!r} in {root}: not Parquet, ORC nor Avro")
         assert info.size is not None
         yield relative, info.size
 
@@ -143,18 +150,27 @@ def delete_quietly(fs: pafs.FileSystem, path: str) -> None:
 
 
 def file_format(properties: Mapping[str, str]) -> FileFormat:
-    """The format a table's files are written in (``write.format.default``; ConfigError for avro)."""
+    """The format a table's files are written in (``write.format.default``; ConfigError for others)."""
     name = properties.get("write.format.default", "parquet")
     if name.lower() not in FILE_FORMATS_WRITTEN:
         raise ConfigError("write.format.default", name, FORMAT_WHY)
-    return FileFormat.ORC if name.lower() == "orc" else FileFormat.PARQUET
+    return _FORMATS[name.lower()]
 
 
 def spark_write_options(properties: Mapping[str, str]) -> tuple[str, dict[str, str]]:
-    """Spark's data source (``parquet`` or ``orc``) and its write options for the table's properties:
-    ``write.parquet.*`` (:func:`parquet_options`) or ``write.orc.compression-codec`` (Iceberg's default zlib)."""
-    if file_format(properties) == FileFormat.PARQUET:
+    """Spark's data source (``parquet``, ``orc`` or :data:`AVRO_SOURCE`) and its write options for the
+    table's properties: ``write.parquet.*`` (:func:`parquet_options`), ``write.orc.compression-codec``
+    (Iceberg's default zlib) or ``write.avro.compression-codec`` (Iceberg's default gzip: Avro's deflate)."""
+    fmt = file_format(properties)
+    if fmt == FileFormat.PARQUET:
         return "parquet", parquet_options(properties)
+    if fmt == FileFormat.AVRO:
+        avro_codec = properties.get("write.avro.compression-codec", "gzip").lower()
+        if avro_codec not in AVRO_CODECS:
+            raise ConfigError("write.avro.compression-codec", avro_codec, f"one of {', '.join(AVRO_CODECS)}")
+        if (level := properties.get("write.avro.compression-level")) is not None:
+            raise ConfigError("write.avro.compression-level", level, AVRO_LEVEL_WHY)
+        return AVRO_SOURCE, {"compression": AVRO_CODECS[avro_codec]}
     codec = properties.get("write.orc.compression-codec", "zlib").lower()
     if codec not in ORC_CODECS:
         raise ConfigError("write.orc.compression-codec", codec, f"one of {', '.join(ORC_CODECS)}")
@@ -164,7 +180,7 @@ def spark_write_options(properties: Mapping[str, str]) -> tuple[str, dict[str, s
 def _codec(properties: Mapping[str, str]) -> str:
     if file_format(properties) != FileFormat.PARQUET:
         raise ConfigError("write.format.default", properties["write.format.default"],
-                          "parquet for Parquet options (spark_write_options gives an ORC table's)")
+                          "parquet for Parquet options (spark_write_options gives an ORC or Avro table's)")
     codec_name = properties.get("write.parquet.compression-codec", "zstd").lower()
     codec = _ICEBERG_CODECS.get(codec_name)
     if codec is None:
@@ -265,7 +281,7 @@ def read_data_files(
         if job is not None:
             job[plan_key] = plan
     stats_plan, id_mapping = plan.stats, plan.ids
-    orc_files = file_format(props) == FileFormat.ORC
+    fmt = file_format(props)
     records: dict[tuple[str | None, ...], Record] = {}
     data_files: list[DataFile] = []
     for relative, size in list_data_files(fs, out_path):
@@ -276,9 +292,9 @@ def read_data_files(
             record = Record(*[None if lbl is None else p.values[lbl] for lbl, p in zip(key, labels, strict=True)])
             records[key] = record
         file_uri = f"{out_uri}/{relative}"
-        if orc_files:
-            data_files.append(_orc_data_file(fs, f"{out_path}/{relative}", file_uri, record, size,
-                                             metadata.default_spec_id))
+        if fmt != FileFormat.PARQUET:
+            data_files.append(_counted_data_file(fmt, fs, f"{out_path}/{relative}", file_uri, record, size,
+                                                 metadata.default_spec_id, schema, stats_plan))
             continue
         with fs.open_input_file(f"{out_path}/{relative}") as stream:
             parquet_metadata = pq.read_metadata(stream)
@@ -309,15 +325,79 @@ def read_data_files(
     return data_files
 
 
-def _orc_data_file(fs: pafs.FileSystem, path: str, uri: str, partition: Record, size: int, spec_id: int) -> DataFile:
-    """An ORC file's DataFile: its record count from the ORC footer and no column metrics
-    (pyarrow exposes no ORC column statistics; docs/reference-keys.md). Readers find its columns by
-    the table's name mapping: Spark's ORC writer stores no ``iceberg.id`` attributes."""
+def _counted_data_file(fmt: FileFormat, fs: pafs.FileSystem, path: str, uri: str, partition: Record, size: int,
+                       spec_id: int, schema: Schema, plan: dict[int, Any]) -> DataFile:
+    """An ORC or Avro file's DataFile. ORC: its record count and column metrics from its footer's
+    statistics, by the table's metrics modes (spark_bridge/orc_stats.py); Avro: its record count
+    (the blocks'), no column metrics. Readers find an ORC file's columns by the table's name mapping
+    (Spark's ORC writer stores no Iceberg ids); Avro files carry Iceberg's schema, ids included."""
     with fs.open_input_file(path) as stream:
-        rows = orc.ORCFile(stream).nrows
+        if fmt == FileFormat.ORC:
+            stats = _orc_stats(stream, path, size, schema, plan)
+        else:
+            stats = {"record_count": avro_record_count(stream)}
     data_file = DataFile.from_args(
-        content=DataFileContent.DATA, file_path=uri, file_format=FileFormat.ORC, partition=partition,
-        record_count=rows, file_size_in_bytes=size, sort_order_id=None, equality_ids=None, key_metadata=None,
+        content=DataFileContent.DATA, file_path=uri, file_format=fmt, partition=partition,
+        file_size_in_bytes=size, sort_order_id=None, equality_ids=None, key_metadata=None, **stats,
     )
     data_file.spec_id = spec_id
     return data_file
+
+
+def _orc_stats(stream: Any, path: str, size: int, schema: Schema, plan: dict[int, Any]) -> dict[str, Any]:
+    """An ORC file's record count and column metrics (spark_bridge/orc_stats.py); its record count
+    alone, logged, when its tail cannot be read here (a codec or layout this reader lacks)."""
+    tail = min(size, _ORC_TAIL_BYTES)
+    stream.seek(size - tail)
+    data = stream.read(tail)
+    try:
+        try:
+            return orc_metrics(data, schema, plan)
+        except ValueError:  # a footer longer than the tail read, say
+            stream.seek(0)
+            return orc_metrics(stream.read(), schema, plan)
+    except Exception as exc:  # noqa: BLE001 - metrics are optional; the count is not
+        logger.warning("ORC file %s: no column metrics (%s: %s); its record count only", path, type(exc).__name__, exc)
+        stream.seek(0)
+        return {"record_count": orc.ORCFile(stream).nrows}
+
+
+def avro_record_count(stream: Any) -> int:
+    """The records of an Avro object container file: the sum of its blocks' counts, each block
+    skipped by its byte size (no codec needed, nothing decoded). ``stream``: seekable, binary."""
+    end = stream.seek(0, 2)
+    stream.seek(0)
+    if stream.read(4) != b"Obj\x01":
+        raise SparkWriteError("not an Avro object container file (no Obj\\x01 magic)")
+    while True:  # the header's metadata map: blocks of string keys and bytes values
+        entries = _avro_long(stream)
+        if entries is None or entries == 0:
+            break
+        if entries < 0:
+            _avro_long(stream)  # the block's byte size
+            entries = -entries
+        for _ in range(2 * entries):
+            stream.seek(_avro_long(stream) or 0, 1)
+    stream.seek(16, 1)  # sync marker
+    total = 0
+    while (count := _avro_long(stream)) is not None:
+        total += count
+        if stream.seek((_avro_long(stream) or 0) + 16, 1) > end:  # the block's bytes, then its sync marker
+            raise SparkWriteError("truncated Avro file: its last block runs past the end")
+    return total
+
+
+def _avro_long(stream: Any) -> int | None:
+    """The Avro long (zig-zag varint) at the stream's position; None at the end of the stream."""
+    shift = result = 0
+    while True:
+        byte = stream.read(1)
+        if not byte:
+            if shift:
+                raise SparkWriteError("truncated Avro file: a varint runs past the end")
+            return None
+        value = int(byte[0])
+        result |= (value & 0x7F) << shift
+        if not value & 0x80:
+            return (result >> 1) ^ -(result & 1)
+        shift += 7

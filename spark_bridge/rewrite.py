@@ -163,7 +163,7 @@ def _why_pyiceberg_reads(writer: SparkFileWriter, table: Table, data_files: Sequ
     """Why Spark cannot rewrite these files by field id (None: it can)."""
     schema = table.schema()
     if file_format(writer_properties(table, writer.session.settings.write_props)) != FileFormat.PARQUET:
-        return "the table writes ORC files (write.format.default), which the writer's ORC path writes"
+        return "the table writes ORC or Avro files (write.format.default), which the writer's path for them writes"
     if any(f.file_format != FileFormat.PARQUET for f in data_files):
         return "input files are ORC files, which carry no field ids (pyiceberg reads them by the name mapping)"
     if (arrow_only := arrow_only_column(schema)) is not None:

@@ -3,9 +3,12 @@
 Spark only writes plain Parquet files (no Iceberg runtime jar): this module turns an Arrow table
 into files under ``<table location>/data/<file_prefix>/``, then reads each footer with pyarrow and
 returns one pyiceberg :class:`DataFile` per file, ready for ``fast_append().append_data_file``.
-A table whose ``write.format.default`` is ``orc`` gets plain ORC files instead, without field ids
-(read by the table's name mapping) and with record counts only (:func:`_check_orc` says which
-tables cannot: timestamptz columns, pyarrow-only columns, no full name mapping).
+A table whose ``write.format.default`` is ``orc`` or ``avro`` gets ORC or Avro files instead
+(ORC: plain, read by the table's name mapping; Avro: Spark's AvroFileFormat, built into spark-sql
+since Spark 4, writing Iceberg's own Avro schema, field ids included: spark_bridge/avro.py), with
+column metrics from the ORC footer (spark_bridge/orc_stats.py) or record counts only (Avro) (:func:`_check_format` says which
+tables cannot: pyarrow-only columns; with ORC timestamptz columns or no full name mapping; with
+Avro maps of non-string keys).
 
 The steps of one :meth:`SparkFileWriter.write` call:
 
@@ -59,8 +62,9 @@ from pyspark.sql import types as st
 
 from icesink.shared.errors import ConfigError, SparkWriteError
 from spark_bridge import staging
+from spark_bridge.avro import avro_schema, avro_unwritable, spark_types, utc_timestamps
 from spark_bridge.files import (
-    WRITE_OPTIONS, FooterPlan, delete_quietly, filesystem, parquet_options, place, read_data_files, spark_uri,
+    WRITE_OPTIONS, FooterPlan, delete_quietly, file_format, filesystem, parquet_options, place, read_data_files, spark_uri,
     spark_write_options, write_with_arrow, writer_properties,
 )
 from spark_bridge.labels import PartitionLabels, with_label_columns
@@ -96,7 +100,7 @@ class _Planned:
     fs: pafs.FileSystem
     out_path: str
     properties: dict[str, str]  # what its files are written with (files.writer_properties)
-    fmt: str = "parquet"  # Spark's data source: parquet or orc (write.format.default)
+    fmt: str = "parquet"  # Spark's data source: parquet, orc or files.AVRO_SOURCE (write.format.default)
 
     def group_key(self) -> tuple[str, ...]:
         """Writes with the same key can share one Spark job (SparkFileWriter.write_many)."""
@@ -105,22 +109,25 @@ class _Planned:
                 *sorted(f"{k}={v}" for k, v in self.options.items()))
 
 
-def _check_orc(table: Table, arrow_only: tuple[str, Any] | None, unmapped: str | None) -> None:
-    """Refuse ORC files readers could not map to the table's columns: Spark's ORC writer stores no
-    ``iceberg.id`` type attributes, so every column is found by the table's name mapping (auto-created
-    tables have one), and only Spark writes ORC here (pyarrow's fallback writes Parquet)."""
+def _check_format(table: Table, fmt: str, arrow_only: tuple[str, Any] | None, unmapped: str | None) -> None:
+    """Refuse ORC or Avro files (``fmt``) Spark cannot write as readers need them: only Spark writes
+    them here (pyarrow's fallback writes Parquet); Spark's ORC writer stores no Iceberg field ids, so
+    every column of an ORC file is found by the table's name mapping (auto-created tables have one);
+    Avro files carry Iceberg's own schema, ids included (spark_bridge/avro.py)."""
     name = ".".join(table.name())
     if arrow_only is not None:
-        raise ConfigError("write.format.default", "orc", f"parquet for table {name}: its column {arrow_only[0]!r} has "
+        raise ConfigError("write.format.default", fmt, f"parquet for table {name}: its column {arrow_only[0]!r} has "
                           f"type {arrow_only[1]}, which Spark cannot write, and pyarrow writes it as Parquet only")
-    if (column := _timestamptz_column(table.schema())) is not None:
+    if fmt == "orc" and (column := _timestamptz_column(table.schema())) is not None:
         raise ConfigError("write.format.default", "orc", f"parquet for table {name}: its column {column!r} is a "
                           "timestamptz, which Iceberg reads from ORC's TIMESTAMP_INSTANT only, and Spark's ORC writer "
                           "writes its timestamps as ORC TIMESTAMP")
+    if fmt == "avro" and (why := avro_unwritable(table.schema())) is not None:
+        raise ConfigError("write.format.default", "avro", f"parquet or orc for table {name}: its {why}")
     if unmapped is not None:
         raise ConfigError(f"table {name} property schema.name-mapping.default", None,
-                          f"a name mapping of every column with write.format.default=orc ({unmapped}): Spark's ORC "
-                          "files carry no Iceberg field ids, readers map their columns by name "
+                          f"a name mapping of every column with write.format.default={fmt} ({unmapped}): Spark's "
+                          f"{fmt.upper()} files carry no Iceberg field ids, readers map their columns by name "
                           "(spark_bridge.schema.name_mapping_properties)")
 
 
@@ -261,11 +268,12 @@ class SparkFileWriter:
         spec = table.spec()
         arrow_only = arrow_only_column(schema)  # raises for a column no writer can write
         properties = writer_properties(table, self.session.settings.write_props)
-        fmt, format_options = spark_write_options(properties)
-        needs_mapping = fmt == "orc" or (arrow_only is None and requires_name_mapping(schema))
+        source, format_options = spark_write_options(properties)
+        fmt = file_format(properties).name.lower()  # parquet, orc or avro
+        needs_mapping = fmt == "orc" or (fmt == "parquet" and arrow_only is None and requires_name_mapping(schema))
         unmapped = name_mapping_mismatch(schema, metadata.name_mapping()) if needs_mapping else None
-        if fmt == "orc":
-            _check_orc(table, arrow_only, unmapped)
+        if fmt != "parquet":
+            _check_format(table, fmt, arrow_only, unmapped)
         by_arrow = arrow_only is not None or unmapped is not None
         expected_columns = [f.name for f in schema.fields]
         if data.column_names != expected_columns:
@@ -293,6 +301,9 @@ class SparkFileWriter:
             # but not all is misread by readers that trust ids (DuckDB reads such list elements as
             # NULL), so such tables get files without ids, which every reader maps by name.
             sp_schema = spark_schema(schema, field_ids=not needs_mapping)
+            if fmt == "avro":  # Iceberg's Avro schema; its timestamps from Spark's UTC ones (spark_bridge/avro.py)
+                sp_schema = spark_types(sp_schema)
+                format_options = {**format_options, "avroSchema": avro_schema(schema)}
             self.spark  # noqa: B018 - fails early when the session is not started
 
         data_root = metadata.properties.get("write.data.path", f"{table.location().rstrip('/')}/data")
@@ -305,9 +316,11 @@ class SparkFileWriter:
         n_tuples = 1
         if not spec.is_unpartitioned():
             extended, labels, n_tuples = with_label_columns(data, spec, schema)
+        if fmt == "avro" and sp_schema is not None:  # partition values from the rows as they are, first
+            data, extended = utc_timestamps(data), utc_timestamps(extended)
         options = {**WRITE_OPTIONS, **format_options}
         return _Planned(table, data, extended, labels, n_tuples, sp_schema, arrow_schema, options, out_uri, fs, out_path,
-                        properties, fmt)
+                        properties, source)
 
     def _write_one(self, w: _Planned, target_file_size_bytes: int) -> list[DataFile]:
         def run_job(job_fs: pafs.FileSystem, job_path: str, job_uri: str) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from icesink.shared.errors import ConfigError
 from icesink.shared.registry_settings import is_registry_converter, registry_settings
-from icesink.shared.transform_settings import TransformSpec, inserted_fields
+from icesink.shared.transform_settings import TransformSpec, gone_fields, inserted_fields
 from icesink.shared.secrets import Hidden, is_secret_key, mask_url
 
 if TYPE_CHECKING:
@@ -280,6 +280,20 @@ def _check_conversions(s: Settings, chain: tuple[TransformSpec, ...]) -> None:
                               "column is the record's key as consumed (key transforms not built yet)")
 
 
+def _check_key_fields(s: Settings, gone: Mapping[str, str]) -> None:
+    """id-columns and cdc-field name the fields as the transforms leave them (the reference reads
+    them from the sink record, after every transform): refuse one the chain renamed or dropped."""
+    named = [("iceberg.tables.default-id-columns", s.default_id_columns or ""),
+             *((f"iceberg.table.{t}.id-columns", v) for t, v in sorted(s.table_id_columns.items()))]
+    for key, raw in named:
+        for column in (c.strip() for c in raw.split(",") if c.strip()):
+            if column in gone:
+                raise ConfigError(key, raw, f"columns as the transforms leave them: {column!r} is {gone[column]}")
+    if s.cdc_field is not None and (top := s.cdc_field.split(".")[0]) in gone:
+        raise ConfigError("iceberg.tables.cdc-field", s.cdc_field,
+                          f"a field as the transforms leave it: {top!r} is {gone[top]}")
+
+
 def _check_transforms(s: Settings) -> None:
     for name in s.transform_props.keys() - set(s.transforms):
         log.warning("settings transforms.%s.* ignored: %s is not listed in transforms", name, name)
@@ -294,6 +308,7 @@ def _check_transforms(s: Settings) -> None:
         if k in kinds and "regex-router" in kinds[:len(kinds) - kinds[::-1].index(k) - 1]:
             raise ConfigError("transforms", ",".join(s.transforms), f"the {k} transform before any RegexRouter: "
                               "its topic column records the topic as consumed (routing still sees the new one)")
+    _check_key_fields(s, gone_fields(chain))
     made = {t.props["target.field"] for t in chain if t.kind == "copy-value"} | {
         pair.split(":")[1].strip() for t in chain if t.kind == "replace-field"
         for pair in t.props.get("renames", "").split(",") if pair.strip()} | {

@@ -179,8 +179,10 @@ def _fields(spec: PartitionSpec) -> str:
 
 def file_format_of(path: str) -> FileFormat:
     """A data file's format by its name's ending, as Iceberg's ``FileFormat.fromFileName``: the
-    files Spark writes end in ``.orc`` or ``.parquet`` (write.format.default, spark_bridge/files.py)."""
-    return FileFormat.ORC if path.endswith(".orc") else FileFormat.PARQUET
+    files Spark writes end in ``.orc``, ``.avro`` or ``.parquet`` (write.format.default, spark_bridge/files.py)."""
+    if path.endswith(".orc"):
+        return FileFormat.ORC
+    return FileFormat.AVRO if path.endswith(".avro") else FileFormat.PARQUET
 
 
 def to_data_file(fi: FileInfo, table: Table) -> DataFile:

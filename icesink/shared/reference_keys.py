@@ -11,6 +11,7 @@ why (docs/reference-keys.md lists every key). Leaf module: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from importlib.util import find_spec
 from typing import TYPE_CHECKING
 
 from icesink.shared.errors import ConfigError
@@ -31,17 +32,22 @@ _INT_WRITE_PROPS = (
 )
 #: Metrics modes (Iceberg's MetricsModes): pyiceberg computes each file's column metrics by them.
 _METRICS_MODE_KEYS = ("write.metadata.metrics.default", "write.metadata.metrics.column.")
-FILE_FORMATS_WRITTEN = ("parquet", "orc")
+FILE_FORMATS_WRITTEN = ("parquet", "orc", "avro")
+#: Formats whose files carry no Iceberg field ids and no column metrics here (read by the name mapping).
+UNMAPPED_FORMATS = ("orc", "avro")
 #: ORC codecs Spark's ORC writer takes (Iceberg's write.orc.compression-codec names; Iceberg's default zlib).
 ORC_CODECS = ("zlib", "snappy", "lz4", "zstd", "none")
-#: Why Avro files are not written (write.format.default).
-FORMAT_WHY = ("parquet or orc: avro data files need Spark's spark-avro module (org.apache.spark:spark-avro), "
-              "which pyspark does not ship and icesink does not download at run time; pyiceberg neither reads "
-              "nor computes metrics of Avro data files")
-#: Why ORC files cannot take column metrics modes (spark_bridge/files.py reads ORC files' row counts only).
-ORC_METRICS_WHY = ("unset (or none) with write.format.default=orc: icesink's ORC data files carry their record "
-                   "count only (pyarrow exposes no ORC column statistics), so a metrics mode could not act")
-#: Why mirror tables cannot take ORC files.
+#: Iceberg's write.avro.compression-codec names -> Spark's Avro writer's (Iceberg's default gzip is Avro's deflate).
+AVRO_CODECS = {"gzip": "deflate", "zstd": "zstandard", "snappy": "snappy", "uncompressed": "uncompressed"}
+#: Why write.avro.compression-level is refused.
+AVRO_LEVEL_WHY = ("unset: Spark's Avro writer takes a codec's level only as a session conf "
+                  "(spark.sql.avro.deflate.level, spark.sql.avro.zstandard.level), not per table's write")
+#: Why other formats are refused (write.format.default).
+FORMAT_WHY = "parquet, orc or avro (the formats Spark writes Iceberg data files in here)"
+#: Why Avro files cannot take column metrics modes (spark_bridge/files.py counts their records only).
+AVRO_METRICS_WHY = ("unset (or none) with write.format.default=avro: icesink's Avro data files carry their record "
+                   "count only (their blocks' counts; no column statistics to read), so a metrics mode could not act")
+#: Why mirror tables cannot take ORC or Avro files.
 ORC_MIRROR_WHY = ("parquet with mirror tables (iceberg.tables.upsert-mode-enabled, iceberg.tables.cdc-field): "
                   "their position deletes are found by reading the round's data files' key columns as Parquet")
 
@@ -74,8 +80,8 @@ KAFKA_SAME_AS: dict[str, str] = {
 
 def check_write_props(props: Mapping[str, str], prefix: str = PREFIX_WRITE_PROPS) -> None:
     """Refuse a writer property that would not act on the files written (ConfigError naming
-    ``prefix + key``): unknown ones, values that are not of their type, Avro, ORC with metrics modes."""
-    is_orc = props.get("write.format.default", "parquet").lower() == "orc"
+    ``prefix + key``): unknown ones, values that are not of their type, Avro with metrics modes."""
+    counts_only = props.get("write.format.default", "parquet").lower() == "avro"
     for key, value in sorted(props.items()):
         name = prefix + key
         if key == "write.format.default":
@@ -84,8 +90,17 @@ def check_write_props(props: Mapping[str, str], prefix: str = PREFIX_WRITE_PROPS
         elif key == "write.orc.compression-codec":
             if value.lower() not in ORC_CODECS:
                 raise ConfigError(name, value, f"one of {', '.join(ORC_CODECS)}")
-        elif is_orc and key.startswith(_METRICS_MODE_KEYS) and value.strip().lower() != "none":
-            raise ConfigError(name, value, ORC_METRICS_WHY)
+        elif key == "write.avro.compression-codec":
+            if value.lower() not in AVRO_CODECS:
+                raise ConfigError(name, value, f"one of {', '.join(AVRO_CODECS)}")
+            if prefix != PREFIX_WRITE_PROPS and value.lower() == "snappy" and find_spec("snappy") is None:
+                raise ConfigError(name, value, "gzip, zstd or uncompressed as a table's property: pyiceberg writes "
+                                  "the table's manifests with it too, and its snappy codec needs python-snappy, "
+                                  "not installed (as a write-prop it acts on the data files only)")
+        elif key == "write.avro.compression-level":
+            raise ConfigError(name, value, AVRO_LEVEL_WHY)
+        elif counts_only and key.startswith(_METRICS_MODE_KEYS) and value.strip().lower() != "none":
+            raise ConfigError(name, value, AVRO_METRICS_WHY)
         elif key == "write.parquet.compression-codec":
             if value.lower() not in PARQUET_CODECS:
                 raise ConfigError(name, value, f"one of {', '.join(PARQUET_CODECS)}")
@@ -96,7 +111,7 @@ def check_write_props(props: Mapping[str, str], prefix: str = PREFIX_WRITE_PROPS
             _check_metrics_mode(name, key, value)
         elif prefix == PREFIX_WRITE_PROPS:
             raise ConfigError(name, value, "a writer property icesink's files take: write.format.default, "
-                              "write.orc.compression-codec, "
+                              "write.orc.compression-codec, write.avro.compression-codec, "
                               "write.parquet.compression-codec, -level, row-group-size-bytes, page-size-bytes, "
                               "dict-size-bytes, write.target-file-size-bytes or write.metadata.metrics.* "
                               "(docs/reference-keys.md)")
@@ -146,10 +161,10 @@ def kafka_client_kwargs(kafka: Mapping[str, str], own: Mapping[str, object]) -> 
 
 
 def check_orc_mirror(mirror: bool, *props: tuple[str, Mapping[str, str]]) -> None:
-    """Refuse ``write.format.default=orc`` in any ``(prefix, props)`` when tables are mirror tables."""
+    """Refuse ``write.format.default=orc`` or ``avro`` in any ``(prefix, props)`` when tables are mirror tables."""
     for prefix, values in props:
         value = values.get("write.format.default", "parquet")
-        if mirror and value.lower() == "orc":
+        if mirror and value.lower() in UNMAPPED_FORMATS:
             raise ConfigError(prefix + "write.format.default", value, ORC_MIRROR_WHY)
 
 

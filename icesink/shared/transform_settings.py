@@ -18,8 +18,8 @@ from typing import Final
 from icesink.shared.conversion_settings import check_conversion
 from icesink.shared.errors import ConfigError
 
-__all__ = ["KEY_TRANSFORMS", "PREDICATES", "TRANSFORMS", "PredicateSpec", "TransformSpec", "inserted_fields",
-           "java_replacement", "parse_chain", "unwrap_options"]
+__all__ = ["KEY_TRANSFORMS", "PREDICATES", "TRANSFORMS", "PredicateSpec", "TransformSpec", "gone_fields",
+           "inserted_fields", "java_replacement", "parse_chain", "unwrap_options"]
 
 _CONNECT = "org.apache.kafka.connect.transforms."
 #: Transforms that act on the record key only (and ValueToKey, which makes the key from the value).
@@ -261,6 +261,33 @@ def inserted_fields(chain: tuple[TransformSpec, ...]) -> tuple[tuple[str, str, b
                 name, required = raw.rstrip("!?"), raw.endswith("!")
                 out.append((name, f"static:{spec.props['static.value']}" if what == "static" else what, required))
     return tuple(out)
+
+
+def gone_fields(chain: tuple[TransformSpec, ...]) -> dict[str, str]:
+    """Top-level value fields every record has lost by the end of the chain, and how: renamed
+    away or excluded by an unguarded ReplaceField, not made again by a later transform (a rename,
+    CopyValue, InsertField). Guarded transforms may leave a record's fields as they are; after a
+    HoistField or the Debezium transform the fields are others: nothing is known gone there."""
+    gone: dict[str, str] = {}
+    for spec in chain:
+        if spec.kind in ("hoist-field", "debezium"):
+            return {}
+        made: set[str] = set()
+        if spec.kind == "replace-field":
+            pairs = [p.split(":") for p in (x.strip() for x in spec.props.get("renames", "").split(",")) if p]
+            made = {new.strip() for _, new in pairs}
+            if spec.predicate is None:
+                for old, new in pairs:
+                    gone[old.strip()] = f"renamed to {new.strip()!r} by transforms.{spec.name}"
+                for field in (x.strip() for x in spec.props.get("exclude", "").split(",") if x.strip()):
+                    gone[field] = f"excluded by transforms.{spec.name}"
+        elif spec.kind == "copy-value":
+            made = {spec.props["target.field"]}
+        elif spec.kind == "insert-field":
+            made = {name for name, _, _ in inserted_fields((spec,))}
+        for name in made:
+            gone.pop(name, None)
+    return gone
 
 
 def metadata_columns(chain: tuple[TransformSpec, ...],

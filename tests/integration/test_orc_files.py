@@ -1,7 +1,8 @@
 """``write.format.default=orc`` in a real worker process (Tansu, Faust, Spark, a SQL catalog): the
 auto-created table's data files are ORC (with the write-props' codec), committed as ORC with their
-record counts, and two readers that are not icesink's, Spark with the Iceberg runtime and a pyiceberg
-scan, read every row back exactly, struct and list columns included (found by the table's name mapping:
+record counts and column metrics (from the ORC footer's statistics: the id column's bounds equal its
+values' minimum and maximum), and two readers that are not icesink's, Spark with the Iceberg runtime
+and a pyiceberg scan, read every row back exactly, struct and list columns included (found by the table's name mapping:
 Spark's ORC files carry no Iceberg field ids)."""
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ def test_a_worker_writes_orc_files_that_spark_and_pyiceberg_read_exactly(broker,
         orc_file = orc.ORCFile(duck.plain_path(f["file_path"]))
         assert orc_file.compression == "LZ4"
         assert orc_file.nrows == f["record_count"]
+        ids = orc_file.read(columns=["id"]).column("id").to_pylist()  # column metrics from the footer's statistics
+        id_field = table.schema().find_field("id").field_id
+        lower, upper = dict(f["lower_bounds"]), dict(f["upper_bounds"])
+        assert (lower[id_field], upper[id_field]) == (
+            min(ids).to_bytes(8, "little", signed=True), max(ids).to_bytes(8, "little", signed=True))
+        assert dict(f["null_value_counts"])[id_field] == 0 and dict(f["value_counts"])[id_field] == len(ids)
     assert sum(f["record_count"] for f in files) == N
 
     columns = [c.name for c in table.schema().fields]

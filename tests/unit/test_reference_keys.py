@@ -70,8 +70,9 @@ def test_write_prop_target_file_size_is_the_target_of_every_write() -> None:
     ("write.metadata.metrics.column.id", "most", "counts"),
     ("write.parquet.bloom-filter-enabled.column.id", "true", "writer property icesink's files take"),
     ("write.object-storage.enabled", "true", "writer property icesink's files take"),
-    ("write.format.default", "avro", "spark-avro"),
-    ("write.format.default", "csv", "parquet or orc"),
+    ("write.format.default", "csv", "parquet, orc or avro"),
+    ("write.avro.compression-codec", "lz4", "gzip"),
+    ("write.avro.compression-level", "3", "Spark's Avro writer"),
 ])
 def test_write_props_that_cannot_act_are_refused_naming_the_key(key: str, value: str, fragment: str) -> None:
     err = refused(f"iceberg.tables.write-props.{key}", value)
@@ -85,13 +86,18 @@ def test_write_format_parquet_and_metrics_modes_are_accepted() -> None:
     assert s.write_props["write.format.default"] == "parquet"
 
 
-def test_write_format_avro_in_auto_create_props_or_on_a_table_is_refused() -> None:
-    err = refused("iceberg.tables.auto-create-props.write.format.default", "avro")
-    assert "spark-avro" in err.expected
+def test_write_format_avro_is_accepted_and_a_csv_table_refused() -> None:
+    s = settings(**{"iceberg.tables.auto-create-props.write.format.default": "avro",
+                    "iceberg.tables.write-props.write.avro.compression-codec": "zstd"})
+    assert s.auto_create_props["write.format.default"] == "avro"
+    refused("iceberg.tables.auto-create-props.write.format.default", "csv")
+    err = refused("iceberg.tables.auto-create-props.write.avro.compression-codec", "snappy")  # the manifests' too
+    assert "python-snappy" in err.expected
+    settings(**{"iceberg.tables.write-props.write.avro.compression-codec": "snappy"})  # the data files' only
     refused("iceberg.tables.auto-create-props.write.parquet.compression-codec", "lzo")
     settings(**{"iceberg.tables.auto-create-props.commit.retry.num-retries": "9"})  # any other table property
     with pytest.raises(ConfigError) as err_table:  # an existing table's own property: its writes refused
-        parquet_options({"write.format.default": "avro"})
+        parquet_options({"write.format.default": "csv"})
     assert err_table.value.key == "write.format.default"
     with pytest.raises(ConfigError):
         arrow_parquet_options({"write.format.default": "orc"}, 8)

@@ -264,3 +264,38 @@ def test_hoist_field_wraps_the_value_in_one_struct_column() -> None:
         settings(**{"transforms": "h", "transforms.h.type": f"{C}HoistField$Value", "transforms.h.field": "row",
                     "iceberg.tables.route-field": "row.id"})
     assert err.value.key == "iceberg.tables.route-field"
+
+
+# id-columns and cdc-field name the fields as the transforms leave them (issue 39 point 3) ---
+
+_RENAMES = {"transforms": "names", "transforms.names.type": "org.apache.kafka.connect.transforms.ReplaceField$Value",
+            "transforms.names.renames": "pk:id,kind:op", "transforms.names.exclude": "junk",
+            "iceberg.tables.cdc-field": "op"}
+
+
+@pytest.mark.parametrize("key, value, old", [
+    ("iceberg.tables.default-id-columns", "pk", "pk"),
+    ("iceberg.table.db.t.id-columns", "id,pk", "pk"),
+    ("iceberg.tables.default-id-columns", "junk", "junk"),
+    ("iceberg.tables.cdc-field", "kind", "kind"),
+])
+def test_key_and_operation_fields_renamed_or_dropped_by_replace_field_are_refused_naming_the_key(
+        key: str, value: str, old: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build({"topics": "a", "iceberg.tables": "db.t", **_RENAMES, key: value})
+    assert err.value.key == key
+    assert f"{old!r}" in err.value.expected and "transforms.names" in err.value.expected
+
+
+def test_key_and_operation_fields_by_their_names_after_the_transforms_start() -> None:
+    s = build({"topics": "a", "iceberg.tables": "db.t", **_RENAMES, "iceberg.table.db.t.id-columns": "id"})
+    assert s.id_columns("db.t") == ("id",)
+    # a guarded ReplaceField may leave some records' fields as they are: not refused
+    build({"topics": "a", "iceberg.tables": "db.t", **_RENAMES, "iceberg.tables.default-id-columns": "pk",
+           "transforms.names.predicate": "p", "predicates": "p",
+           "predicates.p.type": "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
+           "predicates.p.pattern": "a"})
+    # renamed back by a later transform: the name is there again
+    build({"topics": "a", "iceberg.tables": "db.t", **_RENAMES, "iceberg.tables.default-id-columns": "pk",
+           "transforms": "names,copy", "transforms.copy.type": "org.apache.iceberg.connect.transforms.CopyValue",
+           "transforms.copy.source.field": "id", "transforms.copy.target.field": "pk"})
