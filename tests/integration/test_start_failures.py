@@ -1,6 +1,7 @@
 """Failures a user causes at start, with the real ``icesink worker`` process: a broker that is
-down and a catalog that cannot be reached end the process with a non-zero exit code and one
-line naming what and where, not "unexpected error" and a traceback."""
+down, a catalog that cannot be reached, and a table or namespace that does not exist (auto-create
+off, on the group's first start with records for it) end the process with a non-zero exit code
+and one line naming what and where, not "unexpected error" and a traceback."""
 
 from __future__ import annotations
 
@@ -59,3 +60,36 @@ def test_a_catalog_that_cannot_be_reached_is_one_line_naming_it(broker, tmp_path
     assert "catalog" in line and f"127.0.0.1:{port}" in line, line
     # the Spark JVM begun beside the start-up logs through icesink's log4j config (spark_bridge/log4j2.properties)
     assert not [x for x in lines if "default log4j profile" in x or "setLogLevel" in x], "\n".join(lines[-20:])
+
+
+@pytest.mark.parametrize("namespace", [True, False], ids=["table", "namespace"])
+def test_a_missing_table_or_namespace_without_auto_create_is_one_line_naming_it(broker, catalog_props, tmp_path,
+                                                                                   namespace):
+    """A group's first start with records for a table that does not exist (auto-create off):
+    exit code 2 and one ERROR line naming the key, the table and, when it is missing too, the
+    namespace, with what to do."""
+    import asyncio
+
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.sinkrun import write_config
+
+    ns = f"miss{'t' if namespace else 'n'}"
+    if namespace:
+        load_catalog("it", **catalog_props).create_namespace(ns)
+    topic = f"{ns}-orders"
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
+    asyncio.run(produce(broker.bootstrap, topic, list(pizza_values(10, seed=3)), partitions=1))
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=f"{ns}.t", bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=f"{ns}-sink",
+                       **{"iceberg.tables.auto-create-enabled": "false"})
+    code, lines = _worker(cfg, tmp_path)
+    assert code == 2, "\n".join(lines[-30:])
+    assert not any("Traceback" in line for line in lines), "\n".join(lines[-30:])
+    errors = [line for line in lines if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ERROR ", line)]
+    assert len(errors) == 1, "\n".join(lines[-30:])
+    line = errors[0]
+    assert "iceberg.tables.auto-create-enabled" in line and f"table {ns}.t" in line, line
+    assert (f"namespace {ns}" in line) is (not namespace), line
