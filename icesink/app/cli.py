@@ -103,7 +103,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
         asyncio.run(worker.run(stop_requested=terminated))
     except Exception as exc:
-        _start_failure(exc, bootstrap, settings.catalog_name, settings.catalog_props.get("uri"))
+        _start_failure(exc, bootstrap, settings.catalog_name, settings.catalog_props.get("uri"),
+                       settings.catalog_props.get("warehouse"))
         raise
     finally:
         if broker is not None:
@@ -111,11 +112,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return worker.exit_code
 
 
-def _start_failure(exc: Exception, bootstrap: str, catalog: str | None = None, uri: str | None = None) -> None:
+def _start_failure(exc: Exception, bootstrap: str, catalog: str | None = None, uri: str | None = None,
+                   warehouse: str | None = None) -> None:
     """Raise StartFailure (one line) if ``exc`` is a failure of the surroundings a user fixes."""
     from icesink.app.start_failures import describe
 
-    line = describe(exc, bootstrap=bootstrap, catalog=catalog, catalog_uri=uri)
+    line = describe(exc, bootstrap=bootstrap, catalog=catalog, catalog_uri=uri, catalog_warehouse=warehouse)
     if line is not None:
         log.debug("the start failure in full", exc_info=exc)
         raise StartFailure(line) from exc
