@@ -147,7 +147,7 @@ def cmd_pizzas(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from icesink.shared.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic, partition_counts
     from icesink.app.pizzas import pizza_values, produce
 
     bootstrap = args.bootstrap
@@ -156,9 +156,14 @@ def cmd_pizzas(args: argparse.Namespace) -> int:
         if not record.exists():
             raise ConfigError("--bootstrap", None, f"a broker address (no embedded broker is recorded in {record})")
         bootstrap = json.loads(record.read_text())["bootstrap"]
-    asyncio.run(ensure_topic(bootstrap, args.topic, args.partitions))
+    # --partitions only if it is created: a topic that exists (a worker subscribed first, and its
+    # consumer created it) is produced to over the partitions it has.
+    partitions = asyncio.run(partition_counts(bootstrap)).get(args.topic)
+    if partitions is None:
+        asyncio.run(ensure_topic(bootstrap, args.topic, args.partitions))
+        partitions = args.partitions
     values = pizza_values(args.count, seed=int(time.time()))
-    asyncio.run(produce(bootstrap, args.topic, values, partitions=args.partitions))
+    asyncio.run(produce(bootstrap, args.topic, values, partitions=partitions))
     print(f"produced {len(values)} pizza orders to {args.topic} at {bootstrap}", file=sys.stderr)
     return 0
 
