@@ -26,10 +26,11 @@ from agents.formats import RecordFormat
 from agents.formats.extras import KeyColumnUnknown
 from agents.missing import MissingTables
 from agents.schema_watch import SchemaWatch
-from agents.tables import Target, create_target, holds_group_state, load_target, not_created
+from agents.tables import Target, create_target, holds_group_state, load_target, namespace_exists, not_created
 from icesink.shared.config import Settings
 from icesink.shared.control import ControlReader
 from icesink.shared.errors import ConfigError
+from icesink.shared.iceberg import split_name
 from icesink.shared.metrics import Metrics
 from icesink.shared.offload import Offload
 from icesink.shared.protocol import CommitToTable, SchemaProposal, TopicPartition
@@ -288,7 +289,8 @@ class TableLookup:
                     self.targets[name] = target
                     continue
                 if not await self._dropped(name):
-                    raise not_created(name)
+                    namespace, _ = split_name(name)
+                    raise not_created(name, await self.offload.run(namespace_exists, self.catalog, namespace))
                 self.wait_for(name)
             missing.append(name)
         if missing:

@@ -89,11 +89,18 @@ def load_target(catalog: Catalog, name: str, settings: Settings | None = None) -
         return None
 
 
-def not_created(name: str) -> ConfigError:
-    """What refuses a missing table without auto-create on a group's first start (agents/missing.py)."""
+def not_created(name: str, namespace_exists: bool = True) -> ConfigError:
+    """What refuses a missing table without auto-create on a group's first start (agents/missing.py):
+    it names the table, and its namespace when that is missing too."""
+    if namespace_exists:
+        return ConfigError(
+            "iceberg.tables.auto-create-enabled", False,
+            f"true, or create table {name} before starting (it does not exist)",
+        )
+    namespace, _ = split_name(name)
     return ConfigError(
         "iceberg.tables.auto-create-enabled", False,
-        f"true, or create table {name} before starting (it does not exist)",
+        f"true, or create namespace {namespace} and table {name} before starting (neither exists)",
     )
 
 
@@ -113,7 +120,7 @@ def holds_group_state(catalog: Catalog, names: list[str], group: str) -> bool:
     return False
 
 
-def _namespace_exists(catalog: Catalog, namespace: str) -> bool:
+def namespace_exists(catalog: Catalog, namespace: str) -> bool:
     try:
         catalog.load_namespace_properties(namespace)
         return True
@@ -126,13 +133,13 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
     if not settings.auto_create:
         raise not_created(name)
     namespace, _ = split_name(name)
-    if not _namespace_exists(catalog, namespace):  # one read; creating first fails every time but once
+    if not namespace_exists(catalog, namespace):  # one read; creating first fails every time but once
         try:
             catalog.create_namespace(namespace)
         except NamespaceAlreadyExistsError:
             pass
         except Exception:  # a lost race: some catalogs (SQL) report it as a database integrity error
-            if not _namespace_exists(catalog, namespace):
+            if not namespace_exists(catalog, namespace):
                 raise
             log.info("namespace %s was created meanwhile by another replica", namespace)
     schema = iceberg_schema(inferred)

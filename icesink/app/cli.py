@@ -103,7 +103,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
         asyncio.run(worker.run(stop_requested=terminated))
     except Exception as exc:
-        _start_failure(exc, bootstrap, settings.catalog_name, settings.catalog_props.get("uri"))
+        _start_failure(exc, bootstrap, settings.catalog_name, settings.catalog_props.get("uri"),
+                       settings.catalog_props.get("warehouse"))
         raise
     finally:
         if broker is not None:
@@ -111,11 +112,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return worker.exit_code
 
 
-def _start_failure(exc: Exception, bootstrap: str, catalog: str | None = None, uri: str | None = None) -> None:
+def _start_failure(exc: Exception, bootstrap: str, catalog: str | None = None, uri: str | None = None,
+                   warehouse: str | None = None) -> None:
     """Raise StartFailure (one line) if ``exc`` is a failure of the surroundings a user fixes."""
     from icesink.app.start_failures import describe
 
-    line = describe(exc, bootstrap=bootstrap, catalog=catalog, catalog_uri=uri)
+    line = describe(exc, bootstrap=bootstrap, catalog=catalog, catalog_uri=uri, catalog_warehouse=warehouse)
     if line is not None:
         log.debug("the start failure in full", exc_info=exc)
         raise StartFailure(line) from exc
@@ -145,7 +147,7 @@ def cmd_pizzas(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from icesink.shared.kafka_admin import ensure_topic
+    from icesink.shared.kafka_admin import ensure_topic, partition_counts
     from icesink.app.pizzas import pizza_values, produce
 
     bootstrap = args.bootstrap
@@ -154,9 +156,14 @@ def cmd_pizzas(args: argparse.Namespace) -> int:
         if not record.exists():
             raise ConfigError("--bootstrap", None, f"a broker address (no embedded broker is recorded in {record})")
         bootstrap = json.loads(record.read_text())["bootstrap"]
-    asyncio.run(ensure_topic(bootstrap, args.topic, args.partitions))
+    # --partitions only if it is created: a topic that exists (a worker subscribed first, and its
+    # consumer created it) is produced to over the partitions it has.
+    partitions = asyncio.run(partition_counts(bootstrap)).get(args.topic)
+    if partitions is None:
+        asyncio.run(ensure_topic(bootstrap, args.topic, args.partitions))
+        partitions = args.partitions
     values = pizza_values(args.count, seed=int(time.time()))
-    asyncio.run(produce(bootstrap, args.topic, values, partitions=args.partitions))
+    asyncio.run(produce(bootstrap, args.topic, values, partitions=partitions))
     print(f"produced {len(values)} pizza orders to {args.topic} at {bootstrap}", file=sys.stderr)
     return 0
 

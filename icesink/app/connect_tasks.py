@@ -34,6 +34,7 @@ from icesink.app.connect_policy import replica_name
 from icesink.app.connect_settings import ConnectSettings
 from icesink.app.connect_state import FAILED, PAUSED, RESTARTING, RUNNING, Connector
 from icesink.app.replicas import Replica, ReplicaSet
+from icesink.app.start_failures import cause_in_log
 from icesink.shared.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -176,18 +177,22 @@ class TaskSupervisor:
         code = replica.proc.returncode
         tail = replica.log_path.read_text(errors="replace")[-4000:]
         during = "during start-up " if not lt.running else ""
+        # The trace's first line is the cause the replica logged (its one start-failure line), not
+        # the first of its log's tail (Spark's and the JVM's own lines); the tail follows.
+        cause = cause_in_log(tail)
+        first = f"{cause}\n" if cause else ""
         reason = f"the worker replica exited {during}with code {code}; the end of its log:\n{tail}"
         retries = self.settings.start_retries
         if not lt.running and code != CONFIG_ERROR_EXIT and lt.attempts <= retries:
             backoff = min(self.settings.start_backoff_s * 2 ** (lt.attempts - 1), _MAX_BACKOFF_S)
             lt.retry_at = time.monotonic() + backoff
-            lt.last_error = f"attempt {lt.attempts} of {retries + 1} failed, restarting in {backoff:.1f} s: {reason}"
+            lt.last_error = f"{first}attempt {lt.attempts} of {retries + 1} failed, restarting in {backoff:.1f} s: {reason}"
             self._count("restarting tasks")
             log.warning("connector %s task %d: replica exited during start-up with code %s; restarting in "
                         "%.1f s (attempt %d of %d)", lt.name, lt.task, code, backoff, lt.attempts + 1, retries + 1)
             return
         attempts = f" ({lt.attempts} attempts)" if lt.attempts > 1 else ""
-        lt.failed = f"the worker replica exited {during}with code {code}{attempts}; the end of its log:\n{tail}"
+        lt.failed = f"{first}the worker replica exited {during}with code {code}{attempts}; the end of its log:\n{tail}"
         log.error("connector %s task %d failed: replica exited with code %s%s", lt.name, lt.task, code, attempts)
 
     async def _runs(self, replica: Replica) -> bool:

@@ -38,6 +38,13 @@ def _failed_with(*words: str):
     return ok
 
 
+def _cause_first(trace: str, directory: Path) -> None:
+    """The trace begins with the replica's one start-failure line: what and where, no log noise."""
+    first = trace.splitlines()[0]
+    assert first.startswith("cannot reach the catalog") and str(directory) in first, trace[:2000]
+    assert "unable to open database file" in first, trace[:2000]
+
+
 def test_one_connectors_config_does_not_stop_the_process_managing_the_others(broker, tmp_path):
     from tests.support.sinkrun import write_control
 
@@ -91,6 +98,7 @@ def test_a_start_up_error_a_retry_can_mend_is_retried_with_backoff_then_failed(b
         assert call(process.api, "PUT", "/connectors/never/config", connector(never, "retry-never"))[0] == 201
         status = wait_status(process.api, "later", lambda s: task_states(s) == ["RESTARTING"], timeout_s=120)
         assert "unable to open database file" in status["tasks"][0]["trace"]
+        _cause_first(status["tasks"][0]["trace"], later)
         later.mkdir()  # mended: the next attempt finds the directory
         wait_status(process.api, "later", _running, timeout_s=120)
         deadline = time.monotonic() + 120
@@ -99,6 +107,7 @@ def test_a_start_up_error_a_retry_can_mend_is_retried_with_backoff_then_failed(b
         assert (later / "catalog.db").exists()
         status = wait_status(process.api, "never", _failed_with("unable to open database file", "3 attempts"),
                              timeout_s=240)
+        _cause_first(status["tasks"][0]["trace"], never)
         assert call(process.api, "GET", "/connectors/later/status")[1]["tasks"][0]["state"] == "RUNNING"
         assert "restarting" in process.log
     finally:

@@ -1,10 +1,11 @@
 """The README's shell blocks, pasted as written into a fresh shell (issue 37): extracted from
 README.md and run by bash in a directory that looks like a fresh checkout (``dev``,
 ``pyproject.toml`` and the ready ``.venv`` linked in, nothing else), each checked for what the
-README says it prints. The REST flow starts ``icesink connect`` with two task replicas, about
-two minutes: these run in ``./dev chaos`` (CI runs both suites). Not run here: the
-quickstart's `./dev test` and `./dev chaos` (CI runs `./dev test` and `./dev chaos`
-themselves; the demo's line runs here) and the worker block, which needs the user's sink.json."""
+README says it prints. Each block starts an embedded stack and real worker replicas, a minute or
+two: these run in ``./dev chaos`` (CI runs both suites). Every ``bash`` block of README.md is
+in ``RUN`` (the test that pastes it) or ``NOT_RUN`` (why not), by its first line:
+``test_every_readme_block_is_run_or_excused`` (in the default suite) fails on a new block in
+neither, so none goes untested silently."""
 
 from __future__ import annotations
 
@@ -12,13 +13,37 @@ import os
 import re
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.alone]  # port 8083, as written
+
+def pasted(test: Callable[..., None]) -> Callable[..., None]:
+    """The marks of a test that pastes a block: real processes, in the chaos suite, and alone
+    (ports 8083 and 9400, as written)."""
+    return pytest.mark.integration(pytest.mark.chaos(pytest.mark.alone(test)))
+
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# First line of a README bash block -> the test that pastes it.
+RUN = {
+    "./dev demo ": "test_the_quickstarts_demo_line_runs_as_written",
+    "cat > sink.json <<'EOF'": "test_the_worker_block_runs_as_written_and_ends_with_every_row",
+    "./dev icesink connect --set listeners=http://127.0.0.1:8083 &": (
+        "test_the_rest_flow_block_runs_as_written_and_ends_with_every_row"),
+    "printf 'admin: change-me\\n' > users.properties": "test_the_basic_auth_block_runs_as_written",
+}
+# First line of a README bash block (or of its lines not pasted) -> why no test pastes it.
+NOT_RUN = {
+    "./dev test ": "the quickstart's second line: the default suite itself, which CI runs (.ci/run)",
+    "./dev chaos ": "the quickstart's third line: the chaos suite itself (this file's pasting tests are in it)",
+    "./dev icesink connect --set listeners=http://127.0.0.1:8083   #": (
+        "the quickstart's fourth line: runs until stopped; the REST block starts it as its first line"),
+    ".venv/bin/python -m tests.support.kafka_broker serve": (
+        "runs until Ctrl-C; the broker the `kafka` fixture starts, checked by test_kafka_broker.py"),
+}
 
 
 def _blocks() -> list[str]:
@@ -68,18 +93,58 @@ def _paste(block: str, cwd: Path, timeout_s: float) -> list[str]:
     return [line for line in out.splitlines() if not re.match(r"\d{4}-\d\d-\d\d |\[dev\] ", line)]
 
 
+def test_every_readme_block_is_run_or_excused():
+    """Each block's first line is in RUN or NOT_RUN, each other line of the quickstart is in
+    NOT_RUN, and each test RUN names exists here and pastes that block."""
+    blocks = _blocks()
+    assert len(blocks) >= 5, blocks
+    firsts = [b.splitlines()[0] for b in blocks]
+    known = [*RUN, *NOT_RUN]
+    unlisted = [f for f in firsts if not any(f.startswith(k) for k in known)]
+    assert not unlisted, f"README bash blocks neither run by a test nor listed in NOT_RUN: {unlisted}"
+    quick = blocks[0].splitlines()
+    assert quick[0].startswith("./dev demo "), quick[0]
+    for line in quick[1:]:
+        assert any(line.startswith(k) for k in NOT_RUN), f"a quickstart line neither run nor excused: {line!r}"
+    source = Path(__file__).read_text()
+    for first, name in RUN.items():
+        assert any(f.startswith(first) for f in firsts), f"RUN lists a block the README no longer has: {first!r}"
+        assert callable(globals().get(name)), f"RUN names {name}, which is not a test here"
+        body = source[source.index(f"def {name}("):].split("\ndef ", 1)[0]
+        assert "_block(" in body or "_blocks()[0]" in body, f"{name} pastes no README block"
+    for first in NOT_RUN:
+        assert any(first in b for b in blocks), f"NOT_RUN lists a line the README no longer has: {first!r}"
+
+
+def _first(name: str) -> str:
+    return next(first for first, test in RUN.items() if test == name)
+
+
+@pasted
+@pytest.mark.timeout(1200)
+def test_the_worker_block_runs_as_written_and_ends_with_every_row(tmp_path):
+    lines = _paste(_block(_first("test_the_worker_block_runs_as_written_and_ends_with_every_row")),
+                   _fresh(tmp_path), 900)
+    assert "10000" in lines, lines[-40:]  # every order in the table, once
+    assert (tmp_path / "icesink" / "sink.json").exists()
+    assert not [x for x in lines if "Traceback" in x], lines[-40:]
+
+
+@pasted
 def test_the_rest_flow_block_runs_as_written_and_ends_with_every_row(tmp_path):
-    lines = _paste(_block("./dev icesink connect --set listeners=http://127.0.0.1:8083 &"), _fresh(tmp_path), 600)
+    lines = _paste(_block(_first("test_the_rest_flow_block_runs_as_written_and_ends_with_every_row")), _fresh(tmp_path), 600)
     assert "201" in lines, lines[-40:]
     assert lines[-1] == "10000", lines[-40:]  # every order in the table, once
     assert not [x for x in lines if "Traceback" in x], lines[-40:]
 
 
+@pasted
 def test_the_basic_auth_block_runs_as_written(tmp_path):
-    lines = _paste(_block("printf 'admin: change-me\\n' > users.properties"), _fresh(tmp_path), 300)
+    lines = _paste(_block(_first("test_the_basic_auth_block_runs_as_written")), _fresh(tmp_path), 300)
     assert lines[-2] == "401" and lines[-1].startswith("[]"), lines[-40:]  # curl prints [] without a newline
 
 
+@pasted
 def test_the_quickstarts_demo_line_runs_as_written(tmp_path):
     first = _blocks()[0].splitlines()[0]
     assert first.startswith("./dev demo "), first

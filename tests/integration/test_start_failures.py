@@ -1,10 +1,14 @@
 """Failures a user causes at start, with the real ``icesink worker`` process: a broker that is
-down and a catalog that cannot be reached end the process with a non-zero exit code and one
-line naming what and where, not "unexpected error" and a traceback."""
+down, a catalog that cannot be reached or may not be written (run as another user), and a table
+or namespace that does not exist (auto-create off, on the group's first start with records for
+it) end the process with a non-zero exit code and one line naming what and where, not
+"unexpected error" and a traceback."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +63,74 @@ def test_a_catalog_that_cannot_be_reached_is_one_line_naming_it(broker, tmp_path
     assert "catalog" in line and f"127.0.0.1:{port}" in line, line
     # the Spark JVM begun beside the start-up logs through icesink's log4j config (spark_bridge/log4j2.properties)
     assert not [x for x in lines if "default log4j profile" in x or "setLogLevel" in x], "\n".join(lines[-20:])
+
+
+@pytest.mark.parametrize("namespace", [True, False], ids=["table", "namespace"])
+def test_a_missing_table_or_namespace_without_auto_create_is_one_line_naming_it(broker, catalog_props, tmp_path,
+                                                                                   namespace):
+    """A group's first start with records for a table that does not exist (auto-create off):
+    exit code 2 and one ERROR line naming the key, the table and, when it is missing too, the
+    namespace, with what to do."""
+    import asyncio
+
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.sinkrun import write_config
+
+    ns = f"miss{'t' if namespace else 'n'}"
+    if namespace:
+        load_catalog("it", **catalog_props).create_namespace(ns)
+    topic = f"{ns}-orders"
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
+    asyncio.run(produce(broker.bootstrap, topic, list(pizza_values(10, seed=3)), partitions=1))
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=f"{ns}.t", bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=f"{ns}-sink",
+                       **{"iceberg.tables.auto-create-enabled": "false"})
+    code, lines = _worker(cfg, tmp_path)
+    assert code == 2, "\n".join(lines[-30:])
+    assert not any("Traceback" in line for line in lines), "\n".join(lines[-30:])
+    errors = [line for line in lines if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ERROR ", line)]
+    assert len(errors) == 1, "\n".join(lines[-30:])
+    line = errors[0]
+    assert "iceberg.tables.auto-create-enabled" in line and f"table {ns}.t" in line, line
+    assert (f"namespace {ns}" in line) is (not namespace), line
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0,
+                    reason="runs the worker as another user (setpriv, as root): root itself may write anything")
+def test_a_catalog_the_worker_may_not_write_is_one_line_naming_the_path_and_the_key(broker):
+    """A SQL catalog whose database (and its directory) this user may not write: the worker,
+    run as nobody, ends with one line naming the file, the catalog and its key, and what to do."""
+    import tempfile
+
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.shared.catalogs import sqlite_catalog_properties
+    from tests.support.sinkrun import write_config
+
+    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="icesink-perm-"))  # tmp_path is root's only (0700)
+    try:
+        base.chmod(0o755)
+        props = sqlite_catalog_properties(base / "catalog")  # root's: nobody may read, not write
+        load_catalog("it", **props).create_namespace("db")
+        state, home = base / "state", base / "home"
+        for d in (state, home):
+            d.mkdir()
+            d.chmod(0o777)
+        cfg = write_config(base / "sink.json", topics="perm-t", tables="db.t", bootstrap=broker.bootstrap,
+                           catalog_props=props, state_dir=state, group="perm-sink")
+        cfg.chmod(0o644)
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "icesink",
+             "worker", "--config", str(cfg), "--metrics-port", "0"],
+            capture_output=True, text=True, timeout=180, cwd=state,
+            env={**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache")})
+        lines = done.stderr.strip().splitlines()
+        line = _one_error_line(lines)
+        assert done.returncode != 0
+        assert f"no permission to use {base / 'catalog'}" in line, line
+        assert "iceberg.catalog.uri=" in line and "'it'" in line and "let this user write it" in line, line
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

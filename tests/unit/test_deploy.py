@@ -1,7 +1,8 @@
 """deploy/, checked offline: the alert rules with promtool (``check rules`` and the unit tests in
 tests/prometheus/alerts_test.yml), the Prometheus configs, the Kubernetes manifests built by
-``kubectl kustomize`` and checked against each other and against icesink's settings, the
-compose file's references, and every metric the dashboard and the rules name exists.
+``kubectl kustomize`` and checked against each other, against icesink's settings and strictly
+against Kubernetes' schemas (kubernetes-validate), the compose file's references and the file
+against the Compose Specification's schema, and every metric the dashboard and the rules name exists.
 (tests/integration/test_observability.py runs the dashboard and rules on a real Prometheus.)"""
 
 from __future__ import annotations
@@ -235,3 +236,54 @@ def test_the_image_and_the_unit_build_the_class_archive_with_a_known_command():
         args = build_parser().parse_args(words)
         assert args.fn is cmd_spark_archive
 
+
+
+def _compose_errors(doc: object) -> list[str]:
+    import jsonschema
+
+    schema = json.loads((ROOT / "tests" / "unit" / "schemas" / "compose-spec.json").read_text())
+    validator = jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker())
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def test_the_compose_file_fits_the_compose_specification():
+    """deploy/compose.yaml against the Compose Specification's JSON schema (vendored with its
+    source and licence: tests/unit/schemas/README.md); a misspelt key or a wrong type fails."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert _compose_errors(compose) == []
+    broken = json.loads(json.dumps(compose))
+    broken["services"]["icesink"]["restart_policy"] = "always"  # not a service key (deploy.restart_policy is)
+    broken["services"]["connect"]["depends_on"] = {"kafka": {"condition": "healthy"}}
+    errors = _compose_errors(broken)
+    assert any("restart_policy" in e for e in errors) and any("depends_on" in e for e in errors), errors
+
+
+def _k8s_errors(doc: dict) -> list[str]:
+    import kubernetes_validate
+    from kubernetes_validate.utils import ValidationError
+
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except ValidationError as e:
+        return [f"{doc['kind']}/{doc['metadata']['name']}: {'/'.join(map(str, e.path))}: {e.message}"]
+    return []
+
+
+#: The Kubernetes version whose schemas the manifests are checked against (kubernetes-validate's newest).
+K8S_VERSION = "1.37.0"
+
+
+def test_the_kubernetes_manifests_fit_the_kubernetes_schemas_strictly():
+    """Each manifest ``kubectl kustomize`` builds against Kubernetes' own schemas, strict (an
+    unknown field is an error, as ``kubectl apply --validate=strict`` makes it), offline: the
+    schemas ship in the test dependency kubernetes-validate."""
+    docs = k8s()
+    assert [e for d in docs.values() for e in _k8s_errors(d)] == []
+    broken = json.loads(json.dumps(docs["StatefulSet/icesink"]))
+    container = broken["spec"]["template"]["spec"]["containers"][0]
+    container["livenessProbe"]["timeoutSecond"] = 5  # misspelt: timeoutSeconds
+    errors = _k8s_errors(broken)
+    assert errors and "timeoutSecond" in errors[0], errors
+    pdb = json.loads(json.dumps(docs["PodDisruptionBudget/icesink"]))
+    pdb["spec"]["maxUnavailable"] = [1]
+    assert _k8s_errors(pdb), pdb
