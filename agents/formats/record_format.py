@@ -87,17 +87,19 @@ class RecordFormat:
                     continue  # that record is a reject
             if schema is None:
                 return None
+            return self.with_extras(schema, values)
         else:
             inferred = infer_schema(values, timestamp_fields=timestamp_fields)
             schema = inferred if self.values else iceberg_schema(inferred)  # the transforms map Arrow types
         return self.with_extras(schema)
 
-    def with_extras(self, schema: pa.Schema | Schema) -> Schema:
+    def with_extras(self, schema: pa.Schema | Schema, values: Sequence[bytes] = ()) -> Schema:
         """An auto-created table's schema: the value columns, then the key and metadata columns.
-        Raises UnsupportedTypeError naming a column that cannot be filled or written."""
+        Raises UnsupportedTypeError naming a column that cannot be filled or written. ``values``:
+        the records', for a transform whose types are in them (MongoDebeziumTransform)."""
         if self.values:  # the value's fields after the transforms
             arrow = schema_to_pyarrow(schema, include_field_ids=False) if isinstance(schema, Schema) else schema
-            schema = self.values.out_schema(arrow)
+            schema = self.values.out_schema(arrow, values)
         schema = iceberg_schema(schema)
         check_schema(schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
         schema = assign_fresh_schema_ids(Schema(*schema.fields, *self.extras.iceberg_fields()))

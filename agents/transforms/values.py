@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 
 from agents.convert import Converted, Reject
@@ -18,13 +19,14 @@ from agents.transforms.copy_value import CopyValue
 from agents.transforms.dms import DmsTransform
 from agents.transforms.hoist_field import HoistField
 from agents.transforms.json_to_map import JsonToMap
+from agents.transforms.mongo import MongoDebezium
 from agents.transforms.replace_field import ReplaceField
 from agents.transforms.unwrap import ExtractNewRecordState
 from icesink.shared.transform_settings import TransformSpec
 
 __all__ = ["ValueChain", "VALUE_KINDS"]
 
-VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "unwrap", "dms", "json-to-map")
+VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "unwrap", "dms", "json-to-map", "mongo-debezium")
 
 
 class ValueStep(Protocol):
@@ -38,7 +40,8 @@ class ValueStep(Protocol):
 class ValueChain:
     """``schemas``: the values state a schema (Connect envelopes, a schema registry):
     ExtractNewRecordState acts on them only, as Debezium (schemaless values pass it unchanged).
-    A step with ``screen(table)`` drops and rejects records before its ``apply``."""
+    A step with ``screen(table)`` drops and rejects records before its ``apply``; one with
+    ``convert(table, out)`` rejects records its ``apply`` cannot convert."""
 
     def __init__(self, specs: Sequence[TransformSpec], schemas: bool = True) -> None:
         self.steps: list[ValueStep] = []
@@ -49,6 +52,8 @@ class ValueChain:
                 self.steps.append(DmsTransform(s))
             elif s.kind == "json-to-map":
                 self.steps.append(JsonToMap(s))
+            elif s.kind == "mongo-debezium":
+                self.steps.append(MongoDebezium(s))
             if s.kind == "replace-field":
                 self.steps.append(ReplaceField(s))
             elif s.kind == "copy-value":
@@ -65,9 +70,11 @@ class ValueChain:
         first = self.steps[0] if self.steps else None
         return first.wrap(values) if isinstance(first, JsonToMap) else values
 
-    def out_schema(self, s: pa.Schema) -> pa.Schema:
+    def out_schema(self, s: pa.Schema, values: Sequence[bytes] = ()) -> pa.Schema:
+        """``values``: the raw values, for a step whose types are in them (MongoDebeziumTransform's
+        documents; it comes first, checked at start)."""
         for step in self.steps:
-            s = step.out_schema(s)
+            s = step.out_schema(s, values) if isinstance(step, MongoDebezium) else step.out_schema(s)
         return s
 
     def schemas(self, target: pa.Schema) -> list[pa.Schema]:
@@ -94,6 +101,18 @@ class ValueChain:
                 if drop.any():
                     keep = pa.array(~drop)
                     table, indices = table.filter(keep), indices.filter(keep)
-            table = step.apply(table, out)
+            convert = getattr(step, "convert", None)
+            if convert is None:
+                table = step.apply(table, out)
+                continue
+            table, failed = convert(table, out)
+            at = indices.to_numpy(zero_copy_only=False)
+            drop = np.zeros(table.num_rows, dtype=bool)
+            for mask, reason, field in failed:
+                rejects += [Reject(int(i), reason, field) for i in at[mask & ~drop]]
+                drop |= mask
+            if drop.any():
+                keep = pa.array(~drop)
+                table, indices = table.filter(keep), indices.filter(keep)
         rejects.sort(key=lambda r: r.index)
         return Converted(table.replace_schema_metadata(target.metadata), indices, tuple(rejects))

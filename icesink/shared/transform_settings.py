@@ -40,6 +40,7 @@ TRANSFORMS: Final[Mapping[str, str]] = {
     "io.debezium.transforms.ExtractNewRecordState": "unwrap",
     **{f"{p}DmsTransform": "dms" for p in _REFERENCE},
     **{f"{p}JsonToMapTransform": "json-to-map" for p in _REFERENCE},
+    **{f"{p}MongoDebeziumTransform": "mongo-debezium" for p in _REFERENCE},
 }
 #: Predicate class -> kind.
 PREDICATES: Final[Mapping[str, str]] = {
@@ -63,7 +64,10 @@ _TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] =
                 "drop.fields.keep.schema.compatible"), ()),
     "dms": ((), ()),
     "json-to-map": (("json.root",), ()),
+    "mongo-debezium": (("array_handling_mode",), ()),
 }
+#: MongoDebeziumTransform's array_handling_mode values.
+ARRAY_MODES: Final = ("array", "document")
 _PREDICATE_PROPS: Final[Mapping[str, tuple[str, ...]]] = {
     "topic-name-matches": ("pattern",),
     "has-header-key": ("name",),
@@ -184,6 +188,8 @@ def parse_chain(names: tuple[str, ...], props: Mapping[str, Mapping[str, str]],
             unwrap_options(name, tp)
         if kind == "json-to-map" and "json.root" in tp:
             _bool(f"transforms.{name}.json.root", tp["json.root"])
+        if kind == "mongo-debezium" and tp.get("array_handling_mode", "array").strip().lower() not in ARRAY_MODES:
+            raise ConfigError(f"transforms.{name}.array_handling_mode", tp["array_handling_mode"], f"one of {ARRAY_MODES}")
         if kind == "kafka-metadata" and "nested" in tp:
             _bool(f"transforms.{name}.nested", tp["nested"])
         chain.append(TransformSpec(name, kind, dict(tp), predicate, negate))
