@@ -24,7 +24,7 @@ from agents.transforms.replace_field import ReplaceField
 from agents.transforms.unwrap import ExtractNewRecordState
 from icesink.shared.transform_settings import TransformSpec
 
-__all__ = ["ValueChain", "VALUE_KINDS"]
+__all__ = ["ValueChain", "VALUE_KINDS", "mongo_before_debezium"]
 
 VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "unwrap", "dms", "json-to-map", "mongo-debezium")
 
@@ -52,8 +52,8 @@ class ValueChain:
                 self.steps.append(DmsTransform(s))
             elif s.kind == "json-to-map":
                 self.steps.append(JsonToMap(s))
-            elif s.kind == "mongo-debezium":
-                self.steps.append(MongoDebezium(s))
+            elif s.kind == "mongo-debezium" and not any(x.kind == "debezium" for x in specs):
+                self.steps.append(MongoDebezium(s))  # before DebeziumTransform it is that one's (agents/debezium.py)
             if s.kind == "replace-field":
                 self.steps.append(ReplaceField(s))
             elif s.kind == "copy-value":
@@ -116,3 +116,9 @@ class ValueChain:
                 table, indices = table.filter(keep), indices.filter(keep)
         rejects.sort(key=lambda r: r.index)
         return Converted(table.replace_schema_metadata(target.metadata), indices, tuple(rejects))
+
+
+def mongo_before_debezium(specs: Sequence[TransformSpec]) -> ValueChain | None:
+    """MongoDebeziumTransform as DebeziumTransform runs it first (both listed, checked at start), or None."""
+    mongo = [s for s in specs if s.kind == "mongo-debezium"]
+    return ValueChain(mongo) if mongo and any(s.kind == "debezium" for s in specs) else None

@@ -300,16 +300,19 @@ def _check_cdc_transforms(s: Settings, chain: Any) -> None:
             raise ConfigError(f"transforms.{t.name}.predicate", t.predicate.name,
                               f"unset: {t.props['type']} applies to every record here")
     first = cdc[0]
-    if first.kind == "mongo-debezium" and any(t.kind == "debezium" for t in chain):
-        raise ConfigError("transforms", ",".join(s.transforms), f"{first.props['type']} then DebeziumTransform: not "
-                          "supported yet (chain ExtractNewRecordState after it, add.fields=op,source.ts_ms for the change)")
-    if any(t.kind == "debezium" for t in chain):
+    kinds = [t.kind for t in chain]
+    if first.kind == "mongo-debezium" and len(cdc) == 1 and "debezium" in kinds:
+        if kinds.index("debezium") < kinds.index("mongo-debezium"):
+            raise ConfigError("transforms", ",".join(s.transforms), f"{first.props['type']} before DebeziumTransform: "
+                              "it types the change events that one reads")
+    elif any(t.kind == "debezium" for t in chain):
         raise ConfigError("transforms", ",".join(s.transforms), "one of DebeziumTransform and "
                           f"{first.props['type']}: both read the change events")
     if s.evolve_schema:
         raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", f"unset with {first.props['type']}: schema "
                           "evolution reads the values before the transforms (not supported yet)")
-    if s.route_field and s.route_field != "@topic":
+    mongo_cdc = first.kind == "mongo-debezium" and "debezium" in kinds and (s.route_field or "").startswith("_cdc.")
+    if s.route_field and s.route_field != "@topic" and not mongo_cdc:  # _cdc fields: read from op and source
         raise ConfigError("iceberg.tables.route-field", s.route_field, f"unset or @topic with {first.props['type']}: "
                           "routing reads the values before it (not supported yet)")
     for t in cdc:

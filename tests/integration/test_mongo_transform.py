@@ -58,3 +58,22 @@ def test_mongo_events_land_as_typed_rows(broker, catalog_props, tmp_path: Path) 
     assert [f.name for f in table.schema().fields] == ["_id", "name", "qty", "at", "addr", "tags", "__deleted", "__op",
                                                        "__source_ts_ms"]
     assert str(table.schema().find_field("at").field_type) == "timestamptz"
+
+
+@pytest.mark.timeout(300)
+def test_mongo_then_debezium_transform_land_change_rows_with_cdc(broker, catalog_props, tmp_path: Path) -> None:
+    """``transforms=mongo,debezium``, the reference's documented chain, routed as the reference's
+    usual set-up: on ``_cdc.target`` (``{db}.{collection}``) to a dynamic table."""
+    a = "5d1b8e2f9c1e4a0001a1b2c3"
+    a1, a2 = doc(a, "pen", 3, 1558965508000, "Oslo", ["x"]), doc(a, "pen", 4, 1558965510000, "Oslo", [])
+    values = [event("c", after=a1), event("u", before=a1, after=a2), event("d", before=a2)]
+    catalog = run(broker, catalog_props, tmp_path, "mongo-dbz", {"mongo-dbz": values}, {"inventory.customers": 3}, "",
+                  **{"value.converter.schemas.enable": "true", "transforms": "mongo,debezium",
+                     "iceberg.tables.route-field": "_cdc.target", "iceberg.tables.dynamic-enabled": "true",
+                     "transforms.mongo.type": "io.tabular.iceberg.connect.transforms.MongoDebeziumTransform",
+                     "transforms.debezium.type": "org.apache.iceberg.connect.transforms.DebeziumTransform"})
+    got = rows_of(catalog, "inventory.customers",
+                  'SELECT _id, qty, tags, _cdc.op, _cdc."offset", _cdc.source, _cdc.target FROM {}')
+    assert got == sorted([(a, 3, ["x"], "I", 0, "inventory.customers", "inventory.customers"),
+                          (a, 4, [], "U", 1, "inventory.customers", "inventory.customers"),
+                          (a, 4, [], "D", 2, "inventory.customers", "inventory.customers")], key=repr)

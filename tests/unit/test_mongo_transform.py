@@ -12,7 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from agents.debezium import DebeziumTransform
 from agents.formats import RecordFormat
+from agents.transforms.values import mongo_before_debezium
 from agents.transforms.bson import typed
 from agents.convert import decode_json
 from icesink.shared.config import build
@@ -179,10 +181,14 @@ def test_typed_leaves_plain_documents_and_dollar_named_fields_alone() -> None:
     ({"transforms.m.unknown": "x"}, "transforms.m.unknown"),
     ({"value.converter.schemas.enable": "false"}, "value.converter.schemas.enable"),
     ({"transforms": "d,m", "transforms.d.type": "org.apache.iceberg.connect.transforms.DebeziumTransform"}, "transforms"),
-    ({"transforms": "m,d", "transforms.d.type": "org.apache.iceberg.connect.transforms.DebeziumTransform"}, "transforms"),
+    ({"transforms": "m,u,d", "transforms.u.type": UNWRAP,
+      "transforms.d.type": "org.apache.iceberg.connect.transforms.DebeziumTransform"}, "transforms"),
     ({"transforms": "r,m", "transforms.r.type": "org.apache.kafka.connect.transforms.ReplaceField$Value",
       "transforms.r.exclude": "x"}, "transforms"),
     ({"iceberg.tables.evolve-schema-enabled": "true"}, "iceberg.tables.evolve-schema-enabled"),
+    ({"iceberg.tables.route-field": "_cdc.target", "iceberg.tables.dynamic-enabled": "true"}, "iceberg.tables.route-field"),
+    ({"transforms": "m,d", "transforms.d.type": "org.apache.iceberg.connect.transforms.DebeziumTransform",
+      "iceberg.tables.route-field": "first_name", "iceberg.tables.dynamic-enabled": "true"}, "iceberg.tables.route-field"),
 ])
 def test_mongo_transform_keys_are_checked_at_start(keys: dict[str, str], named: str) -> None:
     base = {"topics": "t", "iceberg.tables": "db.t", "value.converter.schemas.enable": "true",
@@ -197,3 +203,45 @@ def test_both_class_names_start() -> None:
         s = build({"topics": "t", "iceberg.tables": "db.t", "value.converter.schemas.enable": "true",
                    "transforms": "m", "transforms.m.type": cls, "transforms.m.array_handling_mode": "Document"})
         assert [t.kind for t in s.transform_chain] == ["mongo-debezium"]
+
+
+def test_before_debezium_transform_gives_change_rows_with_cdc_as_the_references_chain() -> None:
+    """``transforms=mongo,debezium``, the reference's documented chain: DebeziumTransform reads the
+    typed images; ``_cdc.source`` is ``{db}.{collection}`` (the reference reads ``source.table``,
+    which a MongoDB event has not)."""
+    keys = {"topics": "t", "iceberg.tables": "db.t", "value.converter.schemas.enable": "true",
+            "transforms": "mongo,dbz", "transforms.mongo.type": MONGO,
+            "transforms.dbz.type": "io.tabular.iceberg.connect.transforms.DebeziumTransform",
+            "transforms.dbz.cdc.target.pattern": "cdc.{table}"}
+    settings = build(keys)
+    assert not RecordFormat(settings).values  # DebeziumTransform runs it, not the value chain
+    t = DebeziumTransform("cdc.{table}", schemas=True, mongo=mongo_before_debezium(settings.transform_chain))
+    partial = event("u", before=ANNE, updated='{"email": "anne@example.org"}', removed=["last_name"])
+    values = [event("c", after=ANNE), event("u", before=ANNE, after=ANNE_MARIE), partial, event("u"),
+              event("d", before=ANNE_MARIE)]
+    schema = t.infer_schema(values)
+    assert schema.names == ["_id", "first_name", "last_name", "email", "_cdc"]
+    assert schema.field("_id").type == pa.int64()
+    out = t.apply(values, [10, 11, 12, 13, 14], schema)
+    assert [(r.index, r.field) for r in out.rejects] == [(3, "after")]
+    rows = out.table.to_pylist()
+    assert [(r["_id"], r["first_name"], r["last_name"], r["email"]) for r in rows] == [
+        (1004, "Anne", "Kretchmar", "annek@noanswer.org"), (1004, "Anne Marie", "Kretchmar", "annek@noanswer.org"),
+        (1004, "Anne", None, "anne@example.org"), (1004, "Anne Marie", "Kretchmar", "annek@noanswer.org")]
+    ts = datetime.fromtimestamp(1558965508, UTC)
+    assert [(c["op"], c["ts"], c["offset"], c["source"], c["target"]) for c in (r["_cdc"] for r in rows)] == [
+        ("I", ts, 10, "inventory.customers", "cdc.customers"), ("U", ts, 11, "inventory.customers", "cdc.customers"),
+        ("U", ts, 12, "inventory.customers", "cdc.customers"), ("D", ts, 14, "inventory.customers", "cdc.customers")]
+
+
+def test_before_debezium_transform_routes_on_cdc_target() -> None:
+    """The reference's usual set-up: route-field ``_cdc.target``, dynamic tables (a row image field
+    is refused at start: routing would read the extended-JSON strings)."""
+    settings = build({"topics": "t", "iceberg.tables.route-field": "_cdc.target", "iceberg.tables.dynamic-enabled": "true",
+                      "value.converter.schemas.enable": "true", "transforms": "m,d", "transforms.m.type": MONGO,
+                      "transforms.d.type": "org.apache.iceberg.connect.transforms.DebeziumTransform",
+                      "transforms.d.cdc.target.pattern": "cdc.{table}"})
+    t = DebeziumTransform("cdc.{table}", schemas=True, mongo=mongo_before_debezium(settings.transform_chain))
+    out = t.route_column([event("c", after=ANNE), event("d", before=ANNE)], "_cdc.target")
+    assert out.rejects == ()
+    assert out.table.column(0).to_pylist() == ["cdc.customers", "cdc.customers"]
