@@ -158,7 +158,7 @@ class DebeziumTransform:
     # Conversion ------------------------------------------------------------------------------
 
     def apply(self, values: Sequence[bytes], offsets: Sequence[int], schema: pa.Schema, *,
-              grow: Grow | None = None) -> Converted:
+              grow: Grow | None = None, keys: Sequence[bytes | None] = ()) -> Converted:
         """Change rows for ``values`` (Kafka offsets ``offsets``), in ``schema`` (the table's).
 
         With schemas, events are grouped by Connect schema (as the envelope format groups
@@ -176,7 +176,7 @@ class DebeziumTransform:
             wire = self.mongo.in_schema(wrapper)
             groups, not_envelopes = self._envelopes.group(values)
             raw = decode_envelopes(groups, not_envelopes, wire, lambda _: wire, fold_case=self.fold_case)
-            decoded = self.mongo.apply(raw, wrapper)
+            decoded = self.mongo.apply(raw, wrapper, keys)  # keys: a partial update's _id
         elif self.schemas:
             groups, not_envelopes = self._envelopes.group(values)
             if grow is not None:

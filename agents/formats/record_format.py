@@ -156,7 +156,7 @@ class RecordFormat:
             converted = decode_json(self.values.wrap(values), value_schema, epoch_unit=epoch_unit, fold_case=self.fold_case)
         if self.values and full is not None:
             own = pa.schema([f for f in full if f.name not in extra], metadata=full.metadata)
-            converted = self.values.apply(converted, own)
+            converted = self.values.apply(converted, own, [m.key for m in messages])
         if full is None or not extra:
             return converted
         columns, key_rejects = self.extras.columns(messages, full)

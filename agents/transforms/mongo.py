@@ -6,7 +6,7 @@ the transforms after it (``ExtractNewRecordState`` makes rows of it). The other 
 
 As the reference: an update without ``after`` (the connector's ``change_streams`` capture mode)
 gets one built from ``before`` (empty without one) with ``updateDescription.updatedFields`` set
-and ``removedFields`` removed; an event with none of ``before``, ``after``,
+and ``removedFields`` removed, and the record key's ``id`` as ``_id`` if it has none; an event with none of ``before``, ``after``,
 ``updateDescription`` is malformed (the reference fails on it; here it is a reject), as is a
 Debezium 1.x oplog update (``patch``, no ``after``: the reference cannot read it) and a document
 that is no JSON object. Arrays are lists, or with ``array_handling_mode=document`` structs of
@@ -63,7 +63,7 @@ class MongoDebezium:
         p = decoded.column("payload").combine_chunks()
         texts = pa.concat_arrays([p.field("after"), p.field("before"), p.field(_UPDATE).field("updatedFields")])
         parsed, _ = self._parse(texts)
-        return pa.struct([f.with_nullable(True) for f in parsed.type])
+        return pa.struct([f.with_nullable(True) for f in parsed.type if "." not in f.name])
 
     def in_schema(self, t: pa.Schema) -> pa.Schema:
         fields = [f.with_type(pa.string()) if f.name in _IMAGES else f for f in t if f.name not in (_UPDATE, "patch")]
@@ -85,9 +85,11 @@ class MongoDebezium:
             (oplog, "a Debezium 1.x oplog update (patch): MongoDebeziumTransform reads change streams events", "patch"),
         ]
 
-    def convert(self, table: pa.Table, out: pa.Schema) -> tuple[pa.Table, list[tuple[Mask, str, str | None]]]:
+    def convert(self, table: pa.Table, out: pa.Schema, keys: Sequence[bytes | None] | None = None,
+                ) -> tuple[pa.Table, list[tuple[Mask, str, str | None]]]:
         """``table`` (decoded against :meth:`in_schema`) as ``out``'s columns, and the rows whose
-        documents could not be read (not a JSON object, or a value the column cannot hold)."""
+        documents could not be read (not a JSON object, or a value the column cannot hold).
+        ``keys``: the rows' record keys, whose ``id`` a partial update without ``_id`` takes."""
         n = table.num_rows
         after, before = (table.column(n_).combine_chunks() for n_ in ("after", "before"))
         update = table.column(_UPDATE).combine_chunks()
@@ -95,11 +97,19 @@ class MongoDebezium:
         removed = pc.struct_field(update, "removedFields")
         image = next((f.type for f in out if f.name in _IMAGES and pa.types.is_struct(f.type)), pa.struct([]))
         parsed, bad = self._parse(pa.concat_arrays([after, before, updated]))
+        dotted = np.zeros(3 * n, dtype=bool)
+        for f in parsed.type:
+            if "." in f.name:
+                dotted |= _mask(pc.is_valid(pc.struct_field(parsed, f.name)))
+        dotted = np.asarray(dotted.reshape(3, n).any(axis=0), dtype=bool)
         aligned, unfit = _align(parsed, image)
         bad = np.asarray((bad | unfit).reshape(3, n).any(axis=0), dtype=bool)
         typed_after, typed_before, typed_updated = (aligned.slice(i * n, n) for i in range(3))
         partial = pc.and_(pc.is_null(after), pc.is_valid(updated))
         built = _merge(typed_before, typed_updated, removed, image)
+        at = image.get_field_index("_id")
+        if keys is not None and at >= 0 and n:
+            built = self._with_key_id(built, keys, at, image)
         images = {"after": pc.if_else(partial, built, typed_after) if n else typed_after, "before": typed_before}
         arrays = []
         for f in out:
@@ -110,10 +120,28 @@ class MongoDebezium:
             else:
                 arrays.append(pa.nulls(n, f.type))
         reason = "MongoDB document not readable as the table's row (not a JSON object, or a value of another type)"
-        return pa.Table.from_arrays(arrays, schema=out), [(bad, reason, "after")]
+        nested = "a field name with a dot (a nested change in updatedFields, \"a.b\"): not applied yet"
+        return pa.Table.from_arrays(arrays, schema=out), [(bad, reason, "after"), (dotted & ~bad, nested, "updateDescription")]
 
     def apply(self, table: pa.Table, out: pa.Schema) -> pa.Table:
         return self.convert(table, out)[0]
+
+    def _with_key_id(self, built: pa.StructArray, keys: Sequence[bytes | None], at: int, t: pa.StructType) -> pa.StructArray:
+        """``built`` with a null ``_id`` the key's ``id`` (a Debezium MongoDB key: ``{"id": "<its
+        extended JSON>"}``, with or without the JsonConverter's schema), as the reference."""
+        ids = pa.schema([pa.field("id", pa.string()), pa.field("payload", pa.struct([pa.field("id", pa.string())]))])
+        decoded = decode_json([k or b"null" for k in keys], ids)
+        text = pc.coalesce(pc.struct_field(decoded.table.column("payload").combine_chunks(), "id"),
+                           decoded.table.column("id").combine_chunks())
+        where = np.full(len(keys), -1, dtype=np.int64)
+        where[decoded.indices.to_numpy(zero_copy_only=False)] = np.arange(len(decoded.indices))
+        text = text.take(pa.array(where, mask=where < 0))
+        parsed, _ = self._parse(pc.binary_join_element_wise('{"id": ', text, "}", ""))
+        key_id, _ = _align(pc.struct_field(parsed, "id") if parsed.type.get_field_index("id") >= 0
+                           else pa.nulls(len(keys)), t.field(at).type)
+        children = [pc.coalesce(pc.struct_field(built, [i]), key_id) if i == at else pc.struct_field(built, [i])
+                    for i in range(t.num_fields)]
+        return pa.StructArray.from_arrays(children, fields=list(t))
 
     def _parse(self, texts: pa.Array) -> tuple[pa.StructArray, Mask]:
         """The documents ``texts`` (null: none) as one typed struct column, and the rows that are

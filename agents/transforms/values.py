@@ -87,8 +87,9 @@ class ValueChain:
     def in_schema(self, target: pa.Schema) -> pa.Schema:
         return pa.schema(list(self.schemas(target)[0]), metadata=target.metadata)
 
-    def apply(self, converted: Converted, target: pa.Schema) -> Converted:
-        """``converted`` (decoded against :meth:`in_schema` of ``target``) as ``target``'s columns."""
+    def apply(self, converted: Converted, target: pa.Schema, keys: Sequence[bytes | None] = ()) -> Converted:
+        """``converted`` (decoded against :meth:`in_schema` of ``target``) as ``target``'s columns.
+        ``keys``: the records' keys by input index (MongoDebeziumTransform's ``_id`` of a partial update)."""
         table, indices, rejects = converted.table, converted.indices, list(converted.rejects)
         for step, out in zip(self.steps, self.schemas(target)[1:], strict=True):
             screen = getattr(step, "screen", None)
@@ -105,8 +106,8 @@ class ValueChain:
             if convert is None:
                 table = step.apply(table, out)
                 continue
-            table, failed = convert(table, out)
             at = indices.to_numpy(zero_copy_only=False)
+            table, failed = convert(table, out, [keys[i] for i in at] if keys else None)
             drop = np.zeros(table.num_rows, dtype=bool)
             for mask, reason, field in failed:
                 rejects += [Reject(int(i), reason, field) for i in at[mask & ~drop]]

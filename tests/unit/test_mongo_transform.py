@@ -12,6 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+
 from agents.debezium import DebeziumTransform
 from agents.formats import RecordFormat
 from agents.transforms.values import mongo_before_debezium
@@ -140,8 +142,33 @@ def test_partial_update_merges_updated_fields_into_before_and_drops_removed_ones
     assert [r["after"] for r in rows] == [
         {"_id": 1004, "first_name": "Anne", "email": "annek@noanswer.org", "age": 30},
         {"_id": 1004, "first_name": "Anne Marie", "email": None, "age": 30},
-        {"_id": None, "first_name": "Marie", "email": None, "age": 31},
+        {"_id": None, "first_name": "Marie", "email": None, "age": 31},  # no key: no _id
     ]
+
+
+def mongo_key(id_json: str, schema: bool = True) -> bytes:
+    """A Debezium 2.x MongoDB key: ``id`` the document id's extended JSON."""
+    key_schema = {"type": "struct", "optional": False, "name": "dbserver1.inventory.customers.Key",
+                  "fields": [{"type": "string", "optional": False, "field": "id"}]}
+    return json.dumps({"schema": key_schema, "payload": {"id": id_json}} if schema else {"id": id_json}).encode()
+
+
+def test_partial_update_without_id_takes_it_from_the_key_as_the_reference() -> None:
+    from tests.unit.test_cdc_transforms import Msg
+
+    fmt = mongo_format()
+    values = [event("c", after='{"_id": {"$numberLong": "1004"}, "first_name": "Anne"}'),
+              event("u", updated='{"first_name": "Marie"}', removed=[]),
+              event("u", updated='{"first_name": "Ola"}', removed=[]),
+              event("u", updated='{"_id": {"$numberLong": "7"}, "first_name": "Kari"}', removed=[])]
+    keys = [mongo_key('{"$numberLong": "1004"}'), mongo_key('{"$numberLong": "1004"}'),
+            mongo_key('{"$numberLong": "1005"}', schema=False), mongo_key('{"$numberLong": "8"}')]
+    created = fmt.table_schema(values[:1])
+    target = schema_to_pyarrow(created) if not isinstance(created, pa.Schema) else created
+    out = fmt.convert([Msg(v, key=k) for v, k in zip(values, keys, strict=True)], values, target)
+    assert out.rejects == ()
+    assert [(r["after"]["_id"], r["after"]["first_name"]) for r in out.table.to_pylist()] == [
+        (1004, "Anne"), (1004, "Marie"), (1005, "Ola"), (7, "Kari")]  # the document's own _id first
 
 
 def test_malformed_events_oplog_patches_and_bad_documents_are_rejects_the_rest_flow() -> None:
@@ -245,3 +272,24 @@ def test_before_debezium_transform_routes_on_cdc_target() -> None:
     out = t.route_column([event("c", after=ANNE), event("d", before=ANNE)], "_cdc.target")
     assert out.rejects == ()
     assert out.table.column(0).to_pylist() == ["cdc.customers", "cdc.customers"]
+
+
+def test_before_debezium_transform_a_partial_update_takes_id_from_the_key() -> None:
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "value.converter.schemas.enable": "true",
+                      "transforms": "m,d", "transforms.m.type": MONGO,
+                      "transforms.d.type": "org.apache.iceberg.connect.transforms.DebeziumTransform"})
+    t = DebeziumTransform(schemas=True, mongo=mongo_before_debezium(settings.transform_chain))
+    values = [event("c", after=ANNE), event("u", updated='{"email": "x@y.z"}', removed=[])]
+    out = t.apply(values, [0, 1], t.infer_schema(values), keys=[None, mongo_key('{"$numberLong": "1004"}')])
+    assert [(r["_id"], r["email"], r["_cdc"]["op"]) for r in out.table.to_pylist()] == [
+        (1004, "annek@noanswer.org", "I"), (1004, "x@y.z", "U")]
+
+
+def test_a_nested_change_in_updated_fields_is_a_reject_not_a_field_named_with_a_dot() -> None:
+    """``{"addr.city": ...}``: the reference appends a field named ``addr.city``, which an
+    Iceberg schema with ``addr.city`` nested cannot hold; here such a change is dead-lettered."""
+    pre = '{"_id": 1, "addr": {"city": "Oslo"}}'
+    values = [event("u", before=pre, updated='{"addr.city": "Bergen"}', removed=[]), event("c", after=pre)]
+    _names, rows, out = run(mongo_format(), values)
+    assert [r["after"] for r in rows] == [{"_id": 1, "addr": {"city": "Oslo"}}]
+    assert [(r.index, r.field) for r in out.rejects] == [(0, "updateDescription")]
