@@ -108,8 +108,16 @@ class MongoDebezium:
         partial = pc.and_(pc.is_null(after), pc.is_valid(updated))
         built = _merge(typed_before, typed_updated, removed, image)
         at = image.get_field_index("_id")
-        if keys is not None and at >= 0 and n:
-            built = self._with_key_id(built, keys, at, image)
+        if keys is not None and at >= 0 and n:  # only the partial updates without an _id read their key
+            need = np.flatnonzero(_mask(pc.and_(partial, pc.is_null(pc.struct_field(built, [at])))))
+            if len(need):
+                found = self._key_ids([keys[int(i)] for i in need], image.field(at).type)
+                at_rows = np.full(n, -1, dtype=np.int64)
+                at_rows[need] = np.arange(len(need))
+                key_id = found.take(pa.array(at_rows, mask=at_rows < 0))
+                children = [pc.coalesce(pc.struct_field(built, [i]), key_id) if i == at else pc.struct_field(built, [i])
+                            for i in range(image.num_fields)]
+                built = pa.StructArray.from_arrays(children, fields=list(image))
         images = {"after": pc.if_else(partial, built, typed_after) if n else typed_after, "before": typed_before}
         arrays = []
         for f in out:
@@ -126,9 +134,9 @@ class MongoDebezium:
     def apply(self, table: pa.Table, out: pa.Schema) -> pa.Table:
         return self.convert(table, out)[0]
 
-    def _with_key_id(self, built: pa.StructArray, keys: Sequence[bytes | None], at: int, t: pa.StructType) -> pa.StructArray:
-        """``built`` with a null ``_id`` the key's ``id`` (a Debezium MongoDB key: ``{"id": "<its
-        extended JSON>"}``, with or without the JsonConverter's schema), as the reference."""
+    def _key_ids(self, keys: Sequence[bytes | None], t: pa.DataType) -> pa.Array:
+        """The keys' ``id`` in type ``t`` (a Debezium MongoDB key: ``{"id": "<its extended
+        JSON>"}``, with or without the JsonConverter's schema), as the reference reads it."""
         ids = pa.schema([pa.field("id", pa.string()), pa.field("payload", pa.struct([pa.field("id", pa.string())]))])
         decoded = decode_json([k or b"null" for k in keys], ids)
         text = pc.coalesce(pc.struct_field(decoded.table.column("payload").combine_chunks(), "id"),
@@ -138,10 +146,8 @@ class MongoDebezium:
         text = text.take(pa.array(where, mask=where < 0))
         parsed, _ = self._parse(pc.binary_join_element_wise('{"id": ', text, "}", ""))
         key_id, _ = _align(pc.struct_field(parsed, "id") if parsed.type.get_field_index("id") >= 0
-                           else pa.nulls(len(keys)), t.field(at).type)
-        children = [pc.coalesce(pc.struct_field(built, [i]), key_id) if i == at else pc.struct_field(built, [i])
-                    for i in range(t.num_fields)]
-        return pa.StructArray.from_arrays(children, fields=list(t))
+                           else pa.nulls(len(keys)), t)
+        return key_id
 
     def _parse(self, texts: pa.Array) -> tuple[pa.StructArray, Mask]:
         """The documents ``texts`` (null: none) as one typed struct column, and the rows that are
