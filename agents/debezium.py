@@ -9,7 +9,8 @@ struct saying what happened:
 ``_cdc.ts``    timestamptz     when the change happened in the source database: ``source.ts_us``
                                (microseconds), else ``source.ts_ms``, else the event's own time
 ``_cdc.offset`` long           the Kafka offset of the change event
-``_cdc.source`` string         ``{schema}.{table}`` (``{db}.{table}`` without a schema, MySQL)
+``_cdc.source`` string         ``{schema}.{table}`` (``{db}.{table}`` without a schema, MySQL;
+                               ``{db}.{collection}``, MongoDB)
 ``_cdc.target`` string         ``cdc.target.pattern`` with ``{db}`` and ``{table}`` filled in
                                (``{db}`` is the schema where there is one, as in the reference)
 ``_cdc.lsn``   long            PostgreSQL's ``source.lsn``
@@ -56,6 +57,7 @@ from icesink.shared.config import CDC_ROUTE_FIELDS
 
 if TYPE_CHECKING:
     from agents.formats.registry_values import RegistryValues
+    from agents.transforms.values import ValueChain
 
 __all__ = ["CDC_COLUMN", "CDC_TYPE", "DebeziumTransform"]
 
@@ -76,6 +78,7 @@ _SOURCE: Final = pa.struct([
     pa.field("db", pa.string()),
     pa.field("schema", pa.string()),
     pa.field("table", pa.string()),
+    pa.field("collection", pa.string()),  # MongoDB: its table
     pa.field("ts_ms", pa.int64()),
     pa.field("ts_us", pa.int64()),
     pa.field("lsn", pa.int64()),  # PostgreSQL
@@ -97,6 +100,10 @@ class DebeziumTransform:
     #: Schema-registry values (Debezium's AvroConverter): the events decoded per schema id, the
     #: registered ``Envelope`` schema stating the row image's types (as ``schemas`` does for JSON).
     registry: RegistryValues | None = field(default=None, compare=False, repr=False)
+    #: The reference's MongoDebeziumTransform listed before it (JSON with schemas, checked at
+    #: start): the events' extended-JSON ``before``/``after`` strings typed first
+    #: (agents/transforms/mongo.py), the row image the documents' fields.
+    mongo: ValueChain | None = field(default=None, compare=False, repr=False)
     _envelopes: Envelopes = field(default_factory=Envelopes, compare=False, repr=False)
 
     # Schemas ---------------------------------------------------------------------------------
@@ -115,6 +122,9 @@ class DebeziumTransform:
             envelopes = self.registry.wanted(values)
             images = _row_fields(envelopes[-1]) if envelopes else []
             return pa.schema([_nullable(f) for f in images] + [pa.field(CDC_COLUMN, CDC_TYPE)])
+        if self.mongo is not None:  # the documents' fields
+            typed = self.mongo.out_schema(pa.schema([pa.field("after", pa.string())]), values).field("after").type
+            return pa.schema([_nullable(f) for f in typed] + [pa.field(CDC_COLUMN, CDC_TYPE)])
         connect = _first_connect_schema(values) if self.schemas else None
         image = _row_connect_schema(connect) if connect is not None else None
         if connect is not None:
@@ -148,7 +158,7 @@ class DebeziumTransform:
     # Conversion ------------------------------------------------------------------------------
 
     def apply(self, values: Sequence[bytes], offsets: Sequence[int], schema: pa.Schema, *,
-              grow: Grow | None = None) -> Converted:
+              grow: Grow | None = None, keys: Sequence[bytes | None] = ()) -> Converted:
         """Change rows for ``values`` (Kafka offsets ``offsets``), in ``schema`` (the table's).
 
         With schemas, events are grouped by Connect schema (as the envelope format groups
@@ -160,6 +170,13 @@ class DebeziumTransform:
                 schema = grow([pa.schema(_row_fields(stated)) for stated in self.registry.wanted(values)])
             row = [f for f in schema if f.name != CDC_COLUMN]
             decoded = self.registry.convert(values, self._wrapper(row))
+        elif self.mongo is not None:  # the extended-JSON images typed into the wrapper's (no evolution: refused)
+            row = [f for f in schema if f.name != CDC_COLUMN]
+            wrapper = self._wrapper(row)
+            wire = self.mongo.in_schema(wrapper)
+            groups, not_envelopes = self._envelopes.group(values)
+            raw = decode_envelopes(groups, not_envelopes, wire, lambda _: wire, fold_case=self.fold_case)
+            decoded = self.mongo.apply(raw, wrapper, keys=keys)  # keys: a partial update's _id
         elif self.schemas:
             groups, not_envelopes = self._envelopes.group(values)
             if grow is not None:
@@ -216,7 +233,7 @@ class DebeziumTransform:
         )
         ts = micros.cast(pa.timestamp("us", tz="UTC"))
         db = pc.coalesce(source.field("schema"), source.field("db"))
-        table = source.field("table")
+        table = pc.coalesce(source.field("table"), source.field("collection"))
         lsn = source.field("lsn")
         binlog = pc.binary_join_element_wise(source.field("file"), source.field("pos").cast(pa.string()), ":")
         position = pc.coalesce(lsn.cast(pa.string()), binlog, source.field("change_lsn"), source.field("scn"))
@@ -266,6 +283,8 @@ class DebeziumTransform:
             image = pa.struct([inner])
         envelope = [pa.field("before", image), pa.field("after", image), pa.field("op", pa.string()),
                     pa.field("source", _SOURCE)]
+        if self.mongo is not None:  # extended-JSON images, not read: a _cdc field only (checked at start)
+            envelope = envelope[2:]
         if self.registry is not None:
             return self._registry_route_column(values, field, pa.schema(envelope))
         decoded = decode_json(values, pa.schema([pa.field("payload", pa.struct(envelope))] if self.schemas else envelope))
@@ -286,7 +305,8 @@ class DebeziumTransform:
 
     def _cdc_route(self, part: str, op: pa.Array, source: pa.StructArray) -> pa.Array:
         """The ``_cdc`` field ``part`` (target, source or op) as the transform will fill it."""
-        db, tbl = pc.coalesce(source.field("schema"), source.field("db")), source.field("table")
+        db = pc.coalesce(source.field("schema"), source.field("db"))
+        tbl = pc.coalesce(source.field("table"), source.field("collection"))
         if part == "target":
             return self._target(db, tbl)
         if part == "source":

@@ -88,9 +88,10 @@ class DebeziumRows:
     transform: DebeziumTransform
     values: Sequence[bytes]
     offsets: Sequence[int]
+    keys: Sequence[bytes | None] = ()  # MongoDebeziumTransform before it: a partial update's _id
 
     def __call__(self, schema: pa.Schema, grow: Grow | None) -> Converted:
-        return self.transform.apply(self.values, self.offsets, schema, grow=grow)
+        return self.transform.apply(self.values, self.offsets, schema, grow=grow, keys=self.keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,7 +276,8 @@ class BatchDecoder:
         if target is None:
             return self.format.convert(messages, values, None, epoch_unit=unit)
         schema, dbz = target.arrow_schema, self.debezium
-        rows = None if dbz is None else DebeziumRows(dbz, values, [m.offset for m in messages])
+        rows = None if dbz is None else DebeziumRows(dbz, values, [m.offset for m in messages],
+                                                            [m.key for m in messages] if dbz.mongo is not None else ())
         if self.evolver is None or self.format.raw is not None:  # string or bytes values: nothing to evolve
             return self.format.convert(messages, values, schema, epoch_unit=unit, decode_values=rows)
         keep = identifier_paths(target.table)

@@ -60,6 +60,7 @@ from agents.routing import Router
 from agents.table_lookup import GroupHistory, TableLookup
 from agents.tables import Target
 from agents.tasks import TaskOwner, supervise_coordinator
+from agents.transforms.values import mongo_before_debezium
 from icesink.shared import gc_tuning
 from icesink.shared.config import Settings
 from icesink.shared.control import ControlProducer, ControlReader, ensure_control_topic
@@ -132,7 +133,8 @@ class Worker:
                                      keys=None if keys is None else keys[0])
         pattern = settings.debezium_target_pattern
         debezium = None if pattern is None else DebeziumTransform(  # registry values: Debezium's Avro events
-            pattern, settings.value_converter_schemas_enable, settings.schema_case_insensitive, record_format.registry)
+            pattern, settings.value_converter_schemas_enable, settings.schema_case_insensitive, record_format.registry,
+            mongo=mongo_before_debezium(settings.transform_chain))
         self.exit_code = 0  # of the process, once run() returns
         self._stop = self.replica.stop
         self._owner = TaskOwner(lambda exc: self.fail(exc, exit_code=1))  # every background task, the coordinator too

@@ -92,14 +92,16 @@ class RecordFormat:
                     continue  # that record is a reject
             if schema is None:
                 return None
+            return self.with_extras(schema, values)
         else:
             inferred = infer_schema(values, timestamp_fields=timestamp_fields)
             schema = inferred if self.values else iceberg_schema(inferred)  # the transforms map Arrow types
         return self.with_extras(schema)
 
-    def with_extras(self, schema: pa.Schema | Schema) -> Schema:
+    def with_extras(self, schema: pa.Schema | Schema, values: Sequence[bytes] = ()) -> Schema:
         """An auto-created table's schema: the value columns, then the key and metadata columns.
-        Raises UnsupportedTypeError naming a column that cannot be filled or written."""
+        Raises UnsupportedTypeError naming a column that cannot be filled or written. ``values``:
+        the records', for a transform whose types are in them (MongoDebeziumTransform)."""
         extras = self.extras.iceberg_fields()
         if self.values:  # the value's fields after the transforms
             arrow = schema_to_pyarrow(schema, include_field_ids=False) if isinstance(schema, Schema) else schema
@@ -107,7 +109,7 @@ class RecordFormat:
             if key is not None:  # ValueToKey's key column: a struct of value fields
                 t = iceberg_schema(pa.schema([pa.field("key", key)])).fields[0].field_type
                 extras = [NestedField(0, f.name, t) if f.name == self.values.key_column else f for f in extras]
-            schema = self.values.out_schema(arrow)
+            schema = self.values.out_schema(arrow, values)
         schema = iceberg_schema(schema)
         check_schema(schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
         schema = assign_fresh_schema_ids(Schema(*schema.fields, *extras))
@@ -164,7 +166,8 @@ class RecordFormat:
             converted = decode_json(self.values.wrap(values), value_schema, epoch_unit=epoch_unit, fold_case=self.fold_case)
         if self.values and full is not None:
             own = pa.schema([f for f in full if f.name not in extra], metadata=full.metadata)
-            converted = self.values.apply(converted, own, self._key_type(full))
+            converted = self.values.apply(converted, own, self._key_type(full),
+                                          [m.key for m in messages] if self.values.needs_keys else ())
         if full is None or not extra:
             return converted
         columns, key_rejects = self.extras.columns(messages, full)

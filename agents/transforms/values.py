@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-import pyarrow as pa
-
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from agents.convert import Converted, Reject
 from agents.transforms.cast import Cast
@@ -22,15 +21,16 @@ from agents.transforms.copy_value import CopyValue
 from agents.transforms.dms import DmsTransform
 from agents.transforms.hoist_field import HoistField
 from agents.transforms.json_to_map import JsonToMap
+from agents.transforms.mongo import MongoDebezium
 from agents.transforms.replace_field import ReplaceField
 from agents.transforms.timestamp_converter import TimestampConverter
 from agents.transforms.unwrap import ExtractNewRecordState
 from agents.transforms.value_to_key import ValueToKey
 from icesink.shared.transform_settings import TransformSpec
 
-__all__ = ["ValueChain", "VALUE_KINDS"]
+__all__ = ["ValueChain", "VALUE_KINDS", "mongo_before_debezium"]
 
-VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "unwrap", "dms", "json-to-map", "cast",
+VALUE_KINDS = ("replace-field", "copy-value", "hoist-field", "unwrap", "dms", "json-to-map", "mongo-debezium", "cast",
                "timestamp-converter", "value-to-key")
 
 
@@ -47,7 +47,8 @@ class ValueChain:
     ExtractNewRecordState acts on them only, as Debezium (schemaless values pass it unchanged).
     A step with ``screen(table)`` drops and rejects records before its ``apply``; Cast's and
     TimestampConverter's records that do not convert are rejected at that step (a record fails
-    at its first step, as in Connect). ``key_column``: where ValueToKey's key lands."""
+    at its first step, as in Connect), as are MongoDebeziumTransform's (its ``convert``).
+    ``key_column``: where ValueToKey's key lands."""
 
     def __init__(self, specs: Sequence[TransformSpec], schemas: bool = True, key_column: str | None = None) -> None:
         self.steps: list[ValueStep] = []
@@ -59,6 +60,9 @@ class ValueChain:
                 self.steps.append(DmsTransform(s))
             elif s.kind == "json-to-map":
                 self.steps.append(JsonToMap(s))
+            elif s.kind == "mongo-debezium":
+                if not any(x.kind == "debezium" for x in specs):  # else DebeziumTransform's (agents/debezium.py)
+                    self.steps.append(MongoDebezium(s))
             elif s.kind == "replace-field":
                 self.steps.append(ReplaceField(s))
             elif s.kind == "copy-value":
@@ -77,15 +81,22 @@ class ValueChain:
     def __bool__(self) -> bool:
         return bool(self.steps)
 
+    @property
+    def needs_keys(self) -> bool:
+        """Whether :meth:`apply` reads the records' keys (MongoDebeziumTransform's partial updates)."""
+        return any(isinstance(x, MongoDebezium) for x in self.steps)
+
     def wrap(self, values: Sequence[bytes]) -> Sequence[bytes]:
         """The values as the JSON decode reads them (JsonToMapTransform's ``json.root``: each one
         the ``payload`` of an object); JsonToMap comes first (checked at start)."""
         first = self.steps[0] if self.steps else None
         return first.wrap(values) if isinstance(first, JsonToMap) else values
 
-    def out_schema(self, s: pa.Schema) -> pa.Schema:
+    def out_schema(self, s: pa.Schema, values: Sequence[bytes] = ()) -> pa.Schema:
+        """``values``: the raw values, for a step whose types are in them (MongoDebeziumTransform's
+        documents; it comes first, checked at start)."""
         for step in self.steps:
-            s = step.out_schema(s)
+            s = step.out_schema(s, values) if isinstance(step, MongoDebezium) else step.out_schema(s)
         return s
 
     def _to_key(self) -> ValueToKey | None:
@@ -114,9 +125,11 @@ class ValueChain:
     def in_schema(self, target: pa.Schema, key: pa.StructType | None = None) -> pa.Schema:
         return pa.schema(list(self.schemas(target, key)[0]), metadata=target.metadata)
 
-    def apply(self, converted: Converted, target: pa.Schema, key: pa.StructType | None = None) -> Converted:
+    def apply(self, converted: Converted, target: pa.Schema, key: pa.StructType | None = None,
+              keys: Sequence[bytes | None] = ()) -> Converted:
         """``converted`` (decoded against :meth:`in_schema` of ``target``) as ``target``'s columns
-        and, with ValueToKey and ``key``, the key column last."""
+        and, with ValueToKey and ``key``, the key column last. ``keys``: the records' keys by input
+        index, when :attr:`needs_keys` (MongoDebeziumTransform's ``_id`` of a partial update)."""
         table, indices, rejects = converted.table, converted.indices, list(converted.rejects)
         key_array: pa.Array | None = None
         last = self._to_key()
@@ -132,7 +145,16 @@ class ValueChain:
                     table, indices, key_array = _keep(~drop, table, indices, key_array)
             if step is last and isinstance(step, ValueToKey) and key is not None:
                 key_array = step.key(table, key)
-            if isinstance(step, (Cast, TimestampConverter)):
+            if isinstance(step, MongoDebezium):
+                at = indices.to_numpy(zero_copy_only=False)
+                table, bad = step.convert(table, out, [keys[i] for i in at] if keys else None)
+                drop = np.zeros(table.num_rows, dtype=bool)
+                for mask, reason, field in bad:
+                    rejects += [Reject(int(i), reason, field) for i in at[mask & ~drop]]
+                    drop |= mask
+                if drop.any():
+                    table, indices, key_array = _keep(~drop, table, indices, key_array)
+            elif isinstance(step, (Cast, TimestampConverter)):
                 table, failed = step.convert(table, out)
                 if failed:
                     at = indices.to_numpy(zero_copy_only=False)
@@ -157,3 +179,9 @@ def _keep(keep: npt.NDArray[np.bool_], table: pa.Table, indices: pa.Array,
     """The rows of ``keep`` of a batch in the chain: its columns, record indices and key."""
     mask = pa.array(keep)
     return table.filter(mask), indices.filter(mask), None if key_array is None else key_array.filter(mask)
+
+
+def mongo_before_debezium(specs: Sequence[TransformSpec]) -> ValueChain | None:
+    """MongoDebeziumTransform as DebeziumTransform runs it first (both listed, checked at start), or None."""
+    mongo = [s for s in specs if s.kind == "mongo-debezium"]
+    return ValueChain(mongo) if mongo and any(s.kind == "debezium" for s in specs) else None

@@ -348,8 +348,9 @@ def _check_transforms(s: Settings) -> None:
 
 
 def _check_cdc_transforms(s: Settings, chain: Any) -> None:
-    """ExtractNewRecordState, DmsTransform, JsonToMapTransform (agents/transforms/unwrap.py, dms.py, json_to_map.py)."""
-    cdc = [t for t in chain if t.kind in ("unwrap", "dms", "json-to-map")]
+    """ExtractNewRecordState, DmsTransform, JsonToMapTransform, MongoDebeziumTransform
+    (agents/transforms/unwrap.py, dms.py, json_to_map.py, mongo.py)."""
+    cdc = [t for t in chain if t.kind in ("unwrap", "dms", "json-to-map", "mongo-debezium")]
     if not cdc:
         return
     for t in cdc:
@@ -357,13 +358,19 @@ def _check_cdc_transforms(s: Settings, chain: Any) -> None:
             raise ConfigError(f"transforms.{t.name}.predicate", t.predicate.name,
                               f"unset: {t.props['type']} applies to every record here")
     first = cdc[0]
-    if any(t.kind == "debezium" for t in chain):
+    kinds = [t.kind for t in chain]
+    if first.kind == "mongo-debezium" and len(cdc) == 1 and "debezium" in kinds:
+        if kinds.index("debezium") < kinds.index("mongo-debezium"):
+            raise ConfigError("transforms", ",".join(s.transforms), f"{first.props['type']} before DebeziumTransform: "
+                              "it types the change events that one reads")
+    elif any(t.kind == "debezium" for t in chain):
         raise ConfigError("transforms", ",".join(s.transforms), "one of DebeziumTransform and "
                           f"{first.props['type']}: both read the change events")
     if s.evolve_schema:
         raise ConfigError("iceberg.tables.evolve-schema-enabled", "true", f"unset with {first.props['type']}: schema "
                           "evolution reads the values before the transforms (not supported yet)")
-    if s.route_field and s.route_field != "@topic":
+    mongo_cdc = first.kind == "mongo-debezium" and "debezium" in kinds and (s.route_field or "").startswith("_cdc.")
+    if s.route_field and s.route_field != "@topic" and not mongo_cdc:  # _cdc fields: read from op and source
         raise ConfigError("iceberg.tables.route-field", s.route_field, f"unset or @topic with {first.props['type']}: "
                           "routing reads the values before it (not supported yet)")
     for t in cdc:
@@ -376,6 +383,15 @@ def _check_cdc_transforms(s: Settings, chain: Any) -> None:
         if t.kind == "json-to-map" and set(before) - {"filter", "regex-router", "kafka-metadata", "insert-field"}:
             raise ConfigError("transforms", ",".join(s.transforms), f"{t.props['type']} before the transforms that "
                               "change values: they need an object, it makes one of the text")
+        if t.kind == "mongo-debezium" and set(before) - {"filter", "regex-router", "kafka-metadata", "insert-field"}:
+            raise ConfigError("transforms", ",".join(s.transforms), f"{t.props['type']} before the transforms that "
+                              "change values: they need its typed before/after")
+        if t.kind == "mongo-debezium" and (s.value_converter != JSON_CONVERTER or not s.value_converter_schemas_enable):
+            raise ConfigError("value.converter.schemas.enable" if s.value_converter == JSON_CONVERTER else "value.converter",
+                              "false" if s.value_converter == JSON_CONVERTER else s.value_converter,
+                              f"{JSON_CONVERTER} with value.converter.schemas.enable=true for {t.props['type']}: the "
+                              "reference reads Envelope-schema values only (others become tombstones); "
+                              "registry values not supported yet")
         if t.kind == "dms" and (s.value_converter != JSON_CONVERTER or s.value_converter_schemas_enable):
             raise ConfigError("value.converter.schemas.enable" if s.value_converter == JSON_CONVERTER
                               else "value.converter", "true" if s.value_converter == JSON_CONVERTER else s.value_converter,

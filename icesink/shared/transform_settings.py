@@ -48,6 +48,7 @@ TRANSFORMS: Final[Mapping[str, str]] = {
     f"{_CONNECT}Cast$Value": "cast",  # agents/transforms/cast.py
     f"{_CONNECT}TimestampConverter$Value": "timestamp-converter",  # agents/transforms/timestamp_converter.py
     **{f"{_CONNECT}{c}": kind for c, kind in KEY_TRANSFORMS.items()},  # refused with a key column (not yet)
+    **{f"{p}MongoDebeziumTransform": "mongo-debezium" for p in _REFERENCE},
 }
 #: Predicate class -> kind.
 PREDICATES: Final[Mapping[str, str]] = {
@@ -75,11 +76,14 @@ _OWN_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "timestamp-converter": (("field", "target.type", "format", "unix.precision", "replace.null.with.default"),
                             ("target.type",)),
     "value-to-key": (("fields", "replace.null.with.default"), ("fields",)),
+    "mongo-debezium": (("array_handling_mode",), ()),
 }
 _TRANSFORM_PROPS: Final[Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     **_OWN_PROPS, **{f"{k}-key": v for k, v in _OWN_PROPS.items()
                                            if k in ("cast", "timestamp-converter", "replace-field", "insert-field",
                                                     "hoist-field")}}
+#: MongoDebeziumTransform's array_handling_mode values.
+ARRAY_MODES: Final = ("array", "document")
 _PREDICATE_PROPS: Final[Mapping[str, tuple[str, ...]]] = {
     "topic-name-matches": ("pattern",),
     "has-header-key": ("name",),
@@ -202,6 +206,8 @@ def parse_chain(names: tuple[str, ...], props: Mapping[str, Mapping[str, str]],
             _bool(f"transforms.{name}.json.root", tp["json.root"])
         if kind.removesuffix("-key") in ("cast", "timestamp-converter"):
             check_conversion(name, kind, tp)
+        if kind == "mongo-debezium" and tp.get("array_handling_mode", "array").strip().lower() not in ARRAY_MODES:
+            raise ConfigError(f"transforms.{name}.array_handling_mode", tp["array_handling_mode"], f"one of {ARRAY_MODES}")
         if kind == "kafka-metadata" and "nested" in tp:
             _bool(f"transforms.{name}.nested", tp["nested"])
         chain.append(TransformSpec(name, kind, dict(tp), predicate, negate))
