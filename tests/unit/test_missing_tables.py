@@ -84,6 +84,8 @@ def worker(group_has_run: bool, monkeypatch, tables: dict[str, Target | None], s
     w.buffers.resume(P1, 0, now=0.0)
     w.replica.generation = 1
     monkeypatch.setattr(table_lookup_module, "load_target", lambda catalog, name, settings=None: tables.get(name))
+    # the refusal names a missing namespace too (agents/tables.py not_created): this catalog has every one
+    monkeypatch.setattr(table_lookup_module, "namespace_exists", lambda catalog, namespace: True)
     return w
 
 
