@@ -250,3 +250,7 @@ def test_hoist_then_cast_key_fields_and_a_whole_key_cast_of_the_key_text() -> No
                                      {"a": 4, "_key": {"order_id": -7}}]
     assert [(r.index, r.field) for r in out.rejects] == [(1, "_key")]
     assert "cannot be cast to int64" in out.rejects[0].reason
+    plain = pa.schema([("a", pa.int64()), ("_key", pa.string())])
+    with pytest.raises(ConfigError) as err:
+        fmt.convert(msgs[:1], values[:1], plain)  # a text key column cannot hold the hoisted key
+    assert err.value.key == "iceberg.tables.key-column"
