@@ -254,3 +254,13 @@ def test_hoist_then_cast_key_fields_and_a_whole_key_cast_of_the_key_text() -> No
     with pytest.raises(ConfigError) as err:
         fmt.convert(msgs[:1], values[:1], plain)  # a text key column cannot hold the hoisted key
     assert err.value.key == "iceberg.tables.key-column"
+
+
+def test_cast_key_of_a_value_to_key_field_that_is_a_struct_fails_its_record_as_connect() -> None:
+    keys = {"transforms": "v,c", "iceberg.tables.key-column": "_key",
+            "transforms.v.type": f"{C}ValueToKey", "transforms.v.fields": "id,o",
+            "transforms.c.type": f"{C}Cast$Key", "transforms.c.spec": "id:int32,o:string"}
+    values = [b'{"id":1.5,"o":{"x":1}}', b'{"id":7}']
+    _, out = run(values, **keys)
+    assert [r["_key"] for r in out.table.to_pylist()] == [{"id": 7, "o": None}]
+    assert [(r.index, r.field) for r in out.rejects] == [(0, "_key.o")]
