@@ -1,13 +1,14 @@
 """Kafka Connect's ``$Key`` transforms on the key column (``iceberg.tables.key-column``):
-``ReplaceField$Key``, ``HoistField$Key`` and ``Cast$Key``, column-wise on the key column as
+``ReplaceField$Key``, ``HoistField$Key``, ``Cast$Key`` and ``TimestampConverter$Key``, column-wise on the key column as
 Connect acts on the record key. They act after the chain's last ValueToKey (a key transform
 before it changes a key that ValueToKey then replaces).
 
 A struct key (ValueToKey's) is handled as a table of its fields, by the ``$Value`` steps
-(agents/transforms/replace_field.py, hoist_field.py, cast.py); a primitive key (the key's text
+(agents/transforms/replace_field.py, hoist_field.py, cast.py, timestamp_converter.py); a primitive key (the key's text
 or bytes as consumed) as a one-column table named :data:`WHOLE`. ``HoistField$Key`` wraps either
 into a struct of one field; ``Cast$Key`` casts fields of a struct key or (a spec without ``:``)
-the whole primitive key. :meth:`KeyChain.in_type` maps the table's key column type back to the
+the whole primitive key, and ``TimestampConverter$Key`` its ``field`` or (none) the whole
+primitive key. :meth:`KeyChain.in_type` maps the table's key column type back to the
 key as built, :meth:`KeyChain.out_type` forward (an auto-created table's column), and
 :meth:`KeyChain.apply` maps a key column; a key that Cast cannot cast fails its record."""
 
@@ -21,13 +22,14 @@ from agents.convert import struct_array
 from agents.transforms.cast import Cast, Failed
 from agents.transforms.hoist_field import HoistField
 from agents.transforms.replace_field import ReplaceField
+from agents.transforms.timestamp_converter import TimestampConverter
 from icesink.shared.errors import ConfigError
 from icesink.shared.transform_settings import TransformSpec
 
 __all__ = ["KeyChain", "KEY_KINDS", "WHOLE"]
 
 #: The kinds built here (the other $Key transforms are refused at start with a key column).
-KEY_KINDS = ("replace-field-key", "hoist-field-key", "cast-key")
+KEY_KINDS = ("replace-field-key", "hoist-field-key", "cast-key", "timestamp-converter-key")
 #: The one column of a primitive key seen as a table.
 WHOLE = "\x00key"
 
@@ -72,7 +74,7 @@ class _HoistKey(HoistField):
 class _StructOnly:
     """ReplaceField$Key and Cast$Key of fields need a struct key (Connect fails any other)."""
 
-    def __init__(self, step: ReplaceField | Cast, name: str) -> None:
+    def __init__(self, step: ReplaceField | Cast | TimestampConverter, name: str) -> None:
         self.step, self.name = step, name
 
     def _check(self, s: pa.Schema) -> None:
@@ -93,7 +95,7 @@ class KeyChain:
 
     def __init__(self, specs: Sequence[TransformSpec]) -> None:
         last = max((i for i, s in enumerate(specs) if s.kind == "value-to-key"), default=-1)
-        self.steps: list[_HoistKey | _StructOnly | Cast] = []
+        self.steps: list[_HoistKey | _StructOnly | Cast | TimestampConverter] = []
         for s in specs[last + 1:]:
             if s.kind == "hoist-field-key":
                 self.steps.append(_HoistKey(s))
@@ -105,6 +107,10 @@ class KeyChain:
                 if whole:
                     cast.casts = {WHOLE: s.props["spec"].strip().lower()}
                 self.steps.append(cast if whole else _StructOnly(cast, s.name))
+            elif s.kind == "timestamp-converter-key":
+                conv = TimestampConverter(s)
+                conv.field = conv.field or WHOLE
+                self.steps.append(conv if conv.field == WHOLE else _StructOnly(conv, s.name))
 
     def __bool__(self) -> bool:
         return bool(self.steps)
@@ -133,7 +139,7 @@ class KeyChain:
         failed: Failed = []
         for step, out in zip(self.steps, self._schemas(t)[1:], strict=True):
             inner = step.step if isinstance(step, _StructOnly) else step
-            if isinstance(inner, Cast):
+            if isinstance(inner, (Cast, TimestampConverter)):
                 table, bad = inner.convert(table, out)
                 failed += [(row, reason, "" if name == WHOLE else name) for row, reason, name in bad]
             else:

@@ -289,9 +289,6 @@ def _check_key_transform(s: Settings, chain: tuple[TransformSpec, ...], t: Trans
     if t.kind == "insert-field-key":
         raise ConfigError(f"{key}.type", type_, "unset with iceberg.tables.key-column: InsertField$Key on the key "
                           "column is not built yet")
-    if t.kind == "timestamp-converter-key":
-        raise ConfigError(f"{key}.type", type_, "unset with iceberg.tables.key-column: TimestampConverter$Key on "
-                          "the key column is not built yet")
     if t.predicate is not None:
         raise ConfigError(f"{key}.predicate", t.predicate.name, f"unset: {type_} applies to every record's key "
                           "here (a predicate on a key transform is not built yet)")
@@ -299,11 +296,14 @@ def _check_key_transform(s: Settings, chain: tuple[TransformSpec, ...], t: Trans
         raise ConfigError(f"{key}.type", type_, "unset with a schema-registry key.converter and "
                           "iceberg.tables.key-column: $Key transforms on registry keys are not built yet")
     struct = any(c.kind in ("value-to-key", "hoist-field-key") for c in before)
-    whole = t.kind == "cast-key" and ":" not in t.props["spec"]
+    whole = (t.kind == "cast-key" and ":" not in t.props["spec"]) or (
+        t.kind == "timestamp-converter-key" and not t.props.get("field"))
     if whole and struct:
-        raise ConfigError(f"{key}.spec", t.props["spec"], "field:type pairs: the key is a struct here (a ValueToKey "
-                          "or HoistField$Key before it), and Kafka Connect fails casting a whole struct")
-    if t.kind in ("replace-field-key", "cast-key") and not whole and not struct:
+        prop = "spec" if t.kind == "cast-key" else "field"
+        raise ConfigError(f"{key}.{prop}", t.props.get(prop), f"{'field:type pairs' if prop == 'spec' else 'a field'}: "
+                          "the key is a struct here (a ValueToKey or HoistField$Key before it), and Kafka Connect "
+                          "fails converting a whole struct")
+    if t.kind in ("replace-field-key", "cast-key", "timestamp-converter-key") and not whole and not struct:
         raise ConfigError(f"{key}.type", type_, "a ValueToKey or HoistField$Key before it: the key column is the "
                           f"key's text or bytes as consumed, not a struct, and Connect's {type_.split('.')[-1]} "
                           "fails every record with another key")

@@ -161,8 +161,11 @@ def test_timestamp_converter_reads_unix_times_and_strings_as_connect(target: str
      "transforms.x.type"),
     ({"transforms.x.type": f"{C}InsertField$Key", "transforms.x.topic.field": "t", "iceberg.tables.key-column": "k"},
      "transforms.x.type"),
-    ({"transforms.x.type": f"{C}TimestampConverter$Key", "transforms.x.target.type": "unix",
-      "iceberg.tables.key-column": "k"}, "transforms.x.type"),
+    ({"transforms.x.type": f"{C}TimestampConverter$Key", "transforms.x.target.type": "unix", "transforms.x.field": "t",
+      "iceberg.tables.key-column": "k"}, "transforms.x.type"),  # no struct key to take a field of
+    ({"transforms": "h,x", "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "f",
+      "transforms.x.type": f"{C}TimestampConverter$Key", "transforms.x.target.type": "unix",
+      "iceberg.tables.key-column": "k"}, "transforms.x.field"),  # Connect fails a whole struct
     ({"transforms": "h,x", "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "f",
       "transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int64", "iceberg.tables.key-column": "k"},
      "transforms.x.spec"),  # Connect fails a whole struct cast
@@ -264,3 +267,33 @@ def test_cast_key_of_a_value_to_key_field_that_is_a_struct_fails_its_record_as_c
     _, out = run(values, **keys)
     assert [r["_key"] for r in out.table.to_pylist()] == [{"id": 7, "o": None}]
     assert [(r.index, r.field) for r in out.rejects] == [(0, "_key.o")]
+
+
+def test_timestamp_converter_key_converts_the_whole_key_text_or_a_field_of_value_to_keys_struct() -> None:
+    import datetime as dt
+
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    from agents.formats import RecordFormat
+    keys = {"transforms": "t,h", "iceberg.tables.key-column": "_key",
+            "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+            "transforms.t.type": f"{C}TimestampConverter$Key", "transforms.t.target.type": "Timestamp",
+            "transforms.t.unix.precision": "seconds",
+            "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "at"}
+    fmt = RecordFormat(settings(**keys))
+    values = [b'{"a":1}', b'{"a":2}']
+    target = schema_to_pyarrow(fmt.table_schema(values), include_field_ids=False)
+    assert target.field("_key").type == pa.struct([pa.field("at", pa.timestamp("us", tz="UTC"))])
+    out = fmt.convert([Msg(v, offset=i, key=k) for i, (v, k) in enumerate(zip(values, [b"1700000000", b"soon"]))],
+                      values, target)
+    assert out.table.to_pylist() == [{"a": 1, "_key": {"at": dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC)}}]
+    assert [(r.index, r.field) for r in out.rejects] == [(1, "_key")]
+
+    keys = {"transforms": "v,t", "iceberg.tables.key-column": "_key",
+            "transforms.v.type": f"{C}ValueToKey", "transforms.v.fields": "id,day",
+            "transforms.t.type": f"{C}TimestampConverter$Key", "transforms.t.field": "day",
+            "transforms.t.target.type": "Date", "transforms.t.unix.precision": "seconds"}
+    target, out = run([b'{"id":1,"day":1700000000}', b'{"id":2,"day":true}'], **keys)
+    assert target.field("_key").type == pa.struct([pa.field("id", pa.int64()), pa.field("day", pa.date32())])
+    assert [r["_key"] for r in out.table.to_pylist()] == [{"id": 1, "day": dt.date(2023, 11, 14)}]
+    assert [(r.index, r.field) for r in out.rejects] == [(1, "_key.day")]
