@@ -17,7 +17,7 @@ from pyiceberg.types import NestedField
 from agents.convert import Converted, EpochUnit, Reject, check_schema, decode_json, infer_schema
 from agents.formats.connect_schema import ConnectSchemaError, connect_arrow_schema, connect_iceberg_schema
 from agents.formats.envelopes import Envelopes, decode_envelopes, split_envelope
-from agents.formats.extras import Extras, assemble
+from agents.formats.extras import Extras, assemble, metadata_arrays
 from agents.formats.raw import RawValues
 from agents.formats.registry_keys import RegistryKeys
 from agents.formats.registry_values import RegistryValues
@@ -179,7 +179,7 @@ class RecordFormat:
             return converted
         columns, key_rejects = self.extras.columns(messages, full)
         assert real is not None
-        return self._key_transforms(assemble(converted, columns, key_rejects, full), real)
+        return self._key_transforms(assemble(converted, columns, key_rejects, full), real, messages)
 
     def _built(self, target: pa.Schema | None) -> pa.Schema | None:
         """``target`` with its key column as the key is built before the $Key transforms."""
@@ -190,14 +190,16 @@ class RecordFormat:
         built = target.set(i, target.field(i).with_type(self.key_chain.in_type(target.field(i).type)))
         return built.with_metadata(target.metadata) if target.metadata else built
 
-    def _key_transforms(self, converted: Converted, target: pa.Schema) -> Converted:
+    def _key_transforms(self, converted: Converted, target: pa.Schema, messages: Sequence[Any]) -> Converted:
         """``converted`` with its key column through the $Key transforms; a key Cast fails is a reject."""
         name = self.extras.key_column
         if not self.key_chain or name is None or name not in converted.table.column_names:
             return converted
         table = converted.table
         i = table.schema.get_field_index(name)
-        keys, failed = self.key_chain.apply(table.column(i).combine_chunks(), target.field(name).type)
+        wanted = self.key_chain.metadata()
+        meta = {k: v.take(converted.indices) for k, v in metadata_arrays(messages, wanted).items()} if wanted else {}
+        keys, failed = self.key_chain.apply(table.column(i).combine_chunks(), target.field(name).type, meta)
         table = table.set_column(i, target.field(name), keys)
         rejects, indices = list(converted.rejects), converted.indices
         if failed:

@@ -1,20 +1,22 @@
 """Kafka Connect's ``$Key`` transforms on the key column (``iceberg.tables.key-column``):
-``ReplaceField$Key``, ``HoistField$Key``, ``Cast$Key`` and ``TimestampConverter$Key``, column-wise on the key column as
-Connect acts on the record key. They act after the chain's last ValueToKey (a key transform
-before it changes a key that ValueToKey then replaces).
+``ReplaceField$Key``, ``HoistField$Key``, ``InsertField$Key``, ``Cast$Key`` and
+``TimestampConverter$Key``, column-wise on the key column as Connect acts on the record key. They
+act after the chain's last ValueToKey (a key transform before it changes a key that ValueToKey
+then replaces).
 
 A struct key (ValueToKey's) is handled as a table of its fields, by the ``$Value`` steps
-(agents/transforms/replace_field.py, hoist_field.py, cast.py, timestamp_converter.py); a primitive key (the key's text
-or bytes as consumed) as a one-column table named :data:`WHOLE`. ``HoistField$Key`` wraps either
-into a struct of one field; ``Cast$Key`` casts fields of a struct key or (a spec without ``:``)
-the whole primitive key, and ``TimestampConverter$Key`` its ``field`` or (none) the whole
-primitive key. :meth:`KeyChain.in_type` maps the table's key column type back to the
-key as built, :meth:`KeyChain.out_type` forward (an auto-created table's column), and
-:meth:`KeyChain.apply` maps a key column; a key that Cast cannot cast fails its record."""
+(agents/transforms/replace_field.py, hoist_field.py, cast.py, timestamp_converter.py); a
+primitive key (the key's text or bytes as consumed) as a one-column table named :data:`WHOLE`.
+``HoistField$Key`` wraps either into a struct of one field; ``Cast$Key`` casts fields of a struct
+key or (a spec without ``:``) the whole primitive key, ``TimestampConverter$Key`` its ``field``
+or (none) the whole primitive key; ``InsertField$Key`` adds the record's metadata to a struct
+key. :meth:`KeyChain.in_type` maps the table's key column type back to the key as built,
+:meth:`KeyChain.out_type` forward (an auto-created table's column), and :meth:`KeyChain.apply`
+maps a key column; a key that Cast or TimestampConverter cannot convert fails its record."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
@@ -29,7 +31,10 @@ from icesink.shared.transform_settings import TransformSpec
 __all__ = ["KeyChain", "KEY_KINDS", "WHOLE"]
 
 #: The kinds built here (the other $Key transforms are refused at start with a key column).
-KEY_KINDS = ("replace-field-key", "hoist-field-key", "cast-key", "timestamp-converter-key")
+KEY_KINDS = ("replace-field-key", "hoist-field-key", "cast-key", "timestamp-converter-key", "insert-field-key")
+#: InsertField's sources and the types of the fields they add (as InsertField$Value's columns).
+INSERT_TYPES = {"topic": pa.string(), "partition": pa.int32(), "offset": pa.int64(),
+                "timestamp": pa.timestamp("us", tz="UTC"), "static": pa.string()}
 #: The one column of a primitive key seen as a table.
 WHOLE = "\x00key"
 
@@ -71,10 +76,44 @@ class _HoistKey(HoistField):
         return pa.Table.from_arrays([_as_array(table).cast(out.field(0).type)], schema=out)
 
 
+class _InsertKey:
+    """InsertField$Key: a struct key with the record's topic, partition, offset, timestamp and a
+    static value appended as fields, in Connect's order (``!``: required; ``?``, the default: optional)."""
+
+    def __init__(self, spec: TransformSpec) -> None:
+        self.fields: list[tuple[pa.Field, str]] = []  # (field, source)
+        for what in INSERT_TYPES:
+            raw = spec.props.get(f"{what}.field")
+            if raw:
+                f = pa.field(raw.rstrip("!?"), INSERT_TYPES[what], nullable=not raw.endswith("!"))
+                self.fields.append((f, f"static:{spec.props['static.value']}" if what == "static" else what))
+        self.names = {f.name for f, _ in self.fields}
+
+    def out_schema(self, s: pa.Schema) -> pa.Schema:
+        return pa.schema([*s, *(f for f, _ in self.fields)])
+
+    def in_schema(self, t: pa.Schema) -> pa.Schema:
+        return pa.schema([f for f in t if f.name not in self.names])
+
+    def apply(self, table: pa.Table, out: pa.Schema, meta: Mapping[str, pa.Array]) -> pa.Table:
+        added: dict[str, pa.Array] = {}
+        for f, source in self.fields:
+            if source.startswith("static:"):
+                added[f.name] = pa.repeat(pa.scalar(source[len("static:"):], pa.string()), table.num_rows)
+            elif source == "timestamp":  # epoch ms, null where the record has none
+                added[f.name] = meta[source].cast(pa.timestamp("ms", tz="UTC"))
+            else:
+                added[f.name] = meta[source]
+        arrays = [added[f.name].cast(f.type) if f.name in added
+                  else table.column(f.name).combine_chunks().cast(f.type) if f.name in table.column_names
+                  else pa.nulls(table.num_rows, f.type) for f in out]
+        return pa.Table.from_arrays(arrays, schema=out)
+
+
 class _StructOnly:
     """ReplaceField$Key and Cast$Key of fields need a struct key (Connect fails any other)."""
 
-    def __init__(self, step: ReplaceField | Cast | TimestampConverter, name: str) -> None:
+    def __init__(self, step: ReplaceField | Cast | TimestampConverter | _InsertKey, name: str) -> None:
         self.step, self.name = step, name
 
     def _check(self, s: pa.Schema) -> None:
@@ -107,6 +146,8 @@ class KeyChain:
                 if whole:
                     cast.casts = {WHOLE: s.props["spec"].strip().lower()}
                 self.steps.append(cast if whole else _StructOnly(cast, s.name))
+            elif s.kind == "insert-field-key":
+                self.steps.append(_StructOnly(_InsertKey(s), s.name))
             elif s.kind == "timestamp-converter-key":
                 conv = TimestampConverter(s)
                 conv.field = conv.field or WHOLE
@@ -114,6 +155,11 @@ class KeyChain:
 
     def __bool__(self) -> bool:
         return bool(self.steps)
+
+    def metadata(self) -> set[str]:
+        """The Kafka metadata InsertField$Key adds (topic, partition, offset, timestamp)."""
+        return {source for step in self.steps if isinstance(step, _StructOnly) and isinstance(step.step, _InsertKey)
+                for _, source in step.step.fields if not source.startswith("static:")}
 
     def out_type(self, t: pa.DataType) -> pa.DataType:
         """The key column's type for a key built as ``t``."""
@@ -132,9 +178,11 @@ class KeyChain:
         """The key to build for a table whose key column is ``t``."""
         return _as_type(self._schemas(t)[0])
 
-    def apply(self, keys: pa.Array, t: pa.DataType) -> tuple[pa.Array, Failed]:
-        """``keys`` (built as :meth:`in_type` of ``t``) as the key column ``t``; the rows Cast
-        could not cast (row, reason, field of the key; "" for the whole key)."""
+    def apply(self, keys: pa.Array, t: pa.DataType,
+              meta: Mapping[str, pa.Array] | None = None) -> tuple[pa.Array, Failed]:
+        """``keys`` (built as :meth:`in_type` of ``t``) as the key column ``t``; the rows Cast or
+        TimestampConverter could not convert (row, reason, field of the key; "" for the whole
+        key). ``meta``: :meth:`metadata`'s arrays for the rows of ``keys``."""
         table = _as_table(keys)
         failed: Failed = []
         for step, out in zip(self.steps, self._schemas(t)[1:], strict=True):
@@ -142,6 +190,8 @@ class KeyChain:
             if isinstance(inner, (Cast, TimestampConverter)):
                 table, bad = inner.convert(table, out)
                 failed += [(row, reason, "" if name == WHOLE else name) for row, reason, name in bad]
+            elif isinstance(inner, _InsertKey):
+                table = inner.apply(table, out, meta or {})
             else:
                 table = inner.apply(table, out)
         return _as_array(table), failed

@@ -286,9 +286,9 @@ def _check_key_transform(s: Settings, chain: tuple[TransformSpec, ...], t: Trans
     before = chain[:chain.index(t)]
     if any(c.kind == "value-to-key" for c in chain[chain.index(t) + 1:]):
         return  # ValueToKey replaces the key it changed, as in Connect
-    if t.kind == "insert-field-key":
-        raise ConfigError(f"{key}.type", type_, "unset with iceberg.tables.key-column: InsertField$Key on the key "
-                          "column is not built yet")
+    if t.kind == "insert-field-key" and t.props.get("topic.field") and any(c.kind == "regex-router" for c in before):
+        raise ConfigError("transforms", ",".join(s.transforms), "InsertField$Key before any RegexRouter: its topic "
+                          "field records the topic as consumed (routing still sees the new one)")
     if t.predicate is not None:
         raise ConfigError(f"{key}.predicate", t.predicate.name, f"unset: {type_} applies to every record's key "
                           "here (a predicate on a key transform is not built yet)")
@@ -303,7 +303,8 @@ def _check_key_transform(s: Settings, chain: tuple[TransformSpec, ...], t: Trans
         raise ConfigError(f"{key}.{prop}", t.props.get(prop), f"{'field:type pairs' if prop == 'spec' else 'a field'}: "
                           "the key is a struct here (a ValueToKey or HoistField$Key before it), and Kafka Connect "
                           "fails converting a whole struct")
-    if t.kind in ("replace-field-key", "cast-key", "timestamp-converter-key") and not whole and not struct:
+    if t.kind in ("replace-field-key", "cast-key", "timestamp-converter-key", "insert-field-key") and not whole \
+            and not struct:
         raise ConfigError(f"{key}.type", type_, "a ValueToKey or HoistField$Key before it: the key column is the "
                           f"key's text or bytes as consumed, not a struct, and Connect's {type_.split('.')[-1]} "
                           "fails every record with another key")

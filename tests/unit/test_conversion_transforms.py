@@ -160,7 +160,11 @@ def test_timestamp_converter_reads_unix_times_and_strings_as_connect(target: str
     ({"transforms.x.type": f"{C}ReplaceField$Key", "transforms.x.renames": "a:b", "iceberg.tables.key-column": "k"},
      "transforms.x.type"),
     ({"transforms.x.type": f"{C}InsertField$Key", "transforms.x.topic.field": "t", "iceberg.tables.key-column": "k"},
-     "transforms.x.type"),
+     "transforms.x.type"),  # no struct key to add a field to
+    ({"transforms": "r,h,x", "transforms.r.type": f"{C}RegexRouter", "transforms.r.regex": "a", "transforms.r.replacement": "b",
+      "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "f",
+      "transforms.x.type": f"{C}InsertField$Key", "transforms.x.topic.field": "t", "iceberg.tables.key-column": "k"},
+     "transforms"),
     ({"transforms.x.type": f"{C}TimestampConverter$Key", "transforms.x.target.type": "unix", "transforms.x.field": "t",
       "iceberg.tables.key-column": "k"}, "transforms.x.type"),  # no struct key to take a field of
     ({"transforms": "h,x", "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "f",
@@ -297,3 +301,28 @@ def test_timestamp_converter_key_converts_the_whole_key_text_or_a_field_of_value
     assert target.field("_key").type == pa.struct([pa.field("id", pa.int64()), pa.field("day", pa.date32())])
     assert [r["_key"] for r in out.table.to_pylist()] == [{"id": 1, "day": dt.date(2023, 11, 14)}]
     assert [(r.index, r.field) for r in out.rejects] == [(1, "_key.day")]
+
+
+def test_insert_field_key_adds_the_records_metadata_and_a_static_value_to_a_struct_key() -> None:
+    import datetime as dt
+
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    from agents.formats import RecordFormat
+    keys = {"transforms": "h,i", "iceberg.tables.key-column": "_key",
+            "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "k",
+            "transforms.i.type": f"{C}InsertField$Key", "transforms.i.topic.field": "t!",
+            "transforms.i.partition.field": "p", "transforms.i.offset.field": "o",
+            "transforms.i.timestamp.field": "ts", "transforms.i.static.field": "s", "transforms.i.static.value": "v"}
+    fmt = RecordFormat(settings(**keys))
+    values = [b'{"a":1}', b'{"a":2}']
+    target = schema_to_pyarrow(fmt.table_schema(values), include_field_ids=False)
+    assert [(f.name, str(f.type)) for f in target.field("_key").type] == [
+        ("k", "large_string"), ("t", "large_string"), ("p", "int32"), ("o", "int64"),
+        ("ts", "timestamp[us, tz=UTC]"), ("s", "large_string")]
+    msgs = [Msg(values[0], offset=7, key=b"x", partition=3, timestamp=1_700_000_000_000),
+            Msg(values[1], offset=8, key=None, partition=3, timestamp=None)]
+    out = fmt.convert(msgs, values, target)
+    assert [r["_key"] for r in out.table.to_pylist()] == [
+        {"k": "x", "t": "orders", "p": 3, "o": 7, "ts": dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC), "s": "v"},
+        {"k": None, "t": "orders", "p": 3, "o": 8, "ts": None, "s": "v"}]
