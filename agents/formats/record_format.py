@@ -114,6 +114,10 @@ class RecordFormat:
             schema = self.values.out_schema(arrow)
         if self.key_chain and self.values.key_column is None:  # the key as consumed, through the $Key transforms
             built = pa.binary() if self.extras.key_binary else pa.string()
+            if self.extras.registry_keys is not None:  # the key schema's type
+                found = next(f.field_type for f in extras if f.name == self.extras.key_column)
+                one = assign_fresh_schema_ids(Schema(NestedField(0, "key", found, required=False)))
+                built = schema_to_pyarrow(one, include_field_ids=False).field(0).type
             t = iceberg_schema(pa.schema([pa.field("key", self.key_chain.out_type(built))])).fields[0].field_type
             extras = [NestedField(0, f.name, t) if f.name == self.extras.key_column else f for f in extras]
         schema = iceberg_schema(schema)
@@ -212,7 +216,7 @@ class RecordFormat:
             keep = np.ones(table.num_rows, np.bool_)
             keep[list(first)] = False
             table, indices = table.filter(pa.array(keep)), indices.filter(pa.array(keep))
-        return Converted(table.cast(target), indices, tuple(rejects))
+        return Converted(table if table.schema.equals(target) else table.cast(target), indices, tuple(rejects))
 
     def _key_type(self, schema: pa.Schema) -> pa.StructType | None:
         """ValueToKey's key column type in a table of ``schema`` (None: no ValueToKey or column)."""

@@ -53,11 +53,18 @@ def _as_table(arr: pa.Array) -> pa.Table:
     return pa.Table.from_arrays([arr], schema=_as_schema(arr.type))
 
 
-def _as_array(table: pa.Table) -> pa.Array:
+def _as_array(table: pa.Table, null: pa.Array | None = None) -> pa.Array:
+    """``table`` as the key; ``null``: where a struct key is null (its fields then are too)."""
     t = _as_type(table.schema)
     if not pa.types.is_struct(t):
         return table.column(0).combine_chunks()
-    return struct_array([c.combine_chunks() for c in table.columns], t, table.num_rows)
+    return struct_array([c.combine_chunks() for c in table.columns], t, table.num_rows, mask=null)
+
+
+def _fit(arr: pa.Array, t: pa.DataType) -> pa.Array:
+    """``arr`` as ``t`` (no cast when it is: Arrow refuses to view a struct with null rows and a
+    required field as its own type)."""
+    return arr if arr.type.equals(t) else arr.cast(t)
 
 
 class _HoistKey(HoistField):
@@ -72,8 +79,8 @@ class _HoistKey(HoistField):
                               "that HoistField$Key makes")
         return _as_schema(t.field(self.field).type)
 
-    def apply(self, table: pa.Table, out: pa.Schema) -> pa.Table:
-        return pa.Table.from_arrays([_as_array(table).cast(out.field(0).type)], schema=out)
+    def apply(self, table: pa.Table, out: pa.Schema, null: pa.Array | None = None) -> pa.Table:
+        return pa.Table.from_arrays([_fit(_as_array(table, null), out.field(0).type)], schema=out)
 
 
 class _InsertKey:
@@ -104,8 +111,8 @@ class _InsertKey:
                 added[f.name] = meta[source].cast(pa.timestamp("ms", tz="UTC"))
             else:
                 added[f.name] = meta[source]
-        arrays = [added[f.name].cast(f.type) if f.name in added
-                  else table.column(f.name).combine_chunks().cast(f.type) if f.name in table.column_names
+        arrays = [_fit(added[f.name], f.type) if f.name in added
+                  else _fit(table.column(f.name).combine_chunks(), f.type) if f.name in table.column_names
                   else pa.nulls(table.num_rows, f.type) for f in out]
         return pa.Table.from_arrays(arrays, schema=out)
 
@@ -184,6 +191,9 @@ class KeyChain:
         TimestampConverter could not convert (row, reason, field of the key; "" for the whole
         key). ``meta``: :meth:`metadata`'s arrays for the rows of ``keys``."""
         table = _as_table(keys)
+        # a null struct key stays null through ReplaceField, InsertField, Cast and TimestampConverter
+        # (Connect passes a null key); HoistField makes it a struct of one null field
+        null = keys.is_null() if pa.types.is_struct(keys.type) and keys.null_count else None
         failed: Failed = []
         for step, out in zip(self.steps, self._schemas(t)[1:], strict=True):
             inner = step.step if isinstance(step, _StructOnly) else step
@@ -192,6 +202,8 @@ class KeyChain:
                 failed += [(row, reason, "" if name == WHOLE else name) for row, reason, name in bad]
             elif isinstance(inner, _InsertKey):
                 table = inner.apply(table, out, meta or {})
+            elif isinstance(inner, _HoistKey):
+                table, null = inner.apply(table, out, null), None
             else:
                 table = inner.apply(table, out)
-        return _as_array(table), failed
+        return _as_array(table, null), failed

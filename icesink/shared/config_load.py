@@ -292,10 +292,12 @@ def _check_key_transform(s: Settings, chain: tuple[TransformSpec, ...], t: Trans
     if t.predicate is not None:
         raise ConfigError(f"{key}.predicate", t.predicate.name, f"unset: {type_} applies to every record's key "
                           "here (a predicate on a key transform is not built yet)")
-    if is_registry_converter(s.key_converter) and not any(c.kind == "value-to-key" for c in before):
+    if is_registry_converter(s.key_converter) and t.kind in ("cast-key", "timestamp-converter-key") and not any(
+            c.kind == "value-to-key" for c in before):
         raise ConfigError(f"{key}.type", type_, "unset with a schema-registry key.converter and "
-                          "iceberg.tables.key-column: $Key transforms on registry keys are not built yet")
-    struct = any(c.kind in ("value-to-key", "hoist-field-key") for c in before)
+                          f"iceberg.tables.key-column: {type_.split('.')[-1]} on registry keys is not built yet")
+    # a registry key is a struct when its schema is one (a record, message, object): known per record
+    struct = is_registry_converter(s.key_converter) or any(c.kind in ("value-to-key", "hoist-field-key") for c in before)
     whole = (t.kind == "cast-key" and ":" not in t.props["spec"]) or (
         t.kind == "timestamp-converter-key" and not t.props.get("field"))
     if whole and struct:

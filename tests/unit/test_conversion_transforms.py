@@ -173,7 +173,7 @@ def test_timestamp_converter_reads_unix_times_and_strings_as_connect(target: str
     ({"transforms": "h,x", "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "f",
       "transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int64", "iceberg.tables.key-column": "k"},
      "transforms.x.spec"),  # Connect fails a whole struct cast
-    ({"transforms.x.type": f"{C}HoistField$Key", "transforms.x.field": "f", "iceberg.tables.key-column": "k",
+    ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "id:int8", "iceberg.tables.key-column": "k",
       "key.converter": "io.confluent.connect.avro.AvroConverter", "key.converter.schema.registry.url": "http://127.0.0.1:1"},
      "transforms.x.type"),
     ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int64", "iceberg.tables.key-column": "k",
