@@ -95,7 +95,7 @@ class Extras:
             out[self.key_column], rejects = self._keys(messages, target.field(self.key_column).type)
         if self.inserted:
             present = [(name, source) for name, source, _ in self.inserted if name in names]
-            meta_of = _metadata_arrays(messages, {s for _, s in present if not s.startswith("static:")})
+            meta_of = metadata_arrays(messages, {s for _, s in present if not s.startswith("static:")})
             for name, source in present:
                 t = target.field(name).type
                 if source.startswith("static:"):
@@ -107,7 +107,7 @@ class Extras:
         wanted = {k for k in self._meta() if (self.metadata if self.nested else f"{self.metadata}_{k}") in names}
         if not wanted:
             return out, rejects
-        meta = _metadata_arrays(messages, wanted if not self.nested else set(self._meta()))
+        meta = metadata_arrays(messages, wanted if not self.nested else set(self._meta()))
         if self.nested:
             t = target.field(self.metadata).type
             if not pa.types.is_struct(t):
@@ -163,7 +163,7 @@ def bytes_column(raw: Sequence[bytes | None], t: pa.DataType, what: str, column:
     return pa.array(text, t), rejects
 
 
-def _metadata_arrays(messages: Sequence[Any], wanted: set[str]) -> dict[str, pa.Array]:
+def metadata_arrays(messages: Sequence[Any], wanted: set[str]) -> dict[str, pa.Array]:
     n = len(messages)
     out: dict[str, pa.Array] = {}
     if "topic" in wanted:

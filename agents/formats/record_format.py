@@ -8,18 +8,20 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
+import numpy as np
 import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import NestedField
 
-from agents.convert import Converted, EpochUnit, check_schema, decode_json, infer_schema
+from agents.convert import Converted, EpochUnit, Reject, check_schema, decode_json, infer_schema
 from agents.formats.connect_schema import ConnectSchemaError, connect_arrow_schema, connect_iceberg_schema
 from agents.formats.envelopes import Envelopes, decode_envelopes, split_envelope
-from agents.formats.extras import Extras, assemble
+from agents.formats.extras import Extras, assemble, metadata_arrays
 from agents.formats.raw import RawValues
 from agents.formats.registry_keys import RegistryKeys
 from agents.formats.registry_values import RegistryValues
+from agents.transforms.keys import KeyChain
 from agents.transforms.values import ValueChain
 from icesink.shared.config import BYTES_CONVERTER, JSON_CONVERTER, Settings
 from icesink.shared.errors import ConfigError
@@ -63,6 +65,8 @@ class RecordFormat:
         #: columns; ValueToKey's key column with them.
         self.values = ValueChain(settings.transform_chain, schemas=self.envelope or registry is not None,
                                  key_column=settings.key_column)
+        #: The $Key transforms on the key column (agents/transforms/keys.py), after the last ValueToKey.
+        self.key_chain = KeyChain(settings.transform_chain) if settings.key_column else KeyChain(())
         self.plain = json and not self.envelope and not self.extras.names() and not self.values
         self.fold_case = settings.schema_case_insensitive
         self._envelopes = Envelopes()
@@ -107,9 +111,17 @@ class RecordFormat:
             arrow = schema_to_pyarrow(schema, include_field_ids=False) if isinstance(schema, Schema) else schema
             key = self.values.key_struct(arrow)
             if key is not None:  # ValueToKey's key column: a struct of value fields
-                t = iceberg_schema(pa.schema([pa.field("key", key)])).fields[0].field_type
+                t = iceberg_schema(pa.schema([pa.field("key", self.key_chain.out_type(key))])).fields[0].field_type
                 extras = [NestedField(0, f.name, t) if f.name == self.values.key_column else f for f in extras]
             schema = self.values.out_schema(arrow, values)
+        if self.key_chain and self.values.key_column is None:  # the key as consumed, through the $Key transforms
+            built = pa.binary() if self.extras.key_binary else pa.string()
+            if self.extras.registry_keys is not None:  # the key schema's type
+                found = next(f.field_type for f in extras if f.name == self.extras.key_column)
+                one = assign_fresh_schema_ids(Schema(NestedField(0, "key", found, required=False)))
+                built = schema_to_pyarrow(one, include_field_ids=False).field(0).type
+            t = iceberg_schema(pa.schema([pa.field("key", self.key_chain.out_type(built))])).fields[0].field_type
+            extras = [NestedField(0, f.name, t) if f.name == self.extras.key_column else f for f in extras]
         schema = iceberg_schema(schema)
         check_schema(schema_to_pyarrow(schema))  # raises UnsupportedTypeError naming the column
         schema = assign_fresh_schema_ids(Schema(*schema.fields, *extras))
@@ -131,7 +143,7 @@ class RecordFormat:
             assert target is not None
             return decode_json(values, target, epoch_unit=epoch_unit, fold_case=self.fold_case)
         extra = self.extras.names()
-        full = target
+        real, full = target, self._built(target)  # real: with the key column after the $Key transforms
 
         def values_of(schema: pa.Schema) -> pa.Schema:
             """The columns to decode for ``schema``'s value columns (before the value transforms)."""
@@ -139,13 +151,15 @@ class RecordFormat:
             return self.values.in_schema(own, self._key_type(schema)) if self.values else own
 
         def grow_values(wanted: Sequence[pa.Schema]) -> pa.Schema:
-            nonlocal full
+            nonlocal full, real
             assert grow is not None
             # the key and metadata columns never evolve: not in the values
-            full = grow([self.values.out_schema(w) for w in wanted] if self.values else wanted)
+            full = real = grow([self.values.out_schema(w) for w in wanted] if self.values else wanted)
+            full = self._built(real)
+            assert full is not None
             return values_of(full)
 
-        value_schema = values_of(target) if target is not None else None
+        value_schema = values_of(full) if full is not None else None
         if decode_values is not None:
             assert value_schema is not None
             converted = decode_values(value_schema, grow_values if grow is not None else None)
@@ -171,7 +185,41 @@ class RecordFormat:
         if full is None or not extra:
             return converted
         columns, key_rejects = self.extras.columns(messages, full)
-        return assemble(converted, columns, key_rejects, full)
+        assert real is not None
+        return self._key_transforms(assemble(converted, columns, key_rejects, full), real, messages)
+
+    def _built(self, target: pa.Schema | None) -> pa.Schema | None:
+        """``target`` with its key column as the key is built before the $Key transforms."""
+        name = self.extras.key_column
+        if not self.key_chain or target is None or name not in target.names:
+            return target
+        i = target.get_field_index(name)
+        built = target.set(i, target.field(i).with_type(self.key_chain.in_type(target.field(i).type)))
+        return built.with_metadata(target.metadata) if target.metadata else built
+
+    def _key_transforms(self, converted: Converted, target: pa.Schema, messages: Sequence[Any]) -> Converted:
+        """``converted`` with its key column through the $Key transforms; a key Cast fails is a reject."""
+        name = self.extras.key_column
+        if not self.key_chain or name is None or name not in converted.table.column_names:
+            return converted
+        table = converted.table
+        i = table.schema.get_field_index(name)
+        wanted = self.key_chain.metadata()
+        meta = {k: v.take(converted.indices) for k, v in metadata_arrays(messages, wanted).items()} if wanted else {}
+        keys, failed = self.key_chain.apply(table.column(i).combine_chunks(), target.field(name).type, meta)
+        table = table.set_column(i, target.field(name), keys)
+        rejects, indices = list(converted.rejects), converted.indices
+        if failed:
+            at = indices.to_numpy(zero_copy_only=False)
+            first: dict[int, tuple[str, str]] = {}
+            for row, reason, field in failed:
+                first.setdefault(row, (f"record key: {reason}", f"{name}.{field}" if field else name))
+            rejects = sorted(rejects + [Reject(int(at[r]), why, col) for r, (why, col) in first.items()],
+                             key=lambda r: r.index)
+            keep = np.ones(table.num_rows, np.bool_)
+            keep[list(first)] = False
+            table, indices = table.filter(pa.array(keep)), indices.filter(pa.array(keep))
+        return Converted(table if table.schema.equals(target) else table.cast(target), indices, tuple(rejects))
 
     def _key_type(self, schema: pa.Schema) -> pa.StructType | None:
         """ValueToKey's key column type in a table of ``schema`` (None: no ValueToKey or column)."""

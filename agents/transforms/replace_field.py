@@ -39,7 +39,8 @@ class ReplaceField:
         for f in out:
             src = self.back.get(f.name, f.name)
             if self.keep(src) and src in table.column_names:
-                arrays.append(table.column(src).cast(f.type))
+                col = table.column(src)  # no cast to its own type: Arrow refuses one of a null struct
+                arrays.append(col if col.type.equals(f.type) else col.cast(f.type))
             else:
                 arrays.append(pa.nulls(table.num_rows, f.type))
         return pa.Table.from_arrays(arrays, schema=out)

@@ -6,6 +6,7 @@ decoded value columns (a field the value lacks is null, as Connect's ``value.get
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from agents.convert import struct_array
 from icesink.shared.transform_settings import TransformSpec
@@ -35,6 +36,14 @@ class ValueToKey:
 
     def key(self, table: pa.Table, key: pa.StructType) -> pa.Array:
         """The key column (of type ``key``) for the rows of ``table``."""
-        children = [table.column(c.name).combine_chunks().cast(c.type) if c.name in table.column_names
+        children = [_child(table.column(c.name).combine_chunks(), c.type) if c.name in table.column_names
                     else pa.nulls(table.num_rows, c.type) for c in key]
         return struct_array(children, key, table.num_rows)
+
+
+def _child(col: pa.Array, t: pa.DataType) -> pa.Array:
+    """A value column as a field of the key. A nested one read as text (a later Cast$Key of the
+    field, agents/transforms/keys.py) is ``{...}``: Cast fails it, as Connect fails a struct."""
+    if pa.types.is_nested(col.type) and not pa.types.is_nested(t):
+        return pc.if_else(col.is_null(), pa.scalar(None, t), pa.scalar("{...}", t))
+    return col.cast(t)

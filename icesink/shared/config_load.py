@@ -276,8 +276,40 @@ def _check_conversions(s: Settings, chain: tuple[TransformSpec, ...]) -> None:
                     raise ConfigError(f"transforms.{c.name}.type", c.props["type"], f"unset, or before ValueToKey "
                                       f"{t.name}: converting a field of its key after it is not built yet")
         if t.kind.endswith("-key") and t.kind != "value-to-key" and s.key_column is not None:
-            raise ConfigError(f"{key}.type", t.props["type"], "unset with iceberg.tables.key-column: the key "
-                              "column is the record's key as consumed (key transforms not built yet)")
+            _check_key_transform(s, chain, t)
+
+
+def _check_key_transform(s: Settings, chain: tuple[TransformSpec, ...], t: TransformSpec) -> None:
+    """A $Key transform with a key column: ReplaceField$Key, HoistField$Key and Cast$Key act on
+    it (agents/transforms/keys.py); the others are refused, each saying why."""
+    key, type_ = f"transforms.{t.name}", t.props["type"]
+    before = chain[:chain.index(t)]
+    if any(c.kind == "value-to-key" for c in chain[chain.index(t) + 1:]):
+        return  # ValueToKey replaces the key it changed, as in Connect
+    if t.kind == "insert-field-key" and t.props.get("topic.field") and any(c.kind == "regex-router" for c in before):
+        raise ConfigError("transforms", ",".join(s.transforms), "InsertField$Key before any RegexRouter: its topic "
+                          "field records the topic as consumed (routing still sees the new one)")
+    if t.predicate is not None:
+        raise ConfigError(f"{key}.predicate", t.predicate.name, f"unset: {type_} applies to every record's key "
+                          "here (a predicate on a key transform is not built yet)")
+    if is_registry_converter(s.key_converter) and t.kind in ("cast-key", "timestamp-converter-key") and not any(
+            c.kind == "value-to-key" for c in before):
+        raise ConfigError(f"{key}.type", type_, "unset with a schema-registry key.converter and "
+                          f"iceberg.tables.key-column: {type_.split('.')[-1]} on registry keys is not built yet")
+    # a registry key is a struct when its schema is one (a record, message, object): known per record
+    struct = is_registry_converter(s.key_converter) or any(c.kind in ("value-to-key", "hoist-field-key") for c in before)
+    whole = (t.kind == "cast-key" and ":" not in t.props["spec"]) or (
+        t.kind == "timestamp-converter-key" and not t.props.get("field"))
+    if whole and struct:
+        prop = "spec" if t.kind == "cast-key" else "field"
+        raise ConfigError(f"{key}.{prop}", t.props.get(prop), f"{'field:type pairs' if prop == 'spec' else 'a field'}: "
+                          "the key is a struct here (a ValueToKey or HoistField$Key before it), and Kafka Connect "
+                          "fails converting a whole struct")
+    if t.kind in ("replace-field-key", "cast-key", "timestamp-converter-key", "insert-field-key") and not whole \
+            and not struct:
+        raise ConfigError(f"{key}.type", type_, "a ValueToKey or HoistField$Key before it: the key column is the "
+                          f"key's text or bytes as consumed, not a struct, and Connect's {type_.split('.')[-1]} "
+                          "fails every record with another key")
 
 
 def _check_key_fields(s: Settings, gone: Mapping[str, str]) -> None:

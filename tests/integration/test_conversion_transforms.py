@@ -88,3 +88,46 @@ def test_cast_and_timestamp_converter_chain_lands_exact_rows_and_dead_letters_th
         assert seen[i][0] == "qty" and "value (x) cannot be cast to int16" in seen[i][1]
     for i in NOT_A_TIME:
         assert seen[i][0] == "at" and "value (soon) does not match pattern" in seen[i][1]
+
+
+BAD_KEYS = {5, 13}  # a JSON string key: Cast$Key to int64 fails
+
+
+@pytest.mark.timeout(240)
+def test_key_transforms_cast_hoist_and_rename_json_keys_in_the_key_column(broker, catalog_props, tmp_path) -> None:
+    """JSON keys (JsonConverter) through Cast$Key int64, HoistField$Key and ReplaceField$Key: the
+    key column is the struct {order_id: long}; a key that does not cast is dead-lettered."""
+    from pyiceberg.catalog import load_catalog
+
+    from agents import deadletter as dl
+    from icesink.app.pizzas import produce
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support import duck
+    from tests.support.sinkrun import read_topic, sink_until, write_config
+
+    topic, table, dlq, n = "keyt-orders", "keyt.orders", "keyt-orders-dlq", 20
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
+    keys = [b'"oops"' if i in BAD_KEYS else str(1000 + i).encode() for i in range(n)]
+    asyncio.run(produce(broker.bootstrap, topic, [json.dumps({"n": i}).encode() for i in range(n)],
+                        partitions=1, keys=keys))
+    cfg = write_config(
+        tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+        catalog_props=catalog_props, state_dir=tmp_path / "state", group="keyt-sink", **{
+            "key.converter": "org.apache.kafka.connect.json.JsonConverter", "key.converter.schemas.enable": "false",
+            "transforms": "cast,hoist,names", "iceberg.tables.key-column": "_key",
+            "transforms.cast.type": f"{C}Cast$Key", "transforms.cast.spec": "int64",
+            "transforms.hoist.type": f"{C}HoistField$Key", "transforms.hoist.field": "id",
+            "transforms.names.type": f"{C}ReplaceField$Key", "transforms.names.renames": "id:order_id",
+            "errors.deadletterqueue.topic.name": dlq, "errors.deadletterqueue.topic.replication.factor": 1,
+        })
+    catalog = load_catalog("it", **catalog_props)
+    sink_until(cfg, tmp_path / "logs", catalog, (table,), n - len(BAD_KEYS))
+
+    loaded = catalog.load_table(table)
+    assert [(f.name, str(f.field_type)) for f in loaded.schema().fields] == [
+        ("n", "long"), ("_key", "struct<3: order_id: optional long>")]
+    rows = sorted(duck.scan_rows(loaded.metadata_location, loaded.io.properties), key=lambda r: r["n"])
+    assert rows == [{"n": i, "_key": {"order_id": 1000 + i}} for i in range(n) if i not in BAD_KEYS]
+    letters = read_topic(broker.bootstrap, dlq, len(BAD_KEYS), timeout_s=60)
+    seen = {int(dict(r.headers)[dl.H_OFFSET]): dict(r.headers)[dl.H_FIELD].decode() for r in letters}
+    assert seen == {i: "_key" for i in BAD_KEYS}

@@ -155,8 +155,30 @@ def test_timestamp_converter_reads_unix_times_and_strings_as_connect(target: str
     ({"transforms": "x,y", "transforms.x.type": f"{C}ValueToKey", "transforms.x.fields": "a,t",
       "iceberg.tables.key-column": "k", "transforms.y.type": f"{C}TimestampConverter$Value", "transforms.y.field": "t",
       "transforms.y.target.type": "unix"}, "transforms.y.type"),
-    ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int64", "iceberg.tables.key-column": "k"},
+    ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "id:int64", "iceberg.tables.key-column": "k"},
+     "transforms.x.type"),  # the key column is the key's text: no struct to cast fields of
+    ({"transforms.x.type": f"{C}ReplaceField$Key", "transforms.x.renames": "a:b", "iceberg.tables.key-column": "k"},
      "transforms.x.type"),
+    ({"transforms.x.type": f"{C}InsertField$Key", "transforms.x.topic.field": "t", "iceberg.tables.key-column": "k"},
+     "transforms.x.type"),  # no struct key to add a field to
+    ({"transforms": "r,h,x", "transforms.r.type": f"{C}RegexRouter", "transforms.r.regex": "a", "transforms.r.replacement": "b",
+      "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "f",
+      "transforms.x.type": f"{C}InsertField$Key", "transforms.x.topic.field": "t", "iceberg.tables.key-column": "k"},
+     "transforms"),
+    ({"transforms.x.type": f"{C}TimestampConverter$Key", "transforms.x.target.type": "unix", "transforms.x.field": "t",
+      "iceberg.tables.key-column": "k"}, "transforms.x.type"),  # no struct key to take a field of
+    ({"transforms": "h,x", "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "f",
+      "transforms.x.type": f"{C}TimestampConverter$Key", "transforms.x.target.type": "unix",
+      "iceberg.tables.key-column": "k"}, "transforms.x.field"),  # Connect fails a whole struct
+    ({"transforms": "h,x", "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "f",
+      "transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int64", "iceberg.tables.key-column": "k"},
+     "transforms.x.spec"),  # Connect fails a whole struct cast
+    ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "id:int8", "iceberg.tables.key-column": "k",
+      "key.converter": "io.confluent.connect.avro.AvroConverter", "key.converter.schema.registry.url": "http://127.0.0.1:1"},
+     "transforms.x.type"),
+    ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int64", "iceberg.tables.key-column": "k",
+      "transforms.x.predicate": "p", "predicates": "p", "predicates.p.type": f"{C}predicates.RecordIsTombstone"},
+     "transforms.x.predicate"),
     ({"transforms.x.type": f"{C}Cast$Key", "transforms.x.spec": "int65"}, "transforms.x.spec"),
     ({"transforms.x.type": f"{C}HoistField$Key"}, "transforms.x.field"),
 ])
@@ -197,3 +219,110 @@ def test_value_to_key_makes_the_key_column_a_struct_of_value_fields_as_the_value
     with pytest.raises(ConfigError) as err:
         RecordFormat(settings(**keys)).convert([Msg(values[0])], values[:1], plain)
     assert err.value.key == "iceberg.tables.key-column"
+
+
+def test_key_transforms_after_value_to_key_rename_drop_cast_and_hoist_its_struct() -> None:
+    keys = {"transforms": "v,r,c,h", "iceberg.tables.key-column": "_key",
+            "transforms.v.type": f"{C}ValueToKey", "transforms.v.fields": "id,region,n",
+            "transforms.r.type": f"{C}ReplaceField$Key", "transforms.r.exclude": "region",
+            "transforms.r.renames": "id:order_id",
+            "transforms.c.type": f"{C}Cast$Key", "transforms.c.spec": "n:string",
+            "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "k"}
+    values = [b'{"id":1,"region":"eu","n":5}', b'{"id":2,"n":6.5}']
+    target, out = run(values, **keys)
+    assert target.names == ["id", "region", "n", "_key"]
+    assert target.field("_key").type == pa.struct([pa.field("k", pa.struct([
+        pa.field("order_id", pa.int64()), pa.field("n", pa.large_string())]))])
+    assert [r["_key"] for r in out.table.to_pylist()] == [{"k": {"order_id": 1, "n": "5"}},
+                                                          {"k": {"order_id": 2, "n": "6.5"}}]
+
+
+def test_hoist_then_cast_key_fields_and_a_whole_key_cast_of_the_key_text() -> None:
+    keys = {"transforms": "c,h,r", "iceberg.tables.key-column": "_key",
+            "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+            "transforms.c.type": f"{C}Cast$Key", "transforms.c.spec": "int64",
+            "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "id",
+            "transforms.r.type": f"{C}ReplaceField$Key", "transforms.r.renames": "id:order_id"}
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    from agents.formats import RecordFormat
+    fmt = RecordFormat(settings(**keys))
+    values = [b'{"a":1}', b'{"a":2}', b'{"a":3}', b'{"a":4}']
+    created = fmt.table_schema(values)
+    target = schema_to_pyarrow(created, include_field_ids=False)
+    assert target.field("_key").type == pa.struct([pa.field("order_id", pa.int64())])
+    msgs = [Msg(v, offset=i, key=k) for i, (v, k) in enumerate(zip(values, [b"42", b"abc", None, b"-7"], strict=True))]
+    out = fmt.convert(msgs, values, target)
+    assert out.table.to_pylist() == [{"a": 1, "_key": {"order_id": 42}}, {"a": 3, "_key": {"order_id": None}},
+                                     {"a": 4, "_key": {"order_id": -7}}]
+    assert [(r.index, r.field) for r in out.rejects] == [(1, "_key")]
+    assert "cannot be cast to int64" in out.rejects[0].reason
+    plain = pa.schema([("a", pa.int64()), ("_key", pa.string())])
+    with pytest.raises(ConfigError) as err:
+        fmt.convert(msgs[:1], values[:1], plain)  # a text key column cannot hold the hoisted key
+    assert err.value.key == "iceberg.tables.key-column"
+
+
+def test_cast_key_of_a_value_to_key_field_that_is_a_struct_fails_its_record_as_connect() -> None:
+    keys = {"transforms": "v,c", "iceberg.tables.key-column": "_key",
+            "transforms.v.type": f"{C}ValueToKey", "transforms.v.fields": "id,o",
+            "transforms.c.type": f"{C}Cast$Key", "transforms.c.spec": "id:int32,o:string"}
+    values = [b'{"id":1.5,"o":{"x":1}}', b'{"id":7}']
+    _, out = run(values, **keys)
+    assert [r["_key"] for r in out.table.to_pylist()] == [{"id": 7, "o": None}]
+    assert [(r.index, r.field) for r in out.rejects] == [(0, "_key.o")]
+
+
+def test_timestamp_converter_key_converts_the_whole_key_text_or_a_field_of_value_to_keys_struct() -> None:
+    import datetime as dt
+
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    from agents.formats import RecordFormat
+    keys = {"transforms": "t,h", "iceberg.tables.key-column": "_key",
+            "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+            "transforms.t.type": f"{C}TimestampConverter$Key", "transforms.t.target.type": "Timestamp",
+            "transforms.t.unix.precision": "seconds",
+            "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "at"}
+    fmt = RecordFormat(settings(**keys))
+    values = [b'{"a":1}', b'{"a":2}']
+    target = schema_to_pyarrow(fmt.table_schema(values), include_field_ids=False)
+    assert target.field("_key").type == pa.struct([pa.field("at", pa.timestamp("us", tz="UTC"))])
+    out = fmt.convert([Msg(v, offset=i, key=k) for i, (v, k) in enumerate(zip(values, [b"1700000000", b"soon"]))],
+                      values, target)
+    assert out.table.to_pylist() == [{"a": 1, "_key": {"at": dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC)}}]
+    assert [(r.index, r.field) for r in out.rejects] == [(1, "_key")]
+
+    keys = {"transforms": "v,t", "iceberg.tables.key-column": "_key",
+            "transforms.v.type": f"{C}ValueToKey", "transforms.v.fields": "id,day",
+            "transforms.t.type": f"{C}TimestampConverter$Key", "transforms.t.field": "day",
+            "transforms.t.target.type": "Date", "transforms.t.unix.precision": "seconds"}
+    target, out = run([b'{"id":1,"day":1700000000}', b'{"id":2,"day":true}'], **keys)
+    assert target.field("_key").type == pa.struct([pa.field("id", pa.int64()), pa.field("day", pa.date32())])
+    assert [r["_key"] for r in out.table.to_pylist()] == [{"id": 1, "day": dt.date(2023, 11, 14)}]
+    assert [(r.index, r.field) for r in out.rejects] == [(1, "_key.day")]
+
+
+def test_insert_field_key_adds_the_records_metadata_and_a_static_value_to_a_struct_key() -> None:
+    import datetime as dt
+
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    from agents.formats import RecordFormat
+    keys = {"transforms": "h,i", "iceberg.tables.key-column": "_key",
+            "transforms.h.type": f"{C}HoistField$Key", "transforms.h.field": "k",
+            "transforms.i.type": f"{C}InsertField$Key", "transforms.i.topic.field": "t!",
+            "transforms.i.partition.field": "p", "transforms.i.offset.field": "o",
+            "transforms.i.timestamp.field": "ts", "transforms.i.static.field": "s", "transforms.i.static.value": "v"}
+    fmt = RecordFormat(settings(**keys))
+    values = [b'{"a":1}', b'{"a":2}']
+    target = schema_to_pyarrow(fmt.table_schema(values), include_field_ids=False)
+    assert [(f.name, str(f.type)) for f in target.field("_key").type] == [
+        ("k", "large_string"), ("t", "large_string"), ("p", "int32"), ("o", "int64"),
+        ("ts", "timestamp[us, tz=UTC]"), ("s", "large_string")]
+    msgs = [Msg(values[0], offset=7, key=b"x", partition=3, timestamp=1_700_000_000_000),
+            Msg(values[1], offset=8, key=None, partition=3, timestamp=None)]
+    out = fmt.convert(msgs, values, target)
+    assert [r["_key"] for r in out.table.to_pylist()] == [
+        {"k": "x", "t": "orders", "p": 3, "o": 7, "ts": dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC), "s": "v"},
+        {"k": None, "t": "orders", "p": 3, "o": 8, "ts": None, "s": "v"}]

@@ -170,3 +170,39 @@ def test_protobuf_keys_fill_the_key_column_as_a_struct_of_the_message() -> None:
     created, out = run(f, [Msg(b'{"n": 1}', frame), Msg(b'{"n": 2}', None)])
     assert key_type(created) == "struct<id: optional int, shop: optional string>"
     assert out.table.to_pylist() == [{"n": 1, "_key": {"id": 3, "shop": "s"}}, {"n": 2, "_key": None}]
+
+
+def test_key_transforms_rename_drop_hoist_and_add_to_registry_keys() -> None:
+    c = "org.apache.kafka.connect.transforms."
+    s = settings(**{"key.converter.schema.registry.url": "http://a:8081", "iceberg.tables.key-column": "_key",
+                    "transforms": "r,h,i", "transforms.r.type": f"{c}ReplaceField$Key", "transforms.r.exclude": "shop",
+                    "transforms.r.renames": "id:order_id", "transforms.h.type": f"{c}HoistField$Key",
+                    "transforms.h.field": "k", "transforms.i.type": f"{c}InsertField$Key", "transforms.i.offset.field": "o"})
+    f = RecordFormat(s, keys=RegistryKeys(FakeRegistry({7: KEY}, "AVRO"), "_key", "avro"))
+    messages = [Msg(b'{"n": 1}', framed(7, KEY, {"id": 1, "shop": "a"}), offset=5), Msg(b'{"n": 2}', None, offset=6)]
+    created, out = run(f, messages)
+    assert key_type(created) == "struct<k: optional struct<order_id: required long>, o: optional long>"
+    assert out.table.to_pylist() == [{"n": 1, "_key": {"k": {"order_id": 1}, "o": 5}},
+                                     {"n": 2, "_key": {"k": None, "o": 6}}]  # a null key hoisted: {k: null}
+
+
+def test_hoist_field_key_wraps_a_primitive_registry_key() -> None:
+    c = "org.apache.kafka.connect.transforms."
+    s = settings(**{"key.converter.schema.registry.url": "http://a:8081", "iceberg.tables.key-column": "_key",
+                    "transforms": "h", "transforms.h.type": f"{c}HoistField$Key", "transforms.h.field": "id"})
+    f = RecordFormat(s, keys=RegistryKeys(FakeRegistry({3: "long"}, "AVRO"), "_key", "avro"))
+    out_key = io.BytesIO()
+    fastavro.schemaless_writer(out_key, fastavro.parse_schema("long"), 2**40)
+    created, out = run(f, [Msg(b'{"n": 1}', b"\x00" + struct.pack(">i", 3) + out_key.getvalue())])
+    assert key_type(created) == "struct<id: optional long>"
+    assert out.table.to_pylist() == [{"n": 1, "_key": {"id": 2**40}}] and not out.rejects
+
+
+def test_a_null_registry_key_stays_null_through_replace_field_key() -> None:
+    c = "org.apache.kafka.connect.transforms."
+    s = settings(**{"key.converter.schema.registry.url": "http://a:8081", "iceberg.tables.key-column": "_key",
+                    "transforms": "r", "transforms.r.type": f"{c}ReplaceField$Key", "transforms.r.include": "shop"})
+    f = RecordFormat(s, keys=RegistryKeys(FakeRegistry({7: KEY}, "AVRO"), "_key", "avro"))
+    created, out = run(f, [Msg(b'{"n": 1}', framed(7, KEY, {"id": 1, "shop": "a"})), Msg(b'{"n": 2}', None)])
+    assert key_type(created) == "struct<shop: required string>"
+    assert out.table.to_pylist() == [{"n": 1, "_key": {"shop": "a"}}, {"n": 2, "_key": None}]
