@@ -214,22 +214,13 @@ class ApicurioRegistry(LoggedProcess):
         build = resolve()
         java = _tool("java", "it runs Apicurio Registry")
         self._directory.mkdir(parents=True, exist_ok=True)
-        for attempt in range(1, _PORT_ATTEMPTS + 1):
-            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-            self._spawn(java, build)
-            try:
-                self._wait_ready(offset, time.monotonic() + self._start_timeout_s)
-            except PortTaken:
-                self._kill_now()
-                if attempt == _PORT_ATTEMPTS:
-                    raise ApicurioError(f"Apicurio Registry could not listen on {self.url}: port in use. "
-                                        f"Log {self.log_path}:\n{self.log_tail()}") from None
-                self._port = free_port()
-                continue
-            except BaseException:
-                self._kill_now()
-                raise
-            break
+        self._start_on_a_free_port(
+            lambda: self._spawn(java, build),
+            lambda offset: self._wait_ready(offset, time.monotonic() + self._start_timeout_s),
+            self._next_port,
+            lambda: ApicurioError(f"Apicurio Registry could not listen on {self.url}: port in use. "
+                                  f"Log {self.log_path}:\n{self.log_tail()}"),
+            _PORT_ATTEMPTS)
         logger.info("Apicurio Registry up at %s", self.url)
 
     def stop(self) -> None:
@@ -245,6 +236,9 @@ class ApicurioRegistry(LoggedProcess):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+    def _next_port(self) -> None:
+        self._port = free_port()
 
     def _spawn(self, java: str, build: Build) -> None:
         self._log_handle = self.log_path.open("ab")

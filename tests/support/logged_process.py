@@ -1,12 +1,14 @@
-"""What the real servers the tests start (tests/support/kafka_broker.py, schema_registry.py) share:
-one child process writing to one log file, its log read back for failure messages, and its
-end (:class:`LoggedProcess`, :func:`terminate`, :class:`PortTaken`)."""
+"""What the real servers the tests start (tests/support/kafka_broker.py, schema_registry.py,
+apicurio.py) share: one child process writing to one log file, its log read back for failure
+messages, a start that tries another port when the one given was taken, and its end
+(:class:`LoggedProcess`, :func:`terminate`, :class:`PortTaken`)."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -53,6 +55,27 @@ class LoggedProcess:
                 return f.read().decode(errors="replace")
         except OSError:
             return ""
+
+    def _start_on_a_free_port(self, spawn: Callable[[], None], wait_ready: Callable[[int], None],
+                              next_port: Callable[[], None], gave_up: Callable[[], Exception], attempts: int = 3) -> None:
+        """``spawn`` the child and ``wait_ready(log offset)``; a child that could not listen
+        (PortTaken) is killed and spawned again after ``next_port``, ``attempts`` times at most,
+        then ``gave_up()`` is raised. Anything else kills the child and is raised."""
+        for attempt in range(1, attempts + 1):
+            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            spawn()
+            try:
+                wait_ready(offset)
+            except PortTaken:
+                self._kill_now()
+                if attempt == attempts:
+                    raise gave_up() from None
+                next_port()
+                continue
+            except BaseException:
+                self._kill_now()
+                raise
+            return
 
     def _kill_now(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

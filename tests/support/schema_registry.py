@@ -174,23 +174,17 @@ class SchemaRegistry(LoggedProcess):
             raise SchemaRegistryError(f"schema registry already running at {self.url}")
         binary = resolve_binary()
         self._directory.mkdir(parents=True, exist_ok=True)
-        for attempt in range(1, _PORT_ATTEMPTS + 1):
-            self._write_config()
-            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        def spawn() -> None:
+            self._write_config()  # names the port
             self._spawn(binary)
-            try:
-                self._wait_ready(offset, time.monotonic() + self._start_timeout_s)
-            except PortTaken:
-                self._kill_now()
-                if attempt == _PORT_ATTEMPTS:
-                    raise SchemaRegistryError(f"schema registry could not listen on {self.url}: port in use. "
-                                              f"Log {self.log_path}:\n{self.log_tail()}") from None
-                self._port = free_port()
-                continue
-            except BaseException:
-                self._kill_now()
-                raise
-            break
+
+        self._start_on_a_free_port(
+            spawn,
+            lambda offset: self._wait_ready(offset, time.monotonic() + self._start_timeout_s),
+            self._next_port,
+            lambda: SchemaRegistryError(f"schema registry could not listen on {self.url}: port in use. "
+                                        f"Log {self.log_path}:\n{self.log_tail()}"),
+            _PORT_ATTEMPTS)
         logger.info("schema registry up at %s", self.url)
 
     def stop(self) -> None:
@@ -237,6 +231,9 @@ class SchemaRegistry(LoggedProcess):
                                   "rbac": {"enabled": self._auth, "default_role": "readonly"}}},
         }
         (self._directory / "config.yaml").write_text(json.dumps(config, indent=2) + "\n")
+
+    def _next_port(self) -> None:
+        self._port = free_port()
 
     def _spawn(self, binary: Path) -> None:
         # Only these variables: the server reads every SCHEMA_REGISTRY_* of its environment as config.
