@@ -8,7 +8,6 @@ Spark's ORC files carry no Iceberg field ids)."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
@@ -20,23 +19,6 @@ GROUP = "orc-sink"
 N = 3000
 
 
-def record(i: int) -> dict[str, object]:
-    return {"id": i, "note": f"note {i % 97}", "score": i * 0.5, "inner": {"a": i % 7, "b": f"b{i}"},
-            "tags": [f"t{i % 3}", f"u{i % 5}"]}
-
-
-async def send(bootstrap: str) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks="all", linger_ms=20)
-    await producer.start()
-    try:
-        futures = [await producer.send(TOPIC, json.dumps(record(i)).encode(), partition=0) for i in range(N)]
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
-
-
 def test_a_worker_writes_orc_files_that_spark_and_pyiceberg_read_exactly(broker, catalog_props, tmp_path,
                                                                         spark_reader):
     import pyarrow.orc as orc
@@ -44,12 +26,12 @@ def test_a_worker_writes_orc_files_that_spark_and_pyiceberg_read_exactly(broker,
 
     from icesink.shared.kafka_admin import ensure_topic
     from tests.support import duck
-    from tests.support.sinkrun import sink_until, write_config
+    from tests.support.sinkrun import nested_record as record, send_json, sink_until, write_config
     from tests.support.spark_reader import _rows, assert_engines_agree
 
     catalog = load_catalog("it", **catalog_props)
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 1))
-    asyncio.run(send(broker.bootstrap))
+    asyncio.run(send_json(broker.bootstrap, TOPIC, map(record, range(N))))
     cfg = write_config(
         tmp_path / "sink.json", topics=TOPIC, tables=TABLE, bootstrap=broker.bootstrap, catalog_props=catalog_props,
         state_dir=tmp_path / "state", group=GROUP, **{

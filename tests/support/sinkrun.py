@@ -8,6 +8,7 @@ import json
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,25 @@ def sink_until(cfg: Path, logs: Path, catalog: Any, tables: tuple[str, ...], exp
         wait_rows(catalog, replicas, tables, expected, timeout_s=timeout_s)
     finally:
         replicas.stop_all()
+
+
+def nested_record(i: int) -> dict[str, object]:
+    """Value ``i`` of the file-format tests: scalars, a struct and a list column."""
+    return {"id": i, "note": f"note {i % 97}", "score": i * 0.5, "inner": {"a": i % 7, "b": f"b{i}"},
+            "tags": [f"t{i % 3}", f"u{i % 5}"]}
+
+
+async def send_json(bootstrap: str, topic: str, values: Iterable[dict[str, object]], partition: int = 0) -> None:
+    """Each value as JSON to one partition of ``topic``, every one acknowledged."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks="all", linger_ms=20)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, json.dumps(v).encode(), partition=partition) for v in values]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
 
 
 def key_counts(catalog: Any, table: str, key: str = "order_id") -> Counter[str]:
