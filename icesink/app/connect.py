@@ -70,6 +70,7 @@ class Cluster:
         self._background: list[asyncio.Task[None]] = []
         self.failure: BaseException | None = None
         self.errors = self.tasks_here.errors  # failed steps by name (icesink_connect_errors_total)
+        self._ignored: dict[str, tuple[int, tuple[str, ...]]] = {}  # connector -> (generation, keys let in)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -190,7 +191,20 @@ class Cluster:
         return self.state.connectors[name].tasks
 
     def status(self, name: str) -> dict[str, Any]:
-        return status_of(self.state, name, self.membership.placement)
+        return status_of(self.state, name, self.membership.placement, self._notes(name))
+
+    def _notes(self, name: str) -> list[str]:
+        """The keys config.unknown-keys=warn let the connector start with, for its status (built
+        once a config generation; each task's log says it too)."""
+        c = self.state.connectors[name]
+        seen = self._ignored.get(name)
+        if seen is None or seen[0] != c.generation:
+            try:
+                keys = self.settings.check(name, c.config, self.bootstrap).ignored_keys
+            except Exception:  # a config that no longer builds: its tasks' status says why
+                keys = ()
+            seen = self._ignored[name] = (c.generation, keys)
+        return [f"unknown settings ignored (config.unknown-keys=warn): {', '.join(seen[1])}"] if seen[1] else []
 
     def check(self, name: str, config: dict[str, str]) -> dict[str, str]:
         """The config to store (masked secrets PUT back replaced by the stored ones), checked as

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,9 +210,10 @@ class Placement:
         return out
 
 
-def status_of(state: ClusterState, name: str, placement: Placement) -> dict[str, Any]:
+def status_of(state: ClusterState, name: str, placement: Placement, notes: Sequence[str] = ()) -> dict[str, Any]:
     """Kafka Connect's ``/connectors/{name}/status`` JSON (UNASSIGNED: no member yet, or no
-    report from the task's process for its current generation)."""
+    report from the task's process for its current generation). ``notes``: what the connector's
+    ``trace`` says besides (settings its config.unknown-keys=warn let in)."""
     c = state.connectors[name]
     owners = placement.owners(name, c.tasks)
     tasks = []
@@ -229,7 +230,10 @@ def status_of(state: ClusterState, name: str, placement: Placement) -> dict[str,
     leader = placement.connector_owner(name)
     connector: dict[str, Any] = {"state": UNASSIGNED if leader is None else c.target, "worker_id": leader or "",
                                  "version": PLUGIN_VERSION}
+    said = list(notes)
     if c.target != STOPPED and c.partitions and c.max_tasks > c.partitions:
-        connector["trace"] = (f"tasks.max={c.max_tasks} is above the {c.partitions} partitions of the connector's "
-                              f"topics: {c.tasks} tasks run (a task without a partition would only hold memory)")
+        said.insert(0, f"tasks.max={c.max_tasks} is above the {c.partitions} partitions of the connector's "
+                       f"topics: {c.tasks} tasks run (a task without a partition would only hold memory)")
+    if said:
+        connector["trace"] = "; ".join(said)
     return {"name": name, "connector": connector, "tasks": tasks, "type": "sink"}

@@ -242,6 +242,7 @@ class Settings(BaseSettings):
     ] = Field((), alias="fault.hold-at")
     # What config-provider references resolved to: secrets wherever they landed (no config key).
     provided_values: tuple[SecretStr, ...] = Field((), alias="<config provider values>")
+    ignored_keys: tuple[str, ...] = Field((), alias="<ignored keys>")  # config.unknown-keys=warn let these in
 
     @classmethod
     def settings_customise_sources(
@@ -407,7 +408,7 @@ class Settings(BaseSettings):
         """Settings for logs and status output, secrets masked (icesink/shared/secrets.py).
         ``only_given``: only those the config, environment and flags gave (no defaults)."""
         out = self.model_dump(by_alias=True)
-        del out["<config provider values>"]
+        del out["<config provider values>"], out["<ignored keys>"]
         if only_given:
             given = {Settings.model_fields[f].alias or f for f in self.model_fields_set}
             out = {k: v for k, v in out.items() if k in given and v not in ({}, ())}
@@ -565,6 +566,7 @@ def _build(raw: Mapping[str, Any], provided: dict[str, str]) -> Settings:
     fields["value.converter.*"] = converter_props
     fields["key.converter.*"] = key_converter_props
     fields["<config provider values>"] = tuple(SecretStr(v) for v in provided.values())
+    fields["<ignored keys>"] = tuple(sorted(unknown))
     try:
         return Settings(**fields)
     except ValidationError as exc:

@@ -197,7 +197,9 @@ def test_connector_configs_cannot_load_code_or_touch_the_host_and_show_no_secret
         assert FILE_SECRET not in task_config and ENV_TOPIC not in task_config and "${env:IT_CONTROL_TOPIC}" in task_config
 
         # the config as GET shows it (secrets masked) PUT back with a change keeps the secrets
-        code, _ = call(process.api, "PUT", "/connectors/ok/config", {**got, "iceberg.control.commit.interval-ms": "5000"})
+        # (with a key icesink has not, let in by config.unknown-keys=warn: the connector's status names it)
+        code, _ = call(process.api, "PUT", "/connectors/ok/config", {**got, "iceberg.control.commit.interval-ms": "5000",
+                                                                     "config.unknown-keys": "warn", "iceberg.tabels.typo": "1"})
         assert code == 200
         deadline, stored = time.monotonic() + 60, {}
         while stored.get("iceberg.control.commit.interval-ms") != "5000" and time.monotonic() < deadline:
@@ -206,6 +208,7 @@ def test_connector_configs_cannot_load_code_or_touch_the_host_and_show_no_secret
         assert stored["iceberg.control.secret"] == "ctl-secret-x1" and stored["iceberg.control.commit.interval-ms"] == "5000"
         status = wait_status(process.api, "ok", lambda s: s["tasks"] and s["tasks"][0]["state"] == "RUNNING")
         assert "ctl-secret-x1" not in json.dumps(status)
+        assert status["connector"]["trace"] == "unknown settings ignored (config.unknown-keys=warn): iceberg.tabels.typo"
         assert call(process.api, "DELETE", "/connectors/ok")[0] == 204
     finally:
         process.stop()

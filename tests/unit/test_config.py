@@ -99,8 +99,10 @@ def test_unknown_keys_are_refused_naming_them_or_with_config_unknown_keys_warn_n
         load_settings(write(tmp_path, config), {})
     assert err.value.key == "iceberg.tabels.typo" and "config.unknown-keys=warn" in str(err.value)
     with caplog.at_level(logging.WARNING):
-        load_settings(write(tmp_path, {**config, "config.unknown-keys": "warn"}), {})
+        s = load_settings(write(tmp_path, {**config, "config.unknown-keys": "warn"}), {})
     assert "iceberg.tabels.typo" in caplog.text
+    assert s.ignored_keys == ("iceberg.tabels.typo",)  # for the connector's status (icesink connect)
+    assert "<ignored keys>" not in s.masked()
     with pytest.raises(ConfigError, match="config.unknown-keys"):
         load_settings(write(tmp_path, {**config, "config.unknown-keys": "ignore"}), {})
 

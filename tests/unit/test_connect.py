@@ -218,3 +218,14 @@ def test_bad_requests_are_400s_naming_what_is_wrong():
     assert "topics" in out[0][1]["message"] and "other" in out[1][1]["message"]
     assert "JSON" in out[2][1]["message"] and "name" in out[4][1]["message"]
     assert not backend.connectors
+
+
+def test_unknown_keys_a_connector_was_let_start_with_are_in_its_status():
+    """config.unknown-keys=warn starts a connector with keys icesink does not have: its status
+    says so (issue 37: in the connector's status as well as each task's log)."""
+    s = ClusterState()
+    s.apply(3, connector_key("c"), _record({"config": {"tasks.max": "1"}, "generation": 4}))
+    placement = Placement.compute({"a:1": "http://a:1"}, s.layout(), "token")
+    note = "unknown settings ignored (config.unknown-keys=warn): x.y"
+    assert status_of(s, "c", placement, notes=[note])["connector"]["trace"] == note
+    assert "trace" not in status_of(s, "c", placement)["connector"]
