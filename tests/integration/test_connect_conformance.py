@@ -28,10 +28,11 @@ PLUGIN = "IcebergSinkConnector"
 #: request index -> why icesink answers otherwise (both answers are still checked: see the test)
 INTENDED = {
     "unknown key": "icesink refuses a key it does not know (400 naming it) where the reference ignores it",
-    "alter offsets while stopped": "icesink's offsets are the tables' (committed with the data); changing "
-                                   "them is refused (500, Connect's answer for a connector that cannot), where "
-                                   "Connect changes a consumer group the Iceberg sink does not resume from",
-    "reset offsets while stopped": "as altering",
+    "alter offsets while stopped": "icesink moves the positions its coordinator resumes from, but a move back "
+                                   "below what the tables hold would land those records twice: refused (400, "
+                                   "naming ?allow_duplicates=true), where Connect moves a consumer group the "
+                                   "Iceberg sink does not resume from",
+    "reset offsets while stopped": "as altering: a reset to the start reads every committed record again",
 }
 
 
@@ -201,4 +202,4 @@ def test_icesink_connect_answers_as_kafka_connect_with_the_iceberg_sink(kafka, p
     assert ref["unknown key"][0] in (200, 201) and ice["unknown key"][0] == 400
     assert "no.such.key" in ice["unknown key"][2]["message"]
     for label in ("alter offsets while stopped", "reset offsets while stopped"):
-        assert ref[label][0] == 200 and ice[label][0] == 500 and "exactly once" in ice[label][2]["message"]
+        assert ref[label][0] == 200 and ice[label][0] == 400 and "allow_duplicates=true" in ice[label][2]["message"]
