@@ -395,16 +395,23 @@ def _version() -> str:
         return "0+unknown"
 
 
+def _last_line(exc: Exception) -> None:
+    """The one line of a failed start, and the last: threads still starting beside it (the Spark
+    session's) log nothing more while the process ends."""
+    log.error("%s", exc)
+    logging.disable(logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level, args.log_format)
     try:
         code = args.fn(args)
     except (ConfigError, ControlLogError, ControlSecretError) as exc:
-        log.error("%s", exc)
+        _last_line(exc)
         code = 2
     except StartFailure as exc:
-        log.error("%s", exc)
+        _last_line(exc)
         code = 1
     except KeyboardInterrupt:
         code = 130

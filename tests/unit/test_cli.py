@@ -15,6 +15,14 @@ from icesink.app import cli
 
 
 @pytest.fixture(autouse=True)
+def _logging_back_on():
+    """main() silences logging after a failed start's one line (the process ends there); these
+    tests call it again in one process."""
+    yield
+    logging.disable(logging.NOTSET)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_root_logger():
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
@@ -86,7 +94,39 @@ def test_a_missing_or_unreadable_config_file_is_one_line(tmp_path, capsys):
     assert _run(["worker", "--config", str(tmp_path / "nope.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--config" in err[0] and "nope.json" in err[0] and "No such file" in err[0], err
+    logging.disable(logging.NOTSET)  # as in a new process
     (tmp_path / "dir.json").mkdir()
     assert _run(["worker", "--config", str(tmp_path / "dir.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "dir.json" in err[0], err
+
+
+@pytest.mark.parametrize("error", ["start", "config"])
+def test_the_one_line_of_a_failed_start_is_the_last_line_logged(monkeypatch, capsys, error):
+    """A start failure is one line, the last: a thread still starting beside it (the Spark
+    session's) logged after it in CI ('spark: the JVM is given the class-data archive')."""
+    import threading
+
+    from icesink.shared.errors import ConfigError, StartFailure
+
+    def fail(args):
+        raise StartFailure("the catalog is down") if error == "start" else ConfigError("x", 1, "2")
+
+    monkeypatch.setattr(cli, "cmd_worker", fail)
+    parser = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_fn(parser(), fail))
+    with pytest.raises(SystemExit):
+        cli.main(["worker"])
+    late = threading.Thread(target=lambda: logging.getLogger("spark_bridge.class_archive").info("late line"))
+    late.start()
+    late.join()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert " ERROR " in err[-1] and "late line" not in "\n".join(err)
+
+
+def _with_fn(parser, fn):
+    parser.set_defaults(fn=fn)
+    for action in parser._subparsers._group_actions:  # each subcommand's own default
+        for sub in action.choices.values():
+            sub.set_defaults(fn=fn)
+    return parser
