@@ -3,7 +3,6 @@ $Key transforms and ValueToKey where no key column lands (docs/transforms.md).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -13,18 +12,9 @@ from agents.transforms.cast import cast_text, java_double
 from icesink.shared.config import Settings, build
 from icesink.shared.errors import ConfigError
 
+from tests.unit.test_transforms import Msg  # a consumed record as the decoders read it
+
 C = "org.apache.kafka.connect.transforms."
-
-
-@dataclass
-class Msg:
-    value: bytes | None
-    headers: Any = ()
-    topic: str = "orders"
-    partition: int = 0
-    offset: int = 0
-    timestamp: int | None = 0
-    key: bytes | None = None
 
 
 def settings(**keys: str) -> Settings:
