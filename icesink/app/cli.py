@@ -398,8 +398,9 @@ def _version() -> str:
 def _last_line(exc: Exception) -> None:
     """The one line of a failed start, and the last: threads still starting beside it (the Spark
     session's) log nothing more while the process ends."""
-    log.error("%s", exc)
-    logging.disable(logging.CRITICAL)
+    from icesink.app.log_format import last_line
+
+    last_line(log, exc)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,3 +43,31 @@ def setup_logging(level: str, fmt: str) -> None:
     root.setLevel(getattr(logging, level))
     for noisy in NOISY:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+class _Nowhere:
+    """The stream of the handlers once the last line is out."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def last_line(logger: logging.Logger, message: object) -> None:
+    """Log ``message`` at ERROR as the process's last line. Holding the handlers' locks, it is
+    written, no new record is made, and the handlers then write nowhere: a record another thread
+    (the Spark session's start) made before this one waits for a lock and is not written after it."""
+    handlers = logging.getLogger().handlers[:]
+    for handler in handlers:
+        handler.acquire()
+    try:
+        logger.error("%s", message)
+        logging.disable(logging.CRITICAL)
+        for handler in handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(_Nowhere())
+    finally:
+        for handler in reversed(handlers):
+            handler.release()

@@ -124,6 +124,44 @@ def test_the_one_line_of_a_failed_start_is_the_last_line_logged(monkeypatch, cap
     assert " ERROR " in err[-1] and "late line" not in "\n".join(err)
 
 
+def test_a_line_another_thread_had_under_way_is_not_written_after_the_failed_starts_line(monkeypatch, capsys):
+    """CI again: the Spark start thread's line came 3 ms after the ERROR line, a record made
+    before logging was silenced and written after. Such a record now goes nowhere."""
+    import threading
+
+    from icesink.shared.errors import StartFailure
+
+    def fail(args):
+        raise StartFailure("the catalog is down")
+
+    parser = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_fn(parser(), fail))
+    spark = logging.getLogger("spark_bridge.class_archive")
+    made, go = threading.Event(), threading.Event()
+
+    def starting():
+        record = spark.makeRecord(spark.name, logging.INFO, __file__, 0, "under way", (), None)
+        made.set()
+        go.wait(10)
+        spark.handle(record)  # past its level check before the failure, written after it
+
+    late = threading.Thread(target=starting)
+    original = cli._setup_logging
+
+    def setup_then_start(*a):
+        original(*a)
+        late.start()
+        made.wait(10)
+
+    monkeypatch.setattr(cli, "_setup_logging", setup_then_start)
+    with pytest.raises(SystemExit):
+        cli.main(["worker"])
+    go.set()
+    late.join()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert " ERROR " in err[-1] and "under way" not in "\n".join(err), err
+
+
 def _with_fn(parser, fn):
     parser.set_defaults(fn=fn)
     for action in parser._subparsers._group_actions:  # each subcommand's own default
