@@ -69,12 +69,12 @@ class Chunk:
     fanout: FanoutRows | None = None
 
     def names(self) -> Iterable[str]:
-        """The tables it has rows for."""
-        return self.tables.keys() if self.fanout is None else self.fanout.names
+        """The tables it has rows for (a fan-out's may have dead letters in ``tables`` too)."""
+        return self.tables.keys() if self.fanout is None else (*self.fanout.names, *self.tables)
 
     def by_table(self) -> dict[str, pa.Table]:
         """Its rows per table."""
-        return self.tables if self.fanout is None else dict(split_fanouts([self.fanout]))
+        return self.tables if self.fanout is None else {**dict(split_fanouts([self.fanout])), **self.tables}
 
 
 @dataclass(eq=False)
@@ -186,6 +186,8 @@ class Snapshot:
                 if fanouts and not fanouts[-1].table.schema.equals(c.fanout.table.schema, check_metadata=True):
                     flush()
                 fanouts.append(c.fanout)
+                for name, t in c.tables.items():  # dead letters of a fan-out's fetch (their own table)
+                    add(name, t)
                 continue
             flush()
             for name, t in c.tables.items():

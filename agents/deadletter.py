@@ -146,6 +146,12 @@ class Letter:
     partition: int
     offset: int
     kind: str
+    # For a row of the dead-letter table (icesink/shared/deadletter_table.py):
+    error: str = ""
+    field: str | None = None
+    tables: str | None = None  # the target tables that rejected it, comma-separated
+    timestamp_ms: int | None = None
+    original_headers: tuple[tuple[str, bytes], ...] = ()  # ``headers`` without the context headers
 
 
 def context_headers(
@@ -186,6 +192,7 @@ class DeadLetters:
         self.metrics = metrics
         self.worker_id = worker_id
         self.topic = settings.dlq_topic
+        self.table = settings.deadletter_table  # rows too, committed with the data (agents/ingest.py)
         self.tolerate = settings.tolerate_errors
         self.directory = settings.state_dir / "deadletter"
         self._producer = producer
@@ -199,6 +206,9 @@ class DeadLetters:
             if self.topic:
                 log.warning("errors.deadletterqueue.topic.name is set but errors.tolerance=none: "
                             "a bad record stops the replica, nothing is dead-lettered")
+            return
+        if not self.topic and self.table:
+            log.info("bad records go to dead-letter table %s (no dead-letter topic)", self.table)
             return
         if not self.topic:
             log.info("errors.tolerance=all without errors.deadletterqueue.topic.name: bad records "
@@ -244,11 +254,11 @@ class DeadLetters:
 
     async def reject(
         self, messages: Sequence[Any], rejects: Iterable[tuple[Reject, str | None]], *, kind: str | None = None,
-    ) -> None:
+    ) -> list[Letter]:
         """Rejects of one partition batch, each with the table that rejected it (None: before
         any table). The same record rejected for the same reason by several tables is one
         dead letter naming them all. Raises :class:`DataError` for the first bad record under
-        ``errors.tolerance=none``."""
+        ``errors.tolerance=none``. Returns the letters (rows of ``deadletter.table``)."""
         merged: dict[tuple[int, str, str | None], list[str]] = {}
         for r, table in rejects:
             tables = merged.setdefault((r.index, r.reason, r.field), [])
@@ -256,6 +266,7 @@ class DeadLetters:
                 tables.append(table)
         first: DataError | None = None
         count = 0
+        letters: list[Letter] = []
         for (index, reason, field), tables in sorted(merged.items(), key=lambda kv: kv[0][0]):
             m = messages[index]
             k = kind or kind_of(reason, field)
@@ -269,16 +280,23 @@ class DeadLetters:
                     topic=m.topic, partition=m.partition, offset=m.offset, field=field,
                 )
             first, count = first or err, count + 1
-            headers = original_headers(m)
+            own = tuple(original_headers(m))
+            headers = list(own)
             if self.settings.dlq_context_headers:
                 headers += context_headers(m, err, k, tables, connector=self.settings.group_id, task=self.worker_id)
-            letter = Letter(m.key, m.value, tuple(headers), m.topic, m.partition, m.offset, k)
+            ts = getattr(m, "timestamp", None)
+            letter = Letter(m.key, m.value, tuple(headers), m.topic, m.partition, m.offset, k, str(err), field,
+                            ",".join(tables) or None, ts if isinstance(ts, int) and ts >= 0 else None, own)
+            letters.append(letter)
             if self.topic:
                 await self._send(letter)
+            elif self.table:  # a row of the table, committed with its batch (agents/ingest.py)
+                self._delivered(letter)
             else:
                 self._append_file(letter, err, tables)
         if first is not None:  # one line per batch, not per record
             log.warning("%d bad records dead-lettered, the first: %s", count, first)
+        return letters
 
     def tombstones(self, topic: str, count: int) -> None:
         if count:

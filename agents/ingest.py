@@ -33,6 +33,7 @@ from agents.tables import Target
 from agents.transforms import Chain
 from agents.tasks import TaskOwner, highwater, unless_moved
 from icesink.shared.config import Settings
+from icesink.shared.deadletter_table import letter_rows
 from icesink.shared.faults import should_crash
 from icesink.shared.metrics import Metrics
 from icesink.shared.protocol import CommitRequest, TopicPartition
@@ -286,7 +287,12 @@ class Ingest:
     async def _finish(self, st: PartitionState, messages: Sequence[Any], rejects: list[tuple[Reject, str | None]],
                       converted: int, chunk: Chunk) -> None:
         if rejects:  # errors.tolerance=none raises here: nothing of this batch is buffered
-            await self.deadletters.reject(messages, rejects)
+            letters = await self.deadletters.reject(messages, rejects)
+            if (dl := self.settings.deadletter_table) is not None and letters:  # committed with this chunk's range
+                rows = letter_rows(letters, self.settings.group_id, self.targets[dl].arrow_schema)
+                chunk.tables[dl] = rows
+                chunk.rows += rows.num_rows
+                chunk.nbytes += rows.nbytes
         self.metrics.records_converted.labels(topic=st.tp.topic).inc(converted)
         last = messages[-1]
         ts = last.timestamp if last.timestamp is not None and last.timestamp >= 0 else None

@@ -26,9 +26,12 @@ from agents.formats import RecordFormat
 from agents.formats.extras import KeyColumnUnknown
 from agents.missing import MissingTables
 from agents.schema_watch import SchemaWatch
-from agents.tables import Target, create_target, holds_group_state, load_target, namespace_exists, not_created
+from agents.tables import (
+    Target, create_target, holds_group_state, load_target, namespace_exists, not_created, target_of,
+)
 from icesink.shared.config import Settings
 from icesink.shared.control import ControlReader
+from icesink.shared.deadletter_table import ensure_table
 from icesink.shared.errors import ConfigError
 from icesink.shared.iceberg import split_name
 from icesink.shared.metrics import Metrics
@@ -213,6 +216,8 @@ class TableLookup:
             target = await self.offload.run(load_target, self.catalog, name, self.settings)
             if target is not None:
                 self.targets[name] = target
+        if (dl := self.settings.deadletter_table) is not None:  # created if missing, with its fixed schema
+            self.targets[dl] = target_of(dl, await self.offload.run(ensure_table, self.catalog, dl))
         absent = [name for name in self.settings.tables if name not in self.targets]
         if absent and not self.settings.auto_create and await self.history.has_run():
             for name in absent:

@@ -230,6 +230,7 @@ class Settings(BaseSettings):
     dlq_replication_factor: int = Field(3, alias="errors.deadletterqueue.topic.replication.factor", ge=1)
     dlq_context_headers: bool = Field(True, alias="errors.deadletterqueue.context.headers.enable")
     max_record_bytes: int = Field(16 * 1024 * 1024, alias="errors.max-record-bytes", ge=1)
+    deadletter_table: str | None = Field(None, alias="deadletter.table")  # dead letters as rows too (agents/deadletter.py)
 
     # Fault injection for the fault tests (icesink/shared/faults.py); never set in production.
     fault_crash_at: tuple[
@@ -263,7 +264,7 @@ class Settings(BaseSettings):
             return tuple(x.strip() for x in v.split(",") if x.strip())
         return v
 
-    @field_validator("dlq_topic")
+    @field_validator("dlq_topic", "deadletter_table")
     @classmethod
     def _blank_is_none(cls, v: str | None) -> str | None:
         if v is None or not v.strip():
@@ -344,9 +345,10 @@ class Settings(BaseSettings):
 
     @property
     def tolerate_errors(self) -> bool:
-        """errors.tolerance=all: dead-letter bad records and go on (else stop at the first)."""
+        """errors.tolerance=all: dead-letter bad records and go on (else stop at the first); unset: with a
+        dead-letter topic or table."""
         if self.errors_tolerance is None:
-            return self.dlq_topic is not None
+            return self.dlq_topic is not None or self.deadletter_table is not None
         return self.errors_tolerance == "all"
 
     @property

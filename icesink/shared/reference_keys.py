@@ -10,6 +10,7 @@ why (docs/reference-keys.md lists every key). Leaf module: no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from importlib.util import find_spec
 from typing import TYPE_CHECKING
@@ -176,3 +177,9 @@ def check_reference_settings(s: Settings, create_prefix: str, kafka_own: Mapping
     check_write_props(s.auto_create_props, create_prefix)  # the format and values it knows
     check_orc_mirror(s.mirror, (PREFIX_WRITE_PROPS, s.write_props), (create_prefix, s.auto_create_props))
     kafka_client_kwargs(s.kafka_props, kafka_own)
+    if (dl := s.deadletter_table) is not None:  # dead letters as rows of a table (agents/deadletter.py)
+        if not re.fullmatch(r"[^.\s]+(\.[^.\s]+)+", dl) or dl in s.tables:
+            raise ConfigError("deadletter.table", dl, "namespace.table, a table no route writes")
+        if s.errors_tolerance == "none":
+            raise ConfigError("deadletter.table", dl, "unset, or errors.tolerance=all: under errors.tolerance=none "
+                              "a bad record stops the replica and nothing is dead-lettered")

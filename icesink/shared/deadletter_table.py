@@ -1,0 +1,95 @@
+"""The dead-letter table (``deadletter.table``): its fixed schema, its rows, its creation.
+
+A dead letter becomes a row buffered for this table in the chunk of the partition batch that
+held the bad record (agents/ingest.py), so it is written and committed by the same round as
+that batch's good rows, with the same partition positions: the round that moves a partition's
+position past a bad record commits its row, and a re-read after a crash cannot double it
+(docs/deadletters.md). Replay (icesink/app/deadletters.py) reads the rows back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import (
+    BinaryType, IntegerType, ListType, LongType, NestedField, StringType, StructType, TimestamptzType,
+)
+
+from icesink.shared.errors import ConfigError
+from icesink.shared.iceberg import split_name
+
+log = logging.getLogger(__name__)
+
+SCHEMA = Schema(
+    NestedField(1, "topic", StringType(), required=True, doc="origin topic"),
+    NestedField(2, "partition", IntegerType(), required=True, doc="origin partition"),
+    NestedField(3, "offset", LongType(), required=True, doc="origin offset"),
+    NestedField(4, "timestamp", TimestamptzType(), required=False, doc="the record's timestamp"),
+    NestedField(5, "key", BinaryType(), required=False, doc="the record's key, as read"),
+    NestedField(6, "value", BinaryType(), required=False, doc="the record's value, as read"),
+    NestedField(7, "headers", ListType(8, StructType(
+        NestedField(9, "key", StringType(), required=True),
+        NestedField(10, "value", BinaryType(), required=False),
+    ), element_required=True), required=False, doc="the record's own headers, in order"),
+    NestedField(11, "reason", StringType(), required=True,
+                doc="malformed, uncoercible, missing-required, missing-key, no-operation, too-large, no-route"),
+    NestedField(12, "error", StringType(), required=False, doc="the error message"),
+    NestedField(13, "field", StringType(), required=False, doc="dotted path of the field at fault"),
+    NestedField(14, "tables", StringType(), required=False, doc="the target table(s) that rejected it"),
+    NestedField(15, "connector", StringType(), required=True, doc="the sink group (group.id)"),
+)
+COLUMNS = tuple(f.name for f in SCHEMA.fields)
+REQUIRED = ("topic", "partition", "offset", "value", "key", "headers", "timestamp")  # what replay reads
+
+
+def letter_rows(letters: Sequence[Any], connector: str, schema: pa.Schema) -> pa.Table:
+    """The rows of ``letters`` (agents/deadletter.py Letter) in the table's Arrow ``schema`` (rare: one
+    Python row per letter)."""
+    rows: list[dict[str, Any]] = [{
+        "topic": x.topic, "partition": x.partition, "offset": x.offset,
+        "timestamp": None if x.timestamp_ms is None else x.timestamp_ms * 1000,
+        "key": x.key, "value": x.value,
+        "headers": [{"key": k, "value": v} for k, v in x.original_headers],
+        "reason": x.kind, "error": x.error, "field": x.field, "tables": x.tables, "connector": connector,
+    } for x in letters]
+    cols: dict[str, pa.Array] = {}
+    for f in schema:
+        values = [r.get(f.name) for r in rows]
+        if pa.types.is_timestamp(f.type):  # micros since the epoch, whatever the unit
+            cols[f.name] = pa.array(values, pa.int64()).cast(pa.timestamp("us", "UTC")).cast(f.type)
+        else:
+            cols[f.name] = pa.array(values, f.type)
+    return pa.Table.from_arrays(list(cols.values()), schema=schema)
+
+
+def ensure_table(catalog: Catalog, name: str) -> Table:
+    """``name`` as the catalog has it, created with :data:`SCHEMA` if missing (also without
+    ``iceberg.tables.auto-create-enabled``: the key asks for it). An existing table must have the
+    columns replay reads."""
+    try:
+        table = catalog.load_table(name)
+    except NoSuchTableError:
+        namespace, _ = split_name(name)
+        try:
+            catalog.create_namespace(namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        except Exception:  # a lost race reported otherwise (SQL catalog); or it exists
+            log.debug("namespace %s not created (it may exist)", namespace, exc_info=True)
+        try:
+            table = catalog.create_table(name, schema=SCHEMA)
+            log.info("created dead-letter table %s", name)
+        except TableAlreadyExistsError:
+            table = catalog.load_table(name)
+    have = {f.name for f in table.schema().fields}
+    if missing := [c for c in REQUIRED if c not in have]:
+        raise ConfigError("deadletter.table", name, f"a table with columns {', '.join(COLUMNS)} (it lacks "
+                          f"{', '.join(missing)}), or a name that does not exist yet (created with them)")
+    return table
