@@ -1,0 +1,104 @@
+"""deadletter.table with real processes (Tansu, Faust + Spark workers, SQLite catalog, pyiceberg):
+
+Good and bad records (a value a long column cannot take, malformed JSON) into two tables, with
+the dead letters going to a table only (no topic). The first replica is killed (SIGKILL) right
+after a round's dead letters were taken, before it reports the round's offsets; its successor
+reads the same records again. The data tables hold every good record once, and the dead-letter
+table every bad record once: its rows are committed with the round that passes their offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+TABLES = ("rp.a", "rp.b")
+DL = "rp.dead"
+
+
+def _setup(broker: Any, catalog_props: dict[str, str], topic: str) -> Any:
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from icesink.shared.kafka_admin import ensure_topic
+
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("rp")
+    schema = Schema(NestedField(1, "id", StringType(), required=True), NestedField(2, "n", LongType(), required=False))
+    for name in TABLES:
+        catalog.create_table(name, schema=schema)
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
+    return catalog
+
+
+def _records(count: int) -> tuple[list[tuple[int, bytes, bytes]], set[str], list[int]]:
+    """(partition, key, value); the good ids; the indexes of the bad records."""
+    records, good, bad = [], set(), []
+    for i in range(count):
+        if i % 23 == 4:
+            bad.append(i)
+            value = b'{"id": "bad-' + str(i).encode() + (b'", "n": "abc"}' if i % 2 else b'", "n": ')
+        else:
+            good.add(f"g-{i}")
+            value = json.dumps({"id": f"g-{i}", "n": i}).encode()
+        records.append((i % 2, f"k-{i}".encode(), value))
+    return records, good, bad
+
+
+def _send(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes]]) -> list[int]:
+    from tests.integration.test_deadletter import _send as send
+
+    return send(bootstrap, topic, [(p, k, v, [("origin", k)]) for p, k, v in records])
+
+
+def dead_rows(catalog: Any) -> Counter[tuple[str, int, int]]:
+    rows = catalog.load_table(DL).scan(selected_fields=("topic", "partition", "offset")).to_arrow().to_pylist()
+    return Counter((r["topic"], r["partition"], r["offset"]) for r in rows)
+
+
+@pytest.mark.timeout(400)
+def test_dead_letters_land_in_their_table_once_across_a_kill(broker, catalog_props, tmp_path):
+    from icesink.app.replicas import ReplicaSet
+    from tests.support.sinkrun import assert_exact, wait_rows, write_config
+
+    topic = "rp-in"
+    catalog = _setup(broker, catalog_props, topic)
+    records, good, bad = _records(900)
+    offsets = _send(broker.bootstrap, topic, records)
+    state = tmp_path / "state"
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=",".join(TABLES), bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=state, group="rp-sink",
+                       **{"deadletter.table": DL, "iceberg.tables.auto-create-enabled": "false",
+                          "fault.crash-at": "worker.after-dead-letters"})
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        first = replicas.start("w1")
+        deadline = time.monotonic() + 150
+        while first.alive:
+            assert time.monotonic() < deadline, "the replica never reached worker.after-dead-letters"
+            time.sleep(0.5)
+        assert first.proc.returncode == -signal.SIGKILL and (state / "fault-worker.after-dead-letters.fired").exists()
+        replicas.replicas.pop("w1").log_handle.close()
+        replicas.start("w2")
+        wait_rows(catalog, replicas, (*TABLES, DL), {**dict.fromkeys(TABLES, len(good)), DL: len(bad)}, timeout_s=150)
+        for name in TABLES:
+            assert_exact(catalog, name, good, key="id")
+        expected = Counter((topic, records[i][0], offsets[i]) for i in bad)
+        assert dead_rows(catalog) == expected
+        row = next(r for r in catalog.load_table(DL).scan().to_arrow().to_pylist() if r["offset"] == offsets[bad[1]])
+        i = bad[1]
+        assert (row["key"], row["value"], row["headers"]) == (records[i][1], records[i][2],
+                                                              [{"key": "origin", "value": records[i][1]}])
+        assert (row["reason"], row["field"], row["tables"], row["connector"]) == ("uncoercible", "n", "rp.a,rp.b", "rp-sink")
+        assert row["timestamp"] is not None
+    finally:
+        replicas.stop_all()
