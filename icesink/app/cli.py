@@ -381,7 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--config", type=Path, help="settings file whose spark.* settings the worker uses")
     a.add_argument("--check", action="store_true", help="build nothing: exit 0 if the archive exists, else 1")
     a.set_defaults(fn=cmd_spark_archive, set=None)
-    for leaf in (w, k, d, z, t, g, a):
+    from icesink.app.deadletters import add_parser as deadletters_parser  # icesink deadletters replay
+
+    for leaf in (w, k, d, z, t, g, a, deadletters_parser(sub, common)):
         _logging_flags(leaf, top=False)
     return p
 

@@ -235,7 +235,7 @@ class Settings(BaseSettings):
     # Fault injection for the fault tests (icesink/shared/faults.py); never set in production.
     fault_crash_at: tuple[
         Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response",
-                "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable",
+                "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable", "replay.after-table-commit",
                 "worker.after-early-write", "coordinator.commit-process.after-commit"], ...
     ] = Field((), alias="fault.crash-at")
     fault_hold_at: tuple[

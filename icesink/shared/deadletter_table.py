@@ -10,9 +10,11 @@ position past a bad record commits its row, and a re-read after a crash cannot d
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
@@ -93,3 +95,65 @@ def ensure_table(catalog: Catalog, name: str) -> Table:
         raise ConfigError("deadletter.table", name, f"a table with columns {', '.join(COLUMNS)} (it lacks "
                           f"{', '.join(missing)}), or a name that does not exist yet (created with them)")
     return table
+
+
+# Replay's record (icesink/app/deadletters.py): in a target table's properties, written in the
+# same commit as the rows, the origin offsets of the letters whose rows the table holds.
+Ranges = dict[tuple[str, int], list[tuple[int, int]]]  # (topic, partition) -> sorted [start, end)
+
+
+def property_key(dl: str) -> str:
+    return f"icesink.replayed.{dl}"
+
+
+def parse_ranges(text: str | None) -> Ranges:
+    """``topic:partition:start-end,...`` (end exclusive; topic names hold no ``:``)."""
+    out: Ranges = {}
+    for item in (text or "").split(","):
+        if item:
+            topic, partition, span = item.rsplit(":", 2)
+            start, end = span.split("-")
+            out.setdefault((topic, int(partition)), []).append((int(start), int(end)))
+    return {tp: sorted(r) for tp, r in out.items()}
+
+
+def format_ranges(ranges: Ranges) -> str:
+    return ",".join(f"{t}:{p}:{s}-{e}" for (t, p), spans in sorted(ranges.items()) for s, e in spans)
+
+
+def read_ranges(table: Table, dl: str) -> Ranges:
+    return parse_ranges(table.properties.get(property_key(dl)))
+
+
+def add_ranges(ranges: Ranges, keys: Iterable[tuple[str, int, int]]) -> str:
+    """``ranges`` with the offsets ``keys`` (topic, partition, offset) added, merged, as text."""
+    points: dict[tuple[str, int], list[tuple[int, int]]] = {tp: list(r) for tp, r in ranges.items()}
+    for t, p, o in keys:
+        points.setdefault((t, p), []).append((o, o + 1))
+    merged: Ranges = {}
+    for tp, spans in points.items():
+        out: list[tuple[int, int]] = []
+        for s, e in sorted(spans):
+            if out and s <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], e))
+            else:
+                out.append((s, e))
+        merged[tp] = out
+    return format_ranges(merged)
+
+
+def covered(ranges: Ranges, letters: pa.Table) -> npt.NDArray[np.bool_]:
+    """For each row of ``letters`` (topic, partition, offset columns): whether ``ranges`` hold it."""
+    out = np.zeros(letters.num_rows, dtype=bool)
+    if not ranges or not letters.num_rows:
+        return out
+    topics = letters["topic"].to_numpy(zero_copy_only=False)
+    partitions = letters["partition"].to_numpy(zero_copy_only=False)
+    offsets = letters["offset"].to_numpy(zero_copy_only=False)
+    for (t, p), spans in ranges.items():
+        rows = np.flatnonzero((topics == t) & (partitions == p))
+        starts = np.array([s for s, _ in spans], dtype=np.int64)
+        ends = np.array([e for _, e in spans], dtype=np.int64)
+        i = np.searchsorted(starts, offsets[rows], side="right") - 1
+        out[rows] = (i >= 0) & (offsets[rows] < ends[np.maximum(i, 0)])
+    return out
