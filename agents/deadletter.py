@@ -12,6 +12,10 @@ sends anywhere. As in Kafka Connect:
 - ``errors.tolerance=none``: a :class:`DataError` naming topic, partition, offset and field;
   the worker stops the replica (exit code 2) before anything from that batch is buffered.
 
+With ``deadletter.table`` each letter is also a row of that Iceberg table, buffered with the good
+rows of its batch (agents/ingest.py) and so committed exactly once, by the round that passes
+its offset (docs/deadletters.md); with the table and no topic, no local file is written.
+
 The dead-letter topic is at-least-once: sends are awaited (:meth:`DeadLetters.flush`) before the
 worker reports the offsets of a round, so an offset is never accepted before its dead letter is
 acknowledged; a record re-read after a crash or rewind is dead-lettered again.

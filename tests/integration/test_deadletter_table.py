@@ -46,7 +46,9 @@ def _records(count: int) -> tuple[list[tuple[int, bytes, bytes]], set[str], list
     for i in range(count):
         if i % 23 == 4:
             bad.append(i)
-            value = b'{"id": "bad-' + str(i).encode() + (b'", "n": "abc"}' if i % 2 else b'", "n": ')
+            # "ident" where the tables want "id" (a replay with a fixed transform takes them), or no JSON
+            value = (b'{"ident": "bad-' + str(i).encode() + b'", "n": 1}') if i % 2 else b'{"id": "broken", "n": '
+
         else:
             good.add(f"g-{i}")
             value = json.dumps({"id": f"g-{i}", "n": i}).encode()
@@ -98,7 +100,37 @@ def test_dead_letters_land_in_their_table_once_across_a_kill(broker, catalog_pro
         i = bad[1]
         assert (row["key"], row["value"], row["headers"]) == (records[i][1], records[i][2],
                                                               [{"key": "origin", "value": records[i][1]}])
-        assert (row["reason"], row["field"], row["tables"], row["connector"]) == ("uncoercible", "n", "rp.a,rp.b", "rp-sink")
+        assert (row["reason"], row["field"], row["tables"], row["connector"]) == ("missing-required", "id", "rp.a,rp.b",
+                                                                                  "rp-sink")
         assert row["timestamp"] is not None
     finally:
         replicas.stop_all()
+
+    # Replay with a transform that fixes the "ident" ones; killed (SIGKILL) right after its first
+    # table's commit, then run again: each table holds them once; a third run adds nothing.
+    fixed = {f"bad-{i}" for i in bad if i % 2}
+    fix = ["--set", "transforms=fix", "--set", "transforms.fix.type=org.apache.kafka.connect.transforms.ReplaceField$Value",
+           "--set", "transforms.fix.renames=ident:id"]
+    killed = _replay(cfg, *fix, "--set", "fault.crash-at=replay.after-table-commit")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    counts = {name: len(catalog.load_table(name).scan().to_arrow()) for name in TABLES}
+    assert sorted(counts.values()) == [len(good), len(good) + len(fixed)], counts  # one table done, one not
+    done = _replay(cfg, *fix)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{len(bad) - len(fixed)} failed again" in done.stderr
+    for name in TABLES:
+        assert_exact(catalog, name, good | fixed, key="id")
+    snapshots = {name: catalog.load_table(name).current_snapshot().snapshot_id for name in TABLES}
+    again = _replay(cfg, *fix)
+    assert again.returncode == 0 and "rows added" not in again.stderr, again.stderr[-3000:]
+    assert {name: catalog.load_table(name).current_snapshot().snapshot_id for name in TABLES} == snapshots
+    assert dead_rows(catalog) == expected  # the dead letters stay where they were
+    print(killed.stderr.splitlines()[-1], done.stderr.splitlines()[-1], again.stderr.splitlines()[-1], sep="\n")
+
+
+def _replay(cfg: Any, *args: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "icesink", "deadletters", "replay", "--config", str(cfg), *args],
+                          capture_output=True, text=True, timeout=180)
