@@ -340,3 +340,14 @@ class Coordinator:
         if self.session.draining.is_set() and not task.cancelled() and isinstance(task.exception(), Abandoned):
             return  # stopping: the next coordinator rolls the round forward
         task.result()
+        self._after_round()
+
+    def _after_round(self) -> None:
+        """After an idle round (its CommitComplete moved no position: nothing arrived to commit),
+        the next starts iceberg.control.commit.idle-interval-ms after it rather than
+        commit.interval-ms. Rows arriving meanwhile do not wait for it: their replica asks for
+        a round (a CommitRequest, agents/ingest.py), which starts one at once."""
+        idle_ms = self.settings.commit_idle_interval_ms
+        started = self.session.round_started_at
+        if idle_ms is not None and self.session.idle and started is not None:
+            self._next_round_at = max(self._next_round_at, started + idle_ms / 1000)
