@@ -179,13 +179,37 @@ def test_keys_are_read():
     assert (s.commit_max_records, s.commit_max_bytes, s.commit_idle_interval_ms) == (1000, 1048576, 60000)
 
 
-@pytest.mark.parametrize(("idle", "idle_ms", "expected"), [
-    (True, 60_000, 160.0),  # an idle round: the next one idle-interval after its start
-    (False, 60_000, 110.0),  # data moved: the interval
-    (True, None, 110.0),  # no idle interval: the interval
-])
-def test_the_coordinator_waits_the_idle_interval_after_an_idle_round(idle, idle_ms, expected):
-    fake = SimpleNamespace(settings=SimpleNamespace(commit_idle_interval_ms=idle_ms),
-                           session=SimpleNamespace(idle=idle, round_started_at=100.0), _next_round_at=110.0)
+def coordinator(idle: bool, idle_ms: int | None) -> SimpleNamespace:
+    """The parts of a Coordinator its round timing reads (its methods run on it)."""
+    from coordinator.state import CoordinatorState
+
+    fake = SimpleNamespace(settings=SimpleNamespace(commit_idle_interval_ms=idle_ms), _idle_until=None,
+                           session=SimpleNamespace(idle=idle, round_started_at=100.0, state=CoordinatorState()))
+    fake._idle_wait = lambda now: Coordinator._idle_wait(fake, now)  # type: ignore[arg-type]
     Coordinator._after_round(fake)  # type: ignore[arg-type]
-    assert fake._next_round_at == expected
+    return fake
+
+
+@pytest.mark.parametrize(("idle", "idle_ms", "waits"), [
+    (True, 60_000, True),  # an idle round: the next one idle-interval after its start
+    (False, 60_000, False),  # data moved: the interval
+    (True, None, False),  # no idle interval: the interval
+])
+def test_the_coordinator_waits_the_idle_interval_after_an_idle_round(idle, idle_ms, waits):
+    c = coordinator(idle, idle_ms)
+    assert c._idle_wait(130.0) is waits
+    assert c._idle_wait(160.0) is False  # idle-interval after the idle round's start
+
+
+def test_a_response_waiting_ends_the_idle_wait():
+    """A round closed on its timeout before a slow worker answered commits nothing and looks
+    idle; the late answer is accepted after it and must not wait for the idle interval."""
+    from coordinator.state import Accepted
+
+    c = coordinator(True, 60_000)
+    assert c._idle_wait(130.0)
+    c.session.state.pending.append(Accepted.__new__(Accepted))
+    assert not c._idle_wait(130.0)
+    c.session.state.pending.clear()
+    c.session.state.partial["r1"] = object()  # an answer partly read
+    assert not c._idle_wait(130.0)
