@@ -358,6 +358,7 @@ class Coordinator:
     def _idle_wait(self, now: float) -> bool:
         """Whether the next round waits for the idle interval: only while no response waits
         for a round (accepted, or partly read: a late answer to a round closed on its timeout,
-        which made that round look idle) and no worker asked for one."""
+        which made that round look idle). A worker's CommitRequest starts a round regardless
+        (:meth:`_maybe_start_round`)."""
         st = self.session.state
         return self._idle_until is not None and now < self._idle_until and not st.pending and not st.partial
