@@ -18,6 +18,7 @@ where those files began (:meth:`Buffers.take_voided`).
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class Chunk:
     nbytes: int
     rows: int
     fanout: FanoutRows | None = None
+    at: float = 0.0  # wall time it was buffered (Buffers.add): icesink_uncommitted_age_seconds
 
     def names(self) -> Iterable[str]:
         """The tables it has rows for (a fan-out's may have dead letters in ``tables`` too)."""
@@ -86,6 +88,8 @@ class Written:
     files: dict[str, tuple[Any, ...]]
     rows: int
     sent: bool = False  # taken for a response: a partial one may name the files, never delete them
+    nbytes: int = 0  # Arrow bytes of its rows when buffered (iceberg.control.commit.max-bytes)
+    at: float = 0.0  # when its oldest row was buffered
 
 
 @dataclass
@@ -239,6 +243,9 @@ class Buffers:
         self._voided: list[Written] = []  # written files dropped, not yet taken (take_voided)
         self._reseek: set[TopicPartition] = set()
         self._staged: Stage | None = None  # an early write in flight
+        self.takes = 0  # rounds that took data (agents/ingest.py asks for an early round once per take)
+        self.in_round_at: float | None = None  # oldest buffering time of data taken, until a CommitComplete
+        self.fresh_rows = 0  # rows buffered since the last take (agents/ingest.py: rows after an idle round)
 
     @property
     def full(self) -> bool:
@@ -333,6 +340,34 @@ class Buffers:
             seen.extend(w for w in list(st.written) if w not in seen)
         return sum(w.rows for w in seen)
 
+    def uncommitted(self) -> tuple[int, int]:
+        """Rows and Arrow bytes not yet taken by a round: buffered, in files written early, or
+        in an early write in flight (iceberg.control.commit.max-records and max-bytes)."""
+        seen: list[Written] = []
+        for st in list(self.partitions.values()):
+            seen.extend(w for w in list(st.written) if w not in seen)
+        staged = self._staged.chunks if self._staged is not None else []
+        return (self.rows + sum(w.rows for w in seen) + sum(c.rows for c in staged),
+                self.nbytes + sum(w.nbytes for w in seen) + sum(c.nbytes for c in staged))
+
+    def oldest_at(self) -> float | None:
+        """When the oldest row not yet committed was buffered: of the data buffered, written early
+        or in an early write, and of the data rounds took until the next CommitComplete
+        (:meth:`committed`). None: nothing uncommitted."""
+        times = [self.in_round_at] if self.in_round_at is not None else []
+        for st in list(self.partitions.values()):
+            first = st.written[0] if st.written else st.chunks[0] if st.chunks else None
+            if first is not None:
+                times.append(first.at)
+        if self._staged is not None:
+            times.extend(c.at for c in self._staged.chunks)
+        return min(times, default=None)
+
+    def committed(self) -> None:
+        """A CommitComplete: what rounds took before it is committed (or rejected, then read
+        and buffered again)."""
+        self.in_round_at = None
+
     def take_voided(self) -> tuple[list[Written], list[TopicPartition]]:
         """Written files no response may report any more, and the active partitions that must
         seek back to their ``next_offset`` (it moved back to where dropped files began).
@@ -345,6 +380,8 @@ class Buffers:
 
     def add(self, chunk: Chunk, last_offset: int, last_record_ms: int | None) -> None:
         st = self.partitions[chunk.tp]
+        chunk.at = chunk.at or time.time()
+        self.fresh_rows += chunk.rows
         st.chunks.append(chunk)
         st.next_offset = last_offset + 1
         st.last_record_ms = last_record_ms
@@ -367,6 +404,7 @@ class Buffers:
         if self._staged is not None:
             raise RuntimeError("a round's take while an early write is in flight (the worker holds one lock for both)")
         taking = self._taking(generation)
+        self.fresh_rows = 0
         reportable = self._reportable(taking)
         ranges = []
         chunks: list[Chunk] = []
@@ -390,6 +428,10 @@ class Buffers:
         for c in chunks:
             self.nbytes -= c.nbytes
             self.rows -= c.rows
+        if chunks or written:
+            self.takes += 1
+            oldest = min([c.at for c in chunks] + [w.at for w in written])
+            self.in_round_at = oldest if self.in_round_at is None else min(self.in_round_at, oldest)
         return Snapshot(generation, tuple(ranges), chunks, written)
 
     @staticmethod
@@ -493,7 +535,8 @@ class Buffers:
             self.unstage(stage)
             return None
         self._staged = None
-        w = Written({r.tp: (r.start, r.end) for r in stage.ranges}, files, stage.rows)
+        w = Written({r.tp: (r.start, r.end) for r in stage.ranges}, files, stage.rows,
+                    nbytes=sum(c.nbytes for c in stage.chunks), at=min((c.at for c in stage.chunks), default=0.0))
         for r in stage.ranges:
             self.partitions[r.tp].written.append(w)
         return w

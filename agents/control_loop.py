@@ -52,6 +52,7 @@ class ControlLoop:
         self.responder = responder
         self.epochs = EpochGate(metrics)
         self.open_round: str | None = None  # latest StartCommit without its CommitComplete
+        self.last_complete: CommitComplete | None = None  # the CommitComplete before (an idle round?)
 
     async def run(self, reader: ControlReader) -> None:
         while True:
@@ -75,6 +76,10 @@ class ControlLoop:
             case CommitComplete():
                 if self.open_round == ev.commit_id:
                     self.open_round = None
+                self.buffers.committed()  # what rounds took before it is in Iceberg (the age metric)
+                # Unknown (the first seen) counts as idle: at worst one early round, never an idle wait with data.
+                self.replica.idle = self.last_complete is None or ev.idle_after(self.last_complete)
+                self.last_complete = ev
                 await self._on_commit_complete(ev)
             case Rewind():
                 await self.ownership.on_rewind(ev)

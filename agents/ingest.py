@@ -2,9 +2,11 @@
 offset order, screened (tombstones, oversized values), routed to their tables, converted to
 Arrow in bulk (agents/convert, agents/formats, the Debezium transform, schema evolution) and
 buffered (agents/buffer.py); bad records go to the dead letters. Full buffers pause the
-partitions and ask for an early round (backpressure). A fetch with records for a table that
-does not exist and may not be created holds its partition back until the table is back
-(agents/missing.py; the tables themselves: agents/table_lookup.py)."""
+partitions and ask for an early round (backpressure); data past iceberg.control.commit.max-records
+or max-bytes, or the first rows after an idle round, ask for one without pausing
+(docs/commits.md). A fetch with records for a table that does not exist and may not be created
+holds its partition back until the table is back (agents/missing.py; the tables themselves:
+agents/table_lookup.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ from icesink.shared.protocol import CommitRequest, TopicPartition
 
 log = logging.getLogger(__name__)
 
-REQUEST_EVERY_S = 5.0  # while the buffers stay full, an early round is asked this often
+# An early round is asked once per round that took data, and again this often while none comes.
+REQUEST_EVERY_S = 5.0
 # An active partition behind its high watermark that took no record for this long is sought
 # again at its next offset (a fetch dropped in a rebalance or a broker restart would otherwise
 # hold it until a newer record shows the gap, for ever on a partition that went quiet).
@@ -117,6 +120,7 @@ class Ingest:
         self.write_early = write_early
         self.progress: dict[TopicPartition, StallProbe] = {}  # stall probes (check_stalls)
         self.last_request = 0.0  # when an early round was last asked for (request_commit)
+        self.requested_at_take = -1  # buffers.takes then: a round that took data since allows a new ask
         self.chain = Chain(settings.transform_chain)
 
     async def on_fetch(self, fetched: Fetched) -> None:
@@ -148,6 +152,8 @@ class Ingest:
         self.update_gauges()
         if self.buffers.full:
             await self._apply_backpressure()
+        else:
+            await self.maybe_request()
         self.write_early()
 
     def _spawn_seek(self, st: PartitionState, seek: Coroutine[Any, Any, None]) -> None:
@@ -160,6 +166,11 @@ class Ingest:
         stalled partitions are probed, missing tables looked up again, gauges updated."""
         if self.replica.backpressure:
             await self.check_backpressure()
+        else:
+            try:
+                await self.maybe_request()
+            except Exception as exc:
+                log.warning("commit request not sent (%s); retried", exc)
         self.check_stalls(now)
         self.read_on(await self.tables.look_for_missing())
         self.update_gauges()
@@ -317,17 +328,41 @@ class Ingest:
             self.app.consumer.pause_partitions(active)
             log.info("buffers full (%d bytes): pausing %d partitions until the next round", self.buffers.nbytes, len(active))
             self.update_paused()
-        await self._request_commit()
+        await self._request_commit("full")
 
-    async def _request_commit(self) -> None:
-        """Ask for an early round: at once the first time the buffers fill after a release,
-        then again every REQUEST_EVERY_S while they stay full (from the housekeeping too: paused
-        partitions bring no more batches to on_events)."""
+    async def maybe_request(self) -> None:
+        """Ask for an early round, partitions left reading, when the data no round took yet
+        passes iceberg.control.commit.max-records (rows) or max-bytes (Arrow bytes), or when the
+        group is idle (the last CommitComplete moved no position, agents/control_loop.py) and
+        rows were buffered since the last round's take: with commit.idle-interval-ms the
+        coordinator waits longer after an idle round, and those rows would wait for that."""
+        s = self.settings
+        idle = self.replica.idle and s.commit_idle_interval_ms is not None and self.buffers.fresh_rows > 0
+        if s.commit_max_records is None and s.commit_max_bytes is None and not idle:
+            return
+        rows, nbytes = self.buffers.uncommitted()
+        if not rows and not nbytes:
+            return
+        if s.commit_max_records is not None and rows >= s.commit_max_records:
+            await self._request_commit("max-records")
+        elif s.commit_max_bytes is not None and nbytes >= s.commit_max_bytes:
+            await self._request_commit("max-bytes")
+        elif idle and await self._request_commit("idle"):
+            self.replica.idle = False
+
+    async def _request_commit(self, reason: str) -> bool:
+        """Ask for an early round (whether it was sent): at once the first time after a round
+        took data (or the buffers were released), then again every REQUEST_EVERY_S while none
+        comes (from the housekeeping too: paused partitions bring no more batches to on_events).
+        The coordinator keeps one flag for all requests: many before a round make one round."""
         now = time.monotonic()
-        if now - self.last_request >= REQUEST_EVERY_S:
-            self.last_request = now
-            self.metrics.early_commit_requests.inc()
-            await self.send(CommitRequest(self.replica.worker_id, self.buffers.nbytes))
+        if now - self.last_request < REQUEST_EVERY_S and self.buffers.takes == self.requested_at_take:
+            return False
+        self.last_request = now
+        self.requested_at_take = self.buffers.takes
+        self.metrics.early_commit_requests.labels(reason=reason).inc()
+        await self.send(CommitRequest(self.replica.worker_id, self.buffers.nbytes))
+        return True
 
     async def release_backpressure(self) -> None:
         """Resume reading where each buffer ends. The seek is needed: records that arrived
@@ -359,7 +394,7 @@ class Ingest:
             await self.release_backpressure()
             return
         try:
-            await self._request_commit()
+            await self._request_commit("full")
         except Exception as exc:
             log.warning("commit request not sent (%s); retried", exc)
 
@@ -368,6 +403,8 @@ class Ingest:
         self.metrics.buffered_rows.set(self.buffers.rows)
         self.metrics.buffered_bytes.set(self.buffers.nbytes)
         self.metrics.written_ahead_rows.set(self.buffers.written_rows)
+        oldest = self.buffers.oldest_at()
+        self.metrics.uncommitted_age.set(0.0 if oldest is None else max(0.0, time.time() - oldest))
         consumer = self.app.consumer
         for tp, st in self.buffers.partitions.items():
             if st.active:

@@ -25,5 +25,8 @@ class Replica:
     generation: int = -1
     member_id: str | None = None
     backpressure: bool = False
+    # The last CommitComplete moved no position (the group is idle, agents/control_loop.py): the
+    # first row buffered asks for a round (iceberg.control.commit.idle-interval-ms, agents/ingest.py).
+    idle: bool = False
     rebalanced: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     stop: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)

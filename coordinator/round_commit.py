@@ -130,6 +130,7 @@ class RoundCommits:
         parked (coordinator/parking.py): its part stays pending, the rest of the round ends.
         Fencing is not retried; a stop (:meth:`Coordinator.drain`) abandons the retries."""
         batch, cp = self.session.state.plan_commit()
+        self.session.idle = False  # until this round's CommitComplete says otherwise
         if partial:
             self.metrics.rounds_partial.inc()
             log.info("round %s closed on the commit timeout; late responses join the next round", commit_id)
@@ -225,6 +226,7 @@ class RoundCommits:
                         commit_id, ", ".join(sorted(self._parked.names())), held.through)
         done = checkpoint_event(self.session.epoch, commit_id, held, valid_through)
         offset = await self.producer.send(done)
+        self.session.idle, self.session.last_complete = done.idle_after(self.session.last_complete), done
         await self._reader.commit(offset)
         self.metrics.rounds_committed.inc()
         self.metrics.last_round_committed.set(time.time())

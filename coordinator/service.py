@@ -79,6 +79,7 @@ class Coordinator:
         self._round_deadline: float | None = None
         self._round_sent: str | None = None
         self._next_round_at = 0.0
+        self._idle_until: float | None = None  # after an idle round: the next waits until then (_after_round)
         locks = TableLocks()  # every commit to a table holds its lock: rounds and maintenance
         tables = TableCache()  # each table as this coordinator's last commit left it
         parked = ParkedTables(metrics, self.status)  # tables whose commits keep failing (coordinator/parking.py)
@@ -278,8 +279,9 @@ class Coordinator:
         if self._round_sent is not None or self._commit_task is not None or self.session.draining.is_set():
             return
         now = time.monotonic()
-        if now < self._next_round_at and not self.session.state.commit_requested:
+        if not self.session.state.commit_requested and (now < self._next_round_at or self._idle_wait(now)):
             return
+        self._idle_until = None
         commit_id = str(uuid.uuid4())
         self._round_sent = commit_id
         self._round_deadline = now + self.settings.commit_timeout_ms / 1000
@@ -340,3 +342,23 @@ class Coordinator:
         if self.session.draining.is_set() and not task.cancelled() and isinstance(task.exception(), Abandoned):
             return  # stopping: the next coordinator rolls the round forward
         task.result()
+        self._after_round()
+
+    def _after_round(self) -> None:
+        """After an idle round (its CommitComplete moved no position: nothing arrived to commit),
+        the next starts iceberg.control.commit.idle-interval-ms after it rather than
+        commit.interval-ms. Rows arriving meanwhile do not wait for it: their replica asks for
+        a round (a CommitRequest, agents/ingest.py), which starts one at once."""
+        idle_ms = self.settings.commit_idle_interval_ms
+        started = self.session.round_started_at
+        self._idle_until = None
+        if idle_ms is not None and self.session.idle and started is not None:
+            self._idle_until = started + idle_ms / 1000
+
+    def _idle_wait(self, now: float) -> bool:
+        """Whether the next round waits for the idle interval: only while no response waits
+        for a round (accepted, or partly read: a late answer to a round closed on its timeout,
+        which made that round look idle). A worker's CommitRequest starts a round regardless
+        (:meth:`_maybe_start_round`)."""
+        st = self.session.state
+        return self._idle_until is not None and now < self._idle_until and not st.pending and not st.partial

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.state import Checkpoint, CoordinatorState
+from icesink.shared.protocol import CommitComplete
 
 
 @dataclass
@@ -26,3 +27,7 @@ class Session:
     applied_next: int = 0  # the control offset after the last event the loop applied
     loop_running: bool = False
     round_started_at: float | None = None  # the round's StartCommit, for icesink_round_duration_seconds
+    # The CommitComplete this coordinator sent last, and whether it moved no position from the one
+    # before (an idle round: the next waits iceberg.control.commit.idle-interval-ms, coordinator/service.py).
+    last_complete: CommitComplete | None = None
+    idle: bool = False

@@ -106,8 +106,7 @@ class Settings(BaseSettings):
     control_group_prefix: str | None = Field(None, alias="iceberg.control.group-id-prefix", min_length=1)
     # Schemaless JSON values have no schema defaults: true acts as the reference's; false refused elsewhere.
     replace_null_with_default: bool = Field(True, alias="iceberg.tables.replace-null-with-default")
-    # As Kafka Connect's internal topics: 3. A cluster with fewer brokers refuses to create the
-    # topic (set it to the broker count); Tansu (the embedded broker) accepts any value.
+    # As Kafka Connect's internal topics: 3 (fewer brokers: their count; Tansu takes any value).
     control_replication_factor: int = Field(3, alias="iceberg.control.topic.replication-factor", ge=1)
     # After a refusal because the control topic was recreated: its new topic id, to start the group
     # over on it from the positions in the tables (docs/commits.md).
@@ -118,6 +117,10 @@ class Settings(BaseSettings):
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
     commit_timeout_ms: int = Field(30_000, alias="iceberg.control.commit.timeout-ms", ge=100)
+    # Early rounds past these rows or Arrow bytes not yet in a round; a longer wait after an idle round (docs/commits.md).
+    commit_max_records: int | None = Field(None, alias="iceberg.control.commit.max-records", ge=1)
+    commit_max_bytes: int | None = Field(None, alias="iceberg.control.commit.max-bytes", ge=1)
+    commit_idle_interval_ms: int | None = Field(None, alias="iceberg.control.commit.idle-interval-ms", ge=100)
     # Tables of a round committed at once (the reference sink's key); None: 2 x cores.
     commit_threads: int | None = Field(None, alias="iceberg.control.commit.threads", ge=1)
     # Table commits in this many processes of their own, beside the threads (coordinator/commit_processes.py);

@@ -106,6 +106,9 @@ def check_settings(s: Settings) -> None:
         for key in sorted(s.value_converter_props):
             log.info("setting %s accepted; it has no effect for this converter", key)
     _check_transforms(s)
+    if s.commit_idle_interval_ms is not None and s.commit_idle_interval_ms < s.commit_interval_ms:
+        raise ConfigError("iceberg.control.commit.idle-interval-ms", s.commit_idle_interval_ms,
+                          f"unset or at least iceberg.control.commit.interval-ms ({s.commit_interval_ms})")
     json_text = any(t.kind == "json-to-map" for t in s.transform_chain)  # StringConverter values read as JSON
     if s.value_converter != JSON_CONVERTER and not is_registry_converter(s.value_converter) and not json_text:
         _check_raw_values(s)

@@ -69,8 +69,11 @@ class Metrics:
             "icesink_paused_partitions", "Source partitions paused (claiming or backpressure)",
             registry=r)
         self.early_commit_requests = Counter(
-            "icesink_early_commit_requests_total",
-            "CommitRequest events sent because this worker's buffers were full", registry=r)
+            "icesink_early_commit_requests_total", "CommitRequest events sent, by reason: full buffers, "
+            "commit.max-records, commit.max-bytes, rows after an idle round", ["reason"], registry=r)
+        self.uncommitted_age = Gauge(
+            "icesink_uncommitted_age_seconds", "Age of the oldest row this replica buffered and no "
+            "CommitComplete covered yet, by when it was buffered (0: none)", registry=r)
         self.consumer_failures = Counter(
             "icesink_consumer_failures_total",
             "Fatal errors of the source consumer (each stops the replica)", ["error"], registry=r)

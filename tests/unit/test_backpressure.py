@@ -188,7 +188,7 @@ def test_full_buffers_pause_ask_once_and_stop_growing():
         assert len(requests(w)) == 1  # a repeat only after REQUEST_EVERY_S
 
     asyncio.run(run())
-    assert w.metrics.early_commit_requests._value.get() == 1
+    assert w.metrics.early_commit_requests.labels(reason="full")._value.get() == 1
     assert w.metrics.paused_partitions._value.get() == 1
 
 

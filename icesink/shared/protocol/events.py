@@ -167,6 +167,12 @@ class CommitComplete:
     valid_through_ms: int | None = None
     replay_from: int | None = None  # where a recovering coordinator resumes reading
 
+    def idle_after(self, before: CommitComplete | None) -> bool:
+        """This round moved no position from ``before`` (the CommitComplete before it): nothing
+        arrived for the group to commit (iceberg.control.commit.idle-interval-ms). None: unknown,
+        False."""
+        return before is not None and before.positions == self.positions
+
 
 @dataclass(frozen=True)
 class Rewind:

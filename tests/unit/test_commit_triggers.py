@@ -1,0 +1,215 @@
+"""Early rounds besides the interval (docs/commits.md, "When a round starts"): a replica asks
+for one when the data no round took yet passes iceberg.control.commit.max-records or
+max-bytes, once per round that took data (and again every REQUEST_EVERY_S while none comes);
+after an idle round (a CommitComplete that moved no position) the coordinator waits
+commit.idle-interval-ms, and the first rows buffered after it ask for a round at once. And
+icesink_uncommitted_age_seconds, the age of the oldest row not yet covered by a CommitComplete."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from agents import ingest as ingest_module
+from coordinator.service import Coordinator
+from icesink.shared.config import build
+from icesink.shared.errors import ConfigError
+from icesink.shared.protocol import CommitComplete, CommitRequest, Position, TopicPartition
+from tests.unit.test_backpressure import TABLE, P, batch, make_parts
+
+OTHER = TopicPartition("other", 0)  # a partition this replica does not hold (no offset commit in the tests)
+
+
+def settings(**keys):
+    return build({"topics": P.topic, "iceberg.tables": TABLE, **keys})
+
+
+def requests(w) -> list[CommitRequest]:
+    return [ev for ev in w.producer.sent if isinstance(ev, CommitRequest)]
+
+
+def reasons(w) -> dict[str, float]:
+    return {s.labels["reason"]: s.value for m in w.metrics.registry.collect()
+            if m.name == "icesink_early_commit_requests" for s in m.samples if s.name.endswith("_total")}
+
+
+def test_max_records_asks_once_per_round_without_pausing(monkeypatch):
+    w = make_parts(max_bytes=10**9, settings=settings(**{"iceberg.control.commit.max-records": "10"}))
+
+    async def run():
+        await w.ingest.on_fetch(batch(0, 9))
+        assert requests(w) == []  # 9 rows: below
+        await w.ingest.on_fetch(batch(9, 12))
+        assert len(requests(w)) == 1 and not w.replica.backpressure
+        assert not any(c[0] == "pause" for c in w.app.consumer.calls)
+        await w.ingest.on_fetch(batch(12, 40))
+        assert len(requests(w)) == 1  # the same fill: no repeat before a round or REQUEST_EVERY_S
+        w.buffers.take(1)  # the round takes the buffers
+        await w.ingest.on_fetch(batch(40, 45))
+        assert len(requests(w)) == 1
+        await w.ingest.on_fetch(batch(45, 55))
+        assert len(requests(w)) == 2  # a new fill after a round: asked at once
+        monkeypatch.setattr(ingest_module, "REQUEST_EVERY_S", 0.0)
+        await w.ingest.housekeep(time.monotonic())  # no round came: asked again, from the housekeeping too
+        assert len(requests(w)) == 3
+
+    asyncio.run(run())
+    assert reasons(w) == {"max-records": 3.0}
+
+
+def test_max_bytes_counts_arrow_bytes_also_of_files_written_early():
+    w = make_parts(max_bytes=10**9, settings=settings(**{"iceberg.control.commit.max-bytes": "400"}))
+
+    async def run():
+        await w.ingest.on_fetch(batch(0, 30))  # 8 Arrow bytes a row: 240
+        assert requests(w) == []
+        stage = w.buffers.stage(1)  # written ahead of the round: still not in a round
+        w.buffers.land(stage, {TABLE: ()})
+        assert w.buffers.nbytes == 0 and w.buffers.uncommitted() == (30, 240)
+        await w.ingest.on_fetch(batch(30, 60))
+        assert len(requests(w)) == 1 and w.buffers.uncommitted() == (60, 480)
+
+    asyncio.run(run())
+    assert reasons(w) == {"max-bytes": 1.0}
+
+
+def test_without_the_keys_no_early_round_below_the_buffer_bound():
+    w = make_parts(max_bytes=10**9)
+
+    async def run():
+        for i in range(5):
+            await w.ingest.on_fetch(batch(i * 100, i * 100 + 100))
+        await w.ingest.housekeep(time.monotonic())
+
+    asyncio.run(run())
+    assert requests(w) == []
+
+
+def complete(commit_id: str, offset: int) -> CommitComplete:
+    return CommitComplete(1, commit_id, 10, (Position(OTHER, offset),))
+
+
+def test_rows_after_an_idle_round_ask_for_a_round_at_once():
+    w = make_parts(max_bytes=10**9, settings=settings(**{"iceberg.control.commit.idle-interval-ms": "3600000"}))
+
+    async def run():
+        await w.control._on_control(1, complete("c1", 5))
+        await w.control._on_control(2, complete("c2", 7))
+        assert not w.replica.idle  # the second moved a position: not idle
+        await w.ingest.on_fetch(batch(0, 3))
+        assert requests(w) == []  # rows in a busy group wait for the interval
+        w.buffers.take(1)
+        await w.control._on_control(3, complete("c3", 7))
+        assert w.replica.idle
+        await w.ingest.housekeep(time.monotonic())
+        assert requests(w) == []  # idle, but nothing arrived since the round's take
+        await w.ingest.on_fetch(batch(3, 4))
+        assert len(requests(w)) == 1 and not w.replica.idle  # the first row after idle asks, once
+        await w.ingest.on_fetch(batch(4, 5))
+        assert len(requests(w)) == 1
+
+    asyncio.run(run())
+    assert reasons(w) == {"idle": 1.0}
+
+
+def test_idle_rounds_ask_nothing_without_the_idle_interval():
+    w = make_parts(max_bytes=10**9)
+
+    async def run():
+        await w.control._on_control(1, complete("c1", 5))
+        await w.control._on_control(2, complete("c2", 5))
+        assert w.replica.idle
+        await w.ingest.on_fetch(batch(0, 3))
+
+    asyncio.run(run())
+    assert requests(w) == []
+
+
+def test_the_first_commit_complete_seen_counts_as_idle():
+    """A replica that starts does not know the round before: asking once too often costs one
+    early round; not asking could leave its rows an idle interval."""
+    assert complete("c", 1).idle_after(None) is False  # the coordinator's side: unknown is not idle
+    w = make_parts(max_bytes=10**9)
+    asyncio.run(w.control._on_control(1, complete("c1", 5)))
+    assert w.replica.idle
+
+
+def test_uncommitted_age_covers_buffered_taken_and_written_rows_until_a_commit_complete():
+    w = make_parts(max_bytes=10**9)
+    age = lambda: w.metrics.uncommitted_age._value.get()  # noqa: E731
+
+    async def run():
+        w.ingest.update_gauges()
+        assert age() == 0.0
+        await w.ingest.on_fetch(batch(0, 5))
+        w.buffers.partitions[P].chunks[0].at -= 60  # buffered a minute ago
+        await w.ingest.on_fetch(batch(5, 10))
+        assert 60 <= age() < 120  # the oldest row counts
+        w.buffers.land(w.buffers.stage(1), {TABLE: ()})  # written early: still uncommitted
+        w.ingest.update_gauges()
+        assert 60 <= age() < 120
+        w.buffers.take(1)  # in a round: still uncommitted
+        w.ingest.update_gauges()
+        assert 60 <= age() < 120
+        await w.control._on_control(1, complete("c1", 5))  # committed
+        w.ingest.update_gauges()
+        assert age() == 0.0
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("iceberg.control.commit.max-records", "0"),
+    ("iceberg.control.commit.max-bytes", "-1"),
+    ("iceberg.control.commit.max-bytes", "lots"),
+    ("iceberg.control.commit.idle-interval-ms", "1000"),  # below commit.interval-ms (300000)
+])
+def test_bad_values_are_refused_naming_the_key(key, value):
+    with pytest.raises(ConfigError) as err:
+        settings(**{key: value})
+    assert key in str(err.value)
+
+
+def test_keys_are_read():
+    s = settings(**{"iceberg.control.commit.max-records": "1000", "iceberg.control.commit.max-bytes": "1048576",
+                    "iceberg.control.commit.interval-ms": "1000", "iceberg.control.commit.idle-interval-ms": "60000"})
+    assert (s.commit_max_records, s.commit_max_bytes, s.commit_idle_interval_ms) == (1000, 1048576, 60000)
+
+
+def coordinator(idle: bool, idle_ms: int | None) -> SimpleNamespace:
+    """The parts of a Coordinator its round timing reads (its methods run on it)."""
+    from coordinator.state import CoordinatorState
+
+    fake = SimpleNamespace(settings=SimpleNamespace(commit_idle_interval_ms=idle_ms), _idle_until=None,
+                           session=SimpleNamespace(idle=idle, round_started_at=100.0, state=CoordinatorState()))
+    fake._idle_wait = lambda now: Coordinator._idle_wait(fake, now)  # type: ignore[arg-type]
+    Coordinator._after_round(fake)  # type: ignore[arg-type]
+    return fake
+
+
+@pytest.mark.parametrize(("idle", "idle_ms", "waits"), [
+    (True, 60_000, True),  # an idle round: the next one idle-interval after its start
+    (False, 60_000, False),  # data moved: the interval
+    (True, None, False),  # no idle interval: the interval
+])
+def test_the_coordinator_waits_the_idle_interval_after_an_idle_round(idle, idle_ms, waits):
+    c = coordinator(idle, idle_ms)
+    assert c._idle_wait(130.0) is waits
+    assert c._idle_wait(160.0) is False  # idle-interval after the idle round's start
+
+
+def test_a_response_waiting_ends_the_idle_wait():
+    """A round closed on its timeout before a slow worker answered commits nothing and looks
+    idle; the late answer is accepted after it and must not wait for the idle interval."""
+    from coordinator.state import Accepted
+
+    c = coordinator(True, 60_000)
+    assert c._idle_wait(130.0)
+    c.session.state.pending.append(Accepted.__new__(Accepted))
+    assert not c._idle_wait(130.0)
+    c.session.state.pending.clear()
+    c.session.state.partial["r1"] = object()  # an answer partly read
+    assert not c._idle_wait(130.0)
