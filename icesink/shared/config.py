@@ -108,8 +108,7 @@ class Settings(BaseSettings):
     replace_null_with_default: bool = Field(True, alias="iceberg.tables.replace-null-with-default")
     # As Kafka Connect's internal topics: 3 (fewer brokers: their count; Tansu takes any value).
     control_replication_factor: int = Field(3, alias="iceberg.control.topic.replication-factor", ge=1)
-    # After a refusal because the control topic was recreated: its new topic id, to start the group
-    # over on it from the positions in the tables (docs/commits.md).
+    # A recreated control topic's new id, to start the group over on it from the tables (docs/commits.md).
     control_adopt_log_id: str | None = Field(None, alias="iceberg.control.adopt-log-id")
     control_secret: SecretStr | None = Field(None, alias="iceberg.control.secret")
     # Without control_secret: the namespace whose property keeps the group's own secret (icesink/shared/group_secret.py).
@@ -123,11 +122,9 @@ class Settings(BaseSettings):
     commit_idle_interval_ms: int | None = Field(None, alias="iceberg.control.commit.idle-interval-ms", ge=100)
     # Tables of a round committed at once (the reference sink's key); None: 2 x cores.
     commit_threads: int | None = Field(None, alias="iceberg.control.commit.threads", ge=1)
-    # Table commits in this many processes of their own, beside the threads (coordinator/commit_processes.py);
-    # 0: on the threads, in the replica's process.
+    # Table commits in this many processes (coordinator/commit_processes.py); 0: on the threads.
     commit_processes: int = Field(0, alias="iceberg.control.commit.processes", ge=0, le=64)
-    # A table whose commit keeps failing this long is parked: the round goes on without it
-    # (coordinator/parking.py, docs/commits.md "Parked tables").
+    # A table whose commit keeps failing this long is parked, the round goes on (coordinator/parking.py).
     commit_park_after_ms: int = Field(60_000, alias="iceberg.control.commit.park-after-ms", ge=0)
     value_converter: str = Field(JSON_CONVERTER, alias="value.converter")
     value_converter_schemas_enable: bool = Field(False, alias="value.converter.schemas.enable")
