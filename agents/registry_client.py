@@ -6,7 +6,10 @@ replica (an id's schema never changes); concurrent asks for one id share one req
 and JSON Schema references (``references``: name, subject, version) are fetched too, by
 ``GET /subjects/{subject}/versions/{version}``, and cached the same way. :meth:`RegistryClient.serialized`
 asks for a Protobuf schema and its references with ``?format=serialized`` (a base64
-FileDescriptorProto each, what agents/formats/protobuf.py builds from).
+FileDescriptorProto each, what agents/formats/protobuf.py builds from). With ``global_ids``
+(Apicurio's Protobuf frame naming global ids, docs/schema-registry.md) the URLs are Apicurio's own
+API and a schema is ``GET /ids/globalIds/{id}`` (the raw text) with ``/ids/globalIds/{id}/references``,
+each reference's text by group, artifact and version, cached the same way.
 
 Errors, as a sink must treat them:
 
@@ -105,6 +108,7 @@ class RegistryClient:
         self._schemas: dict[int, asyncio.Future[RegisteredSchema | None]] = {}
         self._serialized: dict[int, asyncio.Future[RegisteredSchema | None]] = {}
         self._versions: dict[tuple[str, int, bool], asyncio.Future[RegisteredSchema | None]] = {}
+        self._artifacts: dict[str, asyncio.Future[RegisteredSchema | None]] = {}  # Apicurio's, by version path
         self._session: aiohttp.ClientSession | None = None
         self._next_url = 0
         self.requests = 0  # HTTP requests made (each attempt), for tests and metrics
@@ -175,12 +179,14 @@ class RegistryClient:
             base = f"/groups/{quote(group, safe='')}/artifacts/{quote(str(ref['artifactId']), safe='')}" \
                    f"/versions/{quote(str(ref['version']), safe='')}"
             content = base + ("/content" if self.urls[0].endswith("/v3") else "")
-            key = (f"{group}/{ref['artifactId']}", int(str(ref["version"])) if str(ref["version"]).isdigit() else 0, True)
-            target = await self._once(self._versions, key, functools.partial(self._native, content, base + "/references", None))
+            target = await self._once(self._artifacts, base,
+                                      functools.partial(self._native, content, base + "/references", None))
             if target is None:
                 raise RegistryUnavailable(f"schema registry: global id {schema_id or path} references artifact "
                                           f"{group}/{ref['artifactId']} version {ref['version']}, which it does not hold")
-            refs.append(Reference(str(ref["name"]), f"{group}/{ref['artifactId']}", key[1], target))
+            version = str(ref["version"])
+            refs.append(Reference(str(ref["name"]), f"{group}/{ref['artifactId']}",
+                                  int(version) if version.isdigit() else 0, target))
         return RegisteredSchema(schema_id, kind, body["text"], tuple(refs))
 
     async def _get(self, path: str, *, raw: bool = False, listed: bool = False) -> dict[str, Any] | None:

@@ -141,3 +141,17 @@ def test_apicurios_protobuf_key_converter_is_refused_for_now() -> None:
         build({"topics": "t", "iceberg.tables": "db.t", "key.converter": CONVERTER,
                "key.converter.apicurio.registry.url": URL})
     assert e.value.key == "key.converter" and "values only" in str(e.value)
+
+
+def test_apicurios_own_api_answers_name_the_artifact_type() -> None:
+    """Apicurio 2.4 answers ``/ids/globalIds/{id}`` with the text and a content type only
+    (``application/x-protobuf``, or ``application/json`` for Avro and JSON Schema alike)."""
+    from agents.registry_client import _artifact_type
+
+    assert _artifact_type({"text": "syntax = 'proto3';", "content_type": "application/x-protobuf"}) == "PROTOBUF"
+    assert _artifact_type({"text": '{"type": "record", "name": "A", "fields": []}',
+                           "content_type": "application/json"}) == "AVRO"
+    assert _artifact_type({"text": '"string"', "content_type": "application/json"}) == "AVRO"
+    assert _artifact_type({"text": '{"type": "object"}', "content_type": "application/json"}) == "JSON"
+    assert _artifact_type({"text": "x", "type": "protobuf"}) == "PROTOBUF"  # X-Registry-ArtifactType when sent
+    assert _artifact_type({"text": "<a/>", "content_type": "application/xml"}) == "application/xml"
