@@ -6,7 +6,10 @@ replica (an id's schema never changes); concurrent asks for one id share one req
 and JSON Schema references (``references``: name, subject, version) are fetched too, by
 ``GET /subjects/{subject}/versions/{version}``, and cached the same way. :meth:`RegistryClient.serialized`
 asks for a Protobuf schema and its references with ``?format=serialized`` (a base64
-FileDescriptorProto each, what agents/formats/protobuf.py builds from).
+FileDescriptorProto each, what agents/formats/protobuf.py builds from). With ``global_ids``
+(Apicurio's Protobuf frame naming global ids, docs/schema-registry.md) the URLs are Apicurio's own
+API and a schema is ``GET /ids/globalIds/{id}`` (the raw text) with ``/ids/globalIds/{id}/references``,
+each reference's text by group, artifact and version, cached the same way.
 
 Errors, as a sink must treat them:
 
@@ -27,12 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aiohttp
@@ -92,7 +96,7 @@ class RegistryClient:
 
     def __init__(self, urls: Sequence[str], auth: RegistryAuth = RegistryAuth(), *, timeout_s: float = 10.0,
                  give_up_s: float = 300.0, backoff_first_s: float = 0.5, backoff_cap_s: float = 30.0,
-                 on_failure: Callable[[BaseException, int], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException, int], None] | None = None, global_ids: bool = False) -> None:
         if not urls:
             raise ConfigError("value.converter.schema.registry.url", "", "one or more registry URLs")
         self.urls = [u.rstrip("/") for u in urls]
@@ -104,9 +108,12 @@ class RegistryClient:
         self._schemas: dict[int, asyncio.Future[RegisteredSchema | None]] = {}
         self._serialized: dict[int, asyncio.Future[RegisteredSchema | None]] = {}
         self._versions: dict[tuple[str, int, bool], asyncio.Future[RegisteredSchema | None]] = {}
+        self._artifacts: dict[str, asyncio.Future[RegisteredSchema | None]] = {}  # Apicurio's, by version path
         self._session: aiohttp.ClientSession | None = None
         self._next_url = 0
         self.requests = 0  # HTTP requests made (each attempt), for tests and metrics
+        #: The ids are Apicurio global ids and ``urls`` Apicurio's own API (``.../apis/registry/v2`` or ``v3``)
+        self.global_ids = global_ids
 
     async def close(self) -> None:
         if self._session is not None:
@@ -115,6 +122,8 @@ class RegistryClient:
 
     async def schema(self, schema_id: int) -> RegisteredSchema | None:
         """The schema registered under ``schema_id``, or None if the registry has no such id."""
+        if self.global_ids:
+            return await self._once(self._schemas, schema_id, lambda: self._global(schema_id))
         return await self._once(self._schemas, schema_id, lambda: self._fetch(f"/schemas/ids/{schema_id}", schema_id))
 
     async def serialized(self, schema_id: int) -> RegisteredSchema | None:
@@ -153,12 +162,39 @@ class RegistryClient:
         found = body.get("id", schema_id)
         return RegisteredSchema(None if found is None else int(found), kind, body["schema"], tuple(refs))
 
-    async def _get(self, path: str) -> dict[str, Any] | None:
+    async def _global(self, global_id: int) -> RegisteredSchema | None:
+        """Apicurio's own API: ``GET /ids/globalIds/{id}`` (the text; its type in the
+        ``X-Registry-ArtifactType`` header) and ``/ids/globalIds/{id}/references``."""
+        return await self._native(f"/ids/globalIds/{global_id}", f"/ids/globalIds/{global_id}/references", global_id)
+
+    async def _native(self, path: str, refs_path: str, schema_id: int | None) -> RegisteredSchema | None:
+        body = await self._get(path, raw=True)
+        if body is None:
+            return None
+        kind = _artifact_type(body)
+        listed = await self._get(refs_path, raw=False, listed=True)
+        refs = []
+        for ref in (listed or {}).get("items", ()):
+            group = ref.get("groupId") or "default"
+            base = f"/groups/{quote(group, safe='')}/artifacts/{quote(str(ref['artifactId']), safe='')}" \
+                   f"/versions/{quote(str(ref['version']), safe='')}"
+            content = base + ("/content" if self.urls[0].endswith("/v3") else "")
+            target = await self._once(self._artifacts, base,
+                                      functools.partial(self._native, content, base + "/references", None))
+            if target is None:
+                raise RegistryUnavailable(f"schema registry: global id {schema_id or path} references artifact "
+                                          f"{group}/{ref['artifactId']} version {ref['version']}, which it does not hold")
+            version = str(ref["version"])
+            refs.append(Reference(str(ref["name"]), f"{group}/{ref['artifactId']}",
+                                  int(version) if version.isdigit() else 0, target))
+        return RegisteredSchema(schema_id, kind, body["text"], tuple(refs))
+
+    async def _get(self, path: str, *, raw: bool = False, listed: bool = False) -> dict[str, Any] | None:
         backoff = Backoff(first_s=self.backoff[0], cap_s=self.backoff[1], deadline_s=self.give_up_s)
         while True:
             url = self.urls[self._next_url % len(self.urls)]
             try:
-                return await self._attempt(url, path)
+                return await self._attempt(url, path, raw=raw, listed=listed)
             except (aiohttp.ClientError, TimeoutError, OSError, _Retry) as exc:
                 self._next_url += 1  # the next URL of the list, if there are several
                 delay = backoff.next()
@@ -171,11 +207,13 @@ class RegistryClient:
                 log.warning("schema registry: %s; attempt %d, again in %.1f s", reason, backoff.attempts, delay)
                 await asyncio.sleep(delay)
 
-    async def _attempt(self, url: str, path: str) -> dict[str, Any] | None:
+    async def _attempt(self, url: str, path: str, *, raw: bool = False, listed: bool = False) -> dict[str, Any] | None:
+        """The JSON object answered (``listed``: a JSON list, as ``{"items": [...]}``; ``raw``: the
+        text and its ``X-Registry-ArtifactType`` as ``{"text", "type"}``); None for not found."""
         session = self._session or self._open()
         self.requests += 1
         parts = urlsplit(url)
-        headers = {"Accept": "application/vnd.schemaregistry.v1+json"}
+        headers = {"Accept": "*/*" if raw else "application/json" if listed else "application/vnd.schemaregistry.v1+json"}
         if self.auth.user_info is not None:
             headers["Authorization"] = _basic(self.auth.user_info.get_secret_value())
         elif parts.username is not None:
@@ -186,7 +224,14 @@ class RegistryClient:
                 raise ConfigError(self.auth.setting, "(hidden)",
                                   f"credentials the schema registry at {shown(url)} accepts (it answered "
                                   f"{resp.status} to GET {path})")
+            if (raw or listed) and resp.status == 404:
+                return None
+            if raw and resp.status == 200:
+                return {"text": text, "type": resp.headers.get("X-Registry-ArtifactType"),
+                        "content_type": resp.headers.get("Content-Type", "")}
             body = _json(text)
+            if listed and resp.status == 200 and isinstance(body, list):
+                return {"items": body}
             if resp.status == 404 and isinstance(body, dict) and body.get("error_code") in (40403, 40401, 40402):
                 return None
             if resp.status != 200 or not isinstance(body, dict):
@@ -211,6 +256,25 @@ def _basic(user_info: str) -> str:
 
 class _Retry(Exception):
     """An answer that is not one (5xx, not JSON): try again."""
+
+
+def _artifact_type(body: dict[str, Any]) -> SchemaType:
+    """An artifact's type from Apicurio's answer: its ``X-Registry-ArtifactType`` header when sent,
+    else its content type (2.4 answers ``/ids/globalIds/{id}`` with ``application/x-protobuf`` for
+    Protobuf and ``application/json`` for Avro and JSON Schema alike: told apart by the text). Any
+    other artifact (XML, GraphQL, ...) is named by its content type, so its records are rejects."""
+    given = body.get("type")
+    if given:
+        return cast(SchemaType, str(given).upper())
+    content_type = str(body.get("content_type", "")).lower()
+    if "protobuf" in content_type:
+        return "PROTOBUF"
+    if "json" in content_type:
+        doc = _json(body["text"])
+        avro = isinstance(doc, str | list) or (isinstance(doc, dict) and "$schema" not in doc
+                                               and doc.get("type") in ("record", "enum", "fixed"))
+        return "AVRO" if avro else "JSON"
+    return cast(SchemaType, content_type or "unknown")
 
 
 def _json(text: str) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+from agents.formats.apicurio_proto import ApicurioProtobufValues
 from agents.formats.registry_keys import RegistryKeys
 from agents.formats.registry_values import RegistryValues
 from agents.registry_client import RegisteredSchema, RegistryAuth, RegistryClient, RegistryUnavailable, shown
@@ -84,6 +85,8 @@ def registry_values(settings: Settings, metrics: Metrics,
     if rs is None:
         return None
     health = _health(settings, "value", metrics, status)
+    if rs.apicurio_frame is not None:
+        return ApicurioProtobufValues(health.schema, rs.apicurio_frame, rs.options), health.client
     return RegistryValues(health.schema, rs.format, rs.options), health.client
 
 
@@ -105,7 +108,8 @@ def _health(settings: Settings, side: Literal["value", "key"], metrics: Metrics,
     assert rs is not None
     auth = RegistryAuth(rs.user_info, rs.cafile, rs.certfile, None, rs.key_password,
                         setting=f"{side}.converter.basic.auth.user.info" if rs.user_info is not None else rs.url_key)
-    client = RegistryClient(rs.urls, auth, timeout_s=REQUEST_TIMEOUT_S, give_up_s=give_up_s(settings))
+    client = RegistryClient(rs.urls, auth, timeout_s=REQUEST_TIMEOUT_S, give_up_s=give_up_s(settings),
+                            global_ids=rs.apicurio_frame is not None and rs.apicurio_frame.global_ids)
     health = RegistryHealth(client, metrics, status, "schema_registry" if side == "value" else "schema_registry_keys")
     client.on_failure = health.failed
     return health

@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from google.protobuf import descriptor_pb2
 from pyiceberg.schema import Schema
 
 from agents.convert import Converted, Reject
@@ -40,12 +41,12 @@ from agents.formats.avro import AvroPlan, avro_plan, decode_avro
 from agents.formats.json_schema import JsonSchemaPlan, decode_json_schema, json_schema_plan
 from agents.formats.proto_text import compile_proto
 from agents.formats.protobuf import ProtobufPlan, decode_protobuf, protobuf_plan
-from agents.formats.registry_wire import Frames, RegistrySchemaError, frames
+from agents.formats.registry_wire import Frames, RegistrySchemaError, Selector, frames
 from icesink.shared.registry_settings import DecodeOptions
 
 Plan = AvroPlan | ProtobufPlan | JsonSchemaPlan
-#: A plan's key: (schema id, Protobuf message indexes; () for Avro and JSON Schema).
-Key = tuple[int, tuple[int, ...]]
+#: A plan's key: (schema id, Protobuf message indexes or Apicurio's Ref name; () for Avro and JSON Schema).
+Key = tuple[int, Selector]
 #: The registry's type of each decoder's schemas (``schemaType``).
 _TYPES = {"avro": "AVRO", "protobuf": "PROTOBUF", "json": "JSON"}
 
@@ -97,7 +98,7 @@ class RegistryValues:
             if key not in self.plans:
                 self.plans[key] = await self._plan(*key)
 
-    async def _plan(self, schema_id: int, indexes: tuple[int, ...] = ()) -> Plan | str:
+    async def _plan(self, schema_id: int, indexes: Selector = ()) -> Plan | str:
         found = await self.schema_of(schema_id)
         if found is None:
             hint = (" (an 8-byte Apicurio global id? set the producer's apicurio.registry.as-confluent=true)"
@@ -108,6 +109,12 @@ class RegistryValues:
         try:
             if self.kind == "protobuf":  # protoc off the event loop (once per schema id: cached)
                 main, refs = await asyncio.to_thread(compile_proto, found.text, _reference_pairs(found))
+                if isinstance(indexes, str):  # Apicurio's Ref: a top-level message by its simple name
+                    names = [m.name for m in descriptor_pb2.FileDescriptorProto.FromString(main).message_type]
+                    if indexes not in names:
+                        return (f"schema id {schema_id}: the value's Ref names message {indexes!r}, not a top-level "
+                                f"message of the schema ({', '.join(names) or 'none'})")
+                    indexes = (names.index(indexes),)
                 return protobuf_plan(base64.b64encode(main).decode(), indexes,
                                      tuple((n, base64.b64encode(r).decode()) for n, r in refs),
                                      wrapper_for_nullables=self.options.wrapper_for_nullables,

@@ -27,6 +27,9 @@ from agents.convert import Reject
 
 MAGIC: Final = 0
 HEADER: Final = 5  # the magic byte and the schema id
+#: What picks a value's message in a Protobuf schema: Confluent's message indexes, or the
+#: top-level message's name in Apicurio's Ref (agents/formats/apicurio_proto.py).
+Selector = tuple[int, ...] | str
 
 
 class RegistrySchemaError(ValueError):
@@ -44,7 +47,8 @@ class RegistrySchemaError(ValueError):
 class Frames:
     """The values of a batch in the wire format: for each one kept (in input order) its input
     position, schema id, and payload as ``data[starts[k]:ends[k]]``; the others as rejects.
-    ``indexes``: Protobuf message indexes per kept value (only when asked for)."""
+    ``indexes``: Protobuf message indexes per kept value (only when asked for), or the message
+    name of Apicurio's Ref."""
 
     data: bytes
     positions: npt.NDArray[np.int64]
@@ -52,7 +56,7 @@ class Frames:
     starts: npt.NDArray[np.int64]
     ends: npt.NDArray[np.int64]
     rejects: tuple[Reject, ...]
-    indexes: tuple[tuple[int, ...], ...] | None = None
+    indexes: tuple[Selector, ...] | None = None
 
     def payload(self, k: int) -> bytes:
         return self.data[self.starts[k]:self.ends[k]]
@@ -64,8 +68,9 @@ class Frames:
         return {int(i): part for i, part in zip(ids, np.split(order, first[1:]), strict=True)}
 
 
-def frames(values: Sequence[bytes], *, protobuf: bool = False) -> Frames:
-    """Read the header of every value (and, with ``protobuf``, its message indexes)."""
+def frames(values: Sequence[bytes], *, protobuf: bool = False, id_bytes: int = 4) -> Frames:
+    """Read the header of every value (and, with ``protobuf``, its message indexes). ``id_bytes``:
+    the id's width (8: Apicurio's 8-byte ids, read as a signed long)."""
     arr = pa.array(values, pa.binary())
     n = len(arr)
     offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
@@ -76,41 +81,48 @@ def frames(values: Sequence[bytes], *, protobuf: bool = False) -> Frames:
     lengths = ends - starts
     rejects: list[Reject] = []
     null = np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
-    short = ~null & (lengths < HEADER)
+    header = 1 + id_bytes
+    short = ~null & (lengths < header)
     magic = np.full(n, -1, dtype=np.int64)
     has_byte = lengths > 0
     magic[has_byte] = raw[starts[has_byte]]
     wrong = ~null & ~short & (magic != MAGIC)
     for i in np.flatnonzero(null | short | wrong):
-        rejects.append(Reject(int(i), _reason(bool(null[i]), int(lengths[i]), int(magic[i])), None))
+        rejects.append(Reject(int(i), _reason(bool(null[i]), int(lengths[i]), int(magic[i]), header), None))
     ok = ~(null | short | wrong)
     positions = np.flatnonzero(ok).astype(np.int64)
     s = starts[ok]
-    ids = (raw[s + 1].astype(np.int64) << 24) | (raw[s + 2].astype(np.int64) << 16) \
-        | (raw[s + 3].astype(np.int64) << 8) | raw[s + 4].astype(np.int64)
-    ids = np.where(ids >= 1 << 31, ids - (1 << 32), ids)  # Java's int: ids are signed
-    out = Frames(data, positions, ids, s + HEADER, ends[ok], tuple(rejects))
-    return _with_indexes(out) if protobuf else out
+    if id_bytes == 8:  # Java's long, big-endian
+        wide = np.zeros(len(s), dtype=np.uint64)
+        for b in range(8):
+            wide = (wide << np.uint64(8)) | raw[s + 1 + b].astype(np.uint64)
+        ids = wide.view(np.int64)
+    else:
+        ids = (raw[s + 1].astype(np.int64) << 24) | (raw[s + 2].astype(np.int64) << 16) \
+            | (raw[s + 3].astype(np.int64) << 8) | raw[s + 4].astype(np.int64)
+        ids = np.where(ids >= 1 << 31, ids - (1 << 32), ids)  # Java's int: ids are signed
+    out = Frames(data, positions, ids, s + header, ends[ok], tuple(rejects))
+    return with_indexes(out) if protobuf else out
 
 
-def _reason(null: bool, length: int, magic: int) -> str:
+def _reason(null: bool, length: int, magic: int, header: int = HEADER) -> str:
     if null:
         return "no value (a tombstone) where a schema-registry value was expected"
-    if length < HEADER:
-        return (f"not in the schema-registry wire format: {length} bytes, fewer than the {HEADER} of the "
+    if length < header:
+        return (f"not in the schema-registry wire format: {length} bytes, fewer than the {header} of the "
                 "magic byte and schema id")
     hint = " (JSON text? set value.converter to JsonConverter)" if magic in (0x7B, 0x5B, 0x22) else ""
     return f"unknown magic byte 0x{magic:02x}: not in the schema-registry wire format{hint}"
 
 
-def _with_indexes(f: Frames) -> Frames:
+def with_indexes(f: Frames) -> Frames:
     """``f`` with the Protobuf message indexes read and the payloads starting after them."""
     raw = np.frombuffer(f.data, dtype=np.uint8)
     starts = f.starts.copy()
     inbounds = starts < f.ends
     first = np.full(len(starts), -1, dtype=np.int64)
     first[inbounds] = raw[starts[inbounds]]
-    indexes: list[tuple[int, ...]] = [(0,)] * len(starts)
+    indexes: list[Selector] = [(0,)] * len(starts)
     starts[first == 0] += 1  # the common case, [0], in one byte
     keep = np.ones(len(starts), dtype=np.bool_)
     rejects = list(f.rejects)

@@ -22,6 +22,14 @@ Each key either acts or is refused at start naming it (:class:`ConfigError`):
   (``apicurio.registry.as-confluent``, which must be true, or its ``Legacy4ByteIdHandler``) also
   need ``use-id=contentId`` and ``headers.enabled=false`` said outright: 2.x defaults to global
   ids in headers.
+- Apicurio's ``ProtobufConverter`` (docs/schema-registry.md, "Apicurio's Protobuf frame"): its
+  serde's own frame, :class:`ApicurioFrame`: ``apicurio.registry.id-handler``
+  ``Default4ByteIdHandler`` / ``Legacy4ByteIdHandler`` (or ``as-confluent=true``) for a 4-byte id,
+  ``DefaultIdHandler`` / ``Legacy8ByteIdHandler`` for an 8-byte one; ``use-id`` ``contentId``
+  (read through the Confluent-compatible API) or ``globalId`` (read through Apicurio's own API,
+  ``/ids/globalIds/{id}``); ``apicurio.registry.serde.read-indexes=true`` skips Confluent's
+  message indexes before the Ref. ``headers.enabled=true`` (ids in Kafka headers) and
+  ``serde.read-type-ref=false`` (no Ref: nothing names the message) are refused.
 """
 
 from __future__ import annotations
@@ -43,28 +51,30 @@ AVRO_CONVERTER: Final = "io.confluent.connect.avro.AvroConverter"
 PROTOBUF_CONVERTER: Final = "io.confluent.connect.protobuf.ProtobufConverter"
 JSON_SCHEMA_CONVERTER: Final = "io.confluent.connect.json.JsonSchemaConverter"
 APICURIO_AVRO_CONVERTER: Final = "io.apicurio.registry.utils.converter.AvroConverter"
+APICURIO_PROTOBUF_CONVERTER: Final = "io.apicurio.registry.utils.converter.ProtobufConverter"
 #: Converter class -> the decoder of its payloads (agents/formats/registry_values.py dispatches on
 #: it): the one place to add a registry converter.
 REGISTRY_CONVERTERS: Final[Mapping[str, str]] = {
     AVRO_CONVERTER: "avro",
     APICURIO_AVRO_CONVERTER: "avro",
     PROTOBUF_CONVERTER: "protobuf",
+    APICURIO_PROTOBUF_CONVERTER: "protobuf",
     JSON_SCHEMA_CONVERTER: "json",
 }
-#: Registry converters known but not read: refused at start, saying so. Apicurio's Protobuf serde
-#: writes its own frame by default (a type reference, not Confluent's message indexes), and its
+#: Registry converters known but not read: refused at start, saying so. Apicurio's
 #: ExtJsonConverter is JSON with the id inside, not the registry wire format.
 NOT_YET: Final[Mapping[str, str]] = {
-    "io.apicurio.registry.utils.converter.ProtobufConverter": "Apicurio's Protobuf",
     "io.apicurio.registry.utils.converter.ExtJsonConverter": "Apicurio's JSON",
 }
-APICURIO: Final = frozenset({APICURIO_AVRO_CONVERTER})
+APICURIO: Final = frozenset({APICURIO_AVRO_CONVERTER, APICURIO_PROTOBUF_CONVERTER})
 
 #: Serializer-side keys a sink's converter has no use for: accepted, logged, no effect.
 _NO_EFFECT: Final = frozenset((
     "auto.register.schemas", "use.latest.version", "normalize.schemas", "latest.compatibility.strict",
     "key.subject.name.strategy", "value.subject.name.strategy", "apicurio.registry.auto-register",
     "apicurio.registry.find-latest", "apicurio.registry.artifact-resolver-strategy",
+    "apicurio.registry.serde.send-type-ref", "apicurio.registry.serde.send-indexes",  # the serializer's
+    "apicurio.registry.serde.validation-enabled",
 ))
 #: The read-side keys of Confluent's ProtobufData / JsonSchemaData (ProtobufDataConfig,
 #: JsonSchemaDataConfig, AbstractDataConfig) by decoder: key -> the value icesink reads as
@@ -111,6 +121,26 @@ class DecodeOptions:
 
 _DEFAULTS: Final = DecodeOptions()
 
+#: Apicurio's id handlers: class -> the id's width in bytes (2.x: DefaultIdHandler, Legacy4ByteIdHandler;
+#: 3.x: Default4ByteIdHandler, Legacy8ByteIdHandler).
+_ID_HANDLERS: Final[Mapping[str, int]] = {
+    "io.apicurio.registry.serde.DefaultIdHandler": 8, "io.apicurio.registry.serde.Legacy8ByteIdHandler": 8,
+    _APICURIO_ID_HANDLER: 4, _APICURIO_2_ID_HANDLER: 4,
+}
+_APICURIO_2_HANDLERS: Final = frozenset({"io.apicurio.registry.serde.DefaultIdHandler", _APICURIO_2_ID_HANDLER})
+
+
+@dataclass(frozen=True)
+class ApicurioFrame:
+    """How Apicurio's Protobuf serde frames a value (agents/formats/apicurio_proto.py reads it):
+    magic byte 0, the id in ``id_bytes`` (4 or 8) big-endian bytes, Confluent's message indexes
+    if ``indexes``, Apicurio's length-delimited ``Ref`` message, the payload. ``global_ids``: the
+    id is a global id (Apicurio's own API) rather than a content id (the Confluent-compatible API)."""
+
+    id_bytes: int = 4
+    global_ids: bool = False
+    indexes: bool = False
+
 
 @dataclass(frozen=True)
 class RegistrySettings:
@@ -125,6 +155,7 @@ class RegistrySettings:
     key_password: SecretStr | None
     url_key: str  # the key the URLs came from, named in errors
     options: DecodeOptions = _DEFAULTS
+    apicurio_frame: ApicurioFrame | None = None  # Apicurio's ProtobufConverter: its own frame
 
 
 def is_registry_converter(converter: str) -> bool:
@@ -144,13 +175,17 @@ def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> R
                           f"not yet supported (supported: {', '.join(sorted(REGISTRY_CONVERTERS))})")
     if converter not in REGISTRY_CONVERTERS:
         return None
+    if side == "key" and converter == APICURIO_PROTOBUF_CONVERTER:
+        raise ConfigError("key.converter", converter, "a key converter icesink reads: Apicurio's Protobuf frame is read "
+                          "for values only (keys: Confluent's frame, e.g. io.confluent.connect.protobuf.ProtobufConverter)")
     props = s.value_converter_props if side == "value" else s.key_converter_props
     apicurio = converter in APICURIO
     fmt = REGISTRY_CONVERTERS[converter]
     options = _options(props, fmt, pre)
     for key in props:
         name = key[len(pre):]
-        if not _known(name, apicurio) and name not in _NO_EFFECT and name not in _CACHE_KEYS[fmt] \
+        if not _known(name, apicurio, converter == APICURIO_PROTOBUF_CONVERTER) and name not in _NO_EFFECT \
+                and name not in _CACHE_KEYS[fmt] \
                 and name not in DATA_KEYS.get(fmt, {}):
             raise ConfigError(key, mask_url(props[key]), f"a key {converter} takes here (registry URL, credentials, "
                               "PEM TLS files; docs/schema-registry.md); this one would be ignored")
@@ -162,7 +197,11 @@ def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> R
     for u in urls:
         if not re.match(r"https?://[^/\s]+", u):
             raise ConfigError(url_key, mask_url(u), "http:// or https:// URLs, comma-separated")
-    if apicurio:
+    frame = None
+    if converter == APICURIO_PROTOBUF_CONVERTER:
+        frame = _apicurio_frame(props, pre)
+        urls = tuple(_native(u, k_apicurio_url) if frame.global_ids else _ccompat(u, k_apicurio_url) for u in urls)
+    elif apicurio:
         urls = tuple(_ccompat(u, k_apicurio_url) for u in urls)
         _check_apicurio(props, pre)
     source = props.get(k_source, "URL").strip().upper()
@@ -176,7 +215,7 @@ def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> R
     certfile = _pem(props, "keystore", pre + "schema.registry.ssl.")
     password = s.value_converter_key_password if side == "value" else s.key_converter_key_password
     return RegistrySettings(converter, fmt, urls, user_info, cafile, certfile,
-                            password if certfile else None, url_key, options)
+                            password if certfile else None, url_key, options, frame)
 
 
 def _options(props: Mapping[str, str], fmt: str, pre: str) -> DecodeOptions:
@@ -201,7 +240,7 @@ def _options(props: Mapping[str, str], fmt: str, pre: str) -> DecodeOptions:
                          optional_for_nonrequired=got.get("use.optional.for.nonrequired", False))
 
 
-def _known(key: str, apicurio: bool) -> bool:
+def _known(key: str, apicurio: bool, apicurio_protobuf: bool = False) -> bool:
     """Whether ``key`` (after ``value.converter.`` or ``key.converter.``) is a key read here."""
     ssl = "schema.registry.ssl."
     own = {"basic.auth.credentials.source", ssl + "truststore.location", ssl + "truststore.type",
@@ -209,7 +248,9 @@ def _known(key: str, apicurio: bool) -> bool:
     if apicurio:
         return key in own or key in ("apicurio.registry.url", "apicurio.registry.id-handler",
                                      "apicurio.registry.use-id", "apicurio.registry.headers.enabled",
-                                     "apicurio.registry.as-confluent")
+                                     "apicurio.registry.as-confluent") \
+            or (apicurio_protobuf and key in ("apicurio.registry.serde.read-type-ref",
+                                              "apicurio.registry.serde.read-indexes"))
     return key in own or key == "schema.registry.url"
 
 
@@ -232,6 +273,48 @@ def _ccompat(url: str, k_apicurio_url: str) -> str:
         raise ConfigError(k_apicurio_url, mask_url(url), "Apicurio's API URL, ending in /apis/registry/v2 or "
                           "/apis/registry/v3 (the sink reads the Confluent-compatible API beside it)")
     return f"{m['base']}/apis/ccompat/v7"
+
+
+def _native(url: str, k_apicurio_url: str) -> str:
+    _ccompat(url, k_apicurio_url)  # the same check: Apicurio's API URL
+    return url
+
+
+def _flag(props: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = props.get(key)
+    if raw is None:
+        return default
+    if raw.strip().lower() not in ("true", "false"):
+        raise ConfigError(key, raw, "true or false")
+    return raw.strip().lower() == "true"
+
+
+def _apicurio_frame(props: Mapping[str, str], pre: str) -> ApicurioFrame:
+    """The frame Apicurio's Protobuf serde writes under these keys (as its ProtobufKafkaDeserializer
+    reads it: AbstractKafkaSerDe picks the id handler, ``as-confluent`` overriding it)."""
+    k = pre + "apicurio.registry."
+    handler = (props.get(k + "id-handler") or _APICURIO_ID_HANDLER).strip()
+    if handler not in _ID_HANDLERS:
+        raise ConfigError(k + "id-handler", handler, "one of Apicurio's id handlers: " + ", ".join(sorted(_ID_HANDLERS)))
+    as_confluent = _flag(props, k + "as-confluent", False)
+    width = 4 if as_confluent else _ID_HANDLERS[handler]
+    use_id = (props.get(k + "use-id") or "contentId").strip()
+    if use_id not in ("contentId", "globalId"):
+        raise ConfigError(k + "use-id", use_id, "contentId or globalId")
+    if _flag(props, k + "headers.enabled", False):
+        raise ConfigError(k + "headers.enabled", props[k + "headers.enabled"],
+                          "false: with headers the id and message type travel in Kafka record headers, which "
+                          "icesink's registry decoder does not read (the producer's apicurio.registry.headers.enabled"
+                          "=false puts them in the value)")
+    if not _flag(props, k + "serde.read-type-ref", True):
+        raise ConfigError(k + "serde.read-type-ref", props[k + "serde.read-type-ref"],
+                          "true: the frame's Ref message is what names the message type of each value")
+    if as_confluent or handler in _APICURIO_2_HANDLERS:
+        for key, default in (("use-id", "globalId"), ("headers.enabled", "true")):
+            if props.get(k + key) is None:
+                raise ConfigError(k + key, None, f"set with Apicurio 2's id handler or as-confluent (2.x's default is "
+                                  f"{default}, 3.x's the other): say which the producers write")
+    return ApicurioFrame(width, use_id == "globalId", _flag(props, k + "serde.read-indexes", False))
 
 
 def _check_apicurio(props: Mapping[str, str], pre: str) -> None:

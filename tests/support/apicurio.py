@@ -155,9 +155,10 @@ def resolve(*, timeout_s: float = 1200.0) -> Build:
 def produce(bootstrap: str, topic: str, registry_url: str, schema_file: Path | None, first: int, count: int,
             *, kind: str = "avro", timeout_s: float = 120.0) -> list[tuple[int, int]]:
     """Records ``first .. first+count-1`` sent to partition 0 of ``topic`` by ApicurioProduce (the
-    Java serializer of ``kind``, avro or json, at ``registry_url``, Apicurio's own
+    Java serializer of ``kind``, avro, json or protobuf, at ``registry_url``, Apicurio's own
     ``/apis/registry/v2``; avro registers ``schema_file``, json finds the latest schema of subject
-    ``<topic>-value``, registered beforehand): their (offset, id) pairs."""
+    ``<topic>-value``, registered beforehand; protobuf registers ``schema_file``, a serialized
+    FileDescriptorProto, and writes Apicurio's own frame): their (offset, id) pairs."""
     build = resolve()
     java = _tool("java", "it runs the Java producer")
     out = _run([java, "-cp", f"{build.classes}:{build.serdes}/*", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",

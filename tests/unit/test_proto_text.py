@@ -51,3 +51,13 @@ def test_reference_names_stay_inside_the_private_directory(name: str) -> None:
     with pytest.raises(ProtobufSchemaError) as e:
         compile_proto(TEXT, ((name, REF),))
     assert "not a relative .proto path" in str(e.value)
+
+
+def test_apicurios_explicit_map_entries_compile_as_maps() -> None:
+    """Apicurio 2.4 stores a map field as its serializer printed it: ``repeated XEntry`` and the
+    nested entry message with ``option map_entry = true``, which protoc refuses when written."""
+    text = ('syntax = "proto3";\npackage shop;\nmessage Order {\n  int64 id = 1;\n  repeated CountsEntry counts = 5;\n\n'
+            '  message CountsEntry {\n    option map_entry = true;\n\n    string key = 1;\n    int32 value = 2;\n  }\n}\n')
+    main, _ = compile_proto(text)
+    [entry] = descriptor_pb2.FileDescriptorProto.FromString(main).message_type[0].nested_type
+    assert entry.name == "CountsEntry" and entry.options.map_entry

@@ -109,7 +109,6 @@ def test_apicurio_2_settings_are_read_only_with_content_ids_and_no_headers_said_
 
 
 @pytest.mark.parametrize("converter", [
-    "io.apicurio.registry.utils.converter.ProtobufConverter",
     "io.apicurio.registry.utils.converter.ExtJsonConverter",
 ])
 def test_other_registry_converters_are_refused_for_now_naming_the_key(converter: str) -> None:

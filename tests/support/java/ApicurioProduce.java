@@ -4,9 +4,14 @@
 //   API (/apis/registry/v2).
 // - json: JsonSchemaKafkaSerializer, JSON text; it cannot register JSON schemas (2.4), so it looks
 //   up the latest version of artifact TOPIC-value, registered beforehand (SCHEMA_FILE unused).
+// - protobuf: ProtobufKafkaSerializer with its own 2.4 defaults but headers off: magic byte 0, the
+//   8-byte global id (DefaultIdHandler, use-id=globalId), Apicurio's length-delimited Ref message
+//   naming the message type, then the Protobuf payload. SCHEMA_FILE is a serialized
+//   FileDescriptorProto (importing google/protobuf/timestamp.proto) whose message "Order" is
+//   written as a DynamicMessage; the serializer registers the file and its import itself.
 // tests/support/apicurio.py compiles it with javac against tests/support/maven/apicurio-serdes.
 //
-// java ApicurioProduce avro|json BOOTSTRAP TOPIC REGISTRY_URL SCHEMA_FILE FIRST COUNT
+// java ApicurioProduce avro|json|protobuf BOOTSTRAP TOPIC REGISTRY_URL SCHEMA_FILE FIRST COUNT
 // writes records id FIRST .. FIRST+COUNT-1 (values below, derived from id) to partition 0 and
 // prints one line per record: "offset id".
 import java.math.BigDecimal;
@@ -28,14 +33,28 @@ import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.serialization.StringSerializer;
 
+import com.google.protobuf.DescriptorProtos.FileDescriptorProto;
+import com.google.protobuf.Descriptors.Descriptor;
+import com.google.protobuf.Descriptors.FieldDescriptor;
+import com.google.protobuf.Descriptors.FileDescriptor;
+import com.google.protobuf.DynamicMessage;
+import com.google.protobuf.Timestamp;
+
 public final class ApicurioProduce {
     private ApicurioProduce() {
     }
 
     public static void main(String[] args) throws Exception {
         boolean json = args[0].equals("json");
+        boolean proto = args[0].equals("protobuf");
         String bootstrap = args[1], topic = args[2], registry = args[3];
-        Schema schema = json ? null : new Schema.Parser().parse(Files.readString(Path.of(args[4])));
+        Schema schema = json || proto ? null : new Schema.Parser().parse(Files.readString(Path.of(args[4])));
+        Descriptor order = null;
+        if (proto) {
+            FileDescriptorProto fdp = FileDescriptorProto.parseFrom(Files.readAllBytes(Path.of(args[4])));
+            FileDescriptor file = FileDescriptor.buildFrom(fdp, new FileDescriptor[] {Timestamp.getDescriptor().getFile()});
+            order = file.findMessageTypeByName("Order");
+        }
         long first = Long.parseLong(args[5]);
         int count = Integer.parseInt(args[6]);
 
@@ -45,18 +64,21 @@ public final class ApicurioProduce {
         props.put("enable.idempotence", "false");
         props.put("key.serializer", StringSerializer.class.getName());
         props.put("value.serializer", json ? "io.apicurio.registry.serde.jsonschema.JsonSchemaKafkaSerializer"
+                                    : proto ? "io.apicurio.registry.serde.protobuf.ProtobufKafkaSerializer"
                                            : "io.apicurio.registry.serde.avro.AvroKafkaSerializer");
         props.put("apicurio.registry.url", registry);
         props.put("apicurio.registry.auto-register", json ? "false" : "true");
         props.put("apicurio.registry.find-latest", json ? "true" : "false");
-        props.put("apicurio.registry.as-confluent", "true");       // Legacy4ByteIdHandler: a 4-byte id
-        props.put("apicurio.registry.use-id", "contentId");       // the id ccompat's /schemas/ids/{id} serves
+        if (!proto) {  // protobuf: 2.4's DefaultIdHandler (8 bytes) and use-id=globalId, its defaults
+            props.put("apicurio.registry.as-confluent", "true");       // Legacy4ByteIdHandler: a 4-byte id
+            props.put("apicurio.registry.use-id", "contentId");       // the id ccompat's /schemas/ids/{id} serves
+        }
         props.put("apicurio.registry.headers.enabled", "false");  // the id in the value, not in headers
 
         List<Future<RecordMetadata>> sent = new ArrayList<>();
         try (KafkaProducer<String, Object> producer = new KafkaProducer<>(props)) {
             for (long id = first; id < first + count; id++) {
-                Object value = json ? jsonRecord(id) : record(schema, id);
+                Object value = json ? jsonRecord(id) : proto ? protoRecord(order, id) : record(schema, id);
                 sent.add(producer.send(new ProducerRecord<>(topic, 0, "k" + id, value)));
             }
             producer.flush();
@@ -100,5 +122,32 @@ public final class ApicurioProduce {
         r.put("tags", tags);
         r.put("coupon", id % 4 == 0 ? "C" + id : null);
         return r;
+    }
+
+    /** The Protobuf Order for ``id`` (tests/integration/test_apicurio.py computes the same): a nested
+     * message, a repeated string, a map, an enum and a Timestamp. */
+    static DynamicMessage protoRecord(Descriptor order, long id) {
+        DynamicMessage.Builder b = DynamicMessage.newBuilder(order);
+        b.setField(order.findFieldByName("id"), id);
+        b.setField(order.findFieldByName("name"), "n" + id);
+        Descriptor address = order.findFieldByName("address").getMessageType();
+        b.setField(order.findFieldByName("address"), DynamicMessage.newBuilder(address)
+                .setField(address.findFieldByName("city"), "c" + (id % 5))
+                .setField(address.findFieldByName("zip"), (int) (id * 10)).build());
+        for (long j = 0; j < id % 3; j++) {
+            b.addRepeatedField(order.findFieldByName("tags"), "t" + j);
+        }
+        FieldDescriptor counts = order.findFieldByName("counts");
+        Descriptor entry = counts.getMessageType();
+        for (long j = 0; j <= id % 2; j++) {
+            b.addRepeatedField(counts, DynamicMessage.newBuilder(entry)
+                    .setField(entry.findFieldByName("key"), "k" + j)
+                    .setField(entry.findFieldByName("value"), (int) (id + j)).build());
+        }
+        FieldDescriptor status = order.findFieldByName("status");
+        b.setField(status, status.getEnumType().findValueByNumber((int) (id % 3)));
+        b.setField(order.findFieldByName("at"),
+                   Timestamp.newBuilder().setSeconds(1767225600L + id).setNanos(7000).build());
+        return b.build();
     }
 }
