@@ -43,7 +43,7 @@ from icesink.app.connect_settings import load_connect_settings as load_connect_s
 from icesink.app.connect_state import (
     RUNNING, ClusterState, Connector, connector_key, status_key, status_of, tasks_max,
 )
-from icesink.app.connect_tasks import LocalTask, TaskSupervisor
+from icesink.app.connect_tasks import TaskSupervisor
 from icesink.shared.protocol import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -309,35 +309,20 @@ class Cluster:
 
     # --- metrics ---------------------------------------------------------------------------
 
-    async def metrics_text(self) -> bytes:
-        """Every local replica's metrics labelled by connector and task, and the cluster's own."""
-        import aiohttp
+    def scrape_targets(self) -> list[dict[str, Any]]:
+        """Prometheus HTTP service discovery's answer: this process's running tasks' metrics
+        endpoints (:func:`scrape_targets`)."""
+        running = [(lt.name, lt.task, lt.replica.metrics_port) for lt in self.tasks_here.local.values()
+                   if lt.replica is not None and lt.replica.alive and lt.state == RUNNING]
+        s = self.settings
+        own = f"{host_port(s.advertised_host, s.metrics_port)}" if s.metrics_port else self.worker_id
+        return scrape_targets(s.advertised_host, own, running)
+
+    def metrics_text(self) -> bytes:
+        """This process's own metrics (its tasks serve theirs, found through :meth:`scrape_targets`)."""
         from prometheus_client import CollectorRegistry, generate_latest
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-        from prometheus_client.parser import text_string_to_metric_families
 
-        families: dict[str, Any] = {}
-
-        async def scrape(session: aiohttp.ClientSession, lt: LocalTask) -> None:
-            if lt.paused or lt.replica is None or lt.retry_at is not None or not lt.replica.alive:
-                return
-            try:
-                url = f"http://127.0.0.1:{lt.replica.metrics_port}/metrics"
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    text = await resp.text()
-            except (aiohttp.ClientError, TimeoutError):
-                return  # a replica still starting has no metrics yet
-            for fam in text_string_to_metric_families(text):
-                labelled = [s._replace(labels={**s.labels, "connector": lt.name, "task": str(lt.task)})
-                            for s in fam.samples]
-                if fam.name in families:
-                    families[fam.name].samples.extend(labelled)
-                else:
-                    fam.samples = labelled
-                    families[fam.name] = fam
-
-        async with aiohttp.ClientSession() as session:
-            await asyncio.gather(*(scrape(session, lt) for lt in list(self.tasks_here.local.values())))
         tasks = GaugeMetricFamily("icesink_connect_tasks", "Tasks this process runs, by connector and state",
                                   labels=["connector", "state"])
         counts: dict[tuple[str, str], int] = {}
@@ -357,7 +342,7 @@ class Cluster:
         for step in ("reading the config topic", "keeping the group membership", "running tasks", "starting tasks",
                      "watching tasks", "restarting tasks", "stopping tasks"):
             errors.add_metric([step], self.errors.get(step, 0))
-        everything = [*families.values(), tasks, alive, connectors, skipped, errors]
+        everything = [tasks, alive, connectors, skipped, errors]
 
         class _All:
             def collect(self) -> Any:
@@ -366,6 +351,22 @@ class Cluster:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_All())
         return bytes(generate_latest(registry))
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def scrape_targets(host: str, instance: str, tasks: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
+    """The JSON of Prometheus' HTTP service discovery (``http_sd_configs``) for ``tasks``
+    (connector, task, metrics port) served on ``host`` (the process's advertised host): one target
+    group per task, labelled ``connector`` and ``task``, and ``instance`` the process's own (its
+    advertised host and metrics port), as a task's series had when the process served them: the
+    dashboard and the alert rules join on ``(job, instance, connector, task)``, and a task started
+    again on another port keeps its series (``changes(process_start_time_seconds[15m])``)."""
+    return [{"targets": [host_port(host, port)],
+             "labels": {"instance": instance, "connector": name, "task": str(task)}}
+            for name, task, port in sorted(tasks)]
 
 
 async def run_connect(settings: ConnectSettings, bootstrap: str) -> int:
@@ -379,9 +380,13 @@ async def run_connect(settings: ConnectSettings, bootstrap: str) -> int:
     application = app(cluster, settings.security.users)
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=await cluster.metrics_text(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=cluster.metrics_text(), content_type="text/plain", charset="utf-8")
+
+    async def targets(_: web.Request) -> web.Response:
+        return web.json_response(cluster.scrape_targets())
 
     application.router.add_get("/metrics", metrics)  # behind the API's authentication
+    application.router.add_get("/metrics/targets", targets)  # Prometheus http_sd_configs, likewise
     only_metrics = metrics_app(cluster, metrics)  # /metrics and an unauthenticated /health for probes
     runners = [web.AppRunner(application, access_log=None)]
     if settings.metrics_port:

@@ -202,7 +202,9 @@ class TaskSupervisor:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1))
         try:
-            async with self._session.get(f"http://127.0.0.1:{replica.metrics_port}/status") as resp:
+            host = self.settings.metrics_local_host
+            url = f"http://{f'[{host}]' if ':' in host else host}:{replica.metrics_port}/status"
+            async with self._session.get(url) as resp:
                 return resp.status == 200 and bool((await resp.json()).get("phase") == "running")
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return False  # still starting: no status server yet

@@ -97,10 +97,30 @@ def test_connect_settings_defaults_and_task_defaults(tmp_path):
     assert s.worker_id == "127.0.0.1:8083" and s.bootstrap_servers == "k:9092"
     sink = s.sink_settings({"topics": "t", "iceberg.tables": "db.t", "tasks.max": "3", "connector.class": "x"})
     assert sink.topics == ("t",) and sink.bootstrap_servers == "k:9092" and sink.spark_master == "local[1]"
-    assert sink.state_dir == tmp_path and sink.metrics_host == "127.0.0.1" and sink.group_id == "connect-connector"
+    assert sink.state_dir == tmp_path and sink.group_id == "connect-connector"
+    # the tasks' metrics listen where the process's do (Prometheus scrapes them: GET /metrics/targets);
+    # the process reads their /status on loopback, or on the one interface they listen on
+    assert (sink.metrics_host, s.metrics_local_host) == ("0.0.0.0", "127.0.0.1")
+    for host, local in (("10.0.0.7", "10.0.0.7"), ("::", "::1"), ("127.0.0.1", "127.0.0.1")):
+        moved = connect_settings({"metrics.host": host, "state.dir": str(tmp_path)})
+        assert (moved.sink_settings({"topics": "t", "iceberg.tables": "db.t"}).metrics_host,
+                moved.metrics_local_host) == (host, local)
     # the reference's iceberg.connect.group-id names the source group instead of connect-<name>
     named = s.sink_settings({"topics": "t", "iceberg.tables": "db.t", "iceberg.connect.group-id": "connect-old"})
     assert named.group_id == "connect-old"
+
+
+def test_the_scrape_targets_are_prometheus_http_service_discovery_json():
+    from icesink.app.connect import scrape_targets
+
+    assert scrape_targets("icesink-0.icesink", "icesink-0.icesink:9400", []) == []  # 200 with [] when none runs
+    groups = scrape_targets("10.0.0.7", "10.0.0.7:9400", [("refunds", 1, 41002), ("orders", 0, 41001)])
+    assert groups == [
+        {"targets": ["10.0.0.7:41001"], "labels": {"instance": "10.0.0.7:9400", "connector": "orders", "task": "0"}},
+        {"targets": ["10.0.0.7:41002"], "labels": {"instance": "10.0.0.7:9400", "connector": "refunds", "task": "1"}},
+    ]
+    assert json.loads(json.dumps(groups)) == groups  # label values are strings, as Prometheus requires
+    assert scrape_targets("fd00::7", "[fd00::7]:9400", [("c", 0, 41001)])[0]["targets"] == ["[fd00::7]:41001"]
 
 
 @pytest.mark.parametrize("raw, key", [
