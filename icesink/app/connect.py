@@ -41,7 +41,7 @@ from icesink.app.connect_settings import ConnectSettings
 from icesink.app.connect_settings import connect_settings as connect_settings  # re-exported
 from icesink.app.connect_settings import load_connect_settings as load_connect_settings  # re-exported
 from icesink.app.connect_state import (
-    RUNNING, ClusterState, Connector, connector_key, status_key, status_of, tasks_max,
+    RUNNING, ClusterState, Connector, connector_key, scrape_targets, status_key, status_of, tasks_max,
 )
 from icesink.app.connect_tasks import TaskSupervisor
 from icesink.shared.protocol import TopicPartition
@@ -310,13 +310,9 @@ class Cluster:
     # --- metrics ---------------------------------------------------------------------------
 
     def scrape_targets(self) -> list[dict[str, Any]]:
-        """Prometheus HTTP service discovery's answer: this process's running tasks' metrics
-        endpoints (:func:`scrape_targets`)."""
-        running = [(lt.name, lt.task, lt.replica.metrics_port) for lt in self.tasks_here.local.values()
-                   if lt.replica is not None and lt.replica.alive and lt.state == RUNNING]
-        s = self.settings
-        own = f"{host_port(s.advertised_host, s.metrics_port)}" if s.metrics_port else self.worker_id
-        return scrape_targets(s.advertised_host, own, running)
+        """Prometheus HTTP service discovery's answer: every running task of the cluster
+        (:func:`~icesink.app.connect_state.scrape_targets`)."""
+        return scrape_targets(self.state, self.membership.placement)
 
     def metrics_text(self) -> bytes:
         """This process's own metrics (its tasks serve theirs, found through :meth:`scrape_targets`)."""
@@ -351,22 +347,6 @@ class Cluster:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_All())
         return bytes(generate_latest(registry))
-
-
-def host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def scrape_targets(host: str, instance: str, tasks: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
-    """The JSON of Prometheus' HTTP service discovery (``http_sd_configs``) for ``tasks``
-    (connector, task, metrics port) served on ``host`` (the process's advertised host): one target
-    group per task, labelled ``connector`` and ``task``, and ``instance`` the process's own (its
-    advertised host and metrics port), as a task's series had when the process served them: the
-    dashboard and the alert rules join on ``(job, instance, connector, task)``, and a task started
-    again on another port keeps its series (``changes(process_start_time_seconds[15m])``)."""
-    return [{"targets": [host_port(host, port)],
-             "labels": {"instance": instance, "connector": name, "task": str(task)}}
-            for name, task, port in sorted(tasks)]
 
 
 async def run_connect(settings: ConnectSettings, bootstrap: str) -> int:

@@ -1,12 +1,13 @@
 """``icesink connect``'s tasks scraped by a real Prometheus through HTTP service discovery.
 
-A real connect process (basic auth on its API) runs two connectors, one task each, every task a
-worker replica with its own metrics port. Prometheus (Debian's package) scrapes the process's own
-``/metrics`` directly and finds the tasks through ``http_sd_configs`` on the process's
+Two real connect processes (one cluster, basic auth on its API) run two connectors, one task
+each, every task a worker replica with its own metrics port. Either process's
+``GET /metrics/targets`` lists all three. Prometheus (Debian's package) scrapes the processes'
+own ``/metrics`` directly and finds the tasks through ``http_sd_configs`` on one process's
 ``GET /metrics/targets`` (with the API's basic auth), as deploy/prometheus/*.yml do: each task's
-series come labelled with its connector and task and the process's instance, the dashboard's
+series come labelled with its connector and task and its process's instance, the dashboard's
 replica count and the alert rules' joins on ``(job, instance, connector, task)`` answer per task,
-and the process's own ``/metrics`` holds only its ``icesink_connect_*`` series.
+and the processes' own ``/metrics`` hold only their ``icesink_connect_*`` series.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ pytestmark = pytest.mark.integration
 BASIC_AUTH = "org.apache.kafka.connect.rest.basic.auth.extension.BasicAuthSecurityRestExtension"
 LOGIN_MODULE = "org.apache.kafka.connect.rest.basic.auth.extension.PropertyFileLoginModule"
 USER = ("prometheus", "scrape-pw-7")
-CONNECTORS = {"orders": "sd-orders", "refunds": "sd-refunds"}  # name -> topic
+CONNECTORS = {"orders": 2, "refunds": 1}  # name -> tasks (and partitions of its topic sd-<name>)
+TASKS = [(name, str(t)) for name in sorted(CONNECTORS) for t in range(CONNECTORS[name])]
 
 
 def _wait(what: str, check: Any, timeout_s: float = 180) -> Any:
@@ -40,26 +42,37 @@ def _wait(what: str, check: Any, timeout_s: float = 180) -> Any:
     raise AssertionError(f"{what} not seen in {timeout_s} s (last: {last})")
 
 
+def _discovered(api: int, n: int) -> list[dict[str, Any]]:
+    code, groups = call(api, "GET", "/metrics/targets", auth=USER)
+    assert code == 200, groups
+    return groups if len(groups) == n else []  # type: ignore[no-any-return]
+
+
 def test_prometheus_scrapes_each_task_through_the_connect_process_service_discovery(broker, catalog_props, tmp_path):
     from icesink.app.pizzas import pizza_values, produce
     from icesink.shared.kafka_admin import ensure_topic
 
-    for topic in CONNECTORS.values():
-        asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
-        asyncio.run(produce(broker.bootstrap, topic, pizza_values(50, seed=5), partitions=1))
+    for name, tasks in CONNECTORS.items():
+        asyncio.run(ensure_topic(broker.bootstrap, f"sd-{name}", tasks))
+        asyncio.run(produce(broker.bootstrap, f"sd-{name}", pizza_values(50, seed=5), partitions=tasks))
     credentials = tmp_path / "credentials.properties"
     credentials.write_text(f"{USER[0]}: {USER[1]}\n")
     jaas = tmp_path / "jaas.conf"
     jaas.write_text(f'KafkaConnect {{\n  {LOGIN_MODULE} required\n  file="{credentials}";\n}};\n')
-    config = process_config(tmp_path, broker.bootstrap, "sd-connect", **{
-        "rest.extension.classes": BASIC_AUTH, "java.security.auth.login.config": str(jaas),
-        "metrics.host": "127.0.0.1",  # the tasks' too: this test's machine only
-        "connector.config.override.allow": "iceberg.catalog.uri,iceberg.catalog.warehouse"})
-    process = start_connect(tmp_path, "c", config, ready=lambda p: call(p.api, "GET", "/", auth=USER)[0] == 200)
+    processes = []
     prometheus = None
     try:
-        for name, topic in CONNECTORS.items():
-            connector = {**TUTORIAL, "tasks.max": "1", "topics": topic, "iceberg.tables": f"sd.{name}",
+        for name in ("c1", "c2"):  # one cluster of two processes
+            config = process_config(tmp_path, broker.bootstrap, "sd-connect", **{
+                "rest.extension.classes": BASIC_AUTH, "java.security.auth.login.config": str(jaas),
+                "metrics.host": "127.0.0.1",  # the tasks' too: this test's machine only
+                "connector.config.override.allow": "iceberg.catalog.uri,iceberg.catalog.warehouse"})
+            processes.append(start_connect(tmp_path, name, config,
+                                           ready=lambda p: call(p.api, "GET", "/", auth=USER)[0] == 200))
+        process = processes[0]
+        instance = {f"127.0.0.1:{p.api}": f"127.0.0.1:{p.metrics}" for p in processes}  # worker id -> instance
+        for name, tasks in CONNECTORS.items():
+            connector = {**TUTORIAL, "tasks.max": str(tasks), "topics": f"sd-{name}", "iceberg.tables": f"sd.{name}",
                          "iceberg.catalog": "it", **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
                          "iceberg.control.topic": f"sd-{name}-control", "iceberg.control.commit.interval-ms": 2000,
                          "iceberg.control.topic.replication-factor": "1"}
@@ -67,18 +80,27 @@ def test_prometheus_scrapes_each_task_through_the_connect_process_service_discov
                 del connector[key]
             code, body = call(process.api, "PUT", f"/connectors/{name}/config", connector, auth=USER)
             assert code == 201, body
-        for name in CONNECTORS:
-            wait_status(process.api, name, lambda s: s["tasks"] and s["tasks"][0]["state"] == "RUNNING", auth=USER)
+        # once the group has both processes: orders' two tasks on one each
+        wait_status(process.api, "orders", lambda s: len({t["worker_id"] for t in s["tasks"]}) == 2, auth=USER)
+        owner = {}
+        for name, tasks in CONNECTORS.items():
+            status = wait_status(process.api, name, lambda s, n=tasks: len(s["tasks"]) == n and all(
+                t["state"] == "RUNNING" for t in s["tasks"]), auth=USER)
+            owner.update({(name, str(t["id"])): t["worker_id"] for t in status["tasks"]})
+        assert len(set(owner.values())) == 2, owner
+        expected = [{"instance": instance[owner[key]], "connector": key[0], "task": key[1]} for key in TASKS]
 
-        # the discovery endpoint: behind the API's authentication, one target group per task
+        # the discovery endpoint: behind the API's authentication, one target group per task of the
+        # cluster, whichever process answers
         assert call(process.api, "GET", "/metrics/targets")[0] == 401
-        code, groups = call(process.api, "GET", "/metrics/targets", auth=USER)
-        assert code == 200 and [g["labels"] for g in groups] == [
-            {"instance": f"127.0.0.1:{process.metrics}", "connector": name, "task": "0"} for name in sorted(CONNECTORS)]
-        assert all(len(g["targets"]) == 1 and g["targets"][0].startswith("127.0.0.1:") for g in groups)
+        for p in processes:
+            groups = _wait("every task in the discovery answer", lambda p=p: _discovered(p.api, len(TASKS)))
+            assert [g["labels"] for g in groups] == expected, groups
+            assert all(len(g["targets"]) == 1 and g["targets"][0].startswith("127.0.0.1:") for g in groups)
 
         prometheus, port = _start_prometheus(tmp_path, [], scrape_configs=[
-            {"job_name": "icesink-connect", "static_configs": [{"targets": [f"127.0.0.1:{process.metrics}"]}]},
+            {"job_name": "icesink-connect",
+             "static_configs": [{"targets": [f"127.0.0.1:{p.metrics}" for p in processes]}]},
             {"job_name": "icesink-connect-tasks",
              "http_sd_configs": [{"url": f"http://127.0.0.1:{process.api}/metrics/targets", "refresh_interval": "1s",
                                   "basic_auth": {"username": USER[0], "password": USER[1]}}]},
@@ -86,15 +108,16 @@ def test_prometheus_scrapes_each_task_through_the_connect_process_service_discov
 
         def info() -> list[dict[str, Any]]:
             found = _query(port, "/api/v1/query", query="icesink_info")["result"]
-            return found if len(found) == 2 else []
+            return found if len(found) == len(TASKS) else []
 
         series = _wait("both tasks' icesink_info", info)
         assert sorted((s["metric"]["job"], s["metric"]["instance"], s["metric"]["connector"], s["metric"]["task"])
-                      for s in series) == [("icesink-connect-tasks", f"127.0.0.1:{process.metrics}", name, "0")
-                                           for name in sorted(CONNECTORS)]
+                      for s in series) == [("icesink-connect-tasks", instance[owner[key]], *key) for key in TASKS]
         up = _query(port, "/api/v1/query", query="up")["result"]
-        assert sorted((u["metric"]["job"], u["metric"].get("connector", ""), u["value"][1]) for u in up) == [
-            ("icesink-connect", "", "1"), *(("icesink-connect-tasks", name, "1") for name in sorted(CONNECTORS))]
+        assert sorted((u["metric"]["job"], u["metric"].get("connector", ""), u["metric"].get("task", ""),
+                       u["value"][1]) for u in up) == [
+            ("icesink-connect", "", "", "1"), ("icesink-connect", "", "", "1"),
+            *(("icesink-connect-tasks", *key, "1") for key in TASKS)]
         # the process's own series are its own: no task's series among them
         own = _query(port, "/api/v1/query", query='{job="icesink-connect"}')["result"]
         names = {s["metric"]["__name__"] for s in own}
@@ -103,16 +126,22 @@ def test_prometheus_scrapes_each_task_through_the_connect_process_service_discov
         # per task: the dashboard's replica count and the alert rules' joins (a duplicate series
         # is an error: the rule's health says so)
         replicas = _query(port, "/api/v1/query", query="count by (connector) (icesink_info)")["result"]
-        assert sorted((r["metric"]["connector"], r["value"][1]) for r in replicas) == [(n, "1") for n in sorted(CONNECTORS)]
+        assert sorted((r["metric"]["connector"], r["value"][1]) for r in replicas) == [
+            (n, str(k)) for n, k in sorted(CONNECTORS.items())]
         no_coordinator = ("sum by (group) (icesink_coordinator_active * on (job, instance, connector, task) "
                           "group_left (group) max by (job, instance, connector, task, group) (icesink_info))")
 
-        def coordinators() -> list[dict[str, Any]]:
-            found = [r for r in _query(port, "/api/v1/query", query=no_coordinator)["result"] if r["value"][1] == "1"]
-            return found if len(found) == 2 else []
+        seen: list[Any] = []
 
-        _wait("a coordinator in each sink group", coordinators)
-        assert sorted(r["metric"]["group"] for r in coordinators()) == [f"connect-{n}" for n in sorted(CONNECTORS)]
+        def coordinators() -> dict[str, str]:
+            seen[:] = _query(port, "/api/v1/query", query=no_coordinator)["result"]
+            found = {r["metric"].get("group", ""): r["value"][1] for r in seen}
+            return found if found == {f"connect-{n}": "1" for n in CONNECTORS} else {}
+
+        try:
+            _wait("a coordinator in each sink group", coordinators, timeout_s=120)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; Prometheus' last answer: {seen}") from None
 
         def evaluated() -> list[dict[str, Any]]:
             rules = [r for g in _query(port, "/api/v1/rules")["groups"] for r in g["rules"]]
@@ -126,4 +155,5 @@ def test_prometheus_scrapes_each_task_through_the_connect_process_service_discov
         if prometheus is not None:
             prometheus.terminate()
             prometheus.wait(15)
-        process.stop()
+        for p in processes:
+            p.stop()

@@ -111,16 +111,40 @@ def test_connect_settings_defaults_and_task_defaults(tmp_path):
 
 
 def test_the_scrape_targets_are_prometheus_http_service_discovery_json():
-    from icesink.app.connect import scrape_targets
+    from icesink.app.connect_state import scrape_targets
 
-    assert scrape_targets("icesink-0.icesink", "icesink-0.icesink:9400", []) == []  # 200 with [] when none runs
-    groups = scrape_targets("10.0.0.7", "10.0.0.7:9400", [("refunds", 1, 41002), ("orders", 0, 41001)])
-    assert groups == [
-        {"targets": ["10.0.0.7:41001"], "labels": {"instance": "10.0.0.7:9400", "connector": "orders", "task": "0"}},
-        {"targets": ["10.0.0.7:41002"], "labels": {"instance": "10.0.0.7:9400", "connector": "refunds", "task": "1"}},
+    def at(host: str, port: int) -> dict[str, str]:
+        return {"target": f"{host}:{port}", "instance": f"{host}:9400"}
+
+    s = ClusterState()
+    s.apply(1, connector_key("refunds"), _record({"config": {"tasks.max": "2"}, "generation": 2}))
+    s.apply(2, connector_key("orders"), _record({"config": {"tasks.max": "1"}, "generation": 1}))
+    placement = Placement.compute({"a:8083": "http://a:8083", "b:8083": "http://b:8083"}, s.layout(), "token")
+    assert scrape_targets(s, placement) == []  # 200 with [] while nothing runs
+    r0, r1 = placement.owners("refunds", 2)
+    (o0,) = placement.owners("orders", 1)
+    host = {"a:8083": "a", "b:8083": "b"}
+    s.apply(3, status_key("refunds", 0), _record({"state": RUNNING, "worker_id": r0, "generation": 2,
+                                                   "metrics": at(host[r0], 41001)}))
+    s.apply(4, status_key("refunds", 1), _record({"state": PAUSED, "worker_id": r1, "generation": 2}))
+    s.apply(5, status_key("orders", 0), _record({"state": RUNNING, "worker_id": o0, "generation": 1,
+                                                  "metrics": at(host[o0], 41002)}))
+    groups = scrape_targets(s, placement)
+    assert groups == [  # every process's tasks, whichever process answers
+        {"targets": [f"{host[o0]}:41002"], "labels": {"instance": f"{host[o0]}:9400", "connector": "orders", "task": "0"}},
+        {"targets": [f"{host[r0]}:41001"], "labels": {"instance": f"{host[r0]}:9400", "connector": "refunds", "task": "0"}},
     ]
     assert json.loads(json.dumps(groups)) == groups  # label values are strings, as Prometheus requires
-    assert scrape_targets("fd00::7", "[fd00::7]:9400", [("c", 0, 41001)])[0]["targets"] == ["[fd00::7]:41001"]
+    # a stale report (an older generation, or a process that left the group) lists nothing
+    s.apply(6, connector_key("orders"), _record({"config": {"tasks.max": "1"}, "generation": 2}))
+    gone = Placement.compute({r0: f"http://{r0}"}, s.layout(), "token")
+    assert scrape_targets(s, placement) == groups[1:]
+    assert [g["labels"]["connector"] for g in scrape_targets(s, gone)] == ["refunds"]
+    s.apply(7, status_key("refunds", 0), _record({"state": FAILED, "worker_id": r0, "generation": 2, "trace": "x"}))
+    assert scrape_targets(s, gone) == []
+    # a process's own address for them: its advertised host, bracketed when IPv6
+    six = connect_settings({"rest.advertised.host.name": "fd00::7", "metrics.port": 9400})
+    assert (six.metrics_target(41001), six.metrics_instance) == ("[fd00::7]:41001", "[fd00::7]:9400")
 
 
 @pytest.mark.parametrize("raw, key", [
