@@ -15,10 +15,12 @@ once, as after any stall).
 
 The API answers on ``listeners`` only (loopback by default; basic auth and https with client
 certificates as Kafka Connect configures them: :mod:`icesink.app.connect_security`). Prometheus
-scrapes one ``/metrics`` per process on ``metrics.port``, which serves nothing else but a bare
-``/health`` for probes (``/metrics`` is on the API's listeners too, behind their
-authentication): the metrics of every replica it runs, labelled ``connector`` and ``task``, and
-the process's own ``icesink_connect_*`` gauges. What a connector's
+scrapes the process's own ``icesink_connect_*`` gauges on ``metrics.port``, which serves nothing
+else but a bare ``/health`` for probes (``/metrics`` is on the API's listeners too, behind their
+authentication), and each task's replica on its own metrics port, found through HTTP service
+discovery: ``GET /metrics/targets`` on the API lists every running task of the cluster, as the
+tasks' status records say where they are (:func:`icesink.app.connect_state.scrape_targets`).
+What a connector's
 config may hold is :mod:`icesink.app.connect_policy`'s; the tasks are
 :mod:`icesink.app.connect_tasks`'.
 """

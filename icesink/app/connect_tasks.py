@@ -111,7 +111,8 @@ class TaskSupervisor:
                 self._count("watching tasks")
                 log.exception("connector %s task %d: supervising it failed", lt.name, lt.task)
                 lt.failed = f"icesink connect could not supervise the task: {type(exc).__name__}: {exc}"
-            port = lt.replica.metrics_port if lt.replica is not None and lt.state == RUNNING else 0
+            # listed for Prometheus once its endpoint answers (its /status said it runs)
+            port = lt.replica.metrics_port if lt.replica is not None and lt.state == RUNNING and lt.running else 0
             if lt.reported != (lt.state, self.worker_id, lt.trace, port):
                 status = {"state": lt.state, "worker_id": self.worker_id, "generation": lt.generation,
                           "restart": lt.restart, "trace": lt.trace}

@@ -13,7 +13,9 @@ and the processes' own ``/metrics`` hold only their ``icesink_connect_*`` series
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.integration
 BASIC_AUTH = "org.apache.kafka.connect.rest.basic.auth.extension.BasicAuthSecurityRestExtension"
 LOGIN_MODULE = "org.apache.kafka.connect.rest.basic.auth.extension.PropertyFileLoginModule"
 USER = ("prometheus", "scrape-pw-7")
+SECRET = "sd-control-secret-4e1b"  # the connectors' control secret: in no answer below
 CONNECTORS = {"orders": 2, "refunds": 1}  # name -> tasks (and partitions of its topic sd-<name>)
 TASKS = [(name, str(t)) for name in sorted(CONNECTORS) for t in range(CONNECTORS[name])]
 
@@ -75,7 +78,7 @@ def test_prometheus_scrapes_each_task_through_the_connect_process_service_discov
             connector = {**TUTORIAL, "tasks.max": str(tasks), "topics": f"sd-{name}", "iceberg.tables": f"sd.{name}",
                          "iceberg.catalog": "it", **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
                          "iceberg.control.topic": f"sd-{name}-control", "iceberg.control.commit.interval-ms": 2000,
-                         "iceberg.control.topic.replication-factor": "1"}
+                         "iceberg.control.topic.replication-factor": "1", "iceberg.control.secret": SECRET}
             for key in [k for k in connector if k.startswith("iceberg.catalog.") and k.split(".", 2)[2] not in catalog_props]:
                 del connector[key]
             code, body = call(process.api, "PUT", f"/connectors/{name}/config", connector, auth=USER)
@@ -97,6 +100,11 @@ def test_prometheus_scrapes_each_task_through_the_connect_process_service_discov
             groups = _wait("every task in the discovery answer", lambda p=p: _discovered(p.api, len(TASKS)))
             assert [g["labels"] for g in groups] == expected, groups
             assert all(len(g["targets"]) == 1 and g["targets"][0].startswith("127.0.0.1:") for g in groups)
+        # what the discovery points at (a task's /metrics and /status, beyond loopback unless metrics.host
+        # says otherwise) holds no secret, nor does the discovery answer
+        bodies = [json.dumps(groups)] + [urllib.request.urlopen(f"http://{g['targets'][0]}{path}", timeout=10).read().decode()
+                                         for g in groups for path in ("/metrics", "/status")]
+        assert not [b for b in bodies if SECRET in b or USER[1] in b]
 
         prometheus, port = _start_prometheus(tmp_path, [], scrape_configs=[
             {"job_name": "icesink-connect",
