@@ -15,10 +15,12 @@ once, as after any stall).
 
 The API answers on ``listeners`` only (loopback by default; basic auth and https with client
 certificates as Kafka Connect configures them: :mod:`icesink.app.connect_security`). Prometheus
-scrapes one ``/metrics`` per process on ``metrics.port``, which serves nothing else but a bare
-``/health`` for probes (``/metrics`` is on the API's listeners too, behind their
-authentication): the metrics of every replica it runs, labelled ``connector`` and ``task``, and
-the process's own ``icesink_connect_*`` gauges. What a connector's
+scrapes the process's own ``icesink_connect_*`` gauges on ``metrics.port``, which serves nothing
+else but a bare ``/health`` for probes (``/metrics`` is on the API's listeners too, behind their
+authentication), and each task's replica on its own metrics port, found through HTTP service
+discovery: ``GET /metrics/targets`` on the API lists every running task of the cluster, as the
+tasks' status records say where they are (:func:`icesink.app.connect_state.scrape_targets`).
+What a connector's
 config may hold is :mod:`icesink.app.connect_policy`'s; the tasks are
 :mod:`icesink.app.connect_tasks`'.
 """
@@ -41,9 +43,9 @@ from icesink.app.connect_settings import ConnectSettings
 from icesink.app.connect_settings import connect_settings as connect_settings  # re-exported
 from icesink.app.connect_settings import load_connect_settings as load_connect_settings  # re-exported
 from icesink.app.connect_state import (
-    RUNNING, ClusterState, Connector, connector_key, status_key, status_of, tasks_max,
+    RUNNING, ClusterState, Connector, connector_key, scrape_targets, status_key, status_of, tasks_max,
 )
-from icesink.app.connect_tasks import LocalTask, TaskSupervisor
+from icesink.app.connect_tasks import TaskSupervisor
 from icesink.shared.protocol import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -309,35 +311,16 @@ class Cluster:
 
     # --- metrics ---------------------------------------------------------------------------
 
-    async def metrics_text(self) -> bytes:
-        """Every local replica's metrics labelled by connector and task, and the cluster's own."""
-        import aiohttp
+    def scrape_targets(self) -> list[dict[str, Any]]:
+        """Prometheus HTTP service discovery's answer: every running task of the cluster
+        (:func:`~icesink.app.connect_state.scrape_targets`)."""
+        return scrape_targets(self.state, self.membership.placement)
+
+    def metrics_text(self) -> bytes:
+        """This process's own metrics (its tasks serve theirs, found through :meth:`scrape_targets`)."""
         from prometheus_client import CollectorRegistry, generate_latest
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-        from prometheus_client.parser import text_string_to_metric_families
 
-        families: dict[str, Any] = {}
-
-        async def scrape(session: aiohttp.ClientSession, lt: LocalTask) -> None:
-            if lt.paused or lt.replica is None or lt.retry_at is not None or not lt.replica.alive:
-                return
-            try:
-                url = f"http://127.0.0.1:{lt.replica.metrics_port}/metrics"
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    text = await resp.text()
-            except (aiohttp.ClientError, TimeoutError):
-                return  # a replica still starting has no metrics yet
-            for fam in text_string_to_metric_families(text):
-                labelled = [s._replace(labels={**s.labels, "connector": lt.name, "task": str(lt.task)})
-                            for s in fam.samples]
-                if fam.name in families:
-                    families[fam.name].samples.extend(labelled)
-                else:
-                    fam.samples = labelled
-                    families[fam.name] = fam
-
-        async with aiohttp.ClientSession() as session:
-            await asyncio.gather(*(scrape(session, lt) for lt in list(self.tasks_here.local.values())))
         tasks = GaugeMetricFamily("icesink_connect_tasks", "Tasks this process runs, by connector and state",
                                   labels=["connector", "state"])
         counts: dict[tuple[str, str], int] = {}
@@ -357,7 +340,7 @@ class Cluster:
         for step in ("reading the config topic", "keeping the group membership", "running tasks", "starting tasks",
                      "watching tasks", "restarting tasks", "stopping tasks"):
             errors.add_metric([step], self.errors.get(step, 0))
-        everything = [*families.values(), tasks, alive, connectors, skipped, errors]
+        everything = [tasks, alive, connectors, skipped, errors]
 
         class _All:
             def collect(self) -> Any:
@@ -379,9 +362,13 @@ async def run_connect(settings: ConnectSettings, bootstrap: str) -> int:
     application = app(cluster, settings.security.users)
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=await cluster.metrics_text(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=cluster.metrics_text(), content_type="text/plain", charset="utf-8")
+
+    async def targets(_: web.Request) -> web.Response:
+        return web.json_response(cluster.scrape_targets())
 
     application.router.add_get("/metrics", metrics)  # behind the API's authentication
+    application.router.add_get("/metrics/targets", targets)  # Prometheus http_sd_configs, likewise
     only_metrics = metrics_app(cluster, metrics)  # /metrics and an unauthenticated /health for probes
     runners = [web.AppRunner(application, access_log=None)]
     if settings.metrics_port:

@@ -93,7 +93,7 @@ def app(backend: Backend, users: Mapping[str, str] | None = None) -> web.Applica
 
     @web.middleware
     async def synced(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path != "/metrics":
+        if not request.path.startswith("/metrics"):  # /metrics, /metrics/targets: this process's own
             await backend.sync()
         return await handler(request)
 

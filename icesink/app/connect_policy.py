@@ -49,12 +49,13 @@ _LOCAL_MASTER = re.compile(r"local(\[(\d+|\*)(,\s*\d+)?\])?")
 #: Keys the process sets for each task itself: no connector sets them, whatever the process allows.
 ASSIGNED = {
     "worker.id": "the name the process gives each task's replica",
-    "metrics.port": "the port the process gives each task's replica, on loopback",
+    "metrics.port": "the port the process gives each task's replica (listed by GET /metrics/targets)",
 }
 _KAFKA = "the process's Kafka connection (as Kafka Connect's worker settings)"
 _PROCESS_KEYS = {
     "state.dir": "a directory of this host (the process keeps every task's files under its own)",
-    "metrics.host": "an interface of this host (each task's /metrics and /status stay on loopback)",
+    "metrics.host": "an interface of this host (each task's /metrics and /status listen where the process's "
+                    "metrics.host says)",
     "bootstrap.servers": _KAFKA, "security.protocol": _KAFKA, "sasl.mechanism": _KAFKA, "sasl.username": _KAFKA,
     "sasl.password": _KAFKA, "ssl.password": _KAFKA,
     "ssl.cafile": "a file of this host (the process's Kafka TLS)", "ssl.certfile": "a file of this host "

@@ -107,6 +107,20 @@ class ConnectSettings:
         return f"{self.advertised_host}:{self.advertised_port}"
 
     @property
+    def metrics_local_host(self) -> str:
+        """Where this process reaches its tasks' ``/status`` (they listen on ``metrics.host``)."""
+        return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.metrics_host, self.metrics_host)
+
+    @property
+    def metrics_instance(self) -> str:
+        """The ``instance`` label of this process's tasks' series: its own metrics address."""
+        return host_port(self.advertised_host, self.metrics_port) if self.metrics_port else self.worker_id
+
+    def metrics_target(self, port: int) -> str:
+        """Where other machines scrape a task of this process that listens on ``port``."""
+        return host_port(self.advertised_host, port)
+
+    @property
     def url(self) -> str:
         return f"{self.advertised_scheme}://{self.worker_id}"
 
@@ -115,7 +129,7 @@ class ConnectSettings:
         defaults, the process-level keys, then the connector's own keys."""
         own = {k: v for k, v in config.items() if k not in CONNECTOR_ONLY}
         out: dict[str, Any] = {**self.task_defaults, **self.process_keys, "state.dir": str(self.state_dir),
-                               "metrics.host": "127.0.0.1", **own}
+                               "metrics.host": self.metrics_host, **own}
         if "iceberg.connect.group-id" not in own:  # the reference's key for it, read as group.id
             out.setdefault("group.id", f"connect-{name}")
         if "bootstrap.servers" not in own:
@@ -152,6 +166,10 @@ class ConnectSettings:
     def secret_values(self) -> set[str]:
         """Every secret this process knows: what its logs must never hold."""
         return self.process_settings().secret_values() | set(self.rest_secrets)
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _int(raw: Mapping[str, Any], key: str, low: int) -> int:

@@ -218,9 +218,8 @@ def status_of(state: ClusterState, name: str, placement: Placement, notes: Seque
     owners = placement.owners(name, c.tasks)
     tasks = []
     for i, owner in enumerate(owners):
-        seen = state.statuses.get((name, i))
-        if owner is None or seen is None or seen.get("worker_id") != owner or seen.get("generation") != c.generation \
-                or seen.get("restart", 0) != c.restart_of(i):
+        seen = _current(state, c, i, owner)
+        if owner is None or seen is None:
             tasks.append({"id": i, "state": UNASSIGNED, "worker_id": owner or "", "version": PLUGIN_VERSION})
             continue
         entry = {"id": i, "state": seen["state"], "worker_id": owner, "version": PLUGIN_VERSION}
@@ -237,3 +236,32 @@ def status_of(state: ClusterState, name: str, placement: Placement, notes: Seque
     if said:
         connector["trace"] = "; ".join(said)
     return {"name": name, "connector": connector, "tasks": tasks, "type": "sink"}
+
+
+def _current(state: ClusterState, c: Connector, task: int, owner: str | None) -> dict[str, Any] | None:
+    """Task ``task``'s status record if its owner wrote it for the connector's current generation
+    and restart (else it is stale: UNASSIGNED)."""
+    seen = state.statuses.get((c.name, task))
+    if owner is None or seen is None or seen.get("worker_id") != owner or seen.get("generation") != c.generation \
+            or seen.get("restart", 0) != c.restart_of(task):
+        return None
+    return seen
+
+
+def scrape_targets(state: ClusterState, placement: Placement) -> list[dict[str, Any]]:
+    """Prometheus HTTP service discovery's JSON (``http_sd_configs``) for the cluster's running
+    tasks, as their processes reported them: one target group per task, its metrics endpoint on
+    its process's advertised host, labelled ``connector``, ``task`` and ``instance`` (the
+    process's advertised host and ``metrics.port``: a task's series keep the ``(job, instance,
+    connector, task)`` identity the dashboard and the rules join on, and a task started again on
+    another port keeps its series). Any process answers for the whole cluster."""
+    out = []
+    for name in sorted(state.connectors):
+        c = state.connectors[name]
+        for i, owner in enumerate(placement.owners(name, c.tasks)):
+            seen = _current(state, c, i, owner)
+            metrics = seen.get("metrics") if seen is not None and seen["state"] == RUNNING else None
+            if isinstance(metrics, dict) and metrics.get("target") and metrics.get("instance"):
+                out.append({"targets": [str(metrics["target"])],
+                            "labels": {"instance": str(metrics["instance"]), "connector": name, "task": str(i)}})
+    return out

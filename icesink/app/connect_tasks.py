@@ -61,7 +61,7 @@ class LocalTask:
     attempts: int = 1
     retry_at: float | None = None
     last_error: str = ""
-    reported: tuple[str, str, str] | None = None  # (state, worker id, trace) last written
+    reported: tuple[str, str, str, int] | None = None  # (state, worker id, trace, metrics port) last written
 
     @property
     def state(self) -> str:
@@ -111,11 +111,16 @@ class TaskSupervisor:
                 self._count("watching tasks")
                 log.exception("connector %s task %d: supervising it failed", lt.name, lt.task)
                 lt.failed = f"icesink connect could not supervise the task: {type(exc).__name__}: {exc}"
-            if lt.reported != (lt.state, self.worker_id, lt.trace):
-                await report(lt.name, lt.task, {"state": lt.state, "worker_id": self.worker_id,
-                                                "generation": lt.generation, "restart": lt.restart,
-                                                "trace": lt.trace})
-                lt.reported = (lt.state, self.worker_id, lt.trace)
+            # listed for Prometheus once its endpoint answers (its /status said it runs)
+            port = lt.replica.metrics_port if lt.replica is not None and lt.state == RUNNING and lt.running else 0
+            if lt.reported != (lt.state, self.worker_id, lt.trace, port):
+                status = {"state": lt.state, "worker_id": self.worker_id, "generation": lt.generation,
+                          "restart": lt.restart, "trace": lt.trace}
+                if port:  # where Prometheus scrapes it (GET /metrics/targets on any process)
+                    status["metrics"] = {"target": self.settings.metrics_target(port),
+                                         "instance": self.settings.metrics_instance}
+                await report(lt.name, lt.task, status)
+                lt.reported = (lt.state, self.worker_id, lt.trace, port)
 
     # --- starting ----------------------------------------------------------------------------
 
@@ -202,7 +207,9 @@ class TaskSupervisor:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1))
         try:
-            async with self._session.get(f"http://127.0.0.1:{replica.metrics_port}/status") as resp:
+            host = self.settings.metrics_local_host
+            url = f"http://{f'[{host}]' if ':' in host else host}:{replica.metrics_port}/status"
+            async with self._session.get(url) as resp:
                 return resp.status == 200 and bool((await resp.json()).get("phase") == "running")
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return False  # still starting: no status server yet

@@ -147,8 +147,13 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_brok
         assert {t["worker_id"] for t in status["tasks"]} == {f"127.0.0.1:{first[1]}", f"127.0.0.1:{second[1]}"}
         _wait_rows(catalog, 2000, procs)
         assert_exact(catalog, TABLE, {json.loads(v)["order_id"] for v in values[:2000]})
-        for _, _, metrics_port in (first, second):  # one scrape per process, labelled by connector and task
-            assert metric(metrics_port, 'icesink_info{connector="pizzas"') == 1
+        for _, api, metrics_port in (first, second):  # either process lists both tasks for Prometheus to scrape
+            code, groups = _call(api, "GET", "/metrics/targets")
+            assert code == 200 and [(g["labels"]["connector"], g["labels"]["task"]) for g in groups] == [
+                ("pizzas", "0"), ("pizzas", "1")], groups
+            assert {g["labels"]["instance"] for g in groups} == {f"127.0.0.1:{first[2]}", f"127.0.0.1:{second[2]}"}
+            assert all(metric(int(g["targets"][0].rsplit(":", 1)[1]), "icesink_info") == 1 for g in groups)
+            assert metric(metrics_port, "icesink_connect_tasks") == 1 and metric(metrics_port, "icesink_info") == 0
 
         # a bad config is refused with the key named; unknown connectors are 404s shaped as Connect's
         code, body = _call(first[1], "PUT", "/connectors/other/config",

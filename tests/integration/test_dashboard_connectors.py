@@ -1,8 +1,10 @@
 """Every dashboard panel and alert rule against a real Prometheus, with 1, 2 and 5 connectors on
 one `icesink connect` process and with plain worker replicas, side by side.
 
-A connect process serves all its tasks' series on one job and instance, each labelled with its
-connector and task (icesink/app/connect.py, ``metrics_text``); plain replicas have one instance
+A connect process's tasks' series share one job and instance (the process's), each labelled with
+its connector and task (the labels of its HTTP service discovery, GET /metrics/targets:
+icesink/app/connect_state.py, ``scrape_targets``; tests/integration/test_connect_metrics_sd.py
+scrapes real ones); plain replicas have one instance
 each and neither label. The series here have those shapes (every metric the dashboard and the
 rules name, two tasks or replicas per sink group, task 0 the coordinator), ten healthy minutes
 of them (no failures, no lag, no dead letters) backfilled into a TSDB with ``promtool tsdb

@@ -35,7 +35,10 @@ def _query(port: int, path: str, **params: str) -> Any:
     return body["data"]
 
 
-def _start_prometheus(tmp_path: Path, targets: list[int]) -> tuple[subprocess.Popen[bytes], int]:
+def _start_prometheus(tmp_path: Path, targets: list[int],
+                      scrape_configs: list[dict[str, Any]] | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """Prometheus with the alert rules, scraping ``targets`` (ports on loopback) as job icesink,
+    or with ``scrape_configs`` as given."""
     from icesink.app.replicas import free_port
 
     binary = shutil.which("prometheus")
@@ -45,8 +48,8 @@ def _start_prometheus(tmp_path: Path, targets: list[int]) -> tuple[subprocess.Po
     config.write_text(json.dumps({  # YAML is a superset of JSON
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(ROOT / "deploy" / "prometheus" / "alerts.yml")],
-        "scrape_configs": [{"job_name": "icesink",
-                            "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in targets]}]}],
+        "scrape_configs": scrape_configs or [{"job_name": "icesink",
+                                              "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in targets]}]}],
     }))
     log = (tmp_path / "prometheus.log").open("wb")
     proc = subprocess.Popen(

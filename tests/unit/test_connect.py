@@ -97,10 +97,54 @@ def test_connect_settings_defaults_and_task_defaults(tmp_path):
     assert s.worker_id == "127.0.0.1:8083" and s.bootstrap_servers == "k:9092"
     sink = s.sink_settings({"topics": "t", "iceberg.tables": "db.t", "tasks.max": "3", "connector.class": "x"})
     assert sink.topics == ("t",) and sink.bootstrap_servers == "k:9092" and sink.spark_master == "local[1]"
-    assert sink.state_dir == tmp_path and sink.metrics_host == "127.0.0.1" and sink.group_id == "connect-connector"
+    assert sink.state_dir == tmp_path and sink.group_id == "connect-connector"
+    # the tasks' metrics listen where the process's do (Prometheus scrapes them: GET /metrics/targets);
+    # the process reads their /status on loopback, or on the one interface they listen on
+    assert (sink.metrics_host, s.metrics_local_host) == ("0.0.0.0", "127.0.0.1")
+    for host, local in (("10.0.0.7", "10.0.0.7"), ("::", "::1"), ("127.0.0.1", "127.0.0.1")):
+        moved = connect_settings({"metrics.host": host, "state.dir": str(tmp_path)})
+        assert (moved.sink_settings({"topics": "t", "iceberg.tables": "db.t"}).metrics_host,
+                moved.metrics_local_host) == (host, local)
     # the reference's iceberg.connect.group-id names the source group instead of connect-<name>
     named = s.sink_settings({"topics": "t", "iceberg.tables": "db.t", "iceberg.connect.group-id": "connect-old"})
     assert named.group_id == "connect-old"
+
+
+def test_the_scrape_targets_are_prometheus_http_service_discovery_json():
+    from icesink.app.connect_state import scrape_targets
+
+    def at(host: str, port: int) -> dict[str, str]:
+        return {"target": f"{host}:{port}", "instance": f"{host}:9400"}
+
+    s = ClusterState()
+    s.apply(1, connector_key("refunds"), _record({"config": {"tasks.max": "2"}, "generation": 2}))
+    s.apply(2, connector_key("orders"), _record({"config": {"tasks.max": "1"}, "generation": 1}))
+    placement = Placement.compute({"a:8083": "http://a:8083", "b:8083": "http://b:8083"}, s.layout(), "token")
+    assert scrape_targets(s, placement) == []  # 200 with [] while nothing runs
+    r0, r1 = placement.owners("refunds", 2)
+    (o0,) = placement.owners("orders", 1)
+    host = {"a:8083": "a", "b:8083": "b"}
+    s.apply(3, status_key("refunds", 0), _record({"state": RUNNING, "worker_id": r0, "generation": 2,
+                                                   "metrics": at(host[r0], 41001)}))
+    s.apply(4, status_key("refunds", 1), _record({"state": PAUSED, "worker_id": r1, "generation": 2}))
+    s.apply(5, status_key("orders", 0), _record({"state": RUNNING, "worker_id": o0, "generation": 1,
+                                                  "metrics": at(host[o0], 41002)}))
+    groups = scrape_targets(s, placement)
+    assert groups == [  # every process's tasks, whichever process answers
+        {"targets": [f"{host[o0]}:41002"], "labels": {"instance": f"{host[o0]}:9400", "connector": "orders", "task": "0"}},
+        {"targets": [f"{host[r0]}:41001"], "labels": {"instance": f"{host[r0]}:9400", "connector": "refunds", "task": "0"}},
+    ]
+    assert json.loads(json.dumps(groups)) == groups  # label values are strings, as Prometheus requires
+    # a stale report (an older generation, or a process that left the group) lists nothing
+    s.apply(6, connector_key("orders"), _record({"config": {"tasks.max": "1"}, "generation": 2}))
+    gone = Placement.compute({r0: f"http://{r0}"}, s.layout(), "token")
+    assert scrape_targets(s, placement) == groups[1:]
+    assert [g["labels"]["connector"] for g in scrape_targets(s, gone)] == ["refunds"]
+    s.apply(7, status_key("refunds", 0), _record({"state": FAILED, "worker_id": r0, "generation": 2, "trace": "x"}))
+    assert scrape_targets(s, gone) == []
+    # a process's own address for them: its advertised host, bracketed when IPv6
+    six = connect_settings({"rest.advertised.host.name": "fd00::7", "metrics.port": 9400})
+    assert (six.metrics_target(41001), six.metrics_instance) == ("[fd00::7]:41001", "[fd00::7]:9400")
 
 
 @pytest.mark.parametrize("raw, key", [

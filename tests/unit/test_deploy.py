@@ -113,7 +113,7 @@ def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
     docs = k8s()
     assert set(docs) == {"ConfigMap/icesink-config", "Secret/icesink-credentials", "Secret/icesink-api-users",
                          "StatefulSet/icesink", "Service/icesink-connect", "Service/icesink",
-                         "PodDisruptionBudget/icesink"}
+                         "PodDisruptionBudget/icesink", "ConfigMap/icesink-prometheus"}
     data = docs["ConfigMap/icesink-config"]["data"]
     # the API's basic auth: jaas.conf (ConfigMap) names the users' file (Secret), both mounted; here in tmp_path
     users = docs["Secret/icesink-api-users"]["stringData"]["credentials.properties"]
@@ -141,8 +141,8 @@ def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
     # kubernetes-service-endpoints job would scrape every pod a second time)
     for service in (api, docs["Service/icesink"]):
         assert not any(k.startswith("prometheus.io/") for k in service["metadata"].get("annotations", {}))
-    # probes: liveness on the metrics port's /health (no auth, answers at once; /metrics scrapes every
-    # task, about 2 s each), with a timeout that a busy process meets
+    # probes: liveness on the metrics port's /health (no auth, answers at once), with a timeout that a
+    # busy process meets
     live = container["livenessProbe"]
     assert live["httpGet"] == {"path": "/health", "port": "metrics"} and live["timeoutSeconds"] >= 5
     assert live["failureThreshold"] * live["periodSeconds"] >= 60
@@ -152,6 +152,17 @@ def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}
     assert "useradd --create-home --uid 10001 icesink" in (DEPLOY / "Dockerfile").read_text()
+    # the tasks: any pod's service discovery through the API's Service, with a user of the API's basic auth
+    job = yaml.safe_load(docs["ConfigMap/icesink-prometheus"]["data"]["icesink-scrape.yml"])["scrape_configs"]
+    assert _task_discovery(job) == [f"http://icesink-connect:{settings.listen_port}/metrics/targets"]
+    assert {p["port"] for p in api["spec"]["ports"] if p["targetPort"] == "api"} == {settings.listen_port}
+    auth = job[0]["http_sd_configs"][0]["basic_auth"]
+    assert f"{auth['username']}:" in users.replace(" ", "") and settings.metrics_host == "0.0.0.0"
+    secret_file = tmp_path / "prometheus-password"
+    secret_file.write_text("x")
+    auth["password_file"] = str(secret_file)
+    (tmp_path / "scrape.yml").write_text(yaml.safe_dump({"scrape_configs": job}))
+    run(tool("promtool"), "check", "config", str(tmp_path / "scrape.yml"))
     budget = docs["PodDisruptionBudget/icesink"]["spec"]
     assert budget["maxUnavailable"] == 1 and budget["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert docs["StatefulSet/icesink"]["spec"]["serviceName"] == "icesink"
@@ -173,6 +184,17 @@ def test_the_kubernetes_manifests_build_offline_and_fit_together(tmp_path):
     assert sink.catalog_props["s3.secret-access-key"] == "value-of-S3_SECRET_ACCESS_KEY"
     assert sink.control_secret is not None and sink.control_secret.get_secret_value() == "value-of-ICEBERG_CONTROL_SECRET"
     assert {f"${{env:{k}}}" for k in secrets} == {v for v in connector.values() if str(v).startswith("${env:")}
+
+
+def _task_discovery(scrape_configs: list[dict]) -> list[str]:
+    """The URLs of the jobs that find `icesink connect`'s tasks (HTTP service discovery)."""
+    return [sd["url"] for c in scrape_configs for sd in c.get("http_sd_configs", [])]
+
+
+def test_the_plain_prometheus_config_scrapes_connect_processes_and_their_tasks():
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+    assert {c["job_name"] for c in scrape} == {"icesink", "icesink-connect", "icesink-connect-tasks"}
+    assert [u.split(":", 2)[2] for u in _task_discovery(scrape)] == ["8083/metrics/targets"]
 
 
 def test_the_compose_file_refers_to_files_that_exist(tmp_path):
@@ -207,11 +229,16 @@ def test_the_compose_file_refers_to_files_that_exist(tmp_path):
         assert service["depends_on"] == {"kafka": {"condition": "service_healthy"}}, name
         assert service["restart"] == "unless-stopped", name
     assert "kafka-broker-api-versions.sh" in " ".join(compose["services"]["kafka"]["healthcheck"]["test"])
-    # Prometheus scrapes the connect service's metrics port as well as the workers'
+    # Prometheus scrapes the connect service's metrics port as well as the workers', and the connect
+    # service's tasks through its service discovery (they listen on every interface of the container,
+    # on the service's advertised name)
     scrape = yaml.safe_load((DEPLOY / "prometheus" / "compose.yml").read_text())["scrape_configs"]
-    targets = {(c["job_name"], sd["names"][0], sd["port"]) for c in scrape for sd in c["dns_sd_configs"]}
+    targets = {(c["job_name"], sd["names"][0], sd["port"]) for c in scrape for sd in c.get("dns_sd_configs", [])}
     assert targets == {("icesink", "icesink", 9400), ("icesink-connect", "connect", 9400)}
-    assert json.loads((DEPLOY / "compose-connect.json").read_text())["metrics.port"] == 9400
+    settings = load_connect_settings(DEPLOY / "compose-connect.json", connect["environment"], {})
+    assert settings.metrics_port == 9400 and settings.metrics_host == "0.0.0.0"
+    assert settings.metrics_target(41001) == "connect:41001"
+    assert _task_discovery(scrape) == [f"http://connect:{settings.listen_port}/metrics/targets"]
 
 
 def test_the_systemd_unit_and_the_examples_start_a_known_command():
