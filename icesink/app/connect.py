@@ -40,6 +40,7 @@ from icesink.app.connect_settings import CONNECT_DEFAULTS as CONNECT_DEFAULTS  #
 from icesink.app.connect_settings import ConnectSettings
 from icesink.app.connect_settings import connect_settings as connect_settings  # re-exported
 from icesink.app.connect_settings import load_connect_settings as load_connect_settings  # re-exported
+from icesink.app.connect_spark import SharedSpark
 from icesink.app.connect_state import (
     RUNNING, ClusterState, Connector, connector_key, status_key, status_of, tasks_max,
 )
@@ -61,7 +62,8 @@ class Cluster:
         self.state = ClusterState()
         directory = settings.state_dir / "connect" / settings.group_id / re.sub(r"[^\w.-]", "_", self.worker_id)
         self.directory = directory
-        self.tasks_here = TaskSupervisor(settings, self.worker_id, bootstrap, directory)
+        self.spark = SharedSpark(settings.task_defaults, directory) if settings.spark_shared else None
+        self.tasks_here = TaskSupervisor(settings, self.worker_id, bootstrap, directory, self.spark)
         self.membership = Membership(self.worker_id, settings.url, settings.group_id, settings.config_topic,
                                      settings.session_s, settings.heartbeat_s)
         self._producer: Any = None
@@ -94,9 +96,13 @@ class Cluster:
         end = (await end_offsets(self.bootstrap, self.settings.config_topic, client_kwargs=kwargs))[0]
         while self.state.position < end:  # the leader places what it has read: all of it, before joining
             await self._read_once()
+        if self.spark is not None:  # before any task, which would otherwise wait for it
+            await self.spark.start()
         await self.membership.start(self.bootstrap, self.state.layout, kwargs)
-        self._background = [asyncio.create_task(self._guard(loop()), name=loop.__name__)
-                            for loop in (self._read_loop, self._membership_loop, self._reconcile_loop)]
+        loops = [self._read_loop, self._membership_loop, self._reconcile_loop]
+        if self.spark is not None:
+            loops.append(self.spark.watch)
+        self._background = [asyncio.create_task(self._guard(loop()), name=loop.__name__) for loop in loops]
         log.info("connect worker %s joined cluster %s (config topic %s, %d connectors)", self.worker_id,
                  self.settings.group_id, self.settings.config_topic, len(self.state.connectors))
 
@@ -108,6 +114,8 @@ class Cluster:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.tasks_here.stop_all()
+        if self.spark is not None:  # after the tasks: they write with it until they stop
+            await self.spark.stop()
         with contextlib.suppress(Exception):
             await self.membership.stop()  # LeaveGroup: the others take this process's tasks at once
         for client in (self._producer, self._consumer):
@@ -358,6 +366,13 @@ class Cluster:
                      "watching tasks", "restarting tasks", "stopping tasks"):
             errors.add_metric([step], self.errors.get(step, 0))
         everything = [*families.values(), tasks, alive, connectors, skipped, errors]
+        if self.spark is not None:
+            up = GaugeMetricFamily("icesink_connect_spark_up", "Whether the shared Spark Connect server runs")
+            up.add_metric([], 1 if self.spark.up else 0)
+            restarts = CounterMetricFamily("icesink_connect_spark_restarts",
+                                           "Times the shared Spark Connect server was started again after it exited")
+            restarts.add_metric([], self.spark.restarts)
+            everything += [up, restarts]
 
         class _All:
             def collect(self) -> Any:
