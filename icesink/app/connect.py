@@ -5,7 +5,9 @@ config topic (:mod:`icesink.app.connect_state` describes its records) into the s
 connector's ``tasks.max`` tasks are spread over the alive processes; each task is an
 ``icesink worker`` replica (a child process, as ``ReplicaSet`` starts them) in the connector's
 sink group (``connect-<name>`` unless its config sets ``group.id``), so everything exactly-once
-is as for worker replicas. The processes are one Kafka consumer group, whose leader places the
+is as for worker replicas. By default (``connect.spark.shared``) the replicas share one Spark: a
+local Spark Connect server this process starts and restarts (:mod:`icesink.app.connect_spark`),
+so a host's tasks cost one JVM. The processes are one Kafka consumer group, whose leader places the
 tasks (:mod:`icesink.app.connect_group`): a process that dies leaves it when its session
 expires (``session.timeout-ms``), one stopped gracefully leaves it at once, and the others take
 its tasks over (its replicas die with it: they get SIGKILL when their parent goes). Pause
@@ -96,8 +98,8 @@ class Cluster:
         end = (await end_offsets(self.bootstrap, self.settings.config_topic, client_kwargs=kwargs))[0]
         while self.state.position < end:  # the leader places what it has read: all of it, before joining
             await self._read_once()
-        if self.spark is not None:  # before any task, which would otherwise wait for it
-            await self.spark.start()
+        if self.spark is not None:  # its JVM starts meanwhile; the tasks that use it wait until it listens
+            self.spark.start()
         await self.membership.start(self.bootstrap, self.state.layout, kwargs)
         loops = [self._read_loop, self._membership_loop, self._reconcile_loop]
         if self.spark is not None:

@@ -15,7 +15,10 @@ Security: the server binds 127.0.0.1 only, and requires a random token
 tasks get inside their ``spark.remote`` URL (``sc://localhost:PORT/;token=...``), in their
 config file (mode 0600); every log redactor masks a URL's token, and nothing logs the URL.
 
-Supervision: a server that exits is started again on the same port and token after a capped
+The process serves its API while the server's JVM starts; a task that uses the shared Spark is
+started once the server listens (until then it is not yet started, so UNASSIGNED).
+
+Supervision: a server that exits (also during its start-up) is started again on the same port and token after a capped
 backoff (1 s, doubling, at most a minute; back to 1 s once it ran for a minute), counted in
 ``icesink_connect_spark_restarts_total`` and ``icesink_connect_spark_up``, logged with the end of
 its log. Meanwhile the tasks' writes fail and are retried by their write-failure path
@@ -48,7 +51,6 @@ SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 #: Keys of a connector's own config that give it its own Spark instead of the shared one.
 OWN_SPARK_KEYS = ("spark.master", "spark.remote")
 _BACKOFF_S, _MAX_BACKOFF_S, _STEADY_S = 1.0, 60.0, 60.0
-_READY_TIMEOUT_S = 300.0
 
 
 def server_conf(defaults: Mapping[str, Any]) -> dict[str, str]:
@@ -77,6 +79,7 @@ class SharedSpark:
         self.started_at = 0.0
         self._backoff_s = _BACKOFF_S
         self._stopping = False
+        self.ready = False  # it listens (watch() saw it)
 
     @property
     def log_path(self) -> Path:
@@ -103,13 +106,15 @@ class SharedSpark:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Start the server and wait until it listens (its JVM takes seconds)."""
+    def start(self) -> None:
+        """Start the server's JVM; :meth:`watch` says when it listens (:attr:`ready`)."""
         self.port = self.port or free_port()
-        await asyncio.to_thread(self._spawn)
-        await self._ready()
-        log.info("shared Spark Connect server runs on 127.0.0.1:%d (pid %d, master %s): every task without its "
-                 "own spark.master uses it", self.port, self.proc.pid if self.proc else 0, self.conf["spark.master"])
+        self._spawn()
+
+    def waits(self, own: Mapping[str, Any]) -> bool:
+        """Whether a task of a connector with config ``own`` must wait to start: it uses the
+        shared Spark, which does not listen yet (starting, or starting again)."""
+        return not self.ready and not any(k in own for k in OWN_SPARK_KEYS)
 
     def _spawn(self) -> None:
         from pyspark.find_spark_home import _find_spark_home
@@ -134,32 +139,27 @@ class SharedSpark:
         )
         self.started_at = time.monotonic()
 
-    async def _ready(self) -> None:
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        while True:
-            if not self.up:
-                raise RuntimeError(f"the shared Spark Connect server exited with {self.proc.returncode if self.proc else None}"
-                                   f" during start-up; the end of {self.log_path}:\n{self._tail()}")
-            if await asyncio.to_thread(_listens, self.port):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the shared Spark Connect server did not listen within {_READY_TIMEOUT_S:.0f} s; "
-                                   f"the end of {self.log_path}:\n{self._tail()}")
-            await asyncio.sleep(0.25)
-
     def _tail(self) -> str:
         with contextlib.suppress(OSError):
             return self.log_path.read_text(errors="replace")[-3000:]
         return ""
 
     async def watch(self) -> None:
-        """Restart the server whenever it exits (capped backoff); runs until cancelled."""
+        """Note when the server listens; start it again whenever it exits (capped backoff).
+        Runs until cancelled."""
         while not self._stopping:
-            await asyncio.sleep(0.5)
-            if self.up or self._stopping:
-                if self.up and time.monotonic() - self.started_at > _STEADY_S:
+            if self.up:
+                if not self.ready and await asyncio.to_thread(_listens, self.port):
+                    self.ready = True
+                    log.info("shared Spark Connect server runs on 127.0.0.1:%d (pid %d, master %s, up in %.1f s): "
+                             "every task without its own spark.master uses it", self.port,
+                             self.proc.pid if self.proc else 0, self.conf["spark.master"],
+                             time.monotonic() - self.started_at)
+                if self.ready and time.monotonic() - self.started_at > _STEADY_S:
                     self._backoff_s = _BACKOFF_S
+                await asyncio.sleep(0.5)
                 continue
+            self.ready = False
             code = self.proc.returncode if self.proc else None
             log.warning("the shared Spark Connect server exited with code %s; starting it again in %.0f s (the "
                         "tasks' writes fail and are retried meanwhile). The end of its log:\n%s", code,
@@ -168,7 +168,7 @@ class SharedSpark:
             self._backoff_s = min(self._backoff_s * 2, _MAX_BACKOFF_S)
             self.restarts += 1
             try:
-                await self.start()
+                self.start()  # on the event loop's thread: the die-with-parent signal is tied to the forking thread
             except Exception:  # noqa: BLE001 - logged; the next pass tries again after the backoff
                 log.exception("the shared Spark Connect server could not be started again (attempt %d)", self.restarts)
 

@@ -105,6 +105,8 @@ class TaskSupervisor:
                     c.restart_of(lt.task) != lt.restart:
                 self._stop_in_background(key)
         for key, c in wanted.items():
+            if self.shared_spark is not None and self.shared_spark.waits(c.config):
+                continue  # started by a pass once the shared Spark listens
             if key not in self.local and key not in self._stopping:
                 self.local[key] = self._start(c, key[1])
         for key, lt in list(self.local.items()):
