@@ -86,7 +86,7 @@ def run(broker: EmbeddedBroker, work: Path, topic: str, records: int, tasks: int
                      "value.converter": "org.apache.kafka.connect.json.JsonConverter",
                      "value.converter.schemas.enable": "false"}
         began = time.monotonic()
-        _call(api, "PUT", "/connectors/pizzas/config", connector)
+        _call(api, "PUT", f"/connectors/{run_dir.name}/config", connector)  # its own sink group
         catalog = load_catalog("bench", **props)
         rows = 0
         while rows < records:
@@ -119,6 +119,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=120_000)
     parser.add_argument("--partitions", type=int, default=12)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the run's processes on the way out
     from icesink.app.pizzas import pizza_values, produce
     from icesink.shared.kafka_admin import ensure_topic
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
 
 from icesink.shared.errors import ConfigError
 from spark_bridge import class_archive, staging
@@ -90,7 +91,8 @@ class SparkSettings:
     bytes_per_write_task: int = 128 * 1024 * 1024
     # Staging: a local Spark writes into staging_dir, then the files are uploaded to the table
     # location with the table's FileIO. "auto" stages when the location is not a local path
-    # (s3://, gs://, ...: Spark would need the user's hadoop-aws jars) and Spark runs locally.
+    # (s3://, gs://, ...: Spark would need the user's hadoop-aws jars) and Spark runs locally
+    # (in this process, or a Spark Connect server on loopback).
     stage: Literal["auto", "always", "never"] = "auto"
     staging_dir: str | None = None  # this writer's scratch directories (spark_bridge/staging.py)
     # Rows of a throw-away write run twice at start() by a local session (0: none): the JVM
@@ -120,7 +122,9 @@ class SparkSettings:
             return False
         if self.stage == "always":
             return True
-        local_spark = self.remote is None and self.master.startswith("local")
+        # A Spark Connect server on loopback (icesink connect's shared one) shares this host's disks.
+        local_spark = (self.master.startswith("local") if self.remote is None
+                       else urlsplit(self.remote.split(";", 1)[0]).hostname in ("localhost", "127.0.0.1", "::1"))
         return local_spark and not is_local(location)
 
 
