@@ -16,6 +16,7 @@ from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
 
 from icesink.shared.errors import ConfigError
 from spark_bridge import class_archive, staging
@@ -90,7 +91,8 @@ class SparkSettings:
     bytes_per_write_task: int = 128 * 1024 * 1024
     # Staging: a local Spark writes into staging_dir, then the files are uploaded to the table
     # location with the table's FileIO. "auto" stages when the location is not a local path
-    # (s3://, gs://, ...: Spark would need the user's hadoop-aws jars) and Spark runs locally.
+    # (s3://, gs://, ...: Spark would need the user's hadoop-aws jars) and Spark runs locally
+    # (in this process, or a Spark Connect server on loopback).
     stage: Literal["auto", "always", "never"] = "auto"
     staging_dir: str | None = None  # this writer's scratch directories (spark_bridge/staging.py)
     # Rows of a throw-away write run twice at start() by a local session (0: none): the JVM
@@ -120,7 +122,9 @@ class SparkSettings:
             return False
         if self.stage == "always":
             return True
-        local_spark = self.remote is None and self.master.startswith("local")
+        # A Spark Connect server on loopback (icesink connect's shared one) shares this host's disks.
+        local_spark = (self.master.startswith("local") if self.remote is None
+                       else urlsplit(self.remote.split(";", 1)[0]).hostname in ("localhost", "127.0.0.1", "::1"))
         return local_spark and not is_local(location)
 
 
@@ -139,6 +143,13 @@ class SparkSessionOwner:
     def spark(self) -> SparkSession:
         if self._spark is None:
             raise RuntimeError("SparkFileWriter is not started: call start() first")
+        if self.settings.remote is not None and getattr(self._spark, "is_stopped", False):
+            # A Spark Connect server that restarted (icesink connect's shared Spark, after it
+            # died) no longer knows this session: the client closed it at the first call that
+            # said so, which failed, and that write is retried (agents/write_failures.py).
+            # The retry gets a new session on the server that runs now.
+            logger.warning("the Spark Connect session was closed (its server restarted?): starting a new one")
+            self._spark = self._remote_session(self.settings.remote)
         return self._spark
 
     @property
@@ -161,15 +172,7 @@ class SparkSessionOwner:
         if s.staging_dir is not None:
             staging.claim(s.staging_dir)  # a crash's leftovers go, if icesink made the directory
         if s.remote is not None:
-            spark = SparkSession.builder.remote(s.remote).appName(s.app_name).create()
-            for key, value in {**_RUNTIME_CONF, **s.conf}.items():
-                try:
-                    spark.conf.set(key, value)
-                except Exception as e:
-                    spark.stop()
-                    raise ConfigError(
-                        f"spark.conf.{key}", value, f"a runtime conf the Spark Connect server accepts ({e})"
-                    ) from e
+            spark = self._remote_session(s.remote)
         else:
             builder = SparkSession.builder.master(s.master).appName(s.app_name)
             conf = self.startup_conf()
@@ -182,7 +185,23 @@ class SparkSessionOwner:
             _quiet_task_size_warnings(spark)
             self.batch_rows = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000") or 10000)
         self._spark = spark
-        logger.info("spark session started (%s)", s.remote or s.master)
+        logger.info("spark session started (%s)", "Spark Connect" if s.remote else s.master)  # a URL may hold a token
+
+    def _remote_session(self, remote: str) -> SparkSession:
+        """A new Spark Connect session with our runtime confs, then the user's."""
+        from pyspark.sql import SparkSession
+
+        # create(), not getOrCreate(): a new session, never the closed one of a server that went
+        spark = SparkSession.builder.remote(remote).appName(self.settings.app_name).create()
+        for key, value in {**_RUNTIME_CONF, **self.settings.conf}.items():
+            try:
+                spark.conf.set(key, value)
+            except Exception as e:
+                spark.stop()
+                raise ConfigError(
+                    f"spark.conf.{key}", value, f"a runtime conf the Spark Connect server accepts ({e})"
+                ) from e
+        return spark
 
     def startup_conf(self) -> dict[str, str]:
         """The conf a classic (not Spark Connect) session starts with: ours, then the user's."""

@@ -5,7 +5,9 @@ config topic (:mod:`icesink.app.connect_state` describes its records) into the s
 connector's ``tasks.max`` tasks are spread over the alive processes; each task is an
 ``icesink worker`` replica (a child process, as ``ReplicaSet`` starts them) in the connector's
 sink group (``connect-<name>`` unless its config sets ``group.id``), so everything exactly-once
-is as for worker replicas. The processes are one Kafka consumer group, whose leader places the
+is as for worker replicas. By default (``connect.spark.shared``) the replicas share one Spark: a
+local Spark Connect server this process starts and restarts (:mod:`icesink.app.connect_spark`),
+so a host's tasks cost one JVM. The processes are one Kafka consumer group, whose leader places the
 tasks (:mod:`icesink.app.connect_group`): a process that dies leaves it when its session
 expires (``session.timeout-ms``), one stopped gracefully leaves it at once, and the others take
 its tasks over (its replicas die with it: they get SIGKILL when their parent goes). Pause
@@ -42,6 +44,7 @@ from icesink.app.connect_settings import CONNECT_DEFAULTS as CONNECT_DEFAULTS  #
 from icesink.app.connect_settings import ConnectSettings
 from icesink.app.connect_settings import connect_settings as connect_settings  # re-exported
 from icesink.app.connect_settings import load_connect_settings as load_connect_settings  # re-exported
+from icesink.app.connect_spark import SharedSpark
 from icesink.app.connect_state import (
     RUNNING, ClusterState, Connector, connector_key, scrape_targets, status_key, status_of, tasks_max,
 )
@@ -63,7 +66,8 @@ class Cluster:
         self.state = ClusterState()
         directory = settings.state_dir / "connect" / settings.group_id / re.sub(r"[^\w.-]", "_", self.worker_id)
         self.directory = directory
-        self.tasks_here = TaskSupervisor(settings, self.worker_id, bootstrap, directory)
+        self.spark = SharedSpark(settings.task_defaults, directory) if settings.spark_shared else None
+        self.tasks_here = TaskSupervisor(settings, self.worker_id, bootstrap, directory, self.spark)
         self.membership = Membership(self.worker_id, settings.url, settings.group_id, settings.config_topic,
                                      settings.session_s, settings.heartbeat_s)
         self._producer: Any = None
@@ -96,9 +100,13 @@ class Cluster:
         end = (await end_offsets(self.bootstrap, self.settings.config_topic, client_kwargs=kwargs))[0]
         while self.state.position < end:  # the leader places what it has read: all of it, before joining
             await self._read_once()
+        if self.spark is not None:  # its JVM starts meanwhile; the tasks that use it wait until it listens
+            self.spark.start()
         await self.membership.start(self.bootstrap, self.state.layout, kwargs)
-        self._background = [asyncio.create_task(self._guard(loop()), name=loop.__name__)
-                            for loop in (self._read_loop, self._membership_loop, self._reconcile_loop)]
+        loops = [self._read_loop, self._membership_loop, self._reconcile_loop]
+        if self.spark is not None:
+            loops.append(self.spark.watch)
+        self._background = [asyncio.create_task(self._guard(loop()), name=loop.__name__) for loop in loops]
         log.info("connect worker %s joined cluster %s (config topic %s, %d connectors)", self.worker_id,
                  self.settings.group_id, self.settings.config_topic, len(self.state.connectors))
 
@@ -110,6 +118,8 @@ class Cluster:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.tasks_here.stop_all()
+        if self.spark is not None:  # after the tasks: they write with it until they stop
+            await self.spark.stop()
         with contextlib.suppress(Exception):
             await self.membership.stop()  # LeaveGroup: the others take this process's tasks at once
         for client in (self._producer, self._consumer):
@@ -341,6 +351,13 @@ class Cluster:
                      "watching tasks", "restarting tasks", "stopping tasks"):
             errors.add_metric([step], self.errors.get(step, 0))
         everything = [tasks, alive, connectors, skipped, errors]
+        if self.spark is not None:
+            up = GaugeMetricFamily("icesink_connect_spark_up", "Whether the shared Spark Connect server runs")
+            up.add_metric([], 1 if self.spark.up else 0)
+            restarts = CounterMetricFamily("icesink_connect_spark_restarts",
+                                           "Times the shared Spark Connect server was started again after it exited")
+            restarts.add_metric([], self.spark.restarts)
+            everything += [up, restarts]
 
         class _All:
             def collect(self) -> Any:

@@ -39,6 +39,7 @@ from icesink.shared.config_providers import SETTINGS_ENV_PREFIX, declared, is_pr
 from icesink.shared.errors import ConfigError
 from icesink.shared.secrets import Hidden
 
+SPARK_SHARED = "connect.spark.shared"
 #: Settings of the connect process itself, with their defaults.
 CONNECT_DEFAULTS: dict[str, Any] = {
     # Loopback only: the API creates connectors, whose tasks run on this host. Listen elsewhere
@@ -59,6 +60,9 @@ CONNECT_DEFAULTS: dict[str, Any] = {
     # started again this many times, after 1, 2, 4... times the backoff (at most a minute).
     "tasks.start.retries": 3,
     "tasks.start.retry.backoff-ms": 2000,
+    # One local Spark Connect server for every task of this process, instead of a Spark JVM per
+    # task (icesink/app/connect_spark.py); the process's spark.* defaults configure it.
+    SPARK_SHARED: "false",
 }
 #: Worker settings that are the process's, handed to every task as they are.
 PROCESS_LEVEL = ("security.protocol", "sasl.mechanism", "sasl.username", "sasl.password", "ssl.cafile",
@@ -93,6 +97,8 @@ class ConnectSettings:
     #: what the env config provider reads, here and in the tasks (no ICESINK_* variables)
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
     rest_secrets: frozenset[str] = field(default_factory=frozenset, repr=False)
+    #: connect.spark.shared: the tasks share one Spark Connect server this process starts
+    spark_shared: bool = False
 
     @property
     def listen_host(self) -> str:
@@ -214,12 +220,26 @@ def connect_settings(raw: Mapping[str, Any], environ: Mapping[str, str] | None =
         start_retries=_int(resolved, "tasks.start.retries", 0),
         start_backoff_s=_int(resolved, "tasks.start.retry.backoff-ms", 100) / 1000,
         security=security, environ=env, rest_secrets=frozenset(rest_secrets),
+        spark_shared=_shared_spark(resolved, defaults),
     )
     if settings.session_s <= 2 * settings.heartbeat_s:
         raise ConfigError("session.timeout-ms", resolved["session.timeout-ms"],
                           "more than twice heartbeat.interval-ms")
     settings.client_kwargs()  # the task defaults and the Kafka client settings must be valid too
     return settings
+
+
+def _shared_spark(resolved: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
+    raw = str(resolved[SPARK_SHARED]).strip().lower()
+    if raw not in ("true", "false"):
+        raise ConfigError(SPARK_SHARED, resolved[SPARK_SHARED], "true or false")
+    if raw == "false":
+        return False
+    if "spark.remote" in defaults or not str(defaults.get("spark.master", "local[*]")).startswith("local"):
+        key = "spark.remote" if "spark.remote" in defaults else "spark.master"
+        raise ConfigError(SPARK_SHARED, raw, f"false when the tasks' default {key} is not a local Spark "
+                          f"({defaults[key]}): the shared Spark is a local Spark Connect server this process starts")
+    return True
 
 
 def _advertised(resolved: Mapping[str, Any], listeners: list[Listener]) -> Listener:

@@ -32,6 +32,7 @@ from typing import Any
 
 from icesink.app.connect_policy import replica_name
 from icesink.app.connect_settings import ConnectSettings
+from icesink.app.connect_spark import SharedSpark
 from icesink.app.connect_state import FAILED, PAUSED, RESTARTING, RUNNING, Connector
 from icesink.app.replicas import Replica, ReplicaSet
 from icesink.app.start_failures import cause_in_log
@@ -82,8 +83,10 @@ def digest(config: Mapping[str, str]) -> str:
 class TaskSupervisor:
     """Starts, watches, pauses and stops this process's tasks; reports their states."""
 
-    def __init__(self, settings: ConnectSettings, worker_id: str, bootstrap: str, directory: Path) -> None:
+    def __init__(self, settings: ConnectSettings, worker_id: str, bootstrap: str, directory: Path,
+                 shared_spark: SharedSpark | None = None) -> None:
         self.settings = settings
+        self.shared_spark = shared_spark
         self.worker_id = worker_id
         self.bootstrap = bootstrap
         self.directory = directory
@@ -102,6 +105,8 @@ class TaskSupervisor:
                     c.restart_of(lt.task) != lt.restart:
                 self._stop_in_background(key)
         for key, c in wanted.items():
+            if self.shared_spark is not None and self.shared_spark.waits(c.config):
+                continue  # started by a pass once the shared Spark listens
             if key not in self.local and key not in self._stopping:
                 self.local[key] = self._start(c, key[1])
         for key, lt in list(self.local.items()):
@@ -145,6 +150,8 @@ class TaskSupervisor:
     def _spawn(self, c: Connector, task: int) -> Replica:
         name = replica_name(c.name, task, self.worker_id)
         config = self.settings.task_config(c.name, c.config, self.bootstrap)
+        if self.shared_spark is not None:
+            config = self.shared_spark.task_config(config, c.config)
         path = self.directory / "tasks" / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600)  # it may hold credentials

@@ -45,7 +45,8 @@ def _call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any
         return exc.code, json.loads(exc.read())
 
 
-def _start_connect(tmp_path: Path, name: str, bootstrap: str, state: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+def _start_connect(tmp_path: Path, name: str, bootstrap: str, state: Path,
+                   shared_spark: bool = False) -> tuple[subprocess.Popen[bytes], int, int]:
     from icesink.app.embedded import _die_with_parent_hook, free_port
 
     api, metrics = free_port(), free_port()
@@ -57,7 +58,7 @@ def _start_connect(tmp_path: Path, name: str, bootstrap: str, state: Path) -> tu
         "heartbeat.interval-ms": 500, "session.timeout-ms": 6000,
         # defaults for every task: a small Spark, short sessions and shutdowns
         "spark.master": "local[1]", "spark.driver.memory": "1g", "consumer.session-timeout-ms": 6000,
-        "shutdown.timeout-ms": 15000,
+        "shutdown.timeout-ms": 15000, "connect.spark.shared": str(shared_spark).lower(),
         # the connectors name this test's SQLite catalog: a file of this host, which only the process allows
         "connector.config.override.allow": "iceberg.catalog.uri,iceberg.catalog.warehouse",
     }))

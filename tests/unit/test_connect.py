@@ -155,6 +155,10 @@ def test_the_scrape_targets_are_prometheus_http_service_discovery_json():
     ({"heartbeat.interval-ms": "often"}, "heartbeat.interval-ms"),
     ({"heartbeat.interval-ms": 5000, "session.timeout-ms": 6000}, "session.timeout-ms"),
     ({"security.protocol": "CARRIER_PIGEON"}, "security.protocol"),
+    ({"connect.spark.shared": "maybe"}, "connect.spark.shared"),
+    # the shared Spark is a local server: a remote default for the tasks contradicts it
+    ({"connect.spark.shared": "true", "spark.remote": "sc://spark:15002"}, "connect.spark.shared"),
+    ({"connect.spark.shared": "true", "spark.master": "spark://m:7077"}, "connect.spark.shared"),
 ])
 def test_bad_connect_settings_name_the_key(raw, key):
     with pytest.raises(ConfigError) as info:
@@ -273,3 +277,33 @@ def test_unknown_keys_a_connector_was_let_start_with_are_in_its_status():
     note = "unknown settings ignored (config.unknown-keys=warn): x.y"
     assert status_of(s, "c", placement, notes=[note])["connector"]["trace"] == note
     assert "trace" not in status_of(s, "c", placement)["connector"]
+
+
+def test_shared_spark_replaces_the_spark_defaults_of_tasks_that_chose_none(tmp_path):
+    from icesink.app.connect_spark import SharedSpark
+
+    s = connect_settings({"state.dir": str(tmp_path), "spark.master": "local[2]", "spark.driver.memory": "3g",
+                          "connect.spark.shared": "true"})
+    assert s.spark_shared
+    assert not connect_settings({"spark.master": "local[2]"}).spark_shared  # the default: a JVM per task
+    assert not connect_settings({"connect.spark.shared": "false", "spark.remote": "sc://s:1"}).spark_shared
+    shared = SharedSpark(s.task_defaults, tmp_path)
+    # the server starts as a local session would, from the process's spark.* defaults, on loopback
+    assert shared.conf["spark.master"] == "local[2]" and shared.conf["spark.driver.memory"] == "3g"
+    assert shared.conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
+    assert "-XX:+ExitOnOutOfMemoryError" in shared.conf["spark.driver.extraJavaOptions"]
+    shared.port = 15002
+    own = {"topics": "t", "spark.sql.shuffle.partitions": "2"}
+    task = shared.task_config(s.task_config("c", own, "k:9092"), own)
+    assert task["spark.remote"].startswith("sc://localhost:15002/;token=") and len(task["spark.remote"]) > 60
+    assert "spark.master" not in task and "spark.driver.memory" not in task  # the server's, not the task's
+    assert task["spark.sql.shuffle.partitions"] == "2"  # the connector's own runtime conf stays
+    # its token is a secret of the task's settings: the redactor masks it
+    token = task["spark.remote"].split("token=")[1]
+    from icesink.shared.config import build_resolved
+
+    settings = build_resolved({**task, "iceberg.tables": "db.t"}, {})
+    assert token in settings.secret_values() and token not in settings.redactor()(task["spark.remote"])
+    # a connector that names its own Spark keeps it
+    alone = {"topics": "t", "spark.master": "local[1]"}
+    assert shared.task_config(s.task_config("c", alone, "k:9092"), alone) == s.task_config("c", alone, "k:9092")

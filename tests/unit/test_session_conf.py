@@ -41,3 +41,14 @@ def test_the_local_jvm_logs_through_icesinks_log4j_config_labelled_and_quiet_37(
     text = config.read_text()
     assert "rootLogger.level = warn" in text and "spark.%c{1}: %m" in text
     assert "SYSTEM_ERR" in text
+
+
+def test_a_spark_connect_server_on_this_host_stages_remote_locations_as_a_local_session_does() -> None:
+    """icesink connect's shared server runs on loopback: it writes a table on S3 into the
+    task's staging directory, which the task uploads with the table's FileIO (no hadoop-aws)."""
+    for remote in ("sc://localhost:15002/;token=x", "sc://127.0.0.1:15002"):
+        s = SparkSettings(remote=remote, staging_dir="/tmp/stage")
+        assert s.stages("s3://bucket/t") and not s.stages("file:///tmp/t")
+    # a server elsewhere has its own disks: it writes the location itself
+    assert not SparkSettings(remote="sc://spark.example:15002", staging_dir="/tmp/stage").stages("s3://bucket/t")
+    assert SparkSettings(staging_dir="/tmp/stage").stages("s3://bucket/t")
