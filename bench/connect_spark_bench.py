@@ -23,8 +23,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchlib import MIB, RssSampler, descendants, tree_rss_bytes  # puts the root on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.benchlib import MIB, RssSampler, descendants, tree_rss_bytes
 from icesink.app.embedded import EmbeddedBroker, free_port
 from icesink.shared.catalogs import sqlite_catalog_properties
 
