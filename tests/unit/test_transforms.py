@@ -219,6 +219,22 @@ def test_a_field_replace_field_drops_or_renames_is_not_coerced_to_its_old_names_
     assert [(r["id"], r["store_id"], r["store_ref"]) for r in out.table.to_pylist()] == rows
 
 
+@pytest.mark.parametrize(("first", "column", "value"), [
+    ({"transforms.k.type": f"{C}ValueToKey", "transforms.k.fields": "store_id", "iceberg.tables.key-column": "_key"},
+     ("_key", pa.struct([("store_id", pa.string())])), {"store_id": "abc"}),
+    ({"transforms.k.type": f"{REF}CopyValue", "transforms.k.source.field": "store_id",
+      "transforms.k.target.field": "copy"}, ("copy", pa.string()), "abc"),
+])
+def test_a_field_taken_before_replace_field_drops_it_is_read_as_what_takes_it(
+        first: dict[str, str], column: tuple[str, pa.DataType], value: Any) -> None:
+    keys = {"transforms": "k,r", **first, "transforms.r.type": f"{C}ReplaceField$Value", "transforms.r.exclude": "store_id"}
+    table = pa.schema([("id", pa.string()), ("store_id", pa.int64()), column])
+    values = [b'{"id":"a","store_id":"abc"}']
+    out = value_format(**keys).convert([Msg(v) for v in values], values, table)
+    assert out.rejects == ()
+    assert out.table.to_pylist() == [{"id": "a", "store_id": None, column[0]: value}]
+
+
 def test_cast_reads_the_raw_value_not_the_tables_column_and_fails_a_field_dropped_after_it() -> None:
     cast = {"transforms.c.type": f"{C}Cast$Value", "transforms.c.spec": "store_id:string"}
     table = pa.schema([("id", pa.string()), ("store_id", pa.string())])
