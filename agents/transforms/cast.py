@@ -130,7 +130,10 @@ class Cast:
         return pa.schema([f.with_type(CAST_ARROW[self.casts[f.name]]) if f.name in self.casts else f for f in s])
 
     def in_schema(self, t: pa.Schema) -> pa.Schema:
-        return pa.schema([f.with_type(pa.string()) if f.name in self.casts else f for f in t])
+        """``t`` with the cast fields as their text; one ``t`` lacks (no such column, or a later
+        step drops it) is still read, as Connect casts it before any later step or the sink."""
+        extra = [pa.field(n, pa.string()) for n in self.casts if n not in t.names]
+        return pa.schema([*(f.with_type(pa.string()) if f.name in self.casts else f for f in t), *extra])
 
     def apply(self, table: pa.Table, out: pa.Schema) -> pa.Table:
         return self.convert(table, out)[0]
@@ -149,4 +152,9 @@ class Cast:
                     failed.append((row, f"Cast {self.name}: value ({table.column(f.name)[row].as_py()}) cannot be "
                                    f"cast to {to}", f.name))
             arrays.append(col.cast(f.type))
+        for name in (self.casts.keys() - set(out.names)) & set(table.column_names):  # read only to fail as Connect
+            _, bad = cast_text(table.column(name).combine_chunks(), self.casts[name])
+            for row in np.flatnonzero(bad).tolist():
+                failed.append((row, f"Cast {self.name}: value ({table.column(name)[row].as_py()}) cannot be "
+                               f"cast to {self.casts[name]}", name))
         return pa.Table.from_arrays(arrays, schema=out), failed

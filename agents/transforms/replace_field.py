@@ -2,7 +2,13 @@
 top-level fields that are not excluded and, with an include list, included; ``renames``
 (``old:new`` pairs) renames the kept ones. Column-wise: the decode reads the old names, the
 columns are renamed and selected (a column that the filter drops is null in an existing table
-that has it, as Connect leaves it unset)."""
+that has it, as Connect leaves it unset).
+
+The decode coerces a field to the column it lands in, not to a same-named one: a dropped field
+is not decoded at all (``exclude=store_id`` with a ``long`` column ``store_id`` takes the value
+``"abc"``, as Connect drops the field before the sink converts), and a renamed one is decoded as
+its new name's column (``renames=store_id:store_ref``: as ``store_ref``; the table's own
+``store_id`` column, that no field fills then, is null)."""
 
 from __future__ import annotations
 
@@ -28,17 +34,24 @@ class ReplaceField:
     def keep(self, name: str) -> bool:
         return name not in self.exclude and (not self.include or name in self.include)
 
+    def source(self, name: str) -> str | None:
+        """The value field that fills output column ``name``, or None (dropped, or renamed away)."""
+        src = self.back.get(name, name)
+        if src == name and name in self.renames and self.renames[name] != name:
+            return None  # the field of that name lands in another column
+        return src if self.keep(src) else None
+
     def out_schema(self, s: pa.Schema) -> pa.Schema:
         return pa.schema([f.with_name(self.renames.get(f.name, f.name)) for f in s if self.keep(f.name)])
 
     def in_schema(self, t: pa.Schema) -> pa.Schema:
-        return pa.schema([f.with_name(self.back.get(f.name, f.name)) for f in t])
+        return pa.schema([f.with_name(src) for f in t if (src := self.source(f.name)) is not None])
 
     def apply(self, table: pa.Table, out: pa.Schema) -> pa.Table:
         arrays = []
         for f in out:
-            src = self.back.get(f.name, f.name)
-            if self.keep(src) and src in table.column_names:
+            src = self.source(f.name)
+            if src is not None and src in table.column_names:
                 col = table.column(src)  # no cast to its own type: Arrow refuses one of a null struct
                 arrays.append(col if col.type.equals(f.type) else col.cast(f.type))
             else:

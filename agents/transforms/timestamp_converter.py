@@ -43,7 +43,10 @@ class TimestampConverter:
         return pa.schema([f.with_type(TARGET_ARROW[self.target]) if f.name == self.field else f for f in s])
 
     def in_schema(self, t: pa.Schema) -> pa.Schema:
-        return pa.schema([f.with_type(pa.string()) if f.name == self.field else f for f in t])
+        """``t`` with ``field`` as its text; read when ``t`` lacks it too (no such column, or a
+        later step drops it), as Connect converts it before any later step or the sink."""
+        extra = [pa.field(self.field, pa.string())] if self.field and self.field not in t.names else []
+        return pa.schema([*(f.with_type(pa.string()) if f.name == self.field else f for f in t), *extra])
 
     def apply(self, table: pa.Table, out: pa.Schema) -> pa.Table:
         return self.convert(table, out)[0]
@@ -69,17 +72,18 @@ class TimestampConverter:
 
     def convert(self, table: pa.Table, out: pa.Schema) -> tuple[pa.Table, Failed]:
         arrays, failed = [], []
+        why = f"does not match pattern ({self.format})" if self.format else "is not a Unix time (no format)"
+        converted = None
+        if self.field in table.column_names:  # converted even where no later column takes it
+            converted, bad = self._converted(table.column(self.field).combine_chunks())
+            for row in np.flatnonzero(bad).tolist():
+                failed.append((row, f"TimestampConverter {self.name}: value "
+                               f"({table.column(self.field)[row].as_py()}) {why}", self.field))
         for f in out:
             if f.name not in table.column_names:
                 arrays.append(pa.nulls(table.num_rows, f.type))
                 continue
-            col = table.column(f.name).combine_chunks()
-            if f.name == self.field:
-                col, bad = self._converted(col)
-                why = f"does not match pattern ({self.format})" if self.format else "is not a Unix time (no format)"
-                for row in np.flatnonzero(bad).tolist():
-                    failed.append((row, f"TimestampConverter {self.name}: value "
-                                   f"({table.column(f.name)[row].as_py()}) {why}", f.name))
+            col = converted if f.name == self.field and converted is not None else table.column(f.name).combine_chunks()
             arrays.append(col.cast(f.type))
         return pa.Table.from_arrays(arrays, schema=out), failed
 

@@ -131,3 +131,46 @@ def test_key_transforms_cast_hoist_and_rename_json_keys_in_the_key_column(broker
     letters = read_topic(broker.bootstrap, dlq, len(BAD_KEYS), timeout_s=60)
     seen = {int(dict(r.headers)[dl.H_OFFSET]): dict(r.headers)[dl.H_FIELD].decode() for r in letters}
     assert seen == {i: "_key" for i in BAD_KEYS}
+
+
+@pytest.mark.timeout(240)
+def test_fields_dropped_renamed_or_cast_land_in_an_existing_tables_columns_as_connect(broker, catalog_props,
+                                                                                     tmp_path) -> None:
+    """An existing table with a ``long`` ``store_id`` and ``legacy``: ReplaceField renames
+    ``store_id`` to the string ``store_ref`` and excludes ``legacy``, Cast makes the number
+    ``code`` a string. The text in ``store_id`` and ``legacy`` never meets their long columns
+    (Connect drops or renames them before the sink converts): every record lands, those columns null."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from icesink.app.pizzas import produce
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support import duck
+    from tests.support.sinkrun import sink_until, write_config
+
+    topic, table, n = "drop-orders", "dropns.orders", 30
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("dropns")
+    catalog.create_table(table, schema=Schema(
+        NestedField(1, "id", LongType()), NestedField(2, "store_id", LongType()),
+        NestedField(3, "store_ref", StringType()), NestedField(4, "legacy", LongType()),
+        NestedField(5, "code", StringType())))
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 1))
+    values = [json.dumps({"id": i, "store_id": f"abc-{i}", "legacy": "x", "code": i * 10}).encode() for i in range(n)]
+    asyncio.run(produce(broker.bootstrap, topic, values, partitions=1))
+    cfg = write_config(
+        tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+        catalog_props=catalog_props, state_dir=tmp_path / "state", group="drop-sink", **{
+            "transforms": "r,c",
+            "transforms.r.type": f"{C}ReplaceField$Value", "transforms.r.exclude": "legacy",
+            "transforms.r.renames": "store_id:store_ref",
+            "transforms.c.type": f"{C}Cast$Value", "transforms.c.spec": "code:string",
+        })
+    sink_until(cfg, tmp_path / "logs", catalog, (table,), n)
+
+    loaded = catalog.load_table(table)
+    rows = sorted(duck.scan_rows(loaded.metadata_location, loaded.io.properties), key=lambda r: r["id"])
+    assert rows == [{"id": i, "store_id": None, "store_ref": f"abc-{i}", "legacy": None, "code": str(i * 10)}
+                    for i in range(n)]
+    assert sorted(loaded.scan().to_arrow().column("store_ref").to_pylist()) == sorted(f"abc-{i}" for i in range(n))

@@ -196,6 +196,70 @@ def test_replace_field_and_copy_value_shape_the_created_table_and_its_rows() -> 
     ]
 
 
+_EXISTING = pa.schema([("id", pa.string()), ("store_id", pa.int64()), ("store_ref", pa.string())])
+
+
+@pytest.mark.parametrize(("props", "values", "rows"), [
+    # the report: Connect drops the field before the sink converts, so "abc" never meets the long column
+    ({"exclude": "store_id"}, [b'{"id":"a","store_id":"abc"}', b'{"id":"b","store_id":7}'],
+     [("a", None, None), ("b", None, None)]),
+    ({"include": "id,store_ref"}, [b'{"id":"a","store_id":"abc","store_ref":"r"}'], [("a", None, "r")]),
+    # a renamed field is coerced to its new column, not to the table's column of its old name
+    ({"renames": "store_id:store_ref"}, [b'{"id":"a","store_id":"abc"}', b'{"id":"b","store_id":7}'],
+     [("a", None, "abc"), ("b", None, "7")]),
+    ({"renames": "store_id:store_ref,store_ref:store_id"}, [b'{"id":"a","store_id":"abc","store_ref":5}'],
+     [("a", 5, "abc")]),
+])
+def test_a_field_replace_field_drops_or_renames_is_not_coerced_to_its_old_names_column(
+        props: dict[str, str], values: list[bytes], rows: list[tuple[Any, ...]]) -> None:
+    keys = {"transforms": "r", "transforms.r.type": f"{C}ReplaceField$Value",
+            **{f"transforms.r.{k}": v for k, v in props.items()}}
+    out = value_format(**keys).convert([Msg(v, offset=i) for i, v in enumerate(values)], values, _EXISTING)
+    assert out.rejects == ()
+    assert [(r["id"], r["store_id"], r["store_ref"]) for r in out.table.to_pylist()] == rows
+
+
+@pytest.mark.parametrize(("first", "column", "value"), [
+    ({"transforms.k.type": f"{C}ValueToKey", "transforms.k.fields": "store_id", "iceberg.tables.key-column": "_key"},
+     ("_key", pa.struct([("store_id", pa.string())])), {"store_id": "abc"}),
+    ({"transforms.k.type": f"{REF}CopyValue", "transforms.k.source.field": "store_id",
+      "transforms.k.target.field": "copy"}, ("copy", pa.string()), "abc"),
+])
+def test_a_field_taken_before_replace_field_drops_it_is_read_as_what_takes_it(
+        first: dict[str, str], column: tuple[str, pa.DataType], value: Any) -> None:
+    keys = {"transforms": "k,r", **first, "transforms.r.type": f"{C}ReplaceField$Value", "transforms.r.exclude": "store_id"}
+    table = pa.schema([("id", pa.string()), ("store_id", pa.int64()), column])
+    values = [b'{"id":"a","store_id":"abc"}']
+    out = value_format(**keys).convert([Msg(v) for v in values], values, table)
+    assert out.rejects == ()
+    assert out.table.to_pylist() == [{"id": "a", "store_id": None, column[0]: value}]
+
+
+def test_cast_reads_the_raw_value_not_the_tables_column_and_fails_a_field_dropped_after_it() -> None:
+    cast = {"transforms.c.type": f"{C}Cast$Value", "transforms.c.spec": "store_id:string"}
+    table = pa.schema([("id", pa.string()), ("store_id", pa.string())])
+    values = [b'{"id":"a","store_id":17}', b'{"id":"b","store_id":1e7}']
+    out = value_format(transforms="c", **cast).convert([Msg(v) for v in values], values, table)
+    assert out.table.to_pylist() == [{"id": "a", "store_id": "17"}, {"id": "b", "store_id": "1.0E7"}]
+    # Connect casts before ReplaceField drops the field: a value it cannot cast fails its record
+    keys = {"transforms": "c,r", **cast, "transforms.c.spec": "store_id:int64",
+            "transforms.r.type": f"{C}ReplaceField$Value", "transforms.r.exclude": "store_id"}
+    values = [b'{"id":"a","store_id":"x"}', b'{"id":"b","store_id":"5"}']
+    out = value_format(**keys).convert([Msg(v, offset=i) for i, v in enumerate(values)], values, _EXISTING)
+    assert [(r.index, r.field) for r in out.rejects] == [(0, "store_id")]
+    assert out.table.to_pylist() == [{"id": "b", "store_id": None, "store_ref": None}]
+    # likewise a field the table has no column for, and TimestampConverter's field
+    only_id = pa.schema([("id", pa.string())])
+    msgs = [Msg(v, offset=i) for i, v in enumerate(values)]
+    out = value_format(transforms="c", **{**cast, "transforms.c.spec": "store_id:int64"}).convert(msgs, values, only_id)
+    assert [(r.index, r.field) for r in out.rejects] == [(0, "store_id")] and out.table.num_rows == 1
+    ts = {"transforms": "t", "transforms.t.type": f"{C}TimestampConverter$Value", "transforms.t.field": "at",
+          "transforms.t.target.type": "Timestamp"}
+    values = [b'{"id":"a","at":"noon"}', b'{"id":"b","at":1700000000000}']
+    out = value_format(**ts).convert([Msg(v, offset=i) for i, v in enumerate(values)], values, only_id)
+    assert [(r.index, r.field) for r in out.rejects] == [(0, "at")] and out.table.to_pylist() == [{"id": "b"}]
+
+
 @pytest.mark.parametrize(("keys", "named"), [
     ({"transforms": "rf", "transforms.rf.type": f"{C}ReplaceField$Value", "transforms.rf.renames": "a-b"},
      "transforms.rf.renames"),
