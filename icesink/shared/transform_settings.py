@@ -177,6 +177,9 @@ def parse_chain(names: tuple[str, ...], props: Mapping[str, Mapping[str, str]],
             if predicate is None:
                 raise ConfigError(f"transforms.{name}.predicate", tp["predicate"],
                                   f"one of the predicates listed in predicates ({', '.join(predicates) or 'none'})")
+            if kind not in ("filter", "regex-router"):  # the value steps run on every record of a batch
+                raise ConfigError(f"transforms.{name}.predicate", tp["predicate"],
+                                  f"unset: a predicate guards only Filter and RegexRouter here, not {cls} (docs/transforms.md)")
         negate = _bool(f"transforms.{name}.negate", tp["negate"]) if "negate" in tp else False
         if negate and predicate is None:
             raise ConfigError(f"transforms.{name}.negate", tp["negate"], "unset, or a predicate set for it to negate")

@@ -354,12 +354,24 @@ def test_key_and_operation_fields_renamed_or_dropped_by_replace_field_are_refuse
 def test_key_and_operation_fields_by_their_names_after_the_transforms_start() -> None:
     s = build({"topics": "a", "iceberg.tables": "db.t", **_RENAMES, "iceberg.table.db.t.id-columns": "id"})
     assert s.id_columns("db.t") == ("id",)
-    # a guarded ReplaceField may leave some records' fields as they are: not refused
-    build({"topics": "a", "iceberg.tables": "db.t", **_RENAMES, "iceberg.tables.default-id-columns": "pk",
-           "transforms.names.predicate": "p", "predicates": "p",
-           "predicates.p.type": "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
-           "predicates.p.pattern": "a"})
     # renamed back by a later transform: the name is there again
     build({"topics": "a", "iceberg.tables": "db.t", **_RENAMES, "iceberg.tables.default-id-columns": "pk",
            "transforms": "names,copy", "transforms.copy.type": "org.apache.iceberg.connect.transforms.CopyValue",
            "transforms.copy.source.field": "id", "transforms.copy.target.field": "pk"})
+
+
+@pytest.mark.parametrize("kind, props", [
+    ("ReplaceField$Value", {"exclude": "a"}), ("HoistField$Value", {"field": "v"}),
+    ("ValueToKey", {"fields": "a"}),
+    ("CopyValue", {"source.field": "a", "target.field": "b"}),
+])
+def test_a_predicate_on_a_transform_that_runs_on_every_record_is_refused_by_its_key(kind, props) -> None:
+    """The value steps run on every record of a batch: a predicate guarding one was accepted and
+    then ignored (an exclude guarded by TopicNameMatches dropped the field of every topic)."""
+    cls = f"org.apache.iceberg.connect.transforms.{kind}" if kind == "CopyValue" else f"{C}{kind}"
+    raw = {"topics": "a", "iceberg.tables": "db.t", "transforms": "x", "transforms.x.type": cls,
+           **{f"transforms.x.{k}": v for k, v in props.items()}, "transforms.x.predicate": "p", "predicates": "p",
+           "predicates.p.type": f"{C}predicates.TopicNameMatches", "predicates.p.pattern": "a"}
+    with pytest.raises(ConfigError) as err:
+        build(raw)
+    assert err.value.key == "transforms.x.predicate" and "Filter" in err.value.expected
