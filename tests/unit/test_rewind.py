@@ -1,0 +1,123 @@
+"""``icesink offsets`` / ``rewind``: positions per snapshot read from a real (SQLite, local files)
+table's summaries, the rewind's plan and refusals, and the rollback commit."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from icesink.app.rewind import (
+    RewindRefused, SnapshotPositions, format_offsets, new_positions, parse_targets, plan_rewind, roll_back,
+    snapshot_positions,
+)
+from icesink.shared.iceberg import latest_sink_summary
+from icesink.shared.protocol import SinkState, TopicPartition, state_property, summary_properties
+
+TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
+
+
+def _row(sid: int, writer: str, p0: int, p1: int | None = None) -> SnapshotPositions:
+    pos = {TP0: p0} | ({TP1: p1} if p1 is not None else {})
+    return SnapshotPositions(sid, 0, "append", writer, "c" if writer == "sink" else None, pos)
+
+
+def test_targets_parse_topics_with_colons_and_refuse_bad_items():
+    assert parse_targets("a:b:1:7, t:0:60") == {TopicPartition("a:b", 1): 7, TP0: 60}
+    for bad in ("t:0", "t:x:1", ":0:1", "t:0:-1", "t:0:1,t:0:2"):
+        with pytest.raises(RewindRefused):
+            parse_targets(bad)
+
+
+def test_plan_picks_the_newest_snapshot_at_or_below_every_offset():
+    rows = [_row(4, "sink", 100, 100), _row(3, "maintenance", 70, 80), _row(2, "sink", 70, 80),
+            _row(1, "sink", 50, 50)]
+    plan = plan_rewind("db.t", rows, {TP0: 70})
+    assert plan.target.snapshot_id == 3 and [r.snapshot_id for r in plan.lost] == [4]
+    plan = plan_rewind("db.t", rows, {TP0: 69})
+    assert plan.target.snapshot_id == 1 and plan.rollback
+    assert not plan_rewind("db.t", rows, {TP0: 100, TP1: 100}).rollback  # the head already holds nothing past
+    # every partition the table's state knows goes to the target's position; one the target lacks: its beginning
+    assert new_positions(plan, {TP0: 100, TP1: 100, TopicPartition("u", 0): 5}) == {
+        TP0: 50, TP1: 50, TopicPartition("u", 0): None}
+
+
+def test_plan_refuses_to_lose_another_writers_snapshot_and_names_it():
+    rows = [_row(5, "sink", 100), _row(4, "other writer", 90), _row(3, "sink group g2", 90), _row(2, "sink", 90),
+            _row(1, "sink", 40)]
+    with pytest.raises(RewindRefused, match=r"snapshot\(s\) 4 \(other writer, append\), 3 \(sink group g2"):
+        plan_rewind("db.t", rows, {TP0: 50})
+    assert plan_rewind("db.t", rows, {TP0: 100}).target.snapshot_id == 5
+    with pytest.raises(RewindRefused, match="no snapshot holds positions at or below t\\[0\\]@10|no snapshot"):
+        plan_rewind("db.t", rows, {TP0: 10})
+
+
+def _table(tmp_path):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("u", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    return catalog.create_table("db.t", pa.schema([("k", pa.int64())]))
+
+
+def _commit(table, group: str | None, p0: int, first: int) -> None:
+    tx = table.transaction()
+    props = summary_properties(group, f"c{p0}", p0, {TP0: p0}, 1, None) if group else {}
+    tx.append(pa.table({"k": pa.array(range(first, p0), pa.int64())}), snapshot_properties=props)
+    if group:
+        tx.set_properties({state_property(group): SinkState(None, f"c{p0}", p0, {TP0: p0}, 1, None).to_json()})
+    tx.commit_transaction()
+
+
+def test_positions_per_snapshot_and_a_rollback_commit(tmp_path):
+    table = _table(tmp_path)
+    _commit(table, "g", 10, 0)
+    _commit(table, None, 12, 10)  # another writer: holds g's positions of the snapshot below
+    _commit(table, "g", 30, 12)
+    rows = snapshot_positions(table, "g", "main")
+    assert [(r.writer, r.positions) for r in rows] == [("sink", {TP0: 30}), ("other writer", {TP0: 10}),
+                                                       ("sink", {TP0: 10})]
+    assert "other writer" in format_offsets(rows) and format_offsets(rows).count("\n") == 3
+    plan = plan_rewind("db.t", rows, {TP0: 20})
+    assert plan.target is rows[1]  # the other writer's snapshot is kept, not lost
+
+    roll_back(table, "main", "g", rows[2].snapshot_id, {TP0: 10})  # refused above; forced here to test the commit
+    table.refresh()
+    assert table.current_snapshot().snapshot_id == rows[2].snapshot_id
+    assert table.scan().to_arrow().num_rows == 10
+    state = latest_sink_summary(table, "g")
+    assert state is not None and state.positions == {TP0: 10} and state.watermark == 30  # watermark kept
+
+
+def test_rows_past_an_offset_deleted_by_their_offset_columns_once(tmp_path):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from icesink.app.rewind import delete_past, offset_columns
+
+    catalog = SqlCatalog("u", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    m = "_kafka_metadata"
+    table = catalog.create_table("db.m", pa.schema([("k", pa.int64()), (f"{m}_topic", pa.string()),
+                                                    (f"{m}_partition", pa.int32()), (f"{m}_offset", pa.int64())]))
+    assert offset_columns(table) is None  # no snapshot yet
+    rows = pa.table({"k": pa.array(range(40), pa.int64()), f"{m}_topic": ["t"] * 40,
+                     f"{m}_partition": pa.array([i % 2 for i in range(40)], pa.int32()),
+                     f"{m}_offset": pa.array([i // 2 for i in range(40)], pa.int64())})
+    tx = table.transaction()
+    tx.append(rows, snapshot_properties=summary_properties("g", "c1", 7, {TP0: 20, TP1: 20}, 1, None))
+    tx.set_properties({state_property("g"): SinkState(None, "c1", 7, {TP0: 20, TP1: 20}, 1, None).to_json()})
+    tx.commit_transaction()
+    cols = offset_columns(table)
+    assert cols == (f"{m}_topic", f"{m}_partition", f"{m}_offset")
+    for _ in range(2):  # a run again (after a crash past the commit) deletes nothing more
+        delete_past(table, "main", "g", cols, {TP0: 15}, {TP0: 15, TP1: 20})
+        table.refresh()
+        left = table.scan().to_arrow()
+        assert sorted(left["k"].to_pylist()) == sorted([k for k in range(40) if k % 2 or k // 2 < 15])
+    state = latest_sink_summary(table, "g")
+    assert state is not None and state.positions == {TP0: 15, TP1: 20} and state.watermark == 7
+    assert snapshot_positions(table, "g", "main")[0].positions == {TP0: 15, TP1: 20}  # the group's snapshot
+
+    nulls = catalog.create_table("db.n", table.schema())
+    nulls.append(pa.table({"k": [1], f"{m}_topic": ["t"], f"{m}_partition": pa.array([0], pa.int32()),
+                           f"{m}_offset": pa.array([None], pa.int64())}, schema=table.schema().as_arrow()))
+    assert offset_columns(nulls) is None  # a row without its offset: roll back instead
