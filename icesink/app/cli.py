@@ -267,12 +267,15 @@ def _bootstrap(settings: Settings) -> str:
 def cmd_offsets(args: argparse.Namespace) -> int:
     import json
 
-    from icesink.app.rewind import format_offsets, snapshot_positions
+    from icesink.app.rewind import format_offsets, pending_rewind, snapshot_positions
     from icesink.shared.iceberg import load_catalog
 
     settings = _settings(args)
-    rows = snapshot_positions(load_catalog(settings).load_table(args.table), settings.group_id,
-                              settings.commit_branch(args.table))
+    table = load_catalog(settings).load_table(args.table)
+    rows = snapshot_positions(table, settings.group_id, settings.commit_branch(args.table))
+    if (pending := pending_rewind(table, settings.group_id)) is not None:
+        print(f"table {args.table}: a rewind of sink group {settings.group_id} was interrupted after its table "
+              f"commit; run `icesink rewind {args.table} --to {pending}` again before starting the sink", file=sys.stderr)
     if args.snapshot is not None:
         rows = [r for r in rows if r.snapshot_id == args.snapshot]
         if not rows:

@@ -35,6 +35,21 @@ if TYPE_CHECKING:
 MAINTENANCE_KEY = "icesink.maintenance"
 
 
+def pending_property(group: str) -> str:
+    """The table property a rewind sets in its table commit and removes once the group's
+    positions are altered: while it is there, a rewind was interrupted between the two."""
+    return f"icesink.{group}.rewind-pending"
+
+
+def pending_rewind(table: Table, group: str) -> str | None:
+    """The ``--to`` of an interrupted rewind of ``group`` (None: none)."""
+    return table.metadata.properties.get(pending_property(group))
+
+
+def format_targets(to: Mapping[TopicPartition, int]) -> str:
+    return ",".join(f"{tp.topic}:{tp.partition}:{off}" for tp, off in sorted(to.items()))
+
+
 class RewindRefused(Exception):
     """A rewind refused before anything changed; the message is the one line to print."""
 
@@ -157,7 +172,8 @@ def new_positions(plan: RewindPlan, current: Mapping[TopicPartition, int]) -> di
     return {tp: plan.target.positions.get(tp) for tp in sorted(parts, key=lambda tp: (tp.topic, tp.partition))}
 
 
-def roll_back(table: Table, branch: str, group: str, snapshot_id: int, positions: Mapping[TopicPartition, int]) -> None:
+def roll_back(table: Table, branch: str, group: str, snapshot_id: int, positions: Mapping[TopicPartition, int],
+              pending: str | None = None) -> None:
     """One catalog commit: ``branch`` back to ``snapshot_id`` and the group's state property
     holding ``positions`` (watermark, epoch, log identity as they were: the log's events below
     the watermark stay applied). The branch's head is asserted, so a commit that landed
@@ -176,6 +192,8 @@ def roll_back(table: Table, branch: str, group: str, snapshot_id: int, positions
         ManageSnapshots(tx).remove_branch(branch).create_branch(snapshot_id, branch)
     if state is not None:
         tx.set_properties({state_property(group): replace(state, positions=dict(positions)).to_json()})
+    if pending is not None:
+        tx.set_properties({pending_property(group): pending})
     tx.commit_transaction()
 
 
@@ -204,7 +222,7 @@ def offset_columns(table: Table) -> tuple[str, str, str] | None:
 
 
 def delete_past(table: Table, branch: str, group: str, cols: tuple[str, str, str], to: Mapping[TopicPartition, int],
-                positions: Mapping[TopicPartition, int]) -> None:
+                positions: Mapping[TopicPartition, int], pending: str | None = None) -> None:
     """One catalog commit: the rows of each partition of ``to`` at or past its offset deleted
     (copy-on-write), the snapshot(s) carrying the group's summary with ``positions`` and the
     group's state property too. Run again, it deletes nothing more. Blocking."""
@@ -230,6 +248,8 @@ def delete_past(table: Table, branch: str, group: str, cols: tuple[str, str, str
         tx.delete(reduce(Or, match), snapshot_properties=lowered.properties(group) if lowered else {}, branch=branch)
     if lowered is not None:
         tx.set_properties({state_property(group): lowered.to_json()})
+    if pending is not None:
+        tx.set_properties({pending_property(group): pending})
     tx.commit_transaction()
 
 
@@ -293,7 +313,8 @@ async def rewind(settings: Settings, bootstrap: str, table_name: str, to: dict[T
         concrete = {tp: min(off, current.get(tp, off)) for tp, off in to.items()}
         print(f"{table_name}: deleting the rows at or past {', '.join(f'{tp}@{o}' for tp, o in sorted(to.items()))} "
               f"by their offset columns {', '.join(cols)} (copy-on-write, no rollback)", file=out)
-        await asyncio.to_thread(delete_past, table, branch, settings.group_id, cols, to, {**current, **concrete})
+        await asyncio.to_thread(delete_past, table, branch, settings.group_id, cols, to, {**current, **concrete},
+                                format_targets(to))
         crash_point(settings, "rewind.after-table-commit")
     else:
         plan = plan_rewind(table_name, rows, to)
@@ -303,7 +324,8 @@ async def rewind(settings: Settings, bootstrap: str, table_name: str, to: dict[T
         if plan.rollback:
             print(f"{table_name}: rollback of {branch} to snapshot {plan.target.snapshot_id} (removing "
                   f"{len(plan.lost)} snapshot(s): {', '.join(str(r.snapshot_id) for r in plan.lost)})", file=out)
-            await asyncio.to_thread(roll_back, table, branch, settings.group_id, plan.target.snapshot_id, concrete)
+            await asyncio.to_thread(roll_back, table, branch, settings.group_id, plan.target.snapshot_id, concrete,
+                                    format_targets(to))
             crash_point(settings, "rewind.after-table-commit")
         else:
             print(f"{table_name}: snapshot {plan.target.snapshot_id} ({branch}'s head) holds nothing at or past the "
@@ -311,9 +333,18 @@ async def rewind(settings: Settings, bootstrap: str, table_name: str, to: dict[T
     new = await change_offsets(settings, bootstrap, dict(concrete), True, f"rewind of {table_name}",
                                reason=f"rewind of {table_name} by icesink rewind")
     crash_point(settings, "rewind.after-alter")
+    await asyncio.to_thread(_clear_pending, catalog, table_name, settings.group_id)
     print(f"{table_name}: sink group {settings.group_id} reads again from "
           f"{', '.join(f'{tp}@{off}' for tp, off in new.items())}; start the sink", file=out)
     return new
+
+
+def _clear_pending(catalog: Any, table_name: str, group: str) -> None:
+    table = catalog.load_table(table_name)
+    if pending_rewind(table, group) is not None:
+        tx = table.transaction()
+        tx.remove_properties(pending_property(group))
+        tx.commit_transaction()
 
 
 async def _beginnings(settings: Settings, bootstrap: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:

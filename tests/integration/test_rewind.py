@@ -80,9 +80,12 @@ def test_rewind_rolls_back_rereads_once_and_survives_a_kill(broker, catalog_prop
     killed = _icesink(cfg, "rewind", TABLE, "--to", f"{TOPIC}:0:60", "--assume-stopped", sets=crash)
     assert killed.returncode == -9, killed
     assert catalog.load_table(TABLE).current_snapshot().snapshot_id == target["snapshot_id"]
+    interrupted = _icesink(cfg, "offsets", TABLE)
+    assert f"rewind {TABLE} --to {TOPIC}:0:60` again" in interrupted.stderr, interrupted.stderr
     again = _icesink(cfg, "rewind", TABLE, "--to", f"{TOPIC}:0:60", "--assume-stopped", sets=crash)
     assert again.returncode == 0, again
     assert "no rollback needed" in again.stdout and "reads again from" in again.stdout, again.stdout
+    assert "interrupted" not in _icesink(cfg, "offsets", TABLE).stderr
     assert catalog.load_table(TABLE).current_snapshot().snapshot_id == target["snapshot_id"]
     held = sum(_by_partition(target).values())
     assert held < 200 and key_counts(catalog, TABLE, "order_id").total() == held

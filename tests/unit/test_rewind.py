@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from icesink.app.rewind import (
-    RewindRefused, SnapshotPositions, format_offsets, new_positions, parse_targets, plan_rewind, roll_back,
-    snapshot_positions,
+    RewindRefused, SnapshotPositions, format_offsets, format_targets, new_positions, parse_targets, pending_rewind,
+    plan_rewind, roll_back, snapshot_positions,
 )
 from icesink.shared.iceberg import latest_sink_summary
 from icesink.shared.protocol import SinkState, TopicPartition, state_property, summary_properties
@@ -23,6 +23,7 @@ def _row(sid: int, writer: str, p0: int, p1: int | None = None) -> SnapshotPosit
 
 def test_targets_parse_topics_with_colons_and_refuse_bad_items():
     assert parse_targets("a:b:1:7, t:0:60") == {TopicPartition("a:b", 1): 7, TP0: 60}
+    assert parse_targets(format_targets(parse_targets("t:0:60,a:b:1:7"))) == {TopicPartition("a:b", 1): 7, TP0: 60}
     for bad in ("t:0", "t:x:1", ":0:1", "t:0:-1", "t:0:1,t:0:2"):
         with pytest.raises(RewindRefused):
             parse_targets(bad)
@@ -80,8 +81,9 @@ def test_positions_per_snapshot_and_a_rollback_commit(tmp_path):
     plan = plan_rewind("db.t", rows, {TP0: 20})
     assert plan.target is rows[1]  # the other writer's snapshot is kept, not lost
 
-    roll_back(table, "main", "g", rows[2].snapshot_id, {TP0: 10})  # refused above; forced here to test the commit
+    roll_back(table, "main", "g", rows[2].snapshot_id, {TP0: 10}, "t:0:20")  # refused above; forced here
     table.refresh()
+    assert pending_rewind(table, "g") == "t:0:20" and pending_rewind(table, "h") is None
     assert table.current_snapshot().snapshot_id == rows[2].snapshot_id
     assert table.scan().to_arrow().num_rows == 10
     state = latest_sink_summary(table, "g")
