@@ -37,8 +37,11 @@ MAINTENANCE_KEY = "icesink.maintenance"
 
 def pending_property(group: str) -> str:
     """The table property a rewind sets in its table commit and removes once the group's
-    positions are altered: while it is there, a rewind was interrupted between the two."""
-    return f"icesink.{group}.rewind-pending"
+    positions are altered: while it is there, a rewind was interrupted between the two, and the
+    group's workers and coordinator refuse to start (:func:`icesink.shared.iceberg.refuse_pending_rewind`)."""
+    from icesink.shared.protocol.summary import rewind_pending_property
+
+    return rewind_pending_property(group)
 
 
 def pending_rewind(table: Table, group: str) -> str | None:

@@ -2,8 +2,9 @@
 SQLite catalog) ingests 200 records over two partitions in two batches (so two rounds at least);
 ``icesink offsets`` prints each snapshot's positions; ``icesink rewind`` refuses while the worker
 runs (the broker lists its member), then, the worker stopped (``--assume-stopped``: Tansu keeps
-listing the members of stopped consumers), is killed -9 right after its rollback and run again; the worker
-started again reads from the rolled-back positions and the table holds each record exactly once
+listing the members of stopped consumers), is killed -9 right after its rollback; a worker started then
+refuses to start (exit 2, one line naming the table, the pending property and the command); the rewind
+is run again; the worker started again reads from the rolled-back positions and the table holds each record exactly once
 (DuckDB and pyiceberg). Another writer's snapshot on top makes a second rewind refuse, naming it,
 and change nothing."""
 
@@ -24,10 +25,10 @@ pytestmark = pytest.mark.integration
 TOPIC, TABLE, GROUP = "rewind-pizzas", "rw.pizzas", "rewind-sink"
 
 
-def _icesink(cfg: Path, *args: str, sets: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def _icesink(cfg: Path, *args: str, sets: tuple[str, ...] = (), timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
     extra = [a for s in sets for a in ("--set", s)]
     return subprocess.run([sys.executable, "-m", "icesink", *args, "--config", str(cfg), *extra],
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=timeout_s)
 
 
 def _offsets(cfg: Path) -> list[dict[str, Any]]:
@@ -45,6 +46,7 @@ def test_rewind_rolls_back_rereads_once_and_survives_a_kill(broker, catalog_prop
 
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
+    from icesink.app.start_failures import cause_in_log
     from icesink.shared.kafka_admin import ensure_topic
     from tests.support.sinkrun import key_counts, wait_rows, write_config
 
@@ -82,6 +84,14 @@ def test_rewind_rolls_back_rereads_once_and_survives_a_kill(broker, catalog_prop
     assert catalog.load_table(TABLE).current_snapshot().snapshot_id == target["snapshot_id"]
     interrupted = _icesink(cfg, "offsets", TABLE)
     assert f"rewind {TABLE} --to {TOPIC}:0:60` again" in interrupted.stderr, interrupted.stderr
+    # a worker started before the rewind is run again would read on from the old positions (the
+    # records rolled back lost): it refuses to start, in one last line naming table, property and command
+    early = _icesink(cfg, "worker", timeout_s=150)
+    assert early.returncode == 2, early.stderr[-3000:]
+    last = cause_in_log(early.stderr) or ""  # icesink's last line (the JVM's own warnings may follow it)
+    assert TABLE in last and f"icesink.{GROUP}.rewind-pending={TOPIC}:0:60" in last, early.stderr[-3000:]
+    assert f"run `icesink rewind {TABLE} --to {TOPIC}:0:60` again" in last, last
+    assert catalog.load_table(TABLE).current_snapshot().snapshot_id == target["snapshot_id"]
     again = _icesink(cfg, "rewind", TABLE, "--to", f"{TOPIC}:0:60", "--assume-stopped", sets=crash)
     assert again.returncode == 0, again
     assert "no rollback needed" in again.stdout and "reads again from" in again.stdout, again.stdout

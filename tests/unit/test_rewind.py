@@ -123,3 +123,77 @@ def test_rows_past_an_offset_deleted_by_their_offset_columns_once(tmp_path):
     nulls.append(pa.table({"k": [1], f"{m}_topic": ["t"], f"{m}_partition": pa.array([0], pa.int32()),
                            f"{m}_offset": pa.array([None], pa.int64())}, schema=table.schema().as_arrow()))
     assert offset_columns(nulls) is None  # a row without its offset: roll back instead
+
+
+def test_an_unfinished_rewind_stops_the_group_from_starting_naming_table_property_and_command(tmp_path):
+    """A rewind killed after its table commit leaves the control log saying "read on from the old
+    positions": the worker's start and the coordinator's recovery refuse, in one line naming the
+    table, the property and the command to run again (also for a table only a round names)."""
+    from icesink.shared.config import load_settings
+    from icesink.shared.errors import ControlLogError, RewindPending
+    from icesink.shared.iceberg import pending_rewinds, refuse_pending_rewind
+
+    table = _table(tmp_path)
+    _commit(table, "g", 10, 0)
+    _commit(table, "g", 30, 10)
+    settings = load_settings(None, None, {"topics": "t", "iceberg.tables": "db.t", "group.id": "g",
+                                          "state.dir": str(tmp_path)})
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("u", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    assert pending_rewinds(catalog, settings) == {}
+    refuse_pending_rewind(catalog, settings)  # nothing pending: starts
+    rows = snapshot_positions(table, "g", "main")
+    roll_back(table, "main", "g", rows[1].snapshot_id, {TP0: 10}, "t:0:20")
+    assert pending_rewinds(catalog, settings) == {"db.t": "t:0:20"}
+    with pytest.raises(RewindPending) as refused:
+        refuse_pending_rewind(catalog, settings)
+    line = str(refused.value)
+    assert isinstance(refused.value, ControlLogError) and "\n" not in line
+    assert "db.t" in line and "icesink.g.rewind-pending=t:0:20" in line
+    assert "run `icesink rewind db.t --to t:0:20` again" in line
+    other = load_settings(None, None, {"topics": "t", "iceberg.tables": "db.t", "group.id": "h",
+                                       "state.dir": str(tmp_path)})
+    refuse_pending_rewind(catalog, other)  # another group's rewind is not this group's
+    # a routed table (not configured) is found through the round tables of a configured one
+    routed = load_settings(None, None, {"topics": "t", "iceberg.tables": "db.x", "group.id": "g",
+                                        "state.dir": str(tmp_path)})
+    x = catalog.create_table("db.x", pa.schema([("k", pa.int64())]))
+    state = SinkState(None, "c", 5, {TP0: 5}, 1, None, round_tables={"db.t": 30, "db.x": 5})
+    x.transaction().set_properties({state_property("g"): state.to_json()}).commit_transaction()
+    assert pending_rewinds(catalog, routed) == {"db.t": "t:0:20"}
+
+    # the rewind's last step removes the marker: the group starts again
+    from icesink.app.rewind import _clear_pending
+
+    _clear_pending(catalog, "db.t", "g")
+    refuse_pending_rewind(catalog, settings)
+
+
+def test_a_coordinator_recovering_over_an_unfinished_rewind_refuses_before_it_reads_the_log(tmp_path):
+    """coordinator/startup.py: the marker stops recovery (a ControlLogError: the service then
+    refuses, answering no claim and committing nothing) before the log or the broker is read."""
+    import asyncio
+
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from coordinator.session import Session
+    from coordinator.startup import Recovery
+    from icesink.shared.config import build
+    from icesink.shared.errors import RewindPending
+    from icesink.shared.metrics import Metrics
+    from icesink.shared.offload import Offload
+
+    table = _table(tmp_path)
+    _commit(table, "g", 10, 0)
+    _commit(table, "g", 30, 10)
+    roll_back(table, "main", "g", snapshot_positions(table, "g", "main")[1].snapshot_id, {TP0: 10}, "t:0:20")
+    catalog = SqlCatalog("u", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "group.id": "g", "bootstrap.servers": "127.0.0.1:1"})
+
+    async def go() -> None:
+        recovery = Recovery(settings, "127.0.0.1:1", Session(), None, catalog, Offload(1), Metrics())  # type: ignore[arg-type]
+        await recovery.recover(None)  # type: ignore[arg-type]
+
+    with pytest.raises(RewindPending, match=r"run `icesink rewind db.t --to t:0:20` again"):
+        asyncio.run(go())
