@@ -175,11 +175,20 @@ def new_positions(plan: RewindPlan, current: Mapping[TopicPartition, int]) -> di
     return {tp: plan.target.positions.get(tp) for tp in sorted(parts, key=lambda tp: (tp.topic, tp.partition))}
 
 
+def _state(state: Any, positions: Mapping[TopicPartition, int], watermark: int | None) -> Any:
+    """The group's state with ``positions``, its control watermark raised to ``watermark`` (the
+    log's last offset when the rewind planned): every response the log accepted before the
+    rewind counts as held by the table, so recovery commits none of those it did not commit
+    (their records start at the old positions, read again after the rewind)."""
+    raised = state.watermark if watermark is None else max(state.watermark, watermark)
+    return replace(state, positions=dict(positions), watermark=raised)
+
+
 def roll_back(table: Table, branch: str, group: str, snapshot_id: int, positions: Mapping[TopicPartition, int],
-              pending: str | None = None) -> None:
+              pending: str | None = None, watermark: int | None = None) -> None:
     """One catalog commit: ``branch`` back to ``snapshot_id`` and the group's state property
-    holding ``positions`` (watermark, epoch, log identity as they were: the log's events below
-    the watermark stay applied). The branch's head is asserted, so a commit that landed
+    holding ``positions`` (epoch, log identity as they were; the watermark raised to
+    ``watermark``: see :func:`_state`). The branch's head is asserted, so a commit that landed
     meanwhile fails this one (nothing changes) instead of being lost. Blocking."""
     from pyiceberg.table.refs import MAIN_BRANCH
     from pyiceberg.table.update.snapshot import ManageSnapshots
@@ -194,7 +203,7 @@ def roll_back(table: Table, branch: str, group: str, snapshot_id: int, positions
     else:
         ManageSnapshots(tx).remove_branch(branch).create_branch(snapshot_id, branch)
     if state is not None:
-        tx.set_properties({state_property(group): replace(state, positions=dict(positions)).to_json()})
+        tx.set_properties({state_property(group): _state(state, positions, watermark).to_json()})
     if pending is not None:
         tx.set_properties({pending_property(group): pending})
     tx.commit_transaction()
@@ -225,7 +234,7 @@ def offset_columns(table: Table) -> tuple[str, str, str] | None:
 
 
 def delete_past(table: Table, branch: str, group: str, cols: tuple[str, str, str], to: Mapping[TopicPartition, int],
-                positions: Mapping[TopicPartition, int], pending: str | None = None) -> None:
+                positions: Mapping[TopicPartition, int], pending: str | None = None, watermark: int | None = None) -> None:
     """One catalog commit: the rows of each partition of ``to`` at or past its offset deleted
     (copy-on-write), the snapshot(s) carrying the group's summary with ``positions`` and the
     group's state property too. Run again, it deletes nothing more. Blocking."""
@@ -242,7 +251,7 @@ def delete_past(table: Table, branch: str, group: str, cols: tuple[str, str, str
                                                      GreaterThanOrEqual(term=off, value=o)))
         for tp, o in sorted(to.items())]
     state = latest_sink_summary(table, group, branch)
-    lowered = replace(state, positions=dict(positions)) if state is not None else None
+    lowered = _state(state, positions, watermark) if state is not None else None
     import warnings
 
     tx = table.transaction()
@@ -296,6 +305,7 @@ async def rewind(settings: Settings, bootstrap: str, table_name: str, to: dict[T
     from icesink.app.connect_offsets import change_offsets, table_states
     from icesink.shared.faults import crash_point
     from icesink.shared.iceberg import latest_sink_summary, load_catalog
+    from icesink.shared.kafka_admin import end_offsets
 
     if not assume_stopped:
         await check_stopped(settings, bootstrap, out)
@@ -312,12 +322,14 @@ async def rewind(settings: Settings, bootstrap: str, table_name: str, to: dict[T
     state = latest_sink_summary(table, settings.group_id, branch)
     current = state.positions if state is not None else {}
     cols = await asyncio.to_thread(offset_columns, table)
+    client = settings.control_client_kwargs()
+    last = (await end_offsets(bootstrap, settings.control_topic, client_kwargs=client)).get(0, 0) - 1
     if cols is not None:
         concrete = {tp: min(off, current.get(tp, off)) for tp, off in to.items()}
         print(f"{table_name}: deleting the rows at or past {', '.join(f'{tp}@{o}' for tp, o in sorted(to.items()))} "
               f"by their offset columns {', '.join(cols)} (copy-on-write, no rollback)", file=out)
         await asyncio.to_thread(delete_past, table, branch, settings.group_id, cols, to, {**current, **concrete},
-                                format_targets(to))
+                                format_targets(to), last)
         crash_point(settings, "rewind.after-table-commit")
     else:
         plan = plan_rewind(table_name, rows, to)
@@ -328,11 +340,13 @@ async def rewind(settings: Settings, bootstrap: str, table_name: str, to: dict[T
             print(f"{table_name}: rollback of {branch} to snapshot {plan.target.snapshot_id} (removing "
                   f"{len(plan.lost)} snapshot(s): {', '.join(str(r.snapshot_id) for r in plan.lost)})", file=out)
             await asyncio.to_thread(roll_back, table, branch, settings.group_id, plan.target.snapshot_id, concrete,
-                                    format_targets(to))
+                                    format_targets(to), last)
             crash_point(settings, "rewind.after-table-commit")
         else:
             print(f"{table_name}: snapshot {plan.target.snapshot_id} ({branch}'s head) holds nothing at or past the "
                   "offsets: no rollback needed", file=out)
+            # still void what the log accepted and no table holds: its ranges start at the positions read again
+            await asyncio.to_thread(_void_accepted, table, settings.group_id, branch, concrete, format_targets(to), last)
     new = await change_offsets(settings, bootstrap, dict(concrete), True, f"rewind of {table_name}",
                                reason=f"rewind of {table_name} by icesink rewind")
     crash_point(settings, "rewind.after-alter")
@@ -340,6 +354,24 @@ async def rewind(settings: Settings, bootstrap: str, table_name: str, to: dict[T
     print(f"{table_name}: sink group {settings.group_id} reads again from "
           f"{', '.join(f'{tp}@{off}' for tp, off in new.items())}; start the sink", file=out)
     return new
+
+
+def _void_accepted(table: Table, group: str, branch: str, positions: Mapping[TopicPartition, int], pending: str,
+                   watermark: int) -> None:
+    """A property-only commit: the group's state with ``positions`` and its watermark raised
+    (:func:`_state`), and the pending marker; nothing if the state already says so."""
+    from icesink.shared.iceberg import latest_sink_summary
+    from icesink.shared.protocol import state_property
+
+    state = latest_sink_summary(table, group, branch)
+    if state is None:
+        return
+    new = _state(state, positions, watermark)
+    if new == state and pending_rewind(table, group) == pending:
+        return
+    tx = table.transaction()
+    tx.set_properties({state_property(group): new.to_json(), pending_property(group): pending})
+    tx.commit_transaction()
 
 
 def _clear_pending(catalog: Any, table_name: str, group: str) -> None:

@@ -197,3 +197,44 @@ def test_a_coordinator_recovering_over_an_unfinished_rewind_refuses_before_it_re
 
     with pytest.raises(RewindPending, match=r"run `icesink rewind db.t --to t:0:20` again"):
         asyncio.run(go())
+
+
+def test_a_rewind_voids_responses_accepted_but_not_committed_before_it(tmp_path):
+    """The sink stopped uncleanly after accepting a response (control offset 40) but before the
+    table commit (watermark 30): that response's records start at the old positions, so
+    committing it after the rewind would hold them twice. The rewind's table commit raises the
+    table's control watermark to the log's last offset (45): recovery's replay then counts every
+    response accepted before the rewind as held by the table (CoordinatorState.lacking) and
+    commits none of them; the alter-positions after it sets where reading goes on."""
+    from coordinator.state import Accepted, CoordinatorState
+    from icesink.shared.protocol import FileInfo, OffsetRange
+
+    table = _table(tmp_path)
+    _commit(table, "g", 10, 0)
+    _commit(table, "g", 30, 10)  # watermark 30
+    rows = snapshot_positions(table, "g", "main")
+    roll_back(table, "main", "g", rows[1].snapshot_id, {TP0: 10}, "t:0:20", watermark=45)
+    table.refresh()
+    state = latest_sink_summary(table, "g")
+    assert state is not None and state.watermark == 45 and state.positions == {TP0: 10}
+    roll_back(table, "main", "g", rows[1].snapshot_id, {TP0: 10}, "t:0:20", watermark=20)
+    again = latest_sink_summary(table.refresh(), "g")
+    assert again is not None and again.watermark == 45  # never lowered
+
+    f = FileInfo("file:///wh/x.parquet", 10, 100, 0)
+    st = CoordinatorState(pending=[Accepted(40, "r", "w", (OffsetRange(TP0, 30, 50),), {"db.t": (f,)}, None)])
+    st.lacking({"db.t": state.watermark})
+    assert st.pending == []
+
+
+def test_a_rewind_that_needs_no_rollback_still_voids_what_the_log_accepted(tmp_path):
+    from icesink.app.rewind import _void_accepted
+
+    table = _table(tmp_path)
+    _commit(table, "g", 10, 0)
+    head = table.current_snapshot().snapshot_id
+    _void_accepted(table, "g", "main", {TP0: 10}, "t:0:20", 45)
+    table.refresh()
+    state = latest_sink_summary(table, "g")
+    assert state is not None and state.watermark == 45 and state.positions == {TP0: 10}
+    assert pending_rewind(table, "g") == "t:0:20" and table.current_snapshot().snapshot_id == head
