@@ -67,7 +67,7 @@ from icesink.shared.control import ControlProducer, ControlReader, ensure_contro
 from icesink.shared.errors import FencedError
 from icesink.shared.faults import hold_point_blocking
 from icesink.shared.group_secret import SecretLoader
-from icesink.shared.iceberg import load_catalog
+from icesink.shared.iceberg import load_catalog, refuse_pending_rewind
 from icesink.shared.metrics import Metrics
 from icesink.shared.offload import Offload
 from icesink.shared.signing import Keyring
@@ -205,6 +205,8 @@ class Worker:
         self.tables.attach(self.catalog)
         # before any event is sent or read; has_run: where signing began for a group that ran unsigned
         await self.secret.load(self.catalog, self.offload, self.history.has_run)
+        # a rewind interrupted after its table commit: the log would read on past the rolled-back records
+        await self.offload.run(refuse_pending_rewind, self.catalog, self.settings)
         await self.tables.load_configured()
         self._owner.spawn(self.control.run(self.reader), "control")
         self._owner.spawn(self._housekeeping(), "housekeeping")

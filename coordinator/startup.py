@@ -18,7 +18,7 @@ from coordinator.recovery import Base, adopt_states, check_log_identity, from_ta
 from coordinator.session import Session
 from coordinator.state import Checkpoint, CoordinatorState, TableFile, next_epoch
 from icesink.shared.config import Settings
-from icesink.shared.iceberg import latest_sink_summary
+from icesink.shared.iceberg import latest_sink_summary, refuse_pending_rewind
 from icesink.shared.kafka_admin import end_offsets, partition_counts, topic_id
 from icesink.shared.metrics import Metrics
 from icesink.shared.offload import Offload
@@ -78,6 +78,8 @@ class Recovery:
         state when the checkpoint cannot be used (coordinator/recovery.py); delete the files of
         rejected responses; announce what a table holds and the log does not."""
         states = await self.offload.run(self.table_states)
+        # An interrupted rewind (its alter-positions not on the log yet): answer no claim, commit nothing
+        await self.offload.run(refuse_pending_rewind, self.catalog, self.settings, states)
         self.table_positions = table_positions(states)
         client = self.settings.control_client_kwargs()  # the control topic (iceberg.kafka.*)
         topic = self.settings.control_topic

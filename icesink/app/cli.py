@@ -1,4 +1,5 @@
-"""The ``icesink`` command: ``worker``, ``connect``, ``demo``, ``pizzas``, ``control tail``, ``gc``."""
+"""The ``icesink`` command: ``worker``, ``connect``, ``demo``, ``pizzas``, ``control tail``, ``gc``,
+``offsets``, ``rewind``."""
 
 from __future__ import annotations
 
@@ -255,6 +256,49 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bootstrap(settings: Settings) -> str:
+    if settings.bootstrap_servers is not None:
+        return settings.bootstrap_servers
+    from icesink.app.stack import resolve_bootstrap
+
+    return resolve_bootstrap(settings)[0]
+
+
+def cmd_offsets(args: argparse.Namespace) -> int:
+    import json
+
+    from icesink.app.rewind import format_offsets, pending_rewind, snapshot_positions
+    from icesink.shared.iceberg import load_catalog
+
+    settings = _settings(args)
+    table = load_catalog(settings).load_table(args.table)
+    rows = snapshot_positions(table, settings.group_id, settings.commit_branch(args.table))
+    if (pending := pending_rewind(table, settings.group_id)) is not None:
+        print(f"table {args.table}: a rewind of sink group {settings.group_id} was interrupted after its table "
+              f"commit; run `icesink rewind {args.table} --to {pending}` again before starting the sink", file=sys.stderr)
+    if args.snapshot is not None:
+        rows = [r for r in rows if r.snapshot_id == args.snapshot]
+        if not rows:
+            log.error("table %s: no snapshot %d in the ancestry of its commit branch", args.table, args.snapshot)
+            return 1
+    print(json.dumps([r.as_json() for r in rows], indent=1) if args.json else format_offsets(rows))
+    return 0
+
+
+def cmd_rewind(args: argparse.Namespace) -> int:
+    from icesink.app.connect_offsets import OffsetsRefused
+    from icesink.app.rewind import RewindRefused, parse_targets, rewind
+
+    settings = _settings(args)
+    try:
+        asyncio.run(rewind(settings, _bootstrap(settings), args.table, parse_targets(args.to), sys.stdout,
+                           args.assume_stopped))
+    except (RewindRefused, OffsetsRefused) as exc:
+        print(exc, file=sys.stderr)
+        return 3
+    return 0
+
+
 def cmd_spark_archive(args: argparse.Namespace) -> int:
     from spark_bridge import class_archive
 
@@ -370,6 +414,35 @@ def build_parser() -> argparse.ArgumentParser:
                    "then use a grace period longer than any catalog outage)")
     g.set_defaults(fn=cmd_gc)
 
+    o = sub.add_parser(
+        "offsets", help="print the Kafka positions each snapshot of a table holds for the sink group",
+        description="Print, per snapshot of TABLE's commit branch (newest first, or the one asked), the "
+        "Kafka positions (topic, partition, next offset to read) its rows cover for the sink group of "
+        "--config: every record below them is in that snapshot (docs/rewind.md).",
+    )
+    common(o)
+    o.add_argument("table", help="the table, e.g. db.events")
+    o.add_argument("--snapshot", type=int, help="only this snapshot id")
+    o.add_argument("--json", action="store_true", help="a JSON list instead of the plain table")
+    o.set_defaults(fn=cmd_offsets)
+
+    r = sub.add_parser(
+        "rewind", help="take a table back to before given offsets and read again from there",
+        description="With every replica of the sink stopped: roll TABLE back to the newest snapshot "
+        "holding no record at or past the offsets of --to, move the sink group's positions there "
+        "(a signed alter-positions event), so the started sink reads again and holds each record "
+        "once. Refused, changing nothing, when the sink runs or another writer's snapshot would be "
+        "lost. Safe to run again after a crash (docs/rewind.md). Exit 3 when refused.",
+    )
+    common(r)
+    r.add_argument("table", help="the table, e.g. db.events")
+    r.add_argument("--to", required=True, metavar="TOPIC:PARTITION:OFFSET[,...]",
+                   help="remove every record at or past these offsets")
+    r.add_argument("--assume-stopped", action="store_true",
+                   help="skip the check that the sink group's consumer group has no member (for brokers that "
+                   "keep listing the members of stopped replicas, as Tansu does): every replica must be stopped")
+    r.set_defaults(fn=cmd_rewind)
+
     a = sub.add_parser(
         "spark-archive", help="build the class-data archive a local Spark session's JVM starts from",
         description="Build, unless it exists, the class-data-sharing archive for the local Spark "
@@ -383,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(fn=cmd_spark_archive, set=None)
     from icesink.app.deadletters import add_parser as deadletters_parser  # icesink deadletters replay
 
-    for leaf in (w, k, d, z, t, g, a, deadletters_parser(sub, common)):
+    for leaf in (w, k, d, z, t, g, o, r, a, deadletters_parser(sub, common)):
         _logging_flags(leaf, top=False)
     return p
 

@@ -193,7 +193,7 @@ def lower_table_positions(settings: Settings, new: dict[TopicPartition, int]) ->
 
 
 async def change_offsets(settings: Settings, bootstrap: str, wanted: dict[TopicPartition, int | None] | None,
-                         allow_duplicates: bool, name: str) -> dict[TopicPartition, int]:
+                         allow_duplicates: bool, name: str, reason: str | None = None) -> dict[TopicPartition, int]:
     """Move the sink group of a stopped connector to new positions (``wanted``; None: a reset,
     every partition the tables hold and every partition of its topics to its beginning), and
     return the new positions. Two writes, in this order:
@@ -251,7 +251,7 @@ async def change_offsets(settings: Settings, bootstrap: str, wanted: dict[TopicP
                                        settings.control_client_kwargs(), secret=keyring)
             await producer.start()
             try:
-                event = AlterPositions(tuple(Position(tp, off) for tp, off in new.items()),
+                event = AlterPositions(tuple(Position(tp, off) for tp, off in new.items()), reason or
                                        f"offsets of connector {name} {'reset' if reset else 'altered'} by icesink connect")
                 offset = await producer.send(event)
             finally:

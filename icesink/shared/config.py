@@ -236,7 +236,8 @@ class Settings(BaseSettings):
     fault_crash_at: tuple[
         Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response",
                 "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable", "replay.after-table-commit",
-                "worker.after-early-write", "coordinator.commit-process.after-commit"], ...
+                "worker.after-early-write", "coordinator.commit-process.after-commit", "rewind.after-table-commit",
+                "rewind.after-alter"], ...
     ] = Field((), alias="fault.crash-at")
     fault_hold_at: tuple[
         Literal["coordinator.after-table-commit", "coordinator.in-table-commit", "worker.spark-start"], ...

@@ -110,6 +110,13 @@ class ControlLogError(IcesinkError):
     tables' watermarks. The coordinator refuses to commit; an operator must act."""
 
 
+class RewindPending(ControlLogError):
+    """A table holds a rewind of the group that was interrupted after its table commit
+    (``icesink.<group>.rewind-pending``): the control log still says to read on from the old
+    positions, so starting would lose the records rolled back. A worker refuses to start (exit
+    2), a coordinator to commit or resume any partition, until ``icesink rewind`` is run again."""
+
+
 class ControlSecretError(IcesinkError):
     """The group's control secret could not be read or stored in the catalog
     (icesink/shared/group_secret.py): names the namespace, the property and what to do. Fatal at start."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 from decimal import Decimal
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -25,9 +26,9 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import BinaryType, DecimalType, FixedType, IcebergType, UUIDType
 
 from icesink.shared.config import MAIN_BRANCH, Settings
-from icesink.shared.errors import ConfigError, TableChangedError
+from icesink.shared.errors import ConfigError, RewindPending, TableChangedError
 from icesink.shared.protocol import COMMIT_ID, EPOCH, GROUP, LOG_ID, POSITIONS, VALID_THROUGH, WATERMARK, FileInfo, SinkState
-from icesink.shared.protocol.summary import flat_positions, state_property
+from icesink.shared.protocol.summary import flat_positions, rewind_pending_property, state_property
 
 
 
@@ -261,6 +262,44 @@ def latest_sink_summary(table: Table, group: str, branch: str = MAIN_BRANCH) -> 
     if raw is not None:
         return SinkState.from_json(raw, f"table {'.'.join(table.name())} property {state_property(group)}")
     return _summary_walk(table, group, branch)
+
+
+def pending_rewinds(catalog: Catalog, settings: Settings, more: Iterable[str] = ()) -> dict[str, str]:
+    """Each table of the group (the configured ones, ``more``, and those its rounds name) that
+    holds an interrupted rewind of the group, with the rewind's ``--to``."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    group = settings.group_id
+    seen: set[str] = set()
+    found: dict[str, str] = {}
+    todo = [*settings.tables, *more]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            table = catalog.load_table(name)
+        except NoSuchTableError:
+            continue
+        if (to := table.metadata.properties.get(rewind_pending_property(group))) is not None:
+            found[name] = to
+        state = latest_sink_summary(table, group, settings.commit_branch(name))
+        if state is not None:
+            todo += [t for t in state.round_tables if t not in seen]
+    return found
+
+
+def refuse_pending_rewind(catalog: Catalog, settings: Settings, more: Iterable[str] = ()) -> None:
+    """:class:`RewindPending` naming the first table that holds an interrupted rewind of the group."""
+    found = pending_rewinds(catalog, settings, more)
+    if found:
+        name, to = sorted(found.items())[0]
+        raise RewindPending(
+            f"table {name} holds an unfinished rewind of sink group {settings.group_id} (table property "
+            f"{rewind_pending_property(settings.group_id)}={to}): the control log still says to read on from the old "
+            f"positions, and starting would lose the records rolled back; run `icesink rewind {name} --to {to}` again "
+            "to finish it (with the sink stopped), then start the sink")
 
 
 def _summary_walk(table: Table, group: str, branch: str) -> SinkState | None:

@@ -34,6 +34,13 @@ def state_property(group: str) -> str:
     return f"icesink.{group}.state"
 
 
+def rewind_pending_property(group: str) -> str:
+    """The table property ``icesink rewind`` sets in its table commit (the ``--to`` asked) and
+    removes once the group's new positions are on the control log: while it is there, the log
+    still says to read on from the old positions, and the group must not start (docs/rewind.md)."""
+    return f"icesink.{group}.rewind-pending"
+
+
 @dataclass(frozen=True)
 class SinkState:
     """icesink's exactly-once state for one sink group in one table (design "Durable state").
@@ -161,5 +168,5 @@ def summary_properties(
 
 __all__ = [
     "COMMIT_ID", "WATERMARK", "POSITIONS", "EPOCH", "VALID_THROUGH", "GROUP", "LOG_ID", "STATE_VERSION",
-    "state_property", "SinkState", "summary_properties", "flat_positions",
+    "state_property", "rewind_pending_property", "SinkState", "summary_properties", "flat_positions",
 ]
