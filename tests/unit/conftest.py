@@ -3,6 +3,8 @@ examples): ``pytest --hypothesis-profile=ci tests/unit``. Tests that pin ``max_e
 their own ``@settings`` keep it. The ``two_tables`` fixture: a SQLite catalog with tables
 ``db.a`` and ``db.b`` of one long column ``id`` (field id 1), for the coordinator's commits."""
 
+import logging
+
 import pytest
 from hypothesis import HealthCheck, settings
 from pyiceberg.catalog.sql import SqlCatalog
@@ -15,6 +17,19 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("dev")
+
+
+@pytest.fixture(autouse=True)
+def _logging_on_again():
+    """A command's failed start silences logging for the rest of its process
+    (icesink.app.log_format.last_line); tests that run ``main()`` in this one must not leave it
+    so for the next test (the redaction and shutdown tests then saw no records), nor the root
+    logger's handler their ``main()`` set up."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    logging.disable(logging.NOTSET)
+    root.handlers, root.level = handlers, level
 
 
 @pytest.fixture

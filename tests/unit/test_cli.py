@@ -15,14 +15,6 @@ from icesink.app import cli
 
 
 @pytest.fixture(autouse=True)
-def _logging_back_on():
-    """main() silences logging after a failed start's one line (the process ends there); these
-    tests call it again in one process."""
-    yield
-    logging.disable(logging.NOTSET)
-
-
-@pytest.fixture(autouse=True)
 def _fresh_root_logger():
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
