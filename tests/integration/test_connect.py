@@ -46,15 +46,15 @@ def _call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any
 
 
 def _start_connect(tmp_path: Path, name: str, bootstrap: str, state: Path,
-                   shared_spark: bool = False) -> tuple[subprocess.Popen[bytes], int, int]:
+                   shared_spark: bool = False, group: str = "connect-it") -> tuple[subprocess.Popen[bytes], int, int]:
     from icesink.app.embedded import _die_with_parent_hook, free_port
 
     api, metrics = free_port(), free_port()
     config = tmp_path / f"{name}.json"
     config.write_text(json.dumps({
         "bootstrap.servers": bootstrap, "listeners": f"http://127.0.0.1:{api}",
-        "rest.advertised.host.name": "127.0.0.1", "metrics.port": metrics, "group.id": "connect-it",
-        "config.storage.topic": "connect-it-configs", "state.dir": str(state),
+        "rest.advertised.host.name": "127.0.0.1", "metrics.port": metrics, "group.id": group,
+        "config.storage.topic": f"{group}-configs", "state.dir": str(state),
         "heartbeat.interval-ms": 500, "session.timeout-ms": 6000,
         # defaults for every task: a small Spark, short sessions and shutdowns
         "spark.master": "local[1]", "spark.driver.memory": "1g", "consumer.session-timeout-ms": 6000,

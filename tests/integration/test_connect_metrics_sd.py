@@ -120,7 +120,7 @@ def test_prometheus_scrapes_each_task_through_the_connect_process_service_discov
 
         series = _wait("both tasks' icesink_info", info)
         assert sorted((s["metric"]["job"], s["metric"]["instance"], s["metric"]["connector"], s["metric"]["task"])
-                      for s in series) == [("icesink-connect-tasks", instance[owner[key]], *key) for key in TASKS]
+                      for s in series) == sorted(("icesink-connect-tasks", instance[owner[key]], *key) for key in TASKS)
         up = _query(port, "/api/v1/query", query="up")["result"]
         assert sorted((u["metric"]["job"], u["metric"].get("connector", ""), u["metric"].get("task", ""),
                        u["value"][1]) for u in up) == [

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_connect import TABLE, TOPIC, _call, _start_connect, _wait_rows, _wait_status
+from tests.integration.test_connect import TABLE, _call, _start_connect, _wait_rows, _wait_status
 from tests.unit.test_config import TUTORIAL
 
 pytestmark = pytest.mark.integration
+#: Its own topic and connect group: the session's broker holds test_connect's and test_connect_offsets'.
+TOPIC = "shared-spark-pizzas"
 
 
 def _descendants(pid: int) -> list[int]:
@@ -68,7 +70,8 @@ def test_the_tasks_of_a_connect_process_share_one_spark_which_is_restarted_when_
     asyncio.run(ensure_topic(broker.bootstrap, TOPIC, 3))
     values = pizza_values(3000, seed=42)
     asyncio.run(produce(broker.bootstrap, TOPIC, values[:2000], partitions=3))
-    proc, api, metrics_port = _start_connect(tmp_path, "c1", broker.bootstrap, tmp_path / "state", shared_spark=True)
+    proc, api, metrics_port = _start_connect(tmp_path, "c1", broker.bootstrap, tmp_path / "state", shared_spark=True,
+                                             group="connect-shared")
     catalog = load_catalog("it", **catalog_props)
     connector = {**TUTORIAL, "tasks.max": "3", "topics": TOPIC, "iceberg.tables": TABLE, "iceberg.catalog": "it",
                  **{f"iceberg.catalog.{k}": v for k, v in catalog_props.items()},
