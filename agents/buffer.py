@@ -331,21 +331,23 @@ class Buffers:
             st.activated_at = float("inf")  # what is in flight is stale until the seek is done
             self._reseek.add(st.tp)
 
-    @property
-    def written_rows(self) -> int:
-        """Rows in files written early, waiting for their round (also read from /status's
-        thread: copies only)."""
+    def _written(self) -> list[Written]:
+        """Files written early, each once (one may hold several partitions' rows); copies only:
+        also read from /status's thread."""
         seen: list[Written] = []
         for st in list(self.partitions.values()):
             seen.extend(w for w in list(st.written) if w not in seen)
-        return sum(w.rows for w in seen)
+        return seen
+
+    @property
+    def written_rows(self) -> int:
+        """Rows in files written early, waiting for their round."""
+        return sum(w.rows for w in self._written())
 
     def uncommitted(self) -> tuple[int, int]:
         """Rows and Arrow bytes not yet taken by a round: buffered, in files written early, or
         in an early write in flight (iceberg.control.commit.max-records and max-bytes)."""
-        seen: list[Written] = []
-        for st in list(self.partitions.values()):
-            seen.extend(w for w in list(st.written) if w not in seen)
+        seen = self._written()
         staged = self._staged.chunks if self._staged is not None else []
         return (self.rows + sum(w.rows for w in seen) + sum(c.rows for c in staged),
                 self.nbytes + sum(w.nbytes for w in seen) + sum(c.nbytes for c in staged))
