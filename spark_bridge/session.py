@@ -26,9 +26,14 @@ from spark_bridge.localfs import session_conf
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SparkSessionOwner", "SparkSettings"]
+__all__ = ["SparkSessionOwner", "SparkSettings", "silence_jvm_logs"]
 
 logger = logging.getLogger(__name__)
+
+# The local sessions this process started and has not stopped, and whether their JVMs' logging
+# was turned off (silence_jvm_logs): one started after that is silenced as it starts.
+_live: list[SparkSession] = []
+_silenced = False
 
 # SQL confs every session gets; all are runtime confs, so they also apply to Spark Connect.
 _RUNTIME_CONF: dict[str, str] = {
@@ -183,6 +188,9 @@ class SparkSessionOwner:
             spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("WARN")
             _quiet_task_size_warnings(spark)
+            _live.append(spark)
+            if _silenced:
+                _jvm_logs_off(spark)
             self.batch_rows = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000") or 10000)
         self._spark = spark
         logger.info("spark session started (%s)", "Spark Connect" if s.remote else s.master)  # a URL may hold a token
@@ -223,7 +231,28 @@ class SparkSessionOwner:
     def stop(self) -> None:
         spark, self._spark = self._spark, None
         if spark is not None:
+            if spark in _live:
+                _live.remove(spark)
             spark.stop()
+
+
+def silence_jvm_logs() -> None:
+    """The process ends on a failed start after its one last line (icesink/app/cli.py): the
+    local Spark JVMs it started, or is starting, log nothing more. A warm-up write the exit cuts
+    short otherwise logs "Error in TaskCompletionListener" after that line."""
+    global _silenced
+    _silenced = True
+    for spark in list(_live):
+        _jvm_logs_off(spark)
+
+
+def _jvm_logs_off(spark: SparkSession) -> None:
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        jvm.org.apache.logging.log4j.core.config.Configurator.setAllLevels("", jvm.org.apache.logging.log4j.Level.OFF)
+    except Exception:  # logging only; the process is ending anyway
+        logger.debug("could not turn the JVM's logging off", exc_info=True)
 
 
 def _quiet_task_size_warnings(spark: SparkSession) -> None:

@@ -472,10 +472,12 @@ def _version() -> str:
 
 def _last_line(exc: Exception) -> None:
     """The one line of a failed start, and the last: threads still starting beside it (the Spark
-    session's) log nothing more while the process ends."""
+    session's) log nothing more while the process ends, nor does the Spark JVM."""
     from icesink.app.log_format import last_line
 
     last_line(log, exc)
+    if "spark_bridge.session" in sys.modules:  # a local Spark JVM may be starting or writing
+        sys.modules["spark_bridge.session"].silence_jvm_logs()
 
 
 def main(argv: list[str] | None = None) -> None:

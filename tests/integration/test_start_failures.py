@@ -131,3 +131,32 @@ def test_a_catalog_the_worker_may_not_write_is_one_line_naming_the_path_and_the_
         assert "iceberg.catalog.uri=" in line and "'it'" in line and "let this user write it" in line, line
     finally:
         (base / "catalog").chmod(0o755)  # for pytest's clean-up
+
+
+_LATE_JVM_LINE = """
+import sys
+from icesink.app import cli
+from spark_bridge.session import SparkSessionOwner, SparkSettings
+
+cli._setup_logging("INFO", "text")
+owner = SparkSessionOwner(SparkSettings(master="local[1]", warm_up_rows=0, class_archive=False))
+owner.start()
+jvm = owner.spark.sparkContext._jvm
+cli._last_line(RuntimeError("the one line"))
+# What a warm-up write cut short by the exit logs from the JVM after it (TaskContextImpl's
+# "Error in TaskCompletionListener"): the same logger, after the line.
+jvm.org.apache.logging.log4j.LogManager.getLogger("org.apache.spark.TaskContextImpl").error("late JVM line")
+sys.exit(1)
+"""
+
+
+def test_the_spark_jvm_logs_nothing_after_the_one_line(tmp_path):
+    """A start that fails while the local Spark JVM runs (its warm-up write under way): the JVM
+    logs nothing after icesink's one ERROR line (seen once: 'spark.TaskContextImpl: Error in
+    TaskCompletionListener' from the warm-up cut short by the exit, the line's test failed)."""
+    done = subprocess.run([sys.executable, "-c", _LATE_JVM_LINE], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1, "\n".join(lines[-30:])
+    assert "the one line" in _one_error_line(lines)
+    assert not [x for x in lines if "late JVM line" in x], "\n".join(lines[-10:])
