@@ -134,11 +134,15 @@ class Plan:
         if kind is not None:
             return self._adapt_kind(kind.group("path"), kind.group("new"))
         if "Failed to convert JSON to int64" in message:  # a fraction, an exponent or beyond int64
+            # Cast's fields first (read as text: integer columns stay int64 if the value was there)
+            texts = {p: pa.string() for p, f in leaves(self.target)
+                     if numbers_first(f) and self.parse_type(p, f) == pa.int64()}
+            if texts:
+                return self._with(texts)
             wide = {
-                p: pa.string() if numbers_first(f) else _WIDE_INT
+                p: _WIDE_INT
                 for p, f in leaves(self.target)
-                if (pa.types.is_integer(f.type) or is_temporal(f.type) or numbers_first(f))
-                and self.parse_type(p, f) == pa.int64()
+                if (pa.types.is_integer(f.type) or is_temporal(f.type)) and self.parse_type(p, f) == pa.int64()
             }
             return self._with(wide) if wide else None
         if "decimal" in message:

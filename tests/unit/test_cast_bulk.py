@@ -82,3 +82,12 @@ def test_a_column_of_integer_texts_casts_as_the_regular_expressions_do() -> None
         slow, slow_bad = cast_text(pa.concat_arrays([texts, pa.array(["x"])]), to)  # "x": the general path
         assert [str(v) for v in fast.to_pylist()] == [str(v) for v in slow.to_pylist()[:-1]], to
         assert not bad.any() and slow_bad.tolist() == [False] * len(texts) + [to != "string" and to != "boolean"]
+
+
+def test_a_fraction_in_a_cast_field_makes_it_text_and_leaves_integer_columns_parsed_as_integers() -> None:
+    schema = pa.schema([MARKED, pa.field("q", pa.int64())])
+    plan = Plan.of(list(schema)).adapt("JSON parse error: Failed to convert JSON to int64")
+    assert plan is not None
+    assert [(f.name, f.type) for f in plan.parse_schema.field("v").type] == [("n", pa.string()), ("q", pa.int64())]
+    values = [b'{"n":2.5,"q":1}', b'{"n":3,"q":2.0}'] * REPEAT  # then q's 2.0: integers widened
+    assert decode_json(values, schema).table.to_pylist() == [{"n": "2.5", "q": 1}, {"n": "3", "q": 2}] * REPEAT
