@@ -122,8 +122,8 @@ import pyarrow.compute as pc
 
 from agents.convert.arrays import if_else, struct_array
 from agents.convert.columns import (
-    DECIMAL_ENCODING, EPOCH_UNIT, EPOCH_UNITS, EpochUnit, Path, check_schema, check_supported, has_map,
-    is_list, is_string,
+    DECIMAL_ENCODING, EPOCH_UNIT, EPOCH_UNITS, JSON_TEXT, NUMBERS_FIRST, EpochUnit, Path, check_schema,
+    check_supported, has_map, is_list, is_string,
 )
 from agents.convert.decoder import Decoder
 from agents.convert.grammar import TS_OFFSET_PATTERN
@@ -137,6 +137,8 @@ __all__ = [
     "DECIMAL_ENCODING",
     "EPOCH_UNIT",
     "EPOCH_UNITS",
+    "JSON_TEXT",
+    "NUMBERS_FIRST",
     "Converted",
     "EpochUnit",
     "Reject",

@@ -32,6 +32,15 @@ DECIMAL_ENCODING: Final = "icesink.decimal-encoding"
 _CONNECT_BYTES: Final = "connect-bytes"
 
 
+#: Field metadata key: ``numbers-first`` on a string field read as each value's JSON text (Cast's
+#: fields, agents/transforms/cast.py): parsed as integers while the batch's values are all
+#: integers (their digits are the text), as text otherwise; the same text either way.
+JSON_TEXT: Final = "icesink.json-text"
+
+
+NUMBERS_FIRST: Final = "numbers-first"
+
+
 def unsupported(field: str, type_: pa.DataType) -> UnsupportedTypeError:
     """The target schema has a type that decode_json cannot fill from JSON."""
     return UnsupportedTypeError(
@@ -73,6 +82,10 @@ def meta(f: pa.Field, key: str) -> str | None:
 
 def connect_bytes(f: pa.Field) -> bool:
     return pa.types.is_decimal(f.type) and meta(f, DECIMAL_ENCODING) == _CONNECT_BYTES
+
+
+def numbers_first(f: pa.Field) -> bool:
+    return is_string(f.type) and meta(f, JSON_TEXT) == NUMBERS_FIRST
 
 
 def strict_text(f: pa.Field) -> bool:
@@ -197,6 +210,12 @@ def _check_metadata(f: pa.Field, path: str) -> None:
         raise UnsupportedTypeError(
             path, f.type, f"field metadata {DECIMAL_ENCODING}={encoding!r} on",
             f"{_CONNECT_BYTES} on a decimal field", "fix the metadata the schema was built with",
+        )
+    text = meta(f, JSON_TEXT)
+    if text is not None and not numbers_first(f):
+        raise UnsupportedTypeError(
+            path, f.type, f"field metadata {JSON_TEXT}={text!r} on",
+            f"{NUMBERS_FIRST} on a string field", "fix the metadata the schema was built with",
         )
 
 

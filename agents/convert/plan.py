@@ -12,7 +12,9 @@ from typing import Final
 
 import pyarrow as pa
 
-from agents.convert.columns import Path, connect_bytes, is_list, is_string, is_temporal, strict_text
+from agents.convert.columns import (
+    Path, connect_bytes, is_list, is_string, is_temporal, numbers_first, strict_text,
+)
 from agents.convert.wrapped import ENTRY_KEY, ENTRY_VALUE
 
 
@@ -27,6 +29,8 @@ def default_parse_type(f: pa.Field) -> pa.DataType:
     t = f.type
     if connect_bytes(f):
         return pa.string()
+    if numbers_first(f):
+        return pa.int64()  # the text of a JSON integer is its digits; any other value: text (adapt)
     if pa.types.is_integer(t):
         return pa.int64()
     if pa.types.is_floating(t):
@@ -129,7 +133,12 @@ class Plan:
         kind = _KIND_ERROR.search(message)
         if kind is not None:
             return self._adapt_kind(kind.group("path"), kind.group("new"))
-        if "Failed to convert JSON to int64" in message:
+        if "Failed to convert JSON to int64" in message:  # a fraction, an exponent or beyond int64
+            # Cast's fields first (read as text: integer columns stay int64 if the value was there)
+            texts = {p: pa.string() for p, f in leaves(self.target)
+                     if numbers_first(f) and self.parse_type(p, f) == pa.int64()}
+            if texts:
+                return self._with(texts)
             wide = {
                 p: _WIDE_INT
                 for p, f in leaves(self.target)
@@ -160,6 +169,8 @@ class Plan:
             return None
         current = self.parse_type(path, leaf)
         t = leaf.type
+        if numbers_first(leaf) and not is_string(current):  # not only integers: read the texts
+            return self._with({path: pa.string()})
         if found == "string" and not is_string(current) and not pa.types.is_decimal(current):
             if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or is_temporal(t):
                 return self._with({path: pa.string()})

@@ -10,6 +10,11 @@ anything but ``true`` in any case is false). To string: a Long's digits, a Doubl
 ``Double.toString`` writes it (``1.0E7``), the rest as is. A value Connect cannot cast (a text
 that is no number for a number type, an object or array) fails its record: a reject naming the
 field, dead-lettered; the others flow. A null stays null.
+
+In bulk, cheaply in the common case: the decode parses a value Cast's field as a JSON integer while
+the batch's values of it are all integers (``icesink.json-text``, agents/convert/columns.py: their
+text is their digits) and as text otherwise; and a text column that is all integer texts is read
+as Longs in one Arrow cast, the regular expressions only for a batch that holds anything else.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from agents.convert import JSON_TEXT, NUMBERS_FIRST
 from icesink.shared.conversion_settings import cast_spec
 from icesink.shared.transform_settings import TransformSpec
 
@@ -66,10 +72,37 @@ def _from_double(d: pa.Array, t: pa.DataType) -> pa.Array:
     return _wrap(pa.array(out, pa.int64()), t)
 
 
+def _all_longs(text: pa.Array) -> pa.Array | None:
+    """``text`` as int64 when each text is an integer within Long's range (nulls stay null), else None."""
+    try:
+        long = pc.cast(text, pa.int64())  # "-?[0-9]+" and Arrow's hex, "0x1F": ruled out below
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return None if pc.any(pc.match_substring(text, "x", ignore_case=True)).as_py() else long
+
+
+def _cast_longs(text: pa.Array, long: pa.Array, to: str) -> pa.Array:
+    """Integer texts (``long``: their values) cast to ``to`` as a Long is; none can fail."""
+    t = CAST_ARROW[to]
+    if to == "string":
+        return long.cast(pa.string())  # Long.toString: no leading zeros, "-0" is "0"
+    if to == "boolean":
+        return pc.not_equal(long, 0)
+    if to.startswith("int"):
+        return _wrap(long, t)
+    out = long.cast(pa.float64(), safe=False)  # as the text path: the text's nearest double, then float32
+    if pc.any(pc.starts_with(text, "-0")).as_py():  # Float.parseFloat("-0") is -0.0
+        out = pc.if_else(pc.and_(pc.equal(long, 0), pc.starts_with(text, "-")), -0.0, out)
+    return out.cast(t)
+
+
 def cast_text(text: pa.Array, to: str) -> tuple[pa.Array, np.ndarray]:
     """``text`` (a field's JSON text) cast to ``to`` as Connect's Cast; and where it cannot be."""
     t = CAST_ARROW[to]
     text = text.cast(pa.string())
+    long = _all_longs(text)
+    if long is not None:
+        return _cast_longs(text, long, to), np.zeros(len(text), np.bool_)
     null = np.asarray(text.is_null().to_numpy(zero_copy_only=False))
     is_int = pc.fill_null(pc.match_substring_regex(text, _INT), False)
     is_float = pc.and_(pc.fill_null(pc.match_substring_regex(text, _FLOAT), False), pc.invert(is_int))
@@ -122,8 +155,11 @@ def _long(ints: pa.Array) -> pa.Array:
 
 
 class Cast:
-    def __init__(self, spec: TransformSpec) -> None:
+    def __init__(self, spec: TransformSpec, *, numbers_first: bool = True) -> None:
+        """``numbers_first``: mark the fields of :meth:`in_schema` to be parsed as integers first
+        (values; the key's fields are built otherwise)."""
         self.name = spec.name
+        self.numbers_first = numbers_first
         self.casts = {k: v for k, v in cast_spec(spec.props["spec"]).items() if k is not None}
 
     def out_schema(self, s: pa.Schema) -> pa.Schema:
@@ -132,8 +168,12 @@ class Cast:
     def in_schema(self, t: pa.Schema) -> pa.Schema:
         """``t`` with the cast fields as their text; one ``t`` lacks (no such column, or a later
         step drops it) is still read, as Connect casts it before any later step or the sink."""
-        extra = [pa.field(n, pa.string()) for n in self.casts if n not in t.names]
-        return pa.schema([*(f.with_type(pa.string()) if f.name in self.casts else f for f in t), *extra])
+        extra = [self._text(pa.field(n, pa.string())) for n in self.casts if n not in t.names]
+        return pa.schema([*(self._text(f) if f.name in self.casts else f for f in t), *extra])
+
+    def _text(self, f: pa.Field) -> pa.Field:
+        f = f.with_type(pa.string())
+        return f.with_metadata({**(f.metadata or {}), JSON_TEXT: NUMBERS_FIRST}) if self.numbers_first else f
 
     def apply(self, table: pa.Table, out: pa.Schema) -> pa.Table:
         return self.convert(table, out)[0]

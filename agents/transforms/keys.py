@@ -148,7 +148,7 @@ class KeyChain:
             elif s.kind == "replace-field-key":
                 self.steps.append(_StructOnly(ReplaceField(s), s.name))
             elif s.kind == "cast-key":
-                cast = Cast(s)
+                cast = Cast(s, numbers_first=False)  # the key's fields are not decoded from JSON here
                 whole = ":" not in s.props["spec"]
                 if whole:
                     cast.casts = {WHOLE: s.props["spec"].strip().lower()}
