@@ -143,6 +143,21 @@ class ApicurioFrame:
 
 
 @dataclass(frozen=True)
+class ApicurioHeaders:
+    """Apicurio's headers mode (``apicurio.registry.headers.enabled=true``, 2.x's serde default;
+    agents/formats/apicurio_headers.py reads it): the value carries no magic byte nor id, the id
+    is an 8-byte big-endian long in the record header ``id_header`` (``apicurio.value.globalId``,
+    or ``apicurio.value.contentId`` with ``use-id=contentId``); a Protobuf value's message is named
+    by ``type_header`` (``apicurio.protobuf.type``, no Ref in the value); an Avro value's encoding
+    by ``encoding_header`` (``apicurio.value.encoding``: BINARY is read, JSON is a reject)."""
+
+    id_header: str
+    global_ids: bool
+    type_header: str | None = None  # Protobuf only
+    encoding_header: str = "apicurio.value.encoding"
+
+
+@dataclass(frozen=True)
 class RegistrySettings:
     """A registry converter's settings, checked."""
 
@@ -156,6 +171,14 @@ class RegistrySettings:
     url_key: str  # the key the URLs came from, named in errors
     options: DecodeOptions = _DEFAULTS
     apicurio_frame: ApicurioFrame | None = None  # Apicurio's ProtobufConverter: its own frame
+    apicurio_headers: ApicurioHeaders | None = None  # Apicurio's headers mode: the id in record headers
+
+    @property
+    def global_ids(self) -> bool:
+        """The ids name Apicurio global ids (read through Apicurio's own API)."""
+        if self.apicurio_headers is not None:
+            return self.apicurio_headers.global_ids
+        return self.apicurio_frame is not None and self.apicurio_frame.global_ids
 
 
 def is_registry_converter(converter: str) -> bool:
@@ -198,7 +221,10 @@ def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> R
         if not re.match(r"https?://[^/\s]+", u):
             raise ConfigError(url_key, mask_url(u), "http:// or https:// URLs, comma-separated")
     frame = None
-    if converter == APICURIO_PROTOBUF_CONVERTER:
+    headers = _apicurio_headers(props, pre, side, fmt) if apicurio else None
+    if headers is not None:
+        urls = tuple(_native(u, k_apicurio_url) if headers.global_ids else _ccompat(u, k_apicurio_url) for u in urls)
+    elif converter == APICURIO_PROTOBUF_CONVERTER:
         frame = _apicurio_frame(props, pre)
         urls = tuple(_native(u, k_apicurio_url) if frame.global_ids else _ccompat(u, k_apicurio_url) for u in urls)
     elif apicurio:
@@ -215,7 +241,7 @@ def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> R
     certfile = _pem(props, "keystore", pre + "schema.registry.ssl.")
     password = s.value_converter_key_password if side == "value" else s.key_converter_key_password
     return RegistrySettings(converter, fmt, urls, user_info, cafile, certfile,
-                            password if certfile else None, url_key, options, frame)
+                            password if certfile else None, url_key, options, frame, headers)
 
 
 def _options(props: Mapping[str, str], fmt: str, pre: str) -> DecodeOptions:
@@ -250,7 +276,8 @@ def _known(key: str, apicurio: bool, apicurio_protobuf: bool = False) -> bool:
                                      "apicurio.registry.use-id", "apicurio.registry.headers.enabled",
                                      "apicurio.registry.as-confluent") \
             or (apicurio_protobuf and key in ("apicurio.registry.serde.read-type-ref",
-                                              "apicurio.registry.serde.read-indexes"))
+                                              "apicurio.registry.serde.read-indexes")) \
+            or key == "apicurio.registry.headers.handler" or key.startswith("apicurio.registry.headers.")
     return key in own or key == "schema.registry.url"
 
 
@@ -339,3 +366,45 @@ def _check_apicurio(props: Mapping[str, str], pre: str) -> None:
                 raise ConfigError(pre + "apicurio.registry." + key, None,
                                   "set with Apicurio 2's as-confluent or Legacy4ByteIdHandler (its default is "
                                   + ("globalId" if key == "use-id" else "true") + "): " + _AS_CONFLUENT)
+
+
+_HEADERS_HANDLER: Final = "io.apicurio.registry.serde.headers.DefaultHeadersHandler"
+#: Keys that frame a value without headers: with headers on, icesink reads ids from headers only.
+_FRAME_KEYS: Final = ("id-handler", "as-confluent", "serde.read-indexes", "serde.read-type-ref")
+
+
+def _apicurio_headers(props: Mapping[str, str], pre: str, side: str, fmt: str) -> ApicurioHeaders | None:
+    """Apicurio's headers mode under these keys (None: headers off), as 2.4's DefaultHeadersHandler
+    reads it (docs/schema-registry.md, "Apicurio's headers mode"): the id's header per ``use-id``
+    (``globalId``, 2.x's default, or ``contentId``), renamed by ``headers.<side>.globalId.name`` /
+    ``.contentId.name``. Header keys that would act on nothing icesink reads are refused by name."""
+    k = pre + "apicurio.registry."
+    header_keys = sorted(key for key in props if key.startswith(k + "headers.") and key != k + "headers.enabled")
+    if not _flag(props, k + "headers.enabled", False):
+        if header_keys:
+            raise ConfigError(header_keys[0], props[header_keys[0]], f"set only with {k}headers.enabled=true "
+                              "(without headers it would be ignored)")
+        return None
+    if side == "key":
+        raise ConfigError(k + "headers.enabled", props[k + "headers.enabled"],
+                          "false: Apicurio's headers mode is read for values only (keys: the id in the key, "
+                          "the producer's key serializer with apicurio.registry.headers.enabled=false)")
+    for name in _FRAME_KEYS:
+        if props.get(k + name) is not None:
+            raise ConfigError(k + name, props[k + name], "unset with headers.enabled=true: it frames values without "
+                              "headers, and icesink reads ids from the record headers only (a value without them is "
+                              "a dead letter)")
+    use_id = (props.get(k + "use-id") or "globalId").strip()
+    if use_id not in ("contentId", "globalId"):
+        raise ConfigError(k + "use-id", use_id, "contentId or globalId")
+    id_key = f"{k}headers.{side}.{use_id}.name"
+    for key in header_keys:
+        if key == k + "headers.handler":
+            if props[key].strip() != _HEADERS_HANDLER:
+                raise ConfigError(key, props[key], f"{_HEADERS_HANDLER} (Apicurio's, the headers icesink reads)")
+        elif key != id_key:
+            raise ConfigError(key, props[key], f"not read: icesink reads the {use_id} header only ({id_key} "
+                              "renames it); records named by group, artifact and version headers are dead letters")
+    default = f"apicurio.{side}.{use_id}"
+    return ApicurioHeaders((props.get(id_key) or default).strip(), use_id == "globalId",
+                           "apicurio.protobuf.type" if fmt == "protobuf" else None, f"apicurio.{side}.encoding")
