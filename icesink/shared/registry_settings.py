@@ -15,10 +15,9 @@ Each key either acts or is refused at start naming it (:class:`ConfigError`):
 - TLS: ``value.converter.schema.registry.ssl.truststore.location`` with ``.truststore.type=PEM``,
   ``.keystore.location`` with ``.keystore.type=PEM`` (certificate and key in one file) and
   ``.key.password``; JKS and PKCS12 stores are refused.
-- Apicurio: its wire format must be Confluent's (its defaults since 3.x): an
+- Apicurio without headers: its wire format must be Confluent's (its defaults since 3.x): an
   ``apicurio.registry.id-handler`` other than ``Default4ByteIdHandler`` (3.x) or
-  ``Legacy4ByteIdHandler`` (2.x), ``apicurio.registry.use-id=globalId`` or
-  ``apicurio.registry.headers.enabled=true`` is refused. Apicurio 2's settings
+  ``Legacy4ByteIdHandler`` (2.x), or ``apicurio.registry.use-id=globalId`` is refused. Apicurio 2's settings
   (``apicurio.registry.as-confluent``, which must be true, or its ``Legacy4ByteIdHandler``) also
   need ``use-id=contentId`` and ``headers.enabled=false`` said outright: 2.x defaults to global
   ids in headers.
@@ -28,8 +27,11 @@ Each key either acts or is refused at start naming it (:class:`ConfigError`):
   ``DefaultIdHandler`` / ``Legacy8ByteIdHandler`` for an 8-byte one; ``use-id`` ``contentId``
   (read through the Confluent-compatible API) or ``globalId`` (read through Apicurio's own API,
   ``/ids/globalIds/{id}``); ``apicurio.registry.serde.read-indexes=true`` skips Confluent's
-  message indexes before the Ref. ``headers.enabled=true`` (ids in Kafka headers) and
-  ``serde.read-type-ref=false`` (no Ref: nothing names the message) are refused.
+  message indexes before the Ref. ``serde.read-type-ref=false`` (no Ref: nothing names the
+  message) is refused.
+- Apicurio's headers mode (``apicurio.registry.headers.enabled=true``, 2.x's default), both
+  converters, values only: :class:`ApicurioHeaders` (:func:`_apicurio_headers`), the id read
+  from the record header ``use-id`` names (docs/schema-registry.md, "Apicurio's headers mode").
 """
 
 from __future__ import annotations
@@ -328,11 +330,6 @@ def _apicurio_frame(props: Mapping[str, str], pre: str) -> ApicurioFrame:
     use_id = (props.get(k + "use-id") or "contentId").strip()
     if use_id not in ("contentId", "globalId"):
         raise ConfigError(k + "use-id", use_id, "contentId or globalId")
-    if _flag(props, k + "headers.enabled", False):
-        raise ConfigError(k + "headers.enabled", props[k + "headers.enabled"],
-                          "false: with headers the id and message type travel in Kafka record headers, which "
-                          "icesink's registry decoder does not read (the producer's apicurio.registry.headers.enabled"
-                          "=false puts them in the value)")
     if not _flag(props, k + "serde.read-type-ref", True):
         raise ConfigError(k + "serde.read-type-ref", props[k + "serde.read-type-ref"],
                           "true: the frame's Ref message is what names the message type of each value")
@@ -357,8 +354,6 @@ def _check_apicurio(props: Mapping[str, str], pre: str) -> None:
     if use_id is not None and use_id.strip() != "contentId":
         raise ConfigError(pre + "apicurio.registry.use-id", use_id, "contentId: " + _AS_CONFLUENT)
     headers = props.get(pre + "apicurio.registry.headers.enabled")
-    if headers is not None and headers.strip().lower() != "false":
-        raise ConfigError(pre + "apicurio.registry.headers.enabled", headers, "false: " + _AS_CONFLUENT)
     if as_confluent is not None or handler == _APICURIO_2_ID_HANDLER:
         # Apicurio 2 settings: its defaults are global ids in headers, so both must be said
         for key, value in (("use-id", use_id), ("headers.enabled", headers)):
