@@ -257,7 +257,10 @@ class BatchDecoder:
                 values = list(self.format.registry.framed(values, [m.headers for m in messages]))
             await self.format.registry.prepare(values)
         if self.format.keys is not None and messages:
-            keys = [m.key for m in messages if m.key is not None]
+            keyed = [m for m in messages if m.key is not None]
+            keys = [m.key for m in keyed]
+            if keys and self.format.keys.headers is not None:  # Apicurio's headers mode
+                keys = list(self.format.keys.framed(keys, [m.headers for m in keyed]))
             if keys:
                 await self.format.keys.prepare(keys)
         return values

@@ -107,7 +107,7 @@ def registry_keys(settings: Settings, metrics: Metrics,
     if rs is None or settings.key_column is None:
         return None
     health = _health(settings, "key", metrics, status)
-    return RegistryKeys(health.schema, settings.key_column, rs.format, rs.options), health.client
+    return RegistryKeys(health.schema, settings.key_column, rs.format, rs.options, rs.apicurio_headers), health.client
 
 
 def _health(settings: Settings, side: Literal["value", "key"], metrics: Metrics,

@@ -30,7 +30,7 @@ Each key either acts or is refused at start naming it (:class:`ConfigError`):
   message indexes before the Ref. ``serde.read-type-ref=false`` (no Ref: nothing names the
   message) is refused.
 - Apicurio's headers mode (``apicurio.registry.headers.enabled=true``, 2.x's default), both
-  converters, values only: :class:`ApicurioHeaders` (:func:`_apicurio_headers`), the id read
+  converters (keys: Avro, ``apicurio.key.*`` headers): :class:`ApicurioHeaders` (:func:`_apicurio_headers`), the id read
   from the record header ``use-id`` names (docs/schema-registry.md, "Apicurio's headers mode").
 """
 
@@ -380,10 +380,6 @@ def _apicurio_headers(props: Mapping[str, str], pre: str, side: str, fmt: str) -
             raise ConfigError(header_keys[0], props[header_keys[0]], f"set only with {k}headers.enabled=true "
                               "(without headers it would be ignored)")
         return None
-    if side == "key":
-        raise ConfigError(k + "headers.enabled", props[k + "headers.enabled"],
-                          "false: Apicurio's headers mode is read for values only (keys: the id in the key, "
-                          "the producer's key serializer with apicurio.registry.headers.enabled=false)")
     for name in _FRAME_KEYS:
         if props.get(k + name) is not None:
             raise ConfigError(k + name, props[k + name], "unset with headers.enabled=true: it frames values without "

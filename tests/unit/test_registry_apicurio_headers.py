@@ -18,6 +18,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from agents.evolution import Evolver
 from agents.formats import RecordFormat
+from agents.formats.registry_keys import RegistryKeys
 from agents.registry_source import values_decoder
 from icesink.shared.config import build
 from icesink.shared.errors import ConfigError
@@ -35,6 +36,7 @@ PROTOBUF = "io.apicurio.registry.utils.converter.ProtobufConverter"
 PRE = "value.converter.apicurio.registry."
 URL = "http://r:8080/apis/registry/v2"
 ON = {PRE + "headers.enabled": "true"}
+KEY = {"type": "record", "name": "K", "fields": [{"name": "id", "type": "long"}]}
 
 
 def settings(converter: str, **extra: str) -> Any:
@@ -171,8 +173,27 @@ def test_headers_settings_act_or_are_refused_naming_the_key() -> None:
         settings(AVRO, **{PRE + "headers.enabled": "false", PRE + "use-id": "contentId",
                           PRE + "headers.value.globalId.name": "x"})
     assert e.value.key == PRE + "headers.value.globalId.name"
-    with pytest.raises(ConfigError) as e:  # keys: not in headers mode
-        build({"topics": "t", "iceberg.tables": "db.t", "iceberg.tables.key-column": "k",
-               "key.converter": AVRO, "key.converter.apicurio.registry.url": URL,
-               "key.converter.apicurio.registry.headers.enabled": "true"})
-    assert e.value.key == "key.converter.apicurio.registry.headers.enabled"
+
+
+def test_avro_keys_with_ids_in_key_headers_fill_the_key_column() -> None:
+    s = build({"topics": "t", "iceberg.tables": "db.t", "iceberg.tables.key-column": "_key", "key.converter": AVRO,
+               "key.converter.apicurio.registry.url": URL, "key.converter.apicurio.registry.headers.enabled": "true"})
+    rs = registry_settings(s, "key")
+    assert rs is not None and rs.apicurio_headers is not None and rs.apicurio_headers.id_header == "apicurio.key.globalId"
+    f = RecordFormat(s, keys=RegistryKeys(AvroRegistry({4: KEY}), "_key", "avro", rs.options, rs.apicurio_headers))
+    both = [("apicurio.value.globalId", gid(99)), ("apicurio.key.globalId", gid(4)),
+            ("apicurio.key.encoding", b"BINARY")]
+    messages = [Msg(b'{"n": 1}', avro(KEY, {"id": 1}), headers=both),
+                Msg(b'{"n": 2}', None, headers=both[:1]),                                 # no key: null
+                Msg(b'{"n": 3}', avro(KEY, {"id": 3}), headers=both[:1]),                 # no key id header
+                Msg(b'{"n": 4}', avro(KEY, {"id": 4}), headers=[("apicurio.key.globalId", gid(4))])]
+    keyed = [m for m in messages if m.key is not None]
+    assert f.keys is not None
+    asyncio.run(f.keys.prepare(list(f.keys.framed([m.key for m in keyed], [m.headers for m in keyed]))))
+    values = [m.value for m in messages]
+    created = f.table_schema(values)
+    assert created is not None
+    out = f.convert(messages, values, schema_to_pyarrow(created, include_field_ids=False))
+    assert out.table.to_pylist() == [{"n": 1, "_key": {"id": 1}}, {"n": 2, "_key": None}, {"n": 4, "_key": {"id": 4}}]
+    assert [(r.index, r.field) for r in out.rejects] == [(2, "_key")]
+    assert "no apicurio.key.globalId record header" in out.rejects[0].reason
