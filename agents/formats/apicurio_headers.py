@@ -42,6 +42,8 @@ from icesink.shared.registry_settings import ApicurioHeaders
 #: The first byte of a value that is a reject's reason, not a frame (see the module's doc).
 NOTE: Final = 0x01
 _EMPTY: Final[dict[str, Any]] = {}
+_OTHER: Final = {f"apicurio.{side}.{a}": f"apicurio.{side}.{b}" for side in ("value", "key")
+                 for a, b in (("globalId", "contentId"), ("contentId", "globalId"))}
 
 
 def headers_to_frames(values: Sequence[bytes | None], headers: Sequence[Any], h: ApicurioHeaders) -> list[bytes | None]:
@@ -54,8 +56,10 @@ def headers_to_frames(values: Sequence[bytes | None], headers: Sequence[Any], h:
     ids = pa.array([d.get(h.id_header) for d in found], pa.binary())
     width = pc.fill_null(pc.binary_length(ids), -1).to_numpy(zero_copy_only=False)
     bad: dict[int, str] = {}
+    other = _OTHER.get(h.id_header)  # the other kind of id's header: use-id says which is read
     for k in np.flatnonzero(width != 8).tolist():
-        bad[k] = (f"no {h.id_header} record header (Apicurio's headers mode: the schema id travels there)"
+        hint = f"; it has {other}: set use-id={other.rsplit('.', 1)[1]}" if other and other in found[k] else ""
+        bad[k] = (f"no {h.id_header} record header (Apicurio's headers mode: the schema id travels there{hint})"
                   if width[k] < 0 else
                   f"record header {h.id_header} is {int(width[k])} bytes, not the 8 of Apicurio's big-endian long id")
     parts: list[Any] = [pa.scalar(b"\x00", pa.binary()), ids]
