@@ -71,11 +71,11 @@ def headers_to_frames(values: Sequence[bytes | None], headers: Sequence[Any], h:
         refs = [None if n is None else _delimited(b"\x0a" + _varint(len(n)) + n) for n in coded.dictionary.to_pylist()]
         parts.append(pa.array(refs, pa.binary()).take(coded.indices))
     else:  # Avro: the encoding header, when there, must say BINARY
-        encodings = [d.get(h.encoding_header) for d in found]
-        for k, e in enumerate(encodings):
-            if e is not None and bytes(e) != b"BINARY":
-                bad.setdefault(k, f"record header {h.encoding_header} is {bytes(e)[:20]!r}: only Avro's BINARY "
-                               "encoding is read (the producer's apicurio.registry.avro.encoding)")
+        encodings = pa.array([d.get(h.encoding_header) for d in found], pa.binary())
+        other = pc.fill_null(pc.not_equal(encodings, pa.scalar(b"BINARY", pa.binary())), False)
+        for k in np.flatnonzero(other.to_numpy(zero_copy_only=False)).tolist():
+            bad.setdefault(k, f"record header {h.encoding_header} is {encodings[k].as_py()[:20]!r}: only Avro's "
+                           "BINARY encoding is read (the producer's apicurio.registry.avro.encoding)")
     parts.append(pa.array(values, pa.binary()))
     out: list[bytes | None] = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.binary())).to_pylist()
     for k, why in bad.items():
