@@ -12,7 +12,10 @@ against the same server, as the AxonOps tests do (test_registry_avro_worker.py).
 produces with Apicurio's Java ``JsonSchemaKafkaSerializer``, read with Confluent's
 JsonSchemaConverter. The fourth produces with Apicurio's Java ``ProtobufKafkaSerializer`` in
 Apicurio's own frame (8-byte global id, its Ref message), read with Apicurio's ProtobufConverter
-class name (docs/schema-registry.md, "Apicurio's Protobuf frame").
+class name (docs/schema-registry.md, "Apicurio's Protobuf frame"). The fifth produces with the Avro
+and Protobuf serializers in Apicurio 2's headers mode (``apicurio.registry.headers.enabled=true``: the
+8-byte global id in a record header, the value bare), read with ``headers.enabled=true``
+(docs/schema-registry.md, "Apicurio's headers mode").
 
 In the chaos suite (``./dev chaos``, about 2.7 minutes for the three): the server takes 15-30 s
 to start, the first build two minutes."""
