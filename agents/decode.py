@@ -247,16 +247,23 @@ class BatchDecoder:
         table_rejects = tuple(TableReject(r, names[owner[r.index]]) for r in converted.rejects if owner[r.index] >= 0)
         return FanoutBatch(routes, FanoutRows(table, row_owner, present), table_rejects)
 
-    async def prepare(self, values: Sequence[bytes], messages: Sequence[Any] = ()) -> None:
+    async def prepare(self, values: list[bytes], messages: Sequence[Any] = ()) -> list[bytes]:
         """Before a fetch is decoded: the schemas its registry values (and registry keys, for a
         key column: ``messages``' keys) name, looked up (a registry outage waits here, with capped
-        backoff; the fetch is not taken meanwhile)."""
+        backoff; the fetch is not taken meanwhile). Returns the values to decode: in Apicurio's
+        headers mode framed from ``messages``' headers (one per value), else ``values``."""
         if self.format.registry is not None and values:
+            if self.format.registry.headers is not None:
+                values = list(self.format.registry.framed(values, [m.headers for m in messages]))
             await self.format.registry.prepare(values)
         if self.format.keys is not None and messages:
-            keys = [m.key for m in messages if m.key is not None]
+            keyed = [m for m in messages if m.key is not None]
+            keys = [m.key for m in keyed]
+            if keys and self.format.keys.headers is not None:  # Apicurio's headers mode
+                keys = list(self.format.keys.framed(keys, [m.headers for m in keyed]))
             if keys:
                 await self.format.keys.prepare(keys)
+        return values
 
     def screen_changes(self, name: str, keys: tuple[str, ...], converted: Converted) -> Converted:
         """A mirror table's changes without a key value or a readable operation become rejects."""

@@ -231,7 +231,8 @@ class Ingest:
         screened = screen(messages, self.settings.max_record_bytes, None if applied is None else applied.dropped)
         values = screened.values
         kept = screened.messages_of(messages)
-        await self.decoder.prepare(values, kept)  # registry values and keys: their schemas (waits through an outage)
+        # registry values and keys: their schemas (waits through an outage); Apicurio's headers mode: framed
+        values = await self.decoder.prepare(values, kept)
         fanout = self.decoder.decode_fanout(values, kept)
         topics = None  # each value's topic, for routing by topic (agents/routing.py)
         if self.decoder.router.by_topic:

@@ -9,11 +9,11 @@ from typing import Any, Literal
 
 from agents.formats.apicurio_proto import ApicurioProtobufValues
 from agents.formats.registry_keys import RegistryKeys
-from agents.formats.registry_values import RegistryValues
+from agents.formats.registry_values import RegistryValues, SchemaById
 from agents.registry_client import RegisteredSchema, RegistryAuth, RegistryClient, RegistryUnavailable, shown
 from icesink.shared.config import Settings
 from icesink.shared.metrics import Metrics
-from icesink.shared.registry_settings import registry_settings
+from icesink.shared.registry_settings import ApicurioFrame, RegistrySettings, registry_settings
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,17 @@ def registry_values(settings: Settings, metrics: Metrics,
     if rs is None:
         return None
     health = _health(settings, "value", metrics, status)
+    return values_decoder(rs, health.schema), health.client
+
+
+def values_decoder(rs: RegistrySettings, schema_of: SchemaById) -> RegistryValues:
+    """The values' decoder for these settings, asking ``schema_of`` for schemas."""
+    h = rs.apicurio_headers
+    if h is not None and rs.format == "protobuf":  # headers framed as Apicurio's 8-byte-id frame with its Ref
+        return ApicurioProtobufValues(schema_of, ApicurioFrame(8, h.global_ids), rs.options, h)
     if rs.apicurio_frame is not None:
-        return ApicurioProtobufValues(health.schema, rs.apicurio_frame, rs.options), health.client
-    return RegistryValues(health.schema, rs.format, rs.options), health.client
+        return ApicurioProtobufValues(schema_of, rs.apicurio_frame, rs.options)
+    return RegistryValues(schema_of, rs.format, rs.options, h)
 
 
 def registry_keys(settings: Settings, metrics: Metrics,
@@ -99,7 +107,7 @@ def registry_keys(settings: Settings, metrics: Metrics,
     if rs is None or settings.key_column is None:
         return None
     health = _health(settings, "key", metrics, status)
-    return RegistryKeys(health.schema, settings.key_column, rs.format, rs.options), health.client
+    return RegistryKeys(health.schema, settings.key_column, rs.format, rs.options, rs.apicurio_headers), health.client
 
 
 def _health(settings: Settings, side: Literal["value", "key"], metrics: Metrics,
@@ -109,7 +117,7 @@ def _health(settings: Settings, side: Literal["value", "key"], metrics: Metrics,
     auth = RegistryAuth(rs.user_info, rs.cafile, rs.certfile, None, rs.key_password,
                         setting=f"{side}.converter.basic.auth.user.info" if rs.user_info is not None else rs.url_key)
     client = RegistryClient(rs.urls, auth, timeout_s=REQUEST_TIMEOUT_S, give_up_s=give_up_s(settings),
-                            global_ids=rs.apicurio_frame is not None and rs.apicurio_frame.global_ids)
+                            global_ids=rs.global_ids)
     health = RegistryHealth(client, metrics, status, "schema_registry" if side == "value" else "schema_registry_keys")
     client.on_failure = health.failed
     return health

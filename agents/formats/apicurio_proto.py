@@ -32,26 +32,28 @@ import numpy.typing as npt
 from agents.convert import Reject
 from agents.formats.registry_values import RegistryValues, SchemaById
 from agents.formats.registry_wire import Frames, Selector, with_indexes, frames
-from icesink.shared.registry_settings import ApicurioFrame, DecodeOptions
+from icesink.shared.registry_settings import ApicurioFrame, ApicurioHeaders, DecodeOptions
 
 
 class ApicurioProtobufValues(RegistryValues):
     """Values in Apicurio's Protobuf frame, decoded per (id, Ref name) as Confluent's are per
     (schema id, message indexes); ``schema_of`` answers for the frame's kind of id."""
 
-    def __init__(self, schema_of: SchemaById, frame: ApicurioFrame, options: DecodeOptions | None = None) -> None:
-        super().__init__(schema_of, "protobuf", options)
+    def __init__(self, schema_of: SchemaById, frame: ApicurioFrame, options: DecodeOptions | None = None,
+                 headers: ApicurioHeaders | None = None) -> None:
+        super().__init__(schema_of, "protobuf", options, headers)
         self.frame = frame
 
     def _frames(self, values: Sequence[bytes]) -> Frames:
         if self._last is None or self._last[0] is not values:
-            self._last = (values, apicurio_frames(values, self.frame))
+            self._last = (values, apicurio_frames(values, self.frame, notes=self.headers is not None))
         return self._last[1]
 
 
-def apicurio_frames(values: Sequence[bytes], frame: ApicurioFrame) -> Frames:
-    """Every value's id and Ref name (``Frames.indexes``: the names), payloads after the Ref."""
-    f = frames(values, id_bytes=frame.id_bytes)
+def apicurio_frames(values: Sequence[bytes], frame: ApicurioFrame, notes: bool = False) -> Frames:
+    """Every value's id and Ref name (``Frames.indexes``: the names), payloads after the Ref.
+    ``notes``: as :func:`agents.formats.registry_wire.frames`' (headers mode)."""
+    f = frames(values, id_bytes=frame.id_bytes, notes=notes)
     if frame.indexes:  # skipped, as Apicurio's deserializer does: the Ref names the message
         f = with_indexes(f)
     return _with_refs(f)

@@ -134,7 +134,10 @@ class Extras:
     def _keys(self, messages: Sequence[Any], t: pa.DataType) -> tuple[pa.Array, list[Reject]]:
         assert self.key_column is not None
         if self.registry_keys is not None:
-            return self.registry_keys.key_column([m.key for m in messages], t)
+            keys = [m.key for m in messages]
+            if self.registry_keys.headers is not None:  # Apicurio's headers mode: framed from the headers
+                keys = list(self.registry_keys.framed(keys, [m.headers for m in messages]))
+            return self.registry_keys.key_column(keys, t)
         return bytes_column([m.key for m in messages], t, "record key", self.key_column)
 
 

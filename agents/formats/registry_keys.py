@@ -28,7 +28,7 @@ from pyiceberg.types import IcebergType, StructType
 
 from agents.convert import Reject, struct_array
 from agents.formats.registry_values import ReferenceLike, RegisteredLike, RegistryValues, SchemaById
-from icesink.shared.registry_settings import DecodeOptions
+from icesink.shared.registry_settings import ApicurioHeaders, DecodeOptions
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,12 @@ class RegistryKeys(RegistryValues):
     """Registry-framed keys decoded per schema id into one key column named ``column``."""
 
     def __init__(self, schema_of: SchemaById, column: str, kind: str = "avro",
-                 options: DecodeOptions | None = None) -> None:
+                 options: DecodeOptions | None = None, headers: ApicurioHeaders | None = None) -> None:
+        """``headers``: Apicurio's headers mode, the keys' ids in ``apicurio.key.*`` record headers."""
         self.key_name = column
         self._key_schema_of = schema_of
         self.scalar: set[int] = set()  # schema ids of primitive key schemas (planned wrapped)
-        super().__init__(self._wrapped_schema, kind, options)
+        super().__init__(self._wrapped_schema, kind, options, headers)
 
     async def _wrapped_schema(self, schema_id: int) -> RegisteredLike | None:
         found = await self._key_schema_of(schema_id)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +42,8 @@ from agents.formats.json_schema import JsonSchemaPlan, decode_json_schema, json_
 from agents.formats.proto_text import compile_proto
 from agents.formats.protobuf import ProtobufPlan, decode_protobuf, protobuf_plan
 from agents.formats.registry_wire import Frames, RegistrySchemaError, Selector, frames
-from icesink.shared.registry_settings import DecodeOptions
+from agents.formats.apicurio_headers import headers_to_frames
+from icesink.shared.registry_settings import ApicurioHeaders, DecodeOptions
 
 Plan = AvroPlan | ProtobufPlan | JsonSchemaPlan
 #: A plan's key: (schema id, Protobuf message indexes or Apicurio's Ref name; () for Avro and JSON Schema).
@@ -78,19 +79,30 @@ SchemaById = Callable[[int], Awaitable["RegisteredLike | None"]]
 class RegistryValues:
     """Registry-framed values decoded per schema id; ``schema_of`` asks the registry."""
 
-    def __init__(self, schema_of: SchemaById, kind: str = "avro", options: DecodeOptions | None = None) -> None:
+    def __init__(self, schema_of: SchemaById, kind: str = "avro", options: DecodeOptions | None = None,
+                 headers: ApicurioHeaders | None = None) -> None:
+        """``headers``: Apicurio's headers mode (ids in record headers; :meth:`framed`)."""
         if kind not in _TYPES:
             raise ValueError(f"registry values: expected a decoder of {', '.join(_TYPES)}, found {kind!r}")
         self.schema_of = schema_of
         self.kind = kind
         self.options = options or DecodeOptions()
+        self.headers = headers
         self.plans: dict[Key, Plan | str] = {}  # (schema id, indexes) -> its plan, or why its records are rejects
         self._last: tuple[Sequence[bytes], Frames] | None = None  # a fetch's values are framed once
 
     def _frames(self, values: Sequence[bytes]) -> Frames:
         if self._last is None or self._last[0] is not values:
-            self._last = (values, frames(values, protobuf=self.kind == "protobuf"))
+            self._last = (values, frames(values, protobuf=self.kind == "protobuf", id_bytes=8 if self.headers else 4,
+                                         notes=self.headers is not None))
         return self._last[1]
+
+    def framed(self, values: Sequence[bytes], headers: Sequence[Any]) -> Sequence[bytes]:
+        """The values as this decoder reads them: in headers mode each framed from its record's
+        ``headers`` in bulk (agents/formats/apicurio_headers.py), else ``values`` themselves."""
+        if self.headers is None:
+            return values
+        return headers_to_frames(values, headers, self.headers)  # type: ignore[return-value]
 
     async def prepare(self, values: Sequence[bytes]) -> None:
         """Look up the schema ids of ``values`` not seen yet (waiting through a registry outage)."""

@@ -68,9 +68,11 @@ class Frames:
         return {int(i): part for i, part in zip(ids, np.split(order, first[1:]), strict=True)}
 
 
-def frames(values: Sequence[bytes], *, protobuf: bool = False, id_bytes: int = 4) -> Frames:
+def frames(values: Sequence[bytes | None], *, protobuf: bool = False, id_bytes: int = 4, notes: bool = False) -> Frames:
     """Read the header of every value (and, with ``protobuf``, its message indexes). ``id_bytes``:
-    the id's width (8: Apicurio's 8-byte ids, read as a signed long)."""
+    the id's width (8: Apicurio's 8-byte ids, read as a signed long). ``notes``: a value whose
+    first byte is ``0x01`` is a reject whose reason is the rest (Apicurio's headers mode,
+    agents/formats/apicurio_headers.py)."""
     arr = pa.array(values, pa.binary())
     n = len(arr)
     offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
@@ -88,7 +90,9 @@ def frames(values: Sequence[bytes], *, protobuf: bool = False, id_bytes: int = 4
     magic[has_byte] = raw[starts[has_byte]]
     wrong = ~null & ~short & (magic != MAGIC)
     for i in np.flatnonzero(null | short | wrong):
-        rejects.append(Reject(int(i), _reason(bool(null[i]), int(lengths[i]), int(magic[i]), header), None))
+        note = notes and magic[i] == 0x01
+        rejects.append(Reject(int(i), data[starts[i] + 1:ends[i]].decode("utf-8", "replace") if note
+                              else _reason(bool(null[i]), int(lengths[i]), int(magic[i]), header), None))
     ok = ~(null | short | wrong)
     positions = np.flatnonzero(ok).astype(np.int64)
     s = starts[ok]

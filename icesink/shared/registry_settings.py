@@ -15,10 +15,9 @@ Each key either acts or is refused at start naming it (:class:`ConfigError`):
 - TLS: ``value.converter.schema.registry.ssl.truststore.location`` with ``.truststore.type=PEM``,
   ``.keystore.location`` with ``.keystore.type=PEM`` (certificate and key in one file) and
   ``.key.password``; JKS and PKCS12 stores are refused.
-- Apicurio: its wire format must be Confluent's (its defaults since 3.x): an
+- Apicurio without headers: its wire format must be Confluent's (its defaults since 3.x): an
   ``apicurio.registry.id-handler`` other than ``Default4ByteIdHandler`` (3.x) or
-  ``Legacy4ByteIdHandler`` (2.x), ``apicurio.registry.use-id=globalId`` or
-  ``apicurio.registry.headers.enabled=true`` is refused. Apicurio 2's settings
+  ``Legacy4ByteIdHandler`` (2.x), or ``apicurio.registry.use-id=globalId`` is refused. Apicurio 2's settings
   (``apicurio.registry.as-confluent``, which must be true, or its ``Legacy4ByteIdHandler``) also
   need ``use-id=contentId`` and ``headers.enabled=false`` said outright: 2.x defaults to global
   ids in headers.
@@ -28,8 +27,11 @@ Each key either acts or is refused at start naming it (:class:`ConfigError`):
   ``DefaultIdHandler`` / ``Legacy8ByteIdHandler`` for an 8-byte one; ``use-id`` ``contentId``
   (read through the Confluent-compatible API) or ``globalId`` (read through Apicurio's own API,
   ``/ids/globalIds/{id}``); ``apicurio.registry.serde.read-indexes=true`` skips Confluent's
-  message indexes before the Ref. ``headers.enabled=true`` (ids in Kafka headers) and
-  ``serde.read-type-ref=false`` (no Ref: nothing names the message) are refused.
+  message indexes before the Ref. ``serde.read-type-ref=false`` (no Ref: nothing names the
+  message) is refused.
+- Apicurio's headers mode (``apicurio.registry.headers.enabled=true``, 2.x's default), both
+  converters (keys: Avro, ``apicurio.key.*`` headers): :class:`ApicurioHeaders` (:func:`_apicurio_headers`), the id read
+  from the record header ``use-id`` names (docs/schema-registry.md, "Apicurio's headers mode").
 """
 
 from __future__ import annotations
@@ -143,6 +145,21 @@ class ApicurioFrame:
 
 
 @dataclass(frozen=True)
+class ApicurioHeaders:
+    """Apicurio's headers mode (``apicurio.registry.headers.enabled=true``, 2.x's serde default;
+    agents/formats/apicurio_headers.py reads it): the value carries no magic byte nor id, the id
+    is an 8-byte big-endian long in the record header ``id_header`` (``apicurio.value.globalId``,
+    or ``apicurio.value.contentId`` with ``use-id=contentId``); a Protobuf value's message is named
+    by ``type_header`` (``apicurio.protobuf.type``, no Ref in the value); an Avro value's encoding
+    by ``encoding_header`` (``apicurio.value.encoding``: BINARY is read, JSON is a reject)."""
+
+    id_header: str
+    global_ids: bool
+    type_header: str | None = None  # Protobuf only
+    encoding_header: str = "apicurio.value.encoding"
+
+
+@dataclass(frozen=True)
 class RegistrySettings:
     """A registry converter's settings, checked."""
 
@@ -156,6 +173,14 @@ class RegistrySettings:
     url_key: str  # the key the URLs came from, named in errors
     options: DecodeOptions = _DEFAULTS
     apicurio_frame: ApicurioFrame | None = None  # Apicurio's ProtobufConverter: its own frame
+    apicurio_headers: ApicurioHeaders | None = None  # Apicurio's headers mode: the id in record headers
+
+    @property
+    def global_ids(self) -> bool:
+        """The ids name Apicurio global ids (read through Apicurio's own API)."""
+        if self.apicurio_headers is not None:
+            return self.apicurio_headers.global_ids
+        return self.apicurio_frame is not None and self.apicurio_frame.global_ids
 
 
 def is_registry_converter(converter: str) -> bool:
@@ -198,7 +223,10 @@ def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> R
         if not re.match(r"https?://[^/\s]+", u):
             raise ConfigError(url_key, mask_url(u), "http:// or https:// URLs, comma-separated")
     frame = None
-    if converter == APICURIO_PROTOBUF_CONVERTER:
+    headers = _apicurio_headers(props, pre, side, fmt) if apicurio else None
+    if headers is not None:
+        urls = tuple(_native(u, k_apicurio_url) if headers.global_ids else _ccompat(u, k_apicurio_url) for u in urls)
+    elif converter == APICURIO_PROTOBUF_CONVERTER:
         frame = _apicurio_frame(props, pre)
         urls = tuple(_native(u, k_apicurio_url) if frame.global_ids else _ccompat(u, k_apicurio_url) for u in urls)
     elif apicurio:
@@ -215,7 +243,7 @@ def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> R
     certfile = _pem(props, "keystore", pre + "schema.registry.ssl.")
     password = s.value_converter_key_password if side == "value" else s.key_converter_key_password
     return RegistrySettings(converter, fmt, urls, user_info, cafile, certfile,
-                            password if certfile else None, url_key, options, frame)
+                            password if certfile else None, url_key, options, frame, headers)
 
 
 def _options(props: Mapping[str, str], fmt: str, pre: str) -> DecodeOptions:
@@ -250,7 +278,8 @@ def _known(key: str, apicurio: bool, apicurio_protobuf: bool = False) -> bool:
                                      "apicurio.registry.use-id", "apicurio.registry.headers.enabled",
                                      "apicurio.registry.as-confluent") \
             or (apicurio_protobuf and key in ("apicurio.registry.serde.read-type-ref",
-                                              "apicurio.registry.serde.read-indexes"))
+                                              "apicurio.registry.serde.read-indexes")) \
+            or key == "apicurio.registry.headers.handler" or key.startswith("apicurio.registry.headers.")
     return key in own or key == "schema.registry.url"
 
 
@@ -301,11 +330,6 @@ def _apicurio_frame(props: Mapping[str, str], pre: str) -> ApicurioFrame:
     use_id = (props.get(k + "use-id") or "contentId").strip()
     if use_id not in ("contentId", "globalId"):
         raise ConfigError(k + "use-id", use_id, "contentId or globalId")
-    if _flag(props, k + "headers.enabled", False):
-        raise ConfigError(k + "headers.enabled", props[k + "headers.enabled"],
-                          "false: with headers the id and message type travel in Kafka record headers, which "
-                          "icesink's registry decoder does not read (the producer's apicurio.registry.headers.enabled"
-                          "=false puts them in the value)")
     if not _flag(props, k + "serde.read-type-ref", True):
         raise ConfigError(k + "serde.read-type-ref", props[k + "serde.read-type-ref"],
                           "true: the frame's Ref message is what names the message type of each value")
@@ -330,8 +354,6 @@ def _check_apicurio(props: Mapping[str, str], pre: str) -> None:
     if use_id is not None and use_id.strip() != "contentId":
         raise ConfigError(pre + "apicurio.registry.use-id", use_id, "contentId: " + _AS_CONFLUENT)
     headers = props.get(pre + "apicurio.registry.headers.enabled")
-    if headers is not None and headers.strip().lower() != "false":
-        raise ConfigError(pre + "apicurio.registry.headers.enabled", headers, "false: " + _AS_CONFLUENT)
     if as_confluent is not None or handler == _APICURIO_2_ID_HANDLER:
         # Apicurio 2 settings: its defaults are global ids in headers, so both must be said
         for key, value in (("use-id", use_id), ("headers.enabled", headers)):
@@ -339,3 +361,41 @@ def _check_apicurio(props: Mapping[str, str], pre: str) -> None:
                 raise ConfigError(pre + "apicurio.registry." + key, None,
                                   "set with Apicurio 2's as-confluent or Legacy4ByteIdHandler (its default is "
                                   + ("globalId" if key == "use-id" else "true") + "): " + _AS_CONFLUENT)
+
+
+_HEADERS_HANDLER: Final = "io.apicurio.registry.serde.headers.DefaultHeadersHandler"
+#: Keys that frame a value without headers: with headers on, icesink reads ids from headers only.
+_FRAME_KEYS: Final = ("id-handler", "as-confluent", "serde.read-indexes", "serde.read-type-ref")
+
+
+def _apicurio_headers(props: Mapping[str, str], pre: str, side: str, fmt: str) -> ApicurioHeaders | None:
+    """Apicurio's headers mode under these keys (None: headers off), as 2.4's DefaultHeadersHandler
+    reads it (docs/schema-registry.md, "Apicurio's headers mode"): the id's header per ``use-id``
+    (``globalId``, 2.x's default, or ``contentId``), renamed by ``headers.<side>.globalId.name`` /
+    ``.contentId.name``. Header keys that would act on nothing icesink reads are refused by name."""
+    k = pre + "apicurio.registry."
+    header_keys = sorted(key for key in props if key.startswith(k + "headers.") and key != k + "headers.enabled")
+    if not _flag(props, k + "headers.enabled", False):
+        if header_keys:
+            raise ConfigError(header_keys[0], props[header_keys[0]], f"set only with {k}headers.enabled=true "
+                              "(without headers it would be ignored)")
+        return None
+    for name in _FRAME_KEYS:
+        if props.get(k + name) is not None:
+            raise ConfigError(k + name, props[k + name], "unset with headers.enabled=true: it frames values without "
+                              "headers, and icesink reads ids from the record headers only (a value without them is "
+                              "a dead letter)")
+    use_id = (props.get(k + "use-id") or "globalId").strip()
+    if use_id not in ("contentId", "globalId"):
+        raise ConfigError(k + "use-id", use_id, "contentId or globalId")
+    id_key = f"{k}headers.{side}.{use_id}.name"
+    for key in header_keys:
+        if key == k + "headers.handler":
+            if props[key].strip() != _HEADERS_HANDLER:
+                raise ConfigError(key, props[key], f"{_HEADERS_HANDLER} (Apicurio's, the headers icesink reads)")
+        elif key != id_key:
+            raise ConfigError(key, props[key], f"not read: icesink reads the {use_id} header only ({id_key} "
+                              "renames it); records named by group, artifact and version headers are dead letters")
+    default = f"apicurio.{side}.{use_id}"
+    return ApicurioHeaders((props.get(id_key) or default).strip(), use_id == "globalId",
+                           "apicurio.protobuf.type" if fmt == "protobuf" else None, f"apicurio.{side}.encoding")

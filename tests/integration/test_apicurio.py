@@ -12,7 +12,10 @@ against the same server, as the AxonOps tests do (test_registry_avro_worker.py).
 produces with Apicurio's Java ``JsonSchemaKafkaSerializer``, read with Confluent's
 JsonSchemaConverter. The fourth produces with Apicurio's Java ``ProtobufKafkaSerializer`` in
 Apicurio's own frame (8-byte global id, its Ref message), read with Apicurio's ProtobufConverter
-class name (docs/schema-registry.md, "Apicurio's Protobuf frame").
+class name (docs/schema-registry.md, "Apicurio's Protobuf frame"). The fifth produces with the Avro
+and Protobuf serializers in Apicurio 2's headers mode (``apicurio.registry.headers.enabled=true``: the
+8-byte global id in a record header, the value bare), read with ``headers.enabled=true``
+(docs/schema-registry.md, "Apicurio's headers mode").
 
 In the chaos suite (``./dev chaos``, about 2.7 minutes for the three): the server takes 15-30 s
 to start, the first build two minutes."""
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import decimal
+import io
 import json
 import struct
 import urllib.request
@@ -79,19 +83,24 @@ def ccompat_schema(registry: ApicurioRegistry, schema_id: int) -> dict[str, Any]
 
 
 async def first_values(bootstrap: str, topic: str, offsets: list[int]) -> dict[int, bytes]:
+    return {o: v for o, (v, _) in (await first_records(bootstrap, topic, offsets)).items()}
+
+
+async def first_records(bootstrap: str, topic: str, offsets: list[int]) -> dict[int, tuple[bytes, dict[str, bytes]]]:
+    """The value and headers (the last of each name) of each record at ``offsets``."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
-    out: dict[int, bytes] = {}
+    out: dict[int, tuple[bytes, dict[str, bytes]]] = {}
     try:
         for offset in offsets:
             consumer.seek(tp, offset)
             record = await asyncio.wait_for(consumer.getone(), 30)
             assert record.value is not None
-            out[record.offset] = record.value
+            out[record.offset] = (record.value, dict(record.headers))
     finally:
         await consumer.stop()
     return out
@@ -265,21 +274,15 @@ def test_java_protobuf_serializer_in_apicurios_own_frame_lands_exactly(kafka, ca
     naming the message, the payload; it registers the file and its import of timestamp.proto
     itself. Read with Apicurio's ProtobufConverter class name and those keys (the sink asks
     Apicurio's own API for the global id and its references)."""
-    from google.protobuf import descriptor_pb2
     from pyiceberg.catalog import load_catalog
 
-    from agents.formats.proto_text import compile_proto
     from icesink.shared.kafka_admin import ensure_topic
     from tests.support.apicurio import produce
 
     topic, name = "apicurio-protobuf", "apicurio.protobuf"
     catalog = load_catalog("it", **catalog_props)
     asyncio.run(ensure_topic(kafka.bootstrap, topic, 1))
-    main, _ = compile_proto(ORDER_PROTO)
-    fdp = descriptor_pb2.FileDescriptorProto.FromString(main)
-    fdp.name = "shop/order.proto"
-    (tmp_path / "order.desc").write_bytes(fdp.SerializeToString())
-    sent = produce(kafka.bootstrap, topic, apicurio.registry_url, tmp_path / "order.desc", 0, N1, kind="protobuf")
+    sent = produce(kafka.bootstrap, topic, apicurio.registry_url, order_descriptor(tmp_path), 0, N1, kind="protobuf")
     assert sent == [(i, i) for i in range(N1)]
 
     value = asyncio.run(first_values(kafka.bootstrap, topic, [0]))[0]
@@ -298,12 +301,85 @@ def test_java_protobuf_serializer_in_apicurios_own_frame_lands_exactly(kafka, ca
     types = {f.name: str(f.field_type) for f in table.schema().fields}
     assert (types["status"], types["at"]) == ("string", "timestamptz"), types
     assert types["counts"].startswith("map<string, int"), types
-    got = read_back(catalog, name)
-    for row in got:  # a Protobuf map has no order (its entries may come back in any)
-        row["counts"] = sorted(row["counts"])
-    assert got == [{
+    assert read_back_orders(catalog, name) == [expected_order(i) for i in range(N1)]
+
+
+def expected_order(i: int) -> dict[str, Any]:
+    """The row ApicurioProduce.protoRecord(order, i) becomes."""
+    return {
         "id": i, "name": f"n{i}", "address": {"city": f"c{i % 5}", "zip": i * 10},
         "tags": [f"t{j}" for j in range(i % 3)], "counts": [(f"k{j}", i + j) for j in range(i % 2 + 1)],
         "status": ("NEW", "PAID", "SHIPPED")[i % 3],
         "at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=i, microseconds=7)}
-        for i in range(N1)]
+
+
+def read_back_orders(catalog: Any, name: str) -> list[dict[str, Any]]:
+    got = read_back(catalog, name)
+    for row in got:  # a Protobuf map has no order (its entries may come back in any)
+        row["counts"] = sorted(row["counts"])
+    return got
+
+
+def order_descriptor(tmp_path: Path) -> Path:
+    """ORDER_PROTO as the serialized FileDescriptorProto ApicurioProduce registers and writes."""
+    from google.protobuf import descriptor_pb2
+
+    from agents.formats.proto_text import compile_proto
+
+    main, _ = compile_proto(ORDER_PROTO)
+    fdp = descriptor_pb2.FileDescriptorProto.FromString(main)
+    fdp.name = "shop/order.proto"
+    (tmp_path / "order.desc").write_bytes(fdp.SerializeToString())
+    return tmp_path / "order.desc"
+
+
+@pytest.mark.timeout(400)
+def test_java_serializers_in_apicurios_headers_mode_land_exactly(kafka, catalog_props, apicurio, tmp_path):
+    """Apicurio 2.4's AvroKafkaSerializer and ProtobufKafkaSerializer with their defaults, headers
+    on (apicurio.registry.headers.enabled=true): the value bare, the 8-byte global id in the record
+    header apicurio.value.globalId, the Protobuf message's name in apicurio.protobuf.type. Read
+    with Apicurio's converter classes and headers.enabled=true (global ids through Apicurio's own
+    API); a second Avro schema version evolves the table."""
+    import fastavro
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.apicurio import produce
+
+    catalog = load_catalog("it", **catalog_props)
+    pre = "value.converter.apicurio.registry."
+    headers_on = {pre + "url": apicurio.registry_url, pre + "headers.enabled": "true"}
+
+    topic, name = "apicurio-headers-avro", "apicurio.headers_avro"
+    asyncio.run(ensure_topic(kafka.bootstrap, topic, 1))
+    (tmp_path / "v1.avsc").write_text(json.dumps(V1))
+    (tmp_path / "v2.avsc").write_text(json.dumps(V2))
+    sent = produce(kafka.bootstrap, topic, apicurio.registry_url, tmp_path / "v1.avsc", 0, N1, headers=True)
+    sent += produce(kafka.bootstrap, topic, apicurio.registry_url, tmp_path / "v2.avsc", N1, N2, headers=True)
+    assert sent == [(i, i) for i in range(N1 + N2)]
+    records = asyncio.run(first_records(kafka.bootstrap, topic, [1, N1]))
+    ids = []
+    for offset, schema in ((1, V1), (N1, V2)):
+        value, headers = records[offset]
+        assert headers["apicurio.value.encoding"] == b"BINARY", headers
+        (global_id,) = struct.unpack(">q", headers["apicurio.value.globalId"])
+        ids.append(global_id)
+        # the value is the bare Avro record: no magic byte, no id
+        assert fastavro.schemaless_reader(io.BytesIO(value), fastavro.parse_schema(schema))["id"] == offset
+    assert ids[0] != ids[1]
+    sink(tmp_path, kafka.bootstrap, catalog, catalog_props, {"value.converter": APICURIO_AVRO, **headers_on},
+         topic, name, N1 + N2)
+    assert [f.name for f in catalog.load_table(name).schema().fields] == [f["name"] for f in V2["fields"]]
+    assert read_back(catalog, name) == [expected(i, v2=i >= N1) for i in range(N1 + N2)]
+
+    topic, name = "apicurio-headers-protobuf", "apicurio.headers_protobuf"
+    asyncio.run(ensure_topic(kafka.bootstrap, topic, 1))
+    sent = produce(kafka.bootstrap, topic, apicurio.registry_url, order_descriptor(tmp_path), 0, N1,
+                   kind="protobuf", headers=True)
+    assert sent == [(i, i) for i in range(N1)]
+    value, headers = asyncio.run(first_records(kafka.bootstrap, topic, [1]))[1]
+    assert headers["apicurio.protobuf.type"] == b"Order" and len(headers["apicurio.value.globalId"]) == 8, headers
+    assert value[:2] == b"\x08\x01", value[:16]  # the bare message: field 1 (id) = 1, no Ref
+    sink(tmp_path, kafka.bootstrap, catalog, catalog_props, {"value.converter": APICURIO_PROTOBUF, **headers_on},
+         topic, name, N1)
+    assert read_back_orders(catalog, name) == [expected_order(i) for i in range(N1)]

@@ -119,7 +119,7 @@ def test_the_converter_keys_act_or_are_refused_naming_them() -> None:
     rs = registry_settings(settings(**{**GLOBAL, PRE + "as-confluent": "true", PRE + "use-id": "contentId",
                                        "value.converter.apicurio.registry.serde.read-indexes": "true"}))
     assert rs is not None and rs.apicurio_frame == ApicurioFrame(4, False, True)
-    for extra, key in [({**GLOBAL, PRE + "headers.enabled": "true"}, PRE + "headers.enabled"),
+    for extra, key in [({**GLOBAL, PRE + "headers.enabled": "true"}, PRE + "id-handler"),  # headers: no frame keys
                        ({PRE + "serde.read-type-ref": "false"}, PRE + "serde.read-type-ref"),
                        ({PRE + "id-handler": "io.apicurio.registry.serde.OptimisticFallbackIdHandler"},
                         PRE + "id-handler"),

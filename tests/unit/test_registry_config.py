@@ -71,12 +71,12 @@ def test_secrets_never_show_in_the_refusal() -> None:
     assert "s3cret" not in str(e.value)
 
 
-def test_apicurio_avro_reads_its_ccompat_api_and_refuses_non_confluent_wire_formats() -> None:
+def test_apicurio_avro_reads_its_ccompat_api_and_refuses_other_frames_without_headers() -> None:
+    """Without headers, Confluent's frame only; headers mode: tests/unit/test_registry_apicurio_headers.py."""
     r = registry_settings(settings(APICURIO, **{"value.converter.apicurio.registry.url": "http://r:8080/apis/registry/v3"}))
     assert r is not None and r.format == "avro" and r.urls == ("http://r:8080/apis/ccompat/v7",)
     for key, value in [("value.converter.apicurio.registry.id-handler", "io.apicurio.registry.serde.Legacy8ByteIdHandler"),
-                       ("value.converter.apicurio.registry.use-id", "globalId"),
-                       ("value.converter.apicurio.registry.headers.enabled", "true")]:
+                       ("value.converter.apicurio.registry.use-id", "globalId")]:
         with pytest.raises(ConfigError) as e:
             settings(APICURIO, **{"value.converter.apicurio.registry.url": "http://r:8080/apis/registry/v3", key: value})
         assert e.value.key == key

@@ -11,7 +11,12 @@
 //   written as a DynamicMessage; the serializer registers the file and its import itself.
 // tests/support/apicurio.py compiles it with javac against tests/support/maven/apicurio-serdes.
 //
-// java ApicurioProduce avro|json|protobuf BOOTSTRAP TOPIC REGISTRY_URL SCHEMA_FILE FIRST COUNT
+// - with a last argument "headers" (avro, protobuf): the serializer with Apicurio 2.4's defaults,
+//   headers on: the value bare (no magic byte, no id, no Ref), the 8-byte global id in the record
+//   header apicurio.value.globalId, and apicurio.value.encoding (avro) or apicurio.value.msgType and
+//   apicurio.protobuf.type (protobuf).
+//
+// java ApicurioProduce avro|json|protobuf BOOTSTRAP TOPIC REGISTRY_URL SCHEMA_FILE FIRST COUNT [headers]
 // writes records id FIRST .. FIRST+COUNT-1 (values below, derived from id) to partition 0 and
 // prints one line per record: "offset id".
 import java.math.BigDecimal;
@@ -57,6 +62,7 @@ public final class ApicurioProduce {
         }
         long first = Long.parseLong(args[5]);
         int count = Integer.parseInt(args[6]);
+        boolean headers = args.length > 7 && args[7].equals("headers");
 
         Properties props = new Properties();
         props.put("bootstrap.servers", bootstrap);
@@ -69,11 +75,12 @@ public final class ApicurioProduce {
         props.put("apicurio.registry.url", registry);
         props.put("apicurio.registry.auto-register", json ? "false" : "true");
         props.put("apicurio.registry.find-latest", json ? "true" : "false");
-        if (!proto) {  // protobuf: 2.4's DefaultIdHandler (8 bytes) and use-id=globalId, its defaults
+        if (!proto && !headers) {  // protobuf: 2.4's DefaultIdHandler (8 bytes) and use-id=globalId, its defaults
             props.put("apicurio.registry.as-confluent", "true");       // Legacy4ByteIdHandler: a 4-byte id
             props.put("apicurio.registry.use-id", "contentId");       // the id ccompat's /schemas/ids/{id} serves
         }
-        props.put("apicurio.registry.headers.enabled", "false");  // the id in the value, not in headers
+        // the id in the value, not in headers; or headers on (2.4's default), said outright
+        props.put("apicurio.registry.headers.enabled", headers ? "true" : "false");
 
         List<Future<RecordMetadata>> sent = new ArrayList<>();
         try (KafkaProducer<String, Object> producer = new KafkaProducer<>(props)) {
