@@ -24,8 +24,9 @@ Kafka metadata's headers column does (agents/formats/extras.py).
 A record whose id header is missing, null or not 8 bytes, whose Protobuf type header is
 missing, or whose Avro encoding is not BINARY becomes ``NOTE`` then the reason in UTF-8: the
 frame reader (``frames(..., notes=True)``) makes it a reject with that reason, so its record
-goes to the dead letters with topic, partition and offset, and the rest keep flowing. Unlike
-Apicurio's deserializer, a value without the id header is not read as a framed value.
+goes to the dead letters with topic, partition and offset, and the rest keep flowing. A value
+without either id header that starts with the magic byte ``0`` is read as the framed value it is
+(Apicurio's deserializer falls back to that: AbstractKafkaDeserializer.deserialize, 2.4.2).
 """
 
 from __future__ import annotations
@@ -57,7 +58,12 @@ def headers_to_frames(values: Sequence[bytes | None], headers: Sequence[Any], h:
     width = pc.fill_null(pc.binary_length(ids), -1).to_numpy(zero_copy_only=False)
     bad: dict[int, str] = {}
     other = _OTHER.get(h.id_header)  # the other kind of id's header: use-id says which is read
+    framed: list[int] = []  # no id header, a framed value: read as framed, as Apicurio falls back to
     for k in np.flatnonzero(width != 8).tolist():
+        value = values[k]
+        if width[k] < 0 and value and value[0] == 0 and not (other and other in found[k]):
+            framed.append(k)
+            continue
         hint = f"; it has {other}: set use-id={other.rsplit('.', 1)[1]}" if other and other in found[k] else ""
         bad[k] = (f"no {h.id_header} record header (Apicurio's headers mode: the schema id travels there{hint})"
                   if width[k] < 0 else
@@ -81,6 +87,8 @@ def headers_to_frames(values: Sequence[bytes | None], headers: Sequence[Any], h:
     for k, why in bad.items():
         if values[k] is not None:  # a tombstone stays one (the frame reader says so)
             out[k] = bytes([NOTE]) + why.encode()
+    for k in framed:
+        out[k] = values[k]
     return out
 
 
