@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from agents.formats.apicurio_proto import ApicurioProtobufValues
+from agents.formats.apicurio_proto import ApicurioProtobufKeys, ApicurioProtobufValues
 from agents.formats.registry_keys import RegistryKeys
 from agents.formats.registry_values import RegistryValues, SchemaById
 from agents.registry_client import RegisteredSchema, RegistryAuth, RegistryClient, RegistryUnavailable, shown
@@ -107,7 +107,17 @@ def registry_keys(settings: Settings, metrics: Metrics,
     if rs is None or settings.key_column is None:
         return None
     health = _health(settings, "key", metrics, status)
-    return RegistryKeys(health.schema, settings.key_column, rs.format, rs.options, rs.apicurio_headers), health.client
+    return keys_decoder(rs, health.schema, settings.key_column), health.client
+
+
+def keys_decoder(rs: RegistrySettings, schema_of: SchemaById, column: str) -> RegistryKeys:
+    """The keys' decoder for these settings (the key column ``column``), as :func:`values_decoder`."""
+    h = rs.apicurio_headers
+    if h is not None and rs.format == "protobuf":
+        return ApicurioProtobufKeys(schema_of, column, ApicurioFrame(8, h.global_ids), rs.options, h)
+    if rs.apicurio_frame is not None:
+        return ApicurioProtobufKeys(schema_of, column, rs.apicurio_frame, rs.options)
+    return RegistryKeys(schema_of, column, rs.format, rs.options, h)
 
 
 def _health(settings: Settings, side: Literal["value", "key"], metrics: Metrics,

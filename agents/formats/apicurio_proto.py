@@ -1,5 +1,6 @@
 """Apicurio's own Protobuf frame (``value.converter`` = ``io.apicurio.registry.utils.converter.ProtobufConverter``;
-issue 36): :func:`apicurio_frames` and :class:`ApicurioProtobufValues`.
+issue 36; and ``key.converter``): :func:`apicurio_frames`, :class:`ApicurioProtobufValues` and
+:class:`ApicurioProtobufKeys`.
 
 Apicurio's ProtobufKafkaSerializer (2.4: serdes/protobuf-serde; 3.x: serdes/generic/serde-common-protobuf),
 headers off, writes each value as::
@@ -30,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.convert import Reject
+from agents.formats.registry_keys import RegistryKeys
 from agents.formats.registry_values import RegistryValues, SchemaById
 from agents.formats.registry_wire import Frames, Selector, with_indexes, frames
 from icesink.shared.registry_settings import ApicurioFrame, ApicurioHeaders, DecodeOptions
@@ -45,9 +47,27 @@ class ApicurioProtobufValues(RegistryValues):
         self.frame = frame
 
     def _frames(self, values: Sequence[bytes]) -> Frames:
-        if self._last is None or self._last[0] is not values:
-            self._last = (values, apicurio_frames(values, self.frame, notes=self.headers is not None))
-        return self._last[1]
+        return _cached_frames(self, self.frame, values)
+
+
+class ApicurioProtobufKeys(RegistryKeys):
+    """Keys in Apicurio's Protobuf frame (``key.converter`` = its ProtobufConverter): a message
+    each, one struct key column, framed as :class:`ApicurioProtobufValues` frames values."""
+
+    def __init__(self, schema_of: SchemaById, column: str, frame: ApicurioFrame,
+                 options: DecodeOptions | None = None, headers: ApicurioHeaders | None = None) -> None:
+        super().__init__(schema_of, column, "protobuf", options, headers)
+        self.frame = frame
+
+    def _frames(self, values: Sequence[bytes]) -> Frames:
+        return _cached_frames(self, self.frame, values)
+
+
+def _cached_frames(decoder: RegistryValues, frame: ApicurioFrame, values: Sequence[bytes]) -> Frames:
+    """A fetch's values framed once (the decoder's ``_last``, as its base class keeps it)."""
+    if decoder._last is None or decoder._last[0] is not values:
+        decoder._last = (values, apicurio_frames(values, frame, notes=decoder.headers is not None))
+    return decoder._last[1]
 
 
 def apicurio_frames(values: Sequence[bytes], frame: ApicurioFrame, notes: bool = False) -> Frames:

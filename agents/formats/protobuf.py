@@ -441,7 +441,9 @@ def _enums(t: _Enum, values: list[Any], mask: pa.Array | None) -> pa.Array:
     names = pc.take(t.symbols, at)
     unknown = pc.and_(pc.is_null(at), pc.is_valid(numbers))
     if pc.any(unknown).as_py():  # open enums: a number the schema lacks, named as Java names it
-        text = pc.binary_join_element_wise(f"UNKNOWN_ENUM_VALUE_{t.name}_", pc.cast(numbers, pa.large_string()), "")
+        big = pa.large_string()
+        text = pc.binary_join_element_wise(pa.scalar(f"UNKNOWN_ENUM_VALUE_{t.name}_", big),
+                                           pc.cast(numbers, big), pa.scalar("", big))
         names = pc.if_else(unknown, text, names)
     return names if mask is None else pc.if_else(mask, pa.scalar(None, pa.large_string()), names)
 

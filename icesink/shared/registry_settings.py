@@ -200,9 +200,6 @@ def registry_settings(s: Settings, side: Literal["value", "key"] = "value") -> R
                           f"not yet supported (supported: {', '.join(sorted(REGISTRY_CONVERTERS))})")
     if converter not in REGISTRY_CONVERTERS:
         return None
-    if side == "key" and converter == APICURIO_PROTOBUF_CONVERTER:
-        raise ConfigError("key.converter", converter, "a key converter icesink reads: Apicurio's Protobuf frame is read "
-                          "for values only (keys: Confluent's frame, e.g. io.confluent.connect.protobuf.ProtobufConverter)")
     props = s.value_converter_props if side == "value" else s.key_converter_props
     apicurio = converter in APICURIO
     fmt = REGISTRY_CONVERTERS[converter]
@@ -398,4 +395,6 @@ def _apicurio_headers(props: Mapping[str, str], pre: str, side: str, fmt: str) -
                               "renames it); records named by group, artifact and version headers are dead letters")
     default = f"apicurio.{side}.{use_id}"
     return ApicurioHeaders((props.get(id_key) or default).strip(), use_id == "globalId",
-                           "apicurio.protobuf.type" if fmt == "protobuf" else None, f"apicurio.{side}.encoding")
+                           # ProtobufSerdeHeaders: the message's name, ".key" after it for keys
+                           ("apicurio.protobuf.type" + (".key" if side == "key" else "")) if fmt == "protobuf" else None,
+                           f"apicurio.{side}.encoding")

@@ -134,13 +134,49 @@ def test_the_converter_keys_act_or_are_refused_naming_them() -> None:
         assert e.value.key == key, (extra, str(e.value))
 
 
-def test_apicurios_protobuf_key_converter_is_refused_for_now() -> None:
-    """Keys are read by agents/formats/registry_keys.py in Confluent's frame only: Apicurio's
-    Protobuf converter as ``key.converter`` would misread them, so it is refused naming the key."""
-    with pytest.raises(ConfigError) as e:
-        build({"topics": "t", "iceberg.tables": "db.t", "key.converter": CONVERTER,
-               "key.converter.apicurio.registry.url": URL})
-    assert e.value.key == "key.converter" and "values only" in str(e.value)
+def test_apicurios_protobuf_keys_fill_the_key_column_framed_and_from_headers() -> None:
+    """``key.converter`` = Apicurio's ProtobufConverter: keys in its frame (headers off: 8-byte
+    global id, the Ref) and in headers mode (``apicurio.key.globalId``, the message named by
+    ``apicurio.protobuf.type.key``, as ProtobufSerdeHeaders names it for keys) fill a struct key
+    column; a key that does not frame is a reject naming the key column."""
+    import asyncio
+
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    from agents.registry_source import keys_decoder
+    from tests.unit.test_raw_values import Msg
+
+    c = classes(V1)
+    registry = FakeRegistry({7: registered(V1)})
+    kpre = "key.converter.apicurio.registry."
+    base = {"topics": "t", "iceberg.tables": "db.t", "iceberg.tables.key-column": "_key", "key.converter": CONVERTER,
+            kpre + "url": URL}
+    key1, key2 = c["Order"](id=1).SerializeToString(), c["Order"](id=2, size=3).SerializeToString()
+    for extra, keyed in [
+        ({kpre + "id-handler": "io.apicurio.registry.serde.DefaultIdHandler", kpre + "use-id": "globalId",
+          kpre + "headers.enabled": "false"},
+         [(framed(7, "Order", key1), []), (framed(7, "Order", key2), []), (b"\x00\x00", [])]),
+        ({kpre + "headers.enabled": "true"},
+         [(key1, [("apicurio.key.globalId", struct.pack(">q", 7)), ("apicurio.protobuf.type.key", b"Order")]),
+          (key2, [("apicurio.key.globalId", struct.pack(">q", 7)), ("apicurio.protobuf.type.key", b"Order"),
+                  ("apicurio.protobuf.type", b"Note")]),
+          (key1, [("apicurio.key.globalId", struct.pack(">q", 7))])]),  # no type header for the key
+    ]:
+        s = build({**base, **extra})
+        rs = registry_settings(s, "key")
+        assert rs is not None
+        keys = keys_decoder(rs, registry, "_key")
+        f = RecordFormat(s, keys=keys)
+        messages = [Msg(b'{"n": %d}' % i, k, headers=h) for i, (k, h) in enumerate(keyed)]
+        asyncio.run(keys.prepare(list(keys.framed([m.key for m in messages], [m.headers for m in messages]))))
+        values = [m.value for m in messages]
+        created = f.table_schema(values)
+        assert created is not None
+        out = f.convert(messages, values, schema_to_pyarrow(created, include_field_ids=False))
+        got = out.table.to_pylist()
+        want = [(0, 1, "S"), (1, 2, "UNKNOWN_ENUM_VALUE_Size_3")]  # size 3: a number the enum lacks
+        assert [(r["n"], r["_key"]["id"], r["_key"]["size"]) for r in got] == want, extra
+        assert [(r.index, r.field) for r in out.rejects] == [(2, "_key")], extra
 
 
 def test_apicurios_own_api_answers_name_the_artifact_type() -> None:

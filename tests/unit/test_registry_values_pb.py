@@ -268,3 +268,18 @@ def test_oneofs_are_named_with_their_index_and_enums_are_ints_as_the_keys_say() 
                                                          "value.converter.int.for.enums": "true"}), values)
     assert plain.converted.table.to_pylist() == [{"via": {"email": "a@b", "phone": None}, "id": 1, "nick": None,
                                                   "kind": 1}]
+
+
+def test_an_enum_number_the_schema_lacks_is_named_as_java_names_it() -> None:
+    """Protobuf 3 enums are open: a number the writer knew and the schema does not is kept, named
+    ``UNKNOWN_ENUM_VALUE_<Enum>_<n>`` as Java's ProtobufData names it (it failed the whole decode:
+    Arrow had no kernel joining a str and a large_string)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    main, _ = compile_proto(CONTACT)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(main))
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Contact"))
+    values = [framed(1, [0], cls(id=1, kind=1).SerializeToString()), framed(1, [0], cls(id=2, kind=7).SerializeToString())]
+    got = run(fmt(PROTOBUF, FakeRegistry({1: Registered("PROTOBUF", CONTACT)})), values).converted
+    assert [r["kind"] for r in got.table.to_pylist()] == ["WORK", "UNKNOWN_ENUM_VALUE_Kind_7"]
