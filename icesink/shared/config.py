@@ -240,7 +240,8 @@ class Settings(BaseSettings):
                 "rewind.after-alter", "coordinator.before-table-commit"], ...
     ] = Field((), alias="fault.crash-at")
     fault_hold_at: tuple[
-        Literal["coordinator.after-table-commit", "coordinator.in-table-commit", "worker.spark-start"], ...
+        Literal["coordinator.after-table-commit", "coordinator.in-table-commit", "worker.spark-start",
+                "replay.before-table-commit"], ...
     ] = Field((), alias="fault.hold-at")
     # What config-provider references resolved to: secrets wherever they landed (no config key).
     provided_values: tuple[SecretStr, ...] = Field((), alias="<config provider values>")
