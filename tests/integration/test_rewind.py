@@ -27,8 +27,11 @@ TOPIC, TABLE, GROUP = "rewind-pizzas", "rw.pizzas", "rewind-sink"
 
 def _icesink(cfg: Path, *args: str, sets: tuple[str, ...] = (), timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
     extra = [a for s in sets for a in ("--set", s)]
-    return subprocess.run([sys.executable, "-m", "icesink", *args, "--config", str(cfg), *extra],
+    done = subprocess.run([sys.executable, "-m", "icesink", *args, "--config", str(cfg), *extra],
                           capture_output=True, text=True, timeout=timeout_s)
+    # what it printed (pytest -s shows it: docs/rewind.md's transcripts come from here)
+    print(f"$ icesink {' '.join(args)}  (exit {done.returncode})", done.stdout, done.stderr[-1500:], sep="\n")
+    return done
 
 
 def _offsets(cfg: Path) -> list[dict[str, Any]]:
