@@ -366,6 +366,7 @@ def run_worker(
                 "icesink_write_duration_seconds_count",
                 "icesink_commit_duration_seconds_sum",
                 "icesink_commit_duration_seconds_count",
+                "icesink_early_commit_requests_total",
             )
         }
         sampler.stop()
@@ -649,7 +650,8 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
     print()
     print(f"(b) worker metrics at N rows: consumed {m['icesink_records_consumed_total']:,.0f}, "
           f"rounds committed {m['icesink_rounds_committed_total']:.0f}, "
-          f"files written {m['icesink_files_written_total']:.0f}")
+          f"files written {m['icesink_files_written_total']:.0f}, "
+          f"early round requests {m['icesink_early_commit_requests_total']:.0f} (full buffers, commit.max-records/-bytes, idle)")
     print(f"    Spark writes {m['icesink_write_duration_seconds_count']:.0f}, "
           f"{m['icesink_write_duration_seconds_sum']:.1f} s in all; "
           f"table commits {m['icesink_commit_duration_seconds_count']:.0f}, "
