@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ingest_bench.py [--records 1000000] [--partitions 6] [--skip-baseline]
         [--tables K] [--rate R --duration S] [--buffer-max-bytes B] [--linger-ms MS] [--set KEY=VALUE] [--profile] [--keep]
-        [--format json|avro|protobuf|json-schema]
+        [--format json|avro|protobuf|json-schema] [--burst [--burst-idle-s S]]
 
 A benchmark command, not a test: it prints figures and asserts nothing about time. Both paths
 read the same ``N`` pizza events from one topic of an embedded Tansu broker and commit them to a
@@ -34,7 +34,12 @@ bound shows the peak RSS against it); ``--set KEY=VALUE`` adds a worker setting 
 py-spy and prints the share of busy samples per stage (bench/benchlib.py STAGES); ``--format``
 produces the same events framed for a schema registry (Avro, Protobuf or JSON Schema:
 bench/pizza_formats.py) and starts a real one (tests/support/schema_registry.py) that the worker
-reads them through (no baseline: it reads JSON).
+reads them through (no baseline: it reads JSON). ``--burst``: the worker starts on an empty
+topic and idles ``--burst-idle-s`` (default 10) once running, then the ``--records`` arrive at once
+(the librdkafka producer, no rate limit); it prints the same freshness, the rounds, and the oldest
+buffered record's age (``icesink_uncommitted_age_seconds``, polled every second) over the run:
+with and without ``--set iceberg.control.commit.max-bytes=...`` (or ``max-records``) it shows
+what the size trigger changes (peak RSS, rounds, freshness). No baseline.
 
 Ratios are (b)/(a) on records/s; the baseline's records/s is always on its whole time
 (read + parse + write + commit), while (b) is given on its ingest time and on its total time.
@@ -143,6 +148,7 @@ class WorkerResult:
     profile: list[tuple[str, int]] = field(default_factory=list)
     produced_until_wall: float | None = None  # --rate: when the producer finished (time.time())
     delivered: Any = None  # --rate: bench.rate_producer.Delivered
+    age_curve: list[tuple[float, float]] = field(default_factory=list)  # --burst: (s, uncommitted age s)
     broker_cpu_s: float = 0.0  # the embedded broker's CPU from the worker's start to N rows
     harness_cpu_s: float = 0.0  # this process's (producer, polling, sampling) over the same time
 
@@ -234,7 +240,7 @@ def freshness_ms(tables: list[Any]) -> list[float]:
 def run_worker(
     bootstrap: str, topic: str, n: int, directory: Path, timeout_s: float, broker_pid: int | None, *,
     tables: int = 1, buffer_max_bytes: int = 1 << 30, live: Any = None, profile: Path | None = None,
-    interval_ms: int = 5000, extra: dict[str, str] | None = None,
+    interval_ms: int = 5000, extra: dict[str, str] | None = None, metrics_every_s: float = METRICS_POLL_S,
 ) -> WorkerResult:
     """``live``: a callable run in a thread once the worker is running (it produces the records
     while the worker consumes: --rate); ``profile``: py-spy output file of the worker's Python
@@ -302,6 +308,7 @@ def run_worker(
         last_consumed: float | None = None
         consumed_curve: list[tuple[float, float]] = []
         committed_curve: list[tuple[float, float]] = []
+        age_curve: list[tuple[float, float]] = []
         while True:
             replicas.check_alive()
             now = time.monotonic()
@@ -318,8 +325,12 @@ def run_worker(
                 # a Prometheus scrapes (15 s by default): a /metrics page of 200 tables costs the
                 # worker noticeable CPU (see bench/README.md, ingest_bench --profile: the /metrics
                 # stage).
-                next_metrics_poll = now + (SAMPLE_EVERY_S if startup_s is None else METRICS_POLL_S)
+                next_metrics_poll = now + (SAMPLE_EVERY_S if startup_s is None else metrics_every_s)
                 consumed = metric_total(replica.metrics_port, "icesink_records_consumed_total")
+                if metrics_every_s < METRICS_POLL_S and consumed:  # --burst
+                    age = metric_total(replica.metrics_port, "icesink_uncommitted_age_seconds")
+                    if age is not None:
+                        age_curve.append((time.monotonic() - began, age))
             if consumed and (not consumed_curve or consumed != consumed_curve[-1][1]):
                 at = time.monotonic() - began
                 consumed_curve.append((at, consumed))
@@ -355,6 +366,7 @@ def run_worker(
                 "icesink_write_duration_seconds_count",
                 "icesink_commit_duration_seconds_sum",
                 "icesink_commit_duration_seconds_count",
+                "icesink_early_commit_requests_total",
             )
         }
         sampler.stop()
@@ -403,6 +415,7 @@ def run_worker(
         profile=profiler.breakdown() if profiler is not None else [],
         produced_until_wall=produced_until[0] if produced_until else None,
         delivered=delivered[0] if delivered else None,
+        age_curve=age_curve,
     )
 
 
@@ -572,7 +585,11 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
          f"{b.table_rows:,} / {b.distinct_order_ids:,}", ""),
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    if b.delivered is not None:  # --rate: what the producer delivered, not what was asked
+    if b.delivered is not None and b.delivered.asked_rate >= 1e12:  # --burst: no rate asked
+        d = b.delivered
+        print(f"burst produced while the worker ran: {d.records:,} records acknowledged in {d.seconds:.1f} s "
+              f"({d.rate:,.0f} records/s)" + (f"; {len(d.failed)} delivery errors, e.g. {d.failed[0]}" if d.failed else ""))
+    elif b.delivered is not None:  # --rate: what the producer delivered, not what was asked
         print(f"produced while the worker ran: {b.delivered.line()}")
     else:
         print(f"produced {n:,} records in {produce_s:.1f} s ({fmt_int(n / produce_s)} records/s)")
@@ -619,6 +636,11 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
         print(f"    freshness, produce to committed (record timestamp to its snapshot's commit), {len(f):,} rows: "
               f"p50 {percentile(f, 0.5) / 1000:.2f} s, p99 {percentile(f, 0.99) / 1000:.2f} s, "
               f"max {max(f) / 1000:.2f} s")
+    if b.age_curve:
+        peak_at, peak = max(b.age_curve, key=lambda x: x[1])
+        print(f"    oldest buffered record's age (icesink_uncommitted_age_seconds, polled every second, "
+              f"{len(b.age_curve)} samples): max {peak:.1f} s at {peak_at:.0f} s; every 5th sample (s since "
+              f"process start: age s): " + ", ".join(f"{t:.0f}:{a:.1f}" for t, a in b.age_curve[::5]))
     if b.profile:
         total = sum(c for _, c in b.profile)
         print(f"    profile of the worker's Python process (py-spy, busy samples of all threads, {total:,} samples):")
@@ -628,7 +650,8 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
     print()
     print(f"(b) worker metrics at N rows: consumed {m['icesink_records_consumed_total']:,.0f}, "
           f"rounds committed {m['icesink_rounds_committed_total']:.0f}, "
-          f"files written {m['icesink_files_written_total']:.0f}")
+          f"files written {m['icesink_files_written_total']:.0f}, "
+          f"early round requests {m['icesink_early_commit_requests_total']:.0f} (full buffers, commit.max-records/-bytes, idle)")
     print(f"    Spark writes {m['icesink_write_duration_seconds_count']:.0f}, "
           f"{m['icesink_write_duration_seconds_sum']:.1f} s in all; "
           f"table commits {m['icesink_commit_duration_seconds_count']:.0f}, "
@@ -708,6 +731,10 @@ def main() -> int:
     parser.add_argument("--format", choices=("json", "avro", "protobuf", "json-schema"), default="json",
                         help="the events' format: JSON (default) or framed for a real schema registry the bench "
                              "starts (bench/pizza_formats.py); the baseline reads JSON only, so it is skipped")
+    parser.add_argument("--burst", action="store_true",
+                        help="start the worker on an empty topic, let it idle --burst-idle-s, then produce the "
+                             "--records at once; prints freshness and the oldest buffered record's age (no baseline)")
+    parser.add_argument("--burst-idle-s", type=float, default=10.0, help="with --burst: idle seconds before it")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra worker setting, e.g. spark.driver.extraJavaOptions=... (repeatable)")
     args = parser.parse_args()
@@ -755,6 +782,12 @@ def main() -> int:
             live = lambda: produce_at_rate(  # noqa: E731
                 broker.bootstrap, TOPIC, values, partitions=args.partitions, rate=args.rate, linger_ms=args.linger_ms)
             produce_s = args.duration
+        elif args.burst:
+            def live() -> Any:  # idle, then everything at once (the rate producer with no limit to speak of)
+                time.sleep(args.burst_idle_s)
+                return produce_at_rate(broker.bootstrap, TOPIC, values, partitions=args.partitions, rate=1e12,
+                                       linger_ms=args.linger_ms)
+            produce_s = 0.0
         else:
             began = time.monotonic()
             asyncio.run(produce(broker.bootstrap, TOPIC, values, partitions=args.partitions))
@@ -763,11 +796,12 @@ def main() -> int:
         counts = per_partition_counts(n, args.partitions)
 
         baseline = None
-        if not (args.skip_baseline or args.rate):
+        if not (args.skip_baseline or args.rate or args.burst):
             baseline = baseline_in_child(broker.bootstrap, TOPIC, counts, tmp / "baseline", broker.pid)
         worker = run_worker(broker.bootstrap, TOPIC, n, tmp / "worker", args.timeout_s, broker.pid,
                             tables=args.tables, buffer_max_bytes=args.buffer_max_bytes, live=live,
                             interval_ms=args.interval_ms, extra=extra,
+                            metrics_every_s=1.0 if args.burst else METRICS_POLL_S,
                             profile=tmp / "profile.txt" if args.profile else None)
         ok = print_report(n, produce_s, baseline, worker)
     finally:

@@ -213,6 +213,7 @@ class RoundCommits:
                 self.session.state.announced(table, result.watermark)
 
         if due:
+            crash_point(self.settings, "coordinator.before-table-commit")  # accepted, no table holds it
             await commit_and_announce(due[0])
         if due[1:]:
             crash_point(self.settings, "coordinator.between-table-commits")

@@ -199,9 +199,10 @@ def commit(settings: Settings, catalog: Catalog, name: str, dl: str, data: pa.Ta
     another writer is retried, unless another replay took letters meanwhile (then nothing)."""
     from pyiceberg.exceptions import CommitFailedException
 
+    from coordinator.iceberg_ext.snapshots import check_before_retry
     from icesink.shared.deadletter_table import add_ranges, property_key, read_ranges
     from icesink.shared.errors import ConfigError
-    from icesink.shared.faults import crash_point
+    from icesink.shared.faults import crash_point, hold_point_blocking
 
     table = catalog.load_table(name)
     before = read_ranges(table, dl)
@@ -212,8 +213,12 @@ def commit(settings: Settings, catalog: Catalog, name: str, dl: str, data: pa.Ta
         fmt = table.properties.get("write.format.default", "parquet").lower()
         if fmt != "parquet":
             raise ConfigError(f"table {name} property write.format.default", fmt, "parquet (replay writes Parquet)")
+        hold_point_blocking(settings, "replay.before-table-commit")  # fault tests: a sink round lands meanwhile
         try:
             with table.transaction() as tx:
+                # pyiceberg retries a conflict by itself on the refreshed table, with the ranges
+                # planned from this one: stop it if another replay changed them meanwhile
+                check_before_retry(tx, lambda refreshed: _same_ranges(refreshed, dl, before))
                 tx.append(data, branch=settings.commit_branch(name))
                 tx.set_properties({property_key(dl): add_ranges(before, keys)})
             break
@@ -224,6 +229,15 @@ def commit(settings: Settings, catalog: Catalog, name: str, dl: str, data: pa.Ta
         raise RuntimeError(f"replay commit to {name} kept conflicting ({COMMIT_ATTEMPTS} attempts); run again")
     log.info("replayed %d rows of %d dead letters into %s", data.num_rows, len(keys), name)
     crash_point(settings, "replay.after-table-commit")
+
+
+def _same_ranges(table: Any, dl: str, before: Any) -> None:
+    from pyiceberg.exceptions import CommitFailedException
+
+    from icesink.shared.deadletter_table import read_ranges
+
+    if read_ranges(table, dl) != before:
+        raise CommitFailedException("another replay changed the replayed ranges meanwhile")
 
 
 class Pipeline:

@@ -237,10 +237,11 @@ class Settings(BaseSettings):
         Literal["coordinator.between-table-commits", "worker.during-write", "worker.mid-response",
                 "worker.after-dead-letters", "worker.ingest-bug", "worker.lz4-unavailable", "replay.after-table-commit",
                 "worker.after-early-write", "coordinator.commit-process.after-commit", "rewind.after-table-commit",
-                "rewind.after-alter"], ...
+                "rewind.after-alter", "coordinator.before-table-commit"], ...
     ] = Field((), alias="fault.crash-at")
     fault_hold_at: tuple[
-        Literal["coordinator.after-table-commit", "coordinator.in-table-commit", "worker.spark-start"], ...
+        Literal["coordinator.after-table-commit", "coordinator.in-table-commit", "worker.spark-start",
+                "replay.before-table-commit"], ...
     ] = Field((), alias="fault.hold-at")
     # What config-provider references resolved to: secrets wherever they landed (no config key).
     provided_values: tuple[SecretStr, ...] = Field((), alias="<config provider values>")

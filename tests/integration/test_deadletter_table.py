@@ -134,3 +134,112 @@ def _replay(cfg: Any, *args: str) -> Any:
 
     return subprocess.run([sys.executable, "-m", "icesink", "deadletters", "replay", "--config", str(cfg), *args],
                           capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.timeout(600)
+def test_replay_beside_a_running_sink_of_the_same_group(broker, catalog_props, tmp_path):
+    """``icesink deadletters replay`` while a worker of the same group runs and commits new
+    records into the same table (docs/deadletters.md allows it: the replay is one more writer, its
+    commit retried on a conflict): both commit (a sink round lands on top of the replay's
+    snapshot), and the table holds each good record once, each fixed letter once; a replay run
+    again, the sink still running, adds nothing."""
+    import subprocess
+    import threading
+
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    from icesink.app.replicas import ReplicaSet
+    from icesink.app.rewind import MAINTENANCE_KEY
+    from icesink.shared.kafka_admin import ensure_topic, group_offset
+    from icesink.shared.protocol.summary import GROUP
+    from tests.support.sinkrun import assert_exact, wait_rows, write_config
+
+    topic, table, dl, group = "rl-in", "rl.a", "rl.dead", "rl-sink"
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("rl")
+    catalog.create_table(table, schema=Schema(NestedField(1, "id", StringType(), required=True),
+                                              NestedField(2, "n", LongType(), required=False)))
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
+    records, good, bad = _records(300)
+    _send(broker.bootstrap, topic, records)
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=group,
+                       **{"deadletter.table": dl, "iceberg.tables.auto-create-enabled": "false"})
+    fixed = {f"bad-{i}" for i in bad if i % 2}
+    fix = ["--set", "transforms=fix", "--set", "transforms.fix.type=org.apache.kafka.connect.transforms.ReplaceField$Value",
+           "--set", "transforms.fix.renames=ident:id"]
+    later = [(i % 2, f"k-{i}".encode(), json.dumps({"id": f"h-{i}", "n": i}).encode()) for i in range(300, 700)]
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        replicas.start("w1")
+        wait_rows(catalog, replicas, (table, dl), {table: len(good), dl: len(bad)}, timeout_s=200)
+
+        def flow() -> None:  # new records all through the replay: the sink commits a round every 2 s
+            for start in range(0, len(later), 20):
+                _send(broker.bootstrap, topic, later[start:start + 20])
+                time.sleep(1.5)
+
+        producer = threading.Thread(target=flow)
+        producer.start()
+        held = tmp_path / "state" / "hold-replay.before-table-commit.reached"
+        running = _replay_start(cfg, *fix, "--set", "fault.hold-at=replay.before-table-commit")
+        try:  # the replay holds after loading the table; a sink round commits on top; then its commit conflicts
+            deadline = time.monotonic() + 120
+            while not held.exists():
+                assert running.poll() is None and time.monotonic() < deadline, running.communicate()
+                time.sleep(0.2)
+            loaded = catalog.load_table(table).current_snapshot().snapshot_id
+            while catalog.load_table(table).current_snapshot().snapshot_id == loaded:
+                assert time.monotonic() < deadline, "no sink round while the replay was held"
+                replicas.check_alive()
+                time.sleep(0.5)
+            held.with_suffix(".release").touch()
+            out, err = running.communicate(timeout=180)
+        finally:
+            producer.join()
+            if running.poll() is None:
+                running.kill()
+        first = subprocess.CompletedProcess(running.args, running.returncode, out, err)
+        assert first.returncode == 0, first.stderr[-3000:]
+        # the sink's round landed between the replay's load and its commit: retried on the refreshed table
+        assert "Commit failed due to a concurrent update, retrying" in first.stderr, first.stderr[-3000:]
+        assert f"{table}: {len(fixed)} rows added" in first.stderr, first.stderr[-3000:]
+        def replays() -> list[Any]:  # snapshots neither a sink round nor its compaction made
+            return [s for s in catalog.load_table(table).snapshots()
+                    if not {GROUP, MAINTENANCE_KEY} & set((s.summary or {}).additional_properties)]
+
+        replayed = replays()
+        assert len(replayed) == 1, [(s.snapshot_id, s.summary) for s in replayed]
+
+        expected = good | fixed | {f"h-{i}" for i in range(300, 700)}
+        wait_rows(catalog, replicas, (table,), len(expected), timeout_s=200)
+        ends = dict.fromkeys((0, 1), 350)  # 350 records per partition: offsets 0..349
+        deadline = time.monotonic() + 120
+        while {p: asyncio.run(group_offset(broker.bootstrap, group, topic, p)) for p in ends} != ends:
+            assert time.monotonic() < deadline, "the sink never committed the last records"
+            replicas.check_alive()
+            time.sleep(1)
+        history = [s for s in catalog.load_table(table).snapshots()]
+        after = history[[s.snapshot_id for s in history].index(replayed[0].snapshot_id) + 1:]
+        assert any(GROUP in (s.summary or {}).additional_properties for s in after), "no sink round after the replay"
+
+        again = _replay(cfg, *fix)  # the sink still running
+        assert again.returncode == 0 and "rows added" not in again.stderr, again.stderr[-3000:]
+        assert f"{table}: {len(fixed)} letters already replayed, skipped" in again.stderr, again.stderr[-3000:]
+        assert [s.snapshot_id for s in replays()] == [replayed[0].snapshot_id]  # no second replay commit
+    finally:
+        replicas.stop_all()
+    assert_exact(catalog, table, expected, key="id")  # DuckDB: count and key set
+    ids = catalog.load_table(table).scan(selected_fields=("id",)).to_arrow()["id"].to_pylist()
+    assert Counter(ids) == Counter(expected)  # pyiceberg
+    print(first.stderr.splitlines()[-1], again.stderr.splitlines()[-1], sep="\n")
+
+
+def _replay_start(cfg: Any, *args: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "icesink", "deadletters", "replay", "--config", str(cfg), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

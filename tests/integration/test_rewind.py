@@ -27,8 +27,11 @@ TOPIC, TABLE, GROUP = "rewind-pizzas", "rw.pizzas", "rewind-sink"
 
 def _icesink(cfg: Path, *args: str, sets: tuple[str, ...] = (), timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
     extra = [a for s in sets for a in ("--set", s)]
-    return subprocess.run([sys.executable, "-m", "icesink", *args, "--config", str(cfg), *extra],
+    done = subprocess.run([sys.executable, "-m", "icesink", *args, "--config", str(cfg), *extra],
                           capture_output=True, text=True, timeout=timeout_s)
+    # what it printed (pytest -s shows it: docs/rewind.md's transcripts come from here)
+    print(f"$ icesink {' '.join(args)}  (exit {done.returncode})", done.stdout, done.stderr[-1500:], sep="\n")
+    return done
 
 
 def _offsets(cfg: Path) -> list[dict[str, Any]]:
@@ -167,3 +170,95 @@ def test_rewind_by_offset_columns_deletes_only_past_rows_and_survives_a_kill(bro
     assert key_counts(catalog, table_name, "order_id") == Counter(keys)  # DuckDB
     scanned = catalog.load_table(table_name).scan(selected_fields=("order_id",)).to_arrow()["order_id"].to_pylist()
     assert Counter(scanned) == Counter(keys)  # pyiceberg
+
+
+def test_rewind_voids_a_round_accepted_but_never_committed(broker, catalog_props, tmp_path):
+    """A worker is killed -9 inside a round (``fault.crash-at=coordinator.before-table-commit``:
+    its coordinator accepted the responses, no table holds them); the rewind run then (the sink
+    stopped) raises the group's control watermark in the table's state, so the worker started
+    after it never commits that round (recovery would roll it forward, and its records, read again
+    from the rewound positions, would be in the table twice): each record once, and the log says
+    the coordinator announced the raised watermark ("holds round ... that was never announced")."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.sinkrun import key_counts, wait_rows, write_config
+
+    topic, table_name, group = "rewind-void", "rw.void", "rewind-void-sink"
+    catalog = load_catalog("it", **catalog_props)
+    asyncio.run(ensure_topic(broker.bootstrap, topic, 2))
+    values = pizza_values(200, seed=40)
+    keys = [json.loads(v)["order_id"] for v in values]
+    common = {"topics": topic, "tables": table_name, "bootstrap": broker.bootstrap, "catalog_props": catalog_props,
+              "state_dir": tmp_path / "state", "group": group}
+    cfg = write_config(tmp_path / "sink.json", **common)
+    crashing = write_config(tmp_path / "crash.json", **common,
+                            **{"fault.crash-at": "coordinator.before-table-commit"})
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        replicas.start("w1")
+        asyncio.run(produce(broker.bootstrap, topic, values[:60], partitions=2))  # offsets 0..29 of each
+        wait_rows(catalog, replicas, (table_name,), 60, timeout_s=300)
+        asyncio.run(produce(broker.bootstrap, topic, values[60:120], partitions=2))  # 30..59
+        wait_rows(catalog, replicas, (table_name,), 120, timeout_s=300)
+    finally:
+        replicas.stop_all()
+    committed = _offsets_of(cfg, table_name)
+
+    replicas = ReplicaSet(crashing, tmp_path / "logs2")
+    w = replicas.start("w1")
+    asyncio.run(produce(broker.bootstrap, topic, values[120:], partitions=2))  # 60..99
+    assert w.proc.wait(300) == -9  # killed itself inside the round that holds some of them
+    replicas.stop_all()
+    assert "SIGKILL at coordinator.before-table-commit" in w.log_path.read_text(errors="replace")
+    assert key_counts(catalog, table_name, "order_id").total() == 120
+    assert _offsets_of(cfg, table_name) == committed
+
+    target = next(r for r in committed if _by_partition(r).get(0, 0) <= 40)
+    rewound = _icesink(cfg, "rewind", table_name, "--to", f"{topic}:0:40", "--assume-stopped")
+    assert rewound.returncode == 0, rewound
+    assert f"rollback of main to snapshot {target['snapshot_id']}" in rewound.stdout, rewound.stdout
+    held = sum(_by_partition(target).values())
+    assert held < 120 and key_counts(catalog, table_name, "order_id").total() == held
+
+    replicas = ReplicaSet(cfg, tmp_path / "logs3")
+    try:
+        r = replicas.start("w1")
+        wait_rows(catalog, replicas, (table_name,), 200, timeout_s=300)
+        reread = sum(100 - o for o in _by_partition(target).values())  # from the rolled-back positions on
+        _wait_read(cfg, table_name, {0: 100, 1: 100}, r, replicas, reread)
+    finally:
+        replicas.stop_all()
+    want = Counter(keys)
+    assert key_counts(catalog, table_name, "order_id") == want  # DuckDB
+    scanned = catalog.load_table(table_name).scan(selected_fields=("order_id",)).to_arrow()["order_id"].to_pylist()
+    assert Counter(scanned) == want  # pyiceberg
+    assert "that was never announced" in r.log_path.read_text(errors="replace")
+
+
+def _offsets_of(cfg: Path, table: str) -> list[dict[str, Any]]:
+    done = _icesink(cfg, "offsets", table, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _wait_read(cfg: Path, table: str, want: dict[int, int], replica: Any, replicas: Any, reread: int,
+               timeout_s: float = 300) -> None:
+    """Until the table's head holds ``want``, the worker consumed the ``reread`` records again and
+    buffers none that no CommitComplete covered (``icesink_uncommitted_age_seconds`` 0): every
+    record read again is committed, so a duplicate would show."""
+    import time
+
+    from tests.support.sinkrun import metric
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        replicas.check_alive()
+        consumed = metric(replica.metrics_port, "icesink_records_consumed_total")
+        if (consumed >= reread and metric(replica.metrics_port, "icesink_uncommitted_age_seconds") == 0
+                and _by_partition(_offsets_of(cfg, table)[0]) == want):
+            return
+        time.sleep(2)
+    raise AssertionError(f"{table} never reached {want} with {reread} records read again: {_offsets_of(cfg, table)[:2]}")

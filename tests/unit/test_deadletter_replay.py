@@ -118,3 +118,39 @@ def test_bad_selections_are_refused_naming_the_flag(catalog_props, tmp_path):
     with pytest.raises(SystemExit) as exit_:
         main(["deadletters", "replay", "--set", "topics=t", "--from", "t:0", "--to", "3"])
     assert exit_.value.code == 2
+
+
+def test_a_replay_whose_commit_another_replay_overtook_stops_and_loses_nothing(catalog_props, tmp_path, monkeypatch):
+    """Two replays at once: B (offsets 6..9) commits to rp.a while A (2..5) holds a table loaded
+    before. pyiceberg retries A's conflicting commit by itself on the refreshed table; with the
+    ranges property A planned from the old one, B's ranges would be overwritten, and B's letters
+    replayed a second time by the next replay. A must stop instead ("one replay at a time"), and
+    run again it adds its own letters only."""
+    import threading
+
+    from icesink.app.deadletters import replay
+    from icesink.shared import faults
+    from icesink.shared.deadletter_table import parse_ranges, property_key, read_ranges
+    from icesink.shared.errors import ConfigError
+
+    catalog = _catalog(catalog_props)
+    _letters(catalog)
+    fixed = _settings(catalog_props, tmp_path, **{**FIX, "iceberg.tables": "rp.a"})
+    overtaken: list[bool] = []
+
+    def other_replay_commits(settings: Any, point: str) -> None:  # at A's first table commit, B commits
+        if point == "replay.before-table-commit" and not overtaken:
+            overtaken.append(True)
+            t = threading.Thread(target=replay, args=(fixed, None, ("t", 0, 6), 10))
+            t.start()
+            t.join()
+
+    monkeypatch.setattr(faults, "hold_point_blocking", other_replay_commits)
+    with pytest.raises(ConfigError, match="one replay at a time"):
+        replay(fixed, None, ("t", 0, 2), 6)
+    assert read_ranges(catalog.load_table("rp.a"), DL) == parse_ranges("t:0:6-10")
+    assert ids(catalog, "rp.a") == [f"x{i}" for i in range(6, 10)]
+    done = replay(fixed, None, ("t", 0, 2), 10)  # A again, over both selections: B's letters skipped
+    assert done.landed == {"rp.a": 4} and done.skipped == {"rp.a": 4}
+    assert ids(catalog, "rp.a") == sorted(f"x{i}" for i in range(2, 10))
+    assert catalog.load_table("rp.a").properties[property_key(DL)] == "t:0:2-10"
