@@ -93,7 +93,8 @@ def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     cfg = write_config(tmp / "sink.json", topics=TOPIC, tables=TABLE, bootstrap=bootstrap, catalog_props=props,
                        state_dir=tmp / "state", group=GROUP,
                        **{"iceberg.control.commit.interval-ms": args.interval_ms,
-                          "consumer.session-timeout-ms": args.session_ms})
+                          "consumer.session-timeout-ms": args.session_ms,
+                          "iceberg.control.topic.replication-factor": 1})  # one broker (Kafka's default is 3)
     values = pizza_values(args.records, seed=42)
     keys = {json.loads(v)["order_id"] for v in values}
     replicas = ReplicaSet(cfg, tmp / "logs")
@@ -216,6 +217,7 @@ def _control_timeline(bootstrap: str, after: float) -> list[tuple[float, str]]:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
         await consumer.start()
         out: list[tuple[float, str]] = []
+        later = 0
         try:
             consumer.assign([tp])
             end = (await consumer.end_offsets([tp]))[tp]
@@ -225,6 +227,7 @@ def _control_timeline(bootstrap: str, after: float) -> list[tuple[float, str]]:
                     for rec in records:
                         if rec.timestamp / 1000 < after:
                             continue
+                        later += 1
                         try:
                             ev = decode(rec.value, offset=rec.offset)
                         except Exception:  # noqa: BLE001 - not an event of ours
@@ -235,6 +238,8 @@ def _control_timeline(bootstrap: str, after: float) -> list[tuple[float, str]]:
                             out.append((rec.timestamp / 1000, f"round complete (CommitComplete, epoch {ev.epoch})"))
         finally:
             await consumer.stop()
+        if not out:
+            print(f"  (control topic: {later} records after the kill, no StartCommit or CommitComplete among them)")
         return out
 
     return asyncio.run(read())
