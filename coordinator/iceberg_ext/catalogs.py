@@ -123,7 +123,7 @@ class SnapshotJson:
     """A table's metadata file as JSON, each snapshot serialized once: a committed snapshot never
     changes, and a table's metadata file lists every snapshot it keeps, so dumping them all again
     made a commit's cost grow with the history (at 1 s rounds and ten minutes' retention, 700
-    snapshots: two thirds of a commit's CPU; bench/history_bench.py). Keeps, per table (its
+    snapshots: about 40 % of a commit, its largest part; bench/history_bench.py). Keeps, per table (its
     uuid), the JSON of the snapshots of its last metadata file whose commit went through
     (:meth:`keep`): a refused commit's snapshot is made again by pyiceberg's retry under the same
     id with another manifest list, so only committed files are kept, keyed by id and manifest
