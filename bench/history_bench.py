@@ -90,6 +90,10 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="a MaintenanceSettings field, e.g. snapshot_max_age_ms=86400000")
     ap.add_argument("--no-compaction", action="store_true")
+    ap.add_argument("--tables", type=int, default=1,
+                    help="tables in the catalog: bench.t0 is measured and committed every round")
+    ap.add_argument("--others-per-round", type=int, default=None,
+                    help="how many of the other tables a round commits, in turn (default: all)")
     args = ap.parse_args()
     s = MaintenanceSettings()
     for item in args.set:
@@ -107,55 +111,60 @@ def main() -> None:
         _snapshots.time = real
 
 
+CURVE = (10, 100, 1_000, 10_000)  # the rounds issue 42 target 6 compares: each to the tenth
+WINDOW = 10  # a point of the curve is the median of the WINDOW rounds ending at it
+
+
+@dataclasses.dataclass
+class Tracked:
+    """One table of the run and the maintenance state the coordinator keeps for it."""
+
+    name: str
+    table: Any
+    manifests: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    live: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rounds: int = 0
+
+
 def run(args: argparse.Namespace, s: MaintenanceSettings, clock: FakeClock) -> None:
     with tempfile.TemporaryDirectory(prefix="history-bench-") as tmp:
         catalog = SqlCatalog("bench", **sqlite_catalog_properties(Path(tmp)))
         catalog.create_namespace("bench")
         schema = pa.schema([("id", pa.int64()), ("shop", pa.string()), ("price", pa.float64())])
-        table = catalog.create_table("bench.t", schema=schema)
-        name = "bench.t"
+        tables = [Tracked(f"bench.t{i}", catalog.create_table(f"bench.t{i}", schema=schema))
+                  for i in range(args.tables)]
+        measured, others = tables[0], tables[1:]
+        per_round = len(others) if args.others_per_round is None else min(args.others_per_round, len(others))
+        if others:
+            print(f"{args.tables} tables: bench.t0 (measured) every round, {per_round} of the other "
+                  f"{len(others)} each round in turn (each every {len(others) / max(per_round, 1):.1f} rounds)")
         cache = TableCache()
         lock = TimedLock()
-        manifests: dict[str, frozenset[str]] = {}
-        live: dict[str, Any] = {}
         commits: list[float] = []
         commit_cpu: list[float] = []  # the commit's CPU on its thread: less noisy than wall time on a busy machine
+        other_commits: list[float] = []
         expiry_holds: list[float] = []
         compaction_holds: list[float] = []
-        tps = [TopicPartition("pizzas", p) for p in range(PARTITIONS)]
         print(f"{'round':>6} {'snapshots':>9} {'metadata KB':>11} {'manifests':>9} {'commit ms':>9} "
               f"{'(median)':>8} {'CPU ms':>6} {'expiry lock ms':>14} {'compaction lock ms':>18} {'pass ms':>8}")
         passes: list[float] = []
+        turn = 0
         for r in range(1, args.rounds + 1):
             clock.now += args.interval_ms / 1000
-            rows = pa.table({"id": pa.array(range(r * args.rows, (r + 1) * args.rows), pa.int64()),
-                             "shop": pa.array([f"s{r % 7}"] * args.rows), "price": pa.array([1.5] * args.rows)})
-            files = list(_dataframe_to_data_files(table.metadata, rows, table.io, write_uuid=uuid.uuid4()))
-            batch = [Accepted(100 + r, f"round-{r}", "w1", (), {name: tuple(to_file_info(f, 0) for f in files)},
-                              None)]
-            began, cpu = time.perf_counter(), time.thread_time()
-            with lock:
-                out = commit_table(catalog, name, batch, RoundCommit(group="bench", epoch=1, commit_id=f"round-{r}",
-                                   positions={tp: r * 1000 for tp in tps}, valid_through_ms=None), tables=cache)
-            commits.append(time.perf_counter() - began)
-            commit_cpu.append(time.thread_time() - cpu)
-            assert out.snapshot_id is not None
-            table = cache.get(name) or catalog.load_table(name)
-            began = time.perf_counter()
-            holds = len(lock.holds)
-            expired = expire(catalog, name, s, lock, manifests, now_ms=int(clock.now * 1000), seen=table)
-            expiry_holds += lock.holds[holds:]
-            if expired.snapshots:
-                cache.drop(name)
-            if not args.no_compaction:
-                holds = len(lock.holds)
-                done = compact(catalog, name, s, lock, _rewrite, live, seen=cache.get(name))
-                compaction_holds += lock.holds[holds:]
-                if done is not None and done.snapshot_id is not None:
-                    cache.drop(name)
-            passes.append(time.perf_counter() - began)
+            wall, cpu, pass_s = one_round(args, s, catalog, cache, lock, measured, r, int(clock.now * 1000),
+                                          expiry_holds, compaction_holds)
+            commits.append(wall)
+            commit_cpu.append(cpu)
+            passes.append(pass_s)
+            for _ in range(per_round):
+                other = others[turn % len(others)]
+                turn += 1
+                wall, _cpu, _pass = one_round(args, s, catalog, cache, lock, other, r, int(clock.now * 1000), [], [])
+                other_commits.append(wall)
+            if r in CURVE:  # as it is reached: a run stopped early still shows it
+                print_curve(commits, commit_cpu, only=r)
             if r % args.every == 0 or r == args.rounds:
-                table = catalog.load_table(name)
+                table = catalog.load_table(measured.name)
                 snap = table.current_snapshot()
                 meta_kb = os.path.getsize(table.metadata_location.removeprefix("file://")) / 1024
                 recent = commits[-args.every:]
@@ -165,6 +174,66 @@ def run(args: argparse.Namespace, s: MaintenanceSettings, clock: FakeClock) -> N
                       f"{1000 * max(expiry_holds, default=0):>14.1f} "
                       f"{1000 * max(compaction_holds, default=0):>18.1f} "
                       f"{1000 * max(passes[-args.every:]):>8.0f}", flush=True)
+        print_curve(commits, commit_cpu)
+        if other_commits:
+            print(f"the other tables' commits: median {1000 * statistics.median(other_commits):.1f} ms "
+                  f"over {len(other_commits):,}; they hold "
+                  f"{min(o.rounds for o in others):,}-{max(o.rounds for o in others):,} rounds each")
+
+
+def one_round(args: argparse.Namespace, s: MaintenanceSettings, catalog: Any, cache: TableCache, lock: TimedLock,
+              t: Tracked, r: int, now_ms: int, expiry_holds: list[float],
+              compaction_holds: list[float]) -> tuple[float, float, float]:
+    """Round ``r``'s commit of one small file to ``t`` and the maintenance pass after it: the
+    commit's wall and thread CPU time, and the pass's wall time (seconds)."""
+    t.rounds += 1
+    name = t.name
+    rows = pa.table({"id": pa.array(range(r * args.rows, (r + 1) * args.rows), pa.int64()),
+                     "shop": pa.array([f"s{r % 7}"] * args.rows), "price": pa.array([1.5] * args.rows)})
+    files = list(_dataframe_to_data_files(t.table.metadata, rows, t.table.io, write_uuid=uuid.uuid4()))
+    batch = [Accepted(100 + r, f"round-{r}", "w1", (), {name: tuple(to_file_info(f, 0) for f in files)}, None)]
+    tps = [TopicPartition("pizzas", p) for p in range(PARTITIONS)]
+    began, cpu = time.perf_counter(), time.thread_time()
+    with lock:
+        out = commit_table(catalog, name, batch, RoundCommit(group="bench", epoch=1, commit_id=f"round-{r}",
+                           positions={tp: r * 1000 for tp in tps}, valid_through_ms=None), tables=cache)
+    wall, cpu = time.perf_counter() - began, time.thread_time() - cpu
+    assert out.snapshot_id is not None
+    t.table = cache.get(name) or catalog.load_table(name)
+    began = time.perf_counter()
+    holds = len(lock.holds)
+    expired = expire(catalog, name, s, lock, t.manifests, now_ms=now_ms, seen=t.table)
+    expiry_holds += lock.holds[holds:]
+    if expired.snapshots:
+        cache.drop(name)
+    if not args.no_compaction:
+        holds = len(lock.holds)
+        done = compact(catalog, name, s, lock, _rewrite, t.live, seen=cache.get(name))
+        compaction_holds += lock.holds[holds:]
+        if done is not None and done.snapshot_id is not None:
+            cache.drop(name)
+    if cache.get(name) is None:
+        t.table = catalog.load_table(name)
+    return wall, cpu, time.perf_counter() - began
+
+
+def print_curve(commits: list[float], commit_cpu: list[float], only: int | None = None) -> None:
+    """Target 6's curve: the measured table's commit at rounds 10, 100, 1,000 and 10,000 (the
+    median of the WINDOW rounds ending there, wall and thread CPU) and its ratio to round 10;
+    ``only``: that point's line alone, printed as the run reaches it (a run stopped early keeps it)."""
+    points = [c for c in CURVE if c <= len(commits)]
+    if not points:
+        return
+    if only is None:
+        print(f"commit cost curve (median of the {WINDOW} rounds ending at each point):")
+        print(f"{'round':>7} {'wall ms':>8} {'x10th':>6} {'CPU ms':>7} {'x10th':>6}")
+    base_wall = statistics.median(commits[max(0, points[0] - WINDOW):points[0]])
+    base_cpu = statistics.median(commit_cpu[max(0, points[0] - WINDOW):points[0]])
+    for c in points if only is None else [only]:
+        wall = statistics.median(commits[max(0, c - WINDOW):c])
+        cpu = statistics.median(commit_cpu[max(0, c - WINDOW):c])
+        print(f"{'curve ' if only else ''}{c:>7,} {1000 * wall:>8.1f} {wall / base_wall:>6.2f} {1000 * cpu:>7.1f} "
+              f"{cpu / base_cpu:>6.2f}", flush=True)
 
 
 def _rewrite(table: Any, data_files: Any, delete_files: Any, prefix: str) -> list[Any]:

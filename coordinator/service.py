@@ -28,7 +28,7 @@ from coordinator.maintenance import Rewriter, TableLocks
 from coordinator.mirror import MirrorIndexes
 from coordinator.parking import ParkedTables
 from coordinator.round_commit import Abandoned, RoundCommits, commit_processes, retry_backoff
-from coordinator.session import Session
+from coordinator.session import Session, first_round_at
 from coordinator.startup import Recovery
 from coordinator.state import TableFile
 from icesink.shared.config import Settings
@@ -153,7 +153,9 @@ class Coordinator:
                                                     name="commit")
         for claim in list(self.session.state.unanswered.values()):
             await self._answer(claim)
-        self._next_round_at = time.monotonic() + self.settings.commit_interval_ms / 1000
+        # A takeover keeps the group's cadence: its first round at once if the newest snapshot is an interval old
+        since = self._recovery.since_commit_s(self._recovery.recovered_tables, int(time.time() * 1000))
+        self._next_round_at = first_round_at(time.monotonic(), self.settings.commit_interval_ms / 1000, since)
         self.session.status["phase"] = "running"
 
     async def announce_held(self, table: str, held: Held | None) -> None:

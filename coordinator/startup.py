@@ -72,12 +72,15 @@ class Recovery:
         self.metrics = metrics
         self.group = settings.group_id
         self.table_positions: dict[TopicPartition, int] = {}  # each partition's position in the tables' sink state
+        self._snapshot_ms: dict[str, int] = {}  # each table's newest snapshot on its commit branch, as summary() read it
+        self.recovered_tables: list[str] = []  # the tables recover() found the group's state in
 
     async def recover(self, loop: Replayer) -> None:
         """Rebuild state from the last checkpoint and the log after it, or from the tables' sink
         state when the checkpoint cannot be used (coordinator/recovery.py); delete the files of
         rejected responses; announce what a table holds and the log does not."""
         states = await self.offload.run(self.table_states)
+        self.recovered_tables = list(states)
         # An interrupted rewind (its alter-positions not on the log yet): answer no claim, commit nothing
         await self.offload.run(refuse_pending_rewind, self.catalog, self.settings, states)
         self.table_positions = table_positions(states)
@@ -182,9 +185,23 @@ class Recovery:
 
     def summary(self, name: str) -> SinkState | None:
         try:
-            return latest_sink_summary(self.catalog.load_table(name), self.group, self.settings.commit_branch(name))
+            table = self.catalog.load_table(name)
         except NoSuchTableError:
             return None
+        branch = self.settings.commit_branch(name)
+        head = table.snapshot_by_name(branch)
+        if head is not None:  # when the table last committed (since_commit_s)
+            self._snapshot_ms[name] = head.timestamp_ms
+        return latest_sink_summary(table, self.group, branch)
+
+    def since_commit_s(self, tables: Iterable[str], now_ms: int) -> float | None:
+        """Seconds since the newest snapshot of ``tables``' commit branches that
+        :meth:`summary` read (None: none), by this host's clock: when a coordinator that
+        recovered starts its first round (coordinator/session.py first_round_at). Another
+        writer's snapshot (compaction) only makes it later: at worst the round waits the
+        whole interval, as a first start does."""
+        stamps = [self._snapshot_ms[t] for t in tables if t in self._snapshot_ms]
+        return (now_ms - max(stamps)) / 1000 if stamps else None
 
     async def initial_positions(self, tps: list[TopicPartition]) -> list[Position]:
         """Where a partition the log does not know starts: its position in the tables' sink

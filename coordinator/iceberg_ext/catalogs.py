@@ -19,6 +19,7 @@ pyiceberg's own results.
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import datetime
 from functools import cache
 from typing import Final
@@ -31,6 +32,7 @@ from pyiceberg.serializers import Compressor
 from pyiceberg.table import CommitTableResponse, StagedTable, Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import (
     TableRequirement, TableUpdate, _apply_table_update, _TableMetadataUpdateContext, _update_table_metadata_log,
 )
@@ -88,7 +90,7 @@ class SqlCatalog(_PyicebergSqlCatalog):
         version = self._parse_metadata_version(table.metadata_location) + 1
         location = load_location_provider(metadata.location, metadata.properties).new_table_metadata_file_location(
             version)
-        self._write_metadata(metadata=metadata, io=table.io, metadata_path=location)
+        snapshots = self._write_file(metadata, table.io, location)
         with self.engine.begin() as connection:
             result = connection.execute(_SWAP_POINTER, {
                 "catalog": self.name, "namespace": namespace, "name": name, "expected": table.metadata_location,
@@ -96,18 +98,70 @@ class SqlCatalog(_PyicebergSqlCatalog):
         if result.rowcount < 1:  # stale (another writer committed) or gone: pyiceberg's path
             _delete_quietly(table.io, location)
             return super().commit_table(table, requirements, updates)
+        SNAPSHOT_JSON.keep(metadata, snapshots)
         return CommitTableResponse(metadata=metadata, metadata_location=location)
 
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
+        """pyiceberg's own commit paths (a new table, a stale one) write through :meth:`_write_file` too."""
+        SqlCatalog._write_file(metadata, io, metadata_path)
+
+    @staticmethod
+    def _write_file(metadata: TableMetadata, io: FileIO, metadata_path: str) -> dict[tuple[int, str], str]:
         """pyiceberg 0.12's ``ToOutputFile.table_metadata``, the same bytes, without building a
         ``Config`` for every file: that searches for and parses pyiceberg's configuration file
         and walks the environment, for every commit (see bench/README.md, commit_bench --profile)."""
         output = io.new_output(metadata_path)
         with output.create(overwrite=False) as stream:
             # None values are written when asked (legacy-current-snapshot-id dumps -1), as pyiceberg does.
-            text = metadata.model_dump_json(exclude_none=not _legacy_current_snapshot_id())
+            text, snapshots = SNAPSHOT_JSON.dump(metadata, exclude_none=not _legacy_current_snapshot_id())
             stream.write(Compressor.get_compressor(output.location).bytes_compressor()(text.encode("utf-8")))
+        return snapshots  # each snapshot's JSON, kept once the file is committed (SnapshotJson.keep)
+
+
+class SnapshotJson:
+    """A table's metadata file as JSON, each snapshot serialized once: a committed snapshot never
+    changes, and a table's metadata file lists every snapshot it keeps, so dumping them all again
+    made a commit's cost grow with the history (at 1 s rounds and ten minutes' retention, 700
+    snapshots: about 40 % of a commit, its largest part; bench/history_bench.py). Keeps, per table (its
+    uuid), the JSON of the snapshots of its last metadata file whose commit went through
+    (:meth:`keep`): a refused commit's snapshot is made again by pyiceberg's retry under the same
+    id with another manifest list, so only committed files are kept, keyed by id and manifest
+    list. The bytes are pyiceberg's ``model_dump_json`` (tests/unit/test_catalogs.py)."""
+
+    MARK: Final = '"snapshots":[]'
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[object, bool], dict[tuple[int, str], str]] = {}
+        self._lock = threading.Lock()
+
+    def dump(self, metadata: TableMetadata, *, exclude_none: bool) -> tuple[str, dict[tuple[int, str], str]]:
+        """The metadata file's JSON, and its snapshots' JSON for :meth:`keep`."""
+        with self._lock:
+            known = self._tables.get((metadata.table_uuid, exclude_none), {})
+        texts = {}
+        for s in metadata.snapshots:
+            key = (s.snapshot_id, s.manifest_list)
+            texts[key] = known.get(key) or snapshot_json(s, exclude_none)
+        body = metadata.model_copy(update={"snapshots": []}).model_dump_json(exclude_none=exclude_none)
+        if body.count(self.MARK) != 1:  # not the layout this was written for: pyiceberg's own dump
+            return metadata.model_dump_json(exclude_none=exclude_none), {}
+        listed = ",".join(texts[(s.snapshot_id, s.manifest_list)] for s in metadata.snapshots)
+        return body.replace(self.MARK, f'"snapshots":[{listed}]', 1), texts
+
+    def keep(self, metadata: TableMetadata, texts: dict[tuple[int, str], str]) -> None:
+        """``metadata``'s file is committed: its snapshots' JSON serves the table's next commits
+        (only these: expired snapshots are let go)."""
+        with self._lock:
+            self._tables[(metadata.table_uuid, not _legacy_current_snapshot_id())] = texts
+
+
+def snapshot_json(snapshot: Snapshot, exclude_none: bool) -> str:
+    """One snapshot as its table's metadata file lists it."""
+    return snapshot.model_dump_json(exclude_none=exclude_none, by_alias=True)
+
+
+SNAPSHOT_JSON: Final = SnapshotJson()  # one per process, as the commits of every table share it
 
 
 @cache

@@ -222,3 +222,24 @@ def _content(path) -> bytes:
     """A metadata file's JSON (a gzip file's header holds its time of writing)."""
     data = path.read_bytes()
     return gzip.decompress(data) if path.name.endswith(".gz.metadata.json") else data
+
+
+def test_each_snapshot_is_serialized_once_and_metadata_files_stay_pyicebergs_bytes(tmp_path, monkeypatch):
+    """A commit's cost must not grow with the history (issue 42 target 6): the metadata file
+    lists every snapshot the table keeps, and each is turned into JSON once, not at every
+    commit; the file's bytes stay pyiceberg's, snapshot summaries (the sink state) included."""
+    from pyiceberg.serializers import ToOutputFile
+
+    ours, _ = _catalogs(tmp_path)
+    table = ours.create_table("db.t", schema=SCHEMA)
+    dumped: list[int] = []
+    real = ext_catalogs.snapshot_json
+    monkeypatch.setattr(ext_catalogs, "snapshot_json", lambda s, x: dumped.append(s.snapshot_id) or real(s, x))
+    for i in range(5):
+        table.append(_rows(i), snapshot_properties={"icesink.commit-id": f"c{i}", "note": 'with "quotes" []'})
+    assert len(table.metadata.snapshots) == 5
+    assert sorted(dumped) == sorted(s.snapshot_id for s in table.metadata.snapshots)  # each once
+    SqlCatalog._write_metadata(table.metadata, table.io, f"{tmp_path}/ours.metadata.json")
+    ToOutputFile.table_metadata(table.metadata, table.io.new_output(f"{tmp_path}/theirs.metadata.json"))
+    assert _content(tmp_path / "ours.metadata.json") == _content(tmp_path / "theirs.metadata.json")
+    assert _ids(ours.load_table("db.t")) == [0, 1, 2, 3, 4]

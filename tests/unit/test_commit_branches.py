@@ -131,8 +131,12 @@ def test_startup_reads_each_tables_state_on_its_own_branch(two_tables, tmp_path)
                                           "iceberg.table.db.b.commit-branch": "b2", "state.dir": str(tmp_path)})
     startup = Recovery.__new__(Recovery)  # only its catalog reads
     startup.settings, startup.catalog, startup.group = settings, catalog, "g"
+    startup._snapshot_ms = {}
     states = startup.table_states()
     assert {t: st.watermark for t, st in states.items()} == {"db.a": 3, "db.b": 3}
+    # when each table last committed is read on its own branch too (the first round's time)
+    heads = {t: catalog.load_table(t).snapshot_by_name(b).timestamp_ms for t, b in (("db.a", "audit"), ("db.b", "b2"))}
+    assert startup._snapshot_ms == heads
 
 
 def test_a_tag_of_the_branchs_name_refuses_the_commit(two_tables):

@@ -1,0 +1,59 @@
+"""When a coordinator that has just recovered starts its first round (coordinator/session.py
+``first_round_at``): a takeover keeps the group's cadence from its newest committed snapshot
+instead of waiting a whole interval after its recovery (issue 42 target 5: kill -9 of the
+coordinator's replica to the next committed snapshot)."""
+
+from coordinator.session import first_round_at
+
+INTERVAL_S = 5.0
+NOW = 1000.0  # the monotonic clock at the end of recovery
+
+
+def test_a_takeover_after_the_newest_snapshot_is_an_interval_old_starts_its_round_at_once():
+    # the old coordinator was killed, its session expired (10 s), the new one recovered: 15 s since its last commit
+    assert first_round_at(NOW, INTERVAL_S, since_commit_s=15.0) == NOW
+
+
+def test_a_takeover_soon_after_a_commit_keeps_the_cadence_of_the_group():
+    assert first_round_at(NOW, INTERVAL_S, since_commit_s=2.0) == NOW + 3.0
+
+
+def test_a_first_start_with_no_committed_snapshot_waits_one_interval():
+    # the group's first start: its workers join and claim meanwhile
+    assert first_round_at(NOW, INTERVAL_S, since_commit_s=None) == NOW + INTERVAL_S
+
+
+def test_a_snapshot_stamped_ahead_of_this_hosts_clock_waits_at_most_one_interval():
+    assert first_round_at(NOW, INTERVAL_S, since_commit_s=-30.0) == NOW + INTERVAL_S
+
+
+def test_recovery_reads_when_each_table_last_committed_on_its_commit_branch(tmp_path):
+    """Recovery's table read (a real SQLite catalog) gives the age of the newest snapshot of the
+    tables it recovered: what the first round's time is worked out from."""
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from coordinator.session import Session
+    from coordinator.startup import Recovery
+    from icesink.shared.config import build
+    from icesink.shared.metrics import Metrics
+    from icesink.shared.offload import Offload
+    from icesink.shared.protocol import SinkState, TopicPartition, state_property, summary_properties
+
+    catalog = SqlCatalog("u", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.t", pa.schema([("k", pa.int64())]))
+    tp = TopicPartition("t", 0)
+    tx = table.transaction()
+    tx.append(pa.table({"k": pa.array(range(10), pa.int64())}),
+              snapshot_properties=summary_properties("g", "c1", 10, {tp: 10}, 1, None))
+    tx.set_properties({state_property("g"): SinkState(None, "c1", 10, {tp: 10}, 1, None).to_json()})
+    tx.commit_transaction()
+    committed_ms = catalog.load_table("db.t").current_snapshot().timestamp_ms
+    settings = build({"topics": "t", "iceberg.tables": "db.t,db.none", "group.id": "g",
+                      "bootstrap.servers": "127.0.0.1:1"})
+    recovery = Recovery(settings, "127.0.0.1:1", Session(), None, catalog, Offload(1), Metrics())  # type: ignore[arg-type]
+    states = recovery.table_states()
+    assert list(states) == ["db.t"]
+    assert recovery.since_commit_s(states, committed_ms + 7000) == 7.0
+    assert recovery.since_commit_s([], committed_ms + 7000) is None
