@@ -183,9 +183,11 @@ class SparkFileWriter:
             st.StructField("at", st.TimestampNTZType()),
         ])
         root = staging.scratch(self.session.settings.staging_dir, "icesink-warm-up-")
+        logger.info("spark warming up: %d writes of %d rows", times, rows)
         try:
             for i in range(times):
                 if not self.session.started:  # stopped meanwhile
+                    logger.info("spark warm-up ended by the session's stop")
                     return
                 self._run_job(sp_schema, data, [], 1, data, DEFAULT_TARGET_FILE_SIZE_BYTES,
                               {**WRITE_OPTIONS, **parquet_options({})}, (root / str(i)).as_uri())
