@@ -383,3 +383,38 @@ def test_java_serializers_in_apicurios_headers_mode_land_exactly(kafka, catalog_
     sink(tmp_path, kafka.bootstrap, catalog, catalog_props, {"value.converter": APICURIO_PROTOBUF, **headers_on},
          topic, name, N1)
     assert read_back_orders(catalog, name) == [expected_order(i) for i in range(N1)]
+
+
+@pytest.mark.timeout(400)
+def test_java_protobuf_keys_fill_the_key_column_in_both_frames(kafka, catalog_props, apicurio, tmp_path):
+    """Apicurio 2.4's ProtobufKafkaSerializer as the key serializer too (the key: the same Order),
+    headers off (its own frame, the Ref) and on (apicurio.key.globalId, apicurio.protobuf.type.key):
+    key.converter = Apicurio's ProtobufConverter fills iceberg.tables.key-column with the key
+    message as a struct, each row's key equal to what Java wrote."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.apicurio import produce
+
+    catalog = load_catalog("it", **catalog_props)
+    for headers in (False, True):
+        topic, name = f"apicurio-keys-{headers}".lower(), f"apicurio.keys_{'headers' if headers else 'framed'}"
+        asyncio.run(ensure_topic(kafka.bootstrap, topic, 1))
+        sent = produce(kafka.bootstrap, topic, apicurio.registry_url, order_descriptor(tmp_path), 0, N1,
+                       kind="protobuf", headers=headers, keyed=True)
+        assert sent == [(i, i) for i in range(N1)]
+        converter: dict[str, str] = {"iceberg.tables.key-column": "_key"}
+        for side in ("value", "key"):
+            pre = f"{side}.converter.apicurio.registry."
+            converter |= {f"{side}.converter": APICURIO_PROTOBUF, pre + "url": apicurio.registry_url,
+                          pre + "headers.enabled": str(headers).lower()}
+            if not headers:
+                converter |= {pre + "id-handler": "io.apicurio.registry.serde.DefaultIdHandler",
+                              pre + "use-id": "globalId"}
+        sink(tmp_path, kafka.bootstrap, catalog, catalog_props, converter, topic, name, N1)
+        got = read_back_orders(catalog, name)
+        keys = [row.pop("_key") for row in got]
+        for key in keys:
+            key["counts"] = sorted(key["counts"])
+        assert got == [expected_order(i) for i in range(N1)], headers
+        assert keys == [expected_order(i) for i in range(N1)], headers

@@ -153,19 +153,21 @@ def resolve(*, timeout_s: float = 1200.0) -> Build:
 
 
 def produce(bootstrap: str, topic: str, registry_url: str, schema_file: Path | None, first: int, count: int,
-            *, kind: str = "avro", headers: bool = False, timeout_s: float = 120.0) -> list[tuple[int, int]]:
+            *, kind: str = "avro", headers: bool = False, keyed: bool = False,
+            timeout_s: float = 120.0) -> list[tuple[int, int]]:
     """Records ``first .. first+count-1`` sent to partition 0 of ``topic`` by ApicurioProduce (the
     Java serializer of ``kind``, avro, json or protobuf, at ``registry_url``, Apicurio's own
     ``/apis/registry/v2``; avro registers ``schema_file``, json finds the latest schema of subject
     ``<topic>-value``, registered beforehand; protobuf registers ``schema_file``, a serialized
     FileDescriptorProto, and writes Apicurio's own frame): their (offset, id) pairs. ``headers``:
     avro and protobuf with Apicurio 2.4's serde defaults, headers on (the global id in record
-    headers, the value bare)."""
+    headers, the value bare). ``keyed`` (protobuf): the key is the same message, by Apicurio's
+    serializer as a key serializer."""
     build = resolve()
     java = _tool("java", "it runs the Java producer")
     out = _run([java, "-cp", f"{build.classes}:{build.serdes}/*", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                 "ApicurioProduce", kind, bootstrap, topic, registry_url, str(schema_file or "-"), str(first), str(count),
-                *(["headers"] if headers else [])],
+                *(["headers"] if headers else []), *(["keyed"] if keyed else [])],
                None, timeout_s)
     pairs = [tuple(int(x) for x in line.split()) for line in out.splitlines() if line.strip()]
     return [(p[0], p[1]) for p in pairs]

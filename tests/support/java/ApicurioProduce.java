@@ -16,7 +16,11 @@
 //   header apicurio.value.globalId, and apicurio.value.encoding (avro) or apicurio.value.msgType and
 //   apicurio.protobuf.type (protobuf).
 //
-// java ApicurioProduce avro|json|protobuf BOOTSTRAP TOPIC REGISTRY_URL SCHEMA_FILE FIRST COUNT [headers]
+// - with an argument "keyed" (protobuf): the key is the same Order message, written by a second
+//   ProtobufKafkaSerializer configured as a key serializer (artifact TOPIC-key; with headers on its
+//   ids in apicurio.key.globalId and its name in apicurio.protobuf.type.key).
+//
+// java ApicurioProduce avro|json|protobuf BOOTSTRAP TOPIC REGISTRY_URL SCHEMA_FILE FIRST COUNT [headers] [keyed]
 // writes records id FIRST .. FIRST+COUNT-1 (values below, derived from id) to partition 0 and
 // prints one line per record: "offset id".
 import java.math.BigDecimal;
@@ -62,7 +66,9 @@ public final class ApicurioProduce {
         }
         long first = Long.parseLong(args[5]);
         int count = Integer.parseInt(args[6]);
-        boolean headers = args.length > 7 && args[7].equals("headers");
+        List<String> flags = List.of(args).subList(7, args.length);
+        boolean headers = flags.contains("headers");
+        boolean keyed = proto && flags.contains("keyed");
 
         Properties props = new Properties();
         props.put("bootstrap.servers", bootstrap);
@@ -81,12 +87,16 @@ public final class ApicurioProduce {
         }
         // the id in the value, not in headers; or headers on (2.4's default), said outright
         props.put("apicurio.registry.headers.enabled", headers ? "true" : "false");
+        if (keyed) {
+            props.put("key.serializer", props.get("value.serializer"));
+        }
 
         List<Future<RecordMetadata>> sent = new ArrayList<>();
-        try (KafkaProducer<String, Object> producer = new KafkaProducer<>(props)) {
+        try (KafkaProducer<Object, Object> producer = new KafkaProducer<>(props)) {
             for (long id = first; id < first + count; id++) {
                 Object value = json ? jsonRecord(id) : proto ? protoRecord(order, id) : record(schema, id);
-                sent.add(producer.send(new ProducerRecord<>(topic, 0, "k" + id, value)));
+                Object key = keyed ? value : "k" + id;
+                sent.add(producer.send(new ProducerRecord<>(topic, 0, key, value)));
             }
             producer.flush();
             for (int i = 0; i < sent.size(); i++) {
