@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Final
 
 ROOT: Final = Path(__file__).resolve().parents[1]
@@ -60,6 +61,19 @@ def per_partition_counts(n: int, partitions: int) -> dict[int, int]:
 
 def local_path(uri: str) -> Path:
     return Path(uri.removeprefix("file://"))
+
+
+def best_seconds(paths: dict[str, Callable[[], object]], repeat: int,
+                 clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Seconds of each path by ``clock``, best of ``repeat`` rounds; rounds interleave the paths
+    so a machine whose load changes during the run skews them all alike."""
+    best = dict.fromkeys(paths, float("inf"))
+    for _ in range(repeat):
+        for name, fn in paths.items():
+            began = clock()
+            fn()
+            best[name] = min(best[name], clock() - began)
+    return best
 
 
 def fmt_int(x: float) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents.convert import decode_json
 from agents.convert.reference import Oracle
+from bench.benchlib import best_seconds
 from icesink.app.pizzas import pizza_values
 
 PIZZA_SCHEMA = Schema(
@@ -57,15 +57,8 @@ MAP_SCHEMA = Schema(
 
 
 def best_rates(n: int, repeat: int, paths: dict[str, Callable[[], object]]) -> dict[str, float]:
-    """Records/s of each path, best of ``repeat`` rounds; rounds interleave the paths so a
-    machine whose load changes during the run skews them all alike."""
-    best = dict.fromkeys(paths, float("inf"))
-    for _ in range(repeat):
-        for name, fn in paths.items():
-            began = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - began)
-    return {name: n / seconds for name, seconds in best.items()}
+    """Records/s of each path, best of ``repeat`` interleaved rounds (benchlib.best_seconds)."""
+    return {name: n / seconds for name, seconds in best_seconds(paths, repeat).items()}
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents.formats import RecordFormat
+from bench.benchlib import best_seconds
 from icesink.app.pizzas import pizza_values
 from icesink.shared.config import build
 
@@ -95,12 +96,7 @@ def main() -> None:
     paths["c, half strings"] = runner(CONFIGS["c (Cast)"], mixed, args.batch)
     for name, fn in paths.items():  # sanity, and warm
         assert fn() == n, name
-    best = dict.fromkeys(paths, float("inf"))
-    for _ in range(args.repeat):
-        for name, fn in paths.items():
-            began = time.process_time()
-            fn()
-            best[name] = min(best[name], time.process_time() - began)
+    best = best_seconds(paths, args.repeat, time.process_time)
     base = best["none"]
     print(f"{n} pizza records in batches of {args.batch}, CPU best of {args.repeat}")
     for name, seconds in best.items():
