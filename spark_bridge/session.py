@@ -228,11 +228,15 @@ class SparkSessionOwner:
         java = " ".join([*_LOCAL_JAVA_OPTIONS, s.conf.get(class_archive.JAVA_OPTIONS, "")]).strip()
         return {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs, class_archive.JAVA_OPTIONS: java}
 
-    def stop(self) -> None:
+    def stop(self, *, quiet: bool = False) -> None:
+        """Stop the session; ``quiet``: turn the JVM's logging off first, for a stop that aborts
+        a job on purpose (the warm-up's), which Spark would log as errors."""
         spark, self._spark = self._spark, None
         if spark is not None:
             if spark in _live:
                 _live.remove(spark)
+            if quiet:
+                _jvm_logs_off(spark)
             spark.stop()
 
 

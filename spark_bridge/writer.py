@@ -142,6 +142,7 @@ class SparkFileWriter:
 
     def __init__(self, settings: SparkSettings) -> None:
         self.session = SparkSessionOwner(settings)
+        self._warming = False
         self._arrow_tables: set[str] = set()  # tables logged as written with pyarrow
 
     @property
@@ -153,7 +154,8 @@ class SparkFileWriter:
         self.session.start()
 
     def stop(self) -> None:
-        self.session.stop()
+        # a warm-up write the stop cuts short is no error to log ("Aborting job", task failures)
+        self.session.stop(quiet=self._warming)
 
     def warm_up(self) -> None:
         """A local session's throw-away writes (``write.warm-up-rows``; see :meth:`_warm_up`).
@@ -184,6 +186,7 @@ class SparkFileWriter:
         ])
         root = staging.scratch(self.session.settings.staging_dir, "icesink-warm-up-")
         logger.info("spark warming up: %d writes of %d rows", times, rows)
+        self._warming = True
         try:
             for i in range(times):
                 if not self.session.started:  # stopped meanwhile
@@ -198,6 +201,7 @@ class SparkFileWriter:
             else:
                 logger.warning("spark warm-up write failed (the first round pays the JVM's warm-up instead): %s", e)
         finally:
+            self._warming = False
             shutil.rmtree(root, ignore_errors=True)
 
     def write(
