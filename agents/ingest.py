@@ -33,7 +33,7 @@ from agents.parts import Replica
 from agents.routing import Routes
 from agents.tables import Target
 from agents.transforms import Chain
-from agents.tasks import TaskOwner, highwater, unless_moved
+from agents.tasks import TaskOwner, highwater, unless_moved, unread_since_ms
 from icesink.shared.config import Settings
 from icesink.shared.deadletter_table import letter_rows
 from icesink.shared.faults import should_crash
@@ -336,10 +336,13 @@ class Ingest:
         passes iceberg.control.commit.max-records (rows) or max-bytes (Arrow bytes), or when the
         group is idle (the last CommitComplete moved no position, agents/control_loop.py) and
         rows were buffered since the last round's take: with commit.idle-interval-ms the
-        coordinator waits longer after an idle round, and those rows would wait for that."""
+        coordinator waits longer after an idle round, and those rows would wait for that; or,
+        with commit.catch-up, when the last response left a backlog unread and the partitions
+        are now read to their ends: the rest of a backlog lands then, not an interval later."""
         s = self.settings
         idle = self.replica.idle and s.commit_idle_interval_ms is not None and self.buffers.fresh_rows > 0
-        if s.commit_max_records is None and s.commit_max_bytes is None and not idle:
+        catch_up = self.replica.behind and s.commit_catch_up
+        if s.commit_max_records is None and s.commit_max_bytes is None and not idle and not catch_up:
             return
         rows, nbytes = self.buffers.uncommitted()
         if not rows and not nbytes:
@@ -350,6 +353,9 @@ class Ingest:
             await self._request_commit("max-bytes")
         elif idle and await self._request_commit("idle"):
             self.replica.idle = False
+        elif (catch_up and unread_since_ms(self.buffers.partitions, self.app.consumer) is None
+              and await self._request_commit("caught-up")):
+            self.replica.behind = False
 
     async def _request_commit(self, reason: str) -> bool:
         """Ask for an early round (whether it was sent): at once the first time after a round

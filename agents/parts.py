@@ -28,5 +28,8 @@ class Replica:
     # The last CommitComplete moved no position (the group is idle, agents/control_loop.py): the
     # first row buffered asks for a round (iceberg.control.commit.idle-interval-ms, agents/ingest.py).
     idle: bool = False
+    # Its last response left a backlog unread (agents/rounds.py): read to the ends, it asks for a
+    # round rather than wait an interval (iceberg.control.commit.catch-up, agents/ingest.py).
+    behind: bool = False
     rebalanced: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     stop: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)

@@ -24,7 +24,7 @@ from agents.mirror import collapse
 from agents.parts import Replica
 from agents.respond import Sender, send_response
 from agents.tables import Target
-from agents.tasks import TaskOwner, highwater, unless_moved
+from agents.tasks import TaskOwner, unless_moved, unread_since_ms
 from agents.write_failures import WriteFailures
 from icesink.shared.config import Settings
 from icesink.shared.errors import ResponseSendError, WritesKeepFailing, is_retriable
@@ -38,6 +38,10 @@ from icesink.shared.metrics import Metrics
 from icesink.shared.offload import Offload
 
 log = logging.getLogger(__name__)
+
+# A response whose replica's newest record read is older than this, with more left to read,
+# leaves it behind (a backlog, not the records a steady stream has in flight).
+BEHIND_MS = 1000
 
 
 def delete_files(paths: list[tuple[Any, str]]) -> None:
@@ -427,12 +431,11 @@ class Rounds:
     def _valid_through_ms(self) -> int | None:
         """All records older than this are in the response or earlier ones: now, if every
         owned partition is caught up, else the oldest last-record time of a lagging one."""
+        if not all(st.active for st in self.buffers.partitions.values()):
+            return None
         now_ms = int(time.time() * 1000)
-        out = now_ms
-        for tp, st in self.buffers.partitions.items():
-            if not st.active:
-                return None
-            hw = highwater(self.app.consumer, tp.topic, tp.partition)
-            if hw is not None and st.next_offset < hw:
-                out = min(out, st.last_record_ms or 0)
-        return out
+        unread = unread_since_ms(self.buffers.partitions, self.app.consumer)
+        # A backlog (the last record read is over BEHIND_MS old, more to read): once read to the
+        # ends, the replica asks for a round (iceberg.control.commit.catch-up, agents/ingest.py).
+        self.replica.behind = unread is not None and now_ms - unread > BEHIND_MS
+        return now_ms if unread is None else min(now_ms, unread)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from faust.types import TP
@@ -127,6 +127,19 @@ def highwater(consumer: Any, topic: str, partition: int) -> int | None:
         return hw
     except AssertionError:
         return None
+
+
+def unread_since_ms(partitions: Mapping[Any, Any], consumer: Any) -> int | None:
+    """The oldest last-record time (ms; 0 if unknown) of an active partition whose buffer ends
+    before its high watermark (records left to read), or None when every active partition is
+    read to its end (a partition without a fetch yet counts as read)."""
+    out: int | None = None
+    for tp, st in partitions.items():
+        if st.active:
+            hw = highwater(consumer, tp.topic, tp.partition)
+            if hw is not None and st.next_offset < hw:
+                out = min(out, st.last_record_ms or 0) if out is not None else st.last_record_ms or 0
+    return out
 
 
 class EpochGate:

@@ -96,8 +96,7 @@ class Settings(BaseSettings):
     cdc_field: str | None = Field(None, alias="iceberg.tables.cdc-field", min_length=1)
     upsert_mode: bool = Field(False, alias="iceberg.tables.upsert-mode-enabled")
     table_id_columns: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.id-columns")
-    # Commit branches (reference keys, docs/commits.md "Branches"): the branch every table's rounds
-    # commit to (created from main's snapshot when missing), unless its own key names another.
+    # Commit branches (reference keys, docs/commits.md "Branches"): every table's, made from main's when missing.
     default_commit_branch: str | None = Field(None, alias="iceberg.tables.default-commit-branch")
     table_commit_branch: dict[str, str] = Field(default_factory=dict, alias="iceberg.table.<table>.commit-branch")
     control_topic: str = Field("control-iceberg", alias="iceberg.control.topic")
@@ -116,7 +115,8 @@ class Settings(BaseSettings):
     group_id: str = Field("icesink", alias="group.id")
     commit_interval_ms: int = Field(300_000, alias="iceberg.control.commit.interval-ms", ge=100)
     commit_timeout_ms: int = Field(30_000, alias="iceberg.control.commit.timeout-ms", ge=100)
-    # Early rounds past these rows or Arrow bytes not yet in a round; a longer wait after an idle round (docs/commits.md).
+    # Early rounds past these rows or bytes, or once a backlog is read; a longer wait after an idle round (docs/commits.md).
+    commit_catch_up: bool = Field(True, alias="iceberg.control.commit.catch-up")
     commit_max_records: int | None = Field(None, alias="iceberg.control.commit.max-records", ge=1)
     commit_max_bytes: int | None = Field(None, alias="iceberg.control.commit.max-bytes", ge=1)
     commit_idle_interval_ms: int | None = Field(None, alias="iceberg.control.commit.idle-interval-ms", ge=100)

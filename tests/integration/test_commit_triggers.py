@@ -10,6 +10,10 @@ SQLite catalog; docs/commits.md, "When a round starts").
   an idle sink starts at most one round after the round that committed its data (the idle one)
   instead of one every 2 s; records produced later land at once, in a round that the worker's
   own request (after the idle round) started, not the idle interval's.
+- ``iceberg.control.commit.catch-up`` (on by default): a backlog larger than the buffers, read
+  by a fresh worker with a ten-minute interval: rounds of full buffers answered behind the
+  backlog, then the tail (below the buffer bound, which alone would wait the interval) in a
+  round the worker asked for once it had read every partition to its end.
 """
 
 from __future__ import annotations
@@ -201,3 +205,42 @@ def test_an_idle_sink_makes_fewer_rounds_and_late_records_land_at_once(broker, c
         [type(ev).__name__ for ev in after[:starts[0] + 1]]
     completes = [ev for ev in log if isinstance(ev, CommitComplete)]
     print(f"idle-interval: {idle_rounds} rounds in 16 s idle; {len(completes)} rounds in all")
+
+
+@pytest.mark.timeout(600)
+def test_the_tail_of_a_backlog_lands_once_read_not_an_interval_later(broker, catalog_props, tmp_path):
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.sinkrun import assert_exact, metric, total_rows, write_config
+
+    topic, table, group = "cu-pizzas", "cu.pizzas", "cu-sink"
+    records = 30_000
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("cu")
+    asyncio.run(ensure_topic(broker.bootstrap, topic, PARTITIONS))
+    values = pizza_values(records, seed=29)
+    keys = {json.loads(v)["order_id"] for v in values}
+    asyncio.run(produce(broker.bootstrap, topic, values, partitions=PARTITIONS))  # the backlog, before the start
+    cfg = write_config(
+        tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+        catalog_props=catalog_props, state_dir=tmp_path / "state", group=group,
+        **{"buffer.max-bytes": 1 << 20, "buffer.write-ahead-bytes": 0, "consumer.max-batch": 1000,
+           "iceberg.control.commit.interval-ms": TEN_MINUTES_MS, "iceberg.control.commit.timeout-ms": 120_000},
+    )
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        r = replicas.start("cu")
+        deadline = time.monotonic() + 300  # well within the ten-minute interval
+        while total_rows(catalog, table) < records:
+            replicas.check_alive()
+            assert time.monotonic() < deadline, f"the tail waits: {total_rows(catalog, table)} of {records} committed"
+            time.sleep(0.5)
+        caught_up = metric(r.metrics_port, 'icesink_early_commit_requests_total{reason="caught-up"}')
+        full = metric(r.metrics_port, 'icesink_early_commit_requests_total{reason="full"}')
+    finally:
+        replicas.stop_all()
+    assert_exact(catalog, table, keys)
+    assert full >= 1 and caught_up == 1, (full, caught_up)

@@ -115,6 +115,54 @@ def test_rows_after_an_idle_round_ask_for_a_round_at_once():
     assert reasons(w) == {"idle": 1.0}
 
 
+def test_a_replica_answering_behind_a_backlog_asks_for_a_round_once_read_to_the_ends():
+    """iceberg.control.commit.catch-up (on by default): a response that leaves a backlog unread
+    (records left, the newest read over BEHIND_MS old) marks the replica behind; once a fetch
+    reads every partition to its end it asks for a round, once, instead of leaving the rest of
+    the backlog an interval (issue 42: the first round counts from the launch)."""
+    from agents.rounds import BEHIND_MS
+
+    w = make_parts(max_bytes=10**9)
+    hw = {"end": 100}
+    w.app.consumer.highwater = lambda tp: hw["end"]
+
+    async def run():
+        await w.ingest.on_fetch(batch(0, 40))
+        w.buffers.partitions[P].last_record_ms = int(time.time() * 1000) - BEHIND_MS - 5000  # a backlog's record
+        w.buffers.take(1)
+        assert w.rounds._valid_through_ms() is not None and w.replica.behind  # the response: 60 records left
+        await w.ingest.on_fetch(batch(40, 80))
+        assert requests(w) == []  # still 20 to read
+        await w.ingest.on_fetch(batch(80, 100))
+        assert len(requests(w)) == 1 and not w.replica.behind  # read to the end: asked, once
+        hw["end"] = 110
+        await w.ingest.on_fetch(batch(100, 110))
+        assert len(requests(w)) == 1
+
+    asyncio.run(run())
+    assert reasons(w) == {"caught-up": 1.0}
+
+
+def test_a_steady_streams_records_in_flight_are_no_backlog_and_the_key_turns_catch_up_off():
+    now_ms = int(time.time() * 1000)
+    for keys, last_ms, asks in (({}, now_ms - 200, False),  # lagging, but the newest read is fresh
+                                ({"iceberg.control.commit.catch-up": "false"}, now_ms - 60_000, False),
+                                ({}, now_ms - 60_000, True)):
+        w = make_parts(max_bytes=10**9, settings=settings(**keys))
+        hw = {"end": 50}
+        w.app.consumer.highwater = lambda tp, hw=hw: hw["end"]
+
+        async def run(w=w, hw=hw, last_ms=last_ms):
+            await w.ingest.on_fetch(batch(0, 10))
+            w.buffers.partitions[P].last_record_ms = last_ms
+            w.buffers.take(1)
+            w.rounds._valid_through_ms()
+            await w.ingest.on_fetch(batch(10, 50))
+
+        asyncio.run(run())
+        assert (len(requests(w)) == 1) is asks, (keys, last_ms)
+
+
 def test_idle_rounds_ask_nothing_without_the_idle_interval():
     w = make_parts(max_bytes=10**9)
 
