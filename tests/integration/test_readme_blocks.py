@@ -59,15 +59,19 @@ def _block(first_line: str) -> str:
 def _fresh(tmp_path: Path) -> Path:
     """A directory that looks like a checkout with ./dev's environment made: its .venv is the
     project's own, so ./dev must find it installed for this pyproject.toml (else it would
-    reinstall the project from the temporary directory into the shared .venv)."""
+    reinstall the project from the temporary directory into the shared .venv). Made anew for
+    each test, at the same path beside the tests' own directories: the class-data archive ./dev
+    builds (for the class path under it, in the cache beside it) is built once for all."""
     import hashlib
+    import shutil
 
     stamp = ROOT / ".venv" / ".icesink-installed"
     want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
     if not stamp.exists() or stamp.read_text().strip() != want:
         pytest.fail("the .venv is not installed for this pyproject.toml: run ./dev icesink --help first")
-    here = tmp_path / "icesink"
-    here.mkdir()
+    here = tmp_path.parent / "readme-checkout" / "icesink"
+    shutil.rmtree(here, ignore_errors=True)
+    here.mkdir(parents=True)
     for name in ("dev", "pyproject.toml", ".venv", "agents", "coordinator", "spark_bridge", "icesink", "tests"):
         (here / name).symlink_to(ROOT / name)
     return here
@@ -123,10 +127,10 @@ def _first(name: str) -> str:
 @pasted
 @pytest.mark.timeout(1200)
 def test_the_worker_block_runs_as_written_and_ends_with_every_row(tmp_path):
-    lines = _paste(_block(_first("test_the_worker_block_runs_as_written_and_ends_with_every_row")),
-                   _fresh(tmp_path), 900)
+    here = _fresh(tmp_path)
+    lines = _paste(_block(_first("test_the_worker_block_runs_as_written_and_ends_with_every_row")), here, 900)
     assert "10000" in lines, lines[-40:]  # every order in the table, once
-    assert (tmp_path / "icesink" / "sink.json").exists()
+    assert (here / "sink.json").exists()
     assert not [x for x in lines if "Traceback" in x], lines[-40:]
 
 
