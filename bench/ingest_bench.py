@@ -145,6 +145,7 @@ class WorkerResult:
     buffer_max_bytes: int = 0
     driver_memory: str = ""
     freshness_ms: list[float] = field(default_factory=list)  # produce-to-committed, one per record
+    produced_ms: list[float] = field(default_factory=list)  # each of those records' Kafka timestamp
     profile: list[tuple[str, int]] = field(default_factory=list)
     produced_until_wall: float | None = None  # --rate: when the producer finished (time.time())
     delivered: Any = None  # --rate: bench.rate_producer.Delivered
@@ -216,15 +217,17 @@ def routed(values: list[bytes], tables: int) -> list[bytes]:
             for i, v in enumerate(values)]
 
 
-def freshness_ms(tables: list[Any]) -> list[float]:
+def freshness_ms(tables: list[Any]) -> tuple[list[float], list[float]]:
     """Per committed row: the commit time of the snapshot that added it minus the record's
-    Kafka timestamp (set by the producer when it sent the record). Runs that measure it turn
-    compaction off (run_worker): a compacted file is added by the compaction's snapshot."""
+    Kafka timestamp (set by the producer when it sent the record), and that timestamp. Runs
+    that measure it turn compaction off (run_worker): a compacted file is added by the
+    compaction's snapshot."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     out: list[float] = []
+    produced: list[float] = []
     for table in tables:
         committed_at = {s.snapshot_id: s.timestamp_ms for s in table.snapshots()}
         entries = table.inspect.entries().to_pylist()
@@ -234,7 +237,8 @@ def freshness_ms(tables: list[Any]) -> list[float]:
             ts = pq.read_table(local, columns=["_kafka_metadata_timestamp"])["_kafka_metadata_timestamp"]
             ms = pc.cast(ts, pa.int64()).to_numpy(zero_copy_only=False) / 1000.0  # us -> ms
             out.extend((committed_at[e["snapshot_id"]] - ms).tolist())
-    return out
+            produced.extend(ms.tolist())
+    return out, produced
 
 
 def run_worker(
@@ -411,7 +415,7 @@ def run_worker(
         tables=len(written),
         buffer_max_bytes=buffer_max_bytes,
         driver_memory=str(config["spark.driver.memory"]),
-        freshness_ms=freshness_ms(written) if live is not None else [],
+        **(dict(zip(("freshness_ms", "produced_ms"), freshness_ms(written), strict=True)) if live is not None else {}),
         profile=profiler.breakdown() if profiler is not None else [],
         produced_until_wall=produced_until[0] if produced_until else None,
         delivered=delivered[0] if delivered else None,
@@ -636,6 +640,14 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
         print(f"    freshness, produce to committed (record timestamp to its snapshot's commit), {len(f):,} rows: "
               f"p50 {percentile(f, 0.5) / 1000:.2f} s, p99 {percentile(f, 0.99) / 1000:.2f} s, "
               f"max {max(f) / 1000:.2f} s")
+        # The steady state: records produced in the later half of the production, long after
+        # the worker's start-up (whose backlog the figures above include).
+        first, last = min(b.produced_ms), max(b.produced_ms)
+        late = [x for x, at in zip(f, b.produced_ms, strict=True) if at >= (first + last) / 2]
+        if late:
+            print(f"      of the {len(late):,} rows produced in the later half of the production: "
+                  f"p50 {percentile(late, 0.5) / 1000:.2f} s, p99 {percentile(late, 0.99) / 1000:.2f} s, "
+                  f"max {max(late) / 1000:.2f} s")
     if b.age_curve:
         peak_at, peak = max(b.age_curve, key=lambda x: x[1])
         print(f"    oldest buffered record's age (icesink_uncommitted_age_seconds, polled every second, "
