@@ -156,12 +156,19 @@ def test_a_worker_killed_after_an_early_write_loses_nothing(broker, catalog_prop
     new_topic(broker, "killed-pizzas", 3)
     values = backlog(broker, "killed-pizzas", 3, n, seed=23)  # read before Spark is up: written once it is
     state = tmp_path / "state"
-    cfg = write_config(tmp_path / "killed.json", topics="killed-pizzas", tables="killed.pizzas",
-                       bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=state,
-                       group="killed-sink", **EARLY, **{"iceberg.control.commit.interval-ms": 10000,
-                                                         "fault.crash-at": "worker.after-early-write"})
+
+    def config(name: str, interval_ms: int) -> Path:
+        return write_config(tmp_path / name, topics="killed-pizzas", tables="killed.pizzas",
+                            bootstrap=broker.bootstrap, catalog_props=catalog_props, state_dir=state,
+                            group="killed-sink", **EARLY, **{"iceberg.control.commit.interval-ms": interval_ms,
+                                                              "fault.crash-at": "worker.after-early-write"})
+
+    # The doomed replica's first round a minute away: on loaded cores its Spark can start after a
+    # 10 s round came, which then took the whole backlog and no early write came (a CI run).
+    cfg = config("killed.json", 60_000)
     catalog = load_catalog("it", **catalog_props)
     replicas = ReplicaSet(cfg, tmp_path / "logs")
+    again = ReplicaSet(config("again.json", 10_000), tmp_path / "logs-again")  # the fault fired: not again
     try:
         doomed = replicas.start("doomed")
         deadline = time.monotonic() + 180
@@ -170,10 +177,11 @@ def test_a_worker_killed_after_an_early_write_loses_nothing(broker, catalog_prop
             time.sleep(0.5)
         assert (state / "fault-worker.after-early-write.fired").exists()
         replicas.kill("doomed")
-        replicas.start("again")
-        wait_rows(catalog, replicas, ("killed.pizzas",), n, timeout_s=240)
+        again.start("again")
+        wait_rows(catalog, again, ("killed.pizzas",), n, timeout_s=240)
     finally:
         replicas.stop_all()
+        again.stop_all()
     assert_exact(catalog, "killed.pizzas", {json.loads(v)["order_id"] for v in values})
     table = catalog.load_table("killed.pizzas")
     unreferenced = data_files_on_disk(table) - data_files_referenced(table)

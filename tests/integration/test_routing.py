@@ -69,8 +69,10 @@ def test_three_event_types_fan_out_by_regex(broker, catalog_props, tmp_path: Pat
             wait_rows(catalog, replicas, (t,), len(ids))
         time.sleep(5)  # a late duplicate would show up here
         assert {t: total_rows(catalog, t) for t in regexes} == {t: len(ids) for t, ids in expected.items()}
+        # counted per read: a record read again after the second replica's join counts again
+        # (the dead letters below are the exact check)
         unrouted = sum(metric(r.metrics_port, "icesink_records_unrouted_total") for r in (r1, r2))
-        assert unrouted == 2
+        assert unrouted >= 2
     finally:
         replicas.stop_all()
     for t, ids in expected.items():
