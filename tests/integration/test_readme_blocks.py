@@ -37,10 +37,11 @@ RUN = {
 }
 # First line of a README bash block (or of its lines not pasted) -> why no test pastes it.
 NOT_RUN = {
-    "./dev test ": "the quickstart's second line: the default suite itself, which CI runs (.ci/run)",
+    "./dev test ": "the quickstart's second line: the default suite itself (CI runs it within ./dev check)",
     "./dev chaos ": "the quickstart's third line: the chaos suite itself (this file's pasting tests are in it)",
+    "./dev check ": "the quickstart's fourth line: both suites in one pool, what CI runs (.ci/run)",
     "./dev icesink connect --set listeners=http://127.0.0.1:8083   #": (
-        "the quickstart's fourth line: runs until stopped; the REST block starts it as its first line"),
+        "the quickstart's fifth line: runs until stopped; the REST block starts it as its first line"),
     ".venv/bin/python -m tests.support.kafka_broker serve": (
         "runs until Ctrl-C; the broker the `kafka` fixture starts, checked by test_kafka_broker.py"),
 }
