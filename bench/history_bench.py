@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -202,18 +203,14 @@ def one_round(args: argparse.Namespace, s: MaintenanceSettings, catalog: Any, ca
     t.table = cache.get(name) or catalog.load_table(name)
     began = time.perf_counter()
     holds = len(lock.holds)
-    expired = expire(catalog, name, s, lock, t.manifests, now_ms=now_ms, seen=t.table)
+    keep = partial(cache.put, name)  # as the coordinator's Maintainer: the commit's table stays cached
+    expire(catalog, name, s, lock, t.manifests, now_ms=now_ms, seen=t.table, keep=keep)
     expiry_holds += lock.holds[holds:]
-    if expired.snapshots:
-        cache.drop(name)
     if not args.no_compaction:
         holds = len(lock.holds)
-        done = compact(catalog, name, s, lock, _rewrite, t.live, seen=cache.get(name))
+        compact(catalog, name, s, lock, _rewrite, t.live, seen=cache.get(name), keep=keep)
         compaction_holds += lock.holds[holds:]
-        if done is not None and done.snapshot_id is not None:
-            cache.drop(name)
-    if cache.get(name) is None:
-        t.table = catalog.load_table(name)
+    t.table = cache.get(name) or catalog.load_table(name)
     return wall, cpu, time.perf_counter() - began
 
 

@@ -234,7 +234,7 @@ class TableCache:
     catalog refuses the commit (its metadata location and the main branch's snapshot are
     required), pyiceberg refreshes the table and re-applies the append, and
     the commit's retry requirements (coordinator/requirements.py) are re-checked on the refreshed table first.
-    Any failure drops the entry; maintenance drops the entries of tables it committed to; mirror
+    Any failure drops the entry; maintenance puts the table its commit left; mirror
     tables, whose deletes are planned against the current snapshot, are always loaded."""
 
     def __init__(self) -> None:

@@ -50,7 +50,7 @@ class Maintainer:
         self.in_flight = in_flight
         self.group = settings.group_id
         self.epoch = 0  # the coordinator's, set once it has recovered: the fence of the files it writes
-        self.tables = tables  # the rounds' TableCache: entries of tables a step committed to are dropped
+        self.tables = tables  # the rounds' TableCache: a step that commits leaves the table it committed there
         self.mirrors = mirrors  # the rounds' key indexes: moved to a mirror table's compacted files
         self.report: dict[str, dict[str, Any]] = status.setdefault("maintenance", {})
         self.status = status
@@ -154,21 +154,20 @@ class Maintainer:
         # The rounds just committed to this table: most passes find nothing due in that view and
         # read no catalog (a round of 200 tables would otherwise load each table twice).
         seen = self.tables.get(table) if self.tables is not None else None
-        expired = await run(partial(expire, seen=seen, lists=self._lists), self.catalog, table, self.s,
+        # The table its commits leave goes back to that cache, when the rounds keep it there (with
+        # commit processes each process keeps its own, and an entry here would only go stale).
+        keep = partial(self.tables.put, table) if self.tables is not None and seen is not None else None
+        expired = await run(partial(expire, seen=seen, lists=self._lists, keep=keep), self.catalog, table, self.s,
                             self.locks.of(table), self._manifests)
-        if expired.snapshots and self.tables is not None:
-            self.tables.drop(table)
         self.metrics.maintenance_snapshots_expired.labels(table=table).inc(expired.snapshots)
         self.metrics.maintenance_files_deleted.labels(table=table).inc(expired.files_deleted)
         out: dict[str, Any] = {"expired_snapshots": expired.snapshots, "deleted_files": expired.files_deleted}
         if self.rewrite is not None:
-            seen = self.tables.get(table) if self.tables is not None else None  # dropped if expired
-            rewritten = await run(partial(compact, seen=seen, fence=(self.group, self.epoch)), self.catalog, table,
-                                  self.s, self.locks.of(table), self.rewrite, self._live.setdefault(table, {}),
+            seen = self.tables.get(table) if self.tables is not None else None  # as the expiry left it
+            rewritten = await run(partial(compact, seen=seen, fence=(self.group, self.epoch), keep=keep), self.catalog,
+                                  table, self.s, self.locks.of(table), self.rewrite, self._live.setdefault(table, {}),
                                   self.mirrors)
             if rewritten is not None and rewritten.snapshot_id is not None:
-                if self.tables is not None:
-                    self.tables.drop(table)
                 self.metrics.maintenance_files_rewritten.labels(table=table).inc(rewritten.files_in)
                 self.metrics.maintenance_files_written.labels(table=table).inc(rewritten.files_out)
                 self.metrics.maintenance_bytes_rewritten.labels(table=table).inc(rewritten.bytes_in)

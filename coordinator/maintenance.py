@@ -175,7 +175,7 @@ def _reachable(table: Table, snapshot_ids: Sequence[int], cache: dict[str, froze
 
 def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock,
            cache: dict[str, frozenset[str]], now_ms: int | None = None, *, seen: Table | None = None,
-           lists: ManifestLists | None = None) -> Expired:
+           lists: ManifestLists | None = None, keep: Callable[[Table], Any] | None = None) -> Expired:
     """Expire what is due (:func:`expiry_due`) and delete the files only expired snapshots
     referenced. The table's lock is held for the commit alone (load, re-check, commit): a
     round's commit never waits behind a walk of the history. The manifests are read outside
@@ -184,13 +184,16 @@ def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.
     view's current snapshot, or a later one) and files written for it, never one only an
     expired snapshot read. ``seen``: the table as the rounds' last commit left it
     (:class:`TableCache`); when nothing is due there, the catalog is not asked (a stale view
-    only delays an expiry to a later pass). ``lists``: manifest lists already read, kept by the
-    caller (see :func:`_reachable`)."""
+    only delays an expiry to a later pass), and when something is, the manifests are read in
+    that view (the commit's view under the lock is loaded). ``lists``: manifest lists already
+    read, kept by the caller (see :func:`_reachable`). ``keep(table)``: called under the lock
+    with the table as the expiry's commit left it (the rounds' cache keeps it: a history of
+    hundreds of snapshots is not parsed again by the next round)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     lists = {} if lists is None else lists
     if seen is not None and not expiry_due(seen, s, now_ms):
         return Expired(0, 0)  # the common case: no catalog read, no manifest read
-    table = catalog.load_table(name)
+    table = seen if seen is not None else catalog.load_table(name)
     due = expiry_due(table, s, now_ms)
     if not due:
         return Expired(0, 0)  # metadata only, no manifest read
@@ -204,6 +207,8 @@ def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.
         # A transaction that stages its metadata once: pyiceberg's deep-copies it at every
         # read, twice per expired snapshot (seconds under the lock at thousands of snapshots).
         ExpireSnapshots(MemoTransaction(table, autocommit=True)).by_ids(due).commit()
+        if keep is not None:
+            keep(table)  # pyiceberg updated it with the committed metadata
     gone = read - _reachable(table, [sn.snapshot_id for sn in table.metadata.snapshots], cache, lists)
     deleted = 0
     for path in sorted(gone):  # after the commit: a failure above deleted nothing
@@ -355,17 +360,19 @@ class Rewritten:
 
 def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.Lock, rewrite: Rewriter,
             cache: dict[str, tuple[DataFile, ...]] | None = None, mirrors: MirrorIndexes | None = None,
-            *, seen: Table | None = None, fence: tuple[str, int] | None = None) -> Rewritten | None:
+            *, seen: Table | None = None, fence: tuple[str, int] | None = None,
+            keep: Callable[[Table], Any] | None = None) -> Rewritten | None:
     """One compaction step of table ``name`` (None: nothing due). ``cache``: the table's
     manifest entries (:func:`live_files`), kept by the caller between steps. ``mirrors``: the
     coordinator's key indexes; a mirror table's index moves to the new files in place.
     ``seen``: as for :func:`expire`: nothing due there, no catalog read. ``fence``: the
     coordinator's group and epoch, named in the new files' prefix (icesink/shared/protocol/fences.py)
-    and checked under the lock before the commit: a coordinator fenced meanwhile commits nothing."""
+    and checked under the lock before the commit: a coordinator fenced meanwhile commits nothing.
+    ``keep``: as for :func:`expire`, with the table the compaction's commit left."""
     branch = s.branches.of(name)
     if seen is not None and plan_compaction(seen, s, cache, branch) is None:
         return None
-    table = catalog.load_table(name)
+    table = catalog.load_table(name)  # its own: a round may commit to the cached one meanwhile
     plan = plan_compaction(table, s, cache, branch)
     if plan is None:
         return None
@@ -383,7 +390,7 @@ def compact(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading
     snapshot_id = commit_rewrite(
         catalog, name, plan, new, lock,
         None if mirrors is None else lambda parent, snap: mirrors.rewritten(name, parent, snap, moved), fence=fence,
-        cache=cache, branch=branch)
+        cache=cache, branch=branch, keep=keep)
     return Rewritten(len(plan.data), len(new), sum(f.file_size_in_bytes for f in plan.data), snapshot_id,
                      len(plan.deletes))
 
@@ -403,7 +410,8 @@ def _keys_of(table: Table, name: str, files: Sequence[DataFile], keys: Sequence[
 def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFile], lock: threading.Lock,
                    committed: Callable[[int | None, int | None], Any] | None = None,
                    fence: tuple[str, int] | None = None,
-                   cache: dict[str, tuple[DataFile, ...]] | None = None, branch: str = MAIN_BRANCH) -> int | None:
+                   cache: dict[str, tuple[DataFile, ...]] | None = None, branch: str = MAIN_BRANCH,
+                   keep: Callable[[Table], Any] | None = None) -> int | None:
     """Replace the plan's data and delete files by ``new`` in one REPLACE snapshot; retried on
     a conflict, dropped (the new files deleted) when an input is no longer live or the
     partition gained delete files meanwhile (they name rows of the inputs). Never half-applied.
@@ -415,7 +423,8 @@ def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFi
     manifests not read before are read, and those holding inputs (to be rewritten). A conflict
     is retried here, every check again, never by pyiceberg alone (it would re-apply the
     replace on a snapshot that may have gained delete files of the partition). ``branch``: the
-    branch whose head is rewritten (the one the sink commits the table to)."""
+    branch whose head is rewritten (the one the sink commits the table to). ``keep(table)``: called
+    under the lock with the table the commit left (as :func:`expire`'s)."""
     wanted = {normalize(f.file_path) for f in plan.data}
     folded = {normalize(f.file_path) for f in plan.deletes}
     for attempt in range(1, _COMMIT_ATTEMPTS + 1):
@@ -449,6 +458,8 @@ def commit_rewrite(catalog: Catalog, name: str, plan: Plan, new: Sequence[DataFi
                 log.info("%s: compaction commit conflicted (attempt %d): %s", name, attempt, exc)
                 continue
             snap = branch_head(table, branch)
+            if keep is not None:
+                keep(table)
             if committed is not None:
                 parent = base.snapshot_id if base is not None and snap is not None and \
                     snap.parent_snapshot_id == base.snapshot_id else None

@@ -375,6 +375,63 @@ def test_a_pass_with_nothing_due_in_the_rounds_view_reads_no_catalog(table_and_c
     assert _ids(real_load("db.t")) == list(range(40))
 
 
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_pass_that_commits_leaves_the_table_it_committed_in_the_rounds_cache(table_and_catalog, tmp_path, cached):
+    """Expiry and compaction put the table their commit left into the rounds' TableCache instead
+    of dropping the entry: the next round commits on it without a catalog read (at a history of
+    hundreds of snapshots a load parses its whole metadata file: issue 42's flat commit cost).
+    A table the cache does not hold (the rounds commit in processes, each with its own cache)
+    is not put there: the entry would go stale and hide what is due."""
+    import asyncio
+    import json
+
+    from prometheus_client import CollectorRegistry
+
+    from coordinator.committer import TableCache
+    from coordinator.maintainer import Maintainer
+    from coordinator.maintenance import TableLocks
+    from icesink.shared.config import load_settings
+    from icesink.shared.metrics import Metrics
+
+    catalog, table = table_and_catalog
+    for i in range(4):
+        table.append(_rows(i * 10, 10))
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"topics": "t", "iceberg.tables": "db.t"}))
+    status: dict = {}
+    cache = TableCache()
+    if cached:
+        cache.put("db.t", catalog.load_table("db.t"))
+
+    async def protected(start: int | None) -> InFlight:
+        return InFlight(frozenset(), 0, "test")
+
+    m = Maintainer(load_settings(path, {}), catalog, Metrics(CollectorRegistry()), status, TableLocks(), _rewrite,
+                   protected, tables=cache)
+    m.s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=1 << 20, snapshot_max_age_ms=0,
+                              retain_last=1, orphans_every_s=3600.0)
+
+    async def run() -> None:
+        m.due(["db.t"])
+        m.poll()
+        while m._task is not None and not m._task.done():
+            await asyncio.sleep(0.01)
+        m.poll()
+        await m.stop()
+
+    asyncio.run(run())
+    done = status["maintenance"]["db.t"]
+    assert done["error"] is None and done["expired_snapshots"] >= 3 and done["compaction"]["files_in"] == 4, done
+    got, current = cache.get("db.t"), catalog.load_table("db.t")
+    assert _ids(current) == list(range(40))
+    if not cached:
+        assert got is None
+        return
+    assert got is not None, "the pass dropped the table from the rounds' cache"
+    assert got.metadata_location == current.metadata_location
+    assert len(got.metadata.snapshots) == len(current.metadata.snapshots)
+
+
 def test_a_maintenance_error_no_retry_mends_waits_the_longest_backoff_at_once(table_and_catalog, tmp_path):
     """Maintenance never stops the coordinator, but it branches on ``retriable`` too: a
     transient failure is retried after a short backoff that doubles; one no retry mends waits
