@@ -118,7 +118,10 @@ def postgres() -> Iterator[Any]:
 def _one_machine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Under pytest-xdist (`./dev test` runs two workers) every test holds a shared lock on one
     file of the run, and a test marked ``alone`` (it measures the whole machine, e.g. its fork
-    counter) holds it exclusively: it waits for the other worker's test to end and runs by itself."""
+    counter) holds it exclusively: it waits for the other worker's test to end and runs by itself.
+    A test marked ``fixed_ports`` (it binds the ports the README writes) holds a second lock
+    exclusively: such tests run one at a time, each beside any other test."""
+    import contextlib
     import fcntl
     import os
 
@@ -126,10 +129,13 @@ def _one_machine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         yield
         return
     alone = request.node.get_closest_marker("alone") is not None
-    path = tmp_path_factory.getbasetemp().parent / "one-machine.lock"  # shared by the run's workers
-    with path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    base = tmp_path_factory.getbasetemp().parent  # shared by the run's workers
+    locks = [(base / "one-machine.lock", fcntl.LOCK_EX if alone else fcntl.LOCK_SH)]
+    if request.node.get_closest_marker("fixed_ports") is not None:
+        locks.insert(0, (base / "fixed-ports.lock", fcntl.LOCK_EX))  # first: not while holding the machine's
+    with contextlib.ExitStack() as held:
+        for path, mode in locks:
+            lock = held.enter_context(path.open("a"))
+            fcntl.flock(lock, mode)
+            held.callback(fcntl.flock, lock, fcntl.LOCK_UN)
+        yield

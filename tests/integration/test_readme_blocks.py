@@ -20,9 +20,9 @@ import pytest
 
 
 def pasted(test: Callable[..., None]) -> Callable[..., None]:
-    """The marks of a test that pastes a block: real processes, in the chaos suite, and alone
-    (ports 8083 and 9400, as written)."""
-    return pytest.mark.integration(pytest.mark.chaos(pytest.mark.alone(test)))
+    """The marks of a test that pastes a block: real processes, in the chaos suite, and one at a
+    time (ports 8083 and 9400, as written)."""
+    return pytest.mark.integration(pytest.mark.chaos(pytest.mark.fixed_ports(test)))
 
 
 ROOT = Path(__file__).resolve().parents[2]
