@@ -11,8 +11,9 @@ lives in this package, and the rest of icesink uses only what it exports.
 Importing it changes nothing in pyiceberg. :func:`install`, called by the composition root
 (icesink/app/) in every process that commits, checks the installed pyiceberg against the pin in
 pyproject.toml, then makes every snapshot producer of the process write its manifest list with
-:func:`manifest_writers.write_manifest_list` and ``icesink.shared.iceberg.load_catalog`` build SQL
-catalogs as :class:`catalogs.SqlCatalog`. The commit paths call :func:`require_installed`.
+:func:`manifest_writers.write_manifest_list`, every table metadata look up snapshots from the newest
+(:func:`catalogs.snapshot_by_id`) and ``icesink.shared.iceberg.load_catalog`` build SQL catalogs as
+:class:`catalogs.SqlCatalog`. The commit paths call :func:`require_installed`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from __future__ import annotations
 import threading
 
 from coordinator.iceberg_ext import manifest_writers
-from coordinator.iceberg_ext.catalogs import SqlCatalog, staged_metadata
+from coordinator.iceberg_ext.catalogs import (
+    SqlCatalog, install_snapshot_lookup, snapshot_lookup_installed, staged_metadata,
+)
 from coordinator.iceberg_ext.deletes import (
     DELETE_SCHEMA, DeletesManifest, WithPositionDeletes, add_position_deletes, write_position_deletes,
 )
@@ -52,18 +55,19 @@ def check_versions() -> None:
 
 def install() -> None:
     """Check the pinned pyiceberg, then install icesink's pyiceberg extensions in this process
-    (idempotent): manifest lists written with prepared writers, SQL catalogs with cheaper
-    commits. Called by the composition root before it builds anything that commits."""
+    (idempotent): manifest lists written with prepared writers, snapshots looked up from the
+    newest, SQL catalogs with cheaper commits. Called by the composition root before it builds anything that commits."""
     with _lock:
         if installed():
             return
         check_versions()
         manifest_writers.install()
+        install_snapshot_lookup()
         use_sql_catalog(SqlCatalog)
 
 
 def installed() -> bool:
-    return manifest_writers.installed() and sql_catalog_class() is SqlCatalog
+    return manifest_writers.installed() and snapshot_lookup_installed() and sql_catalog_class() is SqlCatalog
 
 
 def require_installed() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Final
@@ -31,7 +32,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.serializers import Compressor
 from pyiceberg.table import CommitTableResponse, StagedTable, Table
 from pyiceberg.table.locations import load_location_provider
-from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.metadata import TableMetadata, TableMetadataCommonFields
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import (
     TableRequirement, TableUpdate, _apply_table_update, _TableMetadataUpdateContext, _update_table_metadata_log,
@@ -66,6 +67,23 @@ def staged_metadata(base: TableMetadata, updates: tuple[TableUpdate, ...],
     return staged
 
 
+def snapshot_by_id(self: TableMetadataCommonFields, snapshot_id: int) -> Snapshot | None:
+    """pyiceberg 0.12's ``TableMetadataCommonFields.snapshot_by_id``, searching from the newest:
+    a commit looks up its parent, the current snapshot, about ten times, and pyiceberg's search
+    from the oldest walked the whole history each time (at 700 snapshots, a tenth of a round's
+    commit; bench/history_bench.py). Snapshot ids are unique, so the answer is the same."""
+    return next((s for s in reversed(self.snapshots) if s.snapshot_id == snapshot_id), None)
+
+
+def install_snapshot_lookup() -> None:
+    """Every table metadata of this process finds snapshots with :func:`snapshot_by_id`."""
+    TableMetadataCommonFields.snapshot_by_id = snapshot_by_id  # type: ignore[method-assign]
+
+
+def snapshot_lookup_installed() -> bool:
+    return TableMetadataCommonFields.snapshot_by_id is snapshot_by_id
+
+
 class SqlCatalog(_PyicebergSqlCatalog):
     """pyiceberg's SQL catalog with a commit that does not reload a table it was handed current."""
 
@@ -90,7 +108,7 @@ class SqlCatalog(_PyicebergSqlCatalog):
         version = self._parse_metadata_version(table.metadata_location) + 1
         location = load_location_provider(metadata.location, metadata.properties).new_table_metadata_file_location(
             version)
-        snapshots = self._write_file(metadata, table.io, location)
+        listed = self._write_file(metadata, table.io, location)
         with self.engine.begin() as connection:
             result = connection.execute(_SWAP_POINTER, {
                 "catalog": self.name, "namespace": namespace, "name": name, "expected": table.metadata_location,
@@ -98,7 +116,7 @@ class SqlCatalog(_PyicebergSqlCatalog):
         if result.rowcount < 1:  # stale (another writer committed) or gone: pyiceberg's path
             _delete_quietly(table.io, location)
             return super().commit_table(table, requirements, updates)
-        SNAPSHOT_JSON.keep(metadata, snapshots)
+        SNAPSHOT_JSON.keep(metadata, listed)
         return CommitTableResponse(metadata=metadata, metadata_location=location)
 
     @staticmethod
@@ -107,16 +125,33 @@ class SqlCatalog(_PyicebergSqlCatalog):
         SqlCatalog._write_file(metadata, io, metadata_path)
 
     @staticmethod
-    def _write_file(metadata: TableMetadata, io: FileIO, metadata_path: str) -> dict[tuple[int, str], str]:
+    def _write_file(metadata: TableMetadata, io: FileIO, metadata_path: str) -> Listed:
         """pyiceberg 0.12's ``ToOutputFile.table_metadata``, the same bytes, without building a
         ``Config`` for every file: that searches for and parses pyiceberg's configuration file
         and walks the environment, for every commit (see bench/README.md, commit_bench --profile)."""
         output = io.new_output(metadata_path)
         with output.create(overwrite=False) as stream:
             # None values are written when asked (legacy-current-snapshot-id dumps -1), as pyiceberg does.
-            text, snapshots = SNAPSHOT_JSON.dump(metadata, exclude_none=not _legacy_current_snapshot_id())
+            text, listed = SNAPSHOT_JSON.dump(metadata, exclude_none=not _legacy_current_snapshot_id())
             stream.write(Compressor.get_compressor(output.location).bytes_compressor()(text.encode("utf-8")))
-        return snapshots  # each snapshot's JSON, kept once the file is committed (SnapshotJson.keep)
+        return listed  # each snapshot's JSON, kept once the file is committed (SnapshotJson.keep)
+
+
+#: A snapshot's id, manifest list and parent id: what may differ between two snapshots of one id.
+SnapshotKey = tuple[int, str, int | None]
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A metadata file's snapshots as JSON: each one's text by (id, manifest list, parent id),
+    their keys in the file's order, and the texts joined as the file lists them."""
+
+    texts: dict[SnapshotKey, str]
+    keys: list[SnapshotKey]
+    joined: str
+
+
+NOTHING_LISTED: Final = Listed({}, [], "")
 
 
 class SnapshotJson:
@@ -127,33 +162,40 @@ class SnapshotJson:
     uuid), the JSON of the snapshots of its last metadata file whose commit went through
     (:meth:`keep`): a refused commit's snapshot is made again by pyiceberg's retry under the same
     id with another manifest list, so only committed files are kept, keyed by id and manifest
-    list. The bytes are pyiceberg's ``model_dump_json`` (tests/unit/test_catalogs.py)."""
+    list, and parent id (pyiceberg's expiry drops the parent of a snapshot whose parent it
+    removes). A commit that only adds snapshots (every round's) appends their JSON to the list
+    joined before, without a pass over the kept ones (expiry's commit joins them all again). The
+    bytes are pyiceberg's ``model_dump_json`` (tests/unit/test_catalogs.py)."""
 
     MARK: Final = '"snapshots":[]'
 
     def __init__(self) -> None:
-        self._tables: dict[tuple[object, bool], dict[tuple[int, str], str]] = {}
+        self._tables: dict[tuple[object, bool], Listed] = {}
         self._lock = threading.Lock()
 
-    def dump(self, metadata: TableMetadata, *, exclude_none: bool) -> tuple[str, dict[tuple[int, str], str]]:
-        """The metadata file's JSON, and its snapshots' JSON for :meth:`keep`."""
+    def dump(self, metadata: TableMetadata, *, exclude_none: bool) -> tuple[str, Listed]:
+        """The metadata file's JSON, and its snapshots' for :meth:`keep`."""
         with self._lock:
-            known = self._tables.get((metadata.table_uuid, exclude_none), {})
-        texts = {}
-        for s in metadata.snapshots:
-            key = (s.snapshot_id, s.manifest_list)
-            texts[key] = known.get(key) or snapshot_json(s, exclude_none)
+            known = self._tables.get((metadata.table_uuid, exclude_none), NOTHING_LISTED)
+        snapshots = metadata.snapshots
+        keys = [(s.snapshot_id, s.manifest_list, s.parent_snapshot_id) for s in snapshots]
+        kept = len(known.keys)
+        if kept and keys[:kept] == known.keys:  # snapshots added, none removed: the last file's list extended
+            added = {key: snapshot_json(s, exclude_none) for key, s in zip(keys[kept:], snapshots[kept:])}
+            listed = Listed({**known.texts, **added}, keys, ",".join([known.joined, *added.values()]))
+        else:
+            texts = {key: known.texts.get(key) or snapshot_json(s, exclude_none) for key, s in zip(keys, snapshots)}
+            listed = Listed(texts, keys, ",".join(texts[key] for key in keys))
         body = metadata.model_copy(update={"snapshots": []}).model_dump_json(exclude_none=exclude_none)
         if body.count(self.MARK) != 1:  # not the layout this was written for: pyiceberg's own dump
-            return metadata.model_dump_json(exclude_none=exclude_none), {}
-        listed = ",".join(texts[(s.snapshot_id, s.manifest_list)] for s in metadata.snapshots)
-        return body.replace(self.MARK, f'"snapshots":[{listed}]', 1), texts
+            return metadata.model_dump_json(exclude_none=exclude_none), NOTHING_LISTED
+        return body.replace(self.MARK, f'"snapshots":[{listed.joined}]', 1), listed
 
-    def keep(self, metadata: TableMetadata, texts: dict[tuple[int, str], str]) -> None:
+    def keep(self, metadata: TableMetadata, listed: Listed) -> None:
         """``metadata``'s file is committed: its snapshots' JSON serves the table's next commits
         (only these: expired snapshots are let go)."""
         with self._lock:
-            self._tables[(metadata.table_uuid, not _legacy_current_snapshot_id())] = texts
+            self._tables[(metadata.table_uuid, not _legacy_current_snapshot_id())] = listed
 
 
 def snapshot_json(snapshot: Snapshot, exclude_none: bool) -> str:

@@ -243,3 +243,66 @@ def test_each_snapshot_is_serialized_once_and_metadata_files_stay_pyicebergs_byt
     ToOutputFile.table_metadata(table.metadata, table.io.new_output(f"{tmp_path}/theirs.metadata.json"))
     assert _content(tmp_path / "ours.metadata.json") == _content(tmp_path / "theirs.metadata.json")
     assert _ids(ours.load_table("db.t")) == [0, 1, 2, 3, 4]
+
+
+def test_after_an_expiry_and_more_appends_metadata_files_stay_pyicebergs_bytes(tmp_path):
+    """A round's commit extends the snapshot list its table's last metadata file joined; expiry
+    removes snapshots from its front, and the next file lists them all again: both stay
+    pyiceberg's bytes."""
+    from pyiceberg.serializers import ToOutputFile
+    from pyiceberg.table.update.snapshot import ExpireSnapshots
+
+    from coordinator.iceberg_ext import MemoTransaction
+
+    ours, _ = _catalogs(tmp_path)
+    table = ours.create_table("db.t", schema=SCHEMA)
+    for i in range(6):
+        table.append(_rows(i), snapshot_properties={"icesink.commit-id": f"c{i}"})
+    oldest = [s.snapshot_id for s in table.metadata.snapshots[:3]]
+    ExpireSnapshots(MemoTransaction(table, autocommit=True)).by_ids(oldest).commit()
+    for i in range(6, 8):
+        table.append(_rows(i), snapshot_properties={"icesink.commit-id": f"c{i}"})
+    assert len(table.metadata.snapshots) == 5
+    for n, metadata in enumerate([table.metadata, ours.load_table("db.t").metadata]):
+        SqlCatalog._write_metadata(metadata, table.io, f"{tmp_path}/ours{n}.metadata.json")
+        ToOutputFile.table_metadata(metadata, table.io.new_output(f"{tmp_path}/theirs{n}.metadata.json"))
+        assert _content(tmp_path / f"ours{n}.metadata.json") == _content(tmp_path / f"theirs{n}.metadata.json")
+    assert _ids(ours.load_table("db.t")) == list(range(8))
+
+
+class _Counted(list):
+    """A snapshot list that counts the snapshots a search walks through."""
+
+    walked = 0
+
+    def __iter__(self):
+        for s in super().__iter__():
+            type(self).walked += 1
+            yield s
+
+    def __reversed__(self):
+        for s in super().__reversed__():
+            type(self).walked += 1
+            yield s
+
+
+def test_looking_up_the_current_snapshot_does_not_walk_the_history(tmp_path):
+    """A commit looks up its parent (the current snapshot) about ten times; at a history of 700
+    snapshots pyiceberg's search from the oldest made that a tenth of the commit (issue 42
+    target 6). Installed (coordinator/iceberg_ext), the search starts at the newest, with the
+    same answers for every id."""
+    from coordinator import iceberg_ext
+
+    iceberg_ext.install()
+    ours, _ = _catalogs(tmp_path)
+    table = ours.create_table("db.t", schema=SCHEMA)
+    for i in range(30):
+        table.append(_rows(i))
+    metadata = table.metadata
+    ids = [s.snapshot_id for s in metadata.snapshots]
+    counted = metadata.model_copy(update={"snapshots": _Counted(metadata.snapshots)})
+    _Counted.walked = 0
+    assert counted.snapshot_by_id(metadata.current_snapshot_id).snapshot_id == ids[-1]
+    assert _Counted.walked == 1
+    assert [counted.snapshot_by_id(i).snapshot_id for i in ids] == ids
+    assert counted.snapshot_by_id(-1) is None
