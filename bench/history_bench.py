@@ -90,6 +90,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=250, help="print a line every this many rounds")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="a MaintenanceSettings field, e.g. snapshot_max_age_ms=86400000")
+    ap.add_argument("--table-prop", action="append", default=[], metavar="KEY=VALUE",
+                    help="a property of the tables made, e.g. write.metadata.delete-after-commit.enabled=true")
     ap.add_argument("--no-compaction", action="store_true")
     ap.add_argument("--tables", type=int, default=1,
                     help="tables in the catalog: bench.t0 is measured and committed every round")
@@ -132,7 +134,8 @@ def run(args: argparse.Namespace, s: MaintenanceSettings, clock: FakeClock) -> N
         catalog = SqlCatalog("bench", **sqlite_catalog_properties(Path(tmp)))
         catalog.create_namespace("bench")
         schema = pa.schema([("id", pa.int64()), ("shop", pa.string()), ("price", pa.float64())])
-        tables = [Tracked(f"bench.t{i}", catalog.create_table(f"bench.t{i}", schema=schema))
+        props = dict(item.split("=", 1) for item in args.table_prop)
+        tables = [Tracked(f"bench.t{i}", catalog.create_table(f"bench.t{i}", schema=schema, properties=props))
                   for i in range(args.tables)]
         measured, others = tables[0], tables[1:]
         per_round = len(others) if args.others_per_round is None else min(args.others_per_round, len(others))
