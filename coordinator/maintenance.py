@@ -191,12 +191,10 @@ def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.
     hundreds of snapshots is not parsed again by the next round)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     lists = {} if lists is None else lists
-    if seen is not None and not expiry_due(seen, s, now_ms):
-        return Expired(0, 0)  # the common case: no catalog read, no manifest read
     table = seen if seen is not None else catalog.load_table(name)
     due = expiry_due(table, s, now_ms)
     if not due:
-        return Expired(0, 0)  # metadata only, no manifest read
+        return Expired(0, 0)  # the common case: no manifest read (with ``seen``, no catalog read either)
     read = _reachable(table, due, cache, lists)
     with lock:  # the commit alone
         table = catalog.load_table(name)

@@ -56,7 +56,8 @@ def check_versions() -> None:
 def install() -> None:
     """Check the pinned pyiceberg, then install icesink's pyiceberg extensions in this process
     (idempotent): manifest lists written with prepared writers, snapshots looked up from the
-    newest, SQL catalogs with cheaper commits. Called by the composition root before it builds anything that commits."""
+    newest, SQL catalogs with cheaper commits. Called by the composition root before it builds
+    anything that commits."""
     with _lock:
         if installed():
             return

@@ -313,21 +313,47 @@ def test_compaction_planning_reads_each_manifest_once_and_none_while_too_few_fil
     assert len(cache) == 5
 
 
+def _cached_maintainer(catalog, tmp_path, status: dict, cache, s: MaintenanceSettings):
+    """A Maintainer of table db.t beside the rounds' ``cache``, with settings ``s``, and a
+    coroutine function that runs one pass over db.t to its end."""
+    import asyncio
+    import json
+
+    from prometheus_client import CollectorRegistry
+
+    from coordinator.maintainer import Maintainer
+    from coordinator.maintenance import TableLocks
+    from icesink.shared.config import load_settings
+    from icesink.shared.metrics import Metrics
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"topics": "t", "iceberg.tables": "db.t"}))
+
+    async def protected(start: int | None) -> InFlight:
+        return InFlight(frozenset(), 0, "test")
+
+    m = Maintainer(load_settings(path, {}), catalog, Metrics(CollectorRegistry()), status, TableLocks(), _rewrite,
+                   protected, tables=cache)
+    m.s = s
+
+    async def one_pass() -> None:
+        m.due(["db.t"])
+        m.poll()
+        while m._task is not None and not m._task.done():
+            await asyncio.sleep(0.01)
+        m.poll()
+
+    return m, one_pass
+
+
 def test_a_pass_with_nothing_due_in_the_rounds_view_reads_no_catalog(table_and_catalog, tmp_path):
     """After every round the maintainer checks each committed table: when the rounds' cached
     table (TableCache) shows nothing due, neither expiry nor compaction loads the table (a round
     of 200 tables would load each twice); once something is due there, it loads the current
     table and acts on that."""
     import asyncio
-    import json
-
-    from prometheus_client import CollectorRegistry
 
     from coordinator.committer import TableCache
-    from coordinator.maintainer import Maintainer
-    from coordinator.maintenance import TableLocks
-    from icesink.shared.config import load_settings
-    from icesink.shared.metrics import Metrics
 
     catalog, table = table_and_catalog
     for i in range(3):
@@ -340,26 +366,12 @@ def test_a_pass_with_nothing_due_in_the_rounds_view_reads_no_catalog(table_and_c
         return real_load(name, *a, **k)
 
     catalog.load_table = counted  # type: ignore[method-assign]
-    path = tmp_path / "s.json"
-    path.write_text(json.dumps({"topics": "t", "iceberg.tables": "db.t"}))
     status: dict = {}
     cache = TableCache()
     cache.put("db.t", real_load("db.t"))
-
-    async def protected(start: int | None) -> InFlight:
-        return InFlight(frozenset(), 0, "test")
-
-    m = Maintainer(load_settings(path, {}), catalog, Metrics(CollectorRegistry()), status, TableLocks(), _rewrite,
-                   protected, tables=cache)
-    m.s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=1 << 20, snapshot_max_age_ms=3_600_000,
-                              retain_last=10, orphans_every_s=3600.0)
-
-    async def one_pass() -> None:
-        m.due(["db.t"])
-        m.poll()
-        while m._task is not None and not m._task.done():
-            await asyncio.sleep(0.01)
-        m.poll()
+    m, one_pass = _cached_maintainer(catalog, tmp_path, status, cache, MaintenanceSettings(
+        min_input_files=4, target_file_size_bytes=1 << 20, snapshot_max_age_ms=3_600_000, retain_last=10,
+        orphans_every_s=3600.0))
 
     async def run() -> None:
         await one_pass()  # 3 small files, 3 snapshots: nothing due
@@ -383,40 +395,22 @@ def test_a_pass_that_commits_leaves_the_table_it_committed_in_the_rounds_cache(t
     A table the cache does not hold (the rounds commit in processes, each with its own cache)
     is not put there: the entry would go stale and hide what is due."""
     import asyncio
-    import json
-
-    from prometheus_client import CollectorRegistry
 
     from coordinator.committer import TableCache
-    from coordinator.maintainer import Maintainer
-    from coordinator.maintenance import TableLocks
-    from icesink.shared.config import load_settings
-    from icesink.shared.metrics import Metrics
 
     catalog, table = table_and_catalog
     for i in range(4):
         table.append(_rows(i * 10, 10))
-    path = tmp_path / "s.json"
-    path.write_text(json.dumps({"topics": "t", "iceberg.tables": "db.t"}))
     status: dict = {}
     cache = TableCache()
     if cached:
         cache.put("db.t", catalog.load_table("db.t"))
-
-    async def protected(start: int | None) -> InFlight:
-        return InFlight(frozenset(), 0, "test")
-
-    m = Maintainer(load_settings(path, {}), catalog, Metrics(CollectorRegistry()), status, TableLocks(), _rewrite,
-                   protected, tables=cache)
-    m.s = MaintenanceSettings(min_input_files=4, target_file_size_bytes=1 << 20, snapshot_max_age_ms=0,
-                              retain_last=1, orphans_every_s=3600.0)
+    m, one_pass = _cached_maintainer(catalog, tmp_path, status, cache, MaintenanceSettings(
+        min_input_files=4, target_file_size_bytes=1 << 20, snapshot_max_age_ms=0, retain_last=1,
+        orphans_every_s=3600.0))
 
     async def run() -> None:
-        m.due(["db.t"])
-        m.poll()
-        while m._task is not None and not m._task.done():
-            await asyncio.sleep(0.01)
-        m.poll()
+        await one_pass()
         await m.stop()
 
     asyncio.run(run())
