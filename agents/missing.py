@@ -6,12 +6,13 @@ cannot load it. Without ``iceberg.tables.auto-create-enabled`` it cannot create 
 it knows neither its schema, nor its spec, nor its location: it cannot write its files. The rule
 (docs/commits.md, "A table missing when a worker loads it"):
 
-- on a group's first start (it never completed a round, and no table holds its sink state) a
+- on a group's first start (it never committed rows: no CommitToTable in its control log, no
+  table holding its sink state; rounds that completed before its first record do not count) a
   missing table is refused as before: a typo in ``iceberg.tables`` stops the replica, exit code 2;
 - a table of a dynamic route (not in ``iceberg.tables``) that the group never committed to (no
   CommitToTable for it in the control log, nor seen since) is new, not dropped: refused the same
   way, as the first start refuses it, rather than held for ever;
-- once the group has run, a configured table, or a routed one the group committed to, is
+- once the group has committed, a configured table, or a routed one the group committed to, is
   *missing*: the worker waits for it. A partition whose
   fetch holds a record routed to it is held back (paused, that fetch not taken, so its range
   never passes the record and no round reports rows the table lacks); every other partition
@@ -53,6 +54,7 @@ class MissingTables:
         self.wall = wall
         self.tables: dict[str, Missing] = {}
         self.group_has_run = False  # once seen, for good: the rule above
+        self.group_has_committed = False  # ...and committed rows to a table (an empty round is no commit)
         self.committed: set[str] | None = None  # tables of the control log's CommitToTable events, once read
         self.log_complete = False  # ...from its first event (not truncated), in time: the set is the truth
         self.seen_committed: set[str] = set()  # and those read since by the control loop

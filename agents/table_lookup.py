@@ -52,6 +52,8 @@ class History(Protocol):
 
     async def has_run(self) -> bool: ...
 
+    async def has_committed(self) -> bool: ...
+
     async def committed_tables(self) -> set[str] | None: ...
 
 
@@ -75,7 +77,7 @@ class GroupHistory:
 
     async def has_run(self) -> bool:
         """Whether the group completed a round (the coordinator's group has a committed offset)
-        or a table holds its sink state: a table missing now was not a typo of a first start."""
+        or a table holds its sink state (where its signing began: icesink/shared/group_secret.py)."""
         if not self.missing.group_has_run:
             group = self.settings.group_id
             reader = ControlReader(self.bootstrap, self.settings.control_topic, group,
@@ -85,11 +87,22 @@ class GroupHistory:
                 ran = await reader.committed() is not None
             finally:
                 await reader.stop()
-            if not ran:
-                names = sorted(set(self.settings.tables) | set(self.targets))
-                ran = await self.offload.run(holds_group_state, self.catalog, names, group)
-            self.missing.group_has_run = ran
+            self.missing.group_has_run = ran or await self._tables_hold_state()
         return self.missing.group_has_run
+
+    async def has_committed(self) -> bool:
+        """Whether the group committed rows to a table: it has run, and its control log holds a
+        CommitToTable (or, truncated, cannot tell) or a table holds its sink state. A new group's
+        first round comes one interval after its launch and can complete before its first
+        record, committing no table: a table missing now is still a first start's typo."""
+        if not self.missing.group_has_committed and await self.has_run():
+            committed = await self.committed_tables()
+            self.missing.group_has_committed = committed is None or bool(committed) or await self._tables_hold_state()
+        return self.missing.group_has_committed
+
+    async def _tables_hold_state(self) -> bool:
+        names = sorted(set(self.settings.tables) | set(self.targets))
+        return await self.offload.run(holds_group_state, self.catalog, names, self.settings.group_id)
 
     async def committed_tables(self) -> set[str] | None:
         """The tables the group committed to, as its control log shows (CommitToTable events,
@@ -219,7 +232,7 @@ class TableLookup:
         if (dl := self.settings.deadletter_table) is not None:  # created if missing, with its fixed schema
             self.targets[dl] = target_of(dl, await self.offload.run(ensure_table, self.catalog, dl))
         absent = [name for name in self.settings.tables if name not in self.targets]
-        if absent and not self.settings.auto_create and await self.history.has_run():
+        if absent and not self.settings.auto_create and await self.history.has_committed():
             for name in absent:
                 self.wait_for(name)
 
@@ -311,9 +324,9 @@ class TableLookup:
 
     async def _dropped(self, name: str) -> bool:
         """Whether ``name``, which does not exist, existed for the group (agents/missing.py):
-        the group has run and the table is configured, or the group committed to it (or its
-        control log, truncated, cannot tell)."""
-        if not await self.history.has_run():
+        the group committed rows and the table is configured, or the group committed to it (or
+        its control log, truncated, cannot tell)."""
+        if not await self.history.has_committed():
             return False
         if name in self.settings.tables:
             return True

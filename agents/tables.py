@@ -34,7 +34,7 @@ from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_fiel
 from icesink.shared.config import Settings
 from icesink.shared.errors import ConfigError, ProtocolError, UnsupportedTypeError
 from icesink.shared.reference_keys import ORC_MIRROR_WHY, UNMAPPED_FORMATS
-from icesink.shared.iceberg import latest_sink_summary, mirror_keys, split_name
+from icesink.shared.iceberg import CREATED_TABLE_PROPERTIES, latest_sink_summary, mirror_keys, split_name
 from icesink.shared.schema_changes import iceberg_schema
 from icesink.shared.partitioning import build_partition_spec, parse_partition_by
 
@@ -159,7 +159,7 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
         ) from None
     # Readers map columns by name where a file lacks field ids (e.g. list elements). The mapping
     # is made from the schema as the catalog numbers it (fresh ids in order, as here); checked below.
-    properties = dict(settings.auto_create_props)
+    properties = {**CREATED_TABLE_PROPERTIES, **settings.auto_create_props}
     properties.setdefault(NAME_MAPPING, create_mapping_from_schema(assign_fresh_schema_ids(schema)).model_dump_json())
     try:
         created = catalog.create_table(name, schema=schema, partition_spec=spec, properties=properties)

@@ -91,7 +91,7 @@ class LeaderFactory(Protocol):
     files with this replica's Spark session. ``coordinator.service.Coordinator`` is one."""
 
     def __call__(self, settings: Settings, bootstrap: str, producer: ControlProducer, catalog: Catalog,
-                 offload: Offload, metrics: Metrics, rewrite: Any = None) -> Leader: ...
+                 offload: Offload, metrics: Metrics, rewrite: Any = None, launched_at: float | None = None) -> Leader: ...
 
 
 class Worker:
@@ -100,11 +100,13 @@ class Worker:
     one asks of the rest of the replica goes through a small Protocol this class answers."""
 
     def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics, *, files: FileWritingFactory,
-                 leader: LeaderFactory | None = None) -> None:
+                 leader: LeaderFactory | None = None, launched_at: float | None = None) -> None:
         """``files``: makes this replica's file writer and compaction's rewrite with it (the
         Spark-backed ones: icesink/app/files.py). ``leader``: what this replica runs while it
-        leads the group (the coordinator); None: a worker only, whoever leads."""
+        leads the group (the coordinator); None: a worker only, whoever leads. ``launched_at``:
+        the monotonic clock when the process began (None: now), a new group's first round's origin."""
         self.settings = settings
+        self.launched_at = time.monotonic() if launched_at is None else launched_at
         self._leader = leader
         self.bootstrap = bootstrap
         self.metrics = metrics
@@ -303,7 +305,7 @@ class Worker:
         """One coordinator run (agents/tasks.py restarts it after an unexpected error)."""
         assert self._leader is not None  # only started with one (supervise_coordinator)
         self._coordinator = self._leader(self.settings, self.bootstrap, self.producer, self.catalog, self.offload,
-                                         self.metrics, rewrite=self._rewrite)
+                                         self.metrics, rewrite=self._rewrite, launched_at=self.launched_at)
         try:
             await self._coordinator.run()
         except FencedError as exc:

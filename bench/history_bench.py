@@ -43,7 +43,7 @@ from coordinator.maintenance import MaintenanceSettings, compact, expire
 from coordinator.state import Accepted
 from coordinator.iceberg_ext.catalogs import SqlCatalog
 from icesink.shared.catalogs import sqlite_catalog_properties
-from icesink.shared.iceberg import to_file_info
+from icesink.shared.iceberg import CREATED_TABLE_PROPERTIES, to_file_info
 from icesink.shared.protocol import TopicPartition
 from spark_bridge.rewrite import read_files
 
@@ -91,7 +91,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="a MaintenanceSettings field, e.g. snapshot_max_age_ms=86400000")
     ap.add_argument("--table-prop", action="append", default=[], metavar="KEY=VALUE",
-                    help="a property of the tables made, e.g. write.metadata.delete-after-commit.enabled=true")
+                    help="a property of the tables made, over those icesink gives the tables it creates "
+                         "(icesink.shared.iceberg.CREATED_TABLE_PROPERTIES), e.g. "
+                         "write.metadata.delete-after-commit.enabled=false")
     ap.add_argument("--no-compaction", action="store_true")
     ap.add_argument("--tables", type=int, default=1,
                     help="tables in the catalog: bench.t0 is measured and committed every round")
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace, s: MaintenanceSettings, clock: FakeClock) -> N
         catalog = SqlCatalog("bench", **sqlite_catalog_properties(Path(tmp)))
         catalog.create_namespace("bench")
         schema = pa.schema([("id", pa.int64()), ("shop", pa.string()), ("price", pa.float64())])
-        props = dict(item.split("=", 1) for item in args.table_prop)
+        props = {**CREATED_TABLE_PROPERTIES, **dict(item.split("=", 1) for item in args.table_prop)}
         tables = [Tracked(f"bench.t{i}", catalog.create_table(f"bench.t{i}", schema=schema, properties=props))
                   for i in range(args.tables)]
         measured, others = tables[0], tables[1:]

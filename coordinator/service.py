@@ -55,10 +55,13 @@ class Coordinator:
         offload: Offload,
         metrics: Metrics,
         rewrite: Rewriter | None = None,
+        launched_at: float | None = None,
     ) -> None:
         """``rewrite``: writes data files with the hosting replica's Spark session, for
-        compaction (None: no compaction; expiry and orphan sweeps still run)."""
+        compaction (None: no compaction; expiry and orphan sweeps still run). ``launched_at``:
+        the monotonic clock when the hosting process began (None: now; see first_round_at)."""
         self.settings = settings
+        self._launched_at = time.monotonic() if launched_at is None else launched_at
         self.bootstrap = bootstrap
         self.producer = producer
         self.catalog = catalog
@@ -155,7 +158,8 @@ class Coordinator:
             await self._answer(claim)
         # A takeover keeps the group's cadence: its first round at once if the newest snapshot is an interval old
         since = self._recovery.since_commit_s(self._recovery.recovered_tables, int(time.time() * 1000))
-        self._next_round_at = first_round_at(time.monotonic(), self.settings.commit_interval_ms / 1000, since)
+        self._next_round_at = first_round_at(time.monotonic(), self.settings.commit_interval_ms / 1000, since,
+                                             self._launched_at)
         self.session.status["phase"] = "running"
 
     async def announce_held(self, table: str, held: Held | None) -> None:

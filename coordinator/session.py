@@ -33,15 +33,19 @@ class Session:
     idle: bool = False
 
 
-def first_round_at(now: float, interval_s: float, since_commit_s: float | None) -> float:
+def first_round_at(now: float, interval_s: float, since_commit_s: float | None, launched_at: float) -> float:
     """When a coordinator that has just recovered starts its first round (``now``: the monotonic
     clock at the end of its recovery): one interval after the group's newest committed snapshot
     (``since_commit_s`` ago), at once if that is past, so a takeover keeps the group's cadence
     instead of adding a whole interval after its recovery (a kill -9 of the coordinator's
-    replica already cost the session timeout). One interval from now when the group never
-    committed (its first start: the workers join and claim meanwhile) or when the snapshot is
-    stamped ahead of this host's clock. Only when a round starts changes: what it commits
-    and how is the same (docs/commits.md)."""
-    if since_commit_s is None or since_commit_s < 0:
+    replica already cost the session timeout). When the group never committed (its first
+    start), one interval after its process was launched (``launched_at``), at once if that is
+    past: the interval a user set counts from the start they see, not from the end of the
+    replica's start-up (seconds: imports, the group's join); and one interval from now when
+    the snapshot is stamped ahead of this host's clock. Only when a round starts changes: what
+    it commits and how is the same (docs/commits.md)."""
+    if since_commit_s is None:
+        return max(now, launched_at + interval_s)
+    if since_commit_s < 0:
         return now + interval_s
     return now + max(0.0, interval_s - since_commit_s)

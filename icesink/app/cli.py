@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -75,6 +76,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    launched_at = time.monotonic()  # a new group's first round comes one interval after it (coordinator/session.py)
     # SIGTERM during the imports and set-up below (a few seconds) would end the process by the
     # signal; it is kept until the worker's own handlers run, which then stop it as usual.
     terminated = threading.Event()
@@ -99,7 +101,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     metrics = Metrics()
     try:
         # A replica is a worker, and the coordinator while it leads the group.
-        worker = Worker(settings, bootstrap, metrics, files=spark_files, leader=Coordinator)
+        worker = Worker(settings, bootstrap, metrics, files=spark_files, leader=Coordinator, launched_at=launched_at)
         if settings.metrics_port:
             serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
         asyncio.run(worker.run(stop_requested=terminated))

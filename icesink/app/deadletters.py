@@ -287,7 +287,7 @@ class Pipeline:
         async def nothing(*_: Any) -> None:
             return None
 
-        history = SimpleNamespace(has_run=lambda: _true(), committed_tables=lambda: _none())
+        history = SimpleNamespace(has_run=lambda: _true(), has_committed=lambda: _true(), committed_tables=lambda: _none())
         missing = MissingTables()
         self.lookup = TableLookup(s, metrics, self.targets, missing, history, self.offload, fmt, debezium, None,
                                   nothing, self._fail)

@@ -25,7 +25,7 @@ from pyiceberg.types import (
 )
 
 from icesink.shared.errors import ConfigError
-from icesink.shared.iceberg import split_name
+from icesink.shared.iceberg import CREATED_TABLE_PROPERTIES, split_name
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def ensure_table(catalog: Catalog, name: str) -> Table:
         except Exception:  # a lost race reported otherwise (SQL catalog); or it exists
             log.debug("namespace %s not created (it may exist)", namespace, exc_info=True)
         try:
-            table = catalog.create_table(name, schema=SCHEMA)
+            table = catalog.create_table(name, schema=SCHEMA, properties=CREATED_TABLE_PROPERTIES)
             log.info("created dead-letter table %s", name)
         except TableAlreadyExistsError:
             table = catalog.load_table(name)

@@ -80,6 +80,9 @@ class History:
         self.lookups += 1
         return self.ran
 
+    async def has_committed(self) -> bool:  # a group that ran, here, committed rows
+        return await self.has_run()
+
     async def committed_tables(self) -> set[str] | None:
         self.scans += 1
         return self.committed

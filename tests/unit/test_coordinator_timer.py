@@ -1,30 +1,35 @@
 """When a coordinator that has just recovered starts its first round (coordinator/session.py
 ``first_round_at``): a takeover keeps the group's cadence from its newest committed snapshot
 instead of waiting a whole interval after its recovery (issue 42 target 5: kill -9 of the
-coordinator's replica to the next committed snapshot)."""
+coordinator's replica to the next committed snapshot); a group's first round counts its interval
+from the process's launch (issue 42 target 1: launch to the first committed snapshot)."""
 
 from coordinator.session import first_round_at
 
 INTERVAL_S = 5.0
 NOW = 1000.0  # the monotonic clock at the end of recovery
+LAUNCHED = NOW - 3.0  # the replica's process began 3 s before (imports, the group's join)
 
 
 def test_a_takeover_after_the_newest_snapshot_is_an_interval_old_starts_its_round_at_once():
     # the old coordinator was killed, its session expired (10 s), the new one recovered: 15 s since its last commit
-    assert first_round_at(NOW, INTERVAL_S, since_commit_s=15.0) == NOW
+    assert first_round_at(NOW, INTERVAL_S, since_commit_s=15.0, launched_at=LAUNCHED) == NOW
 
 
 def test_a_takeover_soon_after_a_commit_keeps_the_cadence_of_the_group():
-    assert first_round_at(NOW, INTERVAL_S, since_commit_s=2.0) == NOW + 3.0
+    assert first_round_at(NOW, INTERVAL_S, since_commit_s=2.0, launched_at=LAUNCHED) == NOW + 3.0
 
 
-def test_a_first_start_with_no_committed_snapshot_waits_one_interval():
-    # the group's first start: its workers join and claim meanwhile
-    assert first_round_at(NOW, INTERVAL_S, since_commit_s=None) == NOW + INTERVAL_S
+def test_a_first_start_with_no_committed_snapshot_counts_the_interval_from_the_launch():
+    # the group's first start: the interval a user set counts from the start they see, not from
+    # the end of the replica's start-up (3 s here): the first round 2 s after recovery, not 5
+    assert first_round_at(NOW, INTERVAL_S, since_commit_s=None, launched_at=LAUNCHED) == NOW + 2.0
+    # a start-up longer than the interval: at once
+    assert first_round_at(NOW, INTERVAL_S, since_commit_s=None, launched_at=NOW - 60.0) == NOW
 
 
 def test_a_snapshot_stamped_ahead_of_this_hosts_clock_waits_at_most_one_interval():
-    assert first_round_at(NOW, INTERVAL_S, since_commit_s=-30.0) == NOW + INTERVAL_S
+    assert first_round_at(NOW, INTERVAL_S, since_commit_s=-30.0, launched_at=LAUNCHED) == NOW + INTERVAL_S
 
 
 def test_recovery_reads_when_each_table_last_committed_on_its_commit_branch(tmp_path):

@@ -258,3 +258,42 @@ def test_on_a_truncated_control_log_a_missing_dynamic_table_is_held_not_refused(
                settings=build(DYNAMIC), history=history, missing=missing)
     asyncio.run(w.ingest.on_fetch(fetch(P1, 0, ["db.new"])))
     assert w.missing.is_held(P1) and "db.new" in w.missing.tables
+
+
+@pytest.mark.parametrize("log_events, state, committed", [
+    ("empty rounds", False, False), ("a commit to a table", False, True), ("empty rounds", True, True),
+])
+def test_a_group_whose_rounds_all_came_before_its_first_record_has_committed_nothing(monkeypatch, log_events, state,
+                                                                                    committed):
+    """A new group's first round comes one interval after its replica's launch: on a fast
+    interval it can complete before the first record, which commits the coordinator's offset
+    and no table. Such a group has run (where its signing began) but committed nothing, so a
+    configured table missing now is a first start's typo, refused, not waited for (issue 42:
+    test_start_failures hung on it). A CommitToTable in its control log, or a table holding its
+    sink state, is a commit."""
+    from icesink.shared.protocol import CommitComplete, CommitToTable, StartCommit
+
+    log = [(0, StartCommit(1, "c1")), (1, CommitComplete(1, "c1", 0, ()))]
+    if log_events == "a commit to a table":
+        log.insert(1, (1, CommitToTable(1, "c1", "db.t", 5, 1, 1, 0)))
+
+    class Reader:
+        def __init__(self, *args, **kwargs) -> None:
+            self.at = 0
+
+        async def start(self) -> None: ...
+        async def stop(self) -> None: ...
+        async def committed(self) -> int: return len(log)  # the coordinator's offset: the rounds completed
+        async def seek_to_beginning(self) -> int: return 0
+        async def end_offset(self) -> int: return len(log)
+        async def position(self) -> int: return self.at
+
+        async def read(self, timeout_s: float):
+            out, self.at = log[self.at:], len(log)
+            return out
+
+    monkeypatch.setattr(table_lookup_module, "ControlReader", Reader)
+    monkeypatch.setattr(table_lookup_module, "holds_group_state", lambda *_: state)
+    history = GroupHistory(build(DYNAMIC), "b:9092", Keyring(), MissingTables(), {}, InlineOffload())
+    assert asyncio.run(history.has_run())
+    assert asyncio.run(history.has_committed()) is committed

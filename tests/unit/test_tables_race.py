@@ -85,3 +85,28 @@ def test_a_creation_that_another_replica_replaced_uses_what_the_catalog_holds(tm
     catalog = Overwritten("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
     target = create_target(catalog, settings(), "db.a", pa.schema([("id", pa.int64())]))
     assert target.table.location() == catalog.load_table("db.a").location() == f"file://{tmp_path}/wh/db/a-other"
+
+
+@pytest.mark.parametrize("user", [None, "false"])
+def test_tables_icesink_creates_keep_only_their_recent_metadata_files(tmp_path, user):
+    """Every round's commit writes a metadata file of the whole history (about 600 KB after a
+    few hundred snapshots) and Iceberg keeps every one by default: at 1 s rounds a table grew by
+    600 KB a second and its commits slowed as the files piled up (issue 42 target 6). Tables the
+    sink creates (auto-created, the dead-letter table) set Iceberg's
+    write.metadata.delete-after-commit.enabled, which keeps the last
+    write.metadata.previous-versions-max (100) files; a user's own value is kept."""
+    from icesink.shared.deadletter_table import ensure_table
+
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    props = {"iceberg.tables.auto-create-props.write.metadata.previous-versions-max": "2"}
+    if user is not None:
+        props["iceberg.tables.auto-create-props.write.metadata.delete-after-commit.enabled"] = user
+    s = load_settings(None, None, {"topics": "t", "iceberg.tables": "db.a",
+                                   "iceberg.tables.auto-create-enabled": "true", **props})
+    table = create_target(catalog, s, "db.a", pa.schema([("id", pa.int64())])).table
+    for i in range(5):
+        table.append(pa.table({"id": pa.array([i], pa.int64())}))
+    files = list((tmp_path / "wh" / "db" / "a" / "metadata").glob("*.metadata.json"))
+    assert len(files) == (6 if user == "false" else 3), sorted(f.name for f in files)
+    letters = ensure_table(catalog, "db.letters")
+    assert letters.properties.get("write.metadata.delete-after-commit.enabled") == "true"
