@@ -33,7 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pyarrow.parquet as pq
 from pyiceberg.catalog import load_catalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
@@ -54,11 +56,20 @@ SCHEMA = Schema(*(
 ))
 
 
+ARROW_SCHEMA = schema_to_pyarrow(SCHEMA)
+
+
 def described_file(table_location: str, rows: int) -> FileInfo:
-    """A data file as a worker describes it: sizes, counts and bounds for every column."""
+    """A data file as a worker describes it: sizes, counts and bounds for every column. The file
+    itself is an empty Parquet file with the schema's field ids: a table's first commit reads
+    each file's footer (coordinator/requirements.py AssertFieldIds)."""
     ids = range(1, len(SCHEMA.fields) + 1)
+    path = f"{table_location}/data/{uuid.uuid4().hex}.parquet"
+    local = path.removeprefix("file://")
+    Path(local).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(ARROW_SCHEMA.empty_table(), local)
     return FileInfo(
-        path=f"{table_location}/data/{uuid.uuid4().hex}.parquet", record_count=rows, size_bytes=rows * 60 + 4096,
+        path=path, record_count=rows, size_bytes=rows * 60 + 4096,
         spec_id=0, column_sizes=tuple((i, rows * 6) for i in ids), value_counts=tuple((i, rows) for i in ids),
         null_value_counts=tuple((i, 0) for i in ids), nan_value_counts=(),
         lower_bounds=tuple((i, b"a" * 8) for i in ids), upper_bounds=tuple((i, b"z" * 8) for i in ids),
