@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
@@ -133,16 +134,6 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
     """Create ``name`` from an inferred Arrow (or Iceberg) schema; another replica may win the race."""
     if not settings.auto_create:
         raise not_created(name)
-    namespace, _ = split_name(name)
-    if not namespace_exists(catalog, namespace):  # one read; creating first fails every time but once
-        try:
-            catalog.create_namespace(namespace)
-        except NamespaceAlreadyExistsError:
-            pass
-        except Exception:  # a lost race: some catalogs (SQL) report it as a database integrity error
-            if not namespace_exists(catalog, namespace):
-                raise
-            log.info("namespace %s was created meanwhile by another replica", namespace)
     schema = iceberg_schema(inferred)
     schema = with_identifier_fields(schema, settings.id_columns(name), settings.id_columns_key(name), name)
     if settings.schema_force_optional:
@@ -163,7 +154,7 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
     properties = {**CREATED_TABLE_PROPERTIES, **settings.auto_create_props}
     properties.setdefault(NAME_MAPPING, create_mapping_from_schema(assign_fresh_schema_ids(schema)).model_dump_json())
     try:
-        created = catalog.create_table(name, schema=schema, partition_spec=spec, properties=properties)
+        created = _create_table(catalog, name, schema=schema, partition_spec=spec, properties=properties)
         log.info("created table %s with schema %s and partition spec %s", name, created.schema(), created.spec())
         # What the catalog holds, not what this creation returned: a catalog that lets two
         # concurrent creations both succeed keeps one (SeaweedFS's REST catalog), and files
@@ -195,6 +186,25 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
             log.debug("name mapping not set on %s: %s", name, exc)
             table = catalog.load_table(name)
     return target_of(name, table, settings)
+
+
+def _create_table(catalog: Catalog, name: str, **kwargs: Any) -> Table:
+    """``catalog.create_table``, its namespace created first when the catalog says it is missing:
+    no read of the namespace before each table (2 ms of a new table's 15 on the SQL catalog)."""
+    try:
+        return catalog.create_table(name, **kwargs)
+    except NoSuchNamespaceError:
+        pass
+    namespace, _ = split_name(name)
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    except Exception:  # a lost race: some catalogs (SQL) report it as a database integrity error
+        if not namespace_exists(catalog, namespace):
+            raise
+        log.info("namespace %s was created meanwhile by another replica", namespace)
+    return catalog.create_table(name, **kwargs)
 
 
 def with_identifier_fields(schema: Schema, columns: tuple[str, ...], key: str, table: str) -> Schema:
