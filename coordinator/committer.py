@@ -234,7 +234,8 @@ class TableCache:
     catalog refuses the commit (its metadata location and the main branch's snapshot are
     required), pyiceberg refreshes the table and re-applies the append, and
     the commit's retry requirements (coordinator/requirements.py) are re-checked on the refreshed table first.
-    Any failure drops the entry; maintenance puts the table its commit left; mirror
+    Any failure drops the entry; maintenance puts the table its commit left, and the load
+    that admits a table's first files (coordinator/files.py TableRoots) offers its own; mirror
     tables, whose deletes are planned against the current snapshot, are always loaded."""
 
     def __init__(self) -> None:
@@ -252,6 +253,11 @@ class TableCache:
     def drop(self, name: str) -> None:
         with self._lock:
             self._tables.pop(name, None)
+
+    def offer(self, name: str, table: Table) -> None:
+        """``table`` as just loaded (to check a response's files): kept unless one is cached."""
+        with self._lock:
+            self._tables.setdefault(name, table)
 
 
 def _fits(table: Table, table_name: str, batch: list[Accepted]) -> bool:

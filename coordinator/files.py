@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -48,10 +48,13 @@ def confined(path: str, roots: Iterable[str]) -> bool:
 
 
 class TableRoots:
-    """Each table's data roots, loaded once per coordinator."""
+    """Each table's data roots, loaded once per coordinator. ``loaded`` is handed each table
+    loaded for them (the round commits' table cache: a new table's first commit starts from it
+    instead of loading it again)."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, loaded: Callable[[str, Table], None] | None = None) -> None:
         self.catalog = catalog
+        self._loaded = loaded
         self._roots: dict[str, tuple[str, ...]] = {}
 
     def known(self, table: str) -> bool:
@@ -63,10 +66,12 @@ class TableRoots:
         roots = self._roots.get(table)
         if roots is None:
             try:
-                roots = data_roots(self.catalog.load_table(table))
+                loaded = self.catalog.load_table(table)
             except (NoSuchTableError, ValueError):  # ValueError: a name the catalog cannot look up
                 return list(paths)
-            self._roots[table] = roots
+            roots = self._roots[table] = data_roots(loaded)
+            if self._loaded is not None:
+                self._loaded(table, loaded)
         return [p for p in paths if not confined(p, roots)]
 
 

@@ -76,7 +76,6 @@ class Coordinator:
             secret=producer.keyring,  # the replica's (agents/worker.py): the same key signs and checks
         )
         self._commit_task: asyncio.Task[None] | None = None
-        self._roots = TableRoots(catalog)
         mirrors = MirrorIndexes(settings) if settings.mirror else None  # docs/mirror-tables.md
         self._manifests: dict[str, frozenset[str]] = {}  # manifest path -> its files (immutable)
         self._round_deadline: float | None = None
@@ -85,6 +84,7 @@ class Coordinator:
         self._idle_until: float | None = None  # after an idle round: the next waits until then (_after_round)
         locks = TableLocks()  # every commit to a table holds its lock: rounds and maintenance
         tables = TableCache()  # each table as this coordinator's last commit left it
+        self._roots = TableRoots(catalog, loaded=tables.offer)  # a new table's first load serves its first commit
         parked = ParkedTables(metrics, self.status)  # tables whose commits keep failing (coordinator/parking.py)
         self._parked = parked
         self._recovery = Recovery(settings, bootstrap, self.session, self._reader, catalog, offload, metrics)
@@ -189,6 +189,7 @@ class Coordinator:
             self._reap_commit_task()
             wait = max(0.05, min(self._next_round_at - now, 0.5))
             batch = await self._reader.read(wait)
+            await self._load_roots(batch)
             for offset, event in batch:
                 if not await self.apply(offset, event):
                     continue
@@ -266,6 +267,14 @@ class Coordinator:
             offset, event.worker, event.table, len(outside), outside[0],
         )
         return False
+
+    async def _load_roots(self, batch: Sequence[tuple[int, Event]]) -> None:
+        """Load the tables the batch's DataWritten events name that this coordinator does not
+        know yet side by side (a first round of many new tables: a catalog's round trips
+        overlap instead of queueing one table after another in :meth:`_admit`)."""
+        names = {ev.table for _, ev in batch if isinstance(ev, DataWritten) and not self._roots.known(ev.table)}
+        if len(names) > 1:
+            await asyncio.gather(*(self.offload.run(self._roots.outside, name, ()) for name in sorted(names)))
 
     async def delete_files(self, files: Sequence[TableFile]) -> None:
         """Delete files that can never be committed (rejected or abandoned responses), never one

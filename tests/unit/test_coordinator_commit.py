@@ -563,3 +563,53 @@ def test_a_tables_commit_duration_leaves_out_its_wait_in_its_commit_process(tmp_
     for t in names:
         assert registry.get_sample_value("icesink_commit_duration_seconds_count", {"table": t}) == 1
         assert registry.get_sample_value("icesink_commit_duration_seconds_sum", {"table": t}) == 10.0, t
+
+
+def test_a_table_loaded_to_admit_its_first_files_is_the_one_its_commit_starts_from(tmp_path, two_tables, monkeypatch):
+    """The coordinator loads a table it does not know yet to check a DataWritten's files
+    against the table's location; the round's commit starts from that table (its TableCache)
+    instead of loading it again: a first round of 200 new tables loaded each one twice, one
+    after the other, between the workers' answers and the first commit (issue 42 target 3)."""
+    producer = FlakyProducer(CommitToTable, fail=0)
+    rounds = coordinator_with_round(tmp_path, two_tables, producer)
+    coord = coordinator_of(rounds.settings, producer, two_tables, rounds.session.state)
+    written = coord.session.state.pending[0].files
+    loads: list[str] = []
+    real_load = two_tables.load_table
+    monkeypatch.setattr(two_tables, "load_table", lambda name: (loads.append(name), real_load(name))[1])
+
+    async def go() -> None:
+        for name in ("db.a", "db.b"):
+            assert await coord._admit(10, DataWritten("r1", "x", "w1", name, written[name]))
+        await coord._rounds.commit("r1", partial=False)
+
+    asyncio.run(go())
+    # by name: the coordinator's loads (pyiceberg's own SQL catalog loads by identifier in its commit)
+    assert sorted(n for n in loads if isinstance(n, str)) == ["db.a", "db.b"]
+    assert rows(two_tables, "db.a") == 3 and rows(two_tables, "db.b") == 3
+
+
+def test_the_new_tables_of_a_batch_of_responses_are_loaded_side_by_side(tmp_path, two_tables, monkeypatch):
+    """A REST catalog answers a load in tens of milliseconds: a first round of 200 new tables
+    admitted one DataWritten after another waited for 200 loads in a row. The tables a batch of
+    control events names that the coordinator does not know yet are loaded at once."""
+    producer = FlakyProducer(CommitToTable, fail=0)
+    rounds = coordinator_with_round(tmp_path, two_tables, producer)
+    coord = coordinator_of(rounds.settings, producer, two_tables, rounds.session.state)
+    written = coord.session.state.pending[0].files
+    lock, running, most = threading.Lock(), [0], [0]
+    real_load = two_tables.load_table
+
+    def slow_load(name):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+        return real_load(name)
+
+    monkeypatch.setattr(two_tables, "load_table", slow_load)
+    batch = [(10 + i, DataWritten("r1", "x", "w1", name, written[name])) for i, name in enumerate(("db.a", "db.b"))]
+    asyncio.run(coord._load_roots(batch))
+    assert most[0] == 2 and coord._roots.known("db.a") and coord._roots.known("db.b")
