@@ -19,10 +19,12 @@ pyiceberg's own results.
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
+from itertools import islice
 from typing import Final
 
 from pyiceberg.catalog import Catalog
@@ -68,11 +70,22 @@ def staged_metadata(base: TableMetadata, updates: tuple[TableUpdate, ...],
 
 
 def snapshot_by_id(self: TableMetadataCommonFields, snapshot_id: int) -> Snapshot | None:
-    """pyiceberg 0.12's ``TableMetadataCommonFields.snapshot_by_id``, searching from the newest:
-    a commit looks up its parent, the current snapshot, about ten times, and pyiceberg's search
-    from the oldest walked the whole history each time (at 700 snapshots, a tenth of a round's
-    commit; bench/history_bench.py). Snapshot ids are unique, so the answer is the same."""
-    return next((s for s in reversed(self.snapshots) if s.snapshot_id == snapshot_id), None)
+    """pyiceberg 0.12's ``TableMetadataCommonFields.snapshot_by_id``, the newest first: a commit
+    looks up its parent, the current snapshot, about ten times, and pyiceberg's search from the
+    oldest walked the whole history each time (at 700 snapshots, a tenth of a round's commit;
+    bench/history_bench.py). Any other id in one pass in C over the ids: an id not there (a new
+    snapshot's, checked before it is added) was a walk over every snapshot in Python. Snapshot
+    ids are unique, so the answer is the same."""
+    snapshots = self.snapshots
+    if snapshots and snapshots[-1].snapshot_id == snapshot_id:
+        return snapshots[-1]
+    try:
+        return snapshots[list(map(_SNAPSHOT_ID, snapshots)).index(snapshot_id)]
+    except ValueError:
+        return None
+
+
+_SNAPSHOT_ID: Final = operator.attrgetter("snapshot_id")
 
 
 def install_snapshot_lookup() -> None:
@@ -132,8 +145,8 @@ class SqlCatalog(_PyicebergSqlCatalog):
         output = io.new_output(metadata_path)
         with output.create(overwrite=False) as stream:
             # None values are written when asked (legacy-current-snapshot-id dumps -1), as pyiceberg does.
-            text, listed = SNAPSHOT_JSON.dump(metadata, exclude_none=not _legacy_current_snapshot_id())
-            stream.write(Compressor.get_compressor(output.location).bytes_compressor()(text.encode("utf-8")))
+            data, listed = SNAPSHOT_JSON.dump(metadata, exclude_none=not _legacy_current_snapshot_id())
+            stream.write(Compressor.get_compressor(output.location).bytes_compressor()(data))
         return listed  # each snapshot's JSON, kept once the file is committed (SnapshotJson.keep)
 
 
@@ -143,15 +156,17 @@ SnapshotKey = tuple[int, str, int | None]
 
 @dataclass(frozen=True)
 class Listed:
-    """A metadata file's snapshots as JSON: each one's text by (id, manifest list, parent id),
-    their keys in the file's order, and the texts joined as the file lists them."""
+    """A metadata file's snapshots as JSON: each one's UTF-8 text by (id, manifest list, parent
+    id), their keys in the file's order, the texts joined as the file lists them, and the
+    snapshots themselves (frozen models: the next commit's metadata holds the same objects)."""
 
-    texts: dict[SnapshotKey, str]
+    texts: dict[SnapshotKey, bytes]
     keys: list[SnapshotKey]
-    joined: str
+    joined: bytes
+    snapshots: list[Snapshot]
 
 
-NOTHING_LISTED: Final = Listed({}, [], "")
+NOTHING_LISTED: Final = Listed({}, [], b"", [])
 
 
 class SnapshotJson:
@@ -173,23 +188,28 @@ class SnapshotJson:
         self._tables: dict[tuple[object, bool], Listed] = {}
         self._lock = threading.Lock()
 
-    def dump(self, metadata: TableMetadata, *, exclude_none: bool) -> tuple[str, Listed]:
-        """The metadata file's JSON, and its snapshots' for :meth:`keep`."""
+    def dump(self, metadata: TableMetadata, *, exclude_none: bool) -> tuple[bytes, Listed]:
+        """The metadata file's JSON (UTF-8), and its snapshots' for :meth:`keep`. The snapshot
+        list is built as bytes, copied once into the file's: a 600 KB list joined, spliced into
+        the text and encoded was three copies, a tenth of a commit at 700 snapshots."""
         with self._lock:
             known = self._tables.get((metadata.table_uuid, exclude_none), NOTHING_LISTED)
         snapshots = metadata.snapshots
-        keys = [(s.snapshot_id, s.manifest_list, s.parent_snapshot_id) for s in snapshots]
         kept = len(known.keys)
-        if kept and keys[:kept] == known.keys:  # snapshots added, none removed: the last file's list extended
-            added = {key: snapshot_json(s, exclude_none) for key, s in zip(keys[kept:], snapshots[kept:])}
-            listed = Listed({**known.texts, **added}, keys, ",".join([known.joined, *added.values()]))
+        if kept and _extends(snapshots, known):  # snapshots added, none removed: the last file's list extended
+            new = snapshots[kept:]
+            added = {_key(s): snapshot_json(s, exclude_none) for s in new}
+            listed = Listed({**known.texts, **added}, [*known.keys, *added], b",".join([known.joined, *added.values()]),
+                            list(snapshots))
         else:
+            keys = [_key(s) for s in snapshots]
             texts = {key: known.texts.get(key) or snapshot_json(s, exclude_none) for key, s in zip(keys, snapshots)}
-            listed = Listed(texts, keys, ",".join(texts[key] for key in keys))
+            listed = Listed(texts, keys, b",".join(texts[key] for key in keys), list(snapshots))
         body = metadata.model_copy(update={"snapshots": []}).model_dump_json(exclude_none=exclude_none)
         if body.count(self.MARK) != 1:  # not the layout this was written for: pyiceberg's own dump
-            return metadata.model_dump_json(exclude_none=exclude_none), NOTHING_LISTED
-        return body.replace(self.MARK, f'"snapshots":[{listed.joined}]', 1), listed
+            return metadata.model_dump_json(exclude_none=exclude_none).encode("utf-8"), NOTHING_LISTED
+        head, tail = body.split(self.MARK)
+        return b"".join([head.encode("utf-8"), b'"snapshots":[', listed.joined, b"]", tail.encode("utf-8")]), listed
 
     def keep(self, metadata: TableMetadata, listed: Listed) -> None:
         """``metadata``'s file is committed: its snapshots' JSON serves the table's next commits
@@ -198,9 +218,24 @@ class SnapshotJson:
             self._tables[(metadata.table_uuid, not _legacy_current_snapshot_id())] = listed
 
 
-def snapshot_json(snapshot: Snapshot, exclude_none: bool) -> str:
-    """One snapshot as its table's metadata file lists it."""
-    return snapshot.model_dump_json(exclude_none=exclude_none, by_alias=True)
+def snapshot_json(snapshot: Snapshot, exclude_none: bool) -> bytes:
+    """One snapshot as its table's metadata file lists it (UTF-8)."""
+    return snapshot.model_dump_json(exclude_none=exclude_none, by_alias=True).encode("utf-8")
+
+
+def _key(snapshot: Snapshot) -> SnapshotKey:
+    return snapshot.snapshot_id, snapshot.manifest_list, snapshot.parent_snapshot_id
+
+
+def _extends(snapshots: list[Snapshot], known: Listed) -> bool:
+    """Whether ``snapshots`` begin with ``known``'s: the same objects (a commit's metadata keeps
+    its base's snapshots, a pass in C), else the same keys (a table loaded again)."""
+    kept = len(known.keys)
+    if len(snapshots) < kept:
+        return False
+    if all(map(operator.is_, islice(snapshots, kept), known.snapshots)):
+        return True
+    return [_key(s) for s in islice(snapshots, kept)] == known.keys
 
 
 SNAPSHOT_JSON: Final = SnapshotJson()  # one per process, as the commits of every table share it

@@ -303,6 +303,6 @@ def test_looking_up_the_current_snapshot_does_not_walk_the_history(tmp_path):
     counted = metadata.model_copy(update={"snapshots": _Counted(metadata.snapshots)})
     _Counted.walked = 0
     assert counted.snapshot_by_id(metadata.current_snapshot_id).snapshot_id == ids[-1]
-    assert _Counted.walked == 1
+    assert _Counted.walked <= 1
     assert [counted.snapshot_by_id(i).snapshot_id for i in ids] == ids
     assert counted.snapshot_by_id(-1) is None
