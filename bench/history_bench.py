@@ -95,6 +95,8 @@ def main() -> None:
                          "(icesink.shared.iceberg.CREATED_TABLE_PROPERTIES), e.g. "
                          "write.metadata.delete-after-commit.enabled=false")
     ap.add_argument("--no-compaction", action="store_true")
+    ap.add_argument("--young-every", type=int, default=10,
+                    help="the young table (the same-time baseline) is created again every this many rounds")
     ap.add_argument("--tables", type=int, default=1,
                     help="tables in the catalog: bench.t0 is measured and committed every round")
     ap.add_argument("--others-per-round", type=int, default=None,
@@ -116,6 +118,7 @@ def main() -> None:
         _snapshots.time = real
 
 
+YOUNG_WINDOW = 100  # rounds of the young table's commits a curve point compares with
 CURVE = (10, 100, 1_000, 10_000)  # the rounds issue 42 target 6 compares: each to the tenth
 WINDOW = 10  # a point of the curve is the median of the WINDOW rounds ending at it
 
@@ -140,6 +143,7 @@ def run(args: argparse.Namespace, s: MaintenanceSettings, clock: FakeClock) -> N
         tables = [Tracked(f"bench.t{i}", catalog.create_table(f"bench.t{i}", schema=schema, properties=props))
                   for i in range(args.tables)]
         measured, others = tables[0], tables[1:]
+        young = Young(catalog, schema, props, args.young_every)
         per_round = len(others) if args.others_per_round is None else min(args.others_per_round, len(others))
         if others:
             print(f"{args.tables} tables: bench.t0 (measured) every round, {per_round} of the other "
@@ -152,7 +156,8 @@ def run(args: argparse.Namespace, s: MaintenanceSettings, clock: FakeClock) -> N
         expiry_holds: list[float] = []
         compaction_holds: list[float] = []
         print(f"{'round':>6} {'snapshots':>9} {'metadata KB':>11} {'manifests':>9} {'commit ms':>9} "
-              f"{'(median)':>8} {'CPU ms':>6} {'expiry lock ms':>14} {'compaction lock ms':>18} {'pass ms':>8}")
+              f"{'(median)':>8} {'CPU ms':>6} {'expiry lock ms':>14} {'compaction lock ms':>18} {'pass ms':>8} "
+              f"{'x young':>7}")
         passes: list[float] = []
         turn = 0
         for r in range(1, args.rounds + 1):
@@ -162,13 +167,14 @@ def run(args: argparse.Namespace, s: MaintenanceSettings, clock: FakeClock) -> N
             commits.append(wall)
             commit_cpu.append(cpu)
             passes.append(pass_s)
+            young.commit(args, cache, lock, r)
             for _ in range(per_round):
                 other = others[turn % len(others)]
                 turn += 1
                 wall, _cpu, _pass = one_round(args, s, catalog, cache, lock, other, r, int(clock.now * 1000), [], [])
                 other_commits.append(wall)
             if r in CURVE:  # as it is reached: a run stopped early still shows it
-                print_curve(commits, commit_cpu, only=r)
+                print_curve(commits, commit_cpu, young.cpu, only=r)
             if r % args.every == 0 or r == args.rounds:
                 table = catalog.load_table(measured.name)
                 snap = table.current_snapshot()
@@ -179,8 +185,10 @@ def run(args: argparse.Namespace, s: MaintenanceSettings, clock: FakeClock) -> N
                       f"{1000 * statistics.median(recent):>8.1f} {1000 * statistics.median(commit_cpu[-args.every:]):>6.1f} "
                       f"{1000 * max(expiry_holds, default=0):>14.1f} "
                       f"{1000 * max(compaction_holds, default=0):>18.1f} "
-                      f"{1000 * max(passes[-args.every:]):>8.0f}", flush=True)
-        print_curve(commits, commit_cpu)
+                      f"{1000 * max(passes[-args.every:]):>8.0f} "
+                      f"{statistics.median(commit_cpu[-args.every:]) / statistics.median(young.cpu[-args.every:]):>7.2f}",
+                      flush=True)
+        print_curve(commits, commit_cpu, young.cpu)
         if other_commits:
             print(f"the other tables' commits: median {1000 * statistics.median(other_commits):.1f} ms "
                   f"over {len(other_commits):,}; they hold "
@@ -192,6 +200,24 @@ def one_round(args: argparse.Namespace, s: MaintenanceSettings, catalog: Any, ca
               compaction_holds: list[float]) -> tuple[float, float, float]:
     """Round ``r``'s commit of one small file to ``t`` and the maintenance pass after it: the
     commit's wall and thread CPU time, and the pass's wall time (seconds)."""
+    name = t.name
+    wall, cpu = commit_once(args, catalog, cache, lock, t, r)
+    began = time.perf_counter()
+    holds = len(lock.holds)
+    keep = partial(cache.put, name)  # as the coordinator's Maintainer: the commit's table stays cached
+    expire(catalog, name, s, lock, t.manifests, now_ms=now_ms, seen=t.table, keep=keep)
+    expiry_holds += lock.holds[holds:]
+    if not args.no_compaction:
+        holds = len(lock.holds)
+        compact(catalog, name, s, lock, _rewrite, t.live, seen=cache.get(name), keep=keep)
+        compaction_holds += lock.holds[holds:]
+    t.table = cache.get(name) or catalog.load_table(name)
+    return wall, cpu, time.perf_counter() - began
+
+
+def commit_once(args: argparse.Namespace, catalog: Any, cache: TableCache, lock: TimedLock, t: Tracked,
+                r: int) -> tuple[float, float]:
+    """Round ``r``'s commit of one small file to ``t``: its wall and thread CPU time (seconds)."""
     t.rounds += 1
     name = t.name
     rows = pa.table({"id": pa.array(range(r * args.rows, (r + 1) * args.rows), pa.int64()),
@@ -206,36 +232,56 @@ def one_round(args: argparse.Namespace, s: MaintenanceSettings, catalog: Any, ca
     wall, cpu = time.perf_counter() - began, time.thread_time() - cpu
     assert out.snapshot_id is not None
     t.table = cache.get(name) or catalog.load_table(name)
-    began = time.perf_counter()
-    holds = len(lock.holds)
-    keep = partial(cache.put, name)  # as the coordinator's Maintainer: the commit's table stays cached
-    expire(catalog, name, s, lock, t.manifests, now_ms=now_ms, seen=t.table, keep=keep)
-    expiry_holds += lock.holds[holds:]
-    if not args.no_compaction:
-        holds = len(lock.holds)
-        compact(catalog, name, s, lock, _rewrite, t.live, seen=cache.get(name), keep=keep)
-        compaction_holds += lock.holds[holds:]
-    t.table = cache.get(name) or catalog.load_table(name)
-    return wall, cpu, time.perf_counter() - began
+    return wall, cpu
 
 
-def print_curve(commits: list[float], commit_cpu: list[float], only: int | None = None) -> None:
+class Young:
+    """A table kept young beside the measured one: created again every ``every`` rounds (so its
+    commits are its rounds 1 to ``every``) and committed right after bench.t0 in each round,
+    without maintenance. Its commits' median in a window is the tenth round's cost at that
+    moment: the ratio to it does not move with the machine's speed, which on this VM moved a
+    1,000-round median of the same commit by 1.6x (bench/README.md)."""
+
+    def __init__(self, catalog: Any, schema: pa.Schema, props: dict[str, str], every: int) -> None:
+        self.catalog, self.schema, self.props, self.every = catalog, schema, props, every
+        self.table = self._create()
+        self.cpu: list[float] = []
+
+    def _create(self) -> Tracked:
+        return Tracked("bench.young", self.catalog.create_table("bench.young", schema=self.schema,
+                                                                 properties=self.props))
+
+    def commit(self, args: argparse.Namespace, cache: TableCache, lock: TimedLock, r: int) -> None:
+        if self.table.rounds >= self.every:
+            self.catalog.drop_table("bench.young")
+            cache.drop("bench.young")
+            self.table = self._create()
+        self.cpu.append(commit_once(args, self.catalog, cache, lock, self.table, r)[1])
+
+
+def print_curve(commits: list[float], commit_cpu: list[float], young_cpu: list[float], only: int | None = None) -> None:
     """Target 6's curve: the measured table's commit at rounds 10, 100, 1,000 and 10,000 (the
-    median of the WINDOW rounds ending there, wall and thread CPU) and its ratio to round 10;
-    ``only``: that point's line alone, printed as the run reaches it (a run stopped early keeps it)."""
+    median of the WINDOW rounds ending there, wall and thread CPU), its ratio to round 10, and
+    the ratio of its CPU to the young table's in the same last YOUNG_WINDOW rounds (medians; the
+    young table's is the tenth round's cost measured at the same time: :class:`Young`);
+    ``only``: that point's line alone,
+    printed as the run reaches it (a run stopped early keeps it)."""
     points = [c for c in CURVE if c <= len(commits)]
     if not points:
         return
     if only is None:
-        print(f"commit cost curve (median of the {WINDOW} rounds ending at each point):")
-        print(f"{'round':>7} {'wall ms':>8} {'x10th':>6} {'CPU ms':>7} {'x10th':>6}")
+        print(f"commit cost curve (median of the {WINDOW} rounds ending at each point; x young: the "
+              f"medians of the last {YOUNG_WINDOW} rounds, bench.t0's over the young table's):")
+        print(f"{'round':>7} {'wall ms':>8} {'x10th':>6} {'CPU ms':>7} {'x10th':>6} {'young CPU':>9} {'x young':>7}")
     base_wall = statistics.median(commits[max(0, points[0] - WINDOW):points[0]])
     base_cpu = statistics.median(commit_cpu[max(0, points[0] - WINDOW):points[0]])
     for c in points if only is None else [only]:
         wall = statistics.median(commits[max(0, c - WINDOW):c])
         cpu = statistics.median(commit_cpu[max(0, c - WINDOW):c])
+        young = statistics.median(young_cpu[max(0, c - YOUNG_WINDOW):c])
+        same_rounds = statistics.median(commit_cpu[max(0, c - YOUNG_WINDOW):c])
         print(f"{'curve ' if only else ''}{c:>7,} {1000 * wall:>8.1f} {wall / base_wall:>6.2f} {1000 * cpu:>7.1f} "
-              f"{cpu / base_cpu:>6.2f}", flush=True)
+              f"{cpu / base_cpu:>6.2f} {1000 * young:>9.1f} {same_rounds / young:>7.2f}", flush=True)
 
 
 def _rewrite(table: Any, data_files: Any, delete_files: Any, prefix: str) -> list[Any]:
