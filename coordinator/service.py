@@ -84,7 +84,10 @@ class Coordinator:
         self._idle_until: float | None = None  # after an idle round: the next waits until then (_after_round)
         locks = TableLocks()  # every commit to a table holds its lock: rounds and maintenance
         tables = TableCache()  # each table as this coordinator's last commit left it
-        self._roots = TableRoots(catalog, loaded=tables.offer)  # a new table's first load serves its first commit
+        processes = commit_processes(settings, compaction=rewrite is not None)  # None: on the threads
+        # A new table's first load serves its first commit, if this process commits: commit
+        # processes never refresh this cache, which maintenance reads as the table's state.
+        self._roots = TableRoots(catalog, loaded=tables.offer if processes is None else None)
         parked = ParkedTables(metrics, self.status)  # tables whose commits keep failing (coordinator/parking.py)
         self._parked = parked
         self._recovery = Recovery(settings, bootstrap, self.session, self._reader, catalog, offload, metrics)
@@ -97,7 +100,7 @@ class Coordinator:
                                           truncator, offload, self._recovery.table_states, parked.names))
         self._rounds = RoundCommits(
             settings, self.session, producer, self._reader, catalog, offload, metrics, self._maintainer, parked,
-            locks, tables, mirrors, commit_processes(settings, compaction=rewrite is not None))  # None: on the threads
+            locks, tables, mirrors, processes)
 
     # Lifecycle ---------------------------------------------------------------------------
 

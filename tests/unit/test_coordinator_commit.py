@@ -613,3 +613,18 @@ def test_the_new_tables_of_a_batch_of_responses_are_loaded_side_by_side(tmp_path
     batch = [(10 + i, DataWritten("r1", "x", "w1", name, written[name])) for i, name in enumerate(("db.a", "db.b"))]
     asyncio.run(coord._load_roots(batch))
     assert most[0] == 2 and coord._roots.known("db.a") and coord._roots.known("db.b")
+
+
+@pytest.mark.parametrize("processes", [0, 2])
+def test_a_table_loaded_to_admit_files_is_cached_only_when_this_process_commits(tmp_path, two_tables, processes):
+    """With commit processes the rounds commit elsewhere and never refresh this process's table
+    cache, which maintenance reads as the table's state: a table the admission loaded and left
+    there stayed as it was at its first files, and maintenance judged nothing due for ever (CI:
+    test_commit_processes saw no compaction nor expiry)."""
+    producer = FlakyProducer(CommitToTable, fail=0)
+    rounds = coordinator_with_round(tmp_path, two_tables, producer)
+    settings = rounds.settings.model_copy(update={"commit_processes": processes})
+    coord = coordinator_of(settings, producer, two_tables, rounds.session.state)
+    written = coord.session.state.pending[0].files
+    assert asyncio.run(coord._admit(10, DataWritten("r1", "x", "w1", "db.a", written["db.a"])))
+    assert (coord._rounds._tables.get("db.a") is not None) is (processes == 0)
