@@ -157,16 +157,15 @@ SnapshotKey = tuple[int, str, int | None]
 @dataclass(frozen=True)
 class Listed:
     """A metadata file's snapshots as JSON: each one's UTF-8 text by (id, manifest list, parent
-    id), their keys in the file's order, the texts joined as the file lists them, and the
-    snapshots themselves (frozen models: the next commit's metadata holds the same objects)."""
+    id), the texts joined as the file lists them, and the snapshots themselves in that order
+    (frozen models: the next commit's metadata holds the same objects)."""
 
     texts: dict[SnapshotKey, bytes]
-    keys: list[SnapshotKey]
     joined: bytes
     snapshots: list[Snapshot]
 
 
-NOTHING_LISTED: Final = Listed({}, [], b"", [])
+NOTHING_LISTED: Final = Listed({}, b"", [])
 
 
 class SnapshotJson:
@@ -195,16 +194,13 @@ class SnapshotJson:
         with self._lock:
             known = self._tables.get((metadata.table_uuid, exclude_none), NOTHING_LISTED)
         snapshots = metadata.snapshots
-        kept = len(known.keys)
-        if kept and _extends(snapshots, known):  # snapshots added, none removed: the last file's list extended
-            new = snapshots[kept:]
-            added = {_key(s): snapshot_json(s, exclude_none) for s in new}
-            listed = Listed({**known.texts, **added}, [*known.keys, *added], b",".join([known.joined, *added.values()]),
-                            list(snapshots))
+        if known.snapshots and _extends(snapshots, known):  # snapshots added, none removed: the last list extended
+            added = {_key(s): snapshot_json(s, exclude_none) for s in snapshots[len(known.snapshots):]}
+            listed = Listed({**known.texts, **added}, b",".join([known.joined, *added.values()]), list(snapshots))
         else:
             keys = [_key(s) for s in snapshots]
             texts = {key: known.texts.get(key) or snapshot_json(s, exclude_none) for key, s in zip(keys, snapshots)}
-            listed = Listed(texts, keys, b",".join(texts[key] for key in keys), list(snapshots))
+            listed = Listed(texts, b",".join(texts[key] for key in keys), list(snapshots))
         body = metadata.model_copy(update={"snapshots": []}).model_dump_json(exclude_none=exclude_none)
         if body.count(self.MARK) != 1:  # not the layout this was written for: pyiceberg's own dump
             return metadata.model_dump_json(exclude_none=exclude_none).encode("utf-8"), NOTHING_LISTED
@@ -230,12 +226,12 @@ def _key(snapshot: Snapshot) -> SnapshotKey:
 def _extends(snapshots: list[Snapshot], known: Listed) -> bool:
     """Whether ``snapshots`` begin with ``known``'s: the same objects (a commit's metadata keeps
     its base's snapshots, a pass in C), else the same keys (a table loaded again)."""
-    kept = len(known.keys)
+    kept = len(known.snapshots)
     if len(snapshots) < kept:
         return False
     if all(map(operator.is_, islice(snapshots, kept), known.snapshots)):
         return True
-    return [_key(s) for s in islice(snapshots, kept)] == known.keys
+    return list(map(_key, islice(snapshots, kept))) == list(map(_key, known.snapshots))
 
 
 SNAPSHOT_JSON: Final = SnapshotJson()  # one per process, as the commits of every table share it
