@@ -35,6 +35,12 @@ MAX_REQUEST_BYTES = protocol.MAX_EVENT_BYTES + 1024 * 1024
 #: The control producer's record batches: under a broker's default message.max.bytes (1 MiB),
 #: which bounds a whole batch; a larger single event goes alone in its batch.
 MAX_BATCH_BYTES = 512 * 1024
+# How long a control reader's fetch may wait on the broker (fetch.max.wait.ms, 500 by default).
+# Kafka answers a waiting fetch as soon as an event arrives; the embedded Tansu looks again every
+# half of this wait, so an event reached its reader up to 0.25 s late at 500 ms: twice a round
+# (StartCommit, the responses), in every row's freshness. An idle control partition costs a few
+# more empty fetches a second.
+CONTROL_FETCH_WAIT_MS = 100
 
 
 
@@ -150,6 +156,7 @@ class ControlReader:
             isolation_level="read_uncommitted",
             max_partition_fetch_bytes=protocol.MAX_EVENT_BYTES + 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,
+            fetch_max_wait_ms=CONTROL_FETCH_WAIT_MS,
             **client_kwargs,
         )
 

@@ -79,3 +79,23 @@ def test_a_reader_without_metrics_still_skips(caplog):
         return await reader.read(0.1)
 
     assert asyncio.run(go()) == []
+
+
+def test_a_control_event_is_fetched_without_waiting_out_a_polling_broker(monkeypatch):
+    """Each round crosses the control topic twice (StartCommit to the workers, their responses
+    to the coordinator). A broker that answers a waiting fetch by polling, as the embedded Tansu
+    does (it looks again every half of the fetch's max wait), delivers an event up to half that
+    wait late: Kafka's default 500 ms added up to 0.25 s per hop, 0.5 s a round, to every
+    row's freshness at 1 s rounds (bench/README.md, freshness). Control readers wait at most
+    CONTROL_FETCH_WAIT_MS; an idle control partition costs a few more empty fetches a second."""
+    import icesink.shared.control as control
+
+    seen = {}
+
+    class Recording:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setattr(control, "AIOKafkaConsumer", Recording)
+    ControlReader("127.0.0.1:1", "c", GROUP, {}, reader="worker")
+    assert seen["fetch_max_wait_ms"] == control.CONTROL_FETCH_WAIT_MS <= 100
