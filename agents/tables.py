@@ -33,6 +33,7 @@ from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.types import DoubleType, FloatType, ListType, MapType, NestedField, PrimitiveType, StructType
 
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_field_metadata
+from icesink.shared.catalogs import sql_catalog_class
 from icesink.shared.config import Settings
 from icesink.shared.errors import ConfigError, ProtocolError, UnsupportedTypeError
 from icesink.shared.reference_keys import ORC_MIRROR_WHY, UNMAPPED_FORMATS
@@ -159,10 +160,13 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
         # What the catalog holds, not what this creation returned: a catalog that lets two
         # concurrent creations both succeed keeps one (SeaweedFS's REST catalog), and files
         # written under the other's location would be refused by the coordinator for ever.
-        # pyiceberg's SQL catalog's creation returns the table it loaded after its insert (a
-        # unique row): loading it again cost 2 ms of the 15 ms of CPU a new table took.
+        # A SQL catalog's creation (pyiceberg's, or the one icesink.shared.catalogs builds) returns
+        # the table its insert of a unique row made current: loading it again cost 2 ms of the
+        # 15 ms of CPU a new table took.
         try:
-            table = created if type(catalog).create_table is SqlCatalog.create_table else catalog.load_table(name)
+            creation = type(catalog).create_table
+            sql = creation is SqlCatalog.create_table or creation is sql_catalog_class().create_table
+            table = created if sql else catalog.load_table(name)
         except NoSuchTableError:  # dropped at once by another writer: the creation's own, as before
             table = created
         if table.location() != created.location():

@@ -21,27 +21,37 @@ from __future__ import annotations
 import logging
 import operator
 import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from itertools import islice
-from typing import Final
+from typing import Any, Final
 
+import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import IcebergTables
 from pyiceberg.catalog.sql import SqlCatalog as _PyicebergSqlCatalog
-from pyiceberg.io import FileIO
-from pyiceberg.serializers import Compressor
-from pyiceberg.table import CommitTableResponse, StagedTable, Table
+from pyiceberg.exceptions import NoSuchNamespaceError, TableAlreadyExistsError
+from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.serializers import NOOP_COMPRESSOR, Compressor
+from pyiceberg.table import CommitTableResponse, StagedTable, Table, TableProperties
 from pyiceberg.table.locations import load_location_provider
-from pyiceberg.table.metadata import TableMetadata, TableMetadataCommonFields
-from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.metadata import TableMetadata, TableMetadataCommonFields, new_table_metadata
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
+from pyiceberg.table.snapshots import MetadataLogEntry, Snapshot, SnapshotLogEntry
 from pyiceberg.table.update import (
     TableRequirement, TableUpdate, _apply_table_update, _TableMetadataUpdateContext, _update_table_metadata_log,
 )
+from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.datetime import datetime_to_millis
-from sqlalchemy import bindparam, update
+from sqlalchemy import bindparam, insert, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 __all__ = ["SqlCatalog", "staged_metadata"]
 
@@ -73,19 +83,42 @@ def snapshot_by_id(self: TableMetadataCommonFields, snapshot_id: int) -> Snapsho
     """pyiceberg 0.12's ``TableMetadataCommonFields.snapshot_by_id``, the newest first: a commit
     looks up its parent, the current snapshot, about ten times, and pyiceberg's search from the
     oldest walked the whole history each time (at 700 snapshots, a tenth of a round's commit;
-    bench/history_bench.py). Any other id in one pass in C over the ids: an id not there (a new
-    snapshot's, checked before it is added) was a walk over every snapshot in Python. Snapshot
-    ids are unique, so the answer is the same."""
+    bench/history_bench.py). Any other id in an index of the list's ids, made once per list: a
+    commit asks three times for its new snapshot's id, which is not there (40 us each at 700
+    snapshots in one pass in C). Snapshot ids are unique, so the answer is the same."""
     snapshots = self.snapshots
     if snapshots and snapshots[-1].snapshot_id == snapshot_id:
         return snapshots[-1]
-    try:
-        return snapshots[list(map(_SNAPSHOT_ID, snapshots)).index(snapshot_id)]
-    except ValueError:
-        return None
+    return _SNAPSHOT_INDEX.of(snapshots).get(snapshot_id)
+
+
+class SnapshotIndex:
+    """Snapshots by id, for the last lists asked about. A metadata's list is never changed in
+    place (the models are frozen; an update makes a new list), so an index serves while its
+    list is alive: it is kept with the list, and a list of another length is indexed again."""
+
+    SIZE: Final = 64  # lists: commits of many tables side by side each ask about two or three
+
+    def __init__(self) -> None:
+        self._lists: OrderedDict[int, tuple[list[Snapshot], dict[int, Snapshot]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(self, snapshots: list[Snapshot]) -> dict[int, Snapshot]:
+        with self._lock:
+            hit = self._lists.get(id(snapshots))
+            if hit is not None and hit[0] is snapshots and len(hit[1]) == len(snapshots):
+                self._lists.move_to_end(id(snapshots))
+                return hit[1]
+        index = dict(zip(map(_SNAPSHOT_ID, snapshots), snapshots, strict=True))
+        with self._lock:
+            self._lists[id(snapshots)] = (snapshots, index)
+            while len(self._lists) > self.SIZE:
+                self._lists.popitem(last=False)
+        return index
 
 
 _SNAPSHOT_ID: Final = operator.attrgetter("snapshot_id")
+_SNAPSHOT_INDEX: Final = SnapshotIndex()
 
 
 def install_snapshot_lookup() -> None:
@@ -132,22 +165,60 @@ class SqlCatalog(_PyicebergSqlCatalog):
         SNAPSHOT_JSON.keep(metadata, listed)
         return CommitTableResponse(metadata=metadata, metadata_location=location)
 
+    def create_table(self, identifier: str | Identifier, schema: Schema | pa.Schema, location: str | None = None,
+                     partition_spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC,
+                     sort_order: SortOrder = UNSORTED_SORT_ORDER, properties: Properties = EMPTY_DICT) -> Table:
+        """pyiceberg 0.12's ``SqlCatalog.create_table`` less two reads of what it has at hand:
+        whether the namespace exists is asked once (with its properties, for the table's
+        location), not twice, and the table returned is the one written, not its metadata file
+        read back and parsed (a round routed to 200 new tables creates them all first)."""
+        version = int(properties.get(TableProperties.FORMAT_VERSION, TableProperties.DEFAULT_FORMAT_VERSION))
+        schema = self._convert_schema_if_needed(schema, version)  # type: ignore[arg-type]
+        namespace_identifier = Catalog.namespace_from(identifier)
+        namespace = Catalog.namespace_to_string(namespace_identifier)
+        table_name = Catalog.table_name_from(identifier)
+        if location is None:  # the namespace's properties: NoSuchNamespaceError when it is missing
+            location = self._get_default_warehouse_location(namespace, table_name)
+        elif not self.namespace_exists(namespace_identifier):
+            raise NoSuchNamespaceError(f"Namespace does not exist: {namespace_identifier}")
+        location = location.rstrip("/")
+        metadata_location = load_location_provider(location, properties).new_table_metadata_file_location()
+        metadata = new_table_metadata(location=location, schema=schema, partition_spec=partition_spec,
+                                      sort_order=sort_order, properties=properties)
+        self._write_metadata(metadata, load_file_io(properties=self.properties, location=metadata_location),
+                             metadata_location)
+        with Session(self.engine) as session:
+            try:
+                session.execute(insert(IcebergTables).values(**self._create_table_row(namespace, table_name,
+                                                                                      metadata_location)))
+                session.commit()
+            except IntegrityError as e:
+                raise TableAlreadyExistsError(f"Table {namespace}.{table_name} already exists") from e
+        return Table(identifier=Catalog.identifier_to_tuple(namespace) + (table_name,), metadata=metadata,
+                     metadata_location=metadata_location, io=self._load_file_io(metadata.properties, metadata_location),
+                     catalog=self)
+
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
         """pyiceberg's own commit paths (a new table, a stale one) write through :meth:`_write_file` too."""
         SqlCatalog._write_file(metadata, io, metadata_path)
 
     @staticmethod
-    def _write_file(metadata: TableMetadata, io: FileIO, metadata_path: str) -> Listed:
+    def _write_file(metadata: TableMetadata, io: FileIO, metadata_path: str) -> tuple[Listed, ...]:
         """pyiceberg 0.12's ``ToOutputFile.table_metadata``, the same bytes, without building a
         ``Config`` for every file: that searches for and parses pyiceberg's configuration file
         and walks the environment, for every commit (see bench/README.md, commit_bench --profile)."""
         output = io.new_output(metadata_path)
         with output.create(overwrite=False) as stream:
             # None values are written when asked (legacy-current-snapshot-id dumps -1), as pyiceberg does.
-            data, listed = SNAPSHOT_JSON.dump(metadata, exclude_none=not _legacy_current_snapshot_id())
-            stream.write(Compressor.get_compressor(output.location).bytes_compressor()(data))
-        return listed  # each snapshot's JSON, kept once the file is committed (SnapshotJson.keep)
+            pieces, lists = SNAPSHOT_JSON.dump(metadata, exclude_none=not _legacy_current_snapshot_id())
+            compressor = Compressor.get_compressor(output.location)
+            if compressor is NOOP_COMPRESSOR:
+                for piece in pieces:
+                    stream.write(piece)
+            else:
+                stream.write(compressor.bytes_compressor()(b"".join(pieces)))
+        return lists  # each entry's JSON, kept once the file is committed (SnapshotJson.keep)
 
 
 #: A snapshot's id, manifest list and parent id: what may differ between two snapshots of one id.
@@ -156,82 +227,105 @@ SnapshotKey = tuple[int, str, int | None]
 
 @dataclass(frozen=True)
 class Listed:
-    """A metadata file's snapshots as JSON: each one's UTF-8 text by (id, manifest list, parent
-    id), the texts joined as the file lists them, and the snapshots themselves in that order
-    (frozen models: the next commit's metadata holds the same objects)."""
+    """One list of a metadata file as JSON: each entry's UTF-8 text by its key (a snapshot's
+    :data:`SnapshotKey`, a log entry's values), the texts joined as the file lists them, and
+    the entries themselves in that order (frozen models: the next commit's metadata holds the
+    same objects)."""
 
-    texts: dict[SnapshotKey, bytes]
+    texts: dict[Hashable, bytes]
     joined: bytes
-    snapshots: list[Snapshot]
+    items: list[Any]
 
 
 NOTHING_LISTED: Final = Listed({}, b"", [])
 
 
 class SnapshotJson:
-    """A table's metadata file as JSON, each snapshot serialized once: a committed snapshot never
-    changes, and a table's metadata file lists every snapshot it keeps, so dumping them all again
-    made a commit's cost grow with the history (at 1 s rounds and ten minutes' retention, 700
-    snapshots: about 40 % of a commit, its largest part; bench/history_bench.py). Keeps, per table (its
-    uuid), the JSON of the snapshots of its last metadata file whose commit went through
-    (:meth:`keep`): a refused commit's snapshot is made again by pyiceberg's retry under the same
-    id with another manifest list, so only committed files are kept, keyed by id and manifest
-    list, and parent id (pyiceberg's expiry drops the parent of a snapshot whose parent it
-    removes). A commit that only adds snapshots (every round's) appends their JSON to the list
-    joined before, without a pass over the kept ones (expiry's commit joins them all again). The
-    bytes are pyiceberg's ``model_dump_json`` (tests/unit/test_catalogs.py)."""
-
-    MARK: Final = '"snapshots":[]'
+    """A table's metadata file as JSON, each snapshot and each log entry serialized once: a
+    committed snapshot never changes, and a table's metadata file lists every snapshot it
+    keeps, one snapshot-log entry each, and its last metadata files (the metadata log), so
+    dumping them all again made a commit's cost grow with the history (at 1 s rounds and ten
+    minutes' retention, 700 snapshots: the snapshots about 40 % of a commit, the logs 0.36 ms
+    more; bench/history_bench.py). Keeps, per table (its uuid), the JSON of the entries of its
+    last metadata file whose commit went through (:meth:`keep`): a refused commit's snapshot is
+    made again by pyiceberg's retry under the same id with another manifest list, so only
+    committed files are kept, a snapshot keyed by id and manifest list, and parent id
+    (pyiceberg's expiry drops the parent of a snapshot whose parent it removes). A commit that
+    only adds entries to a list (every round's, to the snapshots and the snapshot log) appends
+    their JSON to the list joined before, without a pass over the kept ones; a list that lost
+    entries (expiry's commit; the metadata log, which drops its oldest file) is joined again
+    from the texts kept. The bytes are pyiceberg's ``model_dump_json``
+    (tests/unit/test_catalogs.py)."""
 
     def __init__(self) -> None:
-        self._tables: dict[tuple[object, bool], Listed] = {}
+        self._tables: dict[tuple[object, bool], tuple[Listed, ...]] = {}
         self._lock = threading.Lock()
 
-    def dump(self, metadata: TableMetadata, *, exclude_none: bool) -> tuple[bytes, Listed]:
-        """The metadata file's JSON (UTF-8), and its snapshots' for :meth:`keep`. The snapshot
-        list is built as bytes, copied once into the file's: a 600 KB list joined, spliced into
-        the text and encoded was three copies, a tenth of a commit at 700 snapshots."""
+    def dump(self, metadata: TableMetadata, *, exclude_none: bool) -> tuple[list[bytes], tuple[Listed, ...]]:
+        """The metadata file's JSON (UTF-8) in pieces to write one after the other (a 600 KB
+        file joined was one more copy of it), and its lists' for :meth:`keep`."""
         with self._lock:
-            known = self._tables.get((metadata.table_uuid, exclude_none), NOTHING_LISTED)
-        snapshots = metadata.snapshots
-        if known.snapshots and _extends(snapshots, known):  # snapshots added, none removed: the last list extended
-            added = {_key(s): snapshot_json(s, exclude_none) for s in snapshots[len(known.snapshots):]}
-            listed = Listed({**known.texts, **added}, b",".join([known.joined, *added.values()]), list(snapshots))
-        else:
-            keys = [_key(s) for s in snapshots]
-            texts = {key: known.texts.get(key) or snapshot_json(s, exclude_none) for key, s in zip(keys, snapshots)}
-            listed = Listed(texts, b",".join(texts[key] for key in keys), list(snapshots))
-        body = metadata.model_copy(update={"snapshots": []}).model_dump_json(exclude_none=exclude_none)
-        if body.count(self.MARK) != 1:  # not the layout this was written for: pyiceberg's own dump
-            return metadata.model_dump_json(exclude_none=exclude_none).encode("utf-8"), NOTHING_LISTED
-        head, tail = body.split(self.MARK)
-        return b"".join([head.encode("utf-8"), b'"snapshots":[', listed.joined, b"]", tail.encode("utf-8")]), listed
+            known = self._tables.get((metadata.table_uuid, exclude_none), ())
+        lists = tuple(_listed(getattr(metadata, field), known[i] if known else NOTHING_LISTED, key, exclude_none)
+                      for i, (field, _, key) in enumerate(_LISTS))
+        body = metadata.model_copy(update={field: [] for field, _, _ in _LISTS}).model_dump_json(
+            exclude_none=exclude_none)
+        if any(body.count(mark) != 1 for _, mark, _ in _LISTS):  # not the layout this was written for
+            return [metadata.model_dump_json(exclude_none=exclude_none).encode("utf-8")], ()
+        pieces: list[bytes] = []
+        at = 0
+        for where, mark, listed in sorted((body.index(mark), mark, listed)
+                                          for (_, mark, _), listed in zip(_LISTS, lists, strict=True)):
+            pieces += [body[at:where].encode("utf-8"), mark[:-1].encode("utf-8"), listed.joined, b"]"]
+            at = where + len(mark)
+        pieces.append(body[at:].encode("utf-8"))
+        return pieces, lists
 
-    def keep(self, metadata: TableMetadata, listed: Listed) -> None:
-        """``metadata``'s file is committed: its snapshots' JSON serves the table's next commits
-        (only these: expired snapshots are let go)."""
-        with self._lock:
-            self._tables[(metadata.table_uuid, not _legacy_current_snapshot_id())] = listed
+    def keep(self, metadata: TableMetadata, lists: tuple[Listed, ...]) -> None:
+        """``metadata``'s file is committed: its entries' JSON serves the table's next commits
+        (only these: expired snapshots and dropped log entries are let go)."""
+        if lists:
+            with self._lock:
+                self._tables[(metadata.table_uuid, not _legacy_current_snapshot_id())] = lists
 
 
-def snapshot_json(snapshot: Snapshot, exclude_none: bool) -> bytes:
-    """One snapshot as its table's metadata file lists it (UTF-8)."""
-    return snapshot.model_dump_json(exclude_none=exclude_none, by_alias=True).encode("utf-8")
+def _listed(items: list[Any], known: Listed, key: Callable[[Any], Hashable], exclude_none: bool) -> Listed:
+    """``items`` as :class:`Listed`, from what ``known`` (the table's last committed file's) holds."""
+    if known.items and _extends(items, known, key):  # entries added, none removed: the last list extended
+        added = {key(e): entry_json(e, exclude_none) for e in items[len(known.items):]}
+        return Listed({**known.texts, **added}, b",".join([known.joined, *added.values()]), list(items))
+    keys = [key(e) for e in items]
+    texts = {k: known.texts.get(k) or entry_json(e, exclude_none) for k, e in zip(keys, items, strict=True)}
+    return Listed(texts, b",".join(texts[k] for k in keys), list(items))
+
+
+def entry_json(entry: Snapshot | SnapshotLogEntry | MetadataLogEntry, exclude_none: bool) -> bytes:
+    """One snapshot or log entry as its table's metadata file lists it (UTF-8)."""
+    return entry.model_dump_json(exclude_none=exclude_none, by_alias=True).encode("utf-8")
 
 
 def _key(snapshot: Snapshot) -> SnapshotKey:
     return snapshot.snapshot_id, snapshot.manifest_list, snapshot.parent_snapshot_id
 
 
-def _extends(snapshots: list[Snapshot], known: Listed) -> bool:
-    """Whether ``snapshots`` begin with ``known``'s: the same objects (a commit's metadata keeps
-    its base's snapshots, a pass in C), else the same keys (a table loaded again)."""
-    kept = len(known.snapshots)
-    if len(snapshots) < kept:
+def _extends(items: list[Any], known: Listed, key: Callable[[Any], Hashable]) -> bool:
+    """Whether ``items`` begin with ``known``'s: the same objects (a commit's metadata keeps
+    its base's entries, a pass in C), else the same keys (a table loaded again)."""
+    kept = len(known.items)
+    if len(items) < kept:
         return False
-    if all(map(operator.is_, islice(snapshots, kept), known.snapshots)):
+    if all(map(operator.is_, islice(items, kept), known.items)):
         return True
-    return list(map(_key, islice(snapshots, kept))) == list(map(_key, known.snapshots))
+    return list(map(key, islice(items, kept))) == list(map(key, known.items))
+
+
+# The lists a metadata file is spliced from: the field, its text in a body dumped with the list
+# empty, and what tells two entries apart (a log entry: all it holds).
+_LISTS: Final[tuple[tuple[str, str, Callable[[Any], Hashable]], ...]] = (
+    ("snapshots", '"snapshots":[]', _key),
+    ("snapshot_log", '"snapshot-log":[]', operator.attrgetter("snapshot_id", "timestamp_ms")),
+    ("metadata_log", '"metadata-log":[]', operator.attrgetter("metadata_file", "timestamp_ms")),
+)
 
 
 SNAPSHOT_JSON: Final = SnapshotJson()  # one per process, as the commits of every table share it
