@@ -42,6 +42,7 @@ from coordinator.committer import RoundCommit, TableCache, commit_table
 from coordinator.maintenance import MaintenanceSettings, compact, expire
 from coordinator.state import Accepted
 from coordinator.iceberg_ext.catalogs import SqlCatalog
+from icesink.shared import gc_tuning
 from icesink.shared.catalogs import sqlite_catalog_properties
 from icesink.shared.iceberg import CREATED_TABLE_PROPERTIES, to_file_info
 from icesink.shared.protocol import TopicPartition
@@ -83,6 +84,10 @@ class TimedLock:
 
 def main() -> None:
     iceberg_ext.install()  # as a replica does (coordinator/iceberg_ext/): the committer requires it
+    # The collector as a replica's (icesink/app/cli.py): at Python's default young threshold
+    # (700) a commit's allocations set off collections, and the older generations' walk a heap
+    # that holds every table's history (--tables 200: 140,000 snapshots and their summaries).
+    gc_tuning.tune()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--interval-ms", type=int, default=1000, help="simulated time between rounds")

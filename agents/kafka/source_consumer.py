@@ -56,11 +56,15 @@ log = logging.getLogger(__name__)
 
 READ_COMMITTED = "read_committed"
 IDLE_POLL_S = 0.05  # while no partition is active, how often the drain looks again
-# How long a fetch may wait on the broker for data (fetch.max.wait.ms; Kafka's and aiokafka's
-# default). aiokafka sends a broker no fetch while one is in flight, so a fetch waiting on an
-# empty partition (Faust's leader topic, a quiet source partition) held the first records of
-# a partition just resumed at its accepted position; Faust's 1.5 s made start-up 1.4 s longer.
-FETCH_MAX_WAIT_MS = 500
+# How long a fetch may wait on the broker for consumer.fetch-min-bytes (fetch.max.wait.ms).
+# aiokafka sends a broker no fetch while one is in flight, so a fetch waiting on an empty
+# partition (Faust's leader topic, a quiet source partition) held the first records of a
+# partition just resumed at its accepted position; Faust's 1.5 s made start-up 1.4 s longer.
+# Kafka answers once the minimum is there, so the wait only bounds a quiet topic's; the embedded
+# Tansu looks again every half of the wait, so at Kafka's default 500 ms every record waited up
+# to 0.25 s there (bench/README.md, freshness; the smaller fetches cost the worker 1.5-2.5 us
+# more CPU per record at 30k records/s on Tansu).
+FETCH_MAX_WAIT_MS = 200
 
 
 def use_read_committed(thread: Any, fetch_min_bytes: int) -> None:

@@ -8,7 +8,9 @@
   while the catalog still points at that table's metadata file. Anything else (a stale table,
   whose compare-and-set fails; a new table; a dialect without reliable row counts) takes
   pyiceberg's own path. It writes metadata files as pyiceberg does, but reads pyiceberg's
-  configuration (files and environment) once per process, not for every file.
+  configuration (files and environment) once per process, not for every file, and each
+  snapshot's and log entry's JSON once (:class:`SnapshotJson`). Its ``create_table`` returns
+  the table it wrote rather than reading it back.
   :func:`coordinator.iceberg_ext.install` makes ``icesink.shared.iceberg.load_catalog`` use it for
   every SQL catalog (:func:`icesink.shared.catalogs.use_sql_catalog`).
 
@@ -293,7 +295,10 @@ def _listed(items: list[Any], known: Listed, key: Callable[[Any], Hashable], exc
     """``items`` as :class:`Listed`, from what ``known`` (the table's last committed file's) holds."""
     if known.items and _extends(items, known, key):  # entries added, none removed: the last list extended
         added = {key(e): entry_json(e, exclude_none) for e in items[len(known.items):]}
-        return Listed({**known.texts, **added}, b",".join([known.joined, *added.values()]), list(items))
+        # The texts grow in place (a copy was a pass over them all): a key names one text, so
+        # ``known`` still finds its own, and a list that loses entries starts a new dict below.
+        known.texts.update(added)
+        return Listed(known.texts, b",".join([known.joined, *added.values()]), list(items))
     keys = [key(e) for e in items]
     texts = {k: known.texts.get(k) or entry_json(e, exclude_none) for k, e in zip(keys, items, strict=True)}
     return Listed(texts, b",".join(texts[k] for k in keys), list(items))
