@@ -262,11 +262,12 @@ class Ingest:
             return
         # Tables decoded together are counted once, as the rows they share: an nbytes walk per
         # table and fetch was a quarter of a fetch's handling at 200 tables (py-spy).
+        # Many new tables: created together first, then decoded together with the others.
+        new = [name for name in routes.by_table if name not in self.targets]
+        made = await self.tables.targets_of({name: _subset(values, routes.by_table[name]) for name in new}) if len(
+            new) > 1 else {}
         shared = await self.decoder.decode_together(routes.by_table, values, messages, screened.positions)
-        subsets = {name: values if len(idx) == len(values) else [values[i] for i in idx]
-                   for name, idx in routes.by_table.items() if name not in shared.converted}
-        new = {name: subset for name, subset in subsets.items() if name not in self.targets}
-        made = await self.tables.targets_of(new) if len(new) > 1 else {}  # many new tables: created side by side
+        subsets = {name: _subset(values, idx) for name, idx in routes.by_table.items() if name not in shared.converted}
         nbytes = shared.nbytes
         tables: dict[str, pa.Table] = {}
         rows = 0
@@ -424,3 +425,8 @@ class Ingest:
         if self.replica.backpressure:
             paused = len(self.buffers.partitions)
         self.metrics.paused_partitions.set(paused)
+
+
+def _subset(values: list[bytes], idx: npt.NDArray[np.int64]) -> list[bytes]:
+    """The values at ``idx``: ``values`` itself when it is all of them."""
+    return values if len(idx) == len(values) else [values[i] for i in idx]

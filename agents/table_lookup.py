@@ -27,7 +27,7 @@ from agents.formats.extras import KeyColumnUnknown
 from agents.missing import MissingTables
 from agents.schema_watch import SchemaWatch
 from agents.tables import (
-    Target, create_target, holds_group_state, load_target, namespace_exists, not_created, target_of,
+    Target, create_targets, holds_group_state, load_target, namespace_exists, not_created, target_of,
 )
 from icesink.shared.config import Settings
 from icesink.shared.control import ControlReader
@@ -263,33 +263,41 @@ class TableLookup:
     async def target(self, name: str, values: list[bytes]) -> Target | None:
         """The table ``name``: loaded if it exists (a dynamic route to an existing table), else
         auto-created from these records (None: no record tells its schema)."""
-        target = await self.offload.run(load_target, self.catalog, name, self.settings)
-        if target is None:
-            inferred: pa.Schema | Schema | None
-            try:
-                if self.debezium is not None:
-                    inferred = self.format.with_extras(self.debezium.infer_schema(values))
-                else:
-                    inferred = self.format.table_schema(values, timestamp_fields=self.settings.timestamp_fields_of(name))
-            except KeyColumnUnknown:  # registry keys: no key schema known yet
-                return None
-            if inferred is None:
-                return None
-            target = await self.offload.run(create_target, self.catalog, self.settings, name, inferred)
-        self.targets[name] = target
-        return target
+        return (await self.targets_of({name: values}))[name]
 
     async def targets_of(self, wanted: Mapping[str, list[bytes]]) -> dict[str, Target | None]:
         """:meth:`target` for each of several tables at once (a fetch routed to many new dynamic
-        tables): their catalog calls overlap on the offload threads instead of queueing one table
-        after another (200 new tables took a first fetch about 150 ms each). All finish before
-        the first error, if any, is raised."""
+        tables): their loads overlap on the offload threads, and the tables missing are created
+        together (agents/tables.py ``create_targets``: one transaction on the SQL catalog).
+        200 new tables one after another held the first fetch about 150 ms each. All loads
+        finish before the first error, if any, is raised."""
         names = list(wanted)
-        got = await asyncio.gather(*(self.target(n, wanted[n]) for n in names), return_exceptions=True)
+        got = await asyncio.gather(*(self.offload.run(load_target, self.catalog, n, self.settings) for n in names),
+                                   return_exceptions=True)
         for result in got:
             if isinstance(result, BaseException):
                 raise result
-        return {n: t for n, t in zip(names, got, strict=True) if not isinstance(t, BaseException)}
+        found: dict[str, Target | None] = {n: t for n, t in zip(names, got, strict=True)
+                                           if not isinstance(t, BaseException)}
+        inferred = {}
+        for name in names:
+            if found[name] is None and (schema := self._inferred(name, wanted[name])) is not None:
+                inferred[name] = schema
+        if inferred:
+            found.update(await self.offload.run(create_targets, self.catalog, self.settings, inferred))
+        for name, target in found.items():
+            if target is not None:
+                self.targets[name] = target
+        return found
+
+    def _inferred(self, name: str, values: list[bytes]) -> pa.Schema | Schema | None:
+        """The schema a new table ``name`` gets from these records (None: no record tells)."""
+        try:
+            if self.debezium is not None:
+                return self.format.with_extras(self.debezium.infer_schema(values))
+            return self.format.table_schema(values, timestamp_fields=self.settings.timestamp_fields_of(name))
+        except KeyColumnUnknown:  # registry keys: no key schema known yet
+            return None
 
     async def held_back(self, tp: TopicPartition, names: Iterable[str]) -> list[str]:
         """Of the tables ``names`` records of ``tp`` go to, those it waits for (agents/missing.py):

@@ -16,6 +16,7 @@ receives Kafka Connect Decimal bytes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.types import DoubleType, FloatType, ListType, MapType, NestedField, PrimitiveType, StructType
 
 from agents.convert import DECIMAL_ENCODING, EPOCH_UNIT, check_schema, with_field_metadata
-from icesink.shared.catalogs import sql_catalog_class
+from icesink.shared.catalogs import NewTable, sql_catalog_class
 from icesink.shared.config import Settings
 from icesink.shared.errors import ConfigError, ProtocolError, UnsupportedTypeError
 from icesink.shared.reference_keys import ORC_MIRROR_WHY, UNMAPPED_FORMATS
@@ -135,27 +136,9 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
     """Create ``name`` from an inferred Arrow (or Iceberg) schema; another replica may win the race."""
     if not settings.auto_create:
         raise not_created(name)
-    schema = iceberg_schema(inferred)
-    schema = with_identifier_fields(schema, settings.id_columns(name), settings.id_columns_key(name), name)
-    if settings.schema_force_optional:
-        schema = _all_optional(schema)
-    exprs = parse_partition_by(settings.partition_by(name) or "")
+    plan = _creation(settings, name, inferred)
     try:
-        spec = build_partition_spec(exprs, schema) if exprs else UNPARTITIONED_PARTITION_SPEC
-    except ConfigError as exc:
-        key = f"iceberg.table.{name}.partition-by" if name in settings.table_partition_by else (
-            "iceberg.tables.default-partition-by")
-        raise ConfigError(
-            key, settings.partition_by(name),
-            f"{exc.expected} (the column types were inferred from the first records of {name}; "
-            "create the table yourself for other types)",
-        ) from None
-    # Readers map columns by name where a file lacks field ids (e.g. list elements). The mapping
-    # is made from the schema as the catalog numbers it (fresh ids in order, as here); checked below.
-    properties = {**CREATED_TABLE_PROPERTIES, **settings.auto_create_props}
-    properties.setdefault(NAME_MAPPING, create_mapping_from_schema(assign_fresh_schema_ids(schema)).model_dump_json())
-    try:
-        created = _create_table(catalog, name, schema=schema, partition_spec=spec, properties=properties)
+        created = _create_table(catalog, name, **plan)
         log.info("created table %s with schema %s and partition spec %s", name, created.schema(), created.spec())
         # What the catalog holds, not what this creation returned: a catalog that lets two
         # concurrent creations both succeed keeps one (SeaweedFS's REST catalog), and files
@@ -180,6 +163,64 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
         except NoSuchTableError:
             raise exc from None
         log.info("table %s was created meanwhile by another replica", name)
+    return _mapped_target(catalog, settings, name, table)
+
+
+def create_targets(catalog: Catalog, settings: Settings, wanted: Mapping[str, pa.Schema | Schema]) -> dict[str, Target]:
+    """:func:`create_target` for several tables. The SQL catalog icesink builds creates them in
+    one transaction, each namespace read once (a fetch routed to 200 new dynamic tables made
+    200 transactions, each reading its namespace); when one of them is taken meanwhile or a
+    namespace is missing, none is, and each is created on its own as :func:`create_target` does.
+    Other catalogs create one table after another."""
+    batch = getattr(catalog, "create_table_batch", None)
+    if not settings.auto_create or batch is None or len(wanted) < 2:
+        return {name: create_target(catalog, settings, name, inferred) for name, inferred in wanted.items()}
+    plans: dict[tuple[Any, ...], dict[str, Any]] = {}  # tables of one inferred schema and settings share their plan
+    new = []
+    for name, inferred in wanted.items():
+        key = (inferred.to_string() if isinstance(inferred, pa.Schema) else inferred.model_dump_json(),
+               settings.id_columns(name), settings.partition_by(name))
+        if key not in plans:
+            plans[key] = _creation(settings, name, inferred)
+        new.append(NewTable(name, **plans[key]))
+    try:
+        made = batch(new)
+    except (TableAlreadyExistsError, NoSuchNamespaceError):
+        return {name: create_target(catalog, settings, name, inferred) for name, inferred in wanted.items()}
+    for table in made:
+        log.info("created table %s with schema %s and partition spec %s", ".".join(table.name()), table.schema(),
+                 table.spec())
+    return {name: _mapped_target(catalog, settings, name, table) for name, table in zip(wanted, made, strict=True)}
+
+
+def _creation(settings: Settings, name: str, inferred: pa.Schema | Schema) -> dict[str, Any]:
+    """``create_table``'s schema, partition spec and properties for ``name`` from its inferred schema."""
+    schema = iceberg_schema(inferred)
+    schema = with_identifier_fields(schema, settings.id_columns(name), settings.id_columns_key(name), name)
+    if settings.schema_force_optional:
+        schema = _all_optional(schema)
+    exprs = parse_partition_by(settings.partition_by(name) or "")
+    try:
+        spec = build_partition_spec(exprs, schema) if exprs else UNPARTITIONED_PARTITION_SPEC
+    except ConfigError as exc:
+        key = f"iceberg.table.{name}.partition-by" if name in settings.table_partition_by else (
+            "iceberg.tables.default-partition-by")
+        raise ConfigError(
+            key, settings.partition_by(name),
+            f"{exc.expected} (the column types were inferred from the first records of {name}; "
+            "create the table yourself for other types)",
+        ) from None
+    # Readers map columns by name where a file lacks field ids (e.g. list elements). The mapping
+    # is made from the schema as the catalog numbers it (fresh ids in order, as here); checked
+    # by _mapped_target.
+    properties = {**CREATED_TABLE_PROPERTIES, **settings.auto_create_props}
+    properties.setdefault(NAME_MAPPING, create_mapping_from_schema(assign_fresh_schema_ids(schema)).model_dump_json())
+    return {"schema": schema, "partition_spec": spec, "properties": properties}
+
+
+def _mapped_target(catalog: Catalog, settings: Settings, name: str, table: Table) -> Target:
+    """The target of a table just created, its name mapping set if the catalog numbered its
+    columns otherwise than the mapping made before (or it is an older table)."""
     mapping = create_mapping_from_schema(table.schema()).model_dump_json()
     if table.properties.get(NAME_MAPPING) is None or (
             NAME_MAPPING not in settings.auto_create_props and table.properties[NAME_MAPPING] != mapping):

@@ -24,7 +24,7 @@ import logging
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -32,10 +32,10 @@ from itertools import islice
 from typing import Any, Final
 
 import pyarrow as pa
-from pyiceberg.catalog import Catalog
+from pyiceberg.catalog import LOCATION, WAREHOUSE_LOCATION, Catalog
 from pyiceberg.catalog.sql import IcebergTables
 from pyiceberg.catalog.sql import SqlCatalog as _PyicebergSqlCatalog
-from pyiceberg.exceptions import NoSuchNamespaceError, TableAlreadyExistsError
+from pyiceberg.exceptions import TableAlreadyExistsError
 from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
@@ -54,6 +54,8 @@ from pyiceberg.utils.datetime import datetime_to_millis
 from sqlalchemy import bindparam, insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+
+from icesink.shared.catalogs import NewTable
 
 __all__ = ["SqlCatalog", "staged_metadata"]
 
@@ -174,31 +176,57 @@ class SqlCatalog(_PyicebergSqlCatalog):
         whether the namespace exists is asked once (with its properties, for the table's
         location), not twice, and the table returned is the one written, not its metadata file
         read back and parsed (a round routed to 200 new tables creates them all first)."""
-        version = int(properties.get(TableProperties.FORMAT_VERSION, TableProperties.DEFAULT_FORMAT_VERSION))
-        schema = self._convert_schema_if_needed(schema, version)  # type: ignore[arg-type]
-        namespace_identifier = Catalog.namespace_from(identifier)
-        namespace = Catalog.namespace_to_string(namespace_identifier)
-        table_name = Catalog.table_name_from(identifier)
-        if location is None:  # the namespace's properties: NoSuchNamespaceError when it is missing
-            location = self._get_default_warehouse_location(namespace, table_name)
-        elif not self.namespace_exists(namespace_identifier):
-            raise NoSuchNamespaceError(f"Namespace does not exist: {namespace_identifier}")
-        location = location.rstrip("/")
-        metadata_location = load_location_provider(location, properties).new_table_metadata_file_location()
-        metadata = new_table_metadata(location=location, schema=schema, partition_spec=partition_spec,
-                                      sort_order=sort_order, properties=properties)
-        self._write_metadata(metadata, load_file_io(properties=self.properties, location=metadata_location),
-                             metadata_location)
-        with Session(self.engine) as session:
-            try:
-                session.execute(insert(IcebergTables).values(**self._create_table_row(namespace, table_name,
-                                                                                      metadata_location)))
-                session.commit()
-            except IntegrityError as e:
-                raise TableAlreadyExistsError(f"Table {namespace}.{table_name} already exists") from e
-        return Table(identifier=Catalog.identifier_to_tuple(namespace) + (table_name,), metadata=metadata,
-                     metadata_location=metadata_location, io=self._load_file_io(metadata.properties, metadata_location),
-                     catalog=self)
+        return self.create_table_batch([NewTable(identifier, schema, partition_spec, properties, location, sort_order)])[0]
+
+    def create_table_batch(self, tables: Sequence[NewTable]) -> list[Table]:
+        """:meth:`create_table` for several tables in one transaction, each namespace's
+        properties read once: a fetch routed to 200 new tables made 200 transactions and read
+        its namespace 200 times (agents/tables.py ``create_targets``). All or none: a missing
+        namespace raises NoSuchNamespaceError, a name taken (here or in the catalog)
+        TableAlreadyExistsError, and then no table is created and no metadata file is left."""
+        homes: dict[str, Properties] = {}  # namespace -> its properties
+        rows, made, written = [], [], []
+        try:
+            for new in tables:
+                namespace = Catalog.namespace_to_string(Catalog.namespace_from(new.identifier))
+                table_name = Catalog.table_name_from(new.identifier)
+                if namespace not in homes:  # NoSuchNamespaceError when it is missing
+                    homes[namespace] = self.load_namespace_properties(namespace)
+                location = (new.location or self._default_location(homes[namespace], namespace, table_name)).rstrip("/")
+                version = int(new.properties.get(TableProperties.FORMAT_VERSION, TableProperties.DEFAULT_FORMAT_VERSION))
+                schema = self._convert_schema_if_needed(new.schema, version)  # type: ignore[arg-type]
+                metadata_location = load_location_provider(location, new.properties).new_table_metadata_file_location()
+                metadata = new_table_metadata(location=location, schema=schema, partition_spec=new.partition_spec,
+                                              sort_order=new.sort_order, properties=new.properties)
+                io = load_file_io(properties=self.properties, location=metadata_location)
+                self._write_metadata(metadata, io, metadata_location)
+                written.append((io, metadata_location))
+                rows.append(self._create_table_row(namespace, table_name, metadata_location))
+                made.append(Table(identifier=Catalog.identifier_to_tuple(namespace) + (table_name,), metadata=metadata,
+                                  metadata_location=metadata_location,
+                                  io=self._load_file_io(metadata.properties, metadata_location), catalog=self))
+            if len({(r["table_namespace"], r["table_name"]) for r in rows}) < len(rows):
+                raise TableAlreadyExistsError(f"a table is named twice among {[t.name() for t in made]}")
+            with Session(self.engine) as session:
+                try:
+                    session.execute(insert(IcebergTables), rows)
+                    session.commit()
+                except IntegrityError as e:
+                    raise TableAlreadyExistsError(
+                        "Table " + ("{table_namespace}.{table_name}".format(**rows[0]) if len(rows) == 1 else
+                                    f"among {', '.join(str(t.name()) for t in made)}") + " already exists") from e
+        except BaseException:
+            for io, path in written:
+                _delete_quietly(io, path)
+            raise
+        return made
+
+    def _default_location(self, namespace_properties: Properties, namespace: str, table_name: str) -> str:
+        if namespace_location := namespace_properties.get(LOCATION):
+            return f"{namespace_location.rstrip('/')}/{table_name}"
+        if warehouse := self.properties.get(WAREHOUSE_LOCATION):
+            return f"{warehouse.rstrip('/')}/{namespace}/{table_name}"
+        raise ValueError("No default path is set, please specify a location when creating a table")
 
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:

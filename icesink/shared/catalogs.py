@@ -6,6 +6,8 @@
   processes share (the embedded stack's, the tests' and the benchmarks').
 - :func:`sqlite_init_lock`: processes that open a new SQLite catalog together create its
   tables one at a time (pyiceberg checks, then creates: the others' CREATE TABLE failed).
+- :class:`NewTable`: one table of a SQL catalog's ``create_table_batch`` (the agents create a
+  fetch's new dynamic tables together; the coordinator's SQL catalog has the method).
 - :func:`use_sql_catalog`: the class :func:`icesink.shared.iceberg.load_catalog` builds a SQL catalog
   as (pyiceberg's own until :func:`coordinator.iceberg_ext.install` names its cheaper one).
 
@@ -22,23 +24,42 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+import pyarrow as pa
 from cachetools import LRUCache
 from pyiceberg.catalog.sql import SqlCatalog as _PyicebergSqlCatalog
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import ManifestFile
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.typedef import Identifier, Properties
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 __all__ = [
-    "SQLITE_BUSY_TIMEOUT_S", "manifests_of", "remember_manifests", "sql_catalog_class", "sqlite_catalog_properties",
+    "SQLITE_BUSY_TIMEOUT_S", "NewTable", "manifests_of", "remember_manifests", "sql_catalog_class", "sqlite_catalog_properties",
     "sqlite_init_lock", "use_sql_catalog",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NewTable:
+    """One table of :meth:`SqlCatalog.create_table_batch`: ``create_table``'s arguments."""
+
+    identifier: str | Identifier
+    schema: Schema | pa.Schema
+    partition_spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC
+    properties: Properties = field(default_factory=dict)
+    location: str | None = None
+    sort_order: SortOrder = UNSORTED_SORT_ORDER
+
 
 _sql_catalog: type[_PyicebergSqlCatalog] = _PyicebergSqlCatalog
 

@@ -371,3 +371,44 @@ def test_a_created_table_is_the_one_written_and_its_namespace_is_read_once(tmp_p
     assert placed.metadata == theirs.load_table("db.placed").metadata
     with pytest.raises(NoSuchNamespaceError):
         ours.create_table("nowhere.p", schema=SCHEMA, location=f"file://{tmp_path}/p")
+
+
+def test_tables_created_together_are_pyicebergs_tables_and_all_or_none_is_created(tmp_path):
+    """A fetch routed to many new tables creates them together (agents/tables.py
+    ``create_targets``): one transaction, each namespace read once; each table what pyiceberg's
+    catalog loads, where pyiceberg's own creation would have put it (a namespace with a location
+    property, one without). A missing namespace or a name taken creates none of them and leaves
+    no metadata file."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, TableAlreadyExistsError
+    from sqlalchemy import event
+
+    from icesink.shared.catalogs import NewTable
+
+    ours, theirs = _catalogs(tmp_path)
+    ours.create_namespace("placed", {"location": f"file://{tmp_path}/placed-here/"})
+    commits: list[object] = []
+    event.listen(ours.engine, "commit", commits.append)
+    names = ["db.a", "placed.b", "db.c", "placed.d"]
+    made = ours.create_table_batch([NewTable(n, SCHEMA, properties={"k": n}) for n in names])
+    assert len(commits) == 1
+    for name, table in zip(names, made, strict=True):
+        loaded = theirs.load_table(name)
+        assert table.metadata == loaded.metadata and table.metadata_location == loaded.metadata_location
+        assert table.name() == loaded.name() and loaded.properties["k"] == name
+        namespace, _, short = name.partition(".")
+        assert table.location() == theirs._get_default_warehouse_location(namespace, short)
+    assert made[1].location() == f"file://{tmp_path}/placed-here/b"
+    made[2].append(_rows(7))
+    assert _ids(theirs.load_table("db.c")) == [7]
+
+    def metadata_files() -> int:
+        return len(list(tmp_path.rglob("*.metadata.json")))
+
+    before = metadata_files()
+    with pytest.raises(NoSuchNamespaceError):
+        ours.create_table_batch([NewTable("db.e", SCHEMA), NewTable("nowhere.f", SCHEMA)])
+    with pytest.raises(TableAlreadyExistsError):
+        ours.create_table_batch([NewTable("db.e", SCHEMA), NewTable("db.a", SCHEMA)])
+    with pytest.raises(TableAlreadyExistsError):
+        ours.create_table_batch([NewTable("db.e", SCHEMA), NewTable("db.e", SCHEMA)])
+    assert not theirs.table_exists("db.e") and metadata_files() == before
