@@ -184,7 +184,12 @@ def create_targets(catalog: Catalog, settings: Settings, wanted: Mapping[str, pa
             plans[key] = _creation(settings, name, inferred)
         new.append(NewTable(name, **plans[key]))
     try:
-        made = batch(new)
+        try:
+            made = batch(new)
+        except NoSuchNamespaceError:  # a first start: the namespaces first, then the tables together
+            for namespace in sorted({split_name(name)[0] for name in wanted}):
+                _ensure_namespace(catalog, namespace)
+            made = batch(new)
     except (TableAlreadyExistsError, NoSuchNamespaceError):
         return {name: create_target(catalog, settings, name, inferred) for name, inferred in wanted.items()}
     for table in made:
@@ -240,7 +245,11 @@ def _create_table(catalog: Catalog, name: str, **kwargs: Any) -> Table:
         return catalog.create_table(name, **kwargs)
     except NoSuchNamespaceError:
         pass
-    namespace, _ = split_name(name)
+    _ensure_namespace(catalog, split_name(name)[0])
+    return catalog.create_table(name, **kwargs)
+
+
+def _ensure_namespace(catalog: Catalog, namespace: str) -> None:
     try:
         catalog.create_namespace(namespace)
     except NamespaceAlreadyExistsError:
@@ -249,7 +258,6 @@ def _create_table(catalog: Catalog, name: str, **kwargs: Any) -> Table:
         if not namespace_exists(catalog, namespace):
             raise
         log.info("namespace %s was created meanwhile by another replica", namespace)
-    return catalog.create_table(name, **kwargs)
 
 
 def with_identifier_fields(schema: Schema, columns: tuple[str, ...], key: str, table: str) -> Schema:

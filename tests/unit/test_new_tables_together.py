@@ -155,3 +155,16 @@ def test_when_one_of_them_was_taken_meanwhile_each_is_created_on_its_own(tmp_pat
     assert len(commits) == 3  # the batch rolled back; db.t0 and db.t2 one by one, db.t1 given its name mapping
     metadata = sorted(p.name for p in (tmp_path / "warehouse").rglob("*.metadata.json"))
     assert len(metadata) == 4  # db.t1's two, one each of the others: none left behind by the batch
+
+
+def test_at_a_first_start_the_namespace_is_created_and_then_the_tables_together(tmp_path: Path) -> None:
+    """The first fetch of a first start names tables of a namespace that does not exist yet."""
+    catalog = SqlCatalog("c", **sqlite_catalog_properties(tmp_path))
+    inferred = pa.schema([("tbl", pa.string()), ("id", pa.int64())])
+    commits = transactions(catalog)
+    with patch.object(catalog, "create_table_batch", wraps=catalog.create_table_batch) as batch:
+        targets = create_targets(catalog, build(SETTINGS), {n: inferred for n in NEW})
+    assert [len(c.args[0]) for c in batch.call_args_list] == [3, 3]  # refused for the namespace, then all at once
+    assert len(commits) == 2  # the namespace, then the three tables
+    assert sorted(targets) == list(NEW) and catalog.list_namespaces() == [("db",)]
+    assert all(catalog.load_table(n).metadata == targets[n].table.metadata for n in NEW)
