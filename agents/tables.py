@@ -169,9 +169,9 @@ def create_target(catalog: Catalog, settings: Settings, name: str, inferred: pa.
 def create_targets(catalog: Catalog, settings: Settings, wanted: Mapping[str, pa.Schema | Schema]) -> dict[str, Target]:
     """:func:`create_target` for several tables. The SQL catalog icesink builds creates them in
     one transaction, each namespace read once (a fetch routed to 200 new dynamic tables made
-    200 transactions, each reading its namespace); when one of them is taken meanwhile or a
-    namespace is missing, none is, and each is created on its own as :func:`create_target` does.
-    Other catalogs create one table after another."""
+    200 transactions, each reading its namespace). A namespace missing is created first; when
+    one of the tables was taken meanwhile, none is, and each is created on its own as
+    :func:`create_target` does. Other catalogs create one table after another."""
     batch = getattr(catalog, "create_table_batch", None)
     if not settings.auto_create or batch is None or len(wanted) < 2:
         return {name: create_target(catalog, settings, name, inferred) for name, inferred in wanted.items()}
