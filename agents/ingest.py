@@ -67,11 +67,9 @@ class TableSource(Protocol):
 
     targets: dict[str, Target]
 
-    async def target(self, name: str, values: list[bytes]) -> Target | None:
-        """``name`` loaded, or created from these records (None: none tells its schema)."""
-
     async def targets_of(self, wanted: Mapping[str, list[bytes]]) -> dict[str, Target | None]:
-        """:meth:`target` for each table of ``wanted`` (name -> its records), side by side."""
+        """Each table of ``wanted`` (name -> its records) loaded, or created from its records
+        (None: none tells its schema); the created ones together."""
 
     async def held_back(self, tp: TopicPartition, names: Iterable[str]) -> list[str]:
         """Of ``names``, the tables ``tp`` waits for (then it is held: agents/missing.py)."""
@@ -262,12 +260,14 @@ class Ingest:
             return
         # Tables decoded together are counted once, as the rows they share: an nbytes walk per
         # table and fetch was a quarter of a fetch's handling at 200 tables (py-spy).
-        # Many new tables: created together first, then decoded together with the others.
-        new = [name for name in routes.by_table if name not in self.targets]
-        made = await self.tables.targets_of({name: _subset(values, routes.by_table[name]) for name in new}) if len(
-            new) > 1 else {}
+        # New tables first (looked up side by side, the missing ones created together), so that
+        # they are decoded together with the others.
+        wanted = {name: _subset(values, idx) for name, idx in routes.by_table.items() if name not in self.targets}
+        if wanted:
+            await self.tables.targets_of(wanted)
         shared = await self.decoder.decode_together(routes.by_table, values, messages, screened.positions)
-        subsets = {name: _subset(values, idx) for name, idx in routes.by_table.items() if name not in shared.converted}
+        subsets = {name: wanted[name] if name in wanted else _subset(values, idx)
+                   for name, idx in routes.by_table.items() if name not in shared.converted}
         nbytes = shared.nbytes
         tables: dict[str, pa.Table] = {}
         rows = 0
@@ -279,8 +279,6 @@ class Ingest:
             counted = converted is not None
             if converted is None:
                 subset = subsets[name]
-                if target is None:
-                    target = made[name] if name in made else await self.tables.target(name, subset)
                 sub_messages = screened.messages_of(messages) if whole else [messages[screened.positions[i]] for i in idx]
                 converted = await self.decoder.decode(name, target, subset, sub_messages)
             if target is not None and target.keys is not None:  # a mirror table: keys and operations

@@ -260,17 +260,13 @@ class TableLookup:
                 await self.propose(proposal)
         return self.evolver.ready(self.targets)
 
-    async def target(self, name: str, values: list[bytes]) -> Target | None:
-        """The table ``name``: loaded if it exists (a dynamic route to an existing table), else
-        auto-created from these records (None: no record tells its schema)."""
-        return (await self.targets_of({name: values}))[name]
-
     async def targets_of(self, wanted: Mapping[str, list[bytes]]) -> dict[str, Target | None]:
-        """:meth:`target` for each of several tables at once (a fetch routed to many new dynamic
-        tables): their loads overlap on the offload threads, and the tables missing are created
-        together (agents/tables.py ``create_targets``: one transaction on the SQL catalog).
-        200 new tables one after another held the first fetch about 150 ms each. All loads
-        finish before the first error, if any, is raised."""
+        """The tables ``wanted`` names, each loaded if it exists (a dynamic route to an existing
+        table), else auto-created from its records (None: no record tells its schema). Their
+        loads overlap on the offload threads, and the tables missing are created together
+        (agents/tables.py ``create_targets``: one transaction on the SQL catalog): 200 new
+        tables one after another held the first fetch about 150 ms each. All loads finish
+        before the first error, if any, is raised."""
         names = list(wanted)
         got = await asyncio.gather(*(self.offload.run(load_target, self.catalog, n, self.settings) for n in names),
                                    return_exceptions=True)

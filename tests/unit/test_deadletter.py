@@ -289,8 +289,8 @@ class Tables:
     def __init__(self, targets: dict[str, Any]) -> None:
         self.targets = targets
 
-    async def target(self, name: str, values: list[bytes]) -> Any:
-        return self.targets.get(name)
+    async def targets_of(self, wanted: Any) -> dict[str, Any]:
+        return {name: self.targets.get(name) for name in wanted}
 
     async def held_back(self, tp: TopicPartition, names: Any) -> list[str]:
         return []
