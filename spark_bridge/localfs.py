@@ -8,7 +8,8 @@ them: most of its Spark job's time (see bench/README.md, ingest_bench with --tab
 compiles them once with ``javac`` against the session's Hadoop jar into a jar of their own
 (cached by source and jar; a jar, not a directory, so the JVM's class-data archive can hold
 them: spark_bridge/class_archive.py), and :func:`session_conf` points a local session's
-``file:`` scheme at them.
+``file:`` scheme at them. The jar also holds an empty ``yarn-default.xml`` (the file says why),
+which shadows Hadoop's: a local session's Hadoop settings are then about half as many.
 
 Without ``javac`` (a JRE only) or when compiling fails, the session keeps Hadoop's own file
 system, with a warning: slower for many tables, the same files. A user's own
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 FILE_SYSTEM_CLASS = "io.icesink.hadoop.NioLocalFileSystem"
 SOURCES = sorted((Path(__file__).parent / "hadoop").glob("*.java"))
+RESOURCES = sorted((Path(__file__).parent / "hadoop").glob("*.xml"))  # at the jar's root
 _COMPILE_TIMEOUT_S = 120
 
 
@@ -63,7 +65,7 @@ def classes(cache_dir: Path | None = None) -> Path | None:
                        "(a chmod process per written file)")
         return None
     digest = hashlib.sha256(jar.name.encode())
-    for source in SOURCES:
+    for source in (*SOURCES, *RESOURCES):
         digest.update(source.read_bytes())
     root = cache_dir or cache_root()
     target = root / f"hadoop-localfs-{digest.hexdigest()[:16]}.jar"
@@ -91,6 +93,8 @@ def classes(cache_dir: Path | None = None) -> Path | None:
             with zipfile.ZipFile(packed, "w") as archive:
                 for compiled in sorted(out.rglob("*.class")):
                     archive.write(compiled, compiled.relative_to(out).as_posix())
+                for resource in RESOURCES:
+                    archive.write(resource, resource.name)
             packed.replace(target)  # atomic; a replica racing this one writes the same classes
         finally:
             shutil.rmtree(work, ignore_errors=True)

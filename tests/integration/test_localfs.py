@@ -67,6 +67,8 @@ def test_a_local_session_writes_200_files_without_a_process_each(tmp_path: Path)
         assert stat.S_IMODE(path.stat().st_mode) == 0o644 and stat.S_IMODE(path.parent.stat().st_mode) == 0o755
         assert not any(p.name.endswith(".crc") for p in path.parent.parent.rglob("*"))
         _no_checksum_files(jvm, conf, fs, tmp_path / "crc")
+        # After writes (JobConf registered the file): Hadoop's 527 settings before spark_bridge/hadoop/'s.
+        assert _settings_from(conf, "yarn-default.xml") == 0
 
         # The measure sees Hadoop's chmod processes: the same write through Hadoop's own
         # file system (the user's choice of spark.hadoop.fs.file.impl is kept) starts hundreds.
@@ -84,6 +86,17 @@ def test_a_local_session_writes_200_files_without_a_process_each(tmp_path: Path)
     finally:
         writer.stop()
 
+
+def _settings_from(conf: Any, resource: str) -> int:
+    """How many of a Hadoop conf's settings came from ``resource``. Every Spark job carries
+    its session's whole conf to its tasks (each setting's source list gzipped on its own) and
+    parquet-mr scans it for every file it opens: yarn-default.xml's 527 settings, which no
+    local write reads, were half of it."""
+    it, n = conf.iterator(), 0
+    while it.hasNext():
+        sources = conf.getPropertySources(it.next().getKey())
+        n += bool(sources) and sources[-1] == resource
+    return n
 
 
 def _no_checksum_files(jvm: Any, conf: Any, fs: Any, root: Path) -> None:

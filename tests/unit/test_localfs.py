@@ -21,7 +21,8 @@ def test_classes_are_compiled_once_and_then_taken_from_the_cache(tmp_path: Path,
     assert compiled is not None and compiled.parent == tmp_path and compiled.suffix == ".jar"
     with zipfile.ZipFile(compiled) as jar:  # a jar, not a directory: a class-data archive can hold it
         assert sorted(jar.namelist()) == ["io/icesink/hadoop/NioLocalFileSystem.class",
-                                          "io/icesink/hadoop/NioRawLocalFileSystem.class"]
+                                          "io/icesink/hadoop/NioRawLocalFileSystem.class", "yarn-default.xml"]
+        assert b"<configuration/>" in jar.read("yarn-default.xml")  # no setting: shadows Hadoop's
     monkeypatch.setattr(localfs, "_javac", lambda: None)  # no compiler needed the second time
     assert localfs.classes(tmp_path) == compiled
     assert [p.name for p in tmp_path.iterdir()] == [compiled.name]  # no work directory left
