@@ -69,10 +69,23 @@ class TableRoots:
                 loaded = self.catalog.load_table(table)
             except (NoSuchTableError, ValueError):  # ValueError: a name the catalog cannot look up
                 return list(paths)
-            roots = self._roots[table] = data_roots(loaded)
-            if self._loaded is not None:
-                self._loaded(table, loaded)
+            roots = self._add(table, loaded)
         return [p for p in paths if not confined(p, roots)]
+
+    def load(self, tables: Sequence[str]) -> None:
+        """Load the tables not known yet in one call where the catalog can (icesink's SQL
+        catalog: one query for all). Others, and tables not found, are left to :meth:`outside`."""
+        load_tables = getattr(self.catalog, "load_tables", None)
+        names = [t for t in tables if t not in self._roots]
+        if load_tables is not None and names:
+            for name, loaded in load_tables(names).items():
+                self._add(name, loaded)
+
+    def _add(self, table: str, loaded: Table) -> tuple[str, ...]:
+        roots = self._roots[table] = data_roots(loaded)
+        if self._loaded is not None:
+            self._loaded(table, loaded)
+        return roots
 
 
 def delete_uncommitted(

@@ -273,11 +273,14 @@ class Coordinator:
 
     async def _load_roots(self, batch: Sequence[tuple[int, Event]]) -> None:
         """Load the tables the batch's DataWritten events name that this coordinator does not
-        know yet side by side (a first round of many new tables: a catalog's round trips
-        overlap instead of queueing one table after another in :meth:`_admit`)."""
-        names = {ev.table for _, ev in batch if isinstance(ev, DataWritten) and not self._roots.known(ev.table)}
+        know yet together (a first round of many new tables): in one call where the catalog
+        can, else side by side, so that a catalog's round trips overlap instead of queueing one
+        table after another in :meth:`_admit`."""
+        names = sorted({ev.table for _, ev in batch if isinstance(ev, DataWritten) and not self._roots.known(ev.table)})
         if len(names) > 1:
-            await asyncio.gather(*(self.offload.run(self._roots.outside, name, ()) for name in sorted(names)))
+            await self.offload.run(self._roots.load, names)
+            await asyncio.gather(*(self.offload.run(self._roots.outside, name, ()) for name in names
+                                   if not self._roots.known(name)))
 
     async def delete_files(self, files: Sequence[TableFile]) -> None:
         """Delete files that can never be committed (rejected or abandoned responses), never one

@@ -51,7 +51,7 @@ from pyiceberg.table.update import (
 from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 from pyiceberg.utils.config import Config
 from pyiceberg.utils.datetime import datetime_to_millis
-from sqlalchemy import bindparam, insert, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -132,6 +132,9 @@ def install_snapshot_lookup() -> None:
 
 def snapshot_lookup_installed() -> bool:
     return TableMetadataCommonFields.snapshot_by_id is snapshot_by_id
+
+
+_NAMES_PER_QUERY = 500  # SQLite's older builds take at most 999 parameters a statement
 
 
 class SqlCatalog(_PyicebergSqlCatalog):
@@ -220,6 +223,33 @@ class SqlCatalog(_PyicebergSqlCatalog):
                 _delete_quietly(io, path)
             raise
         return made
+
+    def load_tables(self, names: Sequence[str]) -> dict[str, Table]:
+        """``load_table`` for several tables, their rows read by one query: a first round of 200
+        new tables loaded them one query each (about 1.5 ms of ORM apiece on SQLite) before its
+        first commit (coordinator/files.py ``TableRoots.load``). Each table's metadata file is
+        read as ``load_table`` reads it. Names that are no table here, or no table name at all,
+        are left out: ``load_table`` says why for each."""
+        wanted: dict[tuple[str, str], str] = {}
+        for name in names:
+            try:
+                wanted[(Catalog.namespace_to_string(Catalog.namespace_from(name)), Catalog.table_name_from(name))] = name
+            except ValueError:  # no namespace
+                continue
+        by_namespace: dict[str, list[str]] = {}
+        for namespace, table_name in wanted:
+            by_namespace.setdefault(namespace, []).append(table_name)
+        found: list[IcebergTables] = []
+        with Session(self.engine) as session:
+            for namespace, table_names in by_namespace.items():
+                for start in range(0, len(table_names), _NAMES_PER_QUERY):
+                    stmt = select(IcebergTables).where(
+                        IcebergTables.catalog_name == self.name, IcebergTables.table_namespace == namespace,
+                        IcebergTables.table_name.in_(table_names[start:start + _NAMES_PER_QUERY]))
+                    if (type_filter := self._iceberg_type_filter()) is not None:
+                        stmt = stmt.where(type_filter)
+                    found.extend(session.scalars(stmt).all())
+        return {wanted[(row.table_namespace, row.table_name)]: self._convert_orm_to_iceberg(row) for row in found}
 
     def _default_location(self, namespace_properties: Properties, namespace: str, table_name: str) -> str:
         if namespace_location := namespace_properties.get(LOCATION):
