@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/ingest_bench.py [--records 1000000] [--partitions 6] [--skip-baseline]
         [--tables K] [--rate R --duration S] [--buffer-max-bytes B] [--linger-ms MS] [--set KEY=VALUE] [--profile] [--keep]
-        [--format json|avro|protobuf|json-schema] [--burst [--burst-idle-s S]]
+        [--format json|avro|protobuf|json-schema] [--burst [--burst-idle-s S]] [--broker tansu|kafka]
 
 A benchmark command, not a test: it prints figures and asserts nothing about time. Both paths
-read the same ``N`` pizza events from one topic of an embedded Tansu broker and commit them to a
+read the same ``N`` pizza events from one topic of an embedded Tansu broker (``--broker kafka``: Apache
+Kafka) and commit them to a
 fresh Iceberg table in a SQLite SQL catalog:
 
 (a) baseline, in a fresh child process (so its peak RSS does not include the generated events):
@@ -612,7 +613,7 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
     print("  CPU: (a) the timed phases; (b) the worker's process tree from start to N rows: " + ", ".join(
         f"{name} {seconds:.1f} s" for name, seconds in sorted(b.cpu_by_name.items(), key=lambda x: -x[1])
         if seconds >= 0.05))
-    print(f"  Beside it on the same cores: the embedded broker {b.broker_cpu_s:.1f} CPU-s, this process (producer, "
+    print(f"  Beside it on the same cores: the broker {b.broker_cpu_s:.1f} CPU-s, this process (producer, "
           f"polling) {b.harness_cpu_s:.1f} CPU-s.")
     print("  Interference (CPU used outside the measured path, from /proc/stat, while it ran):")
     if a is not None:
@@ -740,6 +741,10 @@ def main() -> int:
                         help="with --rate: the producer's linger.ms (default 50). The embedded broker's CPU "
                              "grows with the record batches a partition holds: at 5 ms it took up to a core "
                              "of the two by the end of a two-minute run (bench/README.md)")
+    parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
+                        help="the embedded Tansu broker (default) or Apache Kafka (tests/support/kafka_broker.py, "
+                             "fetched once into the cache): Tansu holds a new group's JoinGroup for half the "
+                             "session timeout, so start-up figures (issue 42 targets 1-2) differ")
     parser.add_argument("--format", choices=("json", "avro", "protobuf", "json-schema"), default="json",
                         help="the events' format: JSON (default) or framed for a real schema registry the bench "
                              "starts (bench/pizza_formats.py); the baseline reads JSON only, so it is skipped")
@@ -762,7 +767,8 @@ def main() -> int:
     # SIGTERM unwinds like Ctrl-C, so the worker, the broker and the temp dir are cleaned up.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     print("command:", shlex.join([os.path.relpath(sys.executable), *sys.argv]))
-    print(f"N = {n:,} pizza events ({args.format}), {args.partitions} partitions, {os.cpu_count()} CPUs")
+    print(f"N = {n:,} pizza events ({args.format}), {args.partitions} partitions, {os.cpu_count()} CPUs, "
+          f"broker: {'Apache Kafka' if args.broker == 'kafka' else 'embedded Tansu'}")
     sys.stdout.flush()
 
     from icesink.shared.kafka_admin import ensure_topic
@@ -772,7 +778,12 @@ def main() -> int:
     # Tables, catalog and Spark's staging live under it: a slow file system there shows in
     # every many-table figure (benchlib.file_create_us), so say how fast it is.
     print(f"creating a file in {tmp.parent}: {file_create_us(tmp):.0f} us (median of 300; TMPDIR moves it)")
-    broker = EmbeddedBroker(tmp / "broker")
+    broker: Any = EmbeddedBroker(tmp / "broker")
+    if args.broker == "kafka":
+        from tests.support.kafka_broker import KafkaBroker
+
+        broker = KafkaBroker(tmp / "kafka", heap="1g", quick_start=False)  # full JIT, as versus_reference
+        extra = {"iceberg.control.topic.replication-factor": "1", **extra}  # one broker
     registry: Any = None
     try:
         broker.start()
