@@ -355,6 +355,8 @@ class Ingest:
         elif (catch_up and unread_since_ms(self.buffers.partitions, self.app.consumer) is None
               and await self._request_commit("caught-up")):
             self.replica.behind = False
+            log.info("a backlog read to the ends of this replica's partitions: round requested "
+                     "(iceberg.control.commit.catch-up; %d rows in no round yet)", rows)
 
     async def _request_commit(self, reason: str) -> bool:
         """Ask for an early round (whether it was sent): at once the first time after a round

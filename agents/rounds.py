@@ -138,6 +138,7 @@ class Rounds:
             await self.offload.run(self.files.warm_up)
 
     async def respond(self, commit_id: str) -> None:
+        arrived = time.monotonic()
         async with self.lock:
             # Mid-rebalance: answer once the new assignment is settled, never skip a round.
             await self.replica.rebalanced.wait()
@@ -154,6 +155,8 @@ class Rounds:
             snap = self.buffers.take(self.replica.generation, ready)
             if not snap.ranges:
                 return
+            # Behind an early write holding the lock, a rebalance or the Spark session's start.
+            waited_s = time.monotonic() - arrived
             try:  # at-least-once: dead letters are acknowledged before their offsets are reported
                 await self.deadletters.flush()
             except DeadLetterSendError as exc:
@@ -213,8 +216,8 @@ class Rounds:
                 return
             self.hooks.update_gauges()
             log.info("round %s: answered %d partitions, %d rows in %d files (%d DataWritten; written in %.2f s, "
-                     "sent in %.2f s)", commit_id, len(snap.ranges), snap.rows, sum(len(w.files) for w in written),
-                     sent, wrote_s, time.monotonic() - sending)
+                     "sent in %.2f s, taken %.2f s after the round reached this replica)", commit_id, len(snap.ranges),
+                     snap.rows, sum(len(w.files) for w in written), sent, wrote_s, time.monotonic() - sending, waited_s)
 
     async def _early_files_exist(self, snap: Snapshot, written: list[DataWritten]) -> bool:
         """Right before a response reports files written early, check they still exist: one

@@ -93,7 +93,8 @@ METRICS_POLL_S: Final = 5.0  # the worker's /metrics once it consumes (SAMPLE_EV
 
 _ROUND_ANSWERED = re.compile(
     r"round (?P<round>\S+): answered (?P<parts>\d+) partitions, (?P<rows>\d+) rows in (?P<files>\d+) files"
-    r"(?: \(\d+ DataWritten; written in (?P<write_s>[\d.]+) s(?:, sent in (?P<send_s>[\d.]+) s)?\))?"
+    r"(?: \(\d+ DataWritten; written in (?P<write_s>[\d.]+) s(?:, sent in (?P<send_s>[\d.]+) s)?"
+    r"(?:, taken (?P<wait_s>[\d.]+) s after [^)]*)?\))?"
 )
 _ROUND_COMMITTED = re.compile(
     r"round (?P<round>\S+) committed to (?P<table>\S+): snapshot (?P<snap>\d+), "
@@ -109,12 +110,15 @@ _MILESTONES: Final = (
     ("spark warmed up", "spark warmed up"),
     ("coordinator started", "coordinator started"),
     ("running (group", "worker running"),
-    ("created table", "table auto-created"),
     ("buffers full", "buffers full: partitions paused"),
+    ("a backlog read to the ends", "backlog read to the partitions' ends: round requested (commit.catch-up)"),
     (" resumed ", "first partition resumed (group joined, partitions assigned and claimed)"),
 )
 #: Milestones listed once, at their first line.
 _FIRST_ONLY: Final = frozenset({"first partition resumed (group joined, partitions assigned and claimed)"})
+_TABLE_CREATED: Final = "created table"
+#: More tables created, or committed in one round, than this are one line of the timeline.
+_LISTED_TABLES: Final = 3
 
 
 # ----------------------------------------------------------------------------- (b) icesink
@@ -473,12 +477,15 @@ def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4,
     (``consumed_at``: when its metrics first counted a consumed record, listed among them).
 
     The first ``shown_rounds`` answered rounds and the last two are listed; the ones between
-    are summarised (count, rows per round, seconds between answers)."""
+    are summarised (count, rows per round, seconds between answers). With many tables (--tables)
+    their creation is one line, and so are each round's table commits."""
     milestones: list[tuple[float, str]] = []
     rounds: list[tuple[float, str]] = []  # answered rounds
     answered: list[tuple[float, int]] = []
     commits = 0
     early_rows: list[int] = []
+    created: list[float] = []
+    committed: dict[str, list[tuple[float, int, int]]] = {}  # round -> (at, rows, files) of each table commit
     for line in log_path.read_text(errors="replace").splitlines():
         try:
             stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
@@ -487,17 +494,19 @@ def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4,
         at = stamp - started_wall
         if (m := _ROUND_ANSWERED.search(line)) is not None:
             gap = f" (+{at - answered[-1][0]:5.1f} s)" if answered else ""
+            waited = f", taken {float(m['wait_s']):.2f} s after it came" if m["wait_s"] and float(m["wait_s"]) >= 0.05 else ""
             answered.append((at, int(m["rows"])))
             rounds.append((at, f"answered round {m['round'][:8]}: {int(m['rows']):>9,} rows "
-                               f"in {m['files']} files{gap}"))
+                               f"in {m['files']} files{gap}{waited}"))
         elif (m := _EARLY_WRITE.search(line)) is not None:
             early_rows.append(int(m["rows"]))
             rounds.append((at, f"early write: {int(m['rows']):>9,} rows in {m['files']} files, "
                                f"{float(m['s']):.2f} s{' (void)' if m['void'] else ''}"))
         elif (m := _ROUND_COMMITTED.search(line)) is not None:
             commits += 1
-            rounds.append((at, f"committed round {m['round'][:8]}: {int(m['rows']):>8,} rows, "
-                               f"{m['files']} files"))
+            committed.setdefault(m["round"], []).append((at, int(m["rows"]), int(m["files"])))
+        elif _TABLE_CREATED in line:
+            created.append(at)
         else:
             for needle, label in _MILESTONES:
                 if needle in line:
@@ -506,6 +515,18 @@ def worker_timeline(log_path: Path, started_wall: float, shown_rounds: int = 4,
                     break
     if consumed_at is not None:
         milestones.append((consumed_at, "first record consumed (icesink_records_consumed_total > 0)"))
+    if len(created) > _LISTED_TABLES:
+        milestones.append((created[0], f"{len(created)} tables auto-created, the last at {created[-1]:.1f} s"))
+    else:
+        milestones += [(at, "table auto-created") for at in created]
+    for round_id, tables in committed.items():
+        if len(tables) > _LISTED_TABLES:
+            rounds.append((tables[0][0], f"committed round {round_id[:8]} to {len(tables)} tables, the last at "
+                                         f"{tables[-1][0]:.1f} s: {sum(t[1] for t in tables):>8,} rows, "
+                                         f"{sum(t[2] for t in tables)} files"))
+        else:
+            rounds += [(at, f"committed round {round_id[:8]}: {rows:>8,} rows, {files} files")
+                       for at, rows, files in tables]
     # Every round line before the first answer that is summarised or listed at the end.
     cutoff = answered[shown_rounds][0] if len(answered) > shown_rounds else float("inf")
     early = [r for r in rounds if r[0] < cutoff]

@@ -335,3 +335,43 @@ def test_a_backlog_read_before_spark_started_is_written_early_once_it_has():
     asyncio.run(go())
     assert written == [500] and not w.rounds.files.warmed and not w.failures
     assert w.buffers.rows == 0 and w.buffers.written_rows == 500
+
+
+def test_a_round_that_waits_behind_an_early_write_says_how_long_in_its_answer(caplog):
+    """A round that reaches the replica while an early write holds the lock is answered once
+    that write is done: the answer's log line says how long the round waited before its take
+    (bench/ingest_bench.py's timeline shows it; issue 42's first round of a backlog)."""
+    release = asyncio.Event()
+    writes: list[int] = []
+
+    async def write(tables):
+        writes.append(sum(t.num_rows for t in tables))
+        if len(writes) == 1:  # the early write: held until released
+            await release.wait()
+        return [[] for _ in tables]
+
+    w = early_writing_worker(write)
+
+    async def go():
+        w.replica.rebalanced = asyncio.Event()  # not set: on_fetch starts no early write itself
+        await w.ingest.on_fetch(batch(0, 500))
+        w.replica.rebalanced.set()
+        w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+        w.rounds.spark_ready.set_result(None)
+        early = asyncio.ensure_future(w.rounds._write_early())
+        while not writes:
+            await asyncio.sleep(0.01)
+        await w.ingest.on_fetch(batch(500, 600))  # after the early write's stage: the round's
+        answer = asyncio.ensure_future(w.rounds.respond("c1"))
+        await asyncio.sleep(0.3)
+        assert not answer.done()  # behind the early write
+        release.set()
+        await asyncio.gather(early, answer)
+
+    caplog.set_level("INFO", logger="agents.rounds")
+    asyncio.run(go())
+    assert writes == [500, 100] and not w.failures
+    answered = [r.getMessage() for r in caplog.records if "answered" in r.getMessage()]
+    assert len(answered) == 1 and "600 rows in 0 files" in answered[0], answered
+    waited = float(answered[0].rsplit("taken ", 1)[1].split(" s after")[0])
+    assert 0.3 <= waited < 5, answered

@@ -115,11 +115,12 @@ def test_rows_after_an_idle_round_ask_for_a_round_at_once():
     assert reasons(w) == {"idle": 1.0}
 
 
-def test_a_replica_answering_behind_a_backlog_asks_for_a_round_once_read_to_the_ends():
+def test_a_replica_answering_behind_a_backlog_asks_for_a_round_once_read_to_the_ends(caplog):
     """iceberg.control.commit.catch-up (on by default): a response that leaves a backlog unread
     (records left, the newest read over BEHIND_MS old) marks the replica behind; once a fetch
     reads every partition to its end it asks for a round, once, instead of leaving the rest of
-    the backlog an interval (issue 42: the first round counts from the launch)."""
+    the backlog an interval (issue 42: the first round counts from the launch). The log says
+    when (bench/ingest_bench.py's timeline shows it)."""
     from agents.rounds import BEHIND_MS
 
     w = make_parts(max_bytes=10**9)
@@ -139,8 +140,12 @@ def test_a_replica_answering_behind_a_backlog_asks_for_a_round_once_read_to_the_
         await w.ingest.on_fetch(batch(100, 110))
         assert len(requests(w)) == 1
 
+    caplog.set_level("INFO", logger="agents.ingest")
     asyncio.run(run())
     assert reasons(w) == {"caught-up": 1.0}
+    caught_up = [r.getMessage() for r in caplog.records if "read to the ends" in r.getMessage()]
+    assert caught_up == ["a backlog read to the ends of this replica's partitions: round requested "
+                         "(iceberg.control.commit.catch-up; 60 rows in no round yet)"]
 
 
 def test_a_steady_streams_records_in_flight_are_no_backlog_and_the_key_turns_catch_up_off():

@@ -18,9 +18,13 @@ def test_a_round_is_its_write_its_answer_and_its_commits_read_from_the_worker_lo
         "2026-11-26 00:00:20,000 INFO agents.rounds round r2: answered 4 partitions, 600 rows in 2 files "
         "(2 DataWritten; written in 0.30 s)\n"
         "2026-11-26 00:00:20,250 INFO coordinator.service round r2 committed to db.t000: snapshot 3, 1 files, 300 rows\n"
+        # one that logs how long the round waited for its take
+        "2026-11-26 00:00:30,000 INFO agents.rounds round r3: answered 4 partitions, 600 rows in 2 files "
+        "(2 DataWritten; written in 0.50 s, sent in 0.01 s, taken 1.20 s after the round reached this replica)\n"
+        "2026-11-26 00:00:30,500 INFO coordinator.service round r3 committed to db.t000: snapshot 4, 1 files, 300 rows\n"
     )
     walls = commit_walls(log)
-    assert [w[:4] for w in walls] == [(1.40, 1.0, 200, 0.05), (0.30, 0.25, 2, 0.0)]
+    assert [w[:4] for w in walls] == [(1.40, 1.0, 200, 0.05), (0.30, 0.25, 2, 0.0), (0.50, 0.5, 2, 0.01)]
     assert walls[1][4] - walls[0][4] == 10.0  # when each round was answered
 
 
@@ -58,6 +62,42 @@ def test_the_timeline_lists_early_writes_and_counts_them(tmp_path):
     assert lines[0] == "    9.0 s  early write:   245,728 rows in 1 files, 1.69 s"
     assert lines[1].endswith("0.10 s (void)")
     assert lines[-1].strip() == "1 rounds answered, 0 round commits logged, 2 early writes (246,728 rows)"
+
+
+def test_the_timeline_of_many_tables_is_one_line_for_their_creation_and_one_per_rounds_commits(tmp_path):
+    """--tables 200: 200 creations and 200 table commits a round were 400 lines of the
+    timeline. Now each is one line (how many, first and last); a round's answer says how long
+    it waited (behind an early write) and the catch-up request is a milestone."""
+    from datetime import datetime
+
+    lines = []
+    for i in range(5):
+        lines.append(f"2026-11-26 00:00:08,{100 + i * 100:03d} INFO agents.tables: created table db.t{i:03d} with schema "
+                     "table {")
+    lines += [
+        "2026-11-26 00:00:11,500 INFO agents.ingest: a backlog read to the ends of this replica's partitions: round "
+        "requested (iceberg.control.commit.catch-up; 383000 rows in no round yet)",
+        "2026-11-26 00:00:16,000 INFO agents.rounds: round r1: answered 4 partitions, 600000 rows in 10 files "
+        "(5 DataWritten; written in 2.00 s, sent in 0.10 s, taken 2.50 s after the round reached this replica)",
+    ]
+    lines += [f"2026-11-26 00:00:16,{200 + i * 100:03d} INFO coordinator.service: round r1 committed to db.t{i:03d}: "
+              f"snapshot {i + 1}, 2 files, 120000 rows" for i in range(5)]
+    log = tmp_path / "bench.log"
+    log.write_text("\n".join(lines) + "\n")
+    started = datetime.strptime("2026-11-26 00:00:00,000", "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    out = worker_timeline(log, started)
+    assert out == [
+        "    8.1 s  5 tables auto-created, the last at 8.5 s",
+        "   11.5 s  backlog read to the partitions' ends: round requested (commit.catch-up)",
+        "   16.0 s  answered round r1:   600,000 rows in 10 files, taken 2.50 s after it came",
+        "   16.2 s  committed round r1 to 5 tables, the last at 16.6 s:  600,000 rows, 10 files",
+        "            1 rounds answered, 5 round commits logged, 0 early writes (0 rows)",
+    ]
+    few = tmp_path / "few.log"
+    few.write_text("\n".join(lines[:2] + lines[-2:]) + "\n")
+    assert [line.split(" s  ", 1)[1] for line in worker_timeline(few, started)[:-1]] == [
+        "table auto-created", "table auto-created", "committed round r1:  120,000 rows, 2 files",
+        "committed round r1:  120,000 rows, 2 files"]
 
 
 def test_the_start_up_timeline_names_imports_join_and_first_record_once(tmp_path):
