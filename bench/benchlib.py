@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,9 +227,12 @@ class RssSampler:
 
 
 def metric_total(port: int, name: str) -> float | None:
-    """Sum of a metric's samples over all label sets, or None if /metrics does not answer."""
+    """Sum of a metric's samples over all label sets, or None if /metrics does not answer.
+    Asks for that sample alone (``name[]``): the whole page of a worker writing 200 tables is
+    5,000 lines, about 40 ms of its Python each time this benchmark polls."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+        query = urllib.parse.urlencode({"name[]": name})
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics?{query}", timeout=2) as resp:
             text = resp.read().decode()
     except (OSError, urllib.error.URLError):
         return None

@@ -1,5 +1,6 @@
 """The HTTP endpoint of a replica, on ``metrics.host``:``metrics.port``: ``/metrics``
-(Prometheus text format) and ``/status`` (JSON: this worker's phase and partitions, and the
+(Prometheus text format; ``?name[]=...`` keeps only the samples named, as prometheus_client's
+own handler does) and ``/status`` (JSON: this worker's phase and partitions, and the
 coordinator's phase, last commit and any failing commit with its error and attempt count, when
 this replica runs it). Both bodies pass through the settings' :class:`Redactor`: an error that
 quotes a secret setting shows it masked."""
@@ -13,6 +14,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -31,9 +33,11 @@ def serve(
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             if path == "/metrics":
-                body, ctype = redact(generate_latest(registry).decode()).encode(), CONTENT_TYPE_LATEST
+                names = parse_qs(query).get("name[]")  # a scraper's filter: one sample of 200 tables' thousands
+                shown = registry.restricted_registry(names) if names else registry
+                body, ctype = redact(generate_latest(shown).decode()).encode(), CONTENT_TYPE_LATEST
             elif path == "/status":
                 text = json.dumps(_snapshot(status), indent=2, default=str)
                 body, ctype = redact(text).encode(), "application/json"

@@ -175,3 +175,24 @@ def test_http_endpoint_default_binds_every_interface():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_metrics_keep_only_the_samples_a_scraper_names():
+    """``/metrics?name[]=...`` answers with those samples alone, as prometheus_client's own
+    handler does: the benchmarks poll one counter of a worker whose full page, at 200 tables,
+    is 5,000 lines (bench/benchlib.py ``metric_total``)."""
+    from prometheus_client import Counter
+
+    registry = CollectorRegistry()
+    Counter("icesink_records_consumed", "records", registry=registry).inc(7)
+    Counter("icesink_files_written", "files", ["table"], registry=registry).labels(table="db.t0").inc()
+    server = serve("127.0.0.1", 0, registry, dict)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        whole = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert "icesink_files_written_total" in whole and "icesink_records_consumed_total 7.0" in whole
+        one = urllib.request.urlopen(f"{url}?name%5B%5D=icesink_records_consumed_total", timeout=5).read().decode()
+        assert "icesink_records_consumed_total 7.0" in one and "icesink_files_written" not in one
+    finally:
+        server.shutdown()
+        server.server_close()
