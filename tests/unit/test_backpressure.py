@@ -374,4 +374,4 @@ def test_a_round_that_waits_behind_an_early_write_says_how_long_in_its_answer(ca
     answered = [r.getMessage() for r in caplog.records if "answered" in r.getMessage()]
     assert len(answered) == 1 and "600 rows in 0 files" in answered[0], answered
     waited = float(answered[0].rsplit("taken ", 1)[1].split(" s after")[0])
-    assert 0.3 <= waited < 5, answered
+    assert 0.25 <= waited < 5, answered  # it came while the early write held the lock, 0.3 s before its release
