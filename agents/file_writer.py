@@ -8,7 +8,7 @@ Every call here is blocking: the worker runs them off the event loop (icesink/sh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,8 +28,9 @@ class FileWriter(Protocol):
     def start(self) -> None:
         """Start the engine (seconds for a local Spark session)."""
 
-    def warm_up(self) -> None:
-        """Throw-away writes that warm the engine up; :meth:`stop` ends them."""
+    def warm_up(self, idle: Callable[[], bool]) -> None:
+        """Throw-away writes that warm the engine up; :meth:`stop` ends them, and so does
+        ``idle()`` turning False (rows wait for a real write)."""
 
     def stop(self) -> None: ...
 

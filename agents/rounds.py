@@ -135,9 +135,19 @@ class Rounds:
             return
         self.maybe_write_early()
         if not self.writing_early:
-            await self.offload.run(self.files.warm_up)
+            await self.offload.run(self.files.warm_up, self._nothing_buffered)
+
+    def _nothing_buffered(self) -> bool:
+        """Whether no rows wait for a write (asked from the warm-up's thread: one int read)."""
+        return self.buffers.nbytes == 0
 
     async def respond(self, commit_id: str) -> None:
+        await self._respond(commit_id)
+        # Rows past the write-ahead mark that came while the round held the lock started no
+        # early write, and with the backlog read no later fetch would (as after an early write).
+        self.maybe_write_early()
+
+    async def _respond(self, commit_id: str) -> None:
         arrived = time.monotonic()
         async with self.lock:
             # Mid-rebalance: answer once the new assignment is settled, never skip a round.

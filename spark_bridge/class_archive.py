@@ -7,8 +7,8 @@ the cores with reading it (see bench/README.md, ingest_bench). Java's class-data
 classes, already parsed and verified, in an archive file that every later JVM maps instead.
 
 :func:`build` makes the archive in a JVM of its own: a throw-away local session started with
-``-XX:ArchiveClassesAtExit``, which writes the warm-up's and a partitioned write's classes to
-the file when that JVM exits (``icesink spark-archive``, run by ``./dev`` and the image build).
+``-XX:ArchiveClassesAtExit``, which writes the warm-up's classes (its plain and partitioned
+writes) to the file when that JVM exits (``icesink spark-archive``, run by ``./dev`` and the image build).
 :func:`with_archive` then adds ``-XX:SharedArchiveFile`` to a local session's JVM options when
 an archive exists for its JVM and class path. The archive's name is a digest of both (the java
 binary, every jar of the Spark distribution, the extra class path, the environment variables
@@ -24,15 +24,10 @@ import hashlib
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from spark_bridge.localfs import cache_root, spark_jar_dirs
-
-if TYPE_CHECKING:
-    from spark_bridge.writer import SparkFileWriter
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +107,7 @@ def build(master: str = "local[2]", conf: Mapping[str, str] | None = None, root:
     writer = SparkFileWriter(dataclasses.replace(settings, conf={**settings.conf, JAVA_OPTIONS: dump}))
     try:
         writer.start()
-        writer.warm_up()  # the unpartitioned write path
-        _partitioned_write(writer)
+        writer.warm_up()  # the unpartitioned write path, then a write into partition directories
         writer.stop()
         # The JVM leaves when its stdin closes (PythonGatewayServer), writing the archive then.
         gateway = SparkContext._gateway
@@ -142,20 +136,6 @@ def _prune(kept: Path) -> None:
                     key=lambda p: p.stat().st_mtime, reverse=True)
     for stale in others[_KEEP - 1:]:
         stale.unlink(missing_ok=True)
-
-
-def _partitioned_write(writer: SparkFileWriter) -> None:
-    """A write into partition directories, as a partitioned table or a round of many tables
-    makes (its sort and dynamic-partition writer classes)."""
-    import pyarrow as pa
-
-    spark = writer.spark
-    data = pa.table({"id": pa.array(range(1000), pa.int64()), "part": pa.array([str(i % 4) for i in range(1000)])})
-    root = Path(tempfile.mkdtemp(prefix="icesink-class-archive-"))
-    try:
-        spark.createDataFrame(data).write.partitionBy("part").mode("error").parquet((root / "out").as_uri())
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def option_value(path: Path) -> str:

@@ -103,6 +103,9 @@ class SparkSettings:
     # Rows of a throw-away write run twice at start() by a local session (0: none): the JVM
     # loads and compiles the Arrow-to-Parquet path then instead of during the first round.
     warm_up_rows: int = 20_000
+    # Partition directories the warm-up's rows are written into once more (0: not): a
+    # partitioned table's and a many-table round's per-file path (SparkFileWriter._warm_up).
+    warm_up_files: int = 100
     # A local session's JVM maps the class-data archive built for its JVM and class path, when
     # there is one (spark_bridge/class_archive.py: it starts in about half the time).
     class_archive: bool = True
@@ -120,6 +123,8 @@ class SparkSettings:
             raise ConfigError("write.staging", self.stage, "auto or never when no staging directory is given")
         if self.warm_up_rows < 0:
             raise ConfigError("write.warm-up-rows", self.warm_up_rows, "0 or a positive number of rows")
+        if self.warm_up_files < 0:
+            raise ConfigError("write.warm-up-files", self.warm_up_files, "0 or a positive number of files")
 
     def stages(self, location: str) -> bool:
         """Whether files for ``location`` are written locally first and then uploaded."""

@@ -67,6 +67,7 @@ def spark_files(settings: Settings, worker_id: str) -> FileWriting:
         stage=settings.write_staging,
         staging_dir=str(settings.state_dir / "staging" / worker_id),
         warm_up_rows=settings.write_warm_up_rows,
+        warm_up_files=settings.write_warm_up_files,
         class_archive=settings.write_class_archive,
     ))
 

@@ -186,13 +186,13 @@ class Settings(BaseSettings):
     # Buffered Arrow bytes at which rows are written to data files before their round (0: only
     # at rounds): a backlog's writing then overlaps its reading.
     buffer_write_ahead_bytes: int = Field(32 * 1024 * 1024, alias="buffer.write-ahead-bytes", ge=0)
-    target_file_size_bytes: int = Field(
-        128 * 1024 * 1024, alias="write.target-file-size-bytes", ge=1024
-    )
+    target_file_size_bytes: int = Field(128 * 1024 * 1024, alias="write.target-file-size-bytes", ge=1024)
     # Object-store tables with a local Spark: write under state.dir, then upload (see README).
     write_staging: Literal["auto", "always", "never"] = Field("auto", alias="write.staging")
-    # A throw-away Spark write at start-up so the first round does not pay the JVM's warm-up.
+    # Throw-away Spark writes at start-up so the first round does not pay the JVM's warm-up: the
+    # rows twice, then once into this many partition directories (partitioned or many tables).
     write_warm_up_rows: int = Field(20_000, alias="write.warm-up-rows", ge=0)
+    write_warm_up_files: int = Field(100, alias="write.warm-up-files", ge=0)
     # A local session's JVM maps the class-data archive `icesink spark-archive` built, if any.
     write_class_archive: bool = Field(True, alias="write.class-archive-enabled")
     # Writes (rounds' and early ones) that may fail in a row, retried with capped backoff, before

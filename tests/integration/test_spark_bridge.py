@@ -228,20 +228,41 @@ def test_a_local_session_warms_up_with_a_throw_away_write_and_leaves_nothing(
     writer: SparkFileWriter, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """warm_up() runs a small write twice so the JVM compiles the Arrow-to-Parquet path before
-    the first round (bench/README.md); its files are gone afterwards. start() does not: a
-    replica asked to stop while starting must not wait for it (test_faults.py)."""
+    the first round (bench/README.md), then once into ``write.warm-up-files`` partition
+    directories (the per-file path of a partitioned table or a many-table round); its files are
+    gone afterwards. start() does not: a replica asked to stop while starting must not wait for
+    it (test_faults.py)."""
     staging = tmp_path / "staging"
+    tracker = writer.spark.sparkContext.statusTracker()
+    for files, jobs, said in ((40, 3, "spark warmed up: 2 writes of 5000 rows, then one into 40 files in"),
+                              (0, 2, "spark warmed up: 2 writes of 5000 rows in")):
+        warmed = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-test", staging_dir=str(staging),
+                                               warm_up_rows=5_000, warm_up_files=files))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="spark_bridge.writer"):
+            warmed.start()  # getOrCreate: the module's session
+            assert "spark warmed up" not in caplog.text
+            before = set(tracker.getJobIdsForGroup(None))
+            warmed.warm_up()
+        assert said in caplog.text
+        assert len(set(tracker.getJobIdsForGroup(None)) - before) == jobs
+        assert "warm-up write failed" not in caplog.text
+        assert [p.name for p in staging.rglob("*")] == [MARKER]  # start() made it; the warm-up left nothing
+    # Rows wait for a real write: the warm-up ends after its first write.
     warmed = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-test", staging_dir=str(staging),
-                                           warm_up_rows=5_000))
+                                           warm_up_rows=5_000, warm_up_files=40))
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger="spark_bridge.writer"):
-        warmed.start()  # getOrCreate: the module's session
-        assert "spark warmed up" not in caplog.text
-        warmed.warm_up()
-    assert "spark warmed up: 2 writes of 5000 rows" in caplog.text
-    assert "warm-up write failed" not in caplog.text
-    assert [p.name for p in staging.rglob("*")] == [MARKER]  # start() made it; the warm-up left nothing
+        warmed.start()
+        before = set(tracker.getJobIdsForGroup(None))
+        warmed.warm_up(idle=lambda: False)
+    assert "spark warm-up ended after 1 of its 3 writes: rows wait for a write" in caplog.text
+    assert len(set(tracker.getJobIdsForGroup(None)) - before) == 1
+    assert [p.name for p in staging.rglob("*")] == [MARKER]
     with pytest.raises(ConfigError, match="write.warm-up-rows"):
         SparkFileWriter(SparkSettings(warm_up_rows=-1))
+    with pytest.raises(ConfigError, match="write.warm-up-files"):
+        SparkFileWriter(SparkSettings(warm_up_files=-1))
 
 
 def test_the_local_jvm_runs_with_the_driver_options(writer: SparkFileWriter) -> None:

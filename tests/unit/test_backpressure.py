@@ -271,8 +271,9 @@ class Files:
     async def write_many(self, writes, target_file_size_bytes=None):
         return await self.write([data for _, data, _ in writes])
 
-    def warm_up(self) -> None:
+    def warm_up(self, idle) -> None:
         self.warmed.append(True)
+        self.idle = idle
 
 
 def early_writing_worker(write) -> SimpleNamespace:
@@ -335,6 +336,64 @@ def test_a_backlog_read_before_spark_started_is_written_early_once_it_has():
     asyncio.run(go())
     assert written == [500] and not w.rounds.files.warmed and not w.failures
     assert w.buffers.rows == 0 and w.buffers.written_rows == 500
+
+
+def test_rows_past_the_mark_read_while_a_round_wrote_are_written_early_after_it():
+    """A fetch that passes the write-ahead mark while a round holds the lock starts no early
+    write; with the backlog read to its end no later fetch would, and the rows waited for the
+    next round. The round's end looks again (as an early write's does)."""
+    release = asyncio.Event()
+    writes: list[int] = []
+
+    async def write(tables):
+        writes.append(sum(t.num_rows for t in tables))
+        if len(writes) == 1:  # the round's write: held until released
+            await release.wait()
+        return [[] for _ in tables]
+
+    w = early_writing_worker(write)
+
+    async def go():
+        w.replica.rebalanced = asyncio.Event()  # not set: on_fetch starts no early write itself
+        await w.ingest.on_fetch(batch(0, 500))
+        w.replica.rebalanced.set()
+        w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+        w.rounds.spark_ready.set_result(None)
+        answer = asyncio.ensure_future(w.rounds.respond("c1"))
+        while not writes:
+            await asyncio.sleep(0.01)
+        await w.ingest.on_fetch(batch(500, 1000))  # past the mark, but the round holds the lock
+        assert not w.rounds.writing_early
+        release.set()
+        await answer
+        deadline = time.monotonic() + 5
+        while len(w.tasks) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(go())
+    assert writes == [500, 500] and not w.failures
+    assert w.buffers.rows == 0 and w.buffers.written_rows == 500
+
+
+def test_the_warm_up_goes_on_only_while_no_rows_wait_for_a_write():
+    """The JVM's warm-up asks, before each throw-away write after its first, whether rows wait
+    for a write (spark_bridge/writer.py): a replica that started behind a backlog writes it
+    rather than more throw-away rows."""
+    settings = build({"topics": P.topic, "iceberg.tables": TABLE, "buffer.write-ahead-bytes": 10**9})
+    w = make_parts(max_bytes=10**9, settings=settings, files=Files(None), offload=AwaitingOffload())
+    w.replica.generation = 1
+
+    async def go():
+        w.replica.rebalanced = asyncio.Event()
+        w.replica.rebalanced.set()
+        w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+        w.rounds.spark_ready.set_result(None)
+        await w.rounds.warm_up()
+        assert w.rounds.files.warmed == [True] and w.rounds.files.idle()
+        await w.ingest.on_fetch(batch(0, 5))  # below the write-ahead mark: buffered, not written
+        assert w.buffers.rows == 5 and not w.rounds.files.idle()
+
+    asyncio.run(go())
 
 
 def test_a_round_that_waits_behind_an_early_write_says_how_long_in_its_answer(caplog):
