@@ -12,10 +12,11 @@ The session is blocking: run these calls off the event loop, in one executor.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from icesink.shared.errors import ConfigError
@@ -242,7 +243,10 @@ class SparkSessionOwner:
                 _live.remove(spark)
             if quiet:
                 _jvm_logs_off(spark)
+            jvm = spark.sparkContext._jvm
             spark.stop()
+            if quiet:  # the aborted job's tasks write on until they see the kill: files after its clean-up
+                _await_task_threads(jvm)
 
 
 def silence_jvm_logs() -> None:
@@ -253,6 +257,24 @@ def silence_jvm_logs() -> None:
     _silenced = True
     for spark in list(_live):
         _jvm_logs_off(spark)
+
+
+_TASK_THREAD = "Executor task launch worker"  # a local executor's task threads (Spark's Executor)
+_TASK_THREADS_WAIT_S = 5.0
+
+
+def _await_task_threads(jvm: Any) -> None:
+    """Until no task thread of the local executor is alive (at most a few seconds): a stopped
+    session's executor lets its running tasks end on their own."""
+    deadline = time.monotonic() + _TASK_THREADS_WAIT_S
+    try:
+        while time.monotonic() < deadline:
+            threads = jvm.java.lang.Thread.getAllStackTraces().keySet()
+            if not any(str(t.getName()).startswith(_TASK_THREAD) and t.isAlive() for t in threads):
+                return
+            time.sleep(0.05)
+    except Exception:  # the JVM is gone: so are its tasks
+        logger.debug("could not list the JVM's threads", exc_info=True)
 
 
 def _jvm_logs_off(spark: SparkSession) -> None:

@@ -46,6 +46,7 @@ import math
 import re
 import shutil
 import time
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
@@ -143,6 +144,7 @@ class SparkFileWriter:
     def __init__(self, settings: SparkSettings) -> None:
         self.session = SparkSessionOwner(settings)
         self._warming = False
+        self._warm_up_root: Path | None = None  # the warm-up's scratch directory while it runs
         self._arrow_tables: set[str] = set()  # tables logged as written with pyarrow
 
     @property
@@ -155,7 +157,10 @@ class SparkFileWriter:
 
     def stop(self) -> None:
         # a warm-up write the stop cuts short is no error to log ("Aborting job", task failures)
+        root = self._warm_up_root
         self.session.stop(quiet=self._warming)
+        if root is not None:  # its tasks may have written on after the warm-up's own clean-up
+            shutil.rmtree(root, ignore_errors=True)
 
     def warm_up(self, idle: Callable[[], bool] = lambda: True) -> None:
         """A local session's throw-away writes (``write.warm-up-rows``; see :meth:`_warm_up`).
@@ -190,7 +195,7 @@ class SparkFileWriter:
             st.StructField("amount", st.DoubleType()), st.StructField("flag", st.BooleanType()),
             st.StructField("at", st.TimestampNTZType()),
         ])
-        root = staging.scratch(self.session.settings.staging_dir, "icesink-warm-up-")
+        root = self._warm_up_root = staging.scratch(self.session.settings.staging_dir, "icesink-warm-up-")
         logger.info("spark warming up: %d writes of %d rows%s", times, rows, f", then one into {files} files" if files else "")
         self._warming = True
         try:
@@ -217,6 +222,8 @@ class SparkFileWriter:
         finally:
             self._warming = False
             shutil.rmtree(root, ignore_errors=True)
+            if self.session.started:  # else stop() deletes it again once the session stopped
+                self._warm_up_root = None
 
     def _warm_up_files(self, sp_schema: st.StructType, data: pa.Table, files: int, out_uri: str) -> None:
         """``data`` into ``files`` partition directories, as :meth:`_write_group` writes a round

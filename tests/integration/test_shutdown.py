@@ -63,6 +63,23 @@ def test_a_replica_stopped_while_its_spark_session_starts_exits_0_within_its_bou
     assert "stopping during start-up" in log and "exiting now" not in log
 
 
+def test_a_stop_during_the_warm_ups_write_into_many_files_leaves_no_file_in_staging(broker, catalog_props, tmp_path):
+    """The warm-up's write into ``write.warm-up-files`` directories, cut short by a stop: its
+    tasks may write on until the session stopped, after the warm-up's own clean-up; the stop
+    cleans up after them (CI once found 54 such files under a replica's staging directory)."""
+    staging = tmp_path / "state" / "staging"
+
+    def in_files_write(text: str) -> bool:
+        return any(staging.glob("*/icesink-warm-up-*/files"))
+
+    log = stop_when(broker, catalog_props, tmp_path, "sf", in_files_write, after_s=0.5,
+                    **{"write.warm-up-rows": 200_000, "write.warm-up-files": 400})
+    assert "spark warmed up" not in log, "the warm-up ended before the stop: give it more rows"
+    time.sleep(2)  # anything still writing after the process's exit
+    left = [p for p in staging.rglob("*") if p.is_file() and p.name != ".icesink-staging"]
+    assert left == [], left[:5]
+
+
 def test_a_replica_stopped_during_the_jvms_warm_up_exits_0_within_its_bound(broker, catalog_props, tmp_path):
     """The warm-up's throw-away writes (``write.warm-up-rows``, here large enough to take
     seconds) run while the replica already runs; a stop ends them by stopping the session,
