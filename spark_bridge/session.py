@@ -241,11 +241,12 @@ class SparkSessionOwner:
         if spark is not None:
             if spark in _live:
                 _live.remove(spark)
+            # quiet: a local session's warm-up (a Spark Connect session has no JVM here to ask)
+            jvm = spark.sparkContext._jvm if quiet else None
             if quiet:
                 _jvm_logs_off(spark)
-            jvm = spark.sparkContext._jvm
             spark.stop()
-            if quiet:  # the aborted job's tasks write on until they see the kill: files after its clean-up
+            if jvm is not None:  # the aborted job's tasks write on until they see the kill: files after its clean-up
                 _await_task_threads(jvm)
 
 
