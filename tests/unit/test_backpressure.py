@@ -284,6 +284,29 @@ def early_writing_worker(write) -> SimpleNamespace:
     return w
 
 
+def first_write_held() -> tuple[asyncio.Event, list[int], SimpleNamespace]:
+    """An early-writing worker whose first write waits for the event; the rows of each write."""
+    release = asyncio.Event()
+    writes: list[int] = []
+
+    async def write(tables):
+        writes.append(sum(t.num_rows for t in tables))
+        if len(writes) == 1:
+            await release.wait()
+        return [[] for _ in tables]
+
+    return release, writes, early_writing_worker(write)
+
+
+async def buffered_then_started(w: SimpleNamespace) -> None:
+    """500 rows buffered before the group settled (no early write), then the session started."""
+    w.replica.rebalanced = asyncio.Event()  # not set: on_fetch starts no early write itself
+    await w.ingest.on_fetch(batch(0, 500))
+    w.replica.rebalanced.set()
+    w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+    w.rounds.spark_ready.set_result(None)
+
+
 def test_an_early_write_cancelled_mid_way_gives_its_rows_back():
     """Stopping cancels an early write in flight: its rows go back to the buffers, so nothing
     is left staged and a round could still take them."""
@@ -342,23 +365,10 @@ def test_rows_past_the_mark_read_while_a_round_wrote_are_written_early_after_it(
     """A fetch that passes the write-ahead mark while a round holds the lock starts no early
     write; with the backlog read to its end no later fetch would, and the rows waited for the
     next round. The round's end looks again (as an early write's does)."""
-    release = asyncio.Event()
-    writes: list[int] = []
-
-    async def write(tables):
-        writes.append(sum(t.num_rows for t in tables))
-        if len(writes) == 1:  # the round's write: held until released
-            await release.wait()
-        return [[] for _ in tables]
-
-    w = early_writing_worker(write)
+    release, writes, w = first_write_held()
 
     async def go():
-        w.replica.rebalanced = asyncio.Event()  # not set: on_fetch starts no early write itself
-        await w.ingest.on_fetch(batch(0, 500))
-        w.replica.rebalanced.set()
-        w.rounds.spark_ready = asyncio.get_running_loop().create_future()
-        w.rounds.spark_ready.set_result(None)
+        await buffered_then_started(w)
         answer = asyncio.ensure_future(w.rounds.respond("c1"))
         while not writes:
             await asyncio.sleep(0.01)
@@ -400,23 +410,10 @@ def test_a_round_that_waits_behind_an_early_write_says_how_long_in_its_answer(ca
     """A round that reaches the replica while an early write holds the lock is answered once
     that write is done: the answer's log line says how long the round waited before its take
     (bench/ingest_bench.py's timeline shows it; issue 42's first round of a backlog)."""
-    release = asyncio.Event()
-    writes: list[int] = []
-
-    async def write(tables):
-        writes.append(sum(t.num_rows for t in tables))
-        if len(writes) == 1:  # the early write: held until released
-            await release.wait()
-        return [[] for _ in tables]
-
-    w = early_writing_worker(write)
+    release, writes, w = first_write_held()
 
     async def go():
-        w.replica.rebalanced = asyncio.Event()  # not set: on_fetch starts no early write itself
-        await w.ingest.on_fetch(batch(0, 500))
-        w.replica.rebalanced.set()
-        w.rounds.spark_ready = asyncio.get_running_loop().create_future()
-        w.rounds.spark_ready.set_result(None)
+        await buffered_then_started(w)
         early = asyncio.ensure_future(w.rounds._write_early())
         while not writes:
             await asyncio.sleep(0.01)
