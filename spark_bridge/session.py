@@ -11,7 +11,9 @@ The session is blocking: run these calls off the event loop, in one executor.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import subprocess
 import time
 from pathlib import Path
 from collections.abc import Mapping
@@ -242,12 +244,15 @@ class SparkSessionOwner:
             if spark in _live:
                 _live.remove(spark)
             # quiet: a local session's warm-up (a Spark Connect session has no JVM here to ask)
-            jvm = spark.sparkContext._jvm if quiet else None
+            jvm = spark.sparkContext._jvm if quiet and self.local else None
             if quiet:
                 _jvm_logs_off(spark)
             spark.stop()
-            if jvm is not None:  # the aborted job's tasks write on until they see the kill: files after its clean-up
-                _await_task_threads(jvm)
+            # The aborted job's tasks write on until they see the kill, after its clean-up: under
+            # load a task writing into many files went on for over 5 s. Past a short wait, the
+            # JVM ends; the next session of this process starts a new one.
+            if jvm is not None and not _await_task_threads(jvm):
+                _end_jvm()
 
 
 def silence_jvm_logs() -> None:
@@ -261,21 +266,45 @@ def silence_jvm_logs() -> None:
 
 
 _TASK_THREAD = "Executor task launch worker"  # a local executor's task threads (Spark's Executor)
-_TASK_THREADS_WAIT_S = 5.0
+_TASK_THREADS_WAIT_S = 2.0
+_JVM_EXIT_WAIT_S = 10.0
 
 
-def _await_task_threads(jvm: Any) -> None:
-    """Until no task thread of the local executor is alive (at most a few seconds): a stopped
+def _await_task_threads(jvm: Any) -> bool:
+    """Whether no task thread of the local executor is alive within a short wait: a stopped
     session's executor lets its running tasks end on their own."""
     deadline = time.monotonic() + _TASK_THREADS_WAIT_S
     try:
         while time.monotonic() < deadline:
             threads = jvm.java.lang.Thread.getAllStackTraces().keySet()
             if not any(str(t.getName()).startswith(_TASK_THREAD) and t.isAlive() for t in threads):
-                return
+                return True
             time.sleep(0.05)
     except Exception:  # the JVM is gone: so are its tasks
         logger.debug("could not list the JVM's threads", exc_info=True)
+        return True
+    return False
+
+
+def _end_jvm() -> None:
+    """End this process's Spark JVM and wait for its exit (then no thread of it writes on),
+    and let the next session launch a new one. PySpark keeps the gateway on SparkContext."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if gateway is None or proc is None:  # none, or one this process did not launch
+        return
+    SparkContext._gateway = SparkContext._jvm = None
+    logger.info("ending the Spark JVM: a stopped write's tasks still ran")
+    proc.terminate()
+    try:
+        proc.wait(_JVM_EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
 
 
 def _jvm_logs_off(spark: SparkSession) -> None:
