@@ -17,7 +17,11 @@ Prints records/s (best of R runs) for:
 - coerce-ci: as coerce, with ``fold_case`` (schema-case-insensitive) on records whose keys
   are spelt as the columns: the cost of the byte search that finds nothing to fold;
 - coerce-ci-folded: as coerce-ci, but every other record spells ``Store_ID`` and
-  ``SAUCE``: the batch is rewritten (one ``json.loads`` and ``json.dumps`` per record).
+  ``SAUCE``: the batch is rewritten (one ``json.loads`` and ``json.dumps`` per record);
+- coerce-price-double / coerce-price-decimal: as coerce, each record also carrying ``price``
+  (``12.34``) and ``ratio`` (``1e-05``, a double), price a double or a decimal(9, 2) column: the
+  cost of decimals, with the search for numbers Arrow's decimal parse may misread
+  (agents/convert/plan.py ``_unsure_numbers``), which must not take ``ratio``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import pyarrow as pa
 import pyarrow.json as pj
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
-from pyiceberg.types import IntegerType, LongType, MapType, NestedField, StringType, TimestampType
+from pyiceberg.types import (
+    DecimalType, DoubleType, IntegerType, LongType, MapType, NestedField, StringType, TimestampType,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -54,6 +60,10 @@ MAP_SCHEMA = Schema(
     NestedField(8, "attrs", MapType(9, StringType(), 10, StringType())),
     NestedField(11, "counts", MapType(12, StringType(), 13, LongType())),
 )
+PRICED = {
+    kind: Schema(*PIZZA_SCHEMA.fields, NestedField(8, "price", t), NestedField(9, "ratio", DoubleType()))
+    for kind, t in (("double", DoubleType()), ("decimal", DecimalType(9, 2)))
+}
 
 
 def best_rates(n: int, repeat: int, paths: dict[str, Callable[[], object]]) -> dict[str, float]:
@@ -93,7 +103,12 @@ def main() -> None:
         for i, v in enumerate(values)
     ]
 
+    priced = [v[:-1] + b',"price":%d.%02d,"ratio":1e-05}' % (i % 100, i % 97) for i, v in enumerate(values)]
+    priced_schemas = {kind: schema_to_pyarrow(s) for kind, s in PRICED.items()}
+
     # Sanity: every path converts what it should.
+    for kind, s in priced_schemas.items():
+        assert decode_json(priced, s).table.num_rows == n, kind
     assert decode_json(maps, map_schema).table.num_rows == n
     assert decode_json(values, schema).table.num_rows == n
     assert decode_json(mixed, schema).table.num_rows == n
@@ -115,6 +130,8 @@ def main() -> None:
             "coerce-maps-reference": lambda: [oracle.row(v) for v in maps],
             "coerce-ci": lambda: decode_json(values, schema, fold_case=True),
             "coerce-ci-folded": lambda: decode_json(miscased, schema, fold_case=True),
+            "coerce-price-double": lambda: decode_json(priced, priced_schemas["double"]),
+            "coerce-price-decimal": lambda: decode_json(priced, priced_schemas["decimal"]),
         },
     )
     raw = rates["raw pyarrow.json"]

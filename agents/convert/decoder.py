@@ -116,6 +116,8 @@ class Decoder:
             n = len(chunk)
             arrays, bad = convert_children(chunk, self.fields, self.unit)
             bad = or_mask(bad, is_null_mask(chunk))  # the value was JSON null
+            if self.plan.unsure_numbers is not None:  # numbers the reader's decimal parse may misread
+                bad = or_mask(bad, run.matching(start, start + n, self.plan.unsure_numbers))
             indices = run.positions[start : start + n]
             if bad is not None and bad.any():
                 for k in np.flatnonzero(bad):

@@ -95,6 +95,18 @@ CANONICAL_INT_PATTERN: Final = r"^(?:0|-?[1-9][0-9]*)$"
 INT_PATTERN: Final = r"^-?[0-9]{1,18}$"
 
 
+#: Numeric strings Arrow's decimal parse reads exactly, given at most 38 digits: no exponent.
+#: It returns a wrong value, without an error, for some others (apache/arrow#49817: more than
+#: 38 digits wrap; an exponent far from the scale wraps, or gives 0 for 2.0342086067022478e-231).
+PLAIN_NUM_PATTERN: Final = r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)$"
+
+
+#: A JSON number, or a numeric string (the reader parses both into a decimal column), that
+#: Arrow's decimal parse may misread (see PLAIN_NUM_PATTERN): with an exponent, or of 38
+#: digits and more. What comes before it (a key, a list's start) is the plan's (agents/convert/plan.py).
+UNSURE_NUMBER: Final = r'(?:-?(?:[0-9][0-9.]{37}|[0-9.]+[eE])|"[+-]?(?:[0-9.]{38}|[0-9.]*[eE][+-]?[0-9]+"))'
+
+
 TS_FORMAT: Final = (
     "an ISO-8601 timestamp 'YYYY-MM-DD[T ]HH:MM:SS[.fffffffff][Z|+HH:MM]' or a count since the epoch"
 )

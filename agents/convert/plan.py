@@ -15,6 +15,7 @@ import pyarrow as pa
 from agents.convert.columns import (
     Path, connect_bytes, is_list, is_string, is_temporal, numbers_first, strict_text,
 )
+from agents.convert.grammar import UNSURE_NUMBER
 from agents.convert.wrapped import ENTRY_KEY, ENTRY_VALUE
 
 
@@ -89,6 +90,38 @@ def parse_form(f: pa.Field) -> pa.Field:
     return f
 
 
+_SPACE: Final = r"[ \t\r\n]*"
+
+
+def _unsure_numbers(parse_type: pa.DataType) -> str | None:
+    """An RE2 pattern matching a record's text where a number (or numeric string) that Arrow's
+    decimal parse may misread (grammar.UNSURE_NUMBER) is the value of a leaf parsed as a decimal:
+    after its key, or in a list under its key; anywhere after ``:``, ``,`` or ``[`` where the key
+    is not known (map values, lists of lists, keys JSON escapes). None: no such leaf."""
+    keys: set[str] = set()
+    lists: set[str] = set()
+    anywhere = False
+    for path, f in leaves(parse_type):
+        if not pa.types.is_decimal(f.type):
+            continue
+        in_list = path[-1] == "[]"
+        key = path[-2] if in_list and len(path) > 1 else path[-1]
+        map_value = path[-1] == ENTRY_VALUE and path[-2:-1] == ("[]",)
+        if key == "[]" or map_value or not key.isprintable() or '"' in key or "\\" in key:
+            anywhere = True
+        else:
+            (lists if in_list else keys).add(key)
+    if anywhere:
+        return r"[:,\[]" + _SPACE + UNSURE_NUMBER
+    if not keys and not lists:
+        return None
+    before = [f'"(?:{"|".join(re.escape(k) for k in sorted(keys))})"{_SPACE}:{_SPACE}'] if keys else []
+    if lists:  # the first element, or one after a comma (the elements are scalars: no ']' before)
+        names = "|".join(re.escape(k) for k in sorted(lists))
+        before.append(f'"(?:{names})"{_SPACE}:{_SPACE}\\[(?:[^\\]]*?,)?{_SPACE}')
+    return "(?:" + "|".join(before) + ")" + UNSURE_NUMBER
+
+
 @dataclass(frozen=True)
 class Plan:
     """How to parse: a JSON parse type per leaf (default or adapted), keys whose values are quoted,
@@ -98,6 +131,8 @@ class Plan:
     overrides: tuple[tuple[Path, pa.DataType], ...] = ()
     quoted: frozenset[str] = frozenset()
     parse_schema: pa.Schema = field(init=False, repr=False, compare=False)
+    #: RE2 pattern of a record holding a number the reader's decimal parse may misread, or None
+    unsure_numbers: str | None = field(init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, fields: Sequence[pa.Field]) -> Plan:
@@ -106,6 +141,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parse_schema", self._schema())
+        object.__setattr__(self, "unsure_numbers", _unsure_numbers(self.parse_schema.field(0).type))
 
     def parse_type(self, path: Path, leaf: pa.Field) -> pa.DataType:
         for p, t in self.overrides:

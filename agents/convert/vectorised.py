@@ -23,8 +23,8 @@ from agents.convert.columns import (
 )
 from agents.convert.grammar import (
     B64_PATTERN, CANONICAL_INT_PATTERN, COUNT_PATTERN, DATE_PATTERN, DAY_SECONDS, INT64, INT_PATTERN,
-    MAX_DAYS, MIN_DAYS, MIN_SECONDS, NUM_PATTERN, OFFSET_PATTERN, TIME_PATTERN, TS_PATTERN, UNIT_DIGITS,
-    UUID_PATTERN, ts_bounds,
+    MAX_DAYS, MIN_DAYS, MIN_SECONDS, NUM_PATTERN, OFFSET_PATTERN, PLAIN_NUM_PATTERN, TIME_PATTERN, TS_PATTERN,
+    UNIT_DIGITS, UUID_PATTERN, ts_bounds,
 )
 from agents.convert.plan import default_parse_type
 from agents.convert.wrapped import ENTRY_KEY, ENTRY_VALUE
@@ -197,8 +197,10 @@ def _to_float(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
 def _to_decimal(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
     bad: Mask | None = None
     wide = default_parse_type(pa.field("d", t))
-    if is_string(arr.type):
-        bad = false_mask(pc.match_substring_regex(arr, NUM_PATTERN))
+    if is_string(arr.type):  # what Arrow may misread goes to the record, as what is no number
+        plain = pc.and_(pc.match_substring_regex(arr, PLAIN_NUM_PATTERN),
+                        pc.less_equal(pc.count_substring_regex(arr, "[0-9]"), 38))
+        bad = false_mask(plain)
         arr, cast_bad = strict_cast(null_where(arr, bad), wide)
         bad = or_mask(bad, cast_bad)
     if arr.type.scale > t.scale:

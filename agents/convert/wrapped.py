@@ -14,6 +14,7 @@ from typing import Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from agents.convert import limits
@@ -82,6 +83,15 @@ class Run:
     def view(self, lo: int, hi: int) -> pa.Buffer:
         start = int(self.starts[lo])
         return pa.py_buffer(self.buf).slice(start, int(self.starts[hi]) - 1 - start)
+
+    def matching(self, lo: int, hi: int, pattern: str) -> npt.NDArray[np.bool_]:
+        """Whether each record of ``[lo, hi)`` holds a match of RE2 ``pattern`` (in bulk: the
+        buffer seen as one binary value per record, each with its newline)."""
+        offsets = self.starts[lo : hi + 1].copy()
+        offsets[-1] = min(int(offsets[-1]), len(self.buf))
+        records = pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(), hi - lo, [None, pa.py_buffer(offsets), pa.py_buffer(self.buf)])
+        return np.asarray(pc.match_substring_regex(records, pattern).to_numpy(zero_copy_only=False), dtype=np.bool_)
 
     def longest(self, lo: int, hi: int) -> int:
         """Bytes of the longest record in ``[lo, hi)`` (with its newline)."""
