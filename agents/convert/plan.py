@@ -97,7 +97,7 @@ def _unsure_numbers(parse_type: pa.DataType) -> str | None:
     """An RE2 pattern matching a record's text where a number (or numeric string) that Arrow's
     decimal parse may misread (grammar.UNSURE_NUMBER) is the value of a leaf parsed as a decimal:
     after its key, or in a list under its key; anywhere after ``:``, ``,`` or ``[`` where the key
-    is not known (map values, lists of lists, keys JSON escapes). None: no such leaf."""
+    is not known (map values, lists of lists, keys JSON may escape). None: no such leaf."""
     keys: set[str] = set()
     lists: set[str] = set()
     anywhere = False
@@ -107,7 +107,8 @@ def _unsure_numbers(parse_type: pa.DataType) -> str | None:
         in_list = path[-1] == "[]"
         key = path[-2] if in_list and len(path) > 1 else path[-1]
         map_value = path[-1] == ENTRY_VALUE and path[-2:-1] == ("[]",)
-        if key == "[]" or map_value or not key.isprintable() or '"' in key or "\\" in key:
+        # a key JSON may spell otherwise (escaped: a quote, a backslash, "bel\\u00f8p"): search anywhere
+        if key == "[]" or map_value or not (key.isascii() and key.isprintable()) or '"' in key or "\\" in key:
             anywhere = True
         else:
             (lists if in_list else keys).add(key)

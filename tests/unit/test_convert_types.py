@@ -268,7 +268,9 @@ def test_decimals_never_round(size: int) -> None:
 def decode_raw(schema: pa.Schema, text: str, size: int) -> Any:
     """``{"x": text}`` with ``text`` as written (a number's own spelling), after fillers: the
     row's x, or its reject."""
-    values = [b'{"id": 0, "x": 0}'] * (size - 1) + [b'{"id": 1, "x": ' + text.encode() + b"}"]
+    t = schema.field("x").type
+    filler = b"[]" if pa.types.is_list(t) else b"{}" if pa.types.is_struct(t) or pa.types.is_map(t) else b"0"
+    values = [b'{"id": 0, "x": ' + filler + b"}"] * (size - 1) + [b'{"id": 1, "x": ' + text.encode() + b"}"]
     result = decode_json(values, schema)
     result.validate()
     rejects = [(r.field, r.reason) for r in result.rejects if r.index == size - 1]
@@ -285,6 +287,7 @@ def decode_raw(schema: pa.Schema, text: str, size: int) -> Any:
     (pa.list_(pa.decimal128(10, 2)), "[0.5, 2.0342086067022478e-231]"),
     (pa.struct([pa.field("y", pa.decimal128(10, 2))]), '{"y" : "59719334552589356e-237"}'),
     (pa.map_(pa.string(), pa.decimal128(10, 2)), '{"k": 1, "j": 4e-254}'),
+    (pa.struct([pa.field("beløp", pa.decimal128(10, 2))]), '{"bel\\u00f8p": 2.0342086067022478e-231}'),
 ])
 def test_numbers_arrows_decimal_parse_would_misread_are_decoded_exactly(t: pa.DataType, text: str) -> None:
     """Arrow's decimal parse, which the bulk path's JSON reader and casts use, returns a wrong
