@@ -13,7 +13,8 @@ from typing import Final
 # Each grammar is written once: Python's ``re`` (per-record path) and RE2 (pyarrow.compute)
 # read the same text.
 #: JSON numbers and the numeric strings numeric columns accept ("42", "-3.5", "1e3", ".5").
-_NUM_TEXT: Final = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+_PLAIN_NUM_TEXT: Final = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+_NUM_TEXT: Final = _PLAIN_NUM_TEXT + r"(?:[eE][+-]?[0-9]+)?"
 
 
 _OFFSET_TEXT: Final = r"(Z|[+-][0-9]{2}(?::?[0-9]{2})?)"
@@ -98,13 +99,20 @@ INT_PATTERN: Final = r"^-?[0-9]{1,18}$"
 #: Numeric strings Arrow's decimal parse reads exactly, given at most 38 digits: no exponent.
 #: It returns a wrong value, without an error, for some others (apache/arrow#49817: more than
 #: 38 digits wrap; an exponent far from the scale wraps, or gives 0 for 2.0342086067022478e-231).
-PLAIN_NUM_PATTERN: Final = r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)$"
+PLAIN_NUM_PATTERN: Final = f"^{_PLAIN_NUM_TEXT}$"
+
+
+#: The digits of a decimal128: more, and Arrow's parse wraps (see PLAIN_NUM_PATTERN).
+DECIMAL_DIGITS: Final = 38
 
 
 #: A JSON number, or a numeric string (the reader parses both into a decimal column), that
 #: Arrow's decimal parse may misread (see PLAIN_NUM_PATTERN): with an exponent, or of 38
 #: digits and more. What comes before it (a key, a list's start) is the plan's (agents/convert/plan.py).
-UNSURE_NUMBER: Final = r'(?:-?(?:[0-9][0-9.]{37}|[0-9.]+[eE])|"[+-]?(?:[0-9.]{38}|[0-9.]*[eE][+-]?[0-9]+"))'
+UNSURE_NUMBER: Final = (
+    rf'(?:-?(?:[0-9][0-9.]{{{DECIMAL_DIGITS - 1}}}|[0-9.]+[eE])'
+    rf'|"[+-]?(?:[0-9.]{{{DECIMAL_DIGITS}}}|[0-9.]*[eE][+-]?[0-9]+"))'
+)
 
 
 TS_FORMAT: Final = (

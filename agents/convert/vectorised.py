@@ -22,7 +22,7 @@ from agents.convert.columns import (
     meta, unsupported,
 )
 from agents.convert.grammar import (
-    B64_PATTERN, CANONICAL_INT_PATTERN, COUNT_PATTERN, DATE_PATTERN, DAY_SECONDS, INT64, INT_PATTERN,
+    B64_PATTERN, CANONICAL_INT_PATTERN, COUNT_PATTERN, DATE_PATTERN, DAY_SECONDS, DECIMAL_DIGITS, INT64, INT_PATTERN,
     MAX_DAYS, MIN_DAYS, MIN_SECONDS, NUM_PATTERN, OFFSET_PATTERN, PLAIN_NUM_PATTERN, TIME_PATTERN, TS_PATTERN,
     UNIT_DIGITS, UUID_PATTERN, ts_bounds,
 )
@@ -199,7 +199,7 @@ def _to_decimal(arr: pa.Array, t: pa.DataType) -> tuple[pa.Array, Mask | None]:
     wide = default_parse_type(pa.field("d", t))
     if is_string(arr.type):  # what Arrow may misread goes to the record, as what is no number
         plain = pc.and_(pc.match_substring_regex(arr, PLAIN_NUM_PATTERN),
-                        pc.less_equal(pc.count_substring_regex(arr, "[0-9]"), 38))
+                        pc.less_equal(pc.count_substring_regex(arr, "[0-9]"), DECIMAL_DIGITS))
         bad = false_mask(plain)
         arr, cast_bad = strict_cast(null_where(arr, bad), wide)
         bad = or_mask(bad, cast_bad)
