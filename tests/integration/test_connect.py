@@ -121,6 +121,7 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_brok
 
     from icesink.shared.kafka_admin import ensure_topic
     from icesink.app.pizzas import pizza_values, produce
+    from tests.support.connect import wait_targets
     from tests.support.sinkrun import assert_exact, metric
     from tests.support.spark_reader import assert_engines_agree, engine_counts, engine_rows
 
@@ -149,8 +150,8 @@ def test_two_connect_processes_run_the_tutorial_connector_exactly_once(each_brok
         _wait_rows(catalog, 2000, procs)
         assert_exact(catalog, TABLE, {json.loads(v)["order_id"] for v in values[:2000]})
         for _, api, metrics_port in (first, second):  # either process lists both tasks for Prometheus to scrape
-            code, groups = _call(api, "GET", "/metrics/targets")
-            assert code == 200 and [(g["labels"]["connector"], g["labels"]["task"]) for g in groups] == [
+            groups = wait_targets(api, 2)
+            assert [(g["labels"]["connector"], g["labels"]["task"]) for g in groups] == [
                 ("pizzas", "0"), ("pizzas", "1")], groups
             assert {g["labels"]["instance"] for g in groups} == {f"127.0.0.1:{first[2]}", f"127.0.0.1:{second[2]}"}
             assert all(metric(int(g["targets"][0].rsplit(":", 1)[1]), "icesink_info") == 1 for g in groups)

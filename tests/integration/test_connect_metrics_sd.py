@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_observability import _query, _start_prometheus
-from tests.support.connect import call, process_config, start_connect, wait_status
+from tests.support.connect import call, process_config, start_connect, wait_status, wait_targets
 from tests.unit.test_config import TUTORIAL
 
 pytestmark = pytest.mark.integration
@@ -43,12 +43,6 @@ def _wait(what: str, check: Any, timeout_s: float = 180) -> Any:
             return last
         time.sleep(1)
     raise AssertionError(f"{what} not seen in {timeout_s} s (last: {last})")
-
-
-def _discovered(api: int, n: int) -> list[dict[str, Any]]:
-    code, groups = call(api, "GET", "/metrics/targets", auth=USER)
-    assert code == 200, groups
-    return groups if len(groups) == n else []  # type: ignore[no-any-return]
 
 
 def test_prometheus_scrapes_each_task_through_the_connect_process_service_discovery(broker, catalog_props, tmp_path):
@@ -97,7 +91,7 @@ def test_prometheus_scrapes_each_task_through_the_connect_process_service_discov
         # cluster, whichever process answers
         assert call(process.api, "GET", "/metrics/targets")[0] == 401
         for p in processes:
-            groups = _wait("every task in the discovery answer", lambda p=p: _discovered(p.api, len(TASKS)))
+            groups = wait_targets(p.api, len(TASKS), timeout_s=180, auth=USER)
             assert [g["labels"] for g in groups] == expected, groups
             assert all(len(g["targets"]) == 1 and g["targets"][0].startswith("127.0.0.1:") for g in groups)
         # what the discovery points at (a task's /metrics and /status, beyond loopback unless metrics.host

@@ -133,6 +133,20 @@ def wait_status(port: int, name: str, ok: Any, timeout_s: float = 120, **kwargs:
     raise AssertionError(f"connector {name}: no status as expected in {timeout_s} s, last: {status}")
 
 
+def wait_targets(port: int, n: int, timeout_s: float = 60, **kwargs: Any) -> list[dict[str, Any]]:
+    """Poll ``/metrics/targets`` until it lists ``n`` target groups. A task is listed once its
+    replica's status server says it runs and its process's report has reached the answering
+    process through the status topic: seconds after its first rows may land."""
+    deadline = time.monotonic() + timeout_s
+    groups: Any = None
+    while time.monotonic() < deadline:
+        code, groups = call(port, "GET", "/metrics/targets", **kwargs)
+        if code == 200 and len(groups) == n:
+            return groups  # type: ignore[no-any-return]
+        time.sleep(0.5)
+    raise AssertionError(f"/metrics/targets on port {port}: not {n} groups in {timeout_s} s, last: {groups}")
+
+
 def task_states(status: dict[str, Any]) -> list[str]:
     return [t["state"] for t in status["tasks"]]
 
