@@ -123,28 +123,37 @@ def wait_exit(process: ConnectProcess, timeout_s: float = 60) -> int:
 
 def wait_status(port: int, name: str, ok: Any, timeout_s: float = 120, **kwargs: Any) -> dict[str, Any]:
     """Poll ``/connectors/{name}/status`` until ``ok(status)``."""
-    deadline = time.monotonic() + timeout_s
-    status: Any = None
-    while time.monotonic() < deadline:
-        code, status = call(port, "GET", f"/connectors/{name}/status", **kwargs)
-        if code == 200 and ok(status):
-            return status  # type: ignore[no-any-return]
-        time.sleep(0.5)
-    raise AssertionError(f"connector {name}: no status as expected in {timeout_s} s, last: {status}")
+    status: dict[str, Any] = _poll(port, f"/connectors/{name}/status", lambda code, body: code == 200 and ok(body),
+                                   f"connector {name}: no status as expected", timeout_s, **kwargs)
+    return status
 
 
 def wait_targets(port: int, n: int, timeout_s: float = 60, **kwargs: Any) -> list[dict[str, Any]]:
-    """Poll ``/metrics/targets`` until it lists ``n`` target groups. A task is listed once its
-    replica's status server says it runs and its process's report has reached the answering
-    process through the status topic: seconds after its first rows may land."""
+    """Poll ``/metrics/targets`` (each answer a 200) until it lists ``n`` target groups. A task
+    is listed once its replica's status server says it runs and its process's report has
+    reached the answering process through the status topic: seconds after its first rows may
+    land."""
+
+    def listed(code: int, groups: Any) -> bool:
+        assert code == 200, groups
+        return len(groups) == n
+
+    groups: list[dict[str, Any]] = _poll(port, "/metrics/targets", listed,
+                                         f"/metrics/targets on port {port}: not {n} groups", timeout_s, **kwargs)
+    return groups
+
+
+def _poll(port: int, path: str, ok: Any, what: str, timeout_s: float, **kwargs: Any) -> Any:
+    """GET ``path`` every 0.5 s until ``ok(code, body)``; its body, or an AssertionError saying
+    ``what`` with the last answer."""
     deadline = time.monotonic() + timeout_s
-    groups: Any = None
+    body: Any = None
     while time.monotonic() < deadline:
-        code, groups = call(port, "GET", "/metrics/targets", **kwargs)
-        if code == 200 and len(groups) == n:
-            return groups  # type: ignore[no-any-return]
+        code, body = call(port, "GET", path, **kwargs)
+        if ok(code, body):
+            return body
         time.sleep(0.5)
-    raise AssertionError(f"/metrics/targets on port {port}: not {n} groups in {timeout_s} s, last: {groups}")
+    raise AssertionError(f"{what} in {timeout_s} s, last: {body}")
 
 
 def task_states(status: dict[str, Any]) -> list[str]:
