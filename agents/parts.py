@@ -10,7 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import re
+import socket
+import uuid
 from typing import Any
+
+
+def default_worker_id() -> str:
+    """A replica's id when ``worker.id`` is not set: host, process and a random part, as a plain
+    name (icesink.shared.config.WORKER_ID): it names the replica's directories and files."""
+    default = re.sub(r"[^A-Za-z0-9._-]", "_", f"{socket.gethostname()[:100]}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    return default if default[0].isalnum() else f"w{default}"
 
 
 @dataclasses.dataclass(eq=False)

@@ -29,12 +29,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import signal
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -53,7 +50,7 @@ from agents.ingest import Ingest
 from agents.kafka import Fetched
 from agents.missing import MissingTables
 from agents.ownership import Ownership
-from agents.parts import Replica
+from agents.parts import Replica, default_worker_id
 from agents.registry_source import registry_keys, registry_values
 from agents.rounds import Rounds
 from agents.routing import Router
@@ -65,7 +62,6 @@ from icesink.shared import gc_tuning
 from icesink.shared.config import Settings
 from icesink.shared.control import ControlProducer, ControlReader, ensure_control_topic
 from icesink.shared.errors import FencedError
-from icesink.shared.faults import hold_point_blocking
 from icesink.shared.group_secret import SecretLoader
 from icesink.shared.iceberg import load_catalog, refuse_pending_rewind
 from icesink.shared.metrics import Metrics
@@ -100,19 +96,19 @@ class Worker:
     one asks of the rest of the replica goes through a small Protocol this class answers."""
 
     def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics, *, files: FileWritingFactory,
-                 leader: LeaderFactory | None = None, launched_at: float | None = None) -> None:
+                 leader: LeaderFactory | None = None, launched_at: float | None = None,
+                 worker_id: str | None = None) -> None:
         """``files``: makes this replica's file writer and compaction's rewrite with it (the
         Spark-backed ones: icesink/app/files.py). ``leader``: what this replica runs while it
         leads the group (the coordinator); None: a worker only, whoever leads. ``launched_at``:
-        the monotonic clock when the process began (None: now), a new group's first round's origin."""
+        the monotonic clock when the process began (None: now), a new group's first round's origin.
+        ``worker_id``: this replica's id, if the caller made it (else ``worker.id``, else a new one)."""
         self.settings = settings
         self.launched_at = time.monotonic() if launched_at is None else launched_at
         self._leader = leader
         self.bootstrap = bootstrap
         self.metrics = metrics
-        # A plain name (icesink.shared.config.WORKER_ID): it names this replica's directories and files.
-        default = re.sub(r"[^A-Za-z0-9._-]", "_", f"{socket.gethostname()[:100]}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-        self.worker_id = settings.worker_id or (default if default[0].isalnum() else f"w{default}")
+        self.worker_id = worker_id or settings.worker_id or default_worker_id()
         metrics.info.labels(group=settings.group_id, worker=self.worker_id).set(1)
         metrics.commit_interval.set(settings.commit_interval_ms / 1000)
         self.offload = Offload()
@@ -220,8 +216,7 @@ class Worker:
                  self.settings.group_id, ",".join(self.settings.topics), ",".join(self.settings.tables))
 
     def _start_spark(self) -> None:
-        hold_point_blocking(self.settings, "worker.spark-start")  # fault tests only: a slow start
-        self.spark.start()
+        self.spark.start()  # or wait for the start the caller began (icesink/app/cli.py)
 
     def status_report(self) -> dict[str, Any]:
         """For /status (read from the HTTP thread: copies only)."""

@@ -104,8 +104,8 @@ _EARLY_WRITE = re.compile(
     r"early write: (?P<rows>\d+) rows of (?P<parts>\d+) partitions in (?P<files>\d+) files, (?P<s>[\d.]+) s(?P<void> \(void)?"
 )
 _MILESTONES: Final = (
-    ("settings given", "imports done, settings read"),
-    ("metrics on http", "metrics server up"),
+    ("settings given", "settings read (the Spark session's start begins)"),
+    ("metrics on http", "imports done, metrics server up"),
     ("spark session started", "spark session started"),
     ("spark warmed up", "spark warmed up"),
     ("coordinator started", "coordinator started"),

@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import subprocess
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
@@ -148,6 +150,7 @@ class SparkSessionOwner:
         settings.validate()
         self.settings = settings
         self._spark: SparkSession | None = None
+        self._starting: Future[None] | None = None  # start_soon's, until start() took it
         # Rows per Arrow batch of createDataFrame(arrow) in a classic session, which makes a
         # partition of each batch (None on Spark Connect: the server decides).
         self.batch_rows: int | None = None
@@ -175,8 +178,35 @@ class SparkSessionOwner:
         """Whether Spark runs in this process (local mode), not on a cluster or a Connect server."""
         return self.settings.remote is None and self.settings.master.startswith("local")
 
+    def start_soon(self, before: Callable[[], None] | None = None) -> None:
+        """Begin :meth:`start` now, in a daemon thread of its own (``before`` runs first in it),
+        so that a local JVM starts beside what the caller does meanwhile; the next :meth:`start`
+        waits for it and raises what it raised. A process that ends first leaves the thread."""
+        starting: Future[None] = Future()
+
+        def run() -> None:
+            try:
+                if before is not None:
+                    before()
+                self._start()
+            except BaseException as exc:  # noqa: BLE001 - raised again by start()
+                starting.set_exception(exc)
+            else:
+                starting.set_result(None)
+
+        self._starting = starting
+        threading.Thread(target=run, name="spark-start", daemon=True).start()
+
     def start(self) -> None:
-        """Create the session (blocking: a local session takes seconds)."""
+        """Create the session (blocking: a local session takes seconds), or wait for the one
+        :meth:`start_soon` began."""
+        starting, self._starting = self._starting, None
+        if starting is not None:
+            starting.result()
+        else:
+            self._start()
+
+    def _start(self) -> None:
         if self._spark is not None:
             return
         from pyspark.sql import SparkSession

@@ -152,8 +152,13 @@ class SparkFileWriter:
         return self.session.spark
 
     def start(self) -> None:
-        """Create the session (blocking: a local session takes seconds)."""
+        """Create the session (blocking: a local session takes seconds), or wait for the one
+        :meth:`start_soon` began."""
         self.session.start()
+
+    def start_soon(self, before: Callable[[], None] | None = None) -> None:
+        """Begin :meth:`start` in a thread of its own now (``SparkSessionOwner.start_soon``)."""
+        self.session.start_soon(before)
 
     def stop(self) -> None:
         # a warm-up write the stop cuts short is no error to log ("Aborting job", task failures)

@@ -82,26 +82,39 @@ def cmd_worker(args: argparse.Namespace) -> int:
     terminated = threading.Event()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: terminated.set())
 
-    from agents.worker import Worker
-    from coordinator import iceberg_ext
-    from coordinator.service import Coordinator
-    from icesink.shared.metrics import Metrics
     from icesink.shared import gc_tuning
-    from icesink.app.files import spark_files
-    from icesink.app.stack import resolve_bootstrap
-    from icesink.app.status import serve
 
     gc_tuning.tune()  # before start-up allocates (icesink/shared/gc_tuning.py)
-    iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit
     settings = _settings(args)
     redact = settings.redactor()
     log.info("settings given (the rest are defaults; --log-level DEBUG lists all): %s", settings.masked(only_given=True))
     log.debug("settings: %s", settings.masked())
+
+    from agents.parts import default_worker_id
+    from icesink.app.files import spark_files
+    from icesink.shared.faults import hold_point_blocking
+
+    # The Spark session starts now, in a thread of its own: a local JVM's start (seconds, most of
+    # it the JVM's own threads) then runs beside the imports and the set-up below instead of
+    # beside the first records read (bench/README.md, "The Spark session started first").
+    worker_id = settings.worker_id or default_worker_id()
+    writing = spark_files(settings, worker_id)
+    writing.writer.start_soon(lambda: hold_point_blocking(settings, "worker.spark-start"))  # fault tests: a slow start
+
+    from agents.worker import Worker
+    from coordinator import iceberg_ext
+    from coordinator.service import Coordinator
+    from icesink.shared.metrics import Metrics
+    from icesink.app.stack import resolve_bootstrap
+    from icesink.app.status import serve
+
+    iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit
     bootstrap, broker = resolve_bootstrap(settings)
     metrics = Metrics()
     try:
         # A replica is a worker, and the coordinator while it leads the group.
-        worker = Worker(settings, bootstrap, metrics, files=spark_files, leader=Coordinator, launched_at=launched_at)
+        worker = Worker(settings, bootstrap, metrics, files=lambda _settings, _id: writing, leader=Coordinator,
+                        launched_at=launched_at, worker_id=worker_id)
         if settings.metrics_port:
             serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
         asyncio.run(worker.run(stop_requested=terminated))

@@ -57,10 +57,14 @@ def test_a_replica_stopped_before_its_signal_handlers_run_exits_0(broker, catalo
 def test_a_replica_stopped_while_its_spark_session_starts_exits_0_within_its_bound(broker, catalog_props, tmp_path):
     """A Spark session can take longer to start than the shutdown bound (four JVMs starting on
     two loaded cores in CI did). ``fault.hold-at=worker.spark-start`` holds the start in its
-    thread for as long as the test likes; a SIGTERM then must not wait for it."""
-    log = stop_when(broker, catalog_props, tmp_path, "sd", lambda text: "holding at worker.spark-start" in text,
+    thread for as long as the test likes; a SIGTERM then must not wait for it. The start begins
+    before the worker's imports and set-up (icesink/app/cli.py), so the hold is seen before the
+    metrics server, which starts after them, and that server comes up while Spark is held."""
+    hold, imported = "holding at worker.spark-start", "metrics on http"
+    log = stop_when(broker, catalog_props, tmp_path, "sd", lambda text: hold in text and imported in text,
                     **{"fault.hold-at": "worker.spark-start"})
     assert "stopping during start-up" in log and "exiting now" not in log
+    assert log.index(hold) < log.index(imported), log[:3000]
 
 
 def test_a_stop_during_the_warm_ups_write_into_many_files_leaves_no_file_in_staging(broker, catalog_props, tmp_path):

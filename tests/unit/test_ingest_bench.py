@@ -101,13 +101,14 @@ def test_the_timeline_of_many_tables_is_one_line_for_their_creation_and_one_per_
 
 
 def test_the_start_up_timeline_names_imports_join_and_first_record_once(tmp_path):
-    """Issue 42's start-up timeline: imports, the group join (the first partition resumed, not
+    """Issue 42's start-up timeline: settings, imports, the group join (the first partition resumed, not
     each of them), the first record consumed (from the metrics), beside the other milestones."""
     from datetime import datetime
 
     log = tmp_path / "bench.log"
     log.write_text(
-        "2026-11-26 00:00:02,400 INFO icesink: settings given (the rest are defaults): {}\n"
+        "2026-11-26 00:00:00,700 INFO icesink: settings given (the rest are defaults): {}\n"
+        "2026-11-26 00:00:02,400 INFO icesink.app.status: metrics on http://127.0.0.1:1/metrics, status on /status\n"
         "2026-11-26 00:00:03,200 INFO agents.worker: this replica is the leader: coordinator started\n"
         "2026-11-26 00:00:03,400 INFO agents.ownership: src[0] resumed at offset 0 (generation 1)\n"
         "2026-11-26 00:00:03,401 INFO agents.ownership: src[1] resumed at offset 0 (generation 1)\n"
@@ -115,7 +116,7 @@ def test_the_start_up_timeline_names_imports_join_and_first_record_once(tmp_path
     started = datetime.strptime("2026-11-26 00:00:00,000", "%Y-%m-%d %H:%M:%S,%f").timestamp()
     lines = worker_timeline(log, started, consumed_at=3.6)
     assert [line.split(" s  ", 1)[1] for line in lines[:-1]] == [
-        "imports done, settings read", "coordinator started",
+        "settings read (the Spark session's start begins)", "imports done, metrics server up", "coordinator started",
         "first partition resumed (group joined, partitions assigned and claimed)",
         "first record consumed (icesink_records_consumed_total > 0)",
     ]

@@ -52,3 +52,46 @@ def test_a_spark_connect_server_on_this_host_stages_remote_locations_as_a_local_
     # a server elsewhere has its own disks: it writes the location itself
     assert not SparkSettings(remote="sc://spark.example:15002", staging_dir="/tmp/stage").stages("s3://bucket/t")
     assert SparkSettings(staging_dir="/tmp/stage").stages("s3://bucket/t")
+
+
+def test_start_soon_starts_the_session_in_its_own_thread_and_start_waits_for_it(monkeypatch) -> None:
+    """The worker's entry point begins the session's start before its imports
+    (icesink/app/cli.py): the start runs once, ``before`` first, in a thread of its own, and the
+    worker's own start() later waits for that one instead of starting a second session."""
+    import threading
+
+    owner = SparkSessionOwner(SparkSettings(master="local[2]"))
+    release = threading.Event()
+    calls: list[str] = []
+
+    def fake_start() -> None:
+        calls.append(f"start in {threading.current_thread().name}")
+        assert release.wait(10)
+
+    monkeypatch.setattr(owner, "_start", fake_start)
+    owner.start_soon(lambda: calls.append(f"before in {threading.current_thread().name}"))
+    waiter = threading.Thread(target=owner.start)
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive(), "start() returned before start_soon's start ended"
+    release.set()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert calls == ["before in spark-start", "start in spark-start"]
+    owner.start()  # a later start (after a stop, say) is a start of its own again
+    assert calls[-1] == f"start in {threading.current_thread().name}"
+
+
+def test_a_failed_start_soon_is_raised_by_start(monkeypatch) -> None:
+    """Never swallowed: the worker's start() raises what the early start raised."""
+    import pytest
+
+    owner = SparkSessionOwner(SparkSettings(master="local[2]"))
+
+    def broken() -> None:
+        raise RuntimeError("JAVA_HOME is not set")
+
+    monkeypatch.setattr(owner, "_start", broken)
+    owner.start_soon()
+    with pytest.raises(RuntimeError, match="JAVA_HOME"):
+        owner.start()
