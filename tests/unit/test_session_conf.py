@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shlex
+import threading
+
+import pytest
 
 from spark_bridge.session import SparkSessionOwner, SparkSettings
 
@@ -58,8 +61,6 @@ def test_start_soon_starts_the_session_in_its_own_thread_and_start_waits_for_it(
     """The worker's entry point begins the session's start before its imports
     (icesink/app/cli.py): the start runs once, ``before`` first, in a thread of its own, and the
     worker's own start() later waits for that one instead of starting a second session."""
-    import threading
-
     owner = SparkSessionOwner(SparkSettings(master="local[2]"))
     release = threading.Event()
     calls: list[str] = []
@@ -84,8 +85,6 @@ def test_start_soon_starts_the_session_in_its_own_thread_and_start_waits_for_it(
 
 def test_a_failed_start_soon_is_raised_by_start(monkeypatch) -> None:
     """Never swallowed: the worker's start() raises what the early start raised."""
-    import pytest
-
     owner = SparkSessionOwner(SparkSettings(master="local[2]"))
 
     def broken() -> None:
