@@ -27,7 +27,7 @@ from pyiceberg.types import (
     TimestampType, TimeType, UUIDType,
 )
 
-from coordinator.gc import normalize, referenced_files
+from coordinator.gc import normalize, prune_write_dirs, referenced_files
 from coordinator.state import TableFile
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,7 @@ def delete_uncommitted(
             continue
         roots = data_roots(table)
         referenced = referenced_files(table, manifests)
+        gone: list[str] = []
         for tf in tfs:
             path = normalize(tf.path)
             if not confined(tf.path, roots):
@@ -131,6 +132,8 @@ def delete_uncommitted(
                     out["delete-failed"] += 1
                     continue
                 out["deleted"] += 1
+                gone.append(tf.path)
+        prune_write_dirs(table.location(), gone)
     return out
 
 

@@ -16,15 +16,22 @@ snapshots expired by another tool. A file is deleted only if all of these hold:
   fences) is judged by the first three rules alone.
 Each deletion is logged; a file kept because its group may still commit it is reported
 (docs/commits.md, "Orphan files and icesink gc").
+
+Each write of each table has a directory of its own under ``data/`` (a fenced name): on a
+filesystem with directories (a local warehouse; object stores have none) whatever deletes a
+written file removes the directories it leaves empty, up to its write directory
+(:func:`prune_write_dirs`), and the sweep removes empty write directories older than the grace
+period (left by a version before, or by another tool's deletions).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from pyarrow import fs as pafs
@@ -60,6 +67,7 @@ class Sweep:
 
     orphans: list[Orphan]
     held: list[Orphan]
+    empty_dirs: list[str] = field(default_factory=list)  # empty write directories older than the grace period
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,11 @@ def find_orphans(table: Table, older_than_s: float, protected: Iterable[str], no
     scheme = urlparse(table.location()).scheme
     orphans: list[Orphan] = []
     held: list[Orphan] = []
+    parents = {info.path.rsplit("/", 1)[0] for info in infos}
+    empty_dirs = [info.path for info in infos
+                  if info.type == pafs.FileType.Directory and info.path not in parents and scheme in ("", "file")
+                  and _fenced_dir(info.path[len(root):].lstrip("/"))
+                  and (info.mtime is None or now - info.mtime.timestamp() >= older_than_s)]
     for info in infos:
         if info.type != pafs.FileType.File or normalize(info.path) in referenced:
             continue
@@ -154,7 +167,61 @@ def find_orphans(table: Table, older_than_s: float, protected: Iterable[str], no
             continue
         verdict = judge(fence, states, retired)
         (orphans if verdict.dead else held).append(Orphan(path, info.size or 0, age, verdict.reason))
-    return Sweep(sorted(orphans, key=lambda o: o.path), sorted(held, key=lambda o: o.path))
+    return Sweep(sorted(orphans, key=lambda o: o.path), sorted(held, key=lambda o: o.path), sorted(empty_dirs))
+
+
+def _fenced_dir(relative: str) -> bool:
+    """Whether a directory lies in (or is) a write directory: a fenced segment at or above it."""
+    return any(fence_of(segment) is not None for segment in relative.split("/"))
+
+
+def prune_write_dirs(table_location: str, paths: Iterable[str]) -> int:
+    """After the files ``paths`` were deleted: remove each one's directories that are now
+    empty, deepest first, up to and including its write directory (the nearest fenced segment
+    above it), never the table's location or anything above it. Local paths only: object stores
+    have no directories. A directory that is not empty (or already gone) is left quietly.
+    Returns how many were removed."""
+    root = urlparse(table_location)
+    if root.scheme not in ("", "file"):
+        return 0
+    base = root.path.rstrip("/") + "/"
+    todo: set[str] = set()
+    for path in paths:
+        u = urlparse(path)
+        if u.scheme not in ("", "file") or not u.path.startswith(base) or ".." in u.path.split("/"):
+            continue
+        chain = []
+        d = u.path.rsplit("/", 1)[0]
+        while d.startswith(base):
+            chain.append(d)
+            if fence_of(d.rsplit("/", 1)[1]) is not None:
+                todo.update(chain)  # up to the write directory; none above it
+                break
+            d = d.rsplit("/", 1)[0]
+    removed = 0
+    for d in sorted(todo, key=lambda x: x.count("/"), reverse=True):  # children before their parents
+        try:
+            os.rmdir(d)
+            removed += 1
+        except OSError:  # not empty (another file of the write lives), or gone
+            pass
+    return removed
+
+
+def remove_empty_dirs(table: Table, dirs: Iterable[str]) -> int:
+    """Remove the sweep's empty write directories (:attr:`Sweep.empty_dirs`), and their
+    write directories above them once empty; logged in one line. Returns how many."""
+    removed, first = 0, None
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:  # something was written into it since, or it is gone
+            continue
+        removed += 1 + prune_write_dirs(table.location(), [d])
+        first = first or d
+    if removed:
+        log.info("%s: removed %d empty write directories (e.g. %s)", ".".join(table.name()), removed, first)
+    return removed
 
 
 async def in_flight_files(settings: Settings, bootstrap: str, table_start: int | None = None,
@@ -210,6 +277,7 @@ def delete_orphans(table: Table, orphans: list[Orphan]) -> int:
     still = referenced_files(table)
     name = ".".join(table.name())
     deleted = 0
+    gone: list[str] = []
     for o in orphans:
         if normalize(o.path) in still:
             log.warning("%s: %s was committed meanwhile; kept", name, o.path)
@@ -221,4 +289,6 @@ def delete_orphans(table: Table, orphans: list[Orphan]) -> int:
         log.info("%s: deleted orphan file %s (%d bytes, %.1f h old; %s)", name, o.path, o.size_bytes,
                  o.age_s / 3600, o.reason)
         deleted += 1
+        gone.append(o.path)
+    prune_write_dirs(table.location(), gone)
     return deleted

@@ -180,7 +180,7 @@ class Maintainer:
         return out
 
     async def _sweep(self, table: str) -> dict[str, Any]:
-        from coordinator.gc import delete_orphans, find_orphans, sink_states
+        from coordinator.gc import delete_orphans, find_orphans, remove_empty_dirs, sink_states
 
         run = self._offload.run
         loaded = await run(self.catalog.load_table, table)
@@ -188,6 +188,8 @@ class Maintainer:
         protected = await self.in_flight(own.replay_from if own is not None else None)
         found = await run(find_orphans, loaded, self.s.orphans_older_than_ms / 1000, protected.paths)
         deleted = await run(delete_orphans, loaded, found.orphans) if found.orphans else 0
+        if found.empty_dirs:
+            await run(remove_empty_dirs, loaded, found.empty_dirs)
         self.metrics.maintenance_orphans_deleted.labels(table=table).inc(deleted)
         self.metrics.maintenance_orphans_held.labels(table=table).set(len(found.held))
         if found.held:

@@ -43,7 +43,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestCo
 from pyiceberg.table import Table
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
-from coordinator.gc import normalize
+from coordinator.gc import normalize, prune_write_dirs
 from coordinator.iceberg_ext import MemoTransaction, Replace, check_before_retry
 from coordinator.key_index import read_keys
 from coordinator.mirror import MirrorIndexes
@@ -217,6 +217,7 @@ def expire(catalog: Catalog, name: str, s: MaintenanceSettings, lock: threading.
             pass
         except OSError as exc:  # left for the orphan sweep; never fatal
             log.warning("%s: could not delete %s after expiry: %s", name, path, exc)
+    prune_write_dirs(table.location(), gone)  # each round's write directories, emptied
     for manifest in [m for m in cache if normalize(m) in gone]:
         cache.pop(manifest, None)
     for listed in [m for m in lists if normalize(m) in gone]:
@@ -479,6 +480,7 @@ def _delete_all(table: Table, files: Sequence[DataFile]) -> None:
             table.io.delete(f.file_path)
         except OSError:
             pass
+    prune_write_dirs(table.location(), [f.file_path for f in files])
 
 
 # The schedule ----------------------------------------------------------------------------------

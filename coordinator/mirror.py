@@ -24,6 +24,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
+from coordinator.gc import prune_write_dirs
 from coordinator.iceberg_ext.deletes import write_position_deletes
 from coordinator.key_index import KeyIndex
 from coordinator.state import Accepted
@@ -155,5 +156,6 @@ def delete_keys_files(catalog: Catalog, paths: dict[str, list[str]]) -> None:
                     table.io.delete(path)
                 except FileNotFoundError:
                     pass
+            prune_write_dirs(table.location(), files)
         except Exception as exc:  # noqa: BLE001 - cleanup never stops commits
             log.warning("could not delete the keys files of table %s (icesink gc will): %s", name, exc)

@@ -227,7 +227,9 @@ def cmd_control_tail(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from coordinator.gc import delete_orphans, find_orphans, in_flight_files, parse_duration, sink_states
+    from coordinator.gc import (
+        delete_orphans, find_orphans, in_flight_files, parse_duration, remove_empty_dirs, sink_states,
+    )
     from icesink.shared.group_secret import stored_keyring
     from icesink.shared.iceberg import load_catalog
 
@@ -268,6 +270,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
         else:
             print(f"{name}: {len(found.orphans)} orphan files ({size} bytes) older than {args.older_than}"
                   + ("" if args.delete else "; add --delete to delete them"), file=sys.stderr)
+        if found.empty_dirs and args.delete:
+            removed = remove_empty_dirs(table, found.empty_dirs)
+            print(f"{name}: removed {removed} empty write directories", file=sys.stderr)
+        elif found.empty_dirs:
+            print(f"{name}: {len(found.empty_dirs)} empty write directories older than {args.older_than}; "
+                  "add --delete to remove them", file=sys.stderr)
     return 0
 
 

@@ -1,8 +1,8 @@
 """Table maintenance with real replicas, Spark and a real catalog: about 90 one-second rounds over
 3 partitions with compaction after 6 small files and a 5-second snapshot age. The table's live
-data files and snapshots stay bounded, compaction and expiry really ran (metrics, /status), the
-table is exact by DuckDB and by a pyiceberg scan; then the coordinator's replica is killed -9 and
-more data flows: still exact."""
+data files and snapshots stay bounded, compaction and expiry really ran (metrics, /status), no
+emptied write directory is left behind, the table is exact by DuckDB and by a pyiceberg scan;
+then the coordinator's replica is killed -9 and more data flows: still exact."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import asyncio
 import json
 import threading
 import time
+from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
@@ -78,6 +80,11 @@ def test_maintenance_keeps_files_and_snapshots_bounded_and_the_table_exact_throu
         assert late, sizes
         assert max(files for files, _ in late) <= 30, sizes  # without compaction: hundreds
         assert max(snaps for _, snaps in late) <= 25, sizes  # without expiry: one per round
+        # Each round writes into a directory of its own under data/; expiry removes the ones it
+        # empties (a local warehouse has directories): about 90 would be left, one per round.
+        data = Path(urlparse(catalog.load_table(TABLE).location()).path) / "data"
+        empty = [d for d in data.rglob("*") if d.is_dir() and not any(d.iterdir())]
+        assert len(empty) <= 2, f"{len(empty)} empty directories under {data}, e.g. {empty[:3]}"  # a write's, in flight
         found = coordinator_status(replicas)
         assert found is not None
         coord_replica, status = found

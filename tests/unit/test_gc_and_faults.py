@@ -67,3 +67,73 @@ def test_a_coordinator_file_is_dead_once_a_later_epoch_of_its_group_committed():
     assert not judge(fence, {"sink-a": _state({}, epoch=4)}).dead
     assert judge(fence, {"sink-a": _state({}, epoch=5)}).dead
     assert fence_of(coordinator_prefix("sink-a", 4, "delete") + "-6c1f.parquet") == fence
+
+
+def _write_dir(name: str) -> str:
+    from icesink.shared.protocol import OffsetRange, TopicPartition
+    from icesink.shared.protocol.fences import worker_files_prefix
+
+    return worker_files_prefix("sink-a", (OffsetRange(TopicPartition("pizzas.v1", 0), 10, 20),), name) + "-0"
+
+
+def _touch(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    return path
+
+
+def test_deleting_a_writes_files_removes_the_directories_they_leave_empty_and_nothing_else(tmp_path):
+    import os
+
+    from coordinator.gc import prune_write_dirs
+
+    location = tmp_path / "wh" / "t"
+    data = location / "data"
+    w1, w2, w3 = (data / _write_dir(f"r-w1-{i}") for i in (1, 2, 3))
+    gone = [_touch(w1 / "shop=a" / "part-0.parquet"), _touch(w1 / "shop=b" / "part-1.parquet")]
+    gone.append(_touch(w2 / "part-0.parquet"))
+    kept = _touch(w2 / "part-1.parquet")  # another file of that write still lives
+    gone.append(_touch(data / "plain" / "part-9.parquet"))  # another tool's directory: no fence
+    gone.append(_touch(w3 / "part-0.parquet"))
+    outside = tmp_path / "elsewhere" / _write_dir("r-w1-4")
+    gone.append(_touch(outside / "part-0.parquet"))  # not under the table's location
+    for p in gone:
+        os.remove(p)
+
+    uris = [f"file://{p}" if i % 2 else str(p) for i, p in enumerate(gone)]  # both spellings, as normalize()
+    assert prune_write_dirs(location.as_uri(), uris) == 4  # w1's two partition directories, w1, w3
+    assert not w1.exists() and not w3.exists()
+    assert kept.exists() and (data / "plain").is_dir() and outside.is_dir()
+    assert data.is_dir()  # never the table's own directories
+    assert prune_write_dirs(location.as_uri(), uris) == 0  # again: nothing left to remove
+    assert prune_write_dirs("s3://bucket/wh/t", [f"s3://bucket/wh/t/data/{w2.name}/part-1.parquet"]) == 0
+
+
+def test_the_sweep_finds_empty_write_directories_older_than_the_grace_period(tmp_path):
+    import os
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    import pyarrow as pa
+
+    from coordinator.gc import find_orphans, remove_empty_dirs
+    from icesink.shared.catalogs import sqlite_catalog_properties
+    from pyiceberg.catalog import load_catalog
+
+    catalog = load_catalog("it", **sqlite_catalog_properties(tmp_path / "catalog"))
+    catalog.create_namespace("db")
+    table = catalog.create_table("db.t", schema=pa.schema([("id", pa.int64())]))
+    data = Path(urlparse(table.location()).path) / "data"
+    old, young = data / _write_dir("r-w1-1"), data / _write_dir("r-w1-2")
+    (old / "shop=a").mkdir(parents=True)
+    young.mkdir(parents=True)
+    (data / "plain").mkdir()  # not a write directory: left alone
+    _touch(data / _write_dir("r-w1-3") / "part-0.parquet")  # an orphan file, young: kept
+    for d in (old / "shop=a", old, data / "plain"):
+        os.utime(d, (1, 1))
+
+    found = find_orphans(table, 3600, ())
+    assert found.empty_dirs == [str(old / "shop=a")]  # the empty leaf; its parent holds it
+    assert found.orphans == []
+    assert remove_empty_dirs(table, found.empty_dirs) == 2  # the leaf, then its emptied write directory
+    assert not old.exists() and young.is_dir() and (data / "plain").is_dir()
