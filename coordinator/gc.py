@@ -149,10 +149,10 @@ def find_orphans(table: Table, older_than_s: float, protected: Iterable[str], no
     scheme = urlparse(table.location()).scheme
     orphans: list[Orphan] = []
     held: list[Orphan] = []
-    parents = {info.path.rsplit("/", 1)[0] for info in infos}
-    empty_dirs = [info.path for info in infos
-                  if info.type == pafs.FileType.Directory and info.path not in parents and scheme in ("", "file")
-                  and _fenced_dir(info.path[len(root):].lstrip("/"))
+    parents = {info.path.rsplit("/", 1)[0] for info in infos} if scheme in ("", "file") else set()
+    empty_dirs = [info.path for info in infos  # object stores: no directories
+                  if info.type == pafs.FileType.Directory and parents and info.path not in parents
+                  and fence_of(info.path[len(root):].lstrip("/")) is not None  # in (or is) a write directory
                   and (info.mtime is None or now - info.mtime.timestamp() >= older_than_s)]
     for info in infos:
         if info.type != pafs.FileType.File or normalize(info.path) in referenced:
@@ -168,11 +168,6 @@ def find_orphans(table: Table, older_than_s: float, protected: Iterable[str], no
         verdict = judge(fence, states, retired)
         (orphans if verdict.dead else held).append(Orphan(path, info.size or 0, age, verdict.reason))
     return Sweep(sorted(orphans, key=lambda o: o.path), sorted(held, key=lambda o: o.path), sorted(empty_dirs))
-
-
-def _fenced_dir(relative: str) -> bool:
-    """Whether a directory lies in (or is) a write directory: a fenced segment at or above it."""
-    return any(fence_of(segment) is not None for segment in relative.split("/"))
 
 
 def prune_write_dirs(table_location: str, paths: Iterable[str]) -> int:
