@@ -88,6 +88,7 @@ def main() -> None:
     # (700) a commit's allocations set off collections, and the older generations' walk a heap
     # that holds every table's history (--tables 200: 140,000 snapshots and their summaries).
     gc_tuning.tune()
+    gc_tuning.freeze_start_up()  # and on, as a replica's is once it reads
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--interval-ms", type=int, default=1000, help="simulated time between rounds")

@@ -11,9 +11,16 @@ finds nothing.
 
 :func:`tune` raises the young threshold above a fetch's records, so they are freed before a
 collection sees them; reference cycles are still collected, every ``YOUNG_THRESHOLD`` net
-allocations of tracked objects. :func:`freeze_start_up` moves what start-up allocated (modules,
-the Spark session's py4j objects, catalogs) to the permanent generation, which full collections
-skip. ``python_gc_collections_total`` on /metrics counts the collections per generation.
+allocations of tracked objects. It also turns the collector off for start-up: the imports,
+catalogs and the Spark session's py4j objects (some 180k tracked objects) live as long as the
+process, and each young collection over them found about 10 objects of garbage while it held the
+GIL before the first record (0.1-0.3 s of a replica's start; bench/README.md, "The collector
+off for start-up"). :func:`freeze_start_up` moves what start-up allocated to the permanent
+generation, which collections skip, and turns the collector on: called before the first record
+is read, and again once the Spark session is up. It collects nothing first (the full collection
+it ran found those 10 objects, for 0.1-0.3 s of the backlog's read): start-up's few objects of
+cyclic garbage stay. ``python_gc_collections_total`` on /metrics counts the collections per
+generation.
 """
 
 from __future__ import annotations
@@ -30,13 +37,16 @@ YOUNG_THRESHOLD = 100_000
 
 def tune() -> None:
     """Raise the young generation's threshold to :data:`YOUNG_THRESHOLD` (the older generations'
-    stay as they are). Call once, early in the process."""
+    stay as they are) and turn the collector off until :func:`freeze_start_up`. Call once, early
+    in the process."""
     young, older, oldest = gc.get_threshold()
     gc.set_threshold(max(YOUNG_THRESHOLD, young), older, oldest)
+    gc.disable()
 
 
 def freeze_start_up() -> None:
-    """Collect once, then move every surviving object to the permanent generation (``gc.freeze``):
-    later full collections skip the start-up heap. Call when start-up is done."""
-    gc.collect()
+    """Move every tracked object to the permanent generation (``gc.freeze``, which also zeroes
+    the young generation's count), so that later collections skip the start-up heap, and turn
+    the collector on. Call before the first record is read, and again when start-up is done."""
     gc.freeze()
+    gc.enable()
