@@ -119,16 +119,7 @@ class Recovery:
             self.session.last_cp = Checkpoint(start - 1, {}, {}, start)
         watermarks = {t: st.watermark for t, st in states.items() if not self.session.adopted}
         await self._reader.seek(start)
-        end = await self._reader.end_offset()
-        replayed = 0
-        while True:
-            batch = await self._reader.read(0.5)
-            for offset, event in batch:
-                await loop.apply(offset, event, checkpoint_through)
-                replayed += 1
-            self.session.state.lacking(watermarks)  # what every table already holds is not kept (a parked table's rounds)
-            if not batch and await self._reader.position() >= end:
-                break
+        replayed = await self.replay(loop, checkpoint_through, watermarks)
         epochs = [self.session.state.log_epoch] + [st.epoch for st in states.values()]
         self.session.epoch = next_epoch(epochs)
         self.metrics.coordinator_epoch.set(self.session.epoch)
@@ -145,6 +136,22 @@ class Recovery:
             if not self.session.adopted and st.watermark > max(checkpoint_through, self.session.state.announced_through(name)):
                 await loop.announce_held(name, await self.offload.run(self.held_commit, name))
 
+
+    async def replay(self, loop: Replayer, checkpoint_through: int, watermarks: dict[str, int]) -> int:
+        """Apply the log's events from the reader's position to the log's end as it is now;
+        how many. A read with no event to return waits 0.5 s for one, so none is made once the
+        reader stands at that end: on a first start, or from a checkpoint at the end of the log,
+        the first claims were answered 0.5 s late."""
+        end = await self._reader.end_offset()
+        replayed = 0
+        while True:
+            batch = await self._reader.read(0.5) if await self._reader.position() < end else []
+            for offset, event in batch:
+                await loop.apply(offset, event, checkpoint_through)
+                replayed += 1
+            self.session.state.lacking(watermarks)  # what every table already holds is not kept (a parked table's rounds)
+            if not batch and await self._reader.position() >= end:
+                return replayed
 
     async def read_checkpoint(self) -> CommitComplete | None:
         """The CommitComplete the coordinator group's committed offset points to, or None (no

@@ -4,6 +4,8 @@ instead of waiting a whole interval after its recovery (issue 42 target 5: kill 
 coordinator's replica to the next committed snapshot); a group's first round counts its interval
 from the process's launch (issue 42 target 1: launch to the first committed snapshot)."""
 
+import asyncio
+
 from coordinator.session import first_round_at
 
 INTERVAL_S = 5.0
@@ -62,3 +64,61 @@ def test_recovery_reads_when_each_table_last_committed_on_its_commit_branch(tmp_
     assert list(states) == ["db.t"]
     assert recovery.since_commit_s(states, committed_ms + 7000) == 7.0
     assert recovery.since_commit_s([], committed_ms + 7000) is None
+
+
+class ReplayLog:
+    """A control log of ``events`` at offsets 0.. for recovery's replay: a read with nothing to
+    return waits its whole timeout, as the broker's fetch does."""
+
+    def __init__(self, events: list) -> None:
+        self.events, self.at, self.waited_s = events, 0, 0.0
+
+    async def seek(self, offset: int) -> None:
+        self.at = offset
+
+    async def position(self) -> int:
+        return self.at
+
+    async def end_offset(self) -> int:
+        return len(self.events)
+
+    async def read(self, timeout_s: float) -> list:
+        batch = [(o, e) for o, e in enumerate(self.events) if o >= self.at][:2]
+        if not batch:
+            self.waited_s += timeout_s
+        self.at += len(batch)
+        return batch
+
+
+async def replay_from(recovery, log: ReplayLog, loop, start: int) -> int:
+    await log.seek(start)
+    return int(await recovery.replay(loop, -1, {}))
+
+
+def test_replay_reads_to_the_log_end_and_waits_for_no_event_past_it():
+    """A first start (an empty log) or a checkpoint at the log's end: nothing to replay, and no
+    read that waits 0.5 s for an event before the first claim is answered."""
+    from coordinator.session import Session
+    from coordinator.startup import Recovery
+    from icesink.shared.config import build
+    from icesink.shared.metrics import Metrics
+    from icesink.shared.offload import Offload
+    from icesink.shared.protocol import StartCommit
+
+    class Loop:
+        def __init__(self) -> None:
+            self.applied: list[int] = []
+
+        async def apply(self, offset: int, event, checkpoint_through: int = -1) -> bool:
+            self.applied.append(offset)
+            return True
+
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "group.id": "g", "bootstrap.servers": "127.0.0.1:1"})
+    for events, start in (([], 0), ([StartCommit(1, f"r{i}") for i in range(5)], 0),
+                          ([StartCommit(1, f"r{i}") for i in range(5)], 5)):
+        log, loop = ReplayLog(events), Loop()
+        recovery = Recovery(settings, "127.0.0.1:1", Session(), log, None, Offload(1), Metrics())  # type: ignore[arg-type]
+
+        assert asyncio.run(replay_from(recovery, log, loop, start)) == len(events) - start
+        assert loop.applied == list(range(start, len(events)))
+        assert log.waited_s == 0, f"{len(events)} events from {start}: a read waited {log.waited_s} s"
