@@ -208,10 +208,10 @@ class Worker:
         await self.tables.load_configured()
         self._owner.spawn(self.control.run(self.reader), "control")
         self._owner.spawn(self._housekeeping(), "housekeeping")
-        gc_tuning.freeze_start_up()  # imports and catalogs; the collector, off since the imports, is on to read
+        gc_tuning.freeze_start_up()  # the catalogs' and Faust's objects, before the first read
         await self.faust.start()
         await spark_started
-        gc_tuning.freeze_start_up()  # and the Spark session's and Faust's objects: collections skip them
+        gc_tuning.freeze_start_up()  # and the Spark session's: collections skip them
         self.status["phase"] = "running"
         log.info("worker %s running (group %s, topics %s, tables %s)", self.worker_id,
                  self.settings.group_id, ",".join(self.settings.topics), ",".join(self.settings.tables))

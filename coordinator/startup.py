@@ -136,7 +136,6 @@ class Recovery:
             if not self.session.adopted and st.watermark > max(checkpoint_through, self.session.state.announced_through(name)):
                 await loop.announce_held(name, await self.offload.run(self.held_commit, name))
 
-
     async def replay(self, loop: Replayer, checkpoint_through: int, watermarks: dict[str, int]) -> int:
         """Apply the log's events from the reader's position to the log's end as it is now;
         how many. A read with no event to return waits 0.5 s for one, so none is made once the
@@ -152,6 +151,7 @@ class Recovery:
             self.session.state.lacking(watermarks)  # what every table already holds is not kept (a parked table's rounds)
             if not batch and await self._reader.position() >= end:
                 return replayed
+
 
     async def read_checkpoint(self) -> CommitComplete | None:
         """The CommitComplete the coordinator group's committed offset points to, or None (no

@@ -12,15 +12,15 @@ finds nothing.
 :func:`tune` raises the young threshold above a fetch's records, so they are freed before a
 collection sees them; reference cycles are still collected, every ``YOUNG_THRESHOLD`` net
 allocations of tracked objects. It also turns the collector off for start-up: the imports,
-catalogs and the Spark session's py4j objects (some 180k tracked objects) live as long as the
-process, and each young collection over them found about 10 objects of garbage while it held the
-GIL before the first record (0.1-0.3 s of a replica's start; bench/README.md, "The collector
-off for start-up"). :func:`freeze_start_up` moves what start-up allocated to the permanent
-generation, which collections skip, and turns the collector on: called before the first record
-is read, and again once the Spark session is up. It collects nothing first (the full collection
-it ran found those 10 objects, for 0.1-0.3 s of the backlog's read): start-up's few objects of
-cyclic garbage stay. ``python_gc_collections_total`` on /metrics counts the collections per
-generation.
+catalogs and Faust's app (some 180k tracked objects) live as long as the process, and each young
+collection over them found about 10 objects of garbage while it held the GIL before the first
+record (0.1-0.3 s of a replica's start; bench/README.md, "Start-up without the collector's
+passes"). That stretch is bounded: the catalog is tried once, the group's secret until a
+deadline. :func:`freeze_start_up` moves what start-up allocated to the permanent generation,
+which collections skip, and turns the collector on: called before the first record is read, and
+again once the Spark session is up. It collects nothing first (the full collection it ran found
+those 10 objects, for 0.1-0.3 s of the backlog's read): start-up's few objects of cyclic garbage
+stay. ``python_gc_collections_total`` on /metrics counts the collections per generation.
 """
 
 from __future__ import annotations
