@@ -218,22 +218,29 @@ class CommittedRows:
 
 
 def _total_records(metadata_location: str) -> tuple[int, float]:
-    """A table's total-records at this metadata file, and when it reached them: the write of
-    this file (just before the catalog's pointer moved to it) if its current snapshot is the
-    first to hold that many rows, else the commit time of the first one that did (a later
-    snapshot, say a compaction's, replaced files without adding rows)."""
+    """A table's total-records at this metadata file, and when it reached them: the commit of
+    the first snapshot that held that many rows (a later one, say a compaction's, replaced files
+    without adding rows), timed by the write of the metadata file that added it, just before the
+    catalog's pointer moved to it (that file's last-updated-ms is the snapshot's timestamp; this
+    file or one its metadata log lists), else by the snapshot's own timestamp."""
     path = metadata_location.removeprefix("file://")
     with open(path) as f:
         metadata = json.load(f)
-    written = os.stat(path).st_mtime
     snapshots = metadata.get("snapshots", ())
     current = next((s for s in snapshots if s["snapshot-id"] == metadata.get("current-snapshot-id")), None)
     if current is None:
-        return 0, written
+        return 0, os.stat(path).st_mtime
     rows = int(current["summary"].get("total-records", 0))
-    first = min((s for s in snapshots if int(s["summary"].get("total-records", 0)) == rows),
-                key=lambda s: int(s["timestamp-ms"]))
-    return rows, written if first is current else int(first["timestamp-ms"]) / 1000
+    stamp = min(int(s["timestamp-ms"]) for s in snapshots if int(s["summary"].get("total-records", 0)) == rows)
+    files = [(metadata_location, metadata.get("last-updated-ms"))]
+    files += [(e["metadata-file"], e["timestamp-ms"]) for e in metadata.get("metadata-log", ())]
+    for location, updated_ms in files:
+        if updated_ms == stamp:
+            try:
+                return rows, os.stat(location.removeprefix("file://")).st_mtime
+            except OSError:  # deleted since (write.metadata.delete-after-commit.enabled)
+                break
+    return rows, stamp / 1000
 
 
 def routed(values: list[bytes], tables: int) -> list[bytes]:

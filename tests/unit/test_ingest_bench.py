@@ -145,6 +145,18 @@ def test_the_committed_rows_poll_counts_what_the_tables_hold(tmp_path):
     assert poll() == committed_rows(catalog) == 18
     tables[0].append(rows)
     assert poll() == committed_rows(catalog) == 21
+    # When the rows were reached: the write of the metadata file whose commit added them, not of
+    # a later one that added none (a property set, an expiry).
+    import os
+    import time
+
+    added = catalog.load_table(f"{NAMESPACE}.t0").metadata_location.removeprefix("file://")
+    assert poll.reached_wall == os.stat(added).st_mtime
+    time.sleep(0.05)
+    with catalog.load_table(f"{NAMESPACE}.t0").transaction() as tx:
+        tx.set_properties({"k": "v"})
+    assert catalog.load_table(f"{NAMESPACE}.t0").metadata_location.removeprefix("file://") != added
+    assert poll() == 21 and poll.reached_wall == os.stat(added).st_mtime
 
 
 @pytest.mark.parametrize("fmt", ["avro", "protobuf", "json-schema"])
