@@ -228,8 +228,8 @@ def _total_records(metadata_location: str) -> tuple[int, float]:
         metadata = json.load(f)
     snapshots = metadata.get("snapshots", ())
     current = next((s for s in snapshots if s["snapshot-id"] == metadata.get("current-snapshot-id")), None)
-    if current is None:
-        return 0, os.stat(path).st_mtime
+    if current is None:  # nothing committed: no time of its own among the tables'
+        return 0, 0.0
     rows = int(current["summary"].get("total-records", 0))
     stamp = min(int(s["timestamp-ms"]) for s in snapshots if int(s["summary"].get("total-records", 0)) == rows)
     files = [(metadata_location, metadata.get("last-updated-ms"))]

@@ -144,13 +144,12 @@ class Recovery:
         end = await self._reader.end_offset()
         replayed = 0
         while True:
-            batch = await self._reader.read(0.5) if await self._reader.position() < end else []
-            for offset, event in batch:
+            self.session.state.lacking(watermarks)  # what every table already holds is not kept (a parked table's rounds)
+            if await self._reader.position() >= end:
+                return replayed
+            for offset, event in await self._reader.read(0.5):
                 await loop.apply(offset, event, checkpoint_through)
                 replayed += 1
-            self.session.state.lacking(watermarks)  # what every table already holds is not kept (a parked table's rounds)
-            if not batch and await self._reader.position() >= end:
-                return replayed
 
 
     async def read_checkpoint(self) -> CommitComplete | None:
