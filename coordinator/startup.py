@@ -144,12 +144,13 @@ class Recovery:
         end = await self._reader.end_offset()
         replayed = 0
         while True:
-            self.session.state.lacking(watermarks)  # what every table already holds is not kept (a parked table's rounds)
-            if await self._reader.position() >= end:
-                return replayed
-            for offset, event in await self._reader.read(0.5):
+            batch = await self._reader.read(0.5) if await self._reader.position() < end else []
+            for offset, event in batch:
                 await loop.apply(offset, event, checkpoint_through)
                 replayed += 1
+            self.session.state.lacking(watermarks)  # what every table already holds is not kept (a parked table's rounds)
+            if not batch and await self._reader.position() >= end:
+                return replayed
 
 
     async def read_checkpoint(self) -> CommitComplete | None:
