@@ -223,6 +223,7 @@ class Ingest:
 
     async def buffer(self, st: PartitionState, messages: Sequence[Any]) -> None:
         """``messages`` of ``st``, in offset order: screened, routed, decoded and buffered."""
+        reader = (self.replica.generation, st.next_offset)  # whose records these are (_finish)
         # Tombstones and too-large values never reach conversion; their offsets still count.
         # The transforms' batch steps (agents/transforms/): records a Filter drops, each record's topic.
         applied = self.chain.apply(st.tp.topic, messages) if self.chain else None
@@ -255,8 +256,8 @@ class Ingest:
             rejects += list(zip(screened.at_messages(r.reject for r in fanout.rejects), (r.table for r in fanout.rejects),
                                 strict=True))
             n = rows_of.table.num_rows
-            await self._finish(st, messages, rejects, n, Chunk(st.tp, messages[-1].offset + 1, {},
-                                                               rows_of.table.nbytes, n, rows_of if n else None))
+            await self._finish(st, reader, messages, rejects, n, Chunk(st.tp, messages[-1].offset + 1, {},
+                                                                       rows_of.table.nbytes, n, rows_of if n else None))
             return
         # Tables decoded together are counted once, as the rows they share: an nbytes walk per
         # table and fetch was a quarter of a fetch's handling at 200 tables (py-spy).
@@ -292,13 +293,20 @@ class Ingest:
                 nbytes += 0 if counted else converted.table.nbytes
                 rows += converted.table.num_rows
                 landed[idx[converted.indices.to_numpy(zero_copy_only=False)]] = True
-        await self._finish(st, messages, rejects, int(landed.sum()),
+        await self._finish(st, reader, messages, rejects, int(landed.sum()),
                            Chunk(st.tp, messages[-1].offset + 1, tables, nbytes, rows))
 
-    async def _finish(self, st: PartitionState, messages: Sequence[Any], rejects: list[tuple[Reject, str | None]],
-                      converted: int, chunk: Chunk) -> None:
+    async def _finish(self, st: PartitionState, reader: tuple[int, int], messages: Sequence[Any],
+                      rejects: list[tuple[Reject, str | None]], converted: int, chunk: Chunk) -> None:
+        """Dead letters sent and the chunk buffered, if ``st`` is still read where ``reader``
+        (generation, next offset) took ``messages``: a rebalance or a rewind while they were
+        converted leaves them to whoever reads the partition from its accepted position."""
+        if not self._reads(st, reader):
+            return
         if rejects:  # errors.tolerance=none raises here: nothing of this batch is buffered
             letters = await self.deadletters.reject(messages, rejects)
+            if not self._reads(st, reader):
+                return
             if (dl := self.settings.deadletter_table) is not None and letters:  # committed with this chunk's range
                 rows = letter_rows(letters, self.settings.group_id, self.targets[dl].arrow_schema)
                 chunk.tables[dl] = rows
@@ -308,6 +316,13 @@ class Ingest:
         last = messages[-1]
         ts = last.timestamp if last.timestamp is not None and last.timestamp >= 0 else None
         self.buffers.add(chunk, last.offset, ts)
+
+    def _reads(self, st: PartitionState, reader: tuple[int, int]) -> bool:
+        generation, offset = reader
+        if self.ownership.owns(st, generation) and st.next_offset == offset:
+            return True
+        log.info("%s: a fetch converted across a rebalance or rewind is left to be read again from %d", st.tp, offset)
+        return False
 
     async def _held_back(self, st: PartitionState, names: Iterable[str]) -> bool:
         """Whether a fetch of ``st`` with records routed to ``names`` waits for a missing table

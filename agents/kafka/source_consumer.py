@@ -268,7 +268,15 @@ def install_batch_drain(app: faust.App, deliver: Callable[[Fetched], Awaitable[A
                          if recs and (active is None or tp in active)}
                 if batch:
                     nbytes = sum(serialized_bytes(recs) for recs in batch.values())
-                    await consumer.wait_first(deliver(Fetched(batch, fetched_at, nbytes)), consumer.suspend_flow.wait())
+                    delivery = asyncio.ensure_future(deliver(Fetched(batch, fetched_at, nbytes)))
+                    try:
+                        await consumer.wait_first(delivery, consumer.suspend_flow.wait())
+                    except asyncio.CancelledError:
+                        # Faust's revoke handler clears the full channel, which cancels the put
+                        # this delivery waits in: the fetch spans the rebalance and is dropped.
+                        # Only the drain's own cancellation ends the drain.
+                        if not delivery.cancelled() or _cancelling():
+                            raise
         except consumer.consumer_stopped_errors:
             if app.should_stop:
                 return
@@ -279,6 +287,11 @@ def install_batch_drain(app: faust.App, deliver: Callable[[Fetched], Awaitable[A
             raise
 
     consumer._drain_messages = drain_batches  # type: ignore[method-assign]  # patches Faust (pinned internals)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def faust_credentials(s: Settings) -> Any:

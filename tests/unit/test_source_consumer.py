@@ -281,3 +281,69 @@ def test_serialized_bytes_counts_key_and_value_bytes_and_nothing_for_a_null():
     assert serialized_bytes([rec(None, None)]) == 0
     # aiokafka's own records too
     assert serialized_bytes([ConsumerRecord("t", 0, 0, 0, 0, b"k", b"vv", None, 1, 2, ())]) == 3
+
+
+def test_a_delivery_cut_by_a_rebalance_clearing_the_full_channel_drops_that_fetch_and_keeps_draining(tmp_path):
+    """Faust's revoke handler stops the flow and clears every flow-controlled queue, which cancels
+    the puts waiting on a full one (mode's ThrowableQueue.clear). A delivery waiting on the full
+    fetches channel was cut that way: mode's wait_first re-raised the put's CancelledError in the
+    drain, Faust took it for a restart on rebalance and called the Fetcher's supervisor, which it
+    has none of (AttributeError), and the replica stopped (CI, test_sink's restarts on Kafka).
+    The fetch spans the rebalance, so it is dropped like any such fetch, and the drain goes on."""
+    from faust.types import TP as FaustTP
+    from mode.utils.queues import ThrowableQueue
+
+    from agents.kafka.source_consumer import Fetched, install_batch_drain
+
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)})
+    t0 = FaustTP("t", 0)
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+    queued: list[list[int]] = []
+    asked = 0
+
+    def rec(offset: int) -> SimpleNamespace:
+        return SimpleNamespace(offset=offset, value=b"v", key=None)
+
+    async def wait_next_records(timeout: float):
+        nonlocal asked
+        asked += 1
+        if asked == 1:
+            return {t0: [rec(0)]}, {t0}
+        if asked == 2:  # the channel is full: this delivery waits, and a rebalance clears it
+            asyncio.get_running_loop().call_later(0.05, revoke)
+            return {t0: [rec(1)]}, {t0}
+        while not app.consumer.flow_active:  # as Faust's: waits for the flow to resume
+            await asyncio.sleep(0.01)
+        fetcher._stopped.set()  # the new generation's fetch
+        return {t0: [rec(5)]}, {t0}
+
+    def revoke() -> None:  # what Faust's _on_partitions_revoked does, in one step of the loop
+        app.consumer.stop_flow()
+        app.flow_control.suspend()
+        app.flow_control.clear()
+        asyncio.get_running_loop().call_later(0.05, assigned)
+
+    def assigned() -> None:
+        app.consumer_generation_id += 1
+        app.flow_control.resume()
+        app.consumer.resume_flow()
+
+    async def drain() -> None:
+        nonlocal app, queue
+        app = Worker(settings, "127.0.0.1:9", Metrics(), files=spark_files).app
+        queue = ThrowableQueue(maxsize=1, flow_control=app.flow_control, clear_on_resume=True)  # as Faust's channels
+        app.flow_control.resume()
+        app.consumer._wait_next_records = wait_next_records
+        app.consumer._active_partitions.add(t0)
+        install_batch_drain(app, deliver)
+        drain = asyncio.ensure_future(app.consumer._drain_messages(fetcher))
+        await asyncio.wait({drain}, timeout=10)
+        assert drain.done() and not drain.cancelled(), "the drain ended with the cut delivery"
+
+    async def deliver(fetched: Fetched) -> None:
+        await queue.put(fetched)
+        queued.append([r.offset for recs in fetched.records.values() for r in recs])
+
+    app = queue = None
+    asyncio.run(drain())
+    assert queued == [[0], [5]]
