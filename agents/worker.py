@@ -298,14 +298,25 @@ class Worker:
             await self._stop_coordinator()
 
     async def _run_coordinator(self) -> None:
-        """One coordinator run (agents/tasks.py restarts it after an unexpected error)."""
+        """The coordinator's runs (agents/tasks.py restarts one after an unexpected error). One
+        fenced by a newer epoch is replaced if this replica still leads the group a session
+        timeout later: a replica that lost the lead has heard of it by then (and the rebalance
+        handler stopped this task), so a stale leader's coordinator never fences the new one."""
         assert self._leader is not None  # only started with one (supervise_coordinator)
-        self._coordinator = self._leader(self.settings, self.bootstrap, self.producer, self.catalog, self.offload,
-                                         self.metrics, rewrite=self._rewrite, launched_at=self.launched_at)
-        try:
-            await self._coordinator.run()
-        except FencedError as exc:
-            log.error("coordinator fenced, stopping it: %s", exc)
+        while True:
+            self._coordinator = self._leader(self.settings, self.bootstrap, self.producer, self.catalog, self.offload,
+                                             self.metrics, rewrite=self._rewrite, launched_at=self.launched_at)
+            try:
+                await self._coordinator.run()
+                return
+            except FencedError as exc:
+                log.error("coordinator fenced, stopping it: %s", exc)
+            await asyncio.sleep(self.settings.session_timeout_ms / 1000)
+            if not self.app.is_leader() or self._stop.is_set():
+                return
+            self.metrics.coordinator_restarts.inc()
+            log.warning("this replica still leads the group %.0fs after its coordinator was fenced: a new coordinator "
+                        "starts, with an epoch above every one seen", self.settings.session_timeout_ms / 1000)
 
     def _rewrite(self, table: Any, data_files: Any, delete_files: Any, prefix: str) -> Any:
         """Compaction's rewrite: this replica's file writer reads and writes the files

@@ -196,6 +196,7 @@ class Coordinator:
             for offset, event in batch:
                 if not await self.apply(offset, event):
                     continue
+                self._check_epoch(offset)
                 if isinstance(event, Claim):
                     await self._answer(event)
             # Every record before the position is applied, or not ours (another group's, invalid)
@@ -206,6 +207,16 @@ class Coordinator:
             await self._maybe_close_round()
             await self._maybe_start_round()
             self._maintainer.poll()
+
+    def _check_epoch(self, offset: int) -> None:
+        """Stop once the log holds a newer coordinator epoch than this one's: another replica led
+        the group meanwhile and started a coordinator, whose rounds the workers follow; every
+        event of this one is stale to them. The replica starts a new one if it still leads
+        (agents/worker.py)."""
+        if self.session.state.log_epoch > self.session.epoch:
+            self.session.status["phase"] = "fenced"
+            raise FencedError(f"coordinator epoch {self.session.epoch}: control offset {offset} is of coordinator "
+                              f"epoch {self.session.state.log_epoch}, started by another replica meanwhile")
 
     # Claims and rejections -----------------------------------------------------------------
 

@@ -671,3 +671,40 @@ def test_a_table_loaded_to_admit_files_is_cached_only_when_this_process_commits(
     written = coord.session.state.pending[0].files
     assert asyncio.run(coord._admit(10, DataWritten("r1", "x", "w1", "db.a", written["db.a"])))
     assert (coord._rounds._tables.get("db.a") is not None) is (processes == 0)
+
+
+class LogReader:
+    """The coordinator's control reader: ``batches`` of (offset, event), then nothing."""
+
+    def __init__(self, batches: list[list[tuple[int, Any]]]) -> None:
+        self.batches, self.next = batches, 0
+
+    async def read(self, timeout_s: float) -> list[tuple[int, Any]]:
+        if not self.batches:
+            await asyncio.sleep(timeout_s)
+            return []
+        batch = self.batches.pop(0)
+        self.next = batch[-1][0] + 1
+        return batch
+
+    async def position(self) -> int:
+        return self.next
+
+
+def test_a_coordinator_that_reads_a_newer_epoch_on_the_control_log_is_fenced(tmp_path, two_tables):
+    """Both replicas' sessions expired at once (CI, test_connect on Kafka): the other replica led
+    the next generation and started coordinator epoch 2, then this one led again without ever
+    seeing itself lose the lead, so its epoch-1 coordinator ran on. Every replica ignored its
+    rounds and Resumes as stale, for ever. A coordinator now stops once the log holds a newer
+    epoch than its own (FencedError); the replica starts a new one if it still leads."""
+    producer = FlakyProducer(CommitToTable, fail=0)
+    rounds = coordinator_with_round(tmp_path, two_tables, producer)
+    coord = coordinator_of(rounds.settings, producer, two_tables, rounds.session.state)
+    coord._reader = LogReader([[(50, Claim("w2", 4, (TP,)))], [(51, StartCommit(2, "r-of-epoch-2"))]])
+
+    async def go() -> None:
+        await asyncio.wait_for(coord._loop(), 10)
+
+    with pytest.raises(FencedError, match="epoch 2"):
+        asyncio.run(go())
+    assert coord.session.status["phase"] == "fenced"

@@ -374,3 +374,36 @@ def test_a_stopping_replica_never_starts_a_second_coordinator(tmp_path):
 
     asyncio.run(supervise_coordinator(failing, Metrics(CollectorRegistry()), sleep=sleep, stopping=lambda: True))
     assert runs == [1], "a coordinator restarted while the replica stops"
+
+
+def test_a_fenced_coordinator_is_replaced_while_the_replica_still_leads_and_not_once_it_does_not(tmp_path):
+    """A coordinator stopped by a newer epoch (agents/worker.py _run_coordinator): if the replica
+    still leads the group a session timeout later, its coordinator was the stale one and a new one
+    starts (recovering with an epoch above every one seen); if the lead moved, none does (and
+    the rebalance handler would have stopped it)."""
+    assert coordinators_after_a_fence(tmp_path, leads=True) == (2, 1)
+    assert coordinators_after_a_fence(tmp_path, leads=False) == (1, 0)
+
+
+def coordinators_after_a_fence(tmp_path, leads: bool) -> tuple[int, float]:
+    """Coordinators made and restarts counted when the first one is fenced."""
+    from icesink.shared.errors import FencedError
+
+    w = make_worker(tmp_path)
+    w.settings = w.settings.model_copy(update={"session_timeout_ms": 1000})
+    made = []
+
+    class Leader:
+        def __init__(self, *a, **k):
+            self.status = {}
+            made.append(self)
+
+        async def run(self):
+            if len(made) == 1:
+                raise FencedError("coordinator epoch 1: control offset 51 is of epoch 2")
+
+    w._leader = Leader
+    w.app.is_leader = lambda: leads
+    w.producer = w.catalog = None
+    asyncio.run(asyncio.wait_for(w._run_coordinator(), 10))
+    return len(made), w.metrics.registry.get_sample_value("icesink_coordinator_restarts_total")
