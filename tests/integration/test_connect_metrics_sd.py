@@ -115,7 +115,11 @@ def test_prometheus_scrapes_each_task_through_the_connect_process_service_discov
         series = _wait("both tasks' icesink_info", info)
         assert sorted((s["metric"]["job"], s["metric"]["instance"], s["metric"]["connector"], s["metric"]["task"])
                       for s in series) == sorted(("icesink-connect-tasks", instance[owner[key]], *key) for key in TASKS)
-        up = _query(port, "/api/v1/query", query="up")["result"]
+        def up_series() -> list[dict[str, Any]]:  # the static job's targets are scraped on their own schedule
+            found = _query(port, "/api/v1/query", query="up")["result"]
+            return found if len(found) == 2 + len(TASKS) else []
+
+        up = _wait("every target's up", up_series)
         assert sorted((u["metric"]["job"], u["metric"].get("connector", ""), u["metric"].get("task", ""),
                        u["value"][1]) for u in up) == [
             ("icesink-connect", "", "", "1"), ("icesink-connect", "", "", "1"),
