@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import os
+import re
 import subprocess
 import threading
 import time
@@ -83,6 +86,33 @@ _LOCAL_JAVA_OPTIONS = (
     # Spark's log: WARN and up, in the worker's line format, labelled spark.<logger> (the file says why).
     f"-Dlog4j2.configurationFile={class_archive.option_value(Path(__file__).with_name('log4j2.properties'))}",
 )
+# On two CPUs or fewer: G1's concurrent refinement and marking threads take the core the worker
+# reads on, and its write barriers slow the write tasks. The serial collector cost the JVM about a
+# tenth less CPU behind a 2M-record backlog (bench/README.md, "The serial collector on two CPUs").
+# Its pauses there stayed under 0.13 s (a heap of at most spark.driver.memory). More CPUs: the
+# JVM's own choice.
+_FEW_CPUS_COLLECTOR = "-XX:+UseSerialGC"
+_COLLECTOR = re.compile(r"-XX:[+-]Use\w*GC$")  # a collector named by the user's options
+_CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def available_cpus(affinity: int | None = None, cpu_max: Path = _CGROUP_CPU_MAX) -> int:
+    """The CPUs this process may use, as the JVM counts them: its affinity, capped by a cgroup
+    v2 quota ("200000 100000": 2 CPUs, rounded up)."""
+    cpus = affinity if affinity is not None else len(os.sched_getaffinity(0))
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    return cpus
+
+
+def _collector_options(user_options: str) -> tuple[str, ...]:
+    """The collector for the local JVM: none when the user's options name one (two collectors
+    stop the JVM from starting)."""
+    if available_cpus() > 2 or any(_COLLECTOR.match(o) for o in user_options.split()):
+        return ()
+    return (_FEW_CPUS_COLLECTOR,)
 
 
 @dataclass(frozen=True)
@@ -263,7 +293,8 @@ class SparkSessionOwner:
         fast_fs = (session_conf(s.conf) if s.master.startswith("local")
                    else {} if "spark.hadoop.fs.file.impl" in s.conf
                    else {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"})
-        java = " ".join([*_LOCAL_JAVA_OPTIONS, s.conf.get(class_archive.JAVA_OPTIONS, "")]).strip()
+        user_java = s.conf.get(class_archive.JAVA_OPTIONS, "")
+        java = " ".join([*_LOCAL_JAVA_OPTIONS, *_collector_options(user_java), user_java]).strip()
         return {**_LOCAL_CONF, **loopback, **_RUNTIME_CONF, **s.conf, **fast_fs, class_archive.JAVA_OPTIONS: java}
 
     def stop(self, *, quiet: bool = False) -> None:

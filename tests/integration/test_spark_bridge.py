@@ -59,7 +59,7 @@ from icesink.shared.partitioning import build_partition_spec, parse_partition_by
 from icesink.shared.errors import UnsupportedTypeError
 from spark_bridge.schema import arrow_only_column, name_mapping_properties, spark_schema
 from spark_bridge.staging import MARKER
-from spark_bridge.session import SparkSettings
+from spark_bridge.session import SparkSettings, available_cpus
 from spark_bridge.writer import SparkFileWriter
 from tests.support import duck
 from icesink.app.embedded import free_port
@@ -267,13 +267,18 @@ def test_a_local_session_warms_up_with_a_throw_away_write_and_leaves_nothing(
 
 def test_the_local_jvm_runs_with_the_driver_options(writer: SparkFileWriter) -> None:
     """The JVM Spark started has our options (spark_bridge/session.py): exit on OutOfMemoryError,
-    and C2's raised thresholds (bench/README.md, ingest_bench "JIT thresholds")."""
+    C2's raised thresholds (bench/README.md, ingest_bench "JIT thresholds"), and on two CPUs the
+    serial collector."""
     jvm = writer.spark.sparkContext._jvm
     assert jvm is not None
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert "-XX:+ExitOnOutOfMemoryError" in arguments
     assert "-XX:Tier4InvocationThreshold=50000" in arguments
     assert "-XX:Tier4BackEdgeThreshold=400000" in arguments
+    # On two CPUs (these machines) the serial collector; on more the JVM's own choice.
+    collectors = {bean.getName() for bean in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()}
+    if available_cpus() <= 2:
+        assert collectors == {"Copy", "MarkSweepCompact"}
 
 
 def test_staged_write_uploads_files_and_cleans_the_staging_dir(
