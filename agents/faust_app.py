@@ -150,6 +150,7 @@ class FaustApp:
         # that first touches it (touched in __init__, it waited on another loop for ever).
         self.app.topics.add(self.source)
         install_batch_drain(self.app, self._deliver)
+        kafka.install_leader_check(self.app)  # an assignment without Faust's leader topic is made again
         self.hooks.hold_paused_partitions()  # claimed partitions stay paused until their Resume
         inject_faults(self.settings)  # fault tests only
         # read_committed; a consumer that can no longer consume stops the replica (exit code 1)

@@ -1,5 +1,6 @@
 """The consumer group as Faust's aiokafka consumer runs it: LeaveGroup on stop (except the
-leader on a broker that keeps a departed leader) and the group's offset commits.
+leader on a broker that keeps a departed leader), an assignment that gave Faust's leader topic to
+no member made again, and the group's offset commits.
 
 Pinned to aiokafka 0.14 internals (GroupCoordinator._perform_assignment, _maybe_leave_group,
 AIOKafkaConnection._versions) and faust-streaming 0.15.3's consumer (``_thread``, ``_commit``);
@@ -8,6 +9,7 @@ agents/kafka/versions.py checks the pins at start-up.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -104,3 +106,58 @@ def stop_without_leave_group(consumer: Any) -> None:
         coordinator.reset_generation()  # what _maybe_leave_group does after its request
 
     coordinator._maybe_leave_group = maybe_leave_group
+
+
+#: How long a group's assigner waits before it looks for Faust's leader topic again, doubling.
+LEADER_TOPIC_RETRY_S = (1.0, 10.0)
+
+
+def install_leader_check(app: faust.App) -> None:
+    """Make the group's assigner assign again when its assignment gave Faust's leader topic to
+    no member. Faust's leader (the replica that runs the coordinator) is the member holding that
+    topic's one partition; an assignment made while the topic was not in the assigner's metadata
+    (created a moment before on a fresh Apache Kafka broker) gave it to no one, so no replica
+    led: no coordinator, no partition resumed, and aiokafka assigns again only when the metadata
+    it refreshes every 5 minutes differs from what it assigned with. The assigner now refreshes
+    the metadata until the topic is there (capped backoff, logged) and then asks the group to
+    assign again. Call before the app starts (faust-streaming 0.15.3 internals:
+    ``App.assignor``, ``LeaderAssignor._leader_topic_name``; aiokafka 0.14: the consumer's
+    ``_client`` and ``_coordinator``)."""
+    assignor: Any = app.assignor
+    assign = assignor.assign
+    topic: str = app._leader_assignor._leader_topic_name  # type: ignore[attr-defined]
+    leaderless = [False]  # the assigner's last assignment gave the leader topic to no one
+    retry: list[asyncio.Task[None]] = []
+
+    def assign_checked(cluster: Any, member_metadata: Any) -> Any:
+        assignments = assign(cluster, member_metadata)
+        leaderless[0] = topic not in {entry[0] for member in assignments.values() for entry in member.assignment}
+        if leaderless[0] and not (retry and not retry[0].done()):
+            log.warning("the group's assignment gave Faust's leader topic %s to no member (missing from the "
+                        "metadata): no replica leads, so none runs the coordinator; assigning again once the "
+                        "topic is there", topic)
+            retry[:] = [asyncio.get_running_loop().create_task(assign_again())]  # aiokafka's loop
+        return assignments
+
+    async def assign_again() -> None:
+        consumer: Any = driver(app)._thread._consumer
+        first, cap = LEADER_TOPIC_RETRY_S
+        delay = first
+        while leaderless[0] and not consumer._closed:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, cap)
+            try:
+                await consumer._client.force_metadata_update()
+            except Exception as exc:  # noqa: BLE001 - the next attempt asks again
+                log.warning("metadata update for Faust's leader topic %s failed (%r); trying again in %.0f s",
+                            topic, exc, delay)
+                continue
+            if not consumer._client.cluster.partitions_for_topic(topic):
+                log.warning("Faust's leader topic %s is still missing from the metadata; looking again in %.0f s",
+                            topic, delay)
+            elif leaderless[0]:
+                log.info("Faust's leader topic %s is in the metadata: the group assigns again", topic)
+                consumer._coordinator.request_rejoin()
+                return
+
+    assignor.assign = assign_checked  # Faust (pinned); aiokafka's coordinator calls it

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 READ_COMMITTED = "read_committed"
 IDLE_POLL_S = 0.05  # while no partition is active, how often the drain looks again
+# While no partition is active, how often the drain tells aiokafka it still polls (keep_polling).
+KEEP_POLLING_S = 1.0
 # How long a fetch may wait on the broker for consumer.fetch-min-bytes (fetch.max.wait.ms).
 # aiokafka sends a broker no fetch while one is in flight, so a fetch waiting on an empty
 # partition (Faust's leader topic, a quiet source partition) held the first records of a
@@ -246,12 +248,16 @@ def install_batch_drain(app: faust.App, deliver: Callable[[Fetched], Awaitable[A
     async def drain_batches(fetcher: Any) -> None:
         stopped = consumer._stopped.is_set
         fetcher_stopped = fetcher._stopped.is_set
+        polled = time.monotonic()
         try:
             while not (stopped() or fetcher_stopped()):
                 if consumer.flow_active and consumer._active_partitions == set():
                     # Every partition paused (claimed, waiting for its Resume; or full buffers):
                     # Faust's _wait_next_records would sleep a whole second, and a partition
                     # resumed meanwhile waited for it (at start-up, every time).
+                    if time.monotonic() - polled >= KEEP_POLLING_S:
+                        await keep_polling(consumer)
+                        polled = time.monotonic()
                     await asyncio.sleep(IDLE_POLL_S)
                     continue
                 records, active = await consumer._wait_next_records(1.0)
@@ -287,6 +293,28 @@ def install_batch_drain(app: faust.App, deliver: Callable[[Fetched], Awaitable[A
             raise
 
     consumer._drain_messages = drain_batches  # type: ignore[method-assign]  # patches Faust (pinned internals)
+
+
+async def keep_polling(consumer: Any) -> None:
+    """Tell aiokafka the application still polls while every partition is paused, as a poll of
+    Kafka's own consumer does. Faust fetches nothing while no partition is active, and aiokafka
+    counts a member that fetched nothing for ``consumer.max-poll-interval-ms`` as stuck: it
+    left the group, and never joined again before a fetch, which needed a partition resumed
+    (a replica without the leader topic's partition, whose partitions all waited for a Resume
+    or for full buffers to drain). Its poll timer is reset on the consumer's own thread, as a
+    fetch that returned nothing would reset it; no position moves (aiokafka 0.14 internals:
+    ``SubscriptionState.fetch_context``; faust-streaming 0.15.3: ``Consumer._thread``, its
+    ``call_thread``)."""
+    thread = consumer._thread
+    aio = thread._consumer
+    if aio is None:  # not started yet, or stopped
+        return
+
+    async def polled() -> None:
+        with aio._subscription.fetch_context():
+            pass
+
+    await thread.call_thread(polled)
 
 
 def _cancelling() -> bool:
