@@ -267,6 +267,48 @@ def test_the_batch_drain_waits_for_an_active_partition_without_faust_one_second_
     assert asked_with == [{t0}]
 
 
+def test_the_batch_drain_keeps_polling_while_every_partition_is_paused(tmp_path, monkeypatch):
+    """Faust fetches nothing while no partition is active, and aiokafka left the group of a
+    member that fetched nothing for max.poll.interval.ms (then joined again only after a
+    fetch). While every partition is paused the drain now resets aiokafka's poll timer, on the
+    consumer's thread, as a poll of Kafka's own consumer does; it never fetches."""
+    from aiokafka.consumer.subscription_state import SubscriptionState
+
+    import agents.kafka.source_consumer as source_consumer
+
+    monkeypatch.setattr(source_consumer, "KEEP_POLLING_S", 0.05)
+    settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)})
+    on_thread: list[str] = []
+
+    async def call_thread(fun):
+        on_thread.append(fun.__name__)
+        return await fun()
+
+    async def wait_next_records(timeout: float):
+        raise AssertionError("no fetch while every partition is paused")
+
+    async def deliver(fetched) -> None:
+        raise AssertionError("nothing to deliver")
+
+    fetcher = SimpleNamespace(_stopped=asyncio.Event())
+
+    async def drain() -> float:
+        subscription = SubscriptionState()  # aiokafka's own: its poll timer
+        app = Worker(settings, "127.0.0.1:9", Metrics(), files=spark_files).app
+        app.consumer._wait_next_records = wait_next_records
+        app.consumer._active_partitions = set()  # assigned, every one paused
+        app.consumer._thread = SimpleNamespace(_consumer=SimpleNamespace(_subscription=subscription),
+                                               call_thread=call_thread)
+        source_consumer.install_batch_drain(app, deliver)
+        subscription._last_fetch_ended -= 100  # no fetch for 100 s
+        asyncio.get_running_loop().call_later(0.5, fetcher._stopped.set)
+        await asyncio.wait_for(app.consumer._drain_messages(fetcher), 10)
+        return subscription.fetcher_idle_time
+
+    idle = asyncio.run(drain())
+    assert idle < 0.5 and len(on_thread) >= 3, (idle, on_thread)
+
+
 def test_serialized_bytes_counts_key_and_value_bytes_and_nothing_for_a_null():
     from aiokafka.structs import ConsumerRecord
 
