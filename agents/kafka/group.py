@@ -126,24 +126,25 @@ def install_leader_check(app: faust.App) -> None:
     assignor: Any = app.assignor
     assign = assignor.assign
     topic: str = app._leader_assignor._leader_topic_name  # type: ignore[attr-defined]
-    leaderless = [False]  # the assigner's last assignment gave the leader topic to no one
-    retry: list[asyncio.Task[None]] = []
+    leaderless = False  # the assigner's last assignment gave the leader topic to no one
+    retry: asyncio.Task[None] | None = None
 
     def assign_checked(cluster: Any, member_metadata: Any) -> Any:
+        nonlocal leaderless, retry
         assignments = assign(cluster, member_metadata)
-        leaderless[0] = topic not in {entry[0] for member in assignments.values() for entry in member.assignment}
-        if leaderless[0] and not (retry and not retry[0].done()):
+        leaderless = topic not in {entry[0] for member in assignments.values() for entry in member.assignment}
+        if leaderless and (retry is None or retry.done()):
             log.warning("the group's assignment gave Faust's leader topic %s to no member (missing from the "
                         "metadata): no replica leads, so none runs the coordinator; assigning again once the "
                         "topic is there", topic)
-            retry[:] = [asyncio.get_running_loop().create_task(assign_again())]  # aiokafka's loop
+            retry = asyncio.get_running_loop().create_task(assign_again())  # aiokafka's loop
         return assignments
 
     async def assign_again() -> None:
         consumer: Any = driver(app)._thread._consumer
         first, cap = LEADER_TOPIC_RETRY_S
         delay = first
-        while leaderless[0] and not consumer._closed:
+        while leaderless and not consumer._closed:
             await asyncio.sleep(delay)
             delay = min(delay * 2, cap)
             try:
@@ -155,7 +156,7 @@ def install_leader_check(app: faust.App) -> None:
             if not consumer._client.cluster.partitions_for_topic(topic):
                 log.warning("Faust's leader topic %s is still missing from the metadata; looking again in %.0f s",
                             topic, delay)
-            elif leaderless[0]:
+            elif leaderless:
                 log.info("Faust's leader topic %s is in the metadata: the group assigns again", topic)
                 consumer._coordinator.request_rejoin()
                 return

@@ -19,6 +19,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
