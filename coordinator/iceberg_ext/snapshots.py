@@ -14,6 +14,7 @@ start-up by :func:`coordinator.iceberg_ext.install`).
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -45,12 +46,17 @@ P = TypeVar("P", bound=_SnapshotProducer[Any])
 def check_before_retry(tx: Transaction, check: Callable[[Table], None]) -> None:
     """pyiceberg retries a conflicting commit by itself, re-applying the same changes on the
     refreshed table (``Transaction._rebuild_snapshot_updates``). Call ``check`` with the
-    refreshed table first; raising (say ``CommitFailedException``) stops the retry."""
-    rebuild = tx._rebuild_snapshot_updates
+    refreshed table first; raising (say ``CommitFailedException``) stops the retry. The
+    transaction is held weakly: held by what the transaction holds, it made every commit a
+    reference cycle (two table metadata and their lists) for the cyclic collector."""
+    held = weakref.ref(tx)
 
     def checked_rebuild() -> None:
-        check(tx._table)
-        rebuild()
+        me = held()
+        if me is None:  # only the transaction calls it, while it lives
+            return
+        check(me._table)
+        type(me)._rebuild_snapshot_updates(me)
 
     tx._rebuild_snapshot_updates = checked_rebuild  # type: ignore[method-assign]
 

@@ -465,6 +465,43 @@ def test_the_table_cache_saves_the_load_and_a_stale_entry_still_commits_exactly(
     assert real_load("db.a").properties["owner"] == "someone"
 
 
+def test_a_table_commit_leaves_no_reference_cycle_for_the_collector(two_tables):
+    """The check run before pyiceberg's retry referred to its transaction from the transaction
+    itself: every table commit left a cycle holding two table metadata and their lists for the
+    cyclic collector (bench/history_bench.py, 200 tables: young collections of 20,000 to 60,000
+    objects, 80-190 ms each). Freed by reference counting, a commit leaves nothing to collect,
+    and a stale cached table is still refused, checked, refreshed and re-applied."""
+    import gc
+
+    from coordinator import committer
+
+    cache = committer.TableCache()
+    table = two_tables.load_table("db.a")
+
+    def commit(offset: int, ids: list[int]) -> None:
+        committer.commit_table(two_tables, "db.a", [_accepted(table, offset, f"f{offset}", ids)],
+                               committer.RoundCommit(group="g", epoch=1, commit_id=f"r{offset}", positions={TP: offset},
+                                                     valid_through_ms=None), tables=cache)
+
+    commit(1, [1])
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        commit(2, [2, 3])
+        with two_tables.load_table("db.a").transaction() as tx:  # another writer: the cache is stale
+            tx.set_properties({"owner": "someone"})
+        commit(3, [4])
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert "MemoTransaction" not in left and "TableMetadataV2" not in left, left
+    assert rows(two_tables, "db.a") == 4
+
+
 def test_a_stale_cached_table_is_still_fenced_by_a_newer_coordinator(two_tables):
     from coordinator import committer
 
