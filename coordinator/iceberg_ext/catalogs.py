@@ -156,8 +156,13 @@ class SnapshotIndex:
         return positions
 
     def _known(self, table: object, snapshots: list[Snapshot]) -> _Indexed | None:
-        for entry in self._tables.get(table, ()):
+        """``snapshots``' entry, kept as its table's newest (and the table as the newest)."""
+        lists = self._tables.get(table, [])
+        for i, entry in enumerate(lists):
             if entry.snapshots is snapshots and entry.length == len(snapshots):
+                if i:
+                    lists.insert(0, lists.pop(i))
+                self._tables.move_to_end(table)
                 return entry
         return None
 

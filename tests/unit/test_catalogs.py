@@ -379,6 +379,26 @@ def test_a_commit_reads_no_snapshot_of_the_history_to_choose_its_snapshots_id(tm
     assert other.snapshot_by_id(tables[0].metadata.snapshots[1].snapshot_id) is tables[0].metadata.snapshots[1]
 
 
+def test_a_list_asked_about_again_stays_indexed_among_newer_ones(monkeypatch):
+    """Each table keeps its last ``PER_TABLE`` lists' indexes (ext_catalogs.SnapshotIndex); the
+    one a table's commits keep asking about (its current metadata's, between maintenance's
+    and staged lists) is kept as the newest each time it is found, not dropped after
+    ``PER_TABLE`` others and indexed again."""
+    index = ext_catalogs.SnapshotIndex()
+    read = []
+    real = ext_catalogs._SNAPSHOT_ID
+    monkeypatch.setattr(ext_catalogs, "_SNAPSHOT_ID", lambda s: read.append(s) or real(s))
+    often = [Snapshot(snapshot_id=i, timestamp_ms=i, manifest_list=f"m{i}") for i in (1, 2)]
+    assert index.find("t", often, 2) is often[1]
+    assert len(read) == 2  # indexed once
+    for k in range(3 * index.PER_TABLE):
+        other = [Snapshot(snapshot_id=100 + k, timestamp_ms=k, manifest_list=f"o{k}")]
+        assert index.find("t", other, 100 + k) is other[0]
+        assert index.find("t", often, 1) is often[0]
+        assert index.find("t", often, 100 + k) is None
+    assert sum(s in often for s in read) == 2  # never indexed again
+
+
 def test_a_created_table_is_the_one_written_and_its_namespace_is_read_once(tmp_path, monkeypatch):
     """A round routed to 200 new tables creates them all first (issue 42 target 3): pyiceberg's
     creation asked whether the namespace exists twice (once more for its location) and read
