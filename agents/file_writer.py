@@ -33,8 +33,8 @@ class FileWriter(Protocol):
         point does, before its imports); :meth:`start` then waits for it and raises what it raised."""
 
     def warm_up(self, idle: Callable[[], bool]) -> None:
-        """Throw-away writes that warm the engine up; :meth:`stop` ends them, and so does
-        ``idle()`` turning False (rows wait for a real write)."""
+        """Throw-away writes that warm the engine up; :meth:`stop` ends them, and ``idle()``
+        False (rows wait for a real write, or one runs) skips or ends them."""
 
     def stop(self) -> None: ...
 

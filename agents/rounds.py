@@ -119,6 +119,7 @@ class Rounds:
         self.lock = asyncio.Lock()  # one answer or early write at a time
         self.spark_ready: asyncio.Future[None] | None = None  # the session's start (Worker._start)
         self.writing_early = False  # an early write is in flight
+        self.writing_round = False  # a round's rows are taken and being written
         self.seq = 0
 
     async def _spark_started(self) -> None:
@@ -135,11 +136,13 @@ class Rounds:
             return
         self.maybe_write_early()
         if not self.writing_early:
-            await self.offload.run(self.files.warm_up, self._nothing_buffered)
+            await self.offload.run(self.files.warm_up, self._idle)
 
-    def _nothing_buffered(self) -> bool:
-        """Whether no rows wait for a write (asked from the warm-up's thread: one int read)."""
-        return self.buffers.nbytes == 0
+    def _idle(self) -> bool:
+        """Whether no rows wait for a write and none is being written (asked from the warm-up's
+        thread: an int and two flags read). A throw-away write beside a real one slows both on
+        the same cores; the real write warms the JVM up as well."""
+        return self.buffers.nbytes == 0 and not self.writing_round and not self.writing_early
 
     async def respond(self, commit_id: str) -> None:
         await self._respond(commit_id)
@@ -182,6 +185,7 @@ class Rounds:
             started = time.monotonic()
             if should_crash(self.settings, "worker.during-write"):
                 asyncio.get_running_loop().call_later(0.5, die, "worker.during-write")
+            self.writing_round = True
             try:
                 tables = await self._arrow_tables(snap)
                 deleted = self._collapse_mirrors(tables)
@@ -208,6 +212,8 @@ class Rounds:
                 log.error("writing files for round %s failed, data kept for the next round: %s", commit_id, exc)
                 self._write_failed(exc)
                 return
+            finally:
+                self.writing_round = False
             self._write_succeeded()
             wrote_s = time.monotonic() - started
             self.metrics.write_duration.observe(wrote_s)

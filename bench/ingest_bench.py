@@ -110,6 +110,7 @@ _MILESTONES: Final = (
     ("metrics on http", "imports done, metrics server up"),
     ("spark session started", "spark session started"),
     ("spark warmed up", "spark warmed up"),
+    ("spark warm-up skipped", "spark warm-up skipped (rows waited: their write warms the JVM up)"),
     ("coordinator started", "coordinator started"),
     ("running (group", "worker running"),
     ("buffers full", "buffers full: partitions paused"),

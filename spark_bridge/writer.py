@@ -171,10 +171,15 @@ class SparkFileWriter:
         """A local session's throw-away writes (``write.warm-up-rows``; see :meth:`_warm_up`).
         Separate from :meth:`start` so a replica is running, and can stop within its bound,
         while the JVM warms up; :meth:`stop` ends it between writes. ``idle``: whether the
-        caller has no rows waiting for a write, asked before each write after the first (a
-        real write then warms the JVM up as well, and a throw-away one only delays it)."""
+        caller has no rows waiting for a write or being written, asked before each write (a
+        real write then warms the JVM up as well, and a throw-away one beside it slows both: a
+        round of 100k rows that waited for the session was committed 1.9-2.1 s after the start
+        with the warm-up's first write beside its own, 1.6-1.8 s without; bench/README.md)."""
         s = self.session.settings
         if self.session.started and s.remote is None and s.warm_up_rows:
+            if not idle():
+                logger.info("spark warm-up skipped: rows wait for a write, which warms the JVM up instead")
+                return
             self._warm_up(s.warm_up_rows, files=s.warm_up_files, idle=idle)
 
     def _warm_up(self, rows: int, times: int = 2, files: int = 0, idle: Callable[[], bool] = lambda: True) -> None:

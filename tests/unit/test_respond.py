@@ -197,6 +197,40 @@ def buffer_rows(w: Rounds, start: int, end: int) -> None:
     w.buffers.add(Chunk(P, end, {TABLE: rows}, rows.nbytes, end - start), end - 1, None)
 
 
+def test_the_warm_up_is_skipped_while_rows_wait_and_ends_while_a_round_writes():
+    """The warm-up's throw-away writes (Rounds.warm_up) ask whether the replica is idle before
+    each write: not while rows are buffered, and not while a round's rows, taken from the
+    buffers, are being written (a throw-away write beside the round's first one slowed it by
+    half: bench/README.md, "The warm-up beside a round's first write")."""
+    w = make_rounds(Producer())
+    seen: dict[str, bool] = {}
+    idle_of: list = []
+
+    def warm_up(idle) -> None:
+        idle_of.append(idle)
+        seen["at start"] = idle()
+
+    def write_many(batch, **kw):
+        seen["during the round's write"] = idle_of[0]()
+        return [[data_file(1)] for _ in batch]
+
+    w.files = SimpleNamespace(warm_up=warm_up, write_many=write_many)
+
+    async def run():
+        w.replica.rebalanced.set()
+        w.spark_ready = asyncio.get_running_loop().create_future()
+        buffer_rows(w, 0, 3)  # read while the session started
+        w.spark_ready.set_result(None)
+        await w.warm_up()
+        await w.respond("r1")
+
+    asyncio.run(run())
+    assert seen == {"at start": False, "during the round's write": False}
+    assert idle_of[0]()  # written and answered: idle again
+    buffer_rows(w, 3, 5)
+    assert not idle_of[0]()
+
+
 @pytest.mark.parametrize("fail_at", [1, 2])  # the DataWritten, the DataComplete
 def test_a_failed_send_keeps_the_buffers_and_the_next_round_carries_the_data(fail_at):
     producer = Producer(fail_at)
