@@ -200,8 +200,8 @@ def buffer_rows(w: Rounds, start: int, end: int) -> None:
 def test_the_warm_up_is_skipped_while_rows_wait_and_ends_while_a_round_writes():
     """The warm-up's throw-away writes (Rounds.warm_up) ask whether the replica is idle before
     each write: not while rows are buffered, and not while a round's rows, taken from the
-    buffers, are being written (a throw-away write beside the round's first one slowed it by
-    half: bench/README.md, "The warm-up beside a round's first write")."""
+    buffers, are being written (a throw-away write beside the round's first one slowed it:
+    bench/README.md, "The warm-up beside a round's first write")."""
     w = make_rounds(Producer())
     seen: dict[str, bool] = {}
     idle_of: list = []
