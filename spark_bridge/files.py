@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -126,9 +127,18 @@ def list_data_files(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int]]
 def place(local_fs: pafs.FileSystem, stage_path: str, fs: pafs.FileSystem, out_path: str, out_uri: str,
            n_files: int, *, move: bool = False) -> None:
     """Every file under ``stage_path`` to the same relative path under ``out_path`` of ``fs``
-    (moved when that is a local path and ``move``, else copied); on failure nothing stays there."""
+    (moved when that is a local path and ``move``, else copied); on failure nothing stays there.
+
+    Moved, a stage directory on the same file system becomes ``out_path`` by one rename when
+    that does not exist yet: no directory made and none removed per table and round. On ext4
+    without a journal every file created for a minute after skips each removed inode, reading
+    it: a round of 200 tables removed 200 directories, and its 600 commit files then cost up to
+    0.9 ms of kernel CPU each (bench/README.md, "Files made and removed")."""
     try:
-        for relative, _ in list_data_files(local_fs, stage_path):
+        listed = list(list_data_files(local_fs, stage_path))  # checked (and .crc removed) before any move
+        if move and fs.type_name == "local" and local_fs.type_name == "local" and _renamed(stage_path, out_path):
+            return
+        for relative, _ in listed:
             target = f"{out_path}/{relative}"
             if fs.type_name == "local":  # object stores have no directories to make
                 fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
@@ -139,6 +149,19 @@ def place(local_fs: pafs.FileSystem, stage_path: str, fs: pafs.FileSystem, out_p
     except Exception as e:
         delete_quietly(fs, out_path)
         raise SparkWriteError(f"could not upload {n_files} staged files to {out_uri}: {e}") from e
+
+
+def _renamed(stage_path: str, out_path: str) -> bool:
+    """``stage_path`` renamed to ``out_path`` (its parent made), or False: ``out_path`` exists
+    (another writer's directory: files are moved into it one by one) or is on another device."""
+    if os.path.lexists(out_path):
+        return False
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    try:
+        os.rename(stage_path, out_path)
+    except OSError:  # EXDEV; or made meanwhile (ENOTEMPTY, EEXIST): the caller moves file by file
+        return False
+    return True
 
 
 def delete_quietly(fs: pafs.FileSystem, path: str) -> None:
