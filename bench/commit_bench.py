@@ -5,16 +5,20 @@ them, against a SQLite SQL catalog and local files (the ingest benchmark's set-u
 is read by a fast append, so the files are only described.
 
 It runs the rounds on pyiceberg's SQL catalog, then on icesink's (coordinator.iceberg_ext.catalogs.SqlCatalog,
-which the sink uses for SQL catalogs), each on a fresh catalog. Prints, per round, the wall time
-and the process CPU per table commit; ``--profile`` runs the
+which the sink uses for SQL catalogs), each on a fresh catalog. Prints, per round, the wall time,
+the process CPU per table commit and how much of it was the kernel's; ``--profile`` runs the
 rounds on one thread under cProfile and prints the functions with the most cumulative and own
-time. ``--busy`` adds a thread that holds the GIL 4 ms out of every 10 (as a worker's event loop
-decoding records does while the coordinator commits in the same process): every call a commit
-makes that releases the GIL (a file, a SQL statement, a hand-off to another thread) then waits
-to get it back. Use it to see what a table commit costs before and after a change:
+time. ``--processes N`` runs each commit in one of N commit processes
+(``iceberg.control.commit.processes``, coordinator/commit_processes.py), from the same threads,
+and prints the processes' CPU beside this one's. ``--busy`` adds a thread that holds the GIL
+4 ms out of every 10 (as a worker's event loop decoding records does while the coordinator
+commits in the same process): every call a commit makes that releases the GIL (a file, a SQL
+statement, a hand-off to another thread) then waits to get it back. Use it to see what a table
+commit costs before and after a change:
 
     .venv/bin/python bench/commit_bench.py --tables 200 --rounds 5 [--busy]
     .venv/bin/python bench/commit_bench.py --tables 50 --rounds 3 --profile
+    .venv/bin/python bench/commit_bench.py --tables 200 --rounds 2 --threads 4 --processes 2
 """
 
 from __future__ import annotations
@@ -41,10 +45,12 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType, Times
 
 from bench.benchlib import file_create_us
 from coordinator import iceberg_ext
+from coordinator.commit_processes import CommitProcesses
 from coordinator.committer import RoundCommit, TableCache, commit_table, round_tables
 from coordinator.iceberg_ext.catalogs import SqlCatalog
 from coordinator.state import Accepted
 from icesink.shared.catalogs import sqlite_catalog_properties
+from icesink.shared.config import load_settings
 from icesink.shared.protocol import FileInfo, TopicPartition
 
 SCHEMA = Schema(*(
@@ -86,13 +92,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=300, help="rows per file (described, not written)")
     ap.add_argument("--profile", action="store_true", help="one thread under cProfile; print the top functions")
     ap.add_argument("--busy", action="store_true", help="a thread holding the GIL 4 ms of every 10 meanwhile")
+    ap.add_argument("--processes", type=int, default=0, help="commit in this many commit processes (0: threads)")
     args = ap.parse_args()
+    if args.processes and args.profile:
+        raise SystemExit("--profile profiles this process: not with --processes")
 
     stop = threading.Event()
     if args.busy:
         threading.Thread(target=hold_the_gil, args=(stop,), daemon=True).start()
     try:
-        for kind in ("pyiceberg", "icesink"):
+        for kind in ("icesink",) if args.processes else ("pyiceberg", "icesink"):
             run(kind, args)
     finally:
         stop.set()
@@ -107,6 +116,31 @@ def hold_the_gil(stop: threading.Event) -> None:
         time.sleep(0.006)
 
 
+def commit_processes(tmp: Path, n: int) -> CommitProcesses:
+    """``n`` started commit processes opening the catalog :func:`run` made in ``tmp``."""
+    props = sqlite_catalog_properties(tmp)
+    settings = load_settings(None, None, {
+        "topics": "src", "iceberg.tables.dynamic-enabled": "true", "iceberg.tables.route-field": "table",
+        "iceberg.catalog": "bench", "iceberg.catalog.type": "sql", "iceberg.catalog.uri": props["uri"],
+        "iceberg.catalog.warehouse": props["warehouse"], "state.dir": str(tmp / "state"),
+        "iceberg.control.commit.processes": str(n)})
+    processes = CommitProcesses(settings, n)
+    processes.start(wait=True)  # the first round's time is the commits', not the processes' imports
+    return processes
+
+
+def children_cpu(processes: CommitProcesses | None) -> float:
+    """User and system CPU seconds of the running commit processes (0 without them)."""
+    if processes is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in processes.pids():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 def run(kind: str, args: argparse.Namespace) -> None:
     """The rounds on ``kind``'s SQL catalog class: pyiceberg's own, or icesink.shared.catalogs'."""
     with tempfile.TemporaryDirectory(prefix="commit-bench-") as tmp:
@@ -116,6 +150,7 @@ def run(kind: str, args: argparse.Namespace) -> None:
         names = [f"bench.t{i:03d}" for i in range(args.tables)]
         locations = {n: catalog.create_table(n, schema=SCHEMA).location() for n in names}
         cache = TableCache()
+        processes = commit_processes(Path(tmp), args.processes) if args.processes else None
         threads = 1 if args.profile else args.threads
         profile = cProfile.Profile() if args.profile else None
         print(f"{kind}: {type(catalog).__module__}.{type(catalog).__name__}, {args.tables} tables, "
@@ -132,12 +167,15 @@ def run(kind: str, args: argparse.Namespace) -> None:
 
                 def one(name: str, batch: list[Accepted] = batch, r: int = r,
                         tables_of_round: dict[str, int] = of_round) -> None:
-                    out = commit_table(catalog, name, batch, RoundCommit(
+                    round = RoundCommit(
                         group="bench", epoch=1, commit_id=f"round-{r}", positions={TopicPartition("t", 0): 1000 * (r + 1)},
-                        valid_through_ms=None, tables_of_round=tables_of_round), tables=cache)
+                        valid_through_ms=None, tables_of_round=tables_of_round)
+                    out = (processes.commit(name, batch, round) if processes is not None
+                           else commit_table(catalog, name, batch, round, tables=cache))
                     assert out.snapshot_id is not None
 
-                started, cpu = time.monotonic(), time.process_time()
+                children = children_cpu(processes)
+                started, cpu, sys0 = time.monotonic(), time.process_time(), os.times().system
                 if profile is not None:
                     profile.enable()
                 if profile is not None:  # cProfile sees only its own thread: commit here, one by one
@@ -147,10 +185,16 @@ def run(kind: str, args: argparse.Namespace) -> None:
                     list(pool.map(one, names))
                 if profile is not None:
                     profile.disable()
-                wall, cpu = time.monotonic() - started, time.process_time() - cpu
-                per_commit.append(1000 * cpu / args.tables)
-                print(f"  round {r + 1}: {wall:.2f} s wall, {per_commit[-1]:.2f} ms CPU per table commit"
+                wall, cpu, system = time.monotonic() - started, time.process_time() - cpu, os.times().system - sys0
+                children = children_cpu(processes) - children
+                per_commit.append(1000 * (cpu + children) / args.tables)
+                split = (f" ({1000 * cpu / args.tables:.2f} here, {1000 * children / args.tables:.2f} in the commit "
+                         "processes)" if processes is not None else "")
+                print(f"  round {r + 1}: {wall:.2f} s wall, {per_commit[-1]:.2f} ms CPU per table commit{split}, "
+                      f"of this process's {1000 * system / args.tables:.2f} ms in the kernel"
                       f"{' (tables loaded from the catalog)' if r == 0 else ''}")
+        if processes is not None:
+            processes.close()
         later = per_commit[1:] or per_commit
         print(f"  {kind}: {sum(later) / len(later):.2f} ms CPU per table commit (rounds 2-{args.rounds})")
         if profile is not None:

@@ -96,11 +96,13 @@ class CommitProcesses:
         self._context = multiprocessing.get_context("forkserver")
         self._closed = False
 
-    def start(self) -> None:
+    def start(self, wait: bool = False) -> None:
         """Start every process now rather than at the first round's commits (each imports
-        pyiceberg and opens the catalog: seconds, which the first round would wait for)."""
-        for i in range(len(self._pools)):
-            self._pool(i).submit(_ready)
+        pyiceberg and opens the catalog: seconds, which the first round would wait for);
+        ``wait``: until every one has."""
+        started = [self._pool(i).submit(_ready) for i in range(len(self._pools))]
+        for future in started if wait else ():
+            future.result()
 
     def process_of(self, table: str) -> int:
         """The process a table's commits go to: stable across rounds and restarts."""

@@ -319,10 +319,7 @@ from coordinator.commit_processes import CommitProcesses
 from tests.unit.test_commit_processes import settings_for
 from pathlib import Path
 p = CommitProcesses(settings_for(Path({str(tmp_path)!r})), 2)
-p.start()
-deadline = time.monotonic() + 60
-while len(p.pids()) < 2 and time.monotonic() < deadline:
-    time.sleep(0.1)
+p.start(wait=True)  # each process has imported pyiceberg and opened the catalog
 print(*p.pids(), flush=True)
 time.sleep(600)
 """
