@@ -4,8 +4,8 @@ A round of many tables stages one directory per table and moved each file out of
 directory made anew, then deleted the emptied one: a directory made and one removed per table
 per round. On ext4 without a journal (this project's machines) every later file creation then
 skips each recently removed inode, reading it, for a minute or more: the commits that follow
-paid up to 0.9 ms a file (bench/README.md, commit_bench). A staged directory on the same file
-system now becomes the table's directory by one rename."""
+paid up to 0.9 ms a file (bench/README.md, "Files made and removed"). A staged directory on the
+same file system now becomes the table's directory by one rename."""
 
 from __future__ import annotations
 
