@@ -43,7 +43,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
-from bench.benchlib import file_create_us
+from bench.benchlib import file_create_us, process_cpu_s
 from coordinator import iceberg_ext
 from coordinator.commit_processes import CommitProcesses
 from coordinator.committer import RoundCommit, TableCache, commit_table, round_tables
@@ -131,14 +131,7 @@ def commit_processes(tmp: Path, n: int) -> CommitProcesses:
 
 def children_cpu(processes: CommitProcesses | None) -> float:
     """User and system CPU seconds of the running commit processes (0 without them)."""
-    if processes is None:
-        return 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in processes.pids():
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / tick
+    return 0.0 if processes is None else sum(process_cpu_s(pid) for pid in processes.pids())
 
 
 def run(kind: str, args: argparse.Namespace) -> None:

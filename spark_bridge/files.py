@@ -136,7 +136,7 @@ def place(local_fs: pafs.FileSystem, stage_path: str, fs: pafs.FileSystem, out_p
     0.9 ms of kernel CPU each (bench/README.md, "Files made and removed")."""
     try:
         listed = list(list_data_files(local_fs, stage_path))  # checked (and .crc removed) before any move
-        if move and fs.type_name == "local" and local_fs.type_name == "local" and _renamed(stage_path, out_path):
+        if move and fs.type_name == "local" and _renamed(stage_path, out_path):
             return
         for relative, _ in listed:
             target = f"{out_path}/{relative}"
