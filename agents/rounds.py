@@ -168,6 +168,9 @@ class Rounds:
             snap = self.buffers.take(self.replica.generation, ready)
             if not snap.ranges:
                 return
+            # At the take, not at the send: records read while the files are written are in no
+            # response yet, and a backlog's tail read meanwhile must still ask for its round.
+            valid_through = self._valid_through_ms()
             # Behind an early write holding the lock, a rebalance or the Spark session's start.
             waited_s = time.monotonic() - arrived
             try:  # at-least-once: dead letters are acknowledged before their offsets are reported
@@ -223,7 +226,7 @@ class Rounds:
             sending = time.monotonic()
             try:  # DataWritten split to fit the control topic, then DataComplete
                 sent = await send_response(self.sender, written, lambda n: DataComplete(
-                    commit_id, response_id, self.replica.worker_id, snap.generation, snap.ranges, n, self._valid_through_ms(),
+                    commit_id, response_id, self.replica.worker_id, snap.generation, snap.ranges, n, valid_through,
                 ), lambda: crash_point(self.settings, "worker.mid-response"))
             except ResponseSendError as exc:
                 log.error("round %s not answered, data kept for the next round: %s", commit_id, exc)
@@ -448,8 +451,9 @@ class Rounds:
         return deleted
 
     def _valid_through_ms(self) -> int | None:
-        """All records older than this are in the response or earlier ones: now, if every
-        owned partition is caught up, else the oldest last-record time of a lagging one."""
+        """All records older than this are in the response or earlier ones (asked at the take):
+        now, if every owned partition is caught up, else the oldest last-record time of a
+        lagging one."""
         if not all(st.active for st in self.buffers.partitions.values()):
             return None
         now_ms = int(time.time() * 1000)
