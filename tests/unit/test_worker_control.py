@@ -300,7 +300,7 @@ def _worker_with_a_buffered_round(tmp_path, error):
 
     w.rounds.files = Spark()
     # The app's consumer is not started here: its high watermarks, asked at the take, are unknown.
-    w.rounds.app = type("App", (), {"consumer": type("Consumer", (), {"highwater": lambda self, tp: None})()})()
+    w.rounds.app = SimpleNamespace(consumer=SimpleNamespace(highwater=lambda tp: None))
     return w
 
 
