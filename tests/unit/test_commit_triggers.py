@@ -161,7 +161,6 @@ def test_a_backlogs_tail_read_while_the_round_writes_still_asks_for_a_round():
 
     async def write(tables):
         await w.ingest.on_fetch(batch(40, 100))  # the tail, read during the write
-        w.buffers.partitions[P].last_record_ms = int(time.time() * 1000)
         return [[] for _ in tables]
 
     w = make_parts(max_bytes=10**9, files=Files(write), offload=AwaitingOffload())
