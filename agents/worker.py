@@ -47,7 +47,7 @@ from agents.file_writer import FileWritingFactory
 from agents.formats import RecordFormat
 from agents.decode import BatchDecoder
 from agents.ingest import Ingest
-from agents.kafka import Fetched
+from agents.kafka import Fetched, holds_joins
 from agents.missing import MissingTables
 from agents.ownership import Ownership
 from agents.parts import Replica, default_worker_id
@@ -191,6 +191,9 @@ class Worker:
         await self.producer.start()
         await self.reader.start()
         await self.reader.seek_to_end()
+        # Before the group join: where the broker holds it for half the session (Tansu), a
+        # session not set is shorter (agents/faust_app.py HELD_JOIN_SESSION_TIMEOUT_MS).
+        self.settings = self.faust.fit_session(holds_joins(self.reader.consumer))
         await self.deadletters.start(self.bootstrap)
         # In a daemon thread: a session slower to start than the shutdown bound holds neither a
         # stop nor the process's exit.

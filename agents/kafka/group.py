@@ -26,14 +26,29 @@ log = logging.getLogger(__name__)
 OFFSET_FOR_LEADER_EPOCH = 23
 
 
-def keeps_departed_leader(consumer: Any) -> bool:
-    """Whether the consumer's broker is one whose group coordinator keeps a leader that sent
-    LeaveGroup during a rebalance (Tansu; see :func:`install_leave_group`): recognised by the
+def _tansu(client_owner: Any) -> bool:
+    """Whether the broker of an aiokafka consumer or producer is Tansu: recognised by the
     ApiVersions answer of its connections, which lacks OffsetForLeaderEpoch. False when no
     connection has answered (aiokafka 0.14 internals: AIOKafkaConnection._versions)."""
-    conns = getattr(getattr(consumer, "_client", None), "_conns", {})
+    conns = getattr(getattr(client_owner, "_client", None), "_conns", {})
     versions = [v for conn in list(conns.values()) if (v := getattr(conn, "_versions", None))]
     return bool(versions) and all(OFFSET_FOR_LEADER_EPOCH not in v for v in versions)
+
+
+def keeps_departed_leader(consumer: Any) -> bool:
+    """Whether the consumer's broker is one whose group coordinator keeps a leader that sent
+    LeaveGroup during a rebalance (Tansu; see :func:`install_leave_group`). False when no
+    connection has answered."""
+    return _tansu(consumer)
+
+
+def holds_joins(consumer: Any) -> bool:
+    """Whether the consumer's broker holds every JoinGroup until half the group's session
+    timeout has passed (Tansu, to wait for more members: tansu-io/tansu
+    ``coordinator/group/administrator.rs``, a second at a time), so a new group, or a group
+    after a member died, joins half a session later than on Kafka. False when no connection
+    has answered (any aiokafka consumer that has read from the broker, e.g. the control reader)."""
+    return _tansu(consumer)
 
 
 def install_leave_group(app: faust.App, skip_leave_group: Callable[[Any, bool], str | None]) -> None:

@@ -99,6 +99,14 @@ def isolation_level(app: Any) -> str | None:
     return READ_COMMITTED if fetcher._isolation_level == COMMITTED else "read_uncommitted"
 
 
+def group_session_timeout_ms(app: Any) -> int | None:
+    """The session timeout the running source consumer joined its group with (None before it
+    starts)."""
+    consumer = getattr(app.consumer._thread, "_consumer", None)
+    timeout = getattr(consumer, "_session_timeout_ms", None)
+    return timeout if isinstance(timeout, int) else None
+
+
 class ConsumerGuard:
     """Installed on a Faust app before it starts; ``on_fatal`` is called once, on the event loop
     that installed the guard, with the first fatal error of the source consumer."""

@@ -160,6 +160,12 @@ class ControlReader:
             **client_kwargs,
         )
 
+    @property
+    def consumer(self) -> AIOKafkaConsumer:
+        """The reader's aiokafka consumer: once it has read, its connections tell which broker
+        answers (agents/kafka ``holds_joins``)."""
+        return self._consumer
+
     async def start(self) -> None:
         await self._consumer.start()
         self._consumer.assign([self.tp])

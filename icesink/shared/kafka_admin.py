@@ -12,8 +12,9 @@ Broker behaviour this relies on (checked against Tansu v0.6.0-510f3e2):
 - ``ListOffsets(latest)`` answers the base offset of the last record batch + 1, which is lower
   than the high watermark whenever the last batch holds more than one record. ``end_offsets``
   corrects it from a fetch; do not use ``AIOKafkaConsumer.end_offsets`` or ``seek_to_end`` alone.
-- A new consumer group's first join is held for about half of ``session_timeout_ms`` (about
-  5 s with aiokafka's default of 10 s, 23 s with 45 s); short session timeouts make tests fast.
+- Every JoinGroup is held for about half of ``session_timeout_ms`` (about 5 s with aiokafka's
+  default of 10 s, 23 s with 45 s): a new group's first join and every rebalance. Short session
+  timeouts make tests fast; a worker that does not set one uses 6 s here (agents/faust_app.py).
 - A member that sends LeaveGroup while its group is rebalancing is dropped but stays the
   group's leader if it was; new members then wait for its assignment until something reloads
   the group. icesink's group leader stops without LeaveGroup on Tansu (``agents/faust_app.py``).

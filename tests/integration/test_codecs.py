@@ -1,7 +1,8 @@
 """Compressed records from a real librdkafka producer (confluent-kafka), with real processes
 (Tansu, then a real Kafka broker; a Faust + Spark worker, SQLite catalog, DuckDB): one topic fed
 with each codec Kafka has in turn (none, gzip, snappy, lz4, zstd); every record lands exactly once, read with
-isolation.level=read_committed. The same with Kafka's own Java producer (kafka-console-producer)
+isolation.level=read_committed, through a consumer whose group session is the broker's (6 s on Tansu,
+10 s on Kafka). The same with Kafka's own Java producer (kafka-console-producer)
 on the real broker, one topic per codec. And a replica whose consumer can no longer decode a batch
 stops with a clear log line instead of running on without consuming."""
 
@@ -49,6 +50,7 @@ def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(each_broker, ca
     from pyiceberg.catalog import load_catalog
 
     from icesink.shared.kafka_admin import ensure_topic
+    from icesink.app.embedded import EmbeddedBroker
     from icesink.app.pizzas import PIZZA_SCHEMA, pizza_event
     from icesink.app.replicas import ReplicaSet
     from tests.support.sinkrun import assert_exact, http_json, wait_rows, write_config
@@ -62,6 +64,9 @@ def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(each_broker, ca
                        catalog_props=catalog_props, state_dir=tmp_path / "state", group="cx-sink",
                        **{"iceberg.tables.auto-create-enabled": "false",
                           "iceberg.control.topic.replication-factor": 1})  # one Kafka broker
+    config = json.loads(cfg.read_text())
+    del config["consumer.session-timeout-ms"]  # not set: the replica takes its broker's (checked below)
+    cfg.write_text(json.dumps(config))
     rng = random.Random(11)
     keys: set[str] = set()
     replicas = ReplicaSet(cfg, tmp_path / "logs")
@@ -75,7 +80,11 @@ def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(each_broker, ca
         assert_exact(catalog, table, keys)
         replicas.check_alive()
         # Read from the running consumer's fetcher: both brokers serve read_committed fetches.
-        assert http_json(worker.metrics_port)["isolation_level"] == "read_committed"
+        status = http_json(worker.metrics_port)
+        assert status["isolation_level"] == "read_committed"
+        # The session it joined with: none set, so 6 s on Tansu, which holds each JoinGroup for
+        # half of it (agents/faust_app.py HELD_JOIN_SESSION_TIMEOUT_MS), and 10 s on Kafka.
+        assert status["session_timeout_ms"] == (6000 if isinstance(each_broker, EmbeddedBroker) else 10000)
         # ... through agents/kafka/record_batches.py, which decompressed every codec's batches.
         assert "fetched records are taken a record batch at a time" in worker.log_path.read_text(errors="replace")
     finally:
