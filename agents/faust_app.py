@@ -19,7 +19,8 @@ import faust
 from agents import kafka
 from agents.buffer import Buffers
 from agents.kafka import (
-    ConsumerGuard, Fetched, TablelessManager, faust_credentials, inject_faults, install_batch_drain, isolation_level,
+    HELD_JOIN_SESSION_TIMEOUT_MS, ConsumerGuard, Fetched, TablelessManager, faust_credentials, inject_faults,
+    install_batch_drain, isolation_level,
 )
 from agents.parts import Replica
 from agents.registry_client import RegistryUnavailable
@@ -33,11 +34,6 @@ FETCHES_QUEUED = 2  # fetches waiting for the ingest agent
 #: The exit code of a replica that stopped because the schema registry gave no answer for as
 #: long as its consumer may hold a fetch (1 is a bug, 2 a setting or record no retry mends).
 REGISTRY_EXIT_CODE = 3
-#: The session timeout of a replica whose ``consumer.session-timeout-ms`` is not set, on a broker
-#: that holds each JoinGroup until half the group's session timeout has passed (Tansu:
-#: :func:`agents.kafka.holds_joins`): a join then takes 3 s instead of 5 (the default, 10 s,
-#: stays elsewhere). Kafka's own least session timeout (``group.min.session.timeout.ms``).
-HELD_JOIN_SESSION_TIMEOUT_MS = 6000
 
 
 def faust_settings(s: Settings) -> dict[str, Any]:

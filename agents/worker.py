@@ -192,7 +192,7 @@ class Worker:
         await self.reader.start()
         await self.reader.seek_to_end()
         # Before the group join: where the broker holds it for half the session (Tansu), a
-        # session not set is shorter (agents/faust_app.py HELD_JOIN_SESSION_TIMEOUT_MS).
+        # session not set is shorter (agents/kafka/group.py HELD_JOIN_SESSION_TIMEOUT_MS).
         self.settings = self.faust.fit_session(holds_joins(self.reader.consumer))
         await self.deadletters.start(self.bootstrap)
         # In a daemon thread: a session slower to start than the shutdown bound holds neither a

@@ -102,6 +102,10 @@ class Cluster:
             await self._read_once()
         if self.spark is not None:  # its JVM starts meanwhile; the tasks that use it wait until it listens
             self.spark.start()
+        from agents import kafka
+
+        # The config reader has read: its connections tell whether the broker holds joins (Tansu).
+        self.membership.fit_session(kafka.holds_joins(self._consumer), self.settings.session_set)
         await self.membership.start(self.bootstrap, self.state.layout, kwargs)
         loops = [self._read_loop, self._membership_loop, self._reconcile_loop]
         if self.spark is not None:

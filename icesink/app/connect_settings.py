@@ -99,6 +99,8 @@ class ConnectSettings:
     rest_secrets: frozenset[str] = field(default_factory=frozenset, repr=False)
     #: connect.spark.shared: the tasks share one Spark Connect server this process starts
     spark_shared: bool = False
+    #: session.timeout-ms was given (else a broker that holds joins gets a shorter one: connect_group.py)
+    session_set: bool = False
 
     @property
     def listen_host(self) -> str:
@@ -220,7 +222,7 @@ def connect_settings(raw: Mapping[str, Any], environ: Mapping[str, str] | None =
         start_retries=_int(resolved, "tasks.start.retries", 0),
         start_backoff_s=_int(resolved, "tasks.start.retry.backoff-ms", 100) / 1000,
         security=security, environ=env, rest_secrets=frozenset(rest_secrets),
-        spark_shared=_shared_spark(resolved, defaults),
+        spark_shared=_shared_spark(resolved, defaults), session_set="session.timeout-ms" in raw,
     )
     if settings.session_s <= 2 * settings.heartbeat_s:
         raise ConfigError("session.timeout-ms", resolved["session.timeout-ms"],

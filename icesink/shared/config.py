@@ -169,9 +169,8 @@ class Settings(BaseSettings):
     # A fetch waits on the broker (at most 500 ms) until this many bytes are there: at a steady
     # few MB/s, fetches of a few records each cost the worker and the broker per fetch.
     fetch_min_bytes: int = Field(256 * 1024, alias="consumer.fetch-min-bytes", ge=1)
-    # A member that stops heartbeating loses its partitions after this; Tansu also holds every
-    # JoinGroup for half of it, so a replica there that does not set it uses 6 s
-    # (agents/faust_app.py HELD_JOIN_SESSION_TIMEOUT_MS).
+    # A member that stops heartbeating loses its partitions after this. Tansu holds every join for
+    # half of it: there, not set, it is 6 s (agents/kafka/group.py HELD_JOIN_SESSION_TIMEOUT_MS).
     session_timeout_ms: int = Field(10_000, alias="consumer.session-timeout-ms", ge=1000)
     # The consumer leaves its group when a fetch is held longer (the agent busy with it): a
     # schema-registry wait gives up well before (agents/registry_source.py give_up_s).

@@ -65,3 +65,21 @@ def test_a_process_stopped_with_sigterm_has_its_tasks_moved_at_once(kafka, tmp_p
     finally:
         for p in processes:
             p.stop()
+
+
+def test_a_process_on_tansu_without_a_session_set_joins_with_six_seconds(broker, tmp_path):
+    """Tansu holds each JoinGroup for half the session timeout: a process that does not set
+    ``session.timeout-ms`` joins with 6 s there (icesink/app/connect_group.py fit_session)."""
+    import time
+
+    config = process_config(tmp_path, broker.bootstrap, "cg-tansu")
+    del config["session.timeout-ms"]
+    process = start_connect(tmp_path, "c1", config)
+    try:
+        deadline = time.monotonic() + 60
+        while "joined cluster" not in process.log:
+            assert time.monotonic() < deadline, process.log[-3000:]
+            time.sleep(0.2)
+        assert "session.timeout-ms is 6000 ms here" in process.log
+    finally:
+        process.stop()

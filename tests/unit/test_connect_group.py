@@ -128,3 +128,28 @@ def test_a_follower_never_asks_for_a_rebalance():
     assert not m.leader
     m.follow({"c": 5})
     assert consumer._coordinator.rejoins == 0
+
+
+def test_a_session_not_set_is_six_seconds_where_the_broker_holds_joins(caplog):
+    """Tansu holds every JoinGroup for half the session (agents/kafka/group.py holds_joins): a
+    connect process that did not set ``session.timeout-ms`` joins with 6 s there, unless its
+    heartbeats would then come less than three times a session."""
+    caplog.set_level("INFO")
+    m = Membership("w1", "http://w1", "g", "configs", session_s=10.0, heartbeat_s=2.0)
+    m.fit_session(holds_joins=False, session_set=False)
+    assert m.session_s == 10.0
+    m.fit_session(holds_joins=True, session_set=True)
+    assert m.session_s == 10.0
+    m.fit_session(holds_joins=True, session_set=False)
+    assert m.session_s == 6.0
+    assert "session.timeout-ms is 6000 ms here" in caplog.text
+    slow = Membership("w1", "http://w1", "g", "configs", session_s=10.0, heartbeat_s=2.5)
+    slow.fit_session(holds_joins=True, session_set=False)
+    assert slow.session_s == 10.0  # heartbeat.interval-ms 2500: 6 s would leave two heartbeats a session
+
+
+def test_the_settings_say_whether_the_session_was_set():
+    from icesink.app.connect_settings import connect_settings
+
+    assert not connect_settings({}).session_set
+    assert connect_settings({"session.timeout-ms": 10000}).session_set
