@@ -20,9 +20,8 @@ The worker installs it as it starts Faust (agents/faust_app.py ``FaustApp.start`
 from __future__ import annotations
 
 from agents.kafka.group import (
-    HELD_JOIN_SESSION_TIMEOUT_MS, OFFSET_FOR_LEADER_EPOCH, commit_offsets, holds_joins, install_leader_check, install_leave_group,
-    keeps_departed_leader, request_rejoin,
-    stop_without_leave_group,
+    HELD_JOIN_SESSION_TIMEOUT_MS, OFFSET_FOR_LEADER_EPOCH, commit_offsets, holds_joins, install_leader_check,
+    install_leave_group, keeps_departed_leader, request_rejoin, stop_without_leave_group,
 )
 from agents.kafka.source_consumer import (
     FETCH_MAX_WAIT_MS, ConsumerGuard, Fetched, faust_credentials, group_member_id, group_session_timeout_ms,
@@ -33,10 +32,8 @@ from agents.kafka.versions import check as check_versions
 
 __all__ = [
     "FETCH_MAX_WAIT_MS", "HELD_JOIN_SESSION_TIMEOUT_MS", "OFFSET_FOR_LEADER_EPOCH", "ConsumerGuard", "Fetched",
-    "check_versions", "commit_offsets",
-    "faust_credentials", "group_member_id", "group_session_timeout_ms", "holds_joins", "inject_faults",
-    "install_batch_drain", "install_leader_check",
-    "install_leave_group",
+    "check_versions", "commit_offsets", "faust_credentials", "group_member_id", "group_session_timeout_ms",
+    "holds_joins", "inject_faults", "install_batch_drain", "install_leader_check", "install_leave_group",
     "isolation_level", "keeps_departed_leader", "request_rejoin", "TablelessManager", "serialized_bytes",
     "stop_without_leave_group", "use_read_committed",
 ]

@@ -83,7 +83,7 @@ def test_every_codec_of_a_librdkafka_producer_lands_exactly_once(each_broker, ca
         status = http_json(worker.metrics_port)
         assert status["isolation_level"] == "read_committed"
         # The session it joined with: none set, so 6 s on Tansu, which holds each JoinGroup for
-        # half of it (agents/faust_app.py HELD_JOIN_SESSION_TIMEOUT_MS), and 10 s on Kafka.
+        # half of it (agents/kafka/group.py HELD_JOIN_SESSION_TIMEOUT_MS), and 10 s on Kafka.
         assert status["session_timeout_ms"] == (6000 if isinstance(each_broker, EmbeddedBroker) else 10000)
         # ... through agents/kafka/record_batches.py, which decompressed every codec's batches.
         assert "fetched records are taken a record batch at a time" in worker.log_path.read_text(errors="replace")
