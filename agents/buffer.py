@@ -394,24 +394,30 @@ class Buffers:
         return [self.partitions[tp] for tp in sorted(self.partitions)
                 if self.partitions[tp].active and self.partitions[tp].generation == generation]
 
-    def take(self, generation: int, ready: Callable[[Chunk], bool] | None = None) -> Snapshot:
+    def take(self, generation: int, ready: Callable[[Chunk], bool] | None = None,
+             hold: Callable[[PartitionState], bool] | None = None) -> Snapshot:
         """Everything buffered for active partitions, with one range per active partition
         (empty ranges for idle ones, so they never stall a round).
 
         With ``ready``, a partition's range stops before its first chunk that is not ready
         (data whose table schema change is not applied yet): that chunk and the ones after it
-        stay buffered, so ranges stay contiguous. Written files go only with every partition
-        they cover: a partition's range stops before the first that cannot (one of its
-        partitions is claiming after a rebalance)."""
+        stay buffered, so ranges stay contiguous. With ``hold``, a partition it names keeps
+        all its data (an empty range; agents/rounds.py, a backlog's hold). Written files go
+        only with every partition they cover: a partition's range stops before the first that
+        cannot (one of its partitions is claiming after a rebalance, or held)."""
         if self._staged is not None:
             raise RuntimeError("a round's take while an early write is in flight (the worker holds one lock for both)")
         taking = self._taking(generation)
         self.fresh_rows = 0
-        reportable = self._reportable(taking)
+        held = {st.tp for st in taking if hold(st)} if hold is not None else set()
+        reportable = self._reportable([st for st in taking if st.tp not in held])
         ranges = []
         chunks: list[Chunk] = []
         written: list[Written] = []
         for st in taking:
+            if st.tp in held:
+                ranges.append(OffsetRange(st.tp, st.range_start, st.range_start))
+                continue
             n_w = next((i for i, w in enumerate(st.written) if w not in reportable), len(st.written))
             for w in st.written[:n_w]:
                 if w not in written:
@@ -430,6 +436,8 @@ class Buffers:
         for c in chunks:
             self.nbytes -= c.nbytes
             self.rows -= c.rows
+        if held and not (chunks or written):
+            self.takes += 1  # a round came: a request after it is a new one (agents/ingest.py)
         if chunks or written:
             self.takes += 1
             oldest = min([c.at for c in chunks] + [w.at for w in written])

@@ -36,7 +36,7 @@ from agents.transforms import Chain
 from agents.tasks import TaskOwner, highwater, unless_moved, unread_since_ms
 from icesink.shared.config import Settings
 from icesink.shared.deadletter_table import letter_rows
-from icesink.shared.faults import should_crash
+from icesink.shared.faults import hold_point, should_crash
 from icesink.shared.metrics import Metrics
 from icesink.shared.protocol import CommitRequest, TopicPartition
 
@@ -148,6 +148,8 @@ class Ingest:
                 self._spawn_seek(st, self.ownership.seek(st, st.next_offset))
         self.buffers.converted(fetched)
         self.update_gauges()
+        if self.settings.fault_hold_at:  # fault tests: reading stops after a fetch, until released
+            await hold_point(self.settings, "worker.after-fetch")
         if self.buffers.full:
             await self._apply_backpressure()
         else:

@@ -24,7 +24,7 @@ from agents.mirror import collapse
 from agents.parts import Replica
 from agents.respond import Sender, send_response
 from agents.tables import Target
-from agents.tasks import TaskOwner, unless_moved, unread_since_ms
+from agents.tasks import BacklogHold, TaskOwner, unless_moved, unread_since_ms
 from agents.write_failures import WriteFailures
 from icesink.shared.config import Settings
 from icesink.shared.errors import ResponseSendError, WritesKeepFailing, is_retriable
@@ -165,12 +165,18 @@ class Rounds:
             except Exception as exc:  # the catalog is down: the data waits for the next round
                 log.error("round %s not answered, data kept: reloading tables failed: %s", commit_id, exc)
                 return
-            snap = self.buffers.take(self.replica.generation, ready)
+            hold = self._backlog_hold()
+            snap = self.buffers.take(self.replica.generation, ready, hold)
             if not snap.ranges:
                 return
             # At the take, not at the send: records read while the files are written are in no
             # response yet, and a backlog's tail read meanwhile must still ask for its round.
             valid_through = self._valid_through_ms()
+            if hold is not None and hold.held:  # older records than the newest read wait in the buffers
+                valid_through = None
+                self.metrics.rounds_held.inc()
+                log.info("round %s: %d partitions reading a backlog keep their rows for the round its end "
+                         "asks for (iceberg.control.commit.catch-up)", commit_id, len(hold.held))
             # Behind an early write holding the lock, a rebalance or the Spark session's start.
             waited_s = time.monotonic() - arrived
             try:  # at-least-once: dead letters are acknowledged before their offsets are reported
@@ -449,6 +455,16 @@ class Rounds:
             if out.deleted_keys.num_rows:
                 deleted[name] = out.deleted_keys
         return deleted
+
+    def _backlog_hold(self) -> BacklogHold | None:
+        """With commit.catch-up, a round leaves a backlog's rows to the round its end asks for
+        (:class:`agents.tasks.BacklogHold`): not under backpressure, nor with a size trigger or
+        an idle interval set (their rounds are asked for the data they count)."""
+        s = self.settings
+        if (not s.commit_catch_up or self.replica.backpressure or s.commit_idle_interval_ms is not None
+                or s.commit_max_records is not None or s.commit_max_bytes is not None):
+            return None
+        return BacklogHold(self.app.consumer, time.time(), s.commit_interval_ms / 1000, BEHIND_MS)
 
     def _valid_through_ms(self) -> int | None:
         """All records older than this are in the response or earlier ones (asked at the take):

@@ -142,6 +142,32 @@ def unread_since_ms(partitions: Mapping[Any, Any], consumer: Any) -> int | None:
     return out
 
 
+class BacklogHold:
+    """Which partitions a round leaves their data to a later one (``iceberg.control.commit.catch-up``,
+    agents/rounds.py): one reading a backlog (records left before its high watermark, the newest
+    read over ``behind_ms`` old) whose oldest data not in a round was buffered less than one
+    commit interval ago. Its rows then go with the round the backlog's end asks for, in fewer
+    and larger files, and never wait over one interval more than without the hold. ``held``:
+    the partitions it held that had data."""
+
+    def __init__(self, consumer: Any, now_s: float, interval_s: float, behind_ms: int) -> None:
+        self._consumer = consumer
+        self._now_s = now_s
+        self._interval_s = interval_s
+        self._behind_ms = behind_ms
+        self.held: list[Any] = []
+
+    def __call__(self, st: Any) -> bool:
+        hw = highwater(self._consumer, st.tp.topic, st.tp.partition)
+        if hw is None or st.next_offset >= hw or self._now_s * 1000 - (st.last_record_ms or 0) <= self._behind_ms:
+            return False  # read to its end, or a steady stream's records in flight
+        oldest = min([c.at for c in st.chunks] + [w.at for w in st.written], default=None)
+        if oldest is None or self._now_s - oldest >= self._interval_s:
+            return False
+        self.held.append(st.tp)
+        return True
+
+
 class EpochGate:
     """The newest coordinator epoch a worker has seen (from StartCommit, Resume, Rewind,
     CommitToTable, CommitComplete). Resume, StartCommit and Rewind from an older epoch come

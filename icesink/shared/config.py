@@ -241,7 +241,7 @@ class Settings(BaseSettings):
     ] = Field((), alias="fault.crash-at")
     fault_hold_at: tuple[
         Literal["coordinator.after-table-commit", "coordinator.in-table-commit", "worker.spark-start",
-                "replay.before-table-commit"], ...
+                "replay.before-table-commit", "worker.after-fetch"], ...
     ] = Field((), alias="fault.hold-at")
     # What config-provider references resolved to: secrets wherever they landed (no config key).
     provided_values: tuple[SecretStr, ...] = Field((), alias="<config provider values>")

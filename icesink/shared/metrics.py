@@ -71,6 +71,9 @@ class Metrics:
         self.early_commit_requests = Counter(
             "icesink_early_commit_requests_total", "CommitRequest events sent, by reason: full buffers, "
             "commit.max-records, commit.max-bytes, rows after an idle round", ["reason"], registry=r)
+        self.rounds_held = Counter(
+            "icesink_rounds_held_total", "Rounds in which partitions reading a backlog kept their rows "
+            "for the round the backlog's end asks for (iceberg.control.commit.catch-up)", registry=r)
         self.uncommitted_age = Gauge(
             "icesink_uncommitted_age_seconds", "Age of the oldest row this replica buffered and no "
             "CommitComplete covered yet, by when it was buffered (0: none)", registry=r)

@@ -244,3 +244,54 @@ def test_the_tail_of_a_backlog_lands_once_read_not_an_interval_later(broker, cat
         replicas.stop_all()
     assert_exact(catalog, table, keys)
     assert full >= 1 and caught_up == 1, (full, caught_up)
+
+
+@pytest.mark.timeout(600)
+def test_a_round_during_a_backlog_leaves_its_rows_to_the_round_its_end_asks_for(broker, catalog_props, tmp_path):
+    """A fresh worker reads a backlog; reading stops after its first fetch (``fault.hold-at=
+    worker.after-fetch``) until the first round has come and held those rows (15 s rounds, the
+    first one interval after launch). Once released, the backlog's end asks for a round, which
+    commits every record in one snapshot: the held rows went with the rest, none was lost."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.pizzas import pizza_values, produce
+    from icesink.app.replicas import ReplicaSet
+    from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.sinkrun import assert_exact, metric, total_rows, write_config
+
+    topic, table, group = "hb-pizzas", "hb.pizzas", "hb-sink"
+    records = 20_000
+    catalog = load_catalog("it", **catalog_props)
+    catalog.create_namespace("hb")
+    asyncio.run(ensure_topic(broker.bootstrap, topic, PARTITIONS))
+    values = pizza_values(records, seed=31)
+    keys = {json.loads(v)["order_id"] for v in values}
+    asyncio.run(produce(broker.bootstrap, topic, values, partitions=PARTITIONS))  # the backlog, before the start
+    state = tmp_path / "state"
+    cfg = write_config(
+        tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+        catalog_props=catalog_props, state_dir=state, group=group,
+        **{"consumer.max-batch": 1000, "iceberg.control.commit.interval-ms": 15_000,
+           "fault.hold-at": "worker.after-fetch"},
+    )
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        r = replicas.start("hb")
+        deadline = time.monotonic() + 120
+        _running(replicas, r, PARTITIONS)
+        while metric(r.metrics_port, "icesink_rounds_held_total") < 1:
+            replicas.check_alive()
+            assert time.monotonic() < deadline, "no round held the backlog's rows"
+            time.sleep(0.5)
+        assert (state / "hold-worker.after-fetch.reached").exists() and total_rows(catalog, table) == 0
+        (state / "hold-worker.after-fetch.release").touch()
+        while total_rows(catalog, table) < records:
+            replicas.check_alive()
+            assert time.monotonic() < deadline + 120, f"{total_rows(catalog, table)} of {records} committed"
+            time.sleep(0.5)
+        caught_up = metric(r.metrics_port, 'icesink_early_commit_requests_total{reason="caught-up"}')
+    finally:
+        replicas.stop_all()
+    assert_exact(catalog, table, keys)
+    snapshots = catalog.load_table(table).snapshots()
+    assert len(snapshots) == 1 and caught_up == 1, (snapshots, caught_up)

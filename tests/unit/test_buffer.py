@@ -398,3 +398,27 @@ def test_fan_out_fetches_are_split_per_table_once_per_round_in_buffer_order():
     by_partition = {1, 3, 4, 6}  # P's rows of db.a keep their offset order
     assert [x for x in out["db.a"] if x in by_partition] == [1, 3, 4, 6]
     assert ("db.a", 1) in casts and ("db.b", 1) in casts  # the other schema's run is cast on its own
+
+
+def test_a_held_partition_keeps_its_data_and_its_files_hold_the_others_ranges():
+    """``take(hold=...)``: a held partition answers an empty range and keeps its chunks and
+    files; a file that also holds its rows waits in every partition it covers, as for one
+    claiming. A take that held data counts as a round for the requests' pacing."""
+    b = Buffers(10**9)
+    active(b, P, 0)
+    active(b, Q, 100)
+    b.add(chunk(P, 0, 3), 2, None)
+    b.add(chunk(Q, 100, 102), 101, None)
+    w = staged_and_landed(b)  # P's and Q's rows in one file
+    b.add(chunk(P, 3, 5), 4, None)
+    b.add(chunk(Q, 102, 104), 103, None)
+    takes = b.takes
+    snap = b.take(1, hold=lambda st: st.tp == Q)
+    assert snap.ranges == (OffsetRange(P, 0, 0), OffsetRange(Q, 100, 100)) and snap.written == [] and not snap.chunks
+    assert b.takes == takes + 1 and b.rows == 4 and b.partitions[Q].written == [w]
+    active(b, TopicPartition("t", 2), 0)  # an idle third partition, not held
+    snap = b.take(1, hold=lambda st: st.tp == P)  # P held: Q's range stops before the shared file
+    assert snap.ranges == (OffsetRange(P, 0, 0), OffsetRange(Q, 100, 100), OffsetRange(TopicPartition("t", 2), 0, 0))
+    snap = b.take(1)
+    assert snap.ranges[:2] == (OffsetRange(P, 0, 5), OffsetRange(Q, 100, 104)) and snap.written == [w]
+    assert snap.rows == 9 and b.rows == 0

@@ -173,6 +173,7 @@ def test_a_backlogs_tail_read_while_the_round_writes_still_asks_for_a_round():
         w.rounds.spark_ready.set_result(None)
         await w.ingest.on_fetch(batch(0, 40))
         w.buffers.partitions[P].last_record_ms = old_ms
+        w.buffers.partitions[P].chunks[0].at -= w.settings.commit_interval_ms / 1000  # past the backlog's hold
         await w.rounds.respond("c1")
         await w.ingest.housekeep(time.monotonic())
 
@@ -300,3 +301,84 @@ def test_a_response_waiting_ends_the_idle_wait():
     c.session.state.pending.clear()
     c.session.state.partial["r1"] = object()  # an answer partly read
     assert not c._idle_wait(130.0)
+
+
+def held(w) -> float:
+    return next(s.value for m in w.metrics.registry.collect() if m.name == "icesink_rounds_held"
+                for s in m.samples if s.name.endswith("_total"))
+
+
+def backlog_round(keys: dict[str, str] | None = None, *, age_s: float = 0.0, last_ms: int | None = None,
+                  end: int = 100, backpressure: bool = False) -> SimpleNamespace:
+    """A replica that has read 40 records of a partition ending at ``end`` (the newest read
+    ``last_ms``, by default a backlog's: over a minute old; buffered ``age_s`` ago) answers a
+    round; the rows it wrote are in ``w.wrote``."""
+    from agents.rounds import BEHIND_MS
+
+    wrote: list[int] = []
+
+    async def write(tables):
+        wrote.extend(t.num_rows for t in tables)
+        return [[] for _ in tables]
+
+    w = make_parts(max_bytes=10**9, settings=settings(**(keys or {})), files=Files(write), offload=AwaitingOffload())
+    w.wrote = wrote
+    w.replica.generation = 1
+    w.app.consumer.highwater = lambda tp: end
+
+    async def run():
+        w.replica.rebalanced.set()
+        w.rounds.spark_ready = asyncio.get_running_loop().create_future()
+        w.rounds.spark_ready.set_result(None)
+        await w.ingest.on_fetch(batch(0, 40))
+        st = w.buffers.partitions[P]
+        st.last_record_ms = int(time.time() * 1000) - BEHIND_MS - 60_000 if last_ms is None else last_ms
+        st.chunks[0].at -= age_s
+        w.replica.backpressure = backpressure
+        await w.rounds.respond("c1")
+
+    asyncio.run(run())
+    return w
+
+
+def test_a_round_leaves_a_backlogs_rows_to_the_round_its_end_asks_for(caplog):
+    """Under a backlog (records left to read, the newest read over a second old) a round takes
+    none of a partition's rows buffered less than an interval ago: they go, with the rest of the
+    backlog, into the round the backlog's end asks for (commit.catch-up), in one write instead of
+    two. The response covers an empty range and promises no valid-through (older records than
+    the newest read are not in it)."""
+    caplog.set_level("INFO", logger="agents.rounds")
+    w = backlog_round()
+    done = [ev for ev in w.producer.sent if isinstance(ev, DataComplete)]
+    assert w.wrote == [] and w.buffers.rows == 40 and held(w) == 1.0
+    assert len(done) == 1 and [(r.start, r.end) for r in done[0].ranges] == [(0, 0)]
+    assert done[0].valid_through_ms is None
+    assert any("1 partitions reading a backlog keep their rows" in r.getMessage() for r in caplog.records)
+
+    async def rest():  # the backlog's end: one request, and its round takes all 100
+        await w.ingest.on_fetch(batch(40, 100))
+        await w.ingest.housekeep(time.monotonic())
+        assert reasons(w) == {"caught-up": 1.0}
+        await w.rounds.respond("c2")
+
+    asyncio.run(rest())
+    done = [ev for ev in w.producer.sent if isinstance(ev, DataComplete)]
+    assert w.wrote == [100] and w.buffers.rows == 0 and [(r.start, r.end) for r in done[-1].ranges] == [(0, 100)]
+
+
+@pytest.mark.parametrize("case", ["an interval old", "read to its end", "a steady stream", "catch-up off",
+                                  "max-records", "max-bytes", "idle interval", "backpressure"])
+def test_a_backlogs_hold_is_bounded(case):
+    """Rows buffered an interval ago are taken, backlog or not (no row waits more than one
+    interval longer than without the hold); so are a partition's read to its end and a steady
+    stream's (the newest read is fresh). No hold with catch-up off, with a size trigger or an
+    idle interval set (their rounds are asked for what they count), or under backpressure."""
+    keys = {"catch-up off": {"iceberg.control.commit.catch-up": "false"},
+            "max-records": {"iceberg.control.commit.max-records": "1000"},
+            "max-bytes": {"iceberg.control.commit.max-bytes": "100000"},
+            "idle interval": {"iceberg.control.commit.idle-interval-ms": "600000"}}.get(case)
+    w = backlog_round(keys, age_s=300.0 if case == "an interval old" else 0.0,
+                      end=40 if case == "read to its end" else 100,
+                      last_ms=int(time.time() * 1000) - 200 if case == "a steady stream" else None,
+                      backpressure=case == "backpressure")
+    assert w.wrote == [40] and w.buffers.rows == 0 and held(w) == 0.0
