@@ -436,10 +436,9 @@ class Buffers:
         for c in chunks:
             self.nbytes -= c.nbytes
             self.rows -= c.rows
-        if held and not (chunks or written):
+        if chunks or written or held:
             self.takes += 1  # a round came: a request after it is a new one (agents/ingest.py)
         if chunks or written:
-            self.takes += 1
             oldest = min([c.at for c in chunks] + [w.at for w in written])
             self.in_round_at = oldest if self.in_round_at is None else min(self.in_round_at, oldest)
         return Snapshot(generation, tuple(ranges), chunks, written)

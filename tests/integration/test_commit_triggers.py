@@ -207,30 +207,39 @@ def test_an_idle_sink_makes_fewer_rounds_and_late_records_land_at_once(broker, c
     print(f"idle-interval: {idle_rounds} rounds in 16 s idle; {len(completes)} rounds in all")
 
 
-@pytest.mark.timeout(600)
-def test_the_tail_of_a_backlog_lands_once_read_not_an_interval_later(broker, catalog_props, tmp_path):
+def _backlog(broker, catalog_props, tmp_path, name: str, records: int, seed: int, **settings):
+    """A topic with ``records`` pizzas produced before the worker starts, and a replica set of
+    one worker's config (group ``<name>-sink``, table ``<name>.pizzas``, state in tmp_path/state)
+    that does not run yet: the catalog, the table's name, the records' keys and the set."""
     from pyiceberg.catalog import load_catalog
 
     from icesink.app.pizzas import pizza_values, produce
     from icesink.app.replicas import ReplicaSet
     from icesink.shared.kafka_admin import ensure_topic
-    from tests.support.sinkrun import assert_exact, metric, total_rows, write_config
+    from tests.support.sinkrun import write_config
 
-    topic, table, group = "cu-pizzas", "cu.pizzas", "cu-sink"
-    records = 30_000
+    topic, table = f"{name}-pizzas", f"{name}.pizzas"
     catalog = load_catalog("it", **catalog_props)
-    catalog.create_namespace("cu")
+    catalog.create_namespace(name)
     asyncio.run(ensure_topic(broker.bootstrap, topic, PARTITIONS))
-    values = pizza_values(records, seed=29)
+    values = pizza_values(records, seed=seed)
     keys = {json.loads(v)["order_id"] for v in values}
-    asyncio.run(produce(broker.bootstrap, topic, values, partitions=PARTITIONS))  # the backlog, before the start
-    cfg = write_config(
-        tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
-        catalog_props=catalog_props, state_dir=tmp_path / "state", group=group,
+    asyncio.run(produce(broker.bootstrap, topic, values, partitions=PARTITIONS))
+    cfg = write_config(tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=tmp_path / "state", group=f"{name}-sink", **settings)
+    return catalog, table, keys, ReplicaSet(cfg, tmp_path / "logs")
+
+
+@pytest.mark.timeout(600)
+def test_the_tail_of_a_backlog_lands_once_read_not_an_interval_later(broker, catalog_props, tmp_path):
+    from tests.support.sinkrun import assert_exact, metric, total_rows
+
+    records = 30_000
+    catalog, table, keys, replicas = _backlog(
+        broker, catalog_props, tmp_path, "cu", records, 29,
         **{"buffer.max-bytes": 1 << 20, "buffer.write-ahead-bytes": 0, "consumer.max-batch": 1000,
            "iceberg.control.commit.interval-ms": TEN_MINUTES_MS, "iceberg.control.commit.timeout-ms": 120_000},
     )
-    replicas = ReplicaSet(cfg, tmp_path / "logs")
     try:
         r = replicas.start("cu")
         deadline = time.monotonic() + 300  # well within the ten-minute interval
@@ -252,29 +261,15 @@ def test_a_round_during_a_backlog_leaves_its_rows_to_the_round_its_end_asks_for(
     worker.after-fetch``) until the first round has come and held those rows (15 s rounds, the
     first one interval after launch). Once released, the backlog's end asks for a round, which
     commits every record in one snapshot: the held rows went with the rest, none was lost."""
-    from pyiceberg.catalog import load_catalog
+    from tests.support.sinkrun import assert_exact, metric, total_rows
 
-    from icesink.app.pizzas import pizza_values, produce
-    from icesink.app.replicas import ReplicaSet
-    from icesink.shared.kafka_admin import ensure_topic
-    from tests.support.sinkrun import assert_exact, metric, total_rows, write_config
-
-    topic, table, group = "hb-pizzas", "hb.pizzas", "hb-sink"
     records = 20_000
-    catalog = load_catalog("it", **catalog_props)
-    catalog.create_namespace("hb")
-    asyncio.run(ensure_topic(broker.bootstrap, topic, PARTITIONS))
-    values = pizza_values(records, seed=31)
-    keys = {json.loads(v)["order_id"] for v in values}
-    asyncio.run(produce(broker.bootstrap, topic, values, partitions=PARTITIONS))  # the backlog, before the start
-    state = tmp_path / "state"
-    cfg = write_config(
-        tmp_path / "sink.json", topics=topic, tables=table, bootstrap=broker.bootstrap,
-        catalog_props=catalog_props, state_dir=state, group=group,
+    catalog, table, keys, replicas = _backlog(
+        broker, catalog_props, tmp_path, "hb", records, 31,
         **{"consumer.max-batch": 1000, "iceberg.control.commit.interval-ms": 15_000,
            "fault.hold-at": "worker.after-fetch"},
     )
-    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    state = tmp_path / "state"
     try:
         r = replicas.start("hb")
         deadline = time.monotonic() + 120

@@ -27,6 +27,10 @@ def _transactions(bootstrap: str, topic: str) -> list[bytes]:
     producer.begin_transaction()
     for i in range(5):
         producer.produce(topic, b"aborted-%d" % i, partition=0)
+    # Written before the abort, so read_committed has aborted records to skip; unflushed, the
+    # abort's EndTxn can reach the coordinator before AddPartitionsToTxn and fail with
+    # INVALID_TXN_STATE (confluentinc/librdkafka#4849; seen once under CI load).
+    producer.flush(30)
     producer.abort_transaction(30)
     producer.begin_transaction()
     producer.produce(topic, b"last", partition=0)
@@ -79,13 +83,21 @@ def test_kafka_serves_topics_and_groups(kafka: Any) -> None:
 
 
 def test_librdkafka_transactions_on_each_broker(each_broker: Any) -> None:
-    """librdkafka's (confluent-kafka's) transactional producer works on both brokers: committed
-    transactions are read, an aborted one is not (read_committed)."""
+    """librdkafka's (confluent-kafka's) transactional producer runs on both brokers. On Kafka a
+    read_committed reader reads the committed transactions and not the aborted one; Tansu 0.6
+    gives it the aborted records too, which is why the sink's tests of aborted transactions run
+    on Kafka (test_kafka_exactly_once.py). If the Tansu case starts failing, Tansu has learnt to
+    keep aborted records from read_committed readers."""
     from icesink.shared.kafka_admin import ensure_topic
+    from tests.support.kafka_broker import KafkaBroker
 
     asyncio.run(ensure_topic(each_broker.bootstrap, "kb-tx", 1))
     seen = _transactions(each_broker.bootstrap, "kb-tx")
-    assert seen == [b"committed-%d" % i for i in range(10)] + [b"last"], seen
+    committed, aborted = [b"committed-%d" % i for i in range(10)], [b"aborted-%d" % i for i in range(5)]
+    if isinstance(each_broker, KafkaBroker):
+        assert seen == committed + [b"last"], seen
+    else:
+        assert seen == committed + aborted + [b"last"], seen
 
 
 def test_aiokafka_idempotent_producer_on_each_broker(each_broker: Any) -> None:
