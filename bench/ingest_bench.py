@@ -111,6 +111,8 @@ _MILESTONES: Final = (
     ("spark session started", "spark session started"),
     ("spark warmed up", "spark warmed up"),
     ("spark warm-up skipped", "spark warm-up skipped (rows waited: their write warms the JVM up)"),
+    ("spark warm-up ended after", "spark warm-up ended between its writes (rows wait for a write)"),
+    ("spark warm-up write cancelled", "spark warm-up write cancelled (a real write began)"),
     ("coordinator started", "coordinator started"),
     ("running (group", "worker running"),
     ("buffers full", "buffers full: partitions paused"),

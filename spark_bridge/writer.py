@@ -45,15 +45,12 @@ import logging
 import math
 import re
 import shutil
-import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.manifest import DataFile
@@ -71,6 +68,7 @@ from spark_bridge.files import (
 from spark_bridge.labels import PartitionLabels, with_label_columns
 from spark_bridge.schema import arrow_only_column, name_mapping_mismatch, requires_name_mapping, spark_schema
 from spark_bridge.session import SparkSessionOwner, SparkSettings
+from spark_bridge.warm_up import WarmUp
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -143,8 +141,7 @@ class SparkFileWriter:
 
     def __init__(self, settings: SparkSettings) -> None:
         self.session = SparkSessionOwner(settings)
-        self._warming = False
-        self._warm_up_root: Path | None = None  # the warm-up's scratch directory while it runs
+        self._warm = WarmUp(self.session, self._plain_write)
         self._arrow_tables: set[str] = set()  # tables logged as written with pyarrow
 
     @property
@@ -162,87 +159,31 @@ class SparkFileWriter:
 
     def stop(self) -> None:
         # a warm-up write the stop cuts short is no error to log ("Aborting job", task failures)
-        root = self._warm_up_root
-        self.session.stop(quiet=self._warming)
+        root = self._warm.root
+        self.session.stop(quiet=self._warm.warming)
         if root is not None:  # its tasks may have written on after the warm-up's own clean-up
             shutil.rmtree(root, ignore_errors=True)
 
     def warm_up(self, idle: Callable[[], bool] = lambda: True) -> None:
-        """A local session's throw-away writes (``write.warm-up-rows``; see :meth:`_warm_up`).
+        """A local session's throw-away writes (``write.warm-up-rows``; spark_bridge/warm_up.py).
         Separate from :meth:`start` so a replica is running, and can stop within its bound,
         while the JVM warms up; :meth:`stop` ends it between writes. ``idle``: whether the
         caller has no rows waiting for a write or being written, asked before each write (a
         real write then warms the JVM up as well, and a throw-away one beside it slows both: a
         round of 100k rows that waited for the session was committed 1.9-2.1 s after the start
-        with the warm-up's first write beside its own, 1.6-1.8 s without; bench/README.md)."""
+        with the warm-up's first write beside its own, 1.6-1.8 s without; bench/README.md).
+        A real write (:meth:`write_many`) cancels a warm-up write in flight."""
         s = self.session.settings
         if self.session.started and s.remote is None and s.warm_up_rows:
             if not idle():
                 logger.info("spark warm-up skipped: rows wait for a write, which warms the JVM up instead")
                 return
-            self._warm_up(s.warm_up_rows, files=s.warm_up_files, idle=idle)
+            self._warm.run(s.warm_up_rows, files=s.warm_up_files, idle=idle)
 
-    def _warm_up(self, rows: int, times: int = 2, files: int = 0, idle: Callable[[], bool] = lambda: True) -> None:
-        """Write ``rows`` synthetic rows (the common column types, zstd) ``times`` into a
-        temporary directory, then (``files``) once more into that many partition directories,
-        and delete them. A fresh JVM's first write costs several times a warm one (see
-        bench/README.md, spark_write_bench): this moves that cost to start-up, where it overlaps
-        joining the group. The partitioned write runs the per-file path (a Parquet writer's
-        set-up and close for each file, the sort by partition) that a partitioned table's round
-        and a round routed to many tables take: cold, a first round of 200 new tables wrote its
-        200 files in 2.7-3.4 s, against 1.1-1.5 s warm (bench/README.md, ingest_bench). A
-        failure is logged, never raised: the first real write then fails or succeeds on its own."""
-        started = time.monotonic()
-        ids = pa.array(np.arange(rows, dtype=np.int64))
-        text = pc.cast(ids, pa.string())
-        data = pa.table({
-            "id": ids, "name": pc.binary_join_element_wise("name-", text, ""), "amount": pc.divide(ids, 7.0),
-            "flag": pc.equal(pc.bit_wise_and(ids, 1), 0),
-            "at": pc.cast(pc.multiply(ids, 1_000_000), pa.int64()).cast(pa.timestamp("us")),
-        })
-        sp_schema = st.StructType([
-            st.StructField("id", st.LongType()), st.StructField("name", st.StringType()),
-            st.StructField("amount", st.DoubleType()), st.StructField("flag", st.BooleanType()),
-            st.StructField("at", st.TimestampNTZType()),
-        ])
-        root = self._warm_up_root = staging.scratch(self.session.settings.staging_dir, "icesink-warm-up-")
-        logger.info("spark warming up: %d writes of %d rows%s", times, rows, f", then one into {files} files" if files else "")
-        self._warming = True
-        try:
-            steps = times + (1 if files else 0)
-            for i in range(steps):
-                if not self.session.started:  # stopped meanwhile
-                    logger.info("spark warm-up ended by the session's stop")
-                    return
-                if i and not idle():
-                    logger.info("spark warm-up ended after %d of its %d writes: rows wait for a write", i, steps)
-                    return
-                if i < times:
-                    self._run_job(sp_schema, data, [], 1, data, DEFAULT_TARGET_FILE_SIZE_BYTES,
-                                  {**WRITE_OPTIONS, **parquet_options({})}, (root / str(i)).as_uri())
-                else:
-                    self._warm_up_files(sp_schema, data, files, (root / "files").as_uri())
-            logger.info("spark warmed up: %d writes of %d rows%s in %.1f s", times, rows,
-                        f", then one into {files} files" if files else "", time.monotonic() - started)
-        except Exception as e:  # noqa: BLE001 - an optimisation only
-            if not self.session.started:  # the session was stopped under it: the stop says so
-                logger.info("spark warm-up ended by the session's stop")
-            else:
-                logger.warning("spark warm-up write failed (the first round pays the JVM's warm-up instead): %s", e)
-        finally:
-            self._warming = False
-            shutil.rmtree(root, ignore_errors=True)
-            if self.session.started:  # else stop() deletes it again once the session stopped
-                self._warm_up_root = None
-
-    def _warm_up_files(self, sp_schema: st.StructType, data: pa.Table, files: int, out_uri: str) -> None:
-        """``data`` into ``files`` partition directories, as :meth:`_write_group` writes a round
-        of many tables: an int column Spark partitions on, a task per core, no shuffle."""
-        column = pa.array(np.arange(data.num_rows, dtype=np.int64) * files // data.num_rows, pa.int32())
-        frame = self.spark.createDataFrame(data.append_column("part", column), schema=st.StructType(
-            [*sp_schema.fields, st.StructField("part", st.IntegerType(), False)]))
-        frame.coalesce(max(1, min(files, self.spark.sparkContext.defaultParallelism))).write.partitionBy(
-            "part").options(**{**WRITE_OPTIONS, **parquet_options({})}).mode("error").format("parquet").save(out_uri)
+    def _plain_write(self, sp_schema: st.StructType, data: pa.Table, out_uri: str) -> None:
+        """An unpartitioned Parquet write of ``data`` (the warm-up's)."""
+        self._run_job(sp_schema, data, [], 1, data, DEFAULT_TARGET_FILE_SIZE_BYTES,
+                      {**WRITE_OPTIONS, **parquet_options({})}, out_uri)
 
     def write(
         self,
@@ -259,8 +200,9 @@ class SparkFileWriter:
         fresh prefix. Raises :class:`SparkWriteError` (retriable) if Spark fails; the partial
         output is then removed.
         """
-        planned = self._plan(table, data, file_prefix, target_file_size_bytes)
-        return [] if planned is None else self._write_one(planned, target_file_size_bytes)
+        with self._warm.real_write():  # a throw-away write in flight is cancelled (spark_bridge/warm_up.py)
+            planned = self._plan(table, data, file_prefix, target_file_size_bytes)
+            return [] if planned is None else self._write_one(planned, target_file_size_bytes)
 
     def write_many(
         self,
@@ -275,6 +217,11 @@ class SparkFileWriter:
         and the files then moved (or uploaded) to each table's location: a round of 200
         small tables costs one job, not 200. If any write fails, the files already placed for
         the others are removed too and the error is raised."""
+        with self._warm.real_write():  # a throw-away write in flight is cancelled (spark_bridge/warm_up.py)
+            return self._write_many(writes, target_file_size_bytes)
+
+    def _write_many(self, writes: Sequence[tuple[Table, pa.Table, str]],
+                    target_file_size_bytes: int) -> list[list[DataFile]]:
         planned = [self._plan(t, d, p, target_file_size_bytes) for t, d, p in writes]
         out: list[list[DataFile]] = [[] for _ in planned]
         groups: dict[tuple[str, ...], list[tuple[int, _Planned]]] = {}

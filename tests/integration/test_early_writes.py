@@ -350,3 +350,41 @@ def test_a_worker_does_not_report_an_early_file_that_is_gone(broker, catalog_pro
         replicas.stop_all()
     assert missing >= 1, "the worker reported an early file that was gone"
     assert_exact(catalog, table_name, {json.loads(v)["order_id"] for v in values})
+
+
+def test_a_rounds_write_cancels_the_warm_ups_write_and_the_jvm_logs_no_error(broker, catalog_props, tmp_path):
+    """The warm-up's throw-away writes (here two million rows each, seconds of two cores) are
+    under way when records come; the round's write that follows cancels the warm-up's write in flight
+    (spark_bridge/warm_up.py) instead of sharing the cores with it. The cancelled job logs no
+    error (its log context is filtered out, spark_bridge/log4j2.properties), nothing is lost,
+    and the warm-up leaves no file in staging."""
+    from pyiceberg.catalog import load_catalog
+
+    from icesink.app.replicas import ReplicaSet
+
+    n = 5_000
+    new_topic(broker, "cw-pizzas", 2)
+    state = tmp_path / "state"
+    cfg = write_config(tmp_path / "cw.json", topics="cw-pizzas", tables="cw.pizzas", bootstrap=broker.bootstrap,
+                       catalog_props=catalog_props, state_dir=state, group="cw-sink",
+                       **{"write.warm-up-rows": 2_000_000, "write.warm-up-files": 400,
+                          "iceberg.control.commit.interval-ms": 2000})
+    catalog = load_catalog("it", **catalog_props)
+    replicas = ReplicaSet(cfg, tmp_path / "logs")
+    try:
+        r = replicas.start("cw")
+        deadline = time.monotonic() + 120
+        while "spark warming up" not in r.log_path.read_text(errors="replace"):
+            replicas.check_alive()
+            assert time.monotonic() < deadline, "no warm-up began"
+            time.sleep(0.1)
+        values = backlog(broker, "cw-pizzas", 2, n, seed=24)
+        wait_rows(catalog, replicas, ("cw.pizzas",), n, timeout_s=180)
+        log = r.log_path.read_text(errors="replace")
+        left = [p for p in (state / "staging").rglob("*") if p.is_file() and p.name != ".icesink-staging"]
+    finally:
+        replicas.stop_all()
+    assert "spark warm-up write cancelled after" in log and "spark warmed up" not in log, log[-3000:]
+    assert not [line for line in log.splitlines() if " ERROR " in line], log[-3000:]
+    assert left == [], left[:5]
+    assert_exact(catalog, "cw.pizzas", {json.loads(v)["order_id"] for v in values})

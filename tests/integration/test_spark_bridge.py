@@ -14,6 +14,7 @@ import os
 import random
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections import Counter
@@ -267,6 +268,37 @@ def test_a_local_session_warms_up_with_a_throw_away_write_and_leaves_nothing(
         SparkFileWriter(SparkSettings(warm_up_rows=-1))
     with pytest.raises(ConfigError, match="write.warm-up-files"):
         SparkFileWriter(SparkSettings(warm_up_files=-1))
+
+
+def test_a_real_write_cancels_the_warm_ups_write_in_flight(
+    catalog: SqlCatalog, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real write that begins while a warm-up write runs (here its write of 500k rows into 400
+    files) cancels that throw-away write (spark_bridge/warm_up.py): its job and tasks end, the
+    warm-up says so and writes no more, leaves nothing in staging, and the real write's files
+    read back whole."""
+    staging = tmp_path / "staging"
+    warmed = SparkFileWriter(SparkSettings(master="local[2]", app_name="icesink-test", staging_dir=str(staging),
+                                           warm_up_rows=500_000, warm_up_files=400))
+    warmed.start()  # getOrCreate: the module's session
+    table = catalog.create_table("db.cancel", schema=PIZZA_SCHEMA)
+    data = pizzas(table, 20_000, seed=5)
+    with caplog.at_level(logging.INFO, logger="spark_bridge.writer"):
+        warming = threading.Thread(target=warmed.warm_up)
+        warming.start()
+        deadline = time.monotonic() + 120
+        while not any(staging.glob("icesink-warm-up-*/files")):  # the write into many files began
+            assert warming.is_alive() and time.monotonic() < deadline, caplog.text
+            time.sleep(0.02)
+        files = warmed.write(table, data, file_prefix="r1")
+        warming.join(60)
+    assert not warming.is_alive()
+    assert "spark warm-up write cancelled after 2 of its 3 writes: a real write takes the cores" in caplog.text
+    assert "spark warmed up" not in caplog.text and "warm-up write failed" not in caplog.text
+    assert warmed.spark.sparkContext.statusTracker().getActiveStageIds() == []
+    assert [p.name for p in staging.rglob("*")] == [MARKER]
+    table = commit(table, files, "c-1")
+    assert duck_count_distinct(table, "order_id") == (20_000, 20_000)
 
 
 def test_the_local_jvm_runs_with_the_driver_options(writer: SparkFileWriter) -> None:
