@@ -171,7 +171,7 @@ class Rounds:
                 return
             # At the take, not at the send: records read while the files are written are in no
             # response yet, and a backlog's tail read meanwhile must still ask for its round.
-            valid_through = self._valid_through_ms()  # and replica.behind, held or not
+            valid_through = self._valid_through_ms()  # it sets replica.behind too, which a held round needs
             if hold is not None and hold.held:  # older records than the newest read wait in the buffers
                 valid_through = None
                 self.metrics.rounds_held.inc()

@@ -46,6 +46,8 @@ logger = logging.getLogger("spark_bridge.writer")  # the writer's lines, as befo
 TAG = "icesink-warm-up"  # the warm-up's Spark jobs (SparkContext.addJobTag)
 MDC_KEY, MDC_VALUE = "mdc.icesink", "warm-up"  # their log context (log4j2.properties drops it)
 _POLL_S = 0.05  # how often a warm-up write in flight looks for a real write
+_TASKS_WAIT_S = 10.0  # for a cancelled write's tasks to end before its files are removed
+_INTERRUPT = "spark.job.interruptOnCancel"  # the local property SparkContext.setInterruptOnCancel sets
 
 #: One plain write: (Spark schema, rows, output URI).
 PlainWrite = Callable[[st.StructType, pa.Table, str], None]
@@ -96,13 +98,13 @@ class WarmUp:
         logger.info("spark warming up: %s", what)
         self.warming = True
         steps = times + (1 if files else 0)
-        i = 0
+        settled = True  # no task of a cancelled write may still write under root
         try:
             for i in range(steps):
                 if not self.session.started:  # stopped meanwhile
                     logger.info("spark warm-up ended by the session's stop")
                     return
-                if i and (not idle() or self._real_writes):
+                if self._real_writes or (i and not idle()):
                     logger.info("spark warm-up ended after %d of its %d writes: rows wait for a write", i, steps)
                     return
                 if i < times:
@@ -110,6 +112,7 @@ class WarmUp:
                 else:
                     write = functools.partial(self._write_files, sp_schema, data, files, (root / "files").as_uri())
                 if self._cancellable(write):
+                    settled = self._tasks_ended()
                     logger.info("spark warm-up write cancelled after %d of its %d writes: a real write takes the "
                                 "cores", i, steps)
                     return
@@ -122,46 +125,70 @@ class WarmUp:
         finally:
             self.warming = False
             shutil.rmtree(root, ignore_errors=True)
-            if self.session.started:  # else the writer's stop deletes it again once the session stopped
+            # else the writer's stop deletes it again once the session stopped (its tasks with it)
+            if self.session.started and settled:
                 self.root = None
 
     def _cancellable(self, write: Callable[[], None]) -> bool:
         """Run one throw-away write under :data:`TAG`, cancelling its jobs while a real write
-        runs (repeatedly: a cancel before the job is submitted finds none). True if it was
-        cancelled; its own failure is raised."""
+        runs (repeatedly: a cancel before the job is submitted finds none). True if the write
+        was cancelled (it raised after a cancel); its own failure is raised, and a write that
+        ended on its own is not cancelled."""
         sc = self.session.spark.sparkContext
         done = threading.Event()
-        cancelled = threading.Event()
+        cancelling = threading.Event()
 
         def watch() -> None:
             while not done.wait(_POLL_S):
                 if self._real_writes:
-                    cancelled.set()
+                    cancelling.set()
                     with contextlib.suppress(Exception):  # the session stopping
                         sc.cancelJobsWithTag(TAG)
 
         assert sc._jvm is not None  # a started session's
         mdc = sc._jvm.org.slf4j.MDC  # this thread's JVM thread (pinned): the driver's lines of its jobs
-        sc.addJobTag(TAG)
-        sc.setInterruptOnCancel(True)
-        sc.setLocalProperty(MDC_KEY, MDC_VALUE)  # its tasks' lines (Spark's Executor puts mdc.* into theirs)
-        mdc.put(MDC_KEY, MDC_VALUE)
         watcher = threading.Thread(target=watch, name="icesink-warm-up-watch", daemon=True)
-        watcher.start()
         try:
+            sc.addJobTag(TAG)
+            sc.setInterruptOnCancel(True)
+            sc.setLocalProperty(MDC_KEY, MDC_VALUE)  # its tasks' lines (Spark's Executor puts mdc.* into theirs)
+            mdc.put(MDC_KEY, MDC_VALUE)
+            watcher.start()
             write()
         except Exception:
-            if not cancelled.is_set():
+            if not cancelling.is_set():
                 raise
+            return True
         finally:
             done.set()
-            watcher.join()
-            with contextlib.suppress(Exception):  # the session stopped under it
-                mdc.remove(MDC_KEY)
-                sc.setLocalProperty(MDC_KEY, None)  # type: ignore[arg-type]
-                sc.setInterruptOnCancel(False)
-                sc.removeJobTag(TAG)
-        return cancelled.is_set()
+            if watcher.is_alive():
+                watcher.join()
+            # Each on its own: this pool thread's later real writes must carry none of them (a
+            # later warm-up's cancel would reach them, the log filter would drop their errors).
+            for undo in (lambda: sc.removeJobTag(TAG), lambda: sc.setLocalProperty(MDC_KEY, None),  # type: ignore[arg-type]
+                         lambda: sc.setLocalProperty(_INTERRUPT, None), lambda: mdc.remove(MDC_KEY)):  # type: ignore[arg-type]
+                with contextlib.suppress(Exception):  # the session stopped under it
+                    undo()
+        return False
+
+    def _tasks_ended(self) -> bool:
+        """Whether the tasks of the cancelled warm-up jobs ended within a short wait: a cancel
+        fails the job at once, its tasks end when the kill reaches them (and one still running
+        may create directories under the scratch directory after it was removed)."""
+        sc = self.session.spark.sparkContext
+        tracker = sc.statusTracker()
+        deadline = time.monotonic() + _TASKS_WAIT_S
+        try:
+            jobs = list(sc._jsc.sc().statusTracker().getJobIdsForTag(TAG))
+            stages = {s for j in jobs if (job := tracker.getJobInfo(j)) is not None for s in job.stageIds}
+            while time.monotonic() < deadline:
+                infos = [tracker.getStageInfo(s) for s in stages]
+                if all(info is None or info.numActiveTasks == 0 for info in infos):
+                    return True
+                time.sleep(_POLL_S)
+        except Exception:  # noqa: BLE001 - the session stopping: its stop cleans up
+            logger.debug("could not follow the cancelled warm-up's tasks", exc_info=True)
+        return False
 
     def _write_files(self, sp_schema: st.StructType, data: pa.Table, files: int, out_uri: str) -> None:
         """``data`` into ``files`` partition directories, as the writer's grouped write of a

@@ -172,7 +172,7 @@ class SparkFileWriter:
         real write then warms the JVM up as well, and a throw-away one beside it slows both: a
         round of 100k rows that waited for the session was committed 1.9-2.1 s after the start
         with the warm-up's first write beside its own, 1.6-1.8 s without; bench/README.md).
-        A real write (:meth:`write_many`) cancels a warm-up write in flight."""
+        A real write (:meth:`write`, :meth:`write_many`) cancels a warm-up write in flight."""
         s = self.session.settings
         if self.session.started and s.remote is None and s.warm_up_rows:
             if not idle():

@@ -357,7 +357,9 @@ def test_a_rounds_write_cancels_the_warm_ups_write_and_the_jvm_logs_no_error(bro
     under way when records come; the round's write that follows cancels the warm-up's write in flight
     (spark_bridge/warm_up.py) instead of sharing the cores with it. The cancelled job logs no
     error (its log context is filtered out, spark_bridge/log4j2.properties), nothing is lost,
-    and the warm-up leaves no file in staging."""
+    and the warm-up leaves no file in staging. The records come once the warm-up began its first
+    write, cold and of two million rows on one core (many seconds), and their round follows as
+    soon as they are read (commit.catch-up): that write is still in flight then."""
     from pyiceberg.catalog import load_catalog
 
     from icesink.app.replicas import ReplicaSet
@@ -381,7 +383,11 @@ def test_a_rounds_write_cancels_the_warm_ups_write_and_the_jvm_logs_no_error(bro
         values = backlog(broker, "cw-pizzas", 2, n, seed=24)
         wait_rows(catalog, replicas, ("cw.pizzas",), n, timeout_s=180)
         log = r.log_path.read_text(errors="replace")
-        left = [p for p in (state / "staging").rglob("*") if p.is_file() and p.name != ".icesink-staging"]
+        deadline = time.monotonic() + 10
+        while left := [p for p in (state / "staging").rglob("*") if p.is_file() and p.name != ".icesink-staging"]:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
     finally:
         replicas.stop_all()
     assert "spark warm-up write cancelled after" in log and "spark warmed up" not in log, log[-3000:]
