@@ -146,9 +146,10 @@ def test_a_worker_with_the_default_relative_state_dir_writes_many_tables_warms_u
     assert proc.returncode == 0, out[-3000:]
     assert "relative path" not in out, out[-3000:]
     # The warm-up wrote through the relative staging directory: all of it, or cut short once rows
-    # waited for a write, or none when they waited first (the JVM can start slowly: seen in CI).
-    assert any(said in out for said in ("spark warmed up", "spark warm-up ended after", "spark warm-up skipped")), \
-        out[-3000:]
+    # waited for a write, or cancelled by a real write mid-way (seen in CI), or none when rows
+    # waited first (the JVM can start slowly: seen in CI).
+    outcomes = ("spark warmed up", "spark warm-up ended after", "spark warm-up write cancelled", "spark warm-up skipped")
+    assert any(said in out for said in outcomes), out[-3000:]
     assert "spark warm-up write failed" not in out, out[-3000:]
     assert "compaction reads" not in out, out[-3000:]  # Spark rewrote them; no fallback to pyiceberg
     assert (run / "var" / "staging" / "rel1").is_dir()
