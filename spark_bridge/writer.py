@@ -139,8 +139,12 @@ def _timestamptz_column(schema: Schema) -> str | None:
 class SparkFileWriter:
     """Writes Iceberg data files with one long-lived Spark session, which it owns."""
 
-    def __init__(self, settings: SparkSettings) -> None:
-        self.session = SparkSessionOwner(settings)
+    def __init__(self, settings: SparkSettings, session: SparkSessionOwner | None = None) -> None:
+        """``session``: a session for ``settings`` the caller made already (perhaps starting:
+        icesink/app/cli.py asks for it before importing this module); else a new one."""
+        if session is not None and session.settings is not settings:
+            raise ValueError("session must be made with the writer's settings")
+        self.session = SparkSessionOwner(settings) if session is None else session
         self._warm = WarmUp(self.session, self._plain_write)
         self._arrow_tables: set[str] = set()  # tables logged as written with pyarrow
 
