@@ -2,7 +2,7 @@
 
 Plain functions of a URI, apart from spark_bridge/files.py so that spark_bridge/session.py,
 which a worker imports to ask for its JVM before its other imports (icesink/app/cli.py), does
-not import pyiceberg's pyarrow IO, ``pyarrow.dataset`` and pandas with files.py (0.45 s of a
+not import pyiceberg's pyarrow IO, ``pyarrow.dataset`` and pandas with files.py (about 0.5 s of a
 2-core machine's start-up: bench/README.md, "The JVM asked for before the heavy imports").
 """
 

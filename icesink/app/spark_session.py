@@ -1,6 +1,6 @@
 """A worker's Spark session, made from its settings with light imports only: icesink/app/cli.py
 asks for the session's JVM with it before importing the rest of the worker (pyiceberg, pandas,
-the writer: 0.45 s of a 2-core machine's start-up; bench/README.md, "The JVM asked for before the
+the writer: about 0.5 s of a 2-core machine's start-up; bench/README.md, "The JVM asked for before the
 heavy imports"). Its file writing around that session: icesink/app/files.py."""
 
 from __future__ import annotations
