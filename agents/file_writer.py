@@ -26,11 +26,8 @@ class FileWriter(Protocol):
     """One replica's long-lived file writer (``spark_bridge.writer.SparkFileWriter``)."""
 
     def start(self) -> None:
-        """Start the engine (seconds for a local Spark session), or wait for :meth:`start_soon`'s start."""
-
-    def start_soon(self, before: Callable[[], None] | None = None) -> None:
-        """Begin :meth:`start` in a thread of its own now, ``before`` first (the process's entry
-        point does, before its imports); :meth:`start` then waits for it and raises what it raised."""
+        """Start the engine (seconds for a local Spark session), or wait for the start the process's
+        entry point began before its imports (icesink/app/cli.py), raising what it raised."""
 
     def warm_up(self, idle: Callable[[], bool]) -> None:
         """Throw-away writes that warm the engine up; :meth:`stop` ends them, and ``idle()``

@@ -35,6 +35,7 @@ from icesink.shared.errors import ConfigError, SparkWriteError
 from icesink.shared.reference_keys import AVRO_CODECS, AVRO_LEVEL_WHY, FILE_FORMATS_WRITTEN, FORMAT_WHY, ORC_CODECS
 from spark_bridge.orc_stats import orc_metrics
 from spark_bridge.labels import PartitionLabels, parse_partition_dirs, partition_directories
+from spark_bridge.uris import is_local, spark_uri
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
@@ -90,19 +91,6 @@ def filesystem(table: Table, uri: str) -> tuple[pafs.FileSystem, str]:
         return io.fs_by_scheme(scheme, netloc), path
     fs, path = pafs.FileSystem.from_uri(uri)
     return fs, path
-
-
-def is_local(uri: str) -> bool:
-    """A path on this machine's filesystem (plain path or file://), not an object store."""
-    scheme = uri.split("://", 1)[0] if "://" in uri else ""
-    return scheme in ("", "file")
-
-
-def spark_uri(uri: str) -> str:
-    """Hadoop's S3 connector is s3a; Iceberg's files keep their s3:// URIs."""
-    if uri.startswith("s3://"):
-        return "s3a://" + uri[len("s3://") :]
-    return uri
 
 
 def list_data_files(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int]]:

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from icesink.shared.errors import ConfigError
 from spark_bridge import class_archive, staging
-from spark_bridge.files import is_local
+from spark_bridge.uris import is_local
 from spark_bridge.localfs import session_conf
 
 if TYPE_CHECKING:
@@ -211,7 +211,11 @@ class SparkSessionOwner:
     def start_soon(self, before: Callable[[], None] | None = None) -> None:
         """Begin :meth:`start` now, in a daemon thread of its own (``before`` runs first in it),
         so that a local JVM starts beside what the caller does meanwhile; the next :meth:`start`
-        waits for it and raises what it raised. A process that ends first leaves the thread."""
+        waits for it and raises what it raised. A process that ends first leaves the thread.
+        PySpark is imported here first (0.15 s): in the thread it would share the interpreter
+        lock with the caller's own imports, and the JVM would be asked for later."""
+        import pyspark.sql  # noqa: F401 - see above
+
         starting: Future[None] = Future()
 
         def run() -> None:

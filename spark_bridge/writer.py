@@ -139,8 +139,13 @@ def _timestamptz_column(schema: Schema) -> str | None:
 class SparkFileWriter:
     """Writes Iceberg data files with one long-lived Spark session, which it owns."""
 
-    def __init__(self, settings: SparkSettings) -> None:
-        self.session = SparkSessionOwner(settings)
+    def __init__(self, settings: SparkSettings, session: SparkSessionOwner | None = None) -> None:
+        """``session``: a session for ``settings`` the caller made already (perhaps starting:
+        icesink/app/cli.py asks for it before importing this module); else a new one."""
+        if session is not None and session.settings is not settings:
+            raise ValueError(f"session: expected one made with the writer's settings (app {settings.app_name}), "
+                             f"found one for app {session.settings.app_name}")
+        self.session = SparkSessionOwner(settings) if session is None else session
         self._warm = WarmUp(self.session, self._plain_write)
         self._arrow_tables: set[str] = set()  # tables logged as written with pyarrow
 
@@ -149,13 +154,9 @@ class SparkFileWriter:
         return self.session.spark
 
     def start(self) -> None:
-        """Create the session (blocking: a local session takes seconds), or wait for the one
-        :meth:`start_soon` began."""
+        """Create the session (blocking: a local session takes seconds), or wait for the start its
+        maker began (``SparkSessionOwner.start_soon``: icesink/app/cli.py)."""
         self.session.start()
-
-    def start_soon(self, before: Callable[[], None] | None = None) -> None:
-        """Begin :meth:`start` in a thread of its own now (``SparkSessionOwner.start_soon``)."""
-        self.session.start_soon(before)
 
     def stop(self) -> None:
         # a warm-up write the stop cuts short is no error to log ("Aborting job", task failures)

@@ -91,17 +91,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     log.debug("settings: %s", settings.masked())
 
     from agents.parts import default_worker_id
-    from icesink.app.files import spark_files
+    from icesink.app.spark_session import spark_session
     from icesink.shared.faults import hold_point_blocking
 
     # The Spark session starts now, in a thread of its own: a local JVM's start (seconds, most of
     # it the JVM's own threads) then runs beside the imports and the set-up below instead of
-    # beside the first records read (bench/README.md, "The Spark session started first").
+    # beside the first records read (bench/README.md, "The Spark session started first"), and
+    # is asked for before those imports (pyiceberg, pandas, the writer: "The JVM asked for
+    # before the heavy imports"; tests/unit/test_spark_start_order.py).
     worker_id = settings.worker_id or default_worker_id()
-    writing = spark_files(settings, worker_id)
-    writing.writer.start_soon(lambda: hold_point_blocking(settings, "worker.spark-start"))  # fault tests: a slow start
+    session = spark_session(settings, worker_id)
+    session.start_soon(lambda: hold_point_blocking(settings, "worker.spark-start"))  # fault tests: a slow start
 
     from agents.worker import Worker
+    from icesink.app.files import spark_files
     from coordinator import iceberg_ext
     from coordinator.service import Coordinator
     from icesink.shared.metrics import Metrics
@@ -109,6 +112,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from icesink.app.status import serve
 
     iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit
+    writing = spark_files(settings, worker_id, session)
     bootstrap, broker = resolve_bootstrap(settings)
     metrics = Metrics()
     try:

@@ -86,7 +86,7 @@ def process_level(key: str, value: object) -> str | None:
             "where Spark runs: a Spark cluster's executors send the driver objects it deserializes"
     if key.startswith("spark."):
         return None if key in CONNECTOR_SPARK_KEYS else _SPARK
-    if key.startswith("iceberg.hadoop."):  # Spark's Hadoop conf: spark.hadoop.<key> (icesink/app/files.py)
+    if key.startswith("iceberg.hadoop."):  # Spark's Hadoop conf: spark.hadoop.<key> (icesink/app/spark_session.py)
         return None if "spark.hadoop." + key[len("iceberg.hadoop."):] in CONNECTOR_SPARK_KEYS else _SPARK
     if key == "iceberg.hadoop-conf-dir":
         return _PATH
