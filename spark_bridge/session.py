@@ -17,6 +17,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -323,11 +324,23 @@ class SparkSessionOwner:
 def silence_jvm_logs() -> None:
     """The process ends on a failed start after its one last line (icesink/app/cli.py): the
     local Spark JVMs it started, or is starting, log nothing more. A warm-up write the exit cuts
-    short otherwise logs "Error in TaskCompletionListener" after that line."""
+    short otherwise logs "Error in TaskCompletionListener" after that line; a JVM whose session
+    is still being made (its SparkContext under construction as the process ends) logs "Error
+    initializing SparkContext": PySpark keeps that JVM's gateway on SparkContext from its launch."""
     global _silenced
     _silenced = True
     for spark in list(_live):
         _jvm_logs_off(spark)
+    if "pyspark" in sys.modules and not _live:  # else no JVM was launched, or its session is up
+        from pyspark import SparkContext
+
+        # Its logging cannot be turned off for good: Spark configures log4j anew as its
+        # SparkContext begins to log. The process is ending: the JVM ends now, saying nothing.
+        proc = getattr(SparkContext._gateway, "proc", None)
+        if proc is not None:
+            proc.kill()
+            with contextlib.suppress(Exception):
+                proc.wait(_JVM_EXIT_WAIT_S)
 
 
 _TASK_THREAD = "Executor task launch worker"  # a local executor's task threads (Spark's Executor)

@@ -160,3 +160,38 @@ def test_the_spark_jvm_logs_nothing_after_the_one_line(tmp_path):
     assert done.returncode == 1, "\n".join(lines[-30:])
     assert "the one line" in _one_error_line(lines)
     assert not [x for x in lines if "late JVM line" in x], "\n".join(lines[-10:])
+
+
+_STARTING_JVM_LINE = """
+import sys
+
+from pyspark import SparkContext
+
+from icesink.app import cli
+from spark_bridge import session  # noqa: F401 - the worker has it: it starts the session
+
+cli._setup_logging("INFO", "text")
+SparkContext._ensure_initialized()  # the JVM is up, its SparkContext not yet made: a session being started
+jvm = SparkContext._jvm
+cli._last_line(RuntimeError("the one line"))
+# What a SparkContext under construction as the process ends logs (seen in CI after a catalog's
+# refusal): "Error initializing SparkContext", the same logger, after the line.
+try:
+    jvm.org.apache.logging.log4j.LogManager.getLogger("org.apache.spark.SparkContext").error("late JVM line")
+except Exception:
+    pass  # a JVM that is gone logs nothing
+sys.exit(1)
+"""
+
+
+def test_a_spark_jvm_still_starting_logs_nothing_after_the_one_line(tmp_path):
+    """A start that fails while the Spark session is being made (the JVM asked for before the
+    worker's imports, its SparkContext still under construction): the JVM logs nothing after
+    icesink's one ERROR line (seen in CI: 'spark.SparkContext: Error initializing SparkContext'
+    after a catalog's refusal, the line's test failed)."""
+    done = subprocess.run([sys.executable, "-c", _STARTING_JVM_LINE], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1, "\n".join(lines[-30:])
+    assert "the one line" in _one_error_line(lines)
+    assert not [x for x in lines if "late JVM line" in x], "\n".join(lines[-10:])
