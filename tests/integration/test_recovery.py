@@ -31,6 +31,15 @@ def referenced_paths_exist(catalog, table: str) -> list[str]:
     return sorted(p for p in referenced_files(catalog.load_table(table)) if not os.path.exists(p))
 
 
+def active_partitions(replica, http_json) -> list[str]:
+    """The source partitions ``replica`` reads (resumed after its claim), by its /status."""
+    try:
+        parts = http_json(replica.metrics_port)["partitions"]
+    except OSError:  # still starting
+        return []
+    return [tp for tp, st in parts.items() if st["active"]]
+
+
 def leader(replicas, http_json):
     for r in replicas.replicas.values():
         try:
@@ -75,6 +84,14 @@ def test_failover_while_a_dead_workers_response_is_open_deletes_no_committed_fil
             time.sleep(0.5)
         replicas.start()
         doomed = replicas.start(extra_env={"ICESINK_FAULT_CRASH_AT": "worker.mid-response"})
+        # Produce once the doomed replica reads partitions of its own: begun with its start, the
+        # 20 s of records could all be committed by the others before its (held) join ended,
+        # leaving it no rows to answer a round with, so its crash never came (seen in CI).
+        deadline = time.monotonic() + 180
+        while not active_partitions(doomed, http_json):
+            assert time.monotonic() < deadline, "the doomed replica was given no partition"
+            replicas.check_alive()
+            time.sleep(0.5)
         sender = threading.Thread(target=lambda: asyncio.run(
             produce(broker.bootstrap, topic, values[:8000], partitions=6, rate_per_s=400)))
         sender.start()
