@@ -150,16 +150,22 @@ sys.exit(1)
 """
 
 
-def test_the_spark_jvm_logs_nothing_after_the_one_line(tmp_path):
-    """A start that fails while the local Spark JVM runs (its warm-up write under way): the JVM
-    logs nothing after icesink's one ERROR line (seen once: 'spark.TaskContextImpl: Error in
-    TaskCompletionListener' from the warm-up cut short by the exit, the line's test failed)."""
-    done = subprocess.run([sys.executable, "-c", _LATE_JVM_LINE], capture_output=True, text=True,
+def _assert_nothing_after_the_one_line(script: str, tmp_path) -> None:
+    """Run ``script`` (it logs icesink's one ERROR line, then has the JVM log "late JVM line"):
+    it exits 1 with that one line, and no JVM line follows it."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=180, cwd=tmp_path)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1, "\n".join(lines[-30:])
     assert "the one line" in _one_error_line(lines)
     assert not [x for x in lines if "late JVM line" in x], "\n".join(lines[-10:])
+
+
+def test_the_spark_jvm_logs_nothing_after_the_one_line(tmp_path):
+    """A start that fails while the local Spark JVM runs (its warm-up write under way): the JVM
+    logs nothing after icesink's one ERROR line (seen once: 'spark.TaskContextImpl: Error in
+    TaskCompletionListener' from the warm-up cut short by the exit, the line's test failed)."""
+    _assert_nothing_after_the_one_line(_LATE_JVM_LINE, tmp_path)
 
 
 _STARTING_JVM_LINE = """
@@ -189,9 +195,4 @@ def test_a_spark_jvm_still_starting_logs_nothing_after_the_one_line(tmp_path):
     worker's imports, its SparkContext still under construction): the JVM logs nothing after
     icesink's one ERROR line (seen in CI: 'spark.SparkContext: Error initializing SparkContext'
     after a catalog's refusal, the line's test failed)."""
-    done = subprocess.run([sys.executable, "-c", _STARTING_JVM_LINE], capture_output=True, text=True,
-                          timeout=180, cwd=tmp_path)
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 1, "\n".join(lines[-30:])
-    assert "the one line" in _one_error_line(lines)
-    assert not [x for x in lines if "late JVM line" in x], "\n".join(lines[-10:])
+    _assert_nothing_after_the_one_line(_STARTING_JVM_LINE, tmp_path)
