@@ -31,6 +31,11 @@ def _tp(t: Any) -> TopicPartition:
 class OwnershipHooks(Protocol):
     """What ownership asks of the rest of the replica (:class:`agents.worker.Worker` wires it)."""
 
+    async def started(self) -> bool:
+        """Wait until the replica can claim (its parts built, the group's key loaded: the join is
+        asked for before, agents/assembly.py); False: its start-up failed, it is stopping."""
+        ...
+
     def settle_voided(self) -> None:
         """The buffers dropped data: delete the files no round will report (agents/rounds.py)."""
 
@@ -79,6 +84,9 @@ class Ownership:
                 st.active = False  # keep chunks: the same partition may come back to us
 
     async def on_assigned(self, sender: Any, assigned: set[Any], **_: Any) -> None:
+        # Faust has paused every assigned partition and waits for this: no record is read before.
+        if not await self.hooks.started():
+            return
         self.replica.rebalanced.clear()
         self.replica.generation = int(self.app.consumer_generation_id or 0)
         self.replica.member_id = group_member_id(self.app)
@@ -129,6 +137,8 @@ class Ownership:
         return st is not None and (not st.active or self.replica.backpressure or self.missing.is_held(_tp(tp)))
 
     async def on_rebalance_complete(self, sender: Any, **_: Any) -> None:
+        if not await self.hooks.started():
+            return
         # Pause what is not resumed yet; Faust's resume that follows leaves it paused
         # (hold_paused_partitions). Its seek to the group's committed offsets may still land
         # after a Resume's seek: a committed offset is never past the accepted position, so

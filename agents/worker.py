@@ -11,7 +11,9 @@ file writer as ``files`` (agents/file_writer.py), so agents/ imports neither coo
 spark_bridge/.
 
 The replica's concerns are parts, objects in their own modules; :class:`Worker` builds them and
-wires them (state several parts read: :class:`agents.parts.Replica`):
+wires them (state several parts read: :class:`agents.parts.Replica`). It builds what the group
+join needs first and asks to join; the rest is imported and built while the broker answers
+(agents/assembly.py), and the rebalance signals wait for it (:meth:`Worker.started`):
 
 - ``agents/faust_app.py``: the Faust app, its agent and the patches it runs with (``Worker.faust``);
 - ``agents/ownership.py``: rebalances, claims, Resume and Rewind (``Worker.ownership``);
@@ -33,40 +35,36 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
-
-from pyiceberg.catalog import Catalog
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agents.buffer import Buffers, Chunk, PartitionState
-from agents.control_loop import ControlLoop
-from agents.deadletter import DeadLetters
-from agents.debezium import DebeziumTransform
-from agents.evolution import Evolver
 from agents.faust_app import FaustApp
 from agents.file_writer import FileWritingFactory
-from agents.formats import RecordFormat
-from agents.decode import BatchDecoder
-from agents.ingest import Ingest
 from agents.kafka import Fetched, holds_joins
 from agents.missing import MissingTables
 from agents.ownership import Ownership
 from agents.parts import Replica, default_worker_id
-from agents.registry_source import registry_keys, registry_values
-from agents.rounds import Rounds
-from agents.routing import Router
-from agents.table_lookup import GroupHistory, TableLookup
-from agents.tables import Target
 from agents.tasks import TaskOwner, supervise_coordinator
-from agents.transforms.values import mongo_before_debezium
 from icesink.shared import gc_tuning
 from icesink.shared.config import Settings
 from icesink.shared.control import ControlProducer, ControlReader, ensure_control_topic
 from icesink.shared.errors import FencedError
-from icesink.shared.group_secret import SecretLoader
-from icesink.shared.iceberg import load_catalog, refuse_pending_rewind
 from icesink.shared.metrics import Metrics
 from icesink.shared.offload import Offload
 from icesink.shared.signing import Keyring
+
+if TYPE_CHECKING:  # imported once the group join is asked for (Worker._build_parts, agents/assembly.py)
+    from pyiceberg.catalog import Catalog
+
+    from agents.control_loop import ControlLoop
+    from agents.deadletter import DeadLetters
+    from agents.file_writer import FileWriter, RewriteFiles
+    from agents.ingest import Ingest
+    from agents.registry_client import RegistryClient
+    from agents.rounds import Rounds
+    from agents.table_lookup import GroupHistory, TableLookup
+    from agents.tables import Target
+    from icesink.shared.group_secret import SecretLoader
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +95,23 @@ class Worker:
 
     def __init__(self, settings: Settings, bootstrap: str, metrics: Metrics, *, files: FileWritingFactory,
                  leader: LeaderFactory | None = None, launched_at: float | None = None,
-                 worker_id: str | None = None) -> None:
+                 worker_id: str | None = None, preload: Callable[[], object] | None = None) -> None:
         """``files``: makes this replica's file writer and compaction's rewrite with it (the
         Spark-backed ones: icesink/app/files.py). ``leader``: what this replica runs while it
         leads the group (the coordinator); None: a worker only, whoever leads. ``launched_at``:
         the monotonic clock when the process began (None: now), a new group's first round's origin.
-        ``worker_id``: this replica's id, if the caller made it (else ``worker.id``, else a new one)."""
+        ``worker_id``: this replica's id, if the caller made it (else ``worker.id``, else a new one).
+        ``preload``: the caller's own heavy imports (the writer, the coordinator), run in the
+        thread that imports agents/assembly.py while the group join is held.
+
+        Built here: what the group join needs (the Faust app, ownership, the buffers). The rest
+        (agents/assembly.py) is built by :meth:`build_parts`, which :meth:`run` calls once it has
+        asked to join; the rebalance signals wait for it (:meth:`started`)."""
         self.settings = settings
         self.launched_at = time.monotonic() if launched_at is None else launched_at
         self._leader = leader
+        self._files = files
+        self._preload = preload
         self.bootstrap = bootstrap
         self.metrics = metrics
         self.worker_id = worker_id or settings.worker_id or default_worker_id()
@@ -115,47 +121,43 @@ class Worker:
         self.buffers = Buffers(settings.buffer_max_bytes)
         self.targets: dict[str, Target] = {}  # the tables written to, shared by the parts below
         self.missing = MissingTables()  # tables waited for (agents/missing.py)
-        self.deadletters = DeadLetters(settings, metrics, self.worker_id)
-        evolver = Evolver(  # (case folding alone is the record format's and the transform's)
-            self.worker_id, evolve=True, case_insensitive=settings.schema_case_insensitive,
-        ) if settings.evolve_schema else None
-        writing = files(settings, self.worker_id)  # the writer the app chose (icesink/app/files.py)
-        self.spark = writing.writer
-        self._rewrite_files = writing.rewrite
         self.replica = Replica(self.worker_id, {"worker": self.worker_id, "phase": "starting"})
         self.status = self.replica.status
-        registry = registry_values(settings, metrics, self.status)  # registry converters: schemas by id
-        keys = registry_keys(settings, metrics, self.status)  # registry key converter with a key column
-        self.registry_clients = [r[1] for r in (registry, keys) if r is not None]
-        record_format = RecordFormat(settings, registry=None if registry is None else registry[0],
-                                     keys=None if keys is None else keys[0])
-        pattern = settings.debezium_target_pattern
-        debezium = None if pattern is None else DebeziumTransform(  # registry values: Debezium's Avro events
-            pattern, settings.value_converter_schemas_enable, settings.schema_case_insensitive, record_format.registry,
-            mongo=mongo_before_debezium(settings.transform_chain))
         self.exit_code = 0  # of the process, once run() returns
         self._stop = self.replica.stop
         self._owner = TaskOwner(lambda exc: self.fail(exc, exit_code=1))  # every background task, the coordinator too
         self._coordinator: Leader | None = None
         self._coordinator_task: asyncio.Task[None] | None = None
-        self.keyring = Keyring()  # the group's key: loaded in _start, before anything is sent or read
-        self.history = GroupHistory(settings, bootstrap, self.keyring, self.missing, self.targets, self.offload)
-        self.tables = TableLookup(settings, metrics, self.targets, self.missing, self.history, self.offload,
-                                  record_format, debezium, evolver, self.send, self.fail)
-        router = Router(settings, debezium, record_format.registry)  # registry values: routed on their rows
-        decoder = BatchDecoder(settings, record_format, router, debezium, evolver, self.targets, self.tables.propose)
+        self._ready: asyncio.Future[None] | None = None  # the parts built and the catalog loaded (_prepare)
+        self.keyring = Keyring()  # the group's key: loaded in _prepare, before anything is sent or read
         self.faust = FaustApp(settings, bootstrap, self.replica, self.buffers, metrics, hooks=self)
         self.app = self.faust.app
         self.ownership = Ownership(settings.topics, self.replica, self.buffers, self.missing, self.app,
                                    self.send, self._owner, hooks=self)
         self.ownership.connect()
-        self.rounds = Rounds(settings, metrics, self.replica, self.buffers, self.targets, evolver, self.spark,
-                             self.offload, self.deadletters, self.app, self, self._owner, self.ownership, hooks=self)
-        self.control = ControlLoop(metrics, self.replica, self.buffers, self.app, self.missing, self._owner,
-                                   self.ownership, self.rounds)
-        self.ingest = Ingest(settings, metrics, self.replica, self.buffers, self.missing, decoder, self.deadletters,
-                             self.tables, self.app, self.ownership, self._owner, self.send,
-                             self.rounds.maybe_write_early)
+        # agents/assembly.py's parts (build_parts)
+        self.deadletters: DeadLetters
+        self.spark: FileWriter
+        self._rewrite_files: RewriteFiles
+        self.registry_clients: list[RegistryClient] = []
+        self._built = False
+        self.secret: SecretLoader
+        self.history: GroupHistory
+        self.tables: TableLookup
+        self.rounds: Rounds
+        self.control: ControlLoop
+        self.ingest: Ingest
+
+    def build_parts(self) -> None:
+        """Build agents/assembly.py's parts (imported, in a thread, by :meth:`_prepare`; here
+        on the event loop their constructors may bind to)."""
+        from agents import assembly
+
+        parts = assembly.build(self, self._files, self._owner)
+        self.deadletters, self.spark, self._rewrite_files = parts.deadletters, parts.spark, parts.rewrite_files
+        self.registry_clients, self.secret, self.history = parts.registry_clients, parts.secret, parts.history
+        self.tables, self.rounds, self.control, self.ingest = parts.tables, parts.rounds, parts.control, parts.ingest
+        self._built = True
 
     async def run(self, stop_requested: threading.Event | None = None) -> None:
         """Start everything, run until SIGTERM/SIGINT (or :meth:`request_stop`), stop within
@@ -169,7 +171,6 @@ class Worker:
             self.request_stop()
         client = self.settings.control_client_kwargs()  # the control topic's clients (iceberg.kafka.*)
         keyring = self.keyring  # loaded (secret.load) before anything is sent or read
-        self.secret = SecretLoader(self.settings, self.bootstrap, keyring, self.metrics, self.status)
         self.producer = ControlProducer(self.bootstrap, self.settings.control_topic, self.settings.group_id, client, keyring)
         self.reader = ControlReader(self.bootstrap, self.settings.control_topic, self.settings.group_id, client,
                                     metrics=self.metrics, reader="worker", secret=keyring)
@@ -194,12 +195,62 @@ class Worker:
         # Before the group join: where the broker holds it for half the session (Tansu), a
         # session not set is shorter (agents/kafka/group.py HELD_JOIN_SESSION_TIMEOUT_MS).
         self.settings = self.faust.fit_session(holds_joins(self.reader.consumer))
+        # The join is asked for now, and the rest of the replica is imported, built and loaded
+        # while the broker answers it; the rebalance signals wait for that (started).
+        log.info("asking to join group %s; the rest of the replica is built meanwhile", self.settings.group_id)
+        joining = asyncio.ensure_future(self.faust.start())  # first: it begins before _prepare's thread
+        self._ready = ready = asyncio.ensure_future(self._prepare())
+        try:
+            await asyncio.wait((ready, joining), return_when=asyncio.FIRST_EXCEPTION)
+            for step in (ready, joining):
+                if step.done():
+                    step.result()  # a start-up that failed raises here, whichever step failed first
+            await ready
+            await joining
+        except asyncio.CancelledError:  # a stop during start-up: _shutdown stops what has started
+            for step in (ready, joining):
+                step.add_done_callback(_retrieve)
+                step.cancel()
+            raise
+        except Exception:
+            await self._leave_after_failed_start(ready, joining)
+            raise
+        assert self.rounds.spark_ready is not None  # set by _prepare
+        await self.rounds.spark_ready
+        gc_tuning.freeze_start_up()  # and the Spark session's: collections skip them
+        self.status["phase"] = "running"
+        log.info("worker %s running (group %s, topics %s, tables %s)", self.worker_id,
+                 self.settings.group_id, ",".join(self.settings.topics), ",".join(self.settings.tables))
+
+    async def _leave_after_failed_start(self, ready: asyncio.Future[None], joining: asyncio.Future[None]) -> None:
+        """A step of the start-up failed while Faust was starting beside it (joining the group,
+        nothing claimed: :meth:`started` says False): let Faust's start end, then stop it, so the
+        process ends with the one line saying what failed (a Faust cancelled mid-start crashes
+        its agents, and its consumer's thread keeps the process alive)."""
+        ready.add_done_callback(_retrieve)
+        ready.cancel()
+        bound = self.settings.shutdown_timeout_ms / 1000
+        await asyncio.wait((joining,), timeout=bound)
+        joining.add_done_callback(_retrieve)
+        joining.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.faust.stop(), bound)
+
+    async def _prepare(self) -> None:
+        """What :meth:`_start` does while the group join is answered: import (in a thread) and
+        build agents/assembly.py's parts, start the Spark session's wait, load the catalog, the
+        group's key and the configured tables, and start reading the control topic."""
+        began = time.monotonic()
+        await self.offload.run(self._import_parts)
+        from icesink.shared.iceberg import load_catalog, refuse_pending_rewind
+
+        self.build_parts()
         await self.deadletters.start(self.bootstrap)
         # In a daemon thread: a session slower to start than the shutdown bound holds neither a
         # stop nor the process's exit.
-        spark_started = self.rounds.spark_ready = asyncio.ensure_future(self.offload.run_detached(self._start_spark))
-        # Warming the JVM up as soon as it runs (overlapping the catalog, Faust's start and the
-        # group's join) holds neither start-up nor a stop; rounds may write meanwhile.
+        self.rounds.spark_ready = asyncio.ensure_future(self.offload.run_detached(self._start_spark))
+        # Warming the JVM up as soon as it runs (overlapping the catalog and the group's join)
+        # holds neither start-up nor a stop; rounds may write meanwhile.
         self._owner.spawn(self.rounds.warm_up(), "spark warm-up")
         self.catalog = await self.offload.run(load_catalog, self.settings)
         self.history.attach(self.catalog)
@@ -211,13 +262,25 @@ class Worker:
         await self.tables.load_configured()
         self._owner.spawn(self.control.run(self.reader), "control")
         self._owner.spawn(self._housekeeping(), "housekeeping")
-        gc_tuning.freeze_start_up()  # the catalogs' and Faust's objects, before the first read
-        await self.faust.start()
-        await spark_started
-        gc_tuning.freeze_start_up()  # and the Spark session's: collections skip them
-        self.status["phase"] = "running"
-        log.info("worker %s running (group %s, topics %s, tables %s)", self.worker_id,
-                 self.settings.group_id, ",".join(self.settings.topics), ",".join(self.settings.tables))
+        gc_tuning.freeze_start_up()  # the catalogs' and the parts' objects, before the first read
+        log.info("parts built, catalog and tables loaded in %.1fs, beside the group join", time.monotonic() - began)
+
+    def _import_parts(self) -> None:
+        """In a thread: the parts' modules (pyiceberg, pandas, the converters), and the caller's."""
+        import agents.assembly  # noqa: F401
+        import icesink.shared.iceberg  # noqa: F401
+
+        if self._preload is not None:
+            self._preload()
+
+    async def started(self) -> bool:
+        """For the rebalance signals (agents/ownership.py): wait until :meth:`_prepare` has
+        ended; False if it failed or was stopped (the replica is stopping: nothing is claimed)."""
+        ready = self._ready
+        if ready is None:
+            return False
+        await asyncio.wait((ready,))
+        return not ready.cancelled() and ready.exception() is None
 
     def _start_spark(self) -> None:
         self.spark.start()  # or wait for the start the caller began (icesink/app/cli.py)
@@ -278,13 +341,14 @@ class Worker:
             await asyncio.wait_for(self.reader.stop(), left())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.producer.stop(), left())
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.deadletters.stop(), left())
-        for client in self.registry_clients:
+        if self._built:  # else a stop during start-up came before build_parts
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), left())
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.offload.run(self.spark.stop), left())
+                await asyncio.wait_for(self.deadletters.stop(), left())
+            for client in self.registry_clients:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.close(), left())
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.offload.run(self.spark.stop), left())
         self.offload.close()
         log.info("worker %s stopped in %.1fs", self.worker_id, time.monotonic() - started)
 
@@ -379,10 +443,16 @@ class Worker:
         self.ingest.update_paused()
 
     async def on_fetch(self, fetched: Fetched) -> None:
-        await self.ingest.on_fetch(fetched)
+        if self._built:  # else the start-up failed before it (nothing was claimed): the replica stops
+            await self.ingest.on_fetch(fetched)
 
     def hold_paused_partitions(self) -> None:
         self.ownership.hold_paused_partitions()
+
+
+def _retrieve(step: asyncio.Future[Any]) -> None:
+    if not step.cancelled():
+        step.exception()
 
 
 def _exit_hard(limit: float) -> None:

@@ -107,7 +107,9 @@ _EARLY_WRITE = re.compile(
 )
 _MILESTONES: Final = (
     ("settings given", "settings read (the Spark session's start begins)"),
-    ("metrics on http", "imports done, metrics server up"),
+    ("metrics on http", "the group join's imports done, metrics server up"),
+    ("asking to join group", "group join asked for (the rest is imported and built beside it)"),
+    ("parts built, catalog", "the rest imported and built, catalog and tables loaded"),
     ("spark session started", "spark session started"),
     ("spark warmed up", "spark warmed up"),
     ("spark warm-up skipped", "spark warm-up skipped (rows waited: their write warms the JVM up)"),

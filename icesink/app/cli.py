@@ -103,22 +103,35 @@ def cmd_worker(args: argparse.Namespace) -> int:
     session = spark_session(settings, worker_id)
     session.start_soon(lambda: hold_point_blocking(settings, "worker.spark-start"))  # fault tests: a slow start
 
-    from agents.worker import Worker
-    from icesink.app.files import spark_files
-    from coordinator import iceberg_ext
-    from coordinator.service import Coordinator
+    from agents.worker import Worker  # what the group join needs: Faust, aiokafka, ownership
     from icesink.shared.metrics import Metrics
     from icesink.app.stack import resolve_bootstrap
     from icesink.app.status import serve
 
-    iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit
-    writing = spark_files(settings, worker_id, session)
+    def preload() -> None:
+        """The writer's and the coordinator's modules (pyiceberg, pandas, the Spark writer):
+        imported in the worker's thread while its group join is answered (agents/assembly.py)."""
+        import coordinator.service  # noqa: F401
+        from coordinator import iceberg_ext
+
+        iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit
+
+    def files(settings: Settings, worker_id: str) -> Any:
+        from icesink.app.files import spark_files
+
+        return spark_files(settings, worker_id, session)
+
+    def leader(*args: Any, **kwargs: Any) -> Any:
+        from coordinator.service import Coordinator
+
+        return Coordinator(*args, **kwargs)
+
     bootstrap, broker = resolve_bootstrap(settings)
     metrics = Metrics()
     try:
         # A replica is a worker, and the coordinator while it leads the group.
-        worker = Worker(settings, bootstrap, metrics, files=lambda _settings, _id: writing, leader=Coordinator,
-                        launched_at=launched_at, worker_id=worker_id)
+        worker = Worker(settings, bootstrap, metrics, files=files, leader=leader, launched_at=launched_at,
+                        worker_id=worker_id, preload=preload)
         if settings.metrics_port:
             serve(settings.metrics_host, settings.metrics_port, metrics.registry, worker.status_report, redact)
         asyncio.run(worker.run(stop_requested=terminated))

@@ -99,6 +99,9 @@ class Hooks:
     """The rest of the replica as its parts see it (agents/worker.py Worker wires the real one):
     passes each ask on to the part that answers it; ``failures`` holds what stopped it."""
 
+    async def started(self) -> bool:
+        return True
+
     def __init__(self) -> None:
         self.failures: list[Exception] = []
         self.parts: Any = None

@@ -116,7 +116,8 @@ def test_the_start_up_timeline_names_imports_join_and_first_record_once(tmp_path
     started = datetime.strptime("2026-11-26 00:00:00,000", "%Y-%m-%d %H:%M:%S,%f").timestamp()
     lines = worker_timeline(log, started, consumed_at=3.6)
     assert [line.split(" s  ", 1)[1] for line in lines[:-1]] == [
-        "settings read (the Spark session's start begins)", "imports done, metrics server up", "coordinator started",
+        "settings read (the Spark session's start begins)", "the group join's imports done, metrics server up",
+        "coordinator started",
         "first partition resumed (group joined, partitions assigned and claimed)",
         "first record consumed (icesink_records_consumed_total > 0)",
     ]

@@ -36,6 +36,9 @@ class FaustConsumer:
 class Hooks:
     """What ownership asks of the rest of the replica (agents/ownership.py, OwnershipHooks)."""
 
+    async def started(self) -> bool:
+        return True
+
     def settle_voided(self) -> None:
         return None
 
@@ -101,3 +104,47 @@ def test_full_buffers_keep_active_partitions_paused_through_a_rebalance():
         assert w.app.consumer.active == {TP("t", 0), TP("t", 1)}
 
     asyncio.run(go())
+
+
+class Starting(Hooks):
+    """A replica still starting: its parts are built while the group join is answered (agents/assembly.py)."""
+
+    def __init__(self) -> None:
+        self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.supervised = 0
+
+    async def started(self) -> bool:
+        return await asyncio.shield(self.ready)
+
+    async def supervise_coordinator(self) -> None:
+        self.supervised += 1
+
+
+def test_an_assignment_waits_for_the_start_up_and_one_after_a_failed_start_up_claims_nothing():
+    """The join is asked for before the group's key and the catalog are loaded: a claim sent then
+    would go unsigned, and a coordinator would start without its catalog. Faust has paused the
+    assigned partitions and awaits these signals, so nothing is read meanwhile."""
+
+    async def go(outcome: bool) -> tuple[list[object], list[TopicPartition], int]:
+        sent: list[object] = []
+
+        async def send(event) -> None:
+            sent.append(event)
+
+        hooks = Starting()
+        app = SimpleNamespace(consumer=FaustConsumer(), consumer_generation_id=4,
+                              consumer_group_member_id="m")
+        own = Ownership(["t"], Replica("w1", {}), Buffers(10**9), MissingTables(), app, send,
+                        TaskOwner(lambda exc: None), hooks)
+        assigning = asyncio.ensure_future(own.on_assigned(None, {TP("t", 0)}))
+        await asyncio.sleep(0.05)
+        assert not assigning.done() and own.buffers.partitions == {} and sent == []
+        hooks.ready.set_result(outcome)
+        await assigning
+        await own.on_rebalance_complete(None)
+        await asyncio.sleep(0.05)  # the claim is sent in a task of its own
+        return sent, list(own.buffers.partitions), hooks.supervised
+
+    sent, claimed, supervised = asyncio.run(go(True))
+    assert [type(e).__name__ for e in sent] == ["Claim"] and claimed == [P0] and supervised == 1
+    assert asyncio.run(go(False)) == ([], [], 0)

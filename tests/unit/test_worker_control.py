@@ -46,6 +46,7 @@ class Reader:
 def make_worker(tmp_path):
     settings = build({"topics": "t", "iceberg.tables": "db.t", "state.dir": str(tmp_path)})
     w = Worker(settings, "127.0.0.1:1", Metrics(CollectorRegistry()), files=spark_files)
+    w.build_parts()  # as run() does once it has asked to join the group
     w.stops = []
     w.request_stop = lambda: w.stops.append(True)
     return w
