@@ -6,8 +6,9 @@ the registry clients: about a second and a half of a 2-core machine's start-up, 
 before the replica asked to join its group. :class:`agents.worker.Worker` now asks first and
 imports this module in a thread while the broker answers the join (Tansu holds each JoinGroup for
 half the session timeout; Kafka holds a new group's first join for
-``group.initial.rebalance.delay.ms``), then calls :func:`build` on its event loop. The rebalance
-signals wait for it (agents/ownership.py ``OwnershipHooks.started``). See bench/README.md, "The
+``group.initial.rebalance.delay.ms``), then calls :func:`build` on its event loop. Claims and the
+coordinator wait for it (agents/ownership.py ``OwnershipHooks.started``), not the rebalance
+signals themselves: aiokafka sends no heartbeat while its rebalance listener runs. See bench/README.md, "The
 group join asked for before the heavy imports".
 """
 

@@ -33,7 +33,8 @@ class OwnershipHooks(Protocol):
 
     async def started(self) -> bool:
         """Wait until the replica can claim (its parts built, the group's key loaded: the join is
-        asked for before, agents/assembly.py); False: its start-up failed, it is stopping."""
+        asked for before, agents/assembly.py); False: its start-up failed, it is stopping. Not
+        awaited in a rebalance signal: aiokafka sends no heartbeat while one runs."""
         ...
 
     def settle_voided(self) -> None:
@@ -65,6 +66,7 @@ class Ownership:
         self.tasks = tasks
         self.hooks = hooks
         self.claimed_at: dict[TopicPartition, float] = {}  # claims without their Resume yet
+        self._started = False  # the replica's start-up has ended (hooks.started)
 
     def connect(self) -> None:
         """Answer the app's rebalance signals. Faust types every receiver as (sender, *args,
@@ -84,11 +86,8 @@ class Ownership:
                 st.active = False  # keep chunks: the same partition may come back to us
 
     async def on_assigned(self, sender: Any, assigned: set[Any], **_: Any) -> None:
-        # Faust has paused every assigned partition and waits for this: no record is read before.
-        if not await self.hooks.started():
-            return
         self.replica.rebalanced.clear()
-        self.replica.generation = int(self.app.consumer_generation_id or 0)
+        generation = self.replica.generation = int(self.app.consumer_generation_id or 0)
         self.replica.member_id = group_member_id(self.app)
         mine = self._source(assigned)
         for tp in list(self.buffers.partitions):
@@ -97,10 +96,29 @@ class Ownership:
                 self.missing.release(tp)
                 self.claimed_at.pop(tp, None)
         for tp in mine:
-            self.buffers.claim(tp, self.replica.generation)
+            self.buffers.claim(tp, generation)  # held paused (_held) until its Resume
+        if self._started:
+            self._claim(sorted(mine))
+        else:
+            # Still starting (agents/assembly.py): the claim waits for the group's key in a task of
+            # its own. Waiting here would hold aiokafka's rebalance listener, and with it the
+            # member's heartbeats.
+            self.tasks.spawn(self._claim_once_started(sorted(mine), generation), "claim")
+
+    def _claim(self, tps: Sequence[TopicPartition]) -> None:
         self.hooks.settle_voided()  # files written early with a partition gone: void
-        if mine:
-            self.tasks.spawn(self.send_claim(sorted(mine)), "claim")
+        if tps:
+            self.tasks.spawn(self.send_claim(tps), "claim")
+
+    async def _claim_once_started(self, tps: Sequence[TopicPartition], generation: int) -> None:
+        if await self._wait_started() and generation == self.replica.generation:  # else a newer assignment claims
+            self._claim(tps)
+
+    async def _wait_started(self) -> bool:
+        """False: the replica's start-up failed; it is stopping and claims nothing."""
+        if not self._started:
+            self._started = await self.hooks.started()
+        return self._started
 
     async def send_claim(self, tps: Sequence[TopicPartition]) -> None:
         now = time.monotonic()
@@ -137,8 +155,6 @@ class Ownership:
         return st is not None and (not st.active or self.replica.backpressure or self.missing.is_held(_tp(tp)))
 
     async def on_rebalance_complete(self, sender: Any, **_: Any) -> None:
-        if not await self.hooks.started():
-            return
         # Pause what is not resumed yet; Faust's resume that follows leaves it paused
         # (hold_paused_partitions). Its seek to the group's committed offsets may still land
         # after a Resume's seek: a committed offset is never past the accepted position, so
@@ -147,7 +163,14 @@ class Ownership:
         if claiming:
             self.app.consumer.pause_partitions(claiming)
         self.replica.rebalanced.set()
-        await self.hooks.supervise_coordinator()
+        if self._started:
+            await self.hooks.supervise_coordinator()
+        else:  # the coordinator needs the catalog: started once the replica is (not in the listener)
+            self.tasks.spawn(self._supervise_once_started(), "coordinator supervision")
+
+    async def _supervise_once_started(self) -> None:
+        if await self._wait_started():
+            await self.hooks.supervise_coordinator()
 
     async def on_resume(self, ev: Resume) -> None:
         if ev.worker != self.replica.worker_id or ev.generation != self.replica.generation:

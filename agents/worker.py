@@ -13,7 +13,7 @@ spark_bridge/.
 The replica's concerns are parts, objects in their own modules; :class:`Worker` builds them and
 wires them (state several parts read: :class:`agents.parts.Replica`). It builds what the group
 join needs first and asks to join; the rest is imported and built while the broker answers
-(agents/assembly.py), and the rebalance signals wait for it (:meth:`Worker.started`):
+(agents/assembly.py), and claims and the coordinator wait for it (:meth:`Worker.started`):
 
 - ``agents/faust_app.py``: the Faust app, its agent and the patches it runs with (``Worker.faust``);
 - ``agents/ownership.py``: rebalances, claims, Resume and Rewind (``Worker.ownership``);
@@ -106,7 +106,7 @@ class Worker:
 
         Built here: what the group join needs (the Faust app, ownership, the buffers). The rest
         (agents/assembly.py) is built by :meth:`build_parts`, which :meth:`run` calls once it has
-        asked to join; the rebalance signals wait for it (:meth:`started`)."""
+        asked to join; claims and the coordinator wait for it (:meth:`started`)."""
         self.settings = settings
         self.launched_at = time.monotonic() if launched_at is None else launched_at
         self._leader = leader
@@ -196,7 +196,7 @@ class Worker:
         # session not set is shorter (agents/kafka/group.py HELD_JOIN_SESSION_TIMEOUT_MS).
         self.settings = self.faust.fit_session(holds_joins(self.reader.consumer))
         # The join is asked for now, and the rest of the replica is imported, built and loaded
-        # while the broker answers it; the rebalance signals wait for that (started).
+        # while the broker answers it; claims and the coordinator wait for that (started).
         log.info("asking to join group %s; the rest of the replica is built meanwhile", self.settings.group_id)
         joining = asyncio.ensure_future(self.faust.start())  # first: it begins before _prepare's thread
         self._ready = ready = asyncio.ensure_future(self._prepare())
@@ -212,9 +212,11 @@ class Worker:
                 step.add_done_callback(_retrieve)
                 step.cancel()
             raise
-        except Exception:
-            await self._leave_after_failed_start(ready, joining)
-            raise
+        except Exception as exc:
+            try:
+                await self._leave_after_failed_start(ready, joining)
+            finally:
+                raise exc  # also if a stop came meanwhile: the process ends with what failed
         assert self.rounds.spark_ready is not None  # set by _prepare
         await self.rounds.spark_ready
         gc_tuning.freeze_start_up()  # and the Spark session's: collections skip them
@@ -230,11 +232,13 @@ class Worker:
         ready.add_done_callback(_retrieve)
         ready.cancel()
         bound = self.settings.shutdown_timeout_ms / 1000
-        await asyncio.wait((joining,), timeout=bound)
-        joining.add_done_callback(_retrieve)
-        joining.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.faust.stop(), bound)
+        try:
+            await asyncio.wait((joining,), timeout=bound)
+        finally:
+            joining.add_done_callback(_retrieve)
+            joining.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.faust.stop(), bound)
 
     async def _prepare(self) -> None:
         """What :meth:`_start` does while the group join is answered: import (in a thread) and
@@ -274,8 +278,9 @@ class Worker:
             self._preload()
 
     async def started(self) -> bool:
-        """For the rebalance signals (agents/ownership.py): wait until :meth:`_prepare` has
-        ended; False if it failed or was stopped (the replica is stopping: nothing is claimed)."""
+        """For ownership's claims and coordinator (agents/ownership.py): wait until
+        :meth:`_prepare` has ended; False if it failed or was stopped (the replica is stopping:
+        nothing is claimed)."""
         ready = self._ready
         if ready is None:
             return False

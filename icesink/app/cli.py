@@ -112,6 +112,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         """The writer's and the coordinator's modules (pyiceberg, pandas, the Spark writer):
         imported in the worker's thread while its group join is answered (agents/assembly.py)."""
         import coordinator.service  # noqa: F401
+        import icesink.app.files  # noqa: F401
         from coordinator import iceberg_ext
 
         iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit

@@ -23,9 +23,9 @@ from tests.support.connect import call, process_config, start_connect, task_stat
 pytestmark = pytest.mark.integration
 
 OVERRIDE = "connector.config.override.allow"
-#: What a replica logs as its Faust consumer starts: after it loaded the catalog (agents/worker.py
-#: _start), before its Spark session need be up.
-PAST_CATALOG = "source consumer: fetched records are taken a record batch at a time"
+#: What a replica logs once it loaded the catalog and the tables (agents/worker.py _prepare),
+#: before its Spark session need be up.
+PAST_CATALOG = "parts built, catalog and tables loaded"
 
 
 def _running(status: dict) -> bool:
