@@ -111,8 +111,17 @@ class Ownership:
             self.tasks.spawn(self.send_claim(tps), "claim")
 
     async def _claim_once_started(self, tps: Sequence[TopicPartition], generation: int) -> None:
-        if await self._wait_started() and generation == self.replica.generation:  # else a newer assignment claims
+        if await self._settled_once_started(generation):  # else a newer assignment claims for itself
             self._claim(tps)
+
+    async def _settled_once_started(self, generation: int) -> bool:
+        """Whether the replica has started and the assignment of ``generation`` is still the
+        settled one (as reclaim_stale asks): a start-up that ends inside a later rebalance neither
+        claims nor leads with the assignment that rebalance is replacing."""
+        if not await self._wait_started():
+            return False
+        await self.replica.rebalanced.wait()
+        return generation == self.replica.generation
 
     async def _wait_started(self) -> bool:
         """False: the replica's start-up failed; it is stopping and claims nothing."""
@@ -166,10 +175,10 @@ class Ownership:
         if self._started:
             await self.hooks.supervise_coordinator()
         else:  # the coordinator needs the catalog: started once the replica is (not in the listener)
-            self.tasks.spawn(self._supervise_once_started(), "coordinator supervision")
+            self.tasks.spawn(self._supervise_once_started(self.replica.generation), "coordinator supervision")
 
-    async def _supervise_once_started(self) -> None:
-        if await self._wait_started():
+    async def _supervise_once_started(self, generation: int) -> None:
+        if await self._settled_once_started(generation):  # else a newer rebalance supervises for itself
             await self.hooks.supervise_coordinator()
 
     async def on_resume(self, ev: Resume) -> None:

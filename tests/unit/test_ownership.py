@@ -152,3 +152,33 @@ def test_claims_and_the_coordinator_wait_for_the_start_up_but_the_rebalance_sign
     assert [type(e).__name__ for e in sent] == ["Claim"] and claimed == [P0] and supervised == 1
     sent, claimed, supervised = asyncio.run(go(False))
     assert sent == [] and supervised == 0
+
+
+def test_a_start_up_that_ends_inside_a_later_rebalance_claims_and_leads_with_the_new_assignment_only():
+    """The old assignment is being replaced: a claim of it (or a coordinator started on it, while
+    Faust still says this replica leads) would act on partitions that are moving."""
+
+    async def go() -> tuple[list[object], int]:
+        sent: list[object] = []
+
+        async def send(event) -> None:
+            sent.append(event)
+
+        hooks = Starting()
+        app = SimpleNamespace(consumer=FaustConsumer(), consumer_generation_id=4, consumer_group_member_id="m")
+        own = Ownership(["t"], Replica("w1", {}), Buffers(10**9), MissingTables(), app, send,
+                        TaskOwner(lambda exc: None), hooks)
+        await own.on_assigned(None, {TP("t", 0), TP("t", 1)})
+        await own.on_rebalance_complete(None)
+        await own.on_revoked(None, {TP("t", 0), TP("t", 1)})  # generation 5 begins
+        hooks.ready.set_result(True)
+        await asyncio.sleep(0.05)
+        assert sent == [] and hooks.supervised == 0
+        app.consumer_generation_id = 5
+        await own.on_assigned(None, {TP("t", 1)})
+        await own.on_rebalance_complete(None)
+        await asyncio.sleep(0.05)
+        return sent, hooks.supervised
+
+    sent, supervised = asyncio.run(go())
+    assert [(e.generation, e.partitions) for e in sent] == [(5, (P1,))] and supervised == 1
