@@ -208,9 +208,7 @@ class Worker:
             await ready
             await joining
         except asyncio.CancelledError:  # a stop during start-up: _shutdown stops what has started
-            for step in (ready, joining):
-                step.add_done_callback(_retrieve)
-                step.cancel()
+            _abandon(ready, joining)
             raise
         except Exception as exc:
             try:
@@ -229,14 +227,12 @@ class Worker:
         nothing claimed: :meth:`started` says False): let Faust's start end, then stop it, so the
         process ends with the one line saying what failed (a Faust cancelled mid-start crashes
         its agents, and its consumer's thread keeps the process alive)."""
-        ready.add_done_callback(_retrieve)
-        ready.cancel()
+        _abandon(ready)
         bound = self.settings.shutdown_timeout_ms / 1000
         try:
             await asyncio.wait((joining,), timeout=bound)
         finally:
-            joining.add_done_callback(_retrieve)
-            joining.cancel()
+            _abandon(joining)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.faust.stop(), bound)
 
@@ -453,6 +449,14 @@ class Worker:
 
     def hold_paused_partitions(self) -> None:
         self.ownership.hold_paused_partitions()
+
+
+def _abandon(*steps: asyncio.Future[Any]) -> None:
+    """Cancel start-up steps no one awaits any more; what they raise is retrieved, not logged as
+    never retrieved."""
+    for step in steps:
+        step.add_done_callback(_retrieve)
+        step.cancel()
 
 
 def _retrieve(step: asyncio.Future[Any]) -> None:

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ingest_bench.py [--records 1000000] [--partitions 6] [--skip-baseline]
         [--tables K] [--rate R --duration S] [--buffer-max-bytes B] [--linger-ms MS] [--set KEY=VALUE] [--profile] [--keep]
-        [--format json|avro|protobuf|json-schema] [--burst [--burst-idle-s S]] [--broker tansu|kafka]
+        [--format json|avro|protobuf|json-schema] [--burst [--burst-idle-s S]] [--broker tansu|kafka [--broker-set KEY=VALUE]]
 
 A benchmark command, not a test: it prints figures and asserts nothing about time. Both paths
 read the same ``N`` pizza events from one topic of an embedded Tansu broker (``--broker kafka``: Apache
@@ -809,9 +809,16 @@ def main() -> int:
     parser.add_argument("--burst-idle-s", type=float, default=10.0, help="with --burst: idle seconds before it")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra worker setting, e.g. spark.driver.extraJavaOptions=... (repeatable)")
+    parser.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --broker kafka: a broker setting over the tests' own, e.g. "
+                             "group.initial.rebalance.delay.ms=3000, Kafka's default (the tests' broker sets 0) "
+                             "(repeatable)")
     args = parser.parse_args()
-    if bad := [item for item in args.set if "=" not in item]:
-        parser.error(f"--set: expected KEY=VALUE, found {bad[0]!r}")
+    for flag, items in (("--set", args.set), ("--broker-set", args.broker_set)):
+        if bad := [item for item in items if "=" not in item]:
+            parser.error(f"{flag}: expected KEY=VALUE, found {bad[0]!r}")
+    if args.broker_set and args.broker != "kafka":
+        parser.error("--broker-set: only with --broker kafka (the embedded broker takes no settings)")
     extra = dict(item.split("=", 1) for item in args.set)
     if args.format != "json" and args.tables > 1:
         parser.error("--format: a registry format with --tables > 1 (a JSON route field) is not supported")
@@ -837,7 +844,8 @@ def main() -> int:
     if args.broker == "kafka":
         from tests.support.kafka_broker import KafkaBroker
 
-        broker = KafkaBroker(tmp / "kafka", heap="1g", quick_start=False)  # full JIT, as versus_reference
+        broker = KafkaBroker(tmp / "kafka", heap="1g", quick_start=False,  # full JIT, as versus_reference
+                             settings=dict(item.split("=", 1) for item in args.broker_set))
         extra = {"iceberg.control.topic.replication-factor": "1", **extra}  # one broker
     registry: Any = None
     try:

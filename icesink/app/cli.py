@@ -19,6 +19,7 @@ from icesink.shared.errors import ConfigError, ControlLogError, ControlSecretErr
 from icesink.shared.secrets import Redactor, install_log_redaction
 
 if TYPE_CHECKING:
+    from agents.file_writer import FileWriting
     from icesink.shared.config import Settings
 
 log = logging.getLogger("icesink")
@@ -117,7 +118,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         iceberg_ext.install()  # pyiceberg extensions (pinned version checked) before any catalog or commit
 
-    def files(settings: Settings, worker_id: str) -> Any:
+    def files(settings: Settings, worker_id: str) -> FileWriting:
         from icesink.app.files import spark_files
 
         return spark_files(settings, worker_id, session)
