@@ -30,6 +30,7 @@ from icesink.shared.catalogs import sqlite_catalog_properties  # noqa: E402
 
 TABLE: Final = "bench.pizzas"
 SAMPLE_EVERY_S: Final = 0.2
+THREADS_EVERY: Final = 3  # a JVM's threads are read every this many samples (about 100 files each)
 MIB: Final = 1024 * 1024
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
 _CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
@@ -192,15 +193,60 @@ def tree_rss_bytes(root: int, cpu: dict[int, tuple[str, float]] | None = None) -
     return total, len(pids)
 
 
-class RssSampler:
-    """Samples the RSS of a process tree every ``SAMPLE_EVERY_S`` in a daemon thread."""
+# A HotSpot JVM's threads by their name's start (Linux keeps 15 characters of it), in the parts
+# a Spark write's CPU is told by: its tasks, the JIT compilers, the VM thread (the serial
+# collector's pauses and other safepoint work run on it), the collectors' own threads, py4j's
+# (one unnamed ``Thread-N`` per connection from Python: the calls that read a write's Arrow
+# data into the heap and plan its job) and the main thread (the JVM's start, SparkSubmit).
+JVM_THREAD_PARTS: Final = (
+    ("Executor task", "write tasks"),
+    ("C2 Compiler", "C2 compiler"),
+    ("C1 Compiler", "C1 compiler"),
+    ("VM Thread", "VM thread (serial collector)"),
+    ("GC Thread", "collector threads"),
+    ("G1 ", "collector threads"),
+    ("Thread-", "py4j calls"),
+)
 
-    def __init__(self, pid: int) -> None:
+
+def jvm_thread_part(name: str) -> str:
+    """The part of a JVM's CPU a thread of that name belongs to (:data:`JVM_THREAD_PARTS`)."""
+    if name == "java":
+        return "main thread"
+    return next((part for prefix, part in JVM_THREAD_PARTS if name.startswith(prefix)), "other threads")
+
+
+def thread_cpu(pid: int, into: dict[tuple[int, int], tuple[str, float]]) -> None:
+    """Each live thread of ``pid``: (its name, user + system CPU seconds so far), by (pid, tid).
+    A thread that exits keeps the value of its last sample."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        name = stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace")
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        into[(pid, int(tid))] = (name, (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS)
+
+
+class RssSampler:
+    """Samples the RSS of a process tree every ``SAMPLE_EVERY_S`` in a daemon thread; also each
+    process's CPU, and each JVM thread's (a JVM's is read every ``threads_every`` samples)."""
+
+    def __init__(self, pid: int, threads_every: int = THREADS_EVERY) -> None:
         self.pid = pid
         self.peak_tree_bytes = 0
         self.peak_tree_procs = 0
         self.hwm_kib = 0  # VmHWM of ``pid`` itself (only grows; last readable value wins)
         self.cpu: dict[int, tuple[str, float]] = {}  # pid -> (name, CPU seconds at last sample)
+        self.jvm_threads: dict[tuple[int, int], tuple[str, float]] = {}  # (pid, tid) -> (name, CPU seconds)
+        self._threads_every = threads_every
+        self._samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
@@ -217,8 +263,22 @@ class RssSampler:
             self.sample()
             self._stop.wait(SAMPLE_EVERY_S)
 
-    def sample(self) -> None:
+    def jvm_parts(self) -> dict[str, float]:
+        """The JVMs' CPU seconds by :func:`jvm_thread_part`, largest first."""
+        parts: dict[str, float] = {}
+        for name, seconds in self.jvm_threads.values():
+            part = jvm_thread_part(name)
+            parts[part] = parts.get(part, 0.0) + seconds
+        return dict(sorted(parts.items(), key=lambda item: -item[1]))
+
+    def sample(self, threads: bool = False) -> None:
+        """One sample; ``threads``: read the JVMs' threads whatever the count (the last one)."""
         total, procs = tree_rss_bytes(self.pid, self.cpu)
+        if threads or self._samples % self._threads_every == 0:
+            for pid, (name, _seconds) in list(self.cpu.items()):
+                if name == "java":
+                    thread_cpu(pid, self.jvm_threads)
+        self._samples += 1
         if total > self.peak_tree_bytes:
             self.peak_tree_bytes, self.peak_tree_procs = total, procs
         hwm = read_status_kib(self.pid, "VmHWM")

@@ -76,7 +76,7 @@ ROOT: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.benchlib import (  # noqa: E402
-    MIB, SAMPLE_EVERY_S, TABLE, BaselineResult, Interference, RssSampler, _cpu_seconds, baseline_in_child,
+    MIB, SAMPLE_EVERY_S, TABLE, THREADS_EVERY, BaselineResult, Interference, RssSampler, _cpu_seconds, baseline_in_child,
     ensure_class_archive, file_create_us,
     Profiler, fmt_int, metric_total, per_partition_counts, process_cpu_s, system_cpu_s,
 )
@@ -165,6 +165,7 @@ class WorkerResult:
     age_curve: list[tuple[float, float]] = field(default_factory=list)  # --burst: (s, uncommitted age s)
     broker_cpu_s: float = 0.0  # the embedded broker's CPU from the worker's start to N rows
     harness_cpu_s: float = 0.0  # this process's (producer, polling, sampling) over the same time
+    jvm_parts: dict[str, float] = field(default_factory=dict)  # the JVM's CPU by its threads (benchlib.jvm_thread_part)
 
 
 def bench_tables(catalog: Any) -> list[Any]:
@@ -396,7 +397,7 @@ def run_worker(
                     harness_s = broker_s + _cpu_seconds() - self_began
                     break
             time.sleep(SAMPLE_EVERY_S)
-        sampler.sample()
+        sampler.sample(threads=True)
         metrics = {
             name: metric_total(replica.metrics_port, name) or 0.0
             for name in (
@@ -442,6 +443,7 @@ def run_worker(
         distinct_order_ids=pc.count_distinct(ids).as_py(),
         metrics=metrics,
         cpu_by_name=cpu_by_name,
+        jvm_parts=sampler.jvm_parts(),
         interference=interference,
         broker_cpu_s=broker_s,
         harness_cpu_s=harness_s - broker_s,
@@ -667,6 +669,9 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
     print("  CPU: (a) the timed phases; (b) the worker's process tree from start to N rows: " + ", ".join(
         f"{name} {seconds:.1f} s" for name, seconds in sorted(b.cpu_by_name.items(), key=lambda x: -x[1])
         if seconds >= 0.05))
+    if b.jvm_parts:  # a thread's CPU after its last sample is not counted
+        print(f"  The JVM's threads (from /proc every {SAMPLE_EVERY_S * THREADS_EVERY:.1f} s): " + ", ".join(
+            f"{part} {seconds:.1f} s" for part, seconds in b.jvm_parts.items() if seconds >= 0.05))
     print(f"  Beside it on the same cores: the broker {b.broker_cpu_s:.1f} CPU-s, this process (producer, "
           f"polling) {b.harness_cpu_s:.1f} CPU-s.")
     print("  Interference (CPU used outside the measured path, from /proc/stat, while it ran):")

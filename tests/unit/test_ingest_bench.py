@@ -186,3 +186,54 @@ def test_pizza_events_framed_for_a_registry_decode_to_the_json_events(fmt: str) 
 
     out = decoder.convert(frames, schema_to_pyarrow(schema, include_field_ids=False))
     assert not out.rejects and out.table.to_pylist() == [json.loads(v) for v in values]
+
+
+def test_a_jvms_threads_are_told_apart_by_their_names():
+    from bench.benchlib import jvm_thread_part
+
+    # the names as /proc shows them: 15 characters at most
+    assert jvm_thread_part("Executor task l") == "write tasks"
+    assert jvm_thread_part("C2 CompilerThre") == "C2 compiler"
+    assert jvm_thread_part("C1 CompilerThre") == "C1 compiler"
+    assert jvm_thread_part("VM Thread") == "VM thread (serial collector)"
+    assert jvm_thread_part("GC Thread#0") == jvm_thread_part("G1 Refine#0") == "collector threads"
+    assert jvm_thread_part("Thread-3") == "py4j calls"
+    assert jvm_thread_part("java") == "main thread"
+    assert jvm_thread_part("dispatcher-even") == "other threads"
+
+
+def test_the_sampler_reads_each_thread_of_a_java_process_and_sums_them_by_part():
+    """A process named ``java`` (a copy of this interpreter under that name) with a busy thread:
+    its threads are read from /proc and summed by part."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from bench.benchlib import RssSampler
+
+    with tempfile.TemporaryDirectory() as directory:
+        java = os.path.join(directory, "java")
+        os.symlink(sys.executable, java)
+        busy = ("import threading, time\n"
+                "def spin():\n"
+                "    while time.thread_time() < 0.6: pass\n"
+                "t = threading.Thread(target=spin); t.start(); t.join(); time.sleep(30)\n")
+        child = subprocess.Popen([java, "-c", busy])
+        try:
+            sampler = RssSampler(os.getpid())
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                sampler.sample(threads=True)
+                if sum(sampler.jvm_parts().values()) >= 0.4:
+                    break
+                time.sleep(0.1)
+            threads = {tid for pid, tid in sampler.jvm_threads if pid == child.pid}
+            assert child.pid in threads and len(threads) == 2  # its main thread and the busy one
+            parts = sampler.jvm_parts()
+            assert set(parts) == {"main thread"}  # both are named "java": Python names no thread
+            assert parts["main thread"] >= 0.4
+        finally:
+            child.kill()
+            child.wait()
