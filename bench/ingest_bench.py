@@ -46,6 +46,10 @@ what the size trigger changes (peak RSS, rounds, freshness). No baseline.
 
 Ratios are (b)/(a) on records/s; the baseline's records/s is always on its whole time
 (read + parse + write + commit), while (b) is given on its ingest time and on its total time.
+The floors: the CPU the worker's process tree and the broker used to the last row, over the
+machine's CPUs, is the earliest any schedule of that work could end; the same after the first
+record consumed bounds (b)'s records/s on that measure; with a baseline, 0.8 of its rate from
+process start (issue 42's target 2) puts the last row at ``N / (0.8 * rate)``.
 The table is then checked for exactly ``N`` rows and ``N`` distinct ``order_id`` values.
 Everything lives in a temporary directory removed at the end (``--keep`` keeps it, with the
 worker's log).
@@ -166,6 +170,8 @@ class WorkerResult:
     broker_cpu_s: float = 0.0  # the embedded broker's CPU from the worker's start to N rows
     harness_cpu_s: float = 0.0  # this process's (producer, polling, sampling) over the same time
     jvm_parts: dict[str, float] = field(default_factory=dict)  # the JVM's CPU by its threads (benchlib.jvm_thread_part)
+    # (seconds to the first record consumed, the worker's and the broker's CPU by then: the sampler's last sample)
+    startup_cpu: tuple[float, float] | None = None
 
 
 def bench_tables(catalog: Any) -> list[Any]:
@@ -343,6 +349,7 @@ def run_worker(
         profiler = Profiler(replica.proc.pid, profile) if profile is not None else None
         producer: threading.Thread | None = None
         startup_s: float | None = None
+        startup_cpu: tuple[float, float] | None = None
         next_table_poll = next_metrics_poll = began
         next_progress = began + PROGRESS_EVERY_S
         rows = 0
@@ -377,6 +384,7 @@ def run_worker(
                 consumed_curve.append((at, consumed))
                 if startup_s is None:
                     startup_s = at
+                    startup_cpu = (at, sum(c for _, c in sampler.cpu.values()) + process_cpu_s(broker_pid) - broker_began)
             if consumed is not None:
                 last_consumed = consumed
             if now >= next_progress:
@@ -444,6 +452,7 @@ def run_worker(
         metrics=metrics,
         cpu_by_name=cpu_by_name,
         jvm_parts=sampler.jvm_parts(),
+        startup_cpu=startup_cpu,
         interference=interference,
         broker_cpu_s=broker_s,
         harness_cpu_s=harness_s - broker_s,
@@ -610,6 +619,30 @@ def steady_note(committed: list[tuple[float, float]], n: int) -> list[str]:
     return []
 
 
+def cpu_floor(work_cpu_s: float, cpus: int, total_s: float, *, startup: tuple[float, float] | None = None,
+              baseline_rate: float | None = None, n: int = 0) -> list[str]:
+    """What the cores allow: the earliest the run could have ended with the CPU it used (the
+    worker's and the broker's, over the machine's CPUs) against when it ended; with ``startup``
+    (seconds to the first record consumed, the CPU used by then) the same for the time from the
+    first record to the last row, and so the most records/s that work allows on that measure
+    (issue 42's target 3); with a baseline, when 0.8 of the baseline's rate from process start
+    (target 2) asks for the last row. No schedule of the same work on these cores beats a floor."""
+    floor = work_cpu_s / cpus
+    out = [f"  The floor on these {cpus} CPUs: {work_cpu_s:.1f} CPU-s of worker and broker / {cpus} = {floor:.1f} s; "
+           f"the last row came at {total_s:.1f} s (the cores {floor / total_s:.0%} busy with them)."]
+    if startup is not None and n and total_s > startup[0]:
+        at, used = startup
+        after = max(0.0, work_cpu_s - used) / cpus
+        out.append(f"    after the first record ({at:.1f} s): {work_cpu_s - used:.1f} CPU-s / {cpus} = {after:.1f} s of "
+                   f"the {total_s - at:.1f} s it took; at most {fmt_int(n / after) if after else '-'} records/s "
+                   "from first record to last row with this work.")
+    if baseline_rate and n:
+        line = n / (0.8 * baseline_rate)
+        out.append(f"  0.8 of the baseline's rate from process start asks for the last row by {line:.1f} s: "
+                   + ("the floor alone is later." if floor > line else f"{line - floor:.1f} s above the floor."))
+    return out
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -674,6 +707,9 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
             f"{part} {seconds:.1f} s" for part, seconds in b.jvm_parts.items() if seconds >= 0.05))
     print(f"  Beside it on the same cores: the broker {b.broker_cpu_s:.1f} CPU-s, this process (producer, "
           f"polling) {b.harness_cpu_s:.1f} CPU-s.")
+    for line in cpu_floor(sum(b.cpu_by_name.values()) + b.broker_cpu_s, os.cpu_count() or 1, b.total_s,
+                          startup=b.startup_cpu, baseline_rate=a_rate, n=n):
+        print(line)
     print("  Interference (CPU used outside the measured path, from /proc/stat, while it ran):")
     if a is not None:
         print(f"    (a) {a.interference.describe()}")

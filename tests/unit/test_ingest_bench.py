@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ingest_bench import commit_walls, steady_note, warm_rounds_note, worker_timeline
+from bench.ingest_bench import commit_walls, cpu_floor, steady_note, warm_rounds_note, worker_timeline
 
 
 def test_a_round_is_its_write_its_answer_and_its_commits_read_from_the_worker_log(tmp_path):
@@ -237,3 +237,22 @@ def test_the_sampler_reads_each_thread_of_a_java_process_and_sums_them_by_part()
         finally:
             child.kill()
             child.wait()
+
+
+def test_the_floor_is_the_cpu_used_over_the_cores_against_when_the_run_ended_and_the_target_line():
+    assert cpu_floor(13.4, 2, 8.1) == [
+        "  The floor on these 2 CPUs: 13.4 CPU-s of worker and broker / 2 = 6.7 s; the last row came at 8.1 s "
+        "(the cores 83% busy with them)."]
+    # 2M records against a baseline of 171,167 records/s: 0.8 of it ends by 14.6 s
+    floor_later = cpu_floor(30.0, 2, 16.7, baseline_rate=171_167, n=2_000_000)[1]
+    room = cpu_floor(26.0, 2, 16.7, baseline_rate=171_167, n=2_000_000)[1]
+    assert floor_later == ("  0.8 of the baseline's rate from process start asks for the last row by 14.6 s: "
+                           "the floor alone is later.")
+    assert room.endswith("by 14.6 s: 1.6 s above the floor.")
+
+
+def test_the_floor_after_the_first_record_bounds_the_rate_from_first_record_to_last_row():
+    lines = cpu_floor(30.0, 2, 16.0, startup=(4.0, 10.0), n=600_000)
+    assert lines[1] == ("    after the first record (4.0 s): 20.0 CPU-s / 2 = 10.0 s of the 12.0 s it took; at most "
+                        "60,000 records/s from first record to last row with this work.")
+    assert len(cpu_floor(30.0, 2, 16.0, startup=(16.0, 30.0), n=600_000)) == 1  # every row came at once
