@@ -413,7 +413,7 @@ def run_baseline(
         file_bytes=path.stat().st_size,
         files=iceberg_table.inspect.files().num_rows,
         snapshots=len(iceberg_table.snapshots()),
-        table_rows=int(snapshot.summary["total-records"]) if snapshot else 0,
+        table_rows=int(snapshot.summary["total-records"] or 0) if snapshot and snapshot.summary else 0,
         distinct_order_ids=pc.count_distinct(ids).as_py(),
         hwm_kib=read_status_kib(os.getpid(), "VmHWM") or 0,
         arrow_bytes=table.nbytes,
