@@ -87,6 +87,7 @@ from bench.benchlib import (  # noqa: E402
 from bench.rate_producer import produce_at_rate  # noqa: E402
 from icesink.shared.catalogs import sqlite_catalog_properties  # noqa: E402
 from icesink.app.embedded import EmbeddedBroker  # noqa: E402
+from spark_bridge.session import available_cpus  # noqa: E402
 
 TOPIC: Final = "bench-pizzas"
 NAMESPACE: Final = "bench"
@@ -170,8 +171,8 @@ class WorkerResult:
     broker_cpu_s: float = 0.0  # the embedded broker's CPU from the worker's start to N rows
     harness_cpu_s: float = 0.0  # this process's (producer, polling, sampling) over the same time
     jvm_parts: dict[str, float] = field(default_factory=dict)  # the JVM's CPU by its threads (benchlib.jvm_thread_part)
-    # (seconds to the first record consumed, the worker's and the broker's CPU by then: the sampler's last sample)
-    startup_cpu: tuple[float, float] | None = None
+    # the worker's and the broker's CPU at startup_s (the sampler's last sample then); None: no poll saw it
+    startup_cpu_s: float | None = None
 
 
 def bench_tables(catalog: Any) -> list[Any]:
@@ -349,7 +350,7 @@ def run_worker(
         profiler = Profiler(replica.proc.pid, profile) if profile is not None else None
         producer: threading.Thread | None = None
         startup_s: float | None = None
-        startup_cpu: tuple[float, float] | None = None
+        startup_cpu_s: float | None = None
         next_table_poll = next_metrics_poll = began
         next_progress = began + PROGRESS_EVERY_S
         rows = 0
@@ -384,7 +385,7 @@ def run_worker(
                 consumed_curve.append((at, consumed))
                 if startup_s is None:
                     startup_s = at
-                    startup_cpu = (at, sum(c for _, c in sampler.cpu.values()) + process_cpu_s(broker_pid) - broker_began)
+                    startup_cpu_s = sum(c for _, c in sampler.cpu.values()) + process_cpu_s(broker_pid) - broker_began
             if consumed is not None:
                 last_consumed = consumed
             if now >= next_progress:
@@ -452,7 +453,7 @@ def run_worker(
         metrics=metrics,
         cpu_by_name=cpu_by_name,
         jvm_parts=sampler.jvm_parts(),
-        startup_cpu=startup_cpu,
+        startup_cpu_s=startup_cpu_s,
         interference=interference,
         broker_cpu_s=broker_s,
         harness_cpu_s=harness_s - broker_s,
@@ -707,8 +708,9 @@ def print_report(n: int, produce_s: float, a: BaselineResult | None, b: WorkerRe
             f"{part} {seconds:.1f} s" for part, seconds in b.jvm_parts.items() if seconds >= 0.05))
     print(f"  Beside it on the same cores: the broker {b.broker_cpu_s:.1f} CPU-s, this process (producer, "
           f"polling) {b.harness_cpu_s:.1f} CPU-s.")
-    for line in cpu_floor(sum(b.cpu_by_name.values()) + b.broker_cpu_s, os.cpu_count() or 1, b.total_s,
-                          startup=b.startup_cpu, baseline_rate=a_rate, n=n):
+    startup = (b.startup_s, b.startup_cpu_s) if b.startup_cpu_s is not None else None
+    for line in cpu_floor(sum(b.cpu_by_name.values()) + b.broker_cpu_s, available_cpus(), b.total_s,
+                          startup=startup, baseline_rate=a_rate, n=n):
         print(line)
     print("  Interference (CPU used outside the measured path, from /proc/stat, while it ran):")
     if a is not None:
@@ -870,7 +872,7 @@ def main() -> int:
     # SIGTERM unwinds like Ctrl-C, so the worker, the broker and the temp dir are cleaned up.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     print("command:", shlex.join([os.path.relpath(sys.executable), *sys.argv]))
-    print(f"N = {n:,} pizza events ({args.format}), {args.partitions} partitions, {os.cpu_count()} CPUs, "
+    print(f"N = {n:,} pizza events ({args.format}), {args.partitions} partitions, {available_cpus()} CPUs, "
           f"broker: {'Apache Kafka' if args.broker == 'kafka' else 'embedded Tansu'}")
     sys.stdout.flush()
 
